@@ -1,0 +1,6 @@
+//go:build !faults
+
+package faults
+
+// Hit does nothing without the faults build tag.
+func Hit(string) {}

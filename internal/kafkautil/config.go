@@ -1,0 +1,47 @@
+package kafkautil
+
+import (
+	"sync"
+	"time"
+
+	"github.com/IBM/sarama"
+	gometrics "github.com/rcrowley/go-metrics"
+)
+
+// disableGoMetrics turns off Sarama's go-metrics registry, whose meters
+// start goroutines that never stop; promptline exports its own metrics.
+var disableGoMetrics = sync.OnceFunc(func() { gometrics.UseNilMetrics = true })
+
+// Version is the Kafka protocol version promptline speaks: it has the
+// idempotent producer, consumer groups and ListOffsets by time, and both
+// kfake and Apache Kafka 3.x/4.x accept it.
+var Version = sarama.V3_6_0_0
+
+// NewConfig returns the Sarama configuration shared by every promptline
+// client: the idempotent producer with acks=all and the murmur2 partitioner.
+func NewConfig(clientID string) *sarama.Config {
+	disableGoMetrics()
+	c := sarama.NewConfig()
+	c.ClientID = clientID
+	c.Version = Version
+	c.Metadata.RefreshFrequency = 30 * time.Second
+
+	c.Producer.RequiredAcks = sarama.WaitForAll
+	c.Producer.Idempotent = true
+	c.Producer.Retry.Max = 10
+	c.Producer.Retry.Backoff = 100 * time.Millisecond
+	c.Net.MaxOpenRequests = 1 // required by the idempotent producer
+	c.Producer.Return.Successes = true
+	c.Producer.Return.Errors = true
+	c.Producer.Partitioner = NewMurmur2Partitioner
+	c.Producer.Flush.Frequency = time.Millisecond
+
+	c.Consumer.Return.Errors = true
+	c.Consumer.Offsets.Initial = sarama.OffsetOldest
+	c.Consumer.Offsets.AutoCommit.Interval = 200 * time.Millisecond
+	c.Consumer.Group.Rebalance.GroupStrategies = []sarama.BalanceStrategy{sarama.NewBalanceStrategyRange()}
+	c.Consumer.Group.Session.Timeout = 10 * time.Second
+	c.Consumer.Group.Heartbeat.Interval = time.Second
+	c.Consumer.MaxWaitTime = 50 * time.Millisecond
+	return c
+}

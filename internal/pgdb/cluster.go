@@ -1,0 +1,131 @@
+package pgdb
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"os/user"
+	"path/filepath"
+	"sort"
+	"strconv"
+	"syscall"
+	"time"
+)
+
+// ErrNoPostgres says that no database was configured, none answered on the
+// default local address, and no PostgreSQL binaries were found to start one.
+var ErrNoPostgres = errors.New("no PostgreSQL: set --database-url or DATABASE_URL " +
+	"(e.g. postgres://user@127.0.0.1:5432/promptline), or install the PostgreSQL server " +
+	"binaries (Debian/Ubuntu: apt-get install postgresql) so that initdb and pg_ctl are on PATH " +
+	"or under /usr/lib/postgresql/*/bin")
+
+// Cluster is a throwaway PostgreSQL cluster started from the machine's
+// binaries, listening on loopback only. Written by hand because it is a
+// dozen lines of initdb/pg_ctl; the libraries that embed Postgres download
+// their own server binaries, which this must not do.
+type Cluster struct {
+	Dir  string // data directory
+	Port int
+	bin  string
+	cred *syscall.Credential
+}
+
+// URL is the cluster's connection string for database db.
+func (c *Cluster) URL(db string) string {
+	return fmt.Sprintf("postgres://promptline@127.0.0.1:%d/%s?sslmode=disable", c.Port, db)
+}
+
+// findBinDir locates initdb and pg_ctl: on PATH, else the newest
+// /usr/lib/postgresql/*/bin.
+func findBinDir() (string, error) {
+	if p, err := exec.LookPath("initdb"); err == nil {
+		if _, err := exec.LookPath("pg_ctl"); err == nil {
+			return filepath.Dir(p), nil
+		}
+	}
+	dirs, _ := filepath.Glob("/usr/lib/postgresql/*/bin")
+	sort.Slice(dirs, func(i, j int) bool { return versionOf(dirs[i]) > versionOf(dirs[j]) })
+	for _, d := range dirs {
+		if _, err := os.Stat(filepath.Join(d, "initdb")); err == nil {
+			return d, nil
+		}
+	}
+	return "", ErrNoPostgres
+}
+
+func versionOf(binDir string) int {
+	v, _ := strconv.Atoi(filepath.Base(filepath.Dir(binDir)))
+	return v
+}
+
+// StartCluster initialises and starts a throwaway cluster in a new
+// directory under parent (the system temp directory when empty). PostgreSQL
+// refuses to run as root, so as root it runs as the "postgres" system user.
+func StartCluster(ctx context.Context, parent string) (*Cluster, error) {
+	bin, err := findBinDir()
+	if err != nil {
+		return nil, err
+	}
+	dir, err := os.MkdirTemp(parent, "promptline-pg-")
+	if err != nil {
+		return nil, fmt.Errorf("throwaway PostgreSQL: %w", err)
+	}
+	c := &Cluster{Dir: dir, bin: bin}
+	if os.Geteuid() == 0 {
+		u, err := user.Lookup("postgres")
+		if err != nil {
+			return nil, fmt.Errorf("throwaway PostgreSQL: running as root needs a \"postgres\" system user (PostgreSQL refuses root): %w", err)
+		}
+		uid, _ := strconv.Atoi(u.Uid)
+		gid, _ := strconv.Atoi(u.Gid)
+		c.cred = &syscall.Credential{Uid: uint32(uid), Gid: uint32(gid)}
+		if err := os.Chown(dir, uid, gid); err != nil {
+			return nil, fmt.Errorf("throwaway PostgreSQL: %w", err)
+		}
+	}
+	port, err := freePort()
+	if err != nil {
+		return nil, err
+	}
+	c.Port = port
+	if err := c.run(ctx, "initdb", "-D", dir, "-U", "promptline", "--auth=trust", "-E", "UTF8", "--no-sync"); err != nil {
+		return nil, err
+	}
+	opts := fmt.Sprintf("-p %d -k %s -c listen_addresses=127.0.0.1 -c fsync=off -c max_connections=200", port, dir)
+	if err := c.run(ctx, "pg_ctl", "-D", dir, "-o", opts, "-l", filepath.Join(dir, "server.log"), "-w", "-t", "60", "start"); err != nil {
+		return nil, err
+	}
+	return c, nil
+}
+
+// Stop stops the cluster and removes its directory.
+func (c *Cluster) Stop() error {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	err := c.run(ctx, "pg_ctl", "-D", c.Dir, "-m", "immediate", "-w", "stop")
+	return errors.Join(err, os.RemoveAll(c.Dir))
+}
+
+func (c *Cluster) run(ctx context.Context, name string, args ...string) error {
+	cmd := exec.CommandContext(ctx, filepath.Join(c.bin, name), args...)
+	cmd.Dir = c.Dir
+	if c.cred != nil {
+		cmd.SysProcAttr = &syscall.SysProcAttr{Credential: c.cred}
+	}
+	if out, err := cmd.CombinedOutput(); err != nil {
+		return fmt.Errorf("throwaway PostgreSQL: %s: %w\n%s", name, err, out)
+	}
+	return nil
+}
+
+func freePort() (int, error) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return 0, err
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port, nil
+}

@@ -1,0 +1,143 @@
+package pgdb
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+)
+
+// DefaultURL is where promptline looks for Postgres when neither
+// --database-url nor DATABASE_URL is set. The user is libpq's default
+// (PGUSER, else the OS user).
+const DefaultURL = "postgres://127.0.0.1:5432/promptline?sslmode=disable"
+
+// OpenOpts says how to find the database.
+type OpenOpts struct {
+	// URL from the flag or DATABASE_URL; empty means: the default local
+	// server, else a throwaway cluster.
+	URL string
+	// MaxConns of the pool. Defaults to pgxpool's default.
+	MaxConns int32
+	// ClusterParent is where a throwaway cluster's directory goes. Defaults
+	// to the system temp directory.
+	ClusterParent string
+	Logger        *slog.Logger
+}
+
+// DB is an open, migrated database.
+type DB struct {
+	Pool    *pgxpool.Pool
+	URL     string
+	cluster *Cluster
+}
+
+// Close closes the pool and stops a throwaway cluster.
+func (d *DB) Close() error {
+	d.Pool.Close()
+	if d.cluster != nil {
+		return d.cluster.Stop()
+	}
+	return nil
+}
+
+// Open resolves the database, connects, and applies migrations.
+func Open(ctx context.Context, opts OpenOpts) (*DB, error) {
+	log := opts.Logger
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	db := &DB{URL: opts.URL}
+	if db.URL == "" {
+		db.URL = DefaultURL
+		if err := ensureDatabase(ctx, DefaultURL); err != nil {
+			if !refused(err) {
+				return nil, fmt.Errorf("default database %s: %w (set --database-url or DATABASE_URL)", DefaultURL, err)
+			}
+			log.InfoContext(ctx, "no PostgreSQL on the default address; starting a throwaway cluster", slog.String("default_url", DefaultURL))
+			c, err := StartCluster(ctx, opts.ClusterParent)
+			if err != nil {
+				return nil, err
+			}
+			log.InfoContext(ctx, "throwaway PostgreSQL started; its data is removed at exit",
+				slog.String("data_dir", c.Dir), slog.Int("port", c.Port))
+			db.cluster = c
+			db.URL = c.URL("postgres")
+		}
+	}
+	cfg, err := pgxpool.ParseConfig(db.URL)
+	if err != nil {
+		db.stopCluster()
+		return nil, fmt.Errorf("--database-url: %w", err)
+	}
+	if opts.MaxConns > 0 {
+		cfg.MaxConns = opts.MaxConns
+	}
+	db.Pool, err = pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		db.stopCluster()
+		return nil, fmt.Errorf("connecting to Postgres: %w", err)
+	}
+	if err := db.Pool.Ping(ctx); err != nil {
+		db.Close()
+		return nil, fmt.Errorf("connecting to Postgres at %s: %w", redact(cfg.ConnConfig), err)
+	}
+	if err := MigratePool(ctx, db.Pool); err != nil {
+		db.Close()
+		return nil, err
+	}
+	return db, nil
+}
+
+// stopCluster stops the cluster when the pool was never opened.
+func (d *DB) stopCluster() {
+	if d.cluster != nil {
+		_ = d.cluster.Stop()
+	}
+}
+
+// ensureDatabase connects to url, creating its database when the server
+// answers but the database does not exist.
+func ensureDatabase(ctx context.Context, url string) error {
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	cfg, err := pgx.ParseConfig(url)
+	if err != nil {
+		return err
+	}
+	conn, err := pgx.ConnectConfig(ctx, cfg)
+	if err == nil {
+		return conn.Close(ctx)
+	}
+	var pgErr *pgconn.PgError
+	if !errors.As(err, &pgErr) || pgErr.Code != "3D000" { // invalid_catalog_name
+		return err
+	}
+	admin := cfg.Copy()
+	admin.Database = "postgres"
+	ac, err := pgx.ConnectConfig(ctx, admin)
+	if err != nil {
+		return err
+	}
+	defer ac.Close(ctx)
+	_, err = ac.Exec(ctx, "CREATE DATABASE "+pgx.Identifier{cfg.Database}.Sanitize())
+	if errors.As(err, &pgErr) && pgErr.Code == "42P04" { // duplicate_database: a concurrent start made it
+		err = nil
+	}
+	return err
+}
+
+func refused(err error) bool {
+	var op *net.OpError
+	return errors.As(err, &op) && op.Op == "dial"
+}
+
+func redact(c *pgx.ConnConfig) string {
+	return fmt.Sprintf("%s@%s:%d/%s", c.User, c.Host, c.Port, c.Database)
+}

@@ -1,0 +1,10 @@
+// Package testkit gives tests a real Postgres database and a real
+// Kafka-protocol broker over TCP.
+//
+// Postgres: DATABASE_URL when set, else the server on 127.0.0.1:5432 (libpq's
+// default user), else a throwaway cluster started once per test binary from
+// the machine's PostgreSQL binaries. Each test gets a fresh database cloned
+// from a migrated template (pgtestdb). Packages that use it call Main from
+// TestMain, which also stops the throwaway cluster and checks for leaked
+// goroutines.
+package testkit

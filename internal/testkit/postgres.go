@@ -1,0 +1,133 @@
+package testkit
+
+import (
+	"context"
+	"database/sql"
+	"fmt"
+	"net/url"
+	"os"
+	"os/user"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	_ "github.com/jackc/pgx/v5/stdlib" // the "pgx" database/sql driver pgtestdb opens
+	"github.com/peterldowns/pgtestdb"
+	"go.uber.org/goleak"
+
+	"github.com/promptline/promptline/internal/pgdb"
+)
+
+var (
+	serverOnce sync.Once
+	serverConf pgtestdb.Config
+	serverErr  error
+	cluster    *pgdb.Cluster
+)
+
+// Main runs the tests of a package, then stops a throwaway cluster if one
+// was started, then checks that no goroutine leaked.
+func Main(m *testing.M) {
+	code := m.Run()
+	if cluster != nil {
+		if err := cluster.Stop(); err != nil {
+			fmt.Fprintln(os.Stderr, "stopping throwaway PostgreSQL:", err)
+		}
+	}
+	if code == 0 {
+		if err := goleak.Find(LeakOptions()...); err != nil {
+			fmt.Fprintln(os.Stderr, "goleak:", err)
+			code = 1
+		}
+	}
+	os.Exit(code)
+}
+
+// LeakOptions lists goroutines that outlive their owner by design of a
+// dependency.
+func LeakOptions() []goleak.Option {
+	return []goleak.Option{
+		// pgx's pool closes its background health check asynchronously.
+		goleak.IgnoreTopFunction("github.com/jackc/pgx/v5/pgxpool.(*Pool).backgroundHealthCheck"),
+		// database/sql's connection opener exits when the DB is closed, a
+		// moment later.
+		goleak.IgnoreTopFunction("database/sql.(*DB).connectionOpener"),
+	}
+}
+
+func server() (pgtestdb.Config, error) {
+	serverOnce.Do(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+		defer cancel()
+		raw := os.Getenv("DATABASE_URL")
+		if raw == "" {
+			raw = "postgres://127.0.0.1:5432/postgres?sslmode=disable"
+			if c, err := pgx.Connect(ctx, raw); err == nil {
+				c.Close(ctx)
+			} else {
+				cluster, serverErr = pgdb.StartCluster(ctx, "")
+				if serverErr != nil {
+					serverErr = fmt.Errorf("tests need PostgreSQL: nothing answers on 127.0.0.1:5432 and none could be started: %w", serverErr)
+					return
+				}
+				raw = cluster.URL("postgres")
+			}
+		}
+		serverConf, serverErr = confFromURL(raw)
+	})
+	return serverConf, serverErr
+}
+
+func confFromURL(raw string) (pgtestdb.Config, error) {
+	cfg, err := pgx.ParseConfig(raw)
+	if err != nil {
+		return pgtestdb.Config{}, fmt.Errorf("DATABASE_URL: %w", err)
+	}
+	u := cfg.User
+	if u == "" {
+		if cu, err := user.Current(); err == nil {
+			u = cu.Username
+		}
+	}
+	opts := url.Values{}
+	opts.Set("sslmode", "disable")
+	if parsed, err := url.Parse(raw); err == nil && parsed.Query().Get("sslmode") != "" {
+		opts.Set("sslmode", parsed.Query().Get("sslmode"))
+	}
+	return pgtestdb.Config{
+		DriverName: "pgx", Host: cfg.Host, Port: fmt.Sprint(cfg.Port), User: u,
+		Password: cfg.Password, Database: cfg.Database, Options: opts.Encode(),
+		ForceTerminateConnections: true,
+	}, nil
+}
+
+type migrator struct{}
+
+func (migrator) Hash() (string, error) { return pgdb.MigrationsHash(), nil }
+func (migrator) Migrate(ctx context.Context, db *sql.DB, _ pgtestdb.Config) error {
+	return pgdb.Migrate(ctx, db)
+}
+
+// DatabaseURL returns the URL of a fresh, migrated database for this test.
+func DatabaseURL(tb testing.TB) string {
+	tb.Helper()
+	conf, err := server()
+	if err != nil {
+		tb.Fatal(err)
+	}
+	return pgtestdb.Custom(tb, conf, migrator{}).URL()
+}
+
+// Pool returns a pool on a fresh, migrated database for this test.
+func Pool(tb testing.TB) (*pgxpool.Pool, string) {
+	tb.Helper()
+	dbURL := DatabaseURL(tb)
+	pool, err := pgxpool.New(context.Background(), dbURL)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(pool.Close)
+	return pool, dbURL
+}
