@@ -1,0 +1,132 @@
+package envelope_test
+
+import (
+	"bytes"
+	"errors"
+	"slices"
+	"testing"
+	"unicode/utf8"
+
+	"github.com/promptline/promptline/envelope"
+)
+
+// FuzzDecode checks Decode on arbitrary input: it never panics; what it
+// accepts is a valid prompt that survives Marshal and Decode unchanged,
+// hash included; what it refuses is a *RejectError with a known reason.
+// Seeds: the f.Add calls below and testdata/fuzz/FuzzDecode (crashers found
+// by `go test -fuzz FuzzDecode` belong there).
+func FuzzDecode(f *testing.F) {
+	for _, s := range []struct {
+		value      string
+		key        string
+		keyPresent bool
+	}{
+		{`{"message_id":"m1","session_id":"s1","text":"hello"}`, "s1", true},
+		{`{"message_id":"m1","session_id":"s1","text":"hello"}`, "", false},
+		{`{"message_id":"m1","session_id":"s1","text":"hello"}`, "", true},
+		{`{"message_id":"m1","session_id":"s1","text":"hello"}`, "s2", true},
+		{`{"message_id":"m1","session_id":"s1","text":"stop","delivery":"steer","resume":false}`, "s1", true},
+		{`{"resume":true,"delivery":"queue","text":"x","session_id":"s","message_id":"m"}`, "s", true},
+		{`{"message_id":"m1","session_id":"s1","text":"h\u00e9 \ud83d\ude00 <&> \u2028 \"\\"}`, "s1", true},
+		{`{"message_id":"m1","session_id":"s1","text":"\ud800"}`, "", false},
+		{`{"message_id":"m1","session_id":"s1","text":"a\u0000"}`, "", false},
+		{`{"message_id":"m1","message_id":"m2","session_id":"s1","text":"x"}`, "", false},
+		{`{"Message_ID":"m1","session_id":"s1","text":"x"}`, "", false},
+		{`{"message\u005fid":"m1","session_id":"s1","text":"x"}`, "", false},
+		{`{"message_id":null,"session_id":"s1","text":"x","resume":null,"delivery":null}`, "", false},
+		{`{"message_id":1,"session_id":["s"],"text":{},"resume":"true"}`, "", false},
+		{`{"message_id":"m1","session_id":"s1","text":"x"} {}`, "", false},
+		{`{"message_id":"m1","session_id":"s1","text":"x"}]`, "", false},
+		{`{"message_id":"m1","session_id":"s1","text":""}`, "", false},
+		{`{"message_id":"m 1","session_id":"s1","text":"x","extra":1}`, "", false},
+		{"{\"message_id\":\"m1\",\"session_id\":\"s1\",\"text\":\"\xff\"}", "", false},
+		{`{}`, "", false},
+		{`[]`, "", false},
+		{`null`, "", false},
+		{``, "", false},
+		{`{"message_id":"m1","session_id":"s1","text":"x",}`, "", false},
+	} {
+		f.Add([]byte(s.value), s.key, s.keyPresent)
+	}
+
+	f.Fuzz(func(t *testing.T, value []byte, key string, keyPresent bool) {
+		var k []byte
+		if keyPresent {
+			k = []byte(key)
+		}
+		p, err := envelope.Decode(k, value, envelope.Limits{})
+		if err != nil {
+			var rej *envelope.RejectError
+			if !errors.As(err, &rej) {
+				t.Fatalf("error %v (%T) is not a *RejectError", err, err)
+			}
+			if rej.Reason == "" || !slices.Contains(allReasons, rej.Reason) {
+				t.Fatalf("unknown reason %q (detail %q)", rej.Reason, rej.Detail)
+			}
+			if rej.Reason == envelope.ReasonConflict {
+				t.Fatalf("Decode cannot know of a conflict: %v", err)
+			}
+			if rej.Detail == "" {
+				t.Fatalf("reason %q without detail", rej.Reason)
+			}
+			if p != (envelope.Prompt{}) {
+				t.Fatalf("rejected, yet returned %+v", p)
+			}
+			return
+		}
+
+		checkValid(t, k, p)
+
+		b, err := envelope.Marshal(p)
+		if err != nil {
+			t.Fatalf("Marshal(%+v): %v", p, err)
+		}
+		// Marshal escapes <, >, & and control characters, so it can make a
+		// value longer than the one decoded; the size limit is not what is
+		// under test here.
+		again, err := envelope.Decode(k, b, envelope.Limits{MaxValueBytes: len(b)})
+		if err != nil {
+			t.Fatalf("Decode(Marshal(%+v)) = %s: %v", p, b, err)
+		}
+		if !promptsEqual(p, again) {
+			t.Fatalf("round trip changed the prompt:\n  %+v\n  %+v\n  via %s", p, again, b)
+		}
+		if !bytes.Equal(p.Hash(), again.Hash()) {
+			t.Fatalf("round trip changed the hash of %+v", p)
+		}
+	})
+}
+
+// checkValid asserts what Decode promises of an accepted prompt.
+func checkValid(t *testing.T, key []byte, p envelope.Prompt) {
+	t.Helper()
+	for _, id := range []string{p.MessageID, p.SessionID} {
+		if id == "" || len(id) > 128 {
+			t.Fatalf("accepted ID %q of length %d", id, len(id))
+		}
+		for i := 0; i < len(id); i++ {
+			if id[i] < 0x21 || id[i] > 0x7e {
+				t.Fatalf("accepted ID %q with byte %#x", id, id[i])
+			}
+		}
+	}
+	if p.Text == "" || !utf8.ValidString(p.Text) || bytes.IndexByte([]byte(p.Text), 0) >= 0 {
+		t.Fatalf("accepted text %q", p.Text)
+	}
+	if p.Delivery != envelope.DeliveryQueue && p.Delivery != envelope.DeliverySteer {
+		t.Fatalf("accepted delivery %q", p.Delivery)
+	}
+	if key != nil && string(key) != p.SessionID {
+		t.Fatalf("accepted key %q for session %q", key, p.SessionID)
+	}
+}
+
+func promptsEqual(a, b envelope.Prompt) bool {
+	if a.MessageID != b.MessageID || a.SessionID != b.SessionID || a.Text != b.Text || a.Delivery != b.Delivery {
+		return false
+	}
+	if (a.Resume == nil) != (b.Resume == nil) {
+		return false
+	}
+	return a.Resume == nil || *a.Resume == *b.Resume
+}
