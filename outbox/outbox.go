@@ -1,0 +1,40 @@
+package outbox
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// Row is one message to publish: written in the transaction of the state
+// change it announces, published by the Relay at least once.
+type Row struct {
+	Topic   string
+	Key     string
+	Payload []byte
+}
+
+// Insert writes rows inside tx, in order: the relay publishes rows of one
+// key in the order of their IDs.
+func Insert(ctx context.Context, tx pgx.Tx, rows ...Row) error {
+	if len(rows) == 0 {
+		return nil
+	}
+	topics := make([]string, len(rows))
+	keys := make([]string, len(rows))
+	payloads := make([][]byte, len(rows))
+	for i, r := range rows {
+		topics[i], keys[i], payloads[i] = r.Topic, r.Key, r.Payload
+	}
+	if _, err := tx.Exec(ctx, insertSQL, topics, keys, payloads); err != nil {
+		return fmt.Errorf("writing %d outbox rows: %w", len(rows), err)
+	}
+	return nil
+}
+
+// WITH ORDINALITY keeps the caller's order in the identity column.
+const insertSQL = `
+INSERT INTO outbox (topic, key, payload)
+SELECT t, k, p FROM unnest($1::text[], $2::text[], $3::bytea[]) WITH ORDINALITY AS r(t, k, p, n)
+ORDER BY n`

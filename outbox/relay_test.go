@@ -1,0 +1,504 @@
+package outbox
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"strconv"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/IBM/sarama"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/require"
+
+	"github.com/promptline/promptline/internal/kafkautil"
+	"github.com/promptline/promptline/internal/testkit"
+)
+
+const (
+	testTopic      = "wakes"
+	testPartitions = 4
+	// waitFor bounds every wait on the relay; a pass takes milliseconds.
+	waitFor = 15 * time.Second
+)
+
+type testBundle struct {
+	pool     *pgxpool.Pool
+	broker   *kafkautil.Broker
+	producer sarama.SyncProducer
+	logs     *logRecorder
+}
+
+func setup(t *testing.T) *testBundle {
+	t.Helper()
+	pool, _ := testkit.Pool(t)
+	broker := testkit.Broker(t, testPartitions)
+	return &testBundle{
+		pool:     pool,
+		broker:   broker,
+		producer: newProducer(t, broker.Addr()),
+		logs:     &logRecorder{},
+	}
+}
+
+func newProducer(t *testing.T, addr string) sarama.SyncProducer {
+	t.Helper()
+	p, err := sarama.NewSyncProducer([]string{addr}, kafkautil.NewConfig("outbox-test"))
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = p.Close() })
+	return p
+}
+
+// newRelay builds a relay whose loop reports when it goes idle.
+func (b *testBundle) newRelay(config *RelayConfig) *Relay {
+	c := *config
+	c.Logger = slog.New(b.logs)
+	r := NewRelay(b.pool, b.producer, &c)
+	r.idleSignal = make(chan struct{}, 100)
+	return r
+}
+
+func waitIdle(t *testing.T, r *Relay) {
+	t.Helper()
+	select {
+	case <-r.idleSignal:
+	case <-time.After(waitFor):
+		t.Fatal("relay loop never went idle")
+	}
+}
+
+// commit inserts rows in one transaction.
+func commit(t *testing.T, pool *pgxpool.Pool, rows ...Row) {
+	t.Helper()
+	require.NoError(t, commitRows(context.Background(), pool, rows...))
+}
+
+// commitRows is commit for goroutines other than the test's.
+func commitRows(ctx context.Context, pool *pgxpool.Pool, rows ...Row) error {
+	return pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error { return Insert(ctx, tx, rows...) })
+}
+
+func row(key string, n int) Row {
+	return Row{Topic: testTopic, Key: key, Payload: fmt.Appendf(nil, "%s/%d", key, n)}
+}
+
+type dbRow struct {
+	ID        int64
+	Key       string
+	Published bool
+}
+
+func outboxRows(t *testing.T, pool *pgxpool.Pool) []dbRow {
+	t.Helper()
+	rows, err := pool.Query(context.Background(),
+		`SELECT id, key, published_at IS NOT NULL FROM outbox ORDER BY id`)
+	require.NoError(t, err)
+	out, err := pgx.CollectRows(rows, pgx.RowToStructByPos[dbRow])
+	require.NoError(t, err)
+	return out
+}
+
+func unpublished(t *testing.T, pool *pgxpool.Pool) int {
+	t.Helper()
+	var n int
+	require.NoError(t, pool.QueryRow(context.Background(),
+		`SELECT count(*) FROM outbox WHERE published_at IS NULL`).Scan(&n))
+	return n
+}
+
+type received struct {
+	Partition int32
+	ID        int64
+	Key       string
+	Payload   string
+}
+
+// readTopic reads every record of topic from the broker at addr, partition
+// by partition. Callers have seen their publishes acknowledged, so the high
+// water marks are final; the total is checked against want, which catches
+// duplicates and strays as well as losses.
+func readTopic(t *testing.T, addr, topic string, want int) []received {
+	t.Helper()
+	client, err := sarama.NewClient([]string{addr}, kafkautil.NewConfig("outbox-test-reader"))
+	require.NoError(t, err)
+	defer client.Close()
+	consumer, err := sarama.NewConsumerFromClient(client)
+	require.NoError(t, err)
+	defer consumer.Close()
+
+	partitions, err := client.Partitions(topic)
+	require.NoError(t, err)
+	var out []received
+	total := int64(0)
+	for _, p := range partitions {
+		hwm, err := client.GetOffset(topic, p, sarama.OffsetNewest)
+		require.NoError(t, err)
+		total += hwm
+		if hwm == 0 {
+			continue
+		}
+		pc, err := consumer.ConsumePartition(topic, p, sarama.OffsetOldest)
+		require.NoError(t, err)
+		timeout := time.After(waitFor)
+		for done := false; !done; {
+			select {
+			case m := <-pc.Messages():
+				out = append(out, toReceived(t, m))
+				done = m.Offset == hwm-1
+			case err := <-pc.Errors():
+				t.Fatalf("consuming %s/%d: %v", topic, p, err)
+			case <-timeout:
+				t.Fatalf("consuming %s/%d: offset %d never came", topic, p, hwm-1)
+			}
+		}
+		require.NoError(t, pc.Close())
+	}
+	require.Equal(t, int64(want), total, "records on %s", topic)
+	return out
+}
+
+func toReceived(t *testing.T, m *sarama.ConsumerMessage) received {
+	t.Helper()
+	var id int64 = -1
+	for _, h := range m.Headers {
+		if string(h.Key) == HeaderOutboxID {
+			var err error
+			id, err = strconv.ParseInt(string(h.Value), 10, 64)
+			require.NoError(t, err)
+		}
+	}
+	require.NotEqual(t, int64(-1), id, "record without %s header", HeaderOutboxID)
+	return received{Partition: m.Partition, ID: id, Key: string(m.Key), Payload: string(m.Value)}
+}
+
+// requireKeyOrder checks that every key lives on its murmur2 partition and
+// that its records there follow ID order, with no repeats.
+func requireKeyOrder(t *testing.T, got []received) {
+	t.Helper()
+	last := map[string]int64{}
+	for _, r := range got {
+		require.Equal(t, kafkautil.Murmur2Partition([]byte(r.Key), testPartitions), r.Partition, "partition of key %s", r.Key)
+		require.Greater(t, r.ID, last[r.Key], "key %s: id %d after %d", r.Key, r.ID, last[r.Key])
+		last[r.Key] = r.ID
+	}
+}
+
+func ids(got []received) []int64 {
+	out := make([]int64, len(got))
+	for i, r := range got {
+		out[i] = r.ID
+	}
+	return out
+}
+
+func dbIDs(rows []dbRow) []int64 {
+	out := make([]int64, len(rows))
+	for i, r := range rows {
+		out[i] = r.ID
+	}
+	return out
+}
+
+// logRecorder is a slog.Handler that keeps records for assertions.
+type logRecorder struct {
+	mu      sync.Mutex
+	records []slog.Record
+}
+
+func (l *logRecorder) Enabled(context.Context, slog.Level) bool { return true }
+func (l *logRecorder) Handle(_ context.Context, r slog.Record) error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.records = append(l.records, r.Clone())
+	return nil
+}
+func (l *logRecorder) WithAttrs([]slog.Attr) slog.Handler { return l }
+func (l *logRecorder) WithGroup(string) slog.Handler      { return l }
+
+func (l *logRecorder) warnings() []string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	var out []string
+	for _, r := range l.records {
+		if r.Level < slog.LevelWarn {
+			continue
+		}
+		msg := r.Message
+		r.Attrs(func(a slog.Attr) bool {
+			msg += " " + a.String()
+			return true
+		})
+		out = append(out, msg)
+	}
+	return out
+}
+
+func TestRelay(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+
+	t.Run("RowsCommittedOutOfIDOrderArePublished", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t)
+		relay := b.newRelay(&RelayConfig{})
+
+		// tx1 takes the lower ID but commits last: a relay that kept an
+		// "id > last seen" cursor would skip it for ever.
+		tx1, err := b.pool.Begin(ctx)
+		require.NoError(t, err)
+		defer func() { _ = tx1.Rollback(ctx) }()
+		require.NoError(t, Insert(ctx, tx1, row("early", 1)))
+		commit(t, b.pool, row("late", 1))
+
+		require.NoError(t, relay.Flush(ctx))
+		rows := outboxRows(t, b.pool)
+		require.Equal(t, []dbRow{{ID: 2, Key: "late", Published: true}}, rows)
+
+		require.NoError(t, tx1.Commit(ctx))
+		require.NoError(t, relay.Flush(ctx))
+		rows = outboxRows(t, b.pool)
+		require.Equal(t, []dbRow{{ID: 1, Key: "early", Published: true}, {ID: 2, Key: "late", Published: true}}, rows)
+
+		got := readTopic(t, b.broker.Addr(), testTopic, 2)
+		require.ElementsMatch(t, []int64{1, 2}, ids(got))
+	})
+
+	t.Run("PerKeyOrderOnAPartitionIsIDOrder", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t)
+		// A small batch makes the loop run several full passes back to back.
+		relay := b.newRelay(&RelayConfig{BatchSize: 7, PollInterval: time.Hour})
+
+		keys := []string{"s-1", "s-2", "s-3", "s-4", "s-5", "s-6", "s-7", "s-8"}
+		want := 0
+		for tx := range 20 {
+			var rows []Row
+			for i := range 3 {
+				k := keys[(tx*3+i*5)%len(keys)]
+				rows = append(rows, row(k, tx*10+i))
+			}
+			commit(t, b.pool, rows...)
+			want += len(rows)
+		}
+		var (
+			mu      sync.Mutex
+			batches []int
+			ages    []time.Duration
+		)
+		relay.config.OnPublished = func(n int, oldest time.Duration) {
+			mu.Lock()
+			defer mu.Unlock()
+			batches = append(batches, n)
+			ages = append(ages, oldest)
+		}
+		require.NoError(t, relay.Start(ctx))
+		defer relay.Stop()
+		waitIdle(t, relay)
+		require.Zero(t, unpublished(t, b.pool))
+		mu.Lock()
+		require.Equal(t, []int{7, 7, 7, 7, 7, 7, 7, 7, 4}, batches)
+		for _, age := range ages {
+			require.Positive(t, age)
+		}
+		mu.Unlock()
+
+		got := readTopic(t, b.broker.Addr(), testTopic, want)
+		requireKeyOrder(t, got)
+		require.ElementsMatch(t, dbIDs(outboxRows(t, b.pool)), ids(got))
+		for _, r := range got {
+			require.Contains(t, r.Payload, r.Key+"/")
+		}
+	})
+
+	t.Run("RolledBackRowsAreNeverPublished", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t)
+		relay := b.newRelay(&RelayConfig{})
+
+		// Still open while the relay passes: not visible, and not waited on.
+		open, err := b.pool.Begin(ctx)
+		require.NoError(t, err)
+		require.NoError(t, Insert(ctx, open, row("ghost", 1), row("ghost", 2)))
+		commit(t, b.pool, row("real", 1))
+		require.NoError(t, relay.Flush(ctx))
+		require.NoError(t, open.Rollback(ctx))
+		commit(t, b.pool, row("real", 2))
+		require.NoError(t, relay.Flush(ctx))
+
+		got := readTopic(t, b.broker.Addr(), testTopic, 2)
+		require.Equal(t, []string{"real/1", "real/2"}, []string{got[0].Payload, got[1].Payload})
+		require.Equal(t, []dbRow{{ID: 3, Key: "real", Published: true}, {ID: 4, Key: "real", Published: true}}, outboxRows(t, b.pool))
+	})
+
+	t.Run("FlushWaitsForTheLockHolder", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t)
+		relay := b.newRelay(&RelayConfig{})
+		commit(t, b.pool, row("k", 1))
+
+		// Another relay's pass, as far as Postgres can tell.
+		holder, err := b.pool.Begin(ctx)
+		require.NoError(t, err)
+		defer func() { _ = holder.Rollback(ctx) }()
+		_, err = holder.Exec(ctx, `SELECT pg_advisory_xact_lock($1)`, RelayLockKey)
+		require.NoError(t, err)
+
+		shortCtx, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
+		defer cancel()
+		require.ErrorIs(t, relay.Flush(shortCtx), context.DeadlineExceeded)
+		require.Equal(t, 1, unpublished(t, b.pool))
+
+		require.NoError(t, holder.Rollback(ctx))
+		require.NoError(t, relay.Flush(ctx))
+		require.Zero(t, unpublished(t, b.pool))
+		readTopic(t, b.broker.Addr(), testTopic, 1)
+	})
+
+	t.Run("TwoRelaysPublishEveryRowInKeyOrder", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t)
+		// Two consumer processes: own pools, own producers, one database.
+		poolB, err := pgxpool.New(ctx, b.pool.Config().ConnString())
+		require.NoError(t, err)
+		defer poolB.Close()
+		var published [2]int
+		var mu sync.Mutex
+		onPublished := func(i int) func(int, time.Duration) {
+			return func(n int, _ time.Duration) {
+				mu.Lock()
+				defer mu.Unlock()
+				published[i] += n
+			}
+		}
+		relays := []*Relay{
+			NewRelay(b.pool, b.producer, &RelayConfig{BatchSize: 5, PollInterval: 5 * time.Millisecond, Logger: slog.New(b.logs), OnPublished: onPublished(0)}),
+			NewRelay(poolB, newProducer(t, b.broker.Addr()), &RelayConfig{BatchSize: 5, PollInterval: 5 * time.Millisecond, Logger: slog.New(b.logs), OnPublished: onPublished(1)}),
+		}
+		for _, r := range relays {
+			require.NoError(t, r.Start(ctx))
+			defer r.Stop()
+		}
+
+		// Each writer owns its keys, as sessions own theirs: writes of one
+		// key are serialised, so ID order is commit order per key.
+		const writers, txPerWriter = 4, 25
+		var wg sync.WaitGroup
+		errs := make(chan error, writers)
+		for w := range writers {
+			wg.Go(func() {
+				for i := range txPerWriter {
+					k := fmt.Sprintf("w%d-k%d", w, i%3)
+					if err := commitRows(ctx, b.pool, row(k, 2*i), row(k, 2*i+1)); err != nil {
+						errs <- err
+						return
+					}
+					relays[(w+i)%2].Nudge()
+				}
+			})
+		}
+		wg.Wait()
+		close(errs)
+		for err := range errs {
+			require.NoError(t, err)
+		}
+		want := writers * txPerWriter * 2
+		require.Eventually(t, func() bool { return unpublished(t, b.pool) == 0 }, waitFor, 5*time.Millisecond)
+
+		got := readTopic(t, b.broker.Addr(), testTopic, want)
+		requireKeyOrder(t, got)
+		require.ElementsMatch(t, dbIDs(outboxRows(t, b.pool)), ids(got))
+		mu.Lock()
+		require.Equal(t, want, published[0]+published[1])
+		t.Logf("rows published by relay A: %d, by relay B: %d", published[0], published[1])
+		mu.Unlock()
+		require.Empty(t, b.logs.warnings())
+	})
+
+	t.Run("StopTwiceFlushesFirst", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t)
+		relay := b.newRelay(&RelayConfig{PollInterval: time.Hour})
+		relay.Stop() // before Start: nothing to stop
+
+		require.NoError(t, relay.Start(ctx))
+		require.Error(t, relay.Start(ctx), "second Start while running")
+		waitIdle(t, relay) // first pass done; next look in an hour
+		commit(t, b.pool, row("k", 1), row("k", 2), row("j", 1))
+		require.Equal(t, 3, unpublished(t, b.pool))
+
+		relay.Stop()
+		require.Zero(t, unpublished(t, b.pool))
+		relay.Stop()
+		got := readTopic(t, b.broker.Addr(), testTopic, 3)
+		requireKeyOrder(t, got)
+		require.Empty(t, b.logs.warnings())
+
+		// Stopped relays start again.
+		require.NoError(t, relay.Start(ctx))
+		relay.Stop()
+	})
+
+	t.Run("NudgeWakesTheLoopBeforeThePoll", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t)
+		relay := b.newRelay(&RelayConfig{PollInterval: time.Hour})
+		require.NoError(t, relay.Start(ctx))
+		defer relay.Stop()
+		waitIdle(t, relay)
+
+		for i := range 3 {
+			commit(t, b.pool, row("k", i))
+			start := time.Now()
+			relay.Nudge()
+			waitIdle(t, relay)
+			// With an hour between polls, only the nudge can have woken it.
+			require.Zero(t, unpublished(t, b.pool), "after nudge %d", i)
+			require.Less(t, time.Since(start), waitFor)
+		}
+		readTopic(t, b.broker.Addr(), testTopic, 3)
+	})
+
+	t.Run("NudgeNeverBlocks", func(t *testing.T) {
+		t.Parallel()
+		// No loop runs to receive: nudges coalesce into the one pending.
+		relay := NewRelay(nil, nil, nil)
+		for range 1000 {
+			relay.Nudge()
+		}
+		require.Len(t, relay.nudge, 1)
+	})
+
+	t.Run("PublishFailureLeavesRowsForARetry", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t)
+		relay := b.newRelay(&RelayConfig{PollInterval: 10 * time.Millisecond})
+		require.NoError(t, relay.Start(ctx))
+		defer relay.Stop()
+		waitIdle(t, relay)
+
+		addr := b.broker.Addr()
+		b.broker.Close()
+		commit(t, b.pool, row("k", 1), row("k", 2))
+		relay.Nudge()
+		require.Eventually(t, func() bool { return len(b.logs.warnings()) > 0 }, waitFor, 10*time.Millisecond)
+		require.Contains(t, b.logs.warnings()[0], "publish failed")
+		require.Equal(t, 2, unpublished(t, b.pool), "a failed publish marks nothing")
+
+		// The broker comes back on the same address (empty: it kept no data).
+		back, err := kafkautil.StartBroker(kafkautil.BrokerConfig{
+			Addr: addr, Partitions: testPartitions, Topics: kafkautil.Topics{}.WithDefaults().All(),
+		})
+		require.NoError(t, err)
+		defer back.Close()
+		require.Eventually(t, func() bool { return unpublished(t, b.pool) == 0 }, 30*time.Second, 10*time.Millisecond)
+		got := readTopic(t, addr, testTopic, 2)
+		requireKeyOrder(t, got)
+		relay.Stop()
+		for _, w := range b.logs.warnings() {
+			require.NotContains(t, w, context.Canceled.Error())
+		}
+	})
+}
