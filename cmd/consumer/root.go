@@ -1,0 +1,136 @@
+package main
+
+import (
+	"fmt"
+	"log/slog"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/promptline/promptline/internal/kafkautil"
+)
+
+// options are the consumer's flags: a public contract (README "Flags").
+type options struct {
+	brokers           []string
+	embeddedKafkaAddr string
+	databaseURL       string
+	metricsAddr       string
+	group             string
+	logLevel          string
+	partitions        int32
+	createTopics      bool
+	maxSessions       int
+	maxBatch          int
+	maxValueBytes     int
+	shutdownGrace     time.Duration
+	topics            kafkautil.Topics
+}
+
+func newRootCommand() *cobra.Command {
+	o := &options{}
+	root := &cobra.Command{
+		Use:           "consumer",
+		Short:         "Run promptline: admit prompts from Kafka, execute sessions, publish their events",
+		SilenceUsage:  true,
+		SilenceErrors: true,
+		Args:          cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if err := o.validate(); err != nil {
+				return err
+			}
+			return run(cmd.Context(), o, cmd.ErrOrStderr())
+		},
+	}
+	f := root.Flags()
+	f.StringSliceVar(&o.brokers, "brokers", nil, "Kafka bootstrap brokers, comma-separated; empty starts the embedded broker")
+	f.StringVar(&o.embeddedKafkaAddr, "embedded-kafka-addr", "127.0.0.1:9092", "listen address of the embedded broker (when --brokers is empty)")
+	f.StringVar(&o.databaseURL, "database-url", os.Getenv("DATABASE_URL"), "Postgres URL (env DATABASE_URL); empty: the local server on 127.0.0.1:5432, else a throwaway cluster")
+	f.StringVar(&o.metricsAddr, "metrics-addr", "127.0.0.1:9464", "address serving /metrics and /healthz")
+	f.StringVar(&o.group, "group", "promptline", "Kafka consumer group")
+	f.StringVar(&o.logLevel, "log-level", "info", "log level: debug, info, warn, error")
+	f.Int32Var(&o.partitions, "partitions", 16, "partitions of topics created at start")
+	f.BoolVar(&o.createTopics, "create-topics", true, "create missing topics at start")
+	f.IntVar(&o.maxSessions, "max-sessions", 256, "sessions executing at once in this process")
+	f.IntVar(&o.maxBatch, "max-batch", 500, "most prompts admitted in one transaction")
+	f.IntVar(&o.maxValueBytes, "max-value-bytes", 1<<20, "largest accepted prompt value in bytes")
+	f.DurationVar(&o.shutdownGrace, "shutdown-grace", 30*time.Second, "time running turns get to finish on SIGTERM")
+	f.StringVar(&o.topics.Prompts, "prompts-topic", "prompts", "topic of incoming prompts")
+	f.StringVar(&o.topics.Wakes, "wakes-topic", "wakes", "topic of internal wakes")
+	f.StringVar(&o.topics.Events, "events-topic", "session-events", "topic of outgoing session events")
+	f.StringVar(&o.topics.Rejects, "rejects-topic", "prompts.rejects", "topic of rejected input")
+	root.AddCommand(newBrokerCommand())
+	return root
+}
+
+func (o *options) validate() error {
+	switch {
+	case o.partitions < 1:
+		return fmt.Errorf("--partitions: must be at least 1, got %d", o.partitions)
+	case o.maxSessions < 1:
+		return fmt.Errorf("--max-sessions: must be at least 1, got %d", o.maxSessions)
+	case o.maxBatch < 1:
+		return fmt.Errorf("--max-batch: must be at least 1, got %d", o.maxBatch)
+	case o.maxValueBytes < 1:
+		return fmt.Errorf("--max-value-bytes: must be at least 1, got %d", o.maxValueBytes)
+	case o.shutdownGrace < 0:
+		return fmt.Errorf("--shutdown-grace: must not be negative, got %s", o.shutdownGrace)
+	case o.group == "":
+		return fmt.Errorf("--group: must not be empty")
+	}
+	if _, err := parseLevel(o.logLevel); err != nil {
+		return err
+	}
+	for flag, name := range map[string]string{"--prompts-topic": o.topics.Prompts, "--wakes-topic": o.topics.Wakes,
+		"--events-topic": o.topics.Events, "--rejects-topic": o.topics.Rejects} {
+		if name == "" {
+			return fmt.Errorf("%s: must not be empty", flag)
+		}
+	}
+	for _, b := range o.brokers {
+		if !strings.Contains(b, ":") {
+			return fmt.Errorf("--brokers: %q is not host:port", b)
+		}
+	}
+	return nil
+}
+
+func parseLevel(s string) (slog.Level, error) {
+	var l slog.Level
+	if err := l.UnmarshalText([]byte(s)); err != nil {
+		return 0, fmt.Errorf("--log-level: want debug, info, warn or error, got %q", s)
+	}
+	return l, nil
+}
+
+func newBrokerCommand() *cobra.Command {
+	var addr, dataDir string
+	var partitions int32
+	cmd := &cobra.Command{
+		Use:   "broker",
+		Short: "Run the embedded Kafka-protocol broker alone (so consumers can be killed while it lives)",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if partitions < 1 {
+				return fmt.Errorf("--partitions: must be at least 1, got %d", partitions)
+			}
+			b, err := kafkautil.StartBroker(kafkautil.BrokerConfig{
+				Addr: addr, DataDir: dataDir, Partitions: partitions, Topics: kafkautil.Topics{}.WithDefaults().All(),
+			})
+			if err != nil {
+				return err
+			}
+			defer b.Close()
+			slog.New(slog.NewJSONHandler(cmd.ErrOrStderr(), nil)).Info("embedded broker ready",
+				slog.String("addr", b.Addr()), slog.String("data_dir", dataDir))
+			<-cmd.Context().Done()
+			return nil
+		},
+	}
+	cmd.Flags().StringVar(&addr, "addr", "127.0.0.1:9092", "listen address")
+	cmd.Flags().StringVar(&dataDir, "data-dir", "", "directory that keeps topics across restarts (empty: in memory)")
+	cmd.Flags().Int32Var(&partitions, "partitions", 16, "partitions of the promptline topics it creates")
+	return cmd
+}

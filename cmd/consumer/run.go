@@ -1,0 +1,124 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"time"
+
+	"github.com/IBM/sarama"
+	"github.com/google/uuid"
+
+	"github.com/promptline/promptline/envelope"
+	"github.com/promptline/promptline/internal/kafkautil"
+	"github.com/promptline/promptline/internal/pgdb"
+	"github.com/promptline/promptline/metrics"
+	"github.com/promptline/promptline/outbox"
+	"github.com/promptline/promptline/pipeline"
+)
+
+func run(ctx context.Context, o *options, stderr io.Writer) error {
+	level, _ := parseLevel(o.logLevel)
+	log := slog.New(slog.NewJSONHandler(stderr, &slog.HandlerOptions{Level: level}))
+	topics := o.topics.WithDefaults()
+
+	brokers := o.brokers
+	if len(brokers) == 0 {
+		b, err := kafkautil.StartBroker(kafkautil.BrokerConfig{Addr: o.embeddedKafkaAddr, Partitions: o.partitions})
+		if err != nil {
+			return fmt.Errorf("--embedded-kafka-addr: %w", err)
+		}
+		defer b.Close()
+		brokers = []string{b.Addr()}
+		log.Info("embedded Kafka broker started", slog.String("addr", b.Addr()))
+	}
+
+	db, err := pgdb.Open(ctx, pgdb.OpenOpts{URL: o.databaseURL, Logger: log})
+	if err != nil {
+		return err
+	}
+	defer db.Close()
+
+	reg := metrics.NewRegistry()
+	m := metrics.New(reg)
+	srv, err := metrics.Listen(o.metricsAddr, reg)
+	if err != nil {
+		return fmt.Errorf("--metrics-addr: %w", err)
+	}
+	defer srv.Close()
+
+	owner := "consumer-" + uuid.Must(uuid.NewV7()).String()
+	cfg := kafkautil.NewConfig(owner)
+	if o.createTopics {
+		admin, err := sarama.NewClusterAdmin(brokers, cfg)
+		if err != nil {
+			return fmt.Errorf("connecting to Kafka %v: %w", brokers, err)
+		}
+		created, err := kafkautil.EnsureTopics(admin, topics, o.partitions, 1, log)
+		admin.Close()
+		if err != nil {
+			return err
+		}
+		if len(created) > 0 {
+			log.Info("topics created", slog.Any("topics", created), slog.Int("partitions", int(o.partitions)))
+		}
+	}
+
+	producer, err := sarama.NewSyncProducer(brokers, cfg)
+	if err != nil {
+		return fmt.Errorf("connecting producer to Kafka %v: %w", brokers, err)
+	}
+	defer producer.Close()
+
+	relay := outbox.NewRelay(db.Pool, producer, &outbox.RelayConfig{
+		Logger:      log.With(slog.String("component", "relay")),
+		OnPublished: func(n int, _ time.Duration) { m.OutboxPublished.Add(float64(n)) },
+	})
+	if err := relay.Start(ctx); err != nil {
+		return err
+	}
+	defer relay.Stop()
+
+	admitter := pipeline.NewAdmitter(db.Pool, &pipeline.AdmitterConfig{
+		Topics: topics, Logger: log, Metrics: m, OnCommitFunc: relay.Nudge,
+	})
+	exec := pipeline.NewExecutor(db.Pool, &pipeline.ExecutorConfig{
+		Topics: topics, MaxSessions: o.maxSessions, Logger: log, Metrics: m, OnCommitFunc: relay.Nudge,
+	})
+	defer exec.Stop()
+	handler := pipeline.NewConsumer(admitter, exec, producer, &pipeline.ConsumerConfig{
+		Topics: topics, MaxBatch: o.maxBatch, Logger: log, Metrics: m,
+		Limits: envelope.Limits{MaxValueBytes: o.maxValueBytes},
+	})
+
+	group, err := sarama.NewConsumerGroup(brokers, o.group, cfg)
+	if err != nil {
+		return fmt.Errorf("joining consumer group %q: %w", o.group, err)
+	}
+	defer group.Close()
+	go func() {
+		for err := range group.Errors() {
+			log.Warn("consumer group", slog.Any("error", err))
+		}
+	}()
+
+	log.Info("consumer running", slog.Any("brokers", brokers), slog.String("group", o.group),
+		slog.String("metrics_addr", srv.Addr()), slog.String("owner", owner))
+	for ctx.Err() == nil {
+		// Consume returns at every rebalance; loop to rejoin.
+		if err := group.Consume(ctx, []string{topics.Prompts, topics.Wakes}, handler); err != nil {
+			if errors.Is(err, sarama.ErrClosedConsumerGroup) || ctx.Err() != nil {
+				break
+			}
+			log.Warn("consumer group session ended", slog.Any("error", err))
+			select {
+			case <-time.After(time.Second):
+			case <-ctx.Done():
+			}
+		}
+	}
+	log.Info("consumer stopping")
+	return nil
+}

@@ -1,0 +1,103 @@
+package metrics
+
+import (
+	"context"
+	"errors"
+	"net"
+	"net/http"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+)
+
+// Metrics holds promptline's collectors. A nil *Metrics counts nothing, so
+// tests and tools may pass nil.
+type Metrics struct {
+	Admissions         *prometheus.CounterVec
+	AdmissionBatchSize prometheus.Histogram
+	AdmissionSeconds   prometheus.Histogram
+	Turns              *prometheus.CounterVec
+	TurnSeconds        prometheus.Histogram
+	ActiveExecutions   prometheus.Gauge
+	OutboxPublished    prometheus.Counter
+	Wakes              *prometheus.CounterVec
+}
+
+// New creates the collectors and registers them on reg.
+func New(reg prometheus.Registerer) *Metrics {
+	m := &Metrics{
+		Admissions: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "promptline_admissions_total", Help: "Prompts classified by admission.",
+		}, []string{"outcome", "reason"}),
+		AdmissionBatchSize: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name: "promptline_admission_batch_size", Help: "Prompts per admission transaction.",
+			Buckets: prometheus.ExponentialBuckets(1, 2, 12),
+		}),
+		AdmissionSeconds: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name: "promptline_admission_seconds", Help: "Latency of one admission transaction.",
+			Buckets: prometheus.ExponentialBuckets(0.0005, 2, 14),
+		}),
+		Turns: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "promptline_turns_total", Help: "Turns finished, by outcome.",
+		}, []string{"outcome"}),
+		TurnSeconds: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name: "promptline_turn_seconds", Help: "Latency from promotion to the stored answer.",
+			Buckets: prometheus.ExponentialBuckets(0.001, 2, 16),
+		}),
+		ActiveExecutions: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "promptline_active_executions", Help: "Sessions executing in this process.",
+		}),
+		OutboxPublished: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "promptline_outbox_published_total", Help: "Outbox rows published by this process.",
+		}),
+		Wakes: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "promptline_wakes_total", Help: "Wakes consumed, by result.",
+		}, []string{"result"}),
+	}
+	reg.MustRegister(m.Admissions, m.AdmissionBatchSize, m.AdmissionSeconds, m.Turns,
+		m.TurnSeconds, m.ActiveExecutions, m.OutboxPublished, m.Wakes)
+	return m
+}
+
+// NewRegistry returns a registry with the Go and process collectors.
+func NewRegistry() *prometheus.Registry {
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	return reg
+}
+
+// Server serves /metrics for a registry.
+type Server struct {
+	srv *http.Server
+	ln  net.Listener
+}
+
+// Listen binds addr and serves /metrics until Close.
+func Listen(addr string, g prometheus.Gatherer) (*Server, error) {
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return nil, err
+	}
+	mux := http.NewServeMux()
+	mux.Handle("/metrics", promhttp.HandlerFor(g, promhttp.HandlerOpts{}))
+	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte("ok\n")) })
+	s := &Server{srv: &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}, ln: ln}
+	go func() {
+		if err := s.srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			_ = err // Serve fails only when the listener breaks; Close reports nothing more useful.
+		}
+	}()
+	return s, nil
+}
+
+// Addr is the bound address.
+func (s *Server) Addr() string { return s.ln.Addr().String() }
+
+// Close stops serving.
+func (s *Server) Close() error {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	return s.srv.Shutdown(ctx)
+}

@@ -1,0 +1,294 @@
+package pipeline
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"log/slog"
+	"slices"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/promptline/promptline/envelope"
+	"github.com/promptline/promptline/internal/kafkautil"
+	"github.com/promptline/promptline/metrics"
+	"github.com/promptline/promptline/outbox"
+)
+
+// Outcome classifies one prompt at admission.
+type Outcome int
+
+const (
+	// Admitted: a new input row.
+	Admitted Outcome = iota + 1
+	// Duplicate: an exact retry of an admitted prompt (same ID, same
+	// payload hash); nothing new, though it may arm a wake.
+	Duplicate
+	// Conflict: the message ID is taken by another payload; nothing changed.
+	Conflict
+)
+
+func (o Outcome) String() string {
+	switch o {
+	case Admitted:
+		return "admitted"
+	case Duplicate:
+		return "duplicate"
+	case Conflict:
+		return "conflict"
+	}
+	return "unknown"
+}
+
+// Source is where a prompt came from.
+type Source struct {
+	Topic     string
+	Partition int32
+	Offset    int64
+}
+
+// Incoming is one decoded prompt to admit.
+type Incoming struct {
+	Prompt envelope.Prompt
+	Source Source
+}
+
+// AdmitterConfig configures an Admitter.
+type AdmitterConfig struct {
+	// Topics names the outbox targets. Defaults to kafkautil's defaults.
+	Topics kafkautil.Topics
+	// Logger defaults to discarding.
+	Logger *slog.Logger
+	// Metrics defaults to none.
+	Metrics *metrics.Metrics
+	// OnCommit runs after each commit that wrote outbox rows (the relay's
+	// Nudge). Defaults to nothing.
+	OnCommitFunc func()
+}
+
+// Admitter admits prompts into Postgres exactly once: inputs, their session
+// rows and their outbox rows (input.admitted, wakes) in one transaction per
+// batch (DESIGN.md invariant 1).
+type Admitter struct {
+	pool *pgxpool.Pool
+	cfg  AdmitterConfig
+}
+
+// NewAdmitter returns an Admitter.
+func NewAdmitter(pool *pgxpool.Pool, config *AdmitterConfig) *Admitter {
+	cfg := *config
+	cfg.Topics = cfg.Topics.WithDefaults()
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.DiscardHandler)
+	}
+	return &Admitter{pool: pool, cfg: cfg}
+}
+
+type existing struct {
+	hash     []byte
+	armed    bool
+	promoted bool
+}
+
+// Admit admits a batch in one transaction and returns each prompt's
+// outcome, in order. A prompt seen twice in the batch is classified against
+// its first occurrence, as if they had arrived in two batches.
+func (a *Admitter) Admit(ctx context.Context, batch []Incoming) ([]Outcome, error) {
+	if len(batch) == 0 {
+		return nil, nil
+	}
+	start := time.Now()
+	outcomes := make([]Outcome, len(batch))
+
+	// First occurrence of each message ID is the candidate row; later ones
+	// are retries of it. An exact retry that resumes arms the wake of a
+	// first occurrence that did not.
+	first := make(map[string]int, len(batch))
+	var cand []int
+	wantWake := make([]bool, len(batch))
+	for i, in := range batch {
+		if j, ok := first[in.Prompt.MessageID]; ok {
+			if bytes.Equal(batch[j].Prompt.Hash(), in.Prompt.Hash()) {
+				outcomes[i] = Duplicate
+				wantWake[j] = wantWake[j] || in.Prompt.Resumes()
+			} else {
+				outcomes[i] = Conflict
+			}
+			continue
+		}
+		first[in.Prompt.MessageID] = i
+		cand = append(cand, i)
+		wantWake[i] = in.Prompt.Resumes()
+	}
+
+	var rows []outbox.Row
+	err := pgx.BeginFunc(ctx, a.pool, func(tx pgx.Tx) error {
+		rows = rows[:0]
+		// Upsert (and so lock) the sessions in sorted order: admission and
+		// release serialise on the session row (invariant 7), and sorted
+		// locking keeps concurrent batches free of deadlocks.
+		sessions := make([]string, 0, len(cand))
+		for _, i := range cand {
+			sessions = append(sessions, batch[i].Prompt.SessionID)
+		}
+		slices.Sort(sessions)
+		sessions = slices.Compact(sessions)
+		if _, err := tx.Exec(ctx, upsertSessionsSQL, sessions); err != nil {
+			return fmt.Errorf("upserting sessions: %w", err)
+		}
+
+		p := insertInputsParams{}
+		for _, i := range cand {
+			in := batch[i]
+			p.ids = append(p.ids, in.Prompt.MessageID)
+			p.sessions = append(p.sessions, in.Prompt.SessionID)
+			p.texts = append(p.texts, in.Prompt.Text)
+			p.hashes = append(p.hashes, in.Prompt.Hash())
+			p.deliveries = append(p.deliveries, string(in.Prompt.Delivery))
+			p.wakes = append(p.wakes, wantWake[i])
+			p.topics = append(p.topics, in.Source.Topic)
+			p.partitions = append(p.partitions, in.Source.Partition)
+			p.offsets = append(p.offsets, in.Source.Offset)
+		}
+		r, err := tx.Query(ctx, insertInputsSQL, p.ids, p.sessions, p.texts,
+			p.hashes, p.deliveries, p.wakes, p.topics, p.partitions, p.offsets)
+		if err != nil {
+			return fmt.Errorf("inserting inputs: %w", err)
+		}
+		inserted, err := pgx.CollectRows(r, pgx.RowTo[string])
+		if err != nil {
+			return fmt.Errorf("inserting inputs: %w", err)
+		}
+		isNew := make(map[string]bool, len(inserted))
+		for _, id := range inserted {
+			isNew[id] = true
+		}
+
+		// The rest were admitted before: exact retries or conflicts.
+		var old []string
+		for _, i := range cand {
+			if id := batch[i].Prompt.MessageID; !isNew[id] {
+				old = append(old, id)
+			}
+		}
+		prior := map[string]existing{}
+		if len(old) > 0 {
+			r, err := tx.Query(ctx, selectExistingSQL, old)
+			if err != nil {
+				return fmt.Errorf("reading admitted inputs: %w", err)
+			}
+			var id string
+			var e existing
+			_, err = pgx.ForEachRow(r, []any{&id, &e.hash, &e.armed, &e.promoted}, func() error {
+				prior[id] = e
+				return nil
+			})
+			if err != nil {
+				return fmt.Errorf("reading admitted inputs: %w", err)
+			}
+		}
+
+		wakeSessions := map[string]bool{}
+		var arm []string
+		now := time.Now().UTC()
+		for _, i := range cand {
+			in := batch[i].Prompt
+			if isNew[in.MessageID] {
+				outcomes[i] = Admitted
+				rows = append(rows, eventRow(a.cfg.Topics.Events, envelope.Event{
+					ID: "input.admitted:" + in.MessageID, Type: envelope.EventInputAdmitted,
+					SessionID: in.SessionID, At: now, MessageID: in.MessageID,
+				}))
+				if wantWake[i] {
+					wakeSessions[in.SessionID] = true
+				}
+				continue
+			}
+			e := prior[in.MessageID]
+			if !bytes.Equal(e.hash, in.Hash()) {
+				outcomes[i] = Conflict // invariant 2: nothing changes
+				continue
+			}
+			outcomes[i] = Duplicate
+			if wantWake[i] && !e.armed && !e.promoted { // invariant 3
+				arm = append(arm, in.MessageID)
+				wakeSessions[in.SessionID] = true
+			}
+		}
+		if len(arm) > 0 {
+			if _, err := tx.Exec(ctx, armSQL, arm); err != nil {
+				return fmt.Errorf("arming wakes: %w", err)
+			}
+		}
+		ws := make([]string, 0, len(wakeSessions))
+		for s := range wakeSessions {
+			ws = append(ws, s)
+		}
+		slices.Sort(ws)
+		for _, s := range ws {
+			rows = append(rows, wakeRow(a.cfg.Topics.Wakes, s, "admitted", now))
+		}
+		return outbox.Insert(ctx, tx, rows...)
+	})
+	if err != nil {
+		return nil, fmt.Errorf("admitting %d prompts: %w", len(batch), err)
+	}
+	if len(rows) > 0 && a.cfg.OnCommitFunc != nil {
+		a.cfg.OnCommitFunc()
+	}
+	if m := a.cfg.Metrics; m != nil {
+		m.AdmissionBatchSize.Observe(float64(len(batch)))
+		m.AdmissionSeconds.Observe(time.Since(start).Seconds())
+		for _, o := range outcomes {
+			m.Admissions.WithLabelValues(o.String(), "").Inc()
+		}
+	}
+	return outcomes, nil
+}
+
+type insertInputsParams struct {
+	ids, sessions, texts, deliveries, topics []string
+	hashes                                   [][]byte
+	wakes                                    []bool
+	partitions                               []int32
+	offsets                                  []int64
+}
+
+func eventRow(topic string, e envelope.Event) outbox.Row {
+	b, _ := json.Marshal(e) // an Event always marshals
+	return outbox.Row{Topic: topic, Key: e.SessionID, Payload: b}
+}
+
+func wakeRow(topic, session, reason string, at time.Time) outbox.Row {
+	b, _ := json.Marshal(envelope.Wake{SessionID: session, Reason: reason, At: at})
+	return outbox.Row{Topic: topic, Key: session, Payload: b}
+}
+
+func newID() string { return uuid.Must(uuid.NewV7()).String() }
+
+const upsertSessionsSQL = `
+INSERT INTO sessions (session_id)
+SELECT s FROM unnest($1::text[]) AS s ORDER BY s
+ON CONFLICT (session_id) DO UPDATE SET last_admitted_at = now()`
+
+// WITH ORDINALITY keeps the batch order in admission_seq.
+const insertInputsSQL = `
+INSERT INTO inputs (message_id, session_id, text, payload_hash, delivery, wake_pending,
+                    source_topic, source_partition, source_offset)
+SELECT id, s, t, h, d, w, st, sp, so
+FROM unnest($1::text[], $2::text[], $3::text[], $4::bytea[], $5::text[], $6::bool[],
+            $7::text[], $8::int[], $9::bigint[]) WITH ORDINALITY AS r(id, s, t, h, d, w, st, sp, so, n)
+ORDER BY n
+ON CONFLICT (message_id) DO NOTHING
+RETURNING message_id`
+
+// FOR UPDATE: a concurrent batch arming the same input waits for us.
+const selectExistingSQL = `
+SELECT message_id, payload_hash, wake_pending, promotion_seq IS NOT NULL
+FROM inputs WHERE message_id = ANY($1) ORDER BY message_id FOR UPDATE`
+
+const armSQL = `UPDATE inputs SET wake_pending = true WHERE message_id = ANY($1)`

@@ -1,0 +1,231 @@
+package pipeline_test
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"log/slog"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/IBM/sarama"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/require"
+
+	"github.com/promptline/promptline/envelope"
+	"github.com/promptline/promptline/internal/kafkautil"
+	"github.com/promptline/promptline/internal/testkit"
+	"github.com/promptline/promptline/outbox"
+	"github.com/promptline/promptline/pipeline"
+)
+
+const testPartitions = 4
+
+// testBundle is a running promptline: admission, relay, executor and the
+// consumer group, in this process, against a real Postgres database and
+// the embedded broker over TCP.
+type testBundle struct {
+	pool     *pgxpool.Pool
+	brokers  []string
+	producer sarama.SyncProducer
+	events   *topicReader
+	rejects  *topicReader
+}
+
+type setupOpts struct {
+	provider pipeline.Provider
+	limits   envelope.Limits
+}
+
+func setup(t *testing.T, opts setupOpts) *testBundle {
+	t.Helper()
+	pool, _ := testkit.Pool(t)
+	broker := testkit.Broker(t, testPartitions)
+	brokers := []string{broker.Addr()}
+	ctx, cancel := context.WithCancel(context.Background())
+
+	cfg := kafkautil.NewConfig(t.Name())
+	producer, err := sarama.NewSyncProducer(brokers, cfg)
+	require.NoError(t, err)
+
+	log := slog.New(slog.NewTextHandler(testWriter{t}, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	relay := outbox.NewRelay(pool, producer, &outbox.RelayConfig{PollInterval: 20 * time.Millisecond, Logger: log})
+	require.NoError(t, relay.Start(ctx))
+	admitter := pipeline.NewAdmitter(pool, &pipeline.AdmitterConfig{OnCommitFunc: relay.Nudge, Logger: log})
+	exec := pipeline.NewExecutor(pool, &pipeline.ExecutorConfig{Provider: opts.provider, OnCommitFunc: relay.Nudge, Logger: log})
+	handler := pipeline.NewConsumer(admitter, exec, producer, &pipeline.ConsumerConfig{Limits: opts.limits, Logger: log})
+
+	group, err := sarama.NewConsumerGroup(brokers, "test", cfg)
+	require.NoError(t, err)
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		for ctx.Err() == nil {
+			_ = group.Consume(ctx, []string{"prompts", "wakes"}, handler)
+		}
+	}()
+
+	b := &testBundle{pool: pool, brokers: brokers, producer: producer}
+	b.events = readTopic(t, brokers, "session-events")
+	b.rejects = readTopic(t, brokers, "prompts.rejects")
+	t.Cleanup(func() {
+		cancel()
+		wg.Wait()
+		require.NoError(t, group.Close())
+		exec.Stop()
+		relay.Stop()
+		require.NoError(t, producer.Close())
+	})
+	return b
+}
+
+// send publishes a prompt envelope with key = session.
+func (b *testBundle) send(t *testing.T, p envelope.Prompt) {
+	t.Helper()
+	v, err := envelope.Marshal(p)
+	require.NoError(t, err)
+	b.sendRaw(t, []byte(p.SessionID), v)
+}
+
+func (b *testBundle) sendRaw(t *testing.T, key, value []byte) {
+	t.Helper()
+	m := &sarama.ProducerMessage{Topic: "prompts", Value: sarama.ByteEncoder(value)}
+	if key != nil {
+		m.Key = sarama.ByteEncoder(key)
+	}
+	_, _, err := b.producer.SendMessage(m)
+	require.NoError(t, err)
+}
+
+// waitTurn waits for the turn event (completed or failed) answering msgID.
+func (b *testBundle) waitTurn(t *testing.T, msgID string) envelope.Event {
+	t.Helper()
+	var found envelope.Event
+	require.Eventually(t, func() bool {
+		for _, e := range b.events.events(t) {
+			if (e.Type == envelope.EventTurnCompleted || e.Type == envelope.EventTurnFailed) && contains(e.MessageIDs, msgID) {
+				found = e
+				return true
+			}
+		}
+		return false
+	}, 20*time.Second, 10*time.Millisecond, "no turn event for %s", msgID)
+	return found
+}
+
+// turnsFor counts distinct turns answering msgID (distinct by event id:
+// the relay may publish an event twice).
+func (b *testBundle) turnsFor(t *testing.T, msgID string) int {
+	seen := map[string]bool{}
+	for _, e := range b.events.events(t) {
+		if (e.Type == envelope.EventTurnCompleted || e.Type == envelope.EventTurnFailed) && contains(e.MessageIDs, msgID) {
+			seen[e.ID] = true
+		}
+	}
+	return len(seen)
+}
+
+func (b *testBundle) count(t *testing.T, sql string, args ...any) int {
+	t.Helper()
+	var n int
+	require.NoError(t, b.pool.QueryRow(context.Background(), sql, args...).Scan(&n))
+	return n
+}
+
+func contains(xs []string, x string) bool {
+	for _, y := range xs {
+		if y == x {
+			return true
+		}
+	}
+	return false
+}
+
+// topicReader collects every record of a topic, all partitions, from the
+// oldest offset, through a plain Sarama consumer.
+type topicReader struct {
+	mu   sync.Mutex
+	msgs []*sarama.ConsumerMessage
+}
+
+func readTopic(t *testing.T, brokers []string, topic string) *topicReader {
+	t.Helper()
+	c, err := sarama.NewConsumer(brokers, kafkautil.NewConfig(t.Name()+"-reader"))
+	require.NoError(t, err)
+	parts, err := c.Partitions(topic)
+	require.NoError(t, err)
+	r := &topicReader{}
+	var wg sync.WaitGroup
+	var pcs []sarama.PartitionConsumer
+	for _, p := range parts {
+		pc, err := c.ConsumePartition(topic, p, sarama.OffsetOldest)
+		require.NoError(t, err)
+		pcs = append(pcs, pc)
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for m := range pc.Messages() {
+				r.mu.Lock()
+				r.msgs = append(r.msgs, m)
+				r.mu.Unlock()
+			}
+		}()
+	}
+	t.Cleanup(func() {
+		for _, pc := range pcs {
+			pc.AsyncClose()
+		}
+		wg.Wait()
+		c.Close()
+	})
+	return r
+}
+
+func (r *topicReader) all() []*sarama.ConsumerMessage {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return append([]*sarama.ConsumerMessage(nil), r.msgs...)
+}
+
+func (r *topicReader) events(t *testing.T) []envelope.Event {
+	var out []envelope.Event
+	for _, m := range r.all() {
+		e, err := envelope.DecodeEvent(m.Value)
+		require.NoError(t, err)
+		out = append(out, e)
+	}
+	return out
+}
+
+func header(m *sarama.ConsumerMessage, key string) string {
+	for _, h := range m.Headers {
+		if string(h.Key) == key {
+			return string(h.Value)
+		}
+	}
+	return ""
+}
+
+// testWriter sends log lines to the test's log, shown on failure.
+type testWriter struct{ t *testing.T }
+
+func (w testWriter) Write(p []byte) (int, error) {
+	w.t.Log(strings.TrimSpace(string(p)))
+	return len(p), nil
+}
+
+// id returns a message or session ID unique to this test.
+func id(t *testing.T, what string) string {
+	return fmt.Sprintf("%s-%s", strings.NewReplacer("/", "-", "_", "-").Replace(t.Name()), what)
+}
+
+func mustJSON(v any) []byte {
+	b, err := json.Marshal(v)
+	if err != nil {
+		panic(err)
+	}
+	return b
+}

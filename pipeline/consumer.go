@@ -1,0 +1,289 @@
+package pipeline
+
+import (
+	"cmp"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strconv"
+	"time"
+
+	"github.com/IBM/sarama"
+
+	"github.com/promptline/promptline/envelope"
+	"github.com/promptline/promptline/internal/faults"
+	"github.com/promptline/promptline/internal/kafkautil"
+	"github.com/promptline/promptline/metrics"
+)
+
+// ConsumerConfig configures a Consumer.
+type ConsumerConfig struct {
+	// Topics names the topics. Defaults to kafkautil's defaults.
+	Topics kafkautil.Topics
+	// Limits bound the accepted envelopes. Defaults to envelope's defaults.
+	Limits envelope.Limits
+	// MaxBatch is the most prompts admitted in one transaction. Defaults to 500.
+	MaxBatch int
+	// Logger defaults to discarding.
+	Logger *slog.Logger
+	// Metrics defaults to none.
+	Metrics *metrics.Metrics
+}
+
+const maxBatchDefault = 500
+
+// Consumer is the consumer-group handler for the prompts and wakes topics:
+// it admits prompts in batches and hands wakes to the executor. An offset
+// is marked only after what it stands for is durable: a prompt's after its
+// admission committed (or its reject was published), a wake's after the
+// session it woke went idle.
+type Consumer struct {
+	admitter *Admitter
+	exec     *Executor
+	rejects  sarama.SyncProducer
+	cfg      ConsumerConfig
+	log      *slog.Logger
+}
+
+var _ sarama.ConsumerGroupHandler = (*Consumer)(nil)
+
+// NewConsumer returns a Consumer. rejects publishes to the rejects topic.
+func NewConsumer(admitter *Admitter, exec *Executor, rejects sarama.SyncProducer, config *ConsumerConfig) *Consumer {
+	cfg := *config
+	cfg.Topics = cfg.Topics.WithDefaults()
+	cfg.MaxBatch = cmp.Or(cfg.MaxBatch, maxBatchDefault)
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.DiscardHandler)
+	}
+	return &Consumer{admitter: admitter, exec: exec, rejects: rejects, cfg: cfg, log: cfg.Logger}
+}
+
+// Setup is called when this process is assigned partitions.
+func (c *Consumer) Setup(s sarama.ConsumerGroupSession) error {
+	c.log.Info("partitions assigned", slog.Any("claims", s.Claims()), slog.Int("generation", int(s.GenerationID())))
+	return nil
+}
+
+// Cleanup is called when the assignment ends.
+func (c *Consumer) Cleanup(sarama.ConsumerGroupSession) error { return nil }
+
+// ConsumeClaim consumes one partition until the assignment ends.
+func (c *Consumer) ConsumeClaim(s sarama.ConsumerGroupSession, claim sarama.ConsumerGroupClaim) error {
+	switch claim.Topic() {
+	case c.cfg.Topics.Prompts:
+		return c.consumePrompts(s, claim)
+	case c.cfg.Topics.Wakes:
+		return c.consumeWakes(s, claim)
+	}
+	return fmt.Errorf("consumer: unexpected topic %q", claim.Topic())
+}
+
+func (c *Consumer) consumePrompts(s sarama.ConsumerGroupSession, claim sarama.ConsumerGroupClaim) error {
+	ctx := s.Context()
+	msgs := claim.Messages()
+	for {
+		var batch []*sarama.ConsumerMessage
+		select {
+		case m, ok := <-msgs:
+			if !ok {
+				return nil
+			}
+			batch = append(batch, m)
+		case <-ctx.Done():
+			return nil
+		}
+		// Take what is already at hand, without waiting: batches grow with
+		// the backlog and stay small when traffic is light.
+	fill:
+		for len(batch) < c.cfg.MaxBatch {
+			select {
+			case m, ok := <-msgs:
+				if !ok {
+					break fill
+				}
+				batch = append(batch, m)
+			default:
+				break fill
+			}
+		}
+		if err := c.handlePrompts(ctx, batch); err != nil {
+			if ctx.Err() != nil {
+				return nil // rebalance or shutdown: the next owner redelivers
+			}
+			return err
+		}
+		s.MarkMessage(batch[len(batch)-1], "")
+	}
+}
+
+// handlePrompts decodes, admits and rejects one batch, retrying while
+// Postgres or the rejects topic is unavailable: the offset must not move
+// before every message of the batch is durable somewhere.
+func (c *Consumer) handlePrompts(ctx context.Context, batch []*sarama.ConsumerMessage) error {
+	var good []Incoming
+	var goodMsgs []*sarama.ConsumerMessage
+	var rejects []*sarama.ProducerMessage
+	for _, m := range batch {
+		p, err := envelope.Decode(m.Key, m.Value, c.cfg.Limits)
+		if err != nil {
+			var re *envelope.RejectError
+			if !errors.As(err, &re) {
+				re = &envelope.RejectError{Reason: envelope.ReasonInvalidJSON, Detail: err.Error()}
+			}
+			rejects = append(rejects, c.reject(m, re))
+			continue
+		}
+		good = append(good, Incoming{Prompt: p, Source: Source{Topic: m.Topic, Partition: m.Partition, Offset: m.Offset}})
+		goodMsgs = append(goodMsgs, m)
+	}
+	backoff := 100 * time.Millisecond
+	for {
+		outcomes, err := c.admitter.Admit(ctx, good)
+		if err == nil {
+			faults.Hit(faults.AdmissionAfterCommit)
+			for i, o := range outcomes {
+				if o == Conflict {
+					p := good[i].Prompt
+					rejects = append(rejects, c.reject(goodMsgs[i], &envelope.RejectError{
+						Reason: envelope.ReasonConflict,
+						Detail: fmt.Sprintf("message_id %q was admitted before with another payload", p.MessageID),
+					}))
+				}
+			}
+			break
+		}
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		c.log.WarnContext(ctx, "admission failed; retrying", slog.Any("error", err), slog.Duration("backoff", backoff))
+		if !sleep(ctx, backoff) {
+			return ctx.Err()
+		}
+		backoff = min(2*backoff, 5*time.Second)
+	}
+	for len(rejects) > 0 {
+		err := c.rejects.SendMessages(rejects)
+		if err == nil {
+			if m := c.cfg.Metrics; m != nil {
+				for _, r := range rejects {
+					m.Admissions.WithLabelValues("rejected", header(r, "reason")).Inc()
+				}
+			}
+			break
+		}
+		c.log.WarnContext(ctx, "publishing rejects failed; retrying", slog.Any("error", err))
+		if !sleep(ctx, backoff) {
+			return ctx.Err()
+		}
+		backoff = min(2*backoff, 5*time.Second)
+	}
+	return nil
+}
+
+// reject builds the rejects-topic message for m: the original bytes and
+// key, the reason and where it came from in headers.
+func (c *Consumer) reject(m *sarama.ConsumerMessage, re *envelope.RejectError) *sarama.ProducerMessage {
+	c.log.Info("prompt rejected", slog.String("reason", re.Reason), slog.String("detail", re.Detail),
+		slog.String("source_topic", m.Topic), slog.Int("source_partition", int(m.Partition)), slog.Int64("source_offset", m.Offset))
+	pm := &sarama.ProducerMessage{
+		Topic: c.cfg.Topics.Rejects,
+		Value: sarama.ByteEncoder(m.Value),
+		Headers: []sarama.RecordHeader{
+			{Key: []byte("reason"), Value: []byte(re.Reason)},
+			{Key: []byte("detail"), Value: []byte(re.Detail)},
+			{Key: []byte("source_topic"), Value: []byte(m.Topic)},
+			{Key: []byte("source_partition"), Value: []byte(strconv.Itoa(int(m.Partition)))},
+			{Key: []byte("source_offset"), Value: []byte(strconv.FormatInt(m.Offset, 10))},
+		},
+	}
+	if m.Key != nil {
+		pm.Key = sarama.ByteEncoder(m.Key)
+	}
+	return pm
+}
+
+func header(m *sarama.ProducerMessage, key string) string {
+	for _, h := range m.Headers {
+		if string(h.Key) == key {
+			return string(h.Value)
+		}
+	}
+	return ""
+}
+
+type pendingWake struct {
+	msg  *sarama.ConsumerMessage
+	done <-chan struct{}
+}
+
+// consumeWakes hands each wake to the executor and marks its offset once
+// the session it woke has gone idle, in offset order, so that a crash
+// mid-turn redelivers the wake.
+func (c *Consumer) consumeWakes(s sarama.ConsumerGroupSession, claim sarama.ConsumerGroupClaim) error {
+	ctx := s.Context()
+	pending := make(chan pendingWake, 1024)
+	marked := make(chan struct{})
+	go func() {
+		defer close(marked)
+		for p := range pending {
+			select {
+			case <-p.done:
+				s.MarkMessage(p.msg, "")
+			case <-ctx.Done():
+				for range pending { // drain so the producer side never blocks
+				}
+				return
+			}
+		}
+	}()
+	defer func() {
+		close(pending)
+		<-marked
+	}()
+	for {
+		var m *sarama.ConsumerMessage
+		var ok bool
+		select {
+		case m, ok = <-claim.Messages():
+			if !ok {
+				return nil
+			}
+		case <-ctx.Done():
+			return nil
+		}
+		var w envelope.Wake
+		if err := json.Unmarshal(m.Value, &w); err != nil || w.SessionID == "" {
+			// Wakes are internal hints; a bad one is logged and skipped.
+			c.log.Warn("invalid wake skipped", slog.Int("partition", int(m.Partition)), slog.Int64("offset", m.Offset))
+			if c.cfg.Metrics != nil {
+				c.cfg.Metrics.Wakes.WithLabelValues("invalid").Inc()
+			}
+			closed := make(chan struct{})
+			close(closed)
+			pending <- pendingWake{msg: m, done: closed}
+			continue
+		}
+		done, err := c.exec.Wake(ctx, w.SessionID)
+		if err != nil {
+			return nil // shutting down or rebalancing; the wake is redelivered
+		}
+		select {
+		case pending <- pendingWake{msg: m, done: done}:
+		case <-ctx.Done():
+			return nil
+		}
+	}
+}
+
+func sleep(ctx context.Context, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return true
+	case <-ctx.Done():
+		return false
+	}
+}
