@@ -1,0 +1,132 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/promptline/promptline/envelope"
+	"github.com/promptline/promptline/internal/testkit"
+)
+
+func eventJSON(t *testing.T, e envelope.Event) [2]string {
+	t.Helper()
+	if e.At.IsZero() {
+		e.At = time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
+	}
+	b, err := json.Marshal(e)
+	require.NoError(t, err)
+	return [2]string{e.SessionID, string(b)}
+}
+
+func TestWatch(t *testing.T) {
+	t.Parallel()
+
+	setup := func(t *testing.T) string {
+		t.Helper()
+		return testkit.Broker(t, 4).Addr()
+	}
+
+	t.Run("FromBeginningFiltersAndCount", func(t *testing.T) {
+		t.Parallel()
+		addr := setup(t)
+
+		hello := eventJSON(t, envelope.Event{ID: "e-2", Type: envelope.EventTurnCompleted, SessionID: "s-1", MessageIDs: []string{"m-1"}, Text: "echo: hello"})
+		produce(t, addr, "session-events",
+			eventJSON(t, envelope.Event{ID: "e-1", Type: envelope.EventInputAdmitted, SessionID: "s-1", MessageID: "m-1"}),
+			hello,
+			hello, // the relay publishes at least once: a repeat is skipped
+			[2]string{"s-1", "not json"},
+			eventJSON(t, envelope.Event{ID: "e-3", Type: envelope.EventTurnCompleted, SessionID: "s-2", Text: "other session"}),
+			eventJSON(t, envelope.Event{ID: "e-4", Type: envelope.EventTurnFailed, SessionID: "s-1", Reason: envelope.FailProviderError, Error: "boom"}),
+			eventJSON(t, envelope.Event{ID: "e-5", Type: envelope.EventTurnCompleted, SessionID: "s-1", Text: "echo: again\nand more"}),
+			eventJSON(t, envelope.Event{ID: "e-6", Type: envelope.EventTurnCompleted, SessionID: "s-1", Text: "past the count"}),
+		)
+
+		res := runCLI(t.Context(), "", "watch", "--brokers", addr, "--from-beginning",
+			"--session", "s-1", "--type", "turn.completed", "--type", "turn.failed", "--count", "3", "--timeout", "30s")
+		require.NoError(t, res.err, res.stderr)
+		require.Equal(t, `s-1 turn.completed "echo: hello"
+s-1 turn.failed reason=provider_error error="boom"
+s-1 turn.completed "echo: again\nand more"
+`, res.stdout)
+		require.Contains(t, res.stderr, "watching session-events (4 partitions) from the oldest offsets")
+		require.Contains(t, res.stderr, "not a session event")
+	})
+
+	t.Run("NewestOffsetsJSON", func(t *testing.T) {
+		t.Parallel()
+		addr := setup(t)
+
+		produce(t, addr, "session-events", eventJSON(t, envelope.Event{ID: "old", Type: envelope.EventTurnCompleted, SessionID: "s-1", Text: "before the watch"}))
+
+		stdout, stderr := newSyncBuffer(), newSyncBuffer()
+		root := newRootCommand(strings.NewReader(""), stdout, stderr)
+		root.SetArgs([]string{"watch", "--brokers", addr, "--json", "--count", "2", "--timeout", "30s"})
+		done := make(chan error, 1)
+		go func() { done <- root.ExecuteContext(t.Context()) }()
+		stderr.waitFor(t, "watching session-events (4 partitions) from the newest offsets", 30*time.Second)
+
+		produce(t, addr, "session-events",
+			eventJSON(t, envelope.Event{ID: "new-1", Type: envelope.EventInputAdmitted, SessionID: "s-1", MessageID: "m-1"}),
+			eventJSON(t, envelope.Event{ID: "new-2", Type: envelope.EventTurnCompleted, SessionID: "s-2", Text: "hi"}),
+		)
+		require.NoError(t, <-done, stderr.String())
+
+		var ids []string
+		for line := range strings.Lines(stdout.String()) {
+			e, err := envelope.DecodeEvent([]byte(line))
+			require.NoError(t, err, line)
+			ids = append(ids, e.ID)
+		}
+		require.ElementsMatch(t, []string{"new-1", "new-2"}, ids)
+	})
+
+	t.Run("TimeoutBeforeCount", func(t *testing.T) {
+		t.Parallel()
+		addr := setup(t)
+		produce(t, addr, "session-events", eventJSON(t, envelope.Event{ID: "e-1", Type: envelope.EventTurnCompleted, SessionID: "s-1", Text: "one"}))
+
+		res := runCLI(t.Context(), "", "watch", "--brokers", addr, "--from-beginning", "--count", "2", "--timeout", "300ms")
+		require.EqualError(t, res.err, "--timeout: 300ms passed with 1 of 2 matching events")
+		require.Equal(t, "s-1 turn.completed \"one\"\n", res.stdout)
+	})
+
+	t.Run("TimeoutWithoutCount", func(t *testing.T) {
+		t.Parallel()
+		addr := setup(t)
+
+		res := runCLI(t.Context(), "", "watch", "--brokers", addr, "--timeout", "100ms")
+		require.NoError(t, res.err)
+		require.Empty(t, res.stdout)
+	})
+
+	t.Run("Interrupted", func(t *testing.T) {
+		t.Parallel()
+		addr := setup(t)
+
+		ctx, cancel := context.WithCancel(t.Context())
+		cancel()
+		res := runCLI(ctx, "", "watch", "--brokers", addr, "--count", "1")
+		require.EqualError(t, res.err, "interrupted with 0 of 1 matching events")
+	})
+}
+
+func TestFormatEvent(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		e    envelope.Event
+		want string
+	}{
+		{envelope.Event{SessionID: "s-1", Type: "turn.completed", Text: "echo: hello", MessageIDs: []string{"m-1"}}, `s-1 turn.completed "echo: hello"`},
+		{envelope.Event{SessionID: "s-1", Type: "input.admitted", MessageID: "m-1"}, `s-1 input.admitted message_id=m-1`},
+		{envelope.Event{SessionID: "s-1", Type: "turn.failed", Reason: "unsupported", Error: "no \"tools\""}, `s-1 turn.failed reason=unsupported error="no \"tools\""`},
+		{envelope.Event{SessionID: "s-1", Type: "something.new"}, `s-1 something.new`},
+	} {
+		require.Equal(t, tc.want, formatEvent(tc.e))
+	}
+}
