@@ -1,0 +1,47 @@
+# promptline. `make help` lists the targets.
+SHELL := /bin/bash
+GO ?= go
+BIN := bin
+
+.DEFAULT_GOAL := help
+
+.PHONY: help
+help: ## list the targets
+	@grep -hE '^[a-zA-Z/_-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*## "}; {printf "  %-12s %s\n", $$1, $$2}'
+
+.PHONY: build
+build: ## build bin/consumer and bin/producer
+	$(GO) build -o $(BIN)/consumer ./cmd/consumer
+	$(GO) build -o $(BIN)/producer ./cmd/producer
+
+.PHONY: demo
+demo: build ## run the consumer on embedded defaults, publish a few prompts, print the answers
+	./scripts/demo.sh $(BIN)
+
+.PHONY: test
+test: lint ## the default suite: vet, gofmt, every test (real Postgres, embedded broker over TCP), fuzz seeds
+	$(GO) test -count=1 ./...
+
+.PHONY: test/race
+test/race: ## the default suite under the race detector
+	$(GO) test -race -count=1 ./...
+
+.PHONY: lint
+lint: ## gofmt and go vet (also with the faults build tag)
+	@out=$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go')); \
+	  if [ -n "$$out" ]; then echo "gofmt would change:"; echo "$$out"; exit 1; fi
+	$(GO) vet ./...
+	$(GO) vet -tags faults ./...
+
+.PHONY: bench
+bench: ## print admission throughput, the raw ceiling, end-to-end latency, relay figures
+	$(GO) run ./cmd/bench
+	$(GO) test -run '^$$' -bench . -benchtime 2x ./outbox
+
+.PHONY: fuzz
+fuzz: ## fuzz the envelope decoder for a minute
+	$(GO) test -run '^$$' -fuzz FuzzDecode -fuzztime 60s -fuzzminimizetime 2s ./envelope
+
+.PHONY: clean
+clean: ## remove built binaries
+	rm -rf $(BIN)
