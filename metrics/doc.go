@@ -13,6 +13,8 @@
 //	promptline_active_executions                  sessions executing in this process now
 //	promptline_outbox_published_total             outbox rows published by this process's relay
 //	promptline_wakes_total{result}                wakes consumed: started | coalesced | invalid
+//	promptline_claims_total{event}                claim events: acquired | renewed | released | lost
+//	promptline_fenced_writes_total                execution writes refused by the fence: a sign of split ownership
 //
 // Plus the Go runtime and process collectors (go_*, process_*).
 package metrics

@@ -23,6 +23,8 @@ type Metrics struct {
 	ActiveExecutions   prometheus.Gauge
 	OutboxPublished    prometheus.Counter
 	Wakes              *prometheus.CounterVec
+	Claims             *prometheus.CounterVec
+	FencedWrites       prometheus.Counter
 }
 
 // New creates the collectors and registers them on reg.
@@ -55,8 +57,14 @@ func New(reg prometheus.Registerer) *Metrics {
 		Wakes: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "promptline_wakes_total", Help: "Wakes consumed, by result.",
 		}, []string{"result"}),
+		Claims: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "promptline_claims_total", Help: "Claim events: acquired, renewed, released, lost.",
+		}, []string{"event"}),
+		FencedWrites: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "promptline_fenced_writes_total", Help: "Execution writes refused by the fence (stale token or expired lease).",
+		}),
 	}
-	reg.MustRegister(m.Admissions, m.AdmissionBatchSize, m.AdmissionSeconds, m.Turns,
+	reg.MustRegister(m.Claims, m.FencedWrites, m.Admissions, m.AdmissionBatchSize, m.AdmissionSeconds, m.Turns,
 		m.TurnSeconds, m.ActiveExecutions, m.OutboxPublished, m.Wakes)
 	return m
 }

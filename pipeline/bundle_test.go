@@ -1,6 +1,7 @@
 package pipeline_test
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -17,6 +18,7 @@ import (
 	"github.com/promptline/promptline/envelope"
 	"github.com/promptline/promptline/internal/kafkautil"
 	"github.com/promptline/promptline/internal/testkit"
+	"github.com/promptline/promptline/ledger"
 	"github.com/promptline/promptline/outbox"
 	"github.com/promptline/promptline/pipeline"
 )
@@ -37,6 +39,7 @@ type testBundle struct {
 type setupOpts struct {
 	provider pipeline.Provider
 	limits   envelope.Limits
+	lease    time.Duration
 }
 
 func setup(t *testing.T, opts setupOpts) *testBundle {
@@ -54,7 +57,8 @@ func setup(t *testing.T, opts setupOpts) *testBundle {
 	relay := outbox.NewRelay(pool, producer, &outbox.RelayConfig{PollInterval: 20 * time.Millisecond, Logger: log})
 	require.NoError(t, relay.Start(ctx))
 	admitter := pipeline.NewAdmitter(pool, &pipeline.AdmitterConfig{OnCommitFunc: relay.Nudge, Logger: log})
-	exec := pipeline.NewExecutor(pool, &pipeline.ExecutorConfig{Provider: opts.provider, OnCommitFunc: relay.Nudge, Logger: log})
+	claims := ledger.NewClaims(pool, &ledger.ClaimsConfig{Lease: cmp.Or(opts.lease, 5*time.Second), OwnerID: t.Name(), Logger: log})
+	exec := pipeline.NewExecutor(pool, &pipeline.ExecutorConfig{Claims: claims, Provider: opts.provider, OnCommitFunc: relay.Nudge, Logger: log})
 	handler := pipeline.NewConsumer(admitter, exec, producer, &pipeline.ConsumerConfig{Limits: opts.limits, Logger: log})
 
 	group, err := sarama.NewConsumerGroup(brokers, "test", cfg)

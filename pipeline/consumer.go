@@ -66,8 +66,17 @@ func (c *Consumer) Setup(s sarama.ConsumerGroupSession) error {
 	return nil
 }
 
-// Cleanup is called when the assignment ends.
-func (c *Consumer) Cleanup(sarama.ConsumerGroupSession) error { return nil }
+// Cleanup is called when the assignment ends (rebalance or shutdown). It
+// must not block the rebalance: runs of sessions on the lost wakes
+// partitions are told to stop after their current turn and release with a
+// wake, which reaches the partitions' next owner. The claim, not the
+// partition, keeps them safe meanwhile.
+func (c *Consumer) Cleanup(s sarama.ConsumerGroupSession) error {
+	if parts := s.Claims()[c.cfg.Topics.Wakes]; len(parts) > 0 {
+		c.exec.Revoke(parts)
+	}
+	return nil
+}
 
 // ConsumeClaim consumes one partition until the assignment ends.
 func (c *Consumer) ConsumeClaim(s sarama.ConsumerGroupSession, claim sarama.ConsumerGroupClaim) error {
@@ -265,7 +274,7 @@ func (c *Consumer) consumeWakes(s sarama.ConsumerGroupSession, claim sarama.Cons
 			pending <- pendingWake{msg: m, done: closed}
 			continue
 		}
-		done, err := c.exec.Wake(ctx, w.SessionID)
+		done, err := c.exec.Wake(ctx, w.SessionID, m.Partition)
 		if err != nil {
 			return nil // shutting down or rebalancing; the wake is redelivered
 		}

@@ -6,7 +6,9 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -15,12 +17,15 @@ import (
 	"github.com/promptline/promptline/envelope"
 	"github.com/promptline/promptline/internal/faults"
 	"github.com/promptline/promptline/internal/kafkautil"
+	"github.com/promptline/promptline/ledger"
 	"github.com/promptline/promptline/metrics"
 	"github.com/promptline/promptline/outbox"
 )
 
 // ExecutorConfig configures an Executor.
 type ExecutorConfig struct {
+	// Claims acquires the session claims. Required.
+	Claims *ledger.Claims
 	// Topics names the outbox targets. Defaults to kafkautil's defaults.
 	Topics kafkautil.Topics
 	// Provider answers turns. Defaults to ScriptedProvider.
@@ -39,32 +44,40 @@ type ExecutorConfig struct {
 
 const maxSessionsDefault = 256
 
-// Executor runs sessions: for a woken session it promotes the waiting
-// inputs turn by turn, calls the provider, stores the answer and announces
-// it, until nothing waits. One session never runs twice in one process:
-// wakes for a running session fold into one successor run.
+// Executor runs sessions: for a woken session it acquires the session's
+// claim, promotes the waiting inputs turn by turn, calls the provider,
+// stores the answer and announces it, and releases the claim when nothing
+// waits. One session never runs twice in one process: wakes for a running
+// (or stopping) session fold into one successor run, which starts only
+// after the current run has settled and released.
 type Executor struct {
-	pool  *pgxpool.Pool
-	cfg   ExecutorConfig
-	log   *slog.Logger
-	slots chan struct{}
+	pool   *pgxpool.Pool
+	claims *ledger.Claims
+	cfg    ExecutorConfig
+	log    *slog.Logger
+	slots  chan struct{}
 
-	mu      sync.Mutex
-	runs    map[string]*sessionRun
-	ctx     context.Context
-	cancel  context.CancelFunc
-	wg      sync.WaitGroup
-	stopped bool
+	mu       sync.Mutex
+	runs     map[string]*sessionRun
+	ctx      context.Context // cancelled when the shutdown grace ends
+	cancel   context.CancelFunc
+	wg       sync.WaitGroup
+	stopping bool
 }
 
 type sessionRun struct {
-	again bool          // a wake arrived while running: run once more
-	done  chan struct{} // closed when the session goes idle
+	partition int32
+	again     bool          // a wake arrived while running: run once more
+	stop      atomic.Bool   // partition revoked or shutting down: no new turn
+	done      chan struct{} // closed when the session goes idle here
 }
 
-// NewExecutor returns an Executor; Stop ends it.
+// NewExecutor returns an Executor; Shutdown ends it.
 func NewExecutor(pool *pgxpool.Pool, config *ExecutorConfig) *Executor {
 	cfg := *config
+	if cfg.Claims == nil {
+		panic("pipeline: ExecutorConfig.Claims is required")
+	}
 	cfg.Topics = cfg.Topics.WithDefaults()
 	cfg.Provider = cmp.Or[Provider](cfg.Provider, ScriptedProvider{})
 	cfg.MaxSessions = cmp.Or(cfg.MaxSessions, maxSessionsDefault)
@@ -73,21 +86,23 @@ func NewExecutor(pool *pgxpool.Pool, config *ExecutorConfig) *Executor {
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	return &Executor{
-		pool: pool, cfg: cfg, log: cfg.Logger,
+		pool: pool, claims: cfg.Claims, cfg: cfg, log: cfg.Logger,
 		slots: make(chan struct{}, cfg.MaxSessions),
 		runs:  map[string]*sessionRun{}, ctx: ctx, cancel: cancel,
 	}
 }
 
-// ErrStopped is returned by Wake after Stop.
+// ErrStopped is returned by Wake after Shutdown began.
 var ErrStopped = errors.New("executor stopped")
 
-// Wake asks for the session to run. It returns a channel closed when the
-// session has gone idle after handling everything that waited when the
-// wake arrived. It blocks while MaxSessions sessions run, until ctx ends.
-func (e *Executor) Wake(ctx context.Context, sessionID string) (<-chan struct{}, error) {
-	if done, ok := e.coalesce(sessionID); ok {
-		return done, nil
+// Wake asks for the session to run; partition is the wakes partition the
+// wake came from (revoking it stops the run after its current turn). It
+// returns a channel closed when the session has gone idle here after
+// handling everything that waited when the wake arrived. It blocks while
+// MaxSessions sessions run, until ctx ends.
+func (e *Executor) Wake(ctx context.Context, sessionID string, partition int32) (<-chan struct{}, error) {
+	if done, ok, err := e.coalesce(sessionID, partition); ok || err != nil {
+		return done, err
 	}
 	select {
 	case e.slots <- struct{}{}:
@@ -98,17 +113,17 @@ func (e *Executor) Wake(ctx context.Context, sessionID string) (<-chan struct{},
 	}
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	if e.stopped {
+	if e.stopping {
 		<-e.slots
 		return nil, ErrStopped
 	}
 	if r, ok := e.runs[sessionID]; ok { // started while we waited for a slot
 		<-e.slots
-		r.again = true
+		r.again, r.partition = true, partition
 		e.wakeMetric("coalesced")
 		return r.done, nil
 	}
-	r := &sessionRun{done: make(chan struct{})}
+	r := &sessionRun{partition: partition, done: make(chan struct{})}
 	e.runs[sessionID] = r
 	e.wg.Add(1)
 	go e.run(sessionID, r)
@@ -116,15 +131,24 @@ func (e *Executor) Wake(ctx context.Context, sessionID string) (<-chan struct{},
 	return r.done, nil
 }
 
-func (e *Executor) coalesce(sessionID string) (<-chan struct{}, bool) {
+func (e *Executor) coalesce(sessionID string, partition int32) (<-chan struct{}, bool, error) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	if r, ok := e.runs[sessionID]; ok {
-		r.again = true
-		e.wakeMetric("coalesced")
-		return r.done, true
+	if e.stopping {
+		return nil, false, ErrStopped
 	}
-	return nil, false
+	if r, ok := e.runs[sessionID]; ok {
+		r.again, r.partition = true, partition
+		e.wakeMetric("coalesced")
+		return r.done, true, nil
+	}
+	return nil, false, nil
+}
+
+func (e *Executor) claimMetric(event string) {
+	if e.cfg.Metrics != nil {
+		e.cfg.Metrics.Claims.WithLabelValues(event).Inc()
+	}
 }
 
 func (e *Executor) wakeMetric(result string) {
@@ -133,14 +157,50 @@ func (e *Executor) wakeMetric(result string) {
 	}
 }
 
-// Stop cancels running turns and waits for them to settle. It may be
-// called twice.
-func (e *Executor) Stop() {
+// Revoke is called when this process loses wakes partitions. It never
+// blocks the rebalance: runs of sessions on those partitions finish their
+// current turn under their claim, start no new one, and release — with a
+// wake when input waits, which reaches the partition's new owner.
+func (e *Executor) Revoke(partitions []int32) {
 	e.mu.Lock()
-	e.stopped = true
+	defer e.mu.Unlock()
+	for _, r := range e.runs {
+		if slices.Contains(partitions, r.partition) {
+			r.stop.Store(true)
+			r.again = false
+		}
+	}
+}
+
+// Shutdown stops taking wakes, lets running turns finish until ctx ends
+// (the grace), then cancels what remains; every run then settles its turn
+// and releases its claim (with a wake where input waits). It returns when
+// all runs have ended and may be called twice.
+func (e *Executor) Shutdown(ctx context.Context) {
+	e.mu.Lock()
+	e.stopping = true
+	for _, r := range e.runs {
+		r.stop.Store(true)
+		r.again = false
+	}
 	e.mu.Unlock()
+	done := make(chan struct{})
+	go func() { e.wg.Wait(); close(done) }()
+	select {
+	case <-done:
+	case <-ctx.Done():
+		e.log.Warn("shutdown grace over; cancelling running turns")
+		e.cancel()
+		<-done
+	}
 	e.cancel()
-	e.wg.Wait()
+}
+
+// Stop is Shutdown without grace.
+func (e *Executor) Stop() {
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	e.Shutdown(ctx)
 }
 
 func (e *Executor) run(sessionID string, r *sessionRun) {
@@ -152,11 +212,9 @@ func (e *Executor) run(sessionID string, r *sessionRun) {
 	}
 	log := e.log.With(slog.String("session_id", sessionID))
 	for {
-		if err := e.drain(e.ctx, sessionID, log); err != nil && e.ctx.Err() == nil {
-			log.ErrorContext(e.ctx, "session execution failed", slog.Any("error", err))
-		}
+		e.execute(sessionID, r, log)
 		e.mu.Lock()
-		if r.again && e.ctx.Err() == nil {
+		if r.again && !r.stop.Load() && e.ctx.Err() == nil {
 			r.again = false
 			e.mu.Unlock()
 			continue
@@ -168,23 +226,98 @@ func (e *Executor) run(sessionID string, r *sessionRun) {
 	}
 }
 
-// drain runs turns until no input waits.
-func (e *Executor) drain(ctx context.Context, sessionID string, log *slog.Logger) error {
-	x := &execution{e: e, sessionID: sessionID}
-	for ctx.Err() == nil {
-		t, err := x.promote(ctx)
+// execute is one execution: acquire, run turns until nothing waits (or the
+// run must stop), release.
+func (e *Executor) execute(sessionID string, r *sessionRun, log *slog.Logger) {
+	var released bool
+	executionID := newID()
+	x, err := e.claims.Acquire(e.ctx, sessionID, executionID)
+	if errors.Is(err, ledger.ErrClaimHeld) {
+		// The holder sees our input before it releases (admission and
+		// release serialise on the session row); an expired holder is
+		// recovery's.
+		log.Debug("claim held elsewhere; wake dropped")
+		return
+	}
+	if err != nil {
+		if e.ctx.Err() == nil {
+			log.Error("acquiring claim failed", slog.Any("error", err))
+		}
+		return
+	}
+	cl := x.Claim()
+	log = log.With(slog.String("execution_id", executionID), slog.Int64("fencing_token", cl.Token))
+	log.Debug("claim acquired")
+	e.claimMetric("acquired")
+	defer func() {
+		if x.Fenced() && !released {
+			e.claimMetric("lost")
+		} else if released {
+			e.claimMetric("released")
+		}
+	}()
+
+	// Turns run on a context cancelled by a fence or by the end of the
+	// shutdown grace.
+	ctx, cancel := context.WithCancel(e.ctx)
+	defer cancel()
+	stopAfter := context.AfterFunc(x.Context(), cancel)
+	defer stopAfter()
+	keepAlive := make(chan struct{})
+	go func() { defer close(keepAlive); x.KeepAlive(ctx) }()
+	defer func() { cancel(); <-keepAlive }()
+
+	ex := &execution{e: e, x: x, sessionID: sessionID}
+	for {
+		if x.Fenced() {
+			return
+		}
+		if r.stop.Load() || ctx.Err() != nil {
+			break
+		}
+		t, err := ex.promote(ctx)
 		if err != nil {
-			return err
+			ex.logErr(ctx, log, "promoting inputs", err)
+			break
 		}
 		if t == nil {
-			return nil
+			var err error
+			released, err = x.Release(ctx, ledger.ReleaseOpts{})
+			if err != nil {
+				ex.logErr(ctx, log, "releasing claim", err)
+				break
+			}
+			if released {
+				log.Debug("claim released; session idle")
+				return
+			}
+			continue // inputs arrived: they are ours
 		}
 		faults.Hit(faults.TurnAfterPromote)
-		if err := x.runTurn(ctx, t, log); err != nil {
-			return err
+		if err := ex.runTurn(ctx, t, log); err != nil {
+			ex.logErr(ctx, log, "running turn", err)
+			break
 		}
 	}
-	return ctx.Err()
+	if x.Fenced() {
+		return
+	}
+	// Stopping (revoked, shutdown, or an error): release so that the
+	// session's next owner can start, with a wake if input waits.
+	rctx, rcancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+	defer rcancel()
+	var err2 error
+	released, err2 = x.Release(rctx, ledger.ReleaseOpts{
+		Stopping: true, Wake: wakeRow(e.cfg.Topics.Wakes, sessionID, "released", time.Now().UTC()),
+	})
+	if err := err2; err != nil {
+		ex.logErr(rctx, log, "releasing claim", err)
+		return
+	}
+	if e.cfg.OnCommitFunc != nil {
+		e.cfg.OnCommitFunc()
+	}
+	log.Debug("claim released on stop")
 }
 
 // turn is one promoted batch of inputs and the assistant message answering it.
@@ -195,33 +328,34 @@ type turn struct {
 	promotedAt  time.Time
 }
 
-// execution is the one path through which an execution writes. Every write
-// transaction opens with the fence statement (see write); issue by issue the
-// fence grows (today: the session row lock; next: the claim's fencing token
-// and live lease), and no executor write can bypass it.
+// execution is one held claim at work. Its writes go through
+// ledger.Execution.Write, which opens every transaction with the fence;
+// there is no other path to the database here.
 type execution struct {
 	e         *Executor
+	x         *ledger.Execution
 	sessionID string
 }
 
 // ErrFenced says that an execution lost its right to write.
-var ErrFenced = errors.New("execution fenced: claim lost")
+var ErrFenced = ledger.ErrFenced
 
-// write runs fn in a transaction that first passes the fence. Outbox rows
-// written by fn are announced to the relay after commit.
-func (x *execution) write(ctx context.Context, fn func(tx pgx.Tx) error) error {
-	err := pgx.BeginFunc(ctx, x.e.pool, func(tx pgx.Tx) error {
-		tag, err := tx.Exec(ctx, fenceSQL, x.sessionID)
-		if err != nil {
-			return fmt.Errorf("fence: %w", err)
-		}
-		if tag.RowsAffected() == 0 {
-			return ErrFenced
-		}
-		return fn(tx)
-	})
-	if err == nil && x.e.cfg.OnCommitFunc != nil {
-		x.e.cfg.OnCommitFunc()
+func (ex *execution) logErr(ctx context.Context, log *slog.Logger, what string, err error) {
+	switch {
+	case errors.Is(err, ledger.ErrFenced):
+		// Logged and counted by the ledger.
+	case ctx.Err() != nil && errors.Is(err, context.Canceled):
+	default:
+		log.ErrorContext(ctx, what+" failed", slog.Any("error", err))
+	}
+}
+
+// write runs fn behind the fence; outbox rows written by fn are announced to
+// the relay after commit.
+func (ex *execution) write(ctx context.Context, fn func(tx pgx.Tx) error) error {
+	err := ex.x.Write(ctx, fn)
+	if err == nil && ex.e.cfg.OnCommitFunc != nil {
+		ex.e.cfg.OnCommitFunc()
 	}
 	return err
 }
@@ -229,11 +363,12 @@ func (x *execution) write(ctx context.Context, fn func(tx pgx.Tx) error) error {
 // promote takes the next turn's inputs: every waiting steer if any (they
 // jump the queue), else the oldest queued input. It creates their user
 // messages and the pending assistant message in the same transaction.
-func (x *execution) promote(ctx context.Context) (*turn, error) {
+func (ex *execution) promote(ctx context.Context) (*turn, error) {
 	var t *turn
-	err := x.write(ctx, func(tx pgx.Tx) error {
+	cl := ex.x.Claim()
+	err := ex.write(ctx, func(tx pgx.Tx) error {
 		t = nil
-		rows, err := tx.Query(ctx, waitingSQL, x.sessionID)
+		rows, err := tx.Query(ctx, waitingSQL, ex.sessionID)
 		if err != nil {
 			return fmt.Errorf("reading waiting inputs: %w", err)
 		}
@@ -263,14 +398,17 @@ func (x *execution) promote(ctx context.Context) (*turn, error) {
 		for i, w := range pick {
 			ids[i] = w.id
 			t.inputs = append(t.inputs, TranscriptMessage{ID: w.id, Role: "user", Text: w.text})
-			if _, err := tx.Exec(ctx, promoteSQL, w.id); err != nil {
+			if _, err := tx.Exec(ctx, promoteSQL, w.id, cl.ExecutionID, cl.Token); err != nil {
 				return fmt.Errorf("promoting %s: %w", w.id, err)
 			}
 		}
-		if _, err := tx.Exec(ctx, insertAssistantSQL, t.assistantID, x.sessionID, ids); err != nil {
+		if _, err := tx.Exec(ctx, insertAssistantSQL, t.assistantID, ex.sessionID, ids, cl.ExecutionID, cl.Token); err != nil {
 			return fmt.Errorf("creating assistant message: %w", err)
 		}
-		hist, err := tx.Query(ctx, historySQL, x.sessionID)
+		if err := ex.x.SetPhase(ctx, tx, ledger.PhaseReady, t.assistantID); err != nil {
+			return err
+		}
+		hist, err := tx.Query(ctx, historySQL, ex.sessionID)
 		if err != nil {
 			return fmt.Errorf("reading transcript: %w", err)
 		}
@@ -284,29 +422,35 @@ func (x *execution) promote(ctx context.Context) (*turn, error) {
 	return t, err
 }
 
-func (x *execution) runTurn(ctx context.Context, t *turn, log *slog.Logger) error {
+func (ex *execution) runTurn(ctx context.Context, t *turn, log *slog.Logger) error {
 	ids := make([]string, len(t.inputs))
 	for i, in := range t.inputs {
 		ids[i] = in.ID
 	}
 	log = log.With(slog.String("assistant_message_id", t.assistantID))
-	resp, perr := x.e.cfg.Provider.Complete(ctx, ProviderRequest{
-		SessionID: x.sessionID, AssistantMessageID: t.assistantID, Messages: t.history, Turn: t.inputs,
+	resp, perr := ex.e.cfg.Provider.Complete(ctx, ProviderRequest{
+		SessionID: ex.sessionID, AssistantMessageID: t.assistantID, Messages: t.history, Turn: t.inputs,
 	})
-	// A turn cut off by shutdown is settled as failed, on a context that
-	// outlives the cancellation: the provider may have acted, so it is never
-	// retried automatically.
+	if ex.x.Fenced() {
+		return ledger.ErrFenced // dispatch nothing more, write nothing
+	}
+	// A turn cut off by the end of the shutdown grace is settled as failed,
+	// on a context that outlives the cancellation: the provider may have
+	// acted, so it is never retried automatically.
 	wctx := ctx
 	reason := envelope.FailProviderError
 	switch {
 	case perr != nil && ctx.Err() != nil:
-		wctx, reason = context.WithoutCancel(ctx), envelope.FailInterrupted
+		var cancel context.CancelFunc
+		wctx, cancel = context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+		defer cancel()
+		reason = envelope.FailInterrupted
 	case errors.Is(perr, ErrUnsupported):
 		reason = envelope.FailUnsupported
 	}
 	now := time.Now().UTC()
-	ev := envelope.Event{SessionID: x.sessionID, At: now, MessageIDs: ids, AssistantMessageID: t.assistantID}
-	err := x.write(wctx, func(tx pgx.Tx) error {
+	ev := envelope.Event{SessionID: ex.sessionID, At: now, MessageIDs: ids, AssistantMessageID: t.assistantID}
+	err := ex.write(wctx, func(tx pgx.Tx) error {
 		if perr != nil {
 			ev.ID, ev.Type, ev.Reason, ev.Error = "turn.failed:"+t.assistantID, envelope.EventTurnFailed, reason, perr.Error()
 			if _, err := tx.Exec(wctx, failAssistantSQL, t.assistantID, perr.Error()); err != nil {
@@ -318,7 +462,10 @@ func (x *execution) runTurn(ctx context.Context, t *turn, log *slog.Logger) erro
 				return fmt.Errorf("storing answer: %w", err)
 			}
 		}
-		return outbox.Insert(wctx, tx, eventRow(x.e.cfg.Topics.Events, ev))
+		if err := ex.x.SetPhase(wctx, tx, ledger.PhaseSafe, ""); err != nil {
+			return err
+		}
+		return outbox.Insert(wctx, tx, eventRow(ex.e.cfg.Topics.Events, ev))
 	})
 	if err != nil {
 		return fmt.Errorf("settling turn %s: %w", t.assistantID, err)
@@ -328,19 +475,16 @@ func (x *execution) runTurn(ctx context.Context, t *turn, log *slog.Logger) erro
 		outcome = "failed"
 		log.WarnContext(ctx, "turn failed", slog.String("reason", reason), slog.Any("error", perr))
 	}
-	if m := x.e.cfg.Metrics; m != nil {
+	if m := ex.e.cfg.Metrics; m != nil {
 		m.Turns.WithLabelValues(outcome).Inc()
 		m.TurnSeconds.Observe(time.Since(t.promotedAt).Seconds())
 	}
 	return nil
 }
 
-// fenceSQL is the statement every execution write transaction opens with.
-const fenceSQL = `SELECT 1 FROM sessions WHERE session_id = $1 FOR UPDATE`
-
 const waitingSQL = `
 SELECT message_id, text, delivery FROM inputs
-WHERE session_id = $1 AND promotion_seq IS NULL
+WHERE session_id = $1 AND promotion_seq IS NULL AND wake_pending
 ORDER BY admission_seq`
 
 const promoteSQL = `
@@ -349,13 +493,14 @@ WITH p AS (
     WHERE message_id = $1 AND promotion_seq IS NULL
     RETURNING message_id, session_id, text
 ), m AS (
-    INSERT INTO messages (message_id, session_id, role, status, completed_at)
-    SELECT message_id, session_id, 'user', 'completed', now() FROM p
+    INSERT INTO messages (message_id, session_id, role, status, completed_at, execution_id, fencing_token)
+    SELECT message_id, session_id, 'user', 'completed', now(), $2, $3 FROM p
 )
 INSERT INTO message_parts (message_id, idx, kind, body) SELECT message_id, 0, 'text', text FROM p`
 
 const insertAssistantSQL = `
-INSERT INTO messages (message_id, session_id, role, status, answers) VALUES ($1, $2, 'assistant', 'pending', $3)`
+INSERT INTO messages (message_id, session_id, role, status, answers, execution_id, fencing_token)
+VALUES ($1, $2, 'assistant', 'pending', $3, $4, $5)`
 
 // The provider sees user messages and completed assistant answers.
 const historySQL = `

@@ -26,6 +26,7 @@ type options struct {
 	maxBatch          int
 	maxValueBytes     int
 	shutdownGrace     time.Duration
+	lease             time.Duration
 	topics            kafkautil.Topics
 }
 
@@ -56,6 +57,7 @@ func newRootCommand() *cobra.Command {
 	f.IntVar(&o.maxSessions, "max-sessions", 256, "sessions executing at once in this process")
 	f.IntVar(&o.maxBatch, "max-batch", 500, "most prompts admitted in one transaction")
 	f.IntVar(&o.maxValueBytes, "max-value-bytes", 1<<20, "largest accepted prompt value in bytes")
+	f.DurationVar(&o.lease, "lease", 30*time.Second, "claim lease; a live execution renews it every lease/3 by the database clock")
 	f.DurationVar(&o.shutdownGrace, "shutdown-grace", 30*time.Second, "time running turns get to finish on SIGTERM")
 	f.StringVar(&o.topics.Prompts, "prompts-topic", "prompts", "topic of incoming prompts")
 	f.StringVar(&o.topics.Wakes, "wakes-topic", "wakes", "topic of internal wakes")
@@ -75,6 +77,8 @@ func (o *options) validate() error {
 		return fmt.Errorf("--max-batch: must be at least 1, got %d", o.maxBatch)
 	case o.maxValueBytes < 1:
 		return fmt.Errorf("--max-value-bytes: must be at least 1, got %d", o.maxValueBytes)
+	case o.lease < 300*time.Millisecond:
+		return fmt.Errorf("--lease: must be at least 300ms, got %s", o.lease)
 	case o.shutdownGrace < 0:
 		return fmt.Errorf("--shutdown-grace: must not be negative, got %s", o.shutdownGrace)
 	case o.group == "":

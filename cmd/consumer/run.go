@@ -14,6 +14,7 @@ import (
 	"github.com/promptline/promptline/envelope"
 	"github.com/promptline/promptline/internal/kafkautil"
 	"github.com/promptline/promptline/internal/pgdb"
+	"github.com/promptline/promptline/ledger"
 	"github.com/promptline/promptline/metrics"
 	"github.com/promptline/promptline/outbox"
 	"github.com/promptline/promptline/pipeline"
@@ -84,10 +85,14 @@ func run(ctx context.Context, o *options, stderr io.Writer) error {
 	admitter := pipeline.NewAdmitter(db.Pool, &pipeline.AdmitterConfig{
 		Topics: topics, Logger: log, Metrics: m, OnCommitFunc: relay.Nudge,
 	})
-	exec := pipeline.NewExecutor(db.Pool, &pipeline.ExecutorConfig{
-		Topics: topics, MaxSessions: o.maxSessions, Logger: log, Metrics: m, OnCommitFunc: relay.Nudge,
+	claims := ledger.NewClaims(db.Pool, &ledger.ClaimsConfig{
+		Lease: o.lease, OwnerID: owner, Logger: log,
+		OnFencedFunc:  m.FencedWrites.Inc,
+		OnRenewedFunc: m.Claims.WithLabelValues("renewed").Inc,
 	})
-	defer exec.Stop()
+	exec := pipeline.NewExecutor(db.Pool, &pipeline.ExecutorConfig{
+		Claims: claims, Topics: topics, MaxSessions: o.maxSessions, Logger: log, Metrics: m, OnCommitFunc: relay.Nudge,
+	})
 	handler := pipeline.NewConsumer(admitter, exec, producer, &pipeline.ConsumerConfig{
 		Topics: topics, MaxBatch: o.maxBatch, Logger: log, Metrics: m,
 		Limits: envelope.Limits{MaxValueBytes: o.maxValueBytes},
@@ -119,6 +124,13 @@ func run(ctx context.Context, o *options, stderr io.Writer) error {
 			}
 		}
 	}
-	log.Info("consumer stopping")
+	// Stop consuming first (done: Consume returned), then let running turns
+	// finish within the grace; they release their claims with wakes where
+	// input waits; the relay's Stop (deferred) flushes those wakes.
+	log.Info("consumer stopping", slog.Duration("grace", o.shutdownGrace))
+	grace, cancel := context.WithTimeout(context.Background(), o.shutdownGrace)
+	defer cancel()
+	exec.Shutdown(grace)
+	log.Info("consumer stopped")
 	return nil
 }

@@ -1,0 +1,367 @@
+package ledger
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/promptline/promptline/internal/pgdb"
+	"github.com/promptline/promptline/outbox"
+)
+
+// Phase is the execution phase stored on the claim; recovery decides by it.
+type Phase string
+
+const (
+	// PhaseReady: claim held, nothing uncertain dispatched since the last
+	// settled point.
+	PhaseReady Phase = "ready"
+	// PhaseUnknown: a provider attempt or a side-effecting tool call was
+	// dispatched and its outcome is not recorded.
+	PhaseUnknown Phase = "unknown"
+	// PhaseContinue: a step ended durably and needs another provider turn.
+	PhaseContinue Phase = "continue"
+	// PhaseSafe: the turn is complete.
+	PhaseSafe Phase = "safe"
+)
+
+var (
+	// ErrFenced says that an execution lost its claim: its token is stale or
+	// its lease ran out. It must stop at once and dispatch nothing more.
+	ErrFenced = errors.New("execution fenced: claim lost")
+	// ErrClaimHeld says that another execution holds the session's claim
+	// (live or expired): the wake is the holder's (or recovery's) to handle.
+	ErrClaimHeld = errors.New("claim held by another execution")
+	// ErrNotExpired says that a takeover found the claim changed or still live.
+	ErrNotExpired = errors.New("claim changed or not expired")
+)
+
+// Claim is a claim row.
+type Claim struct {
+	SessionID          string
+	ExecutionID        string
+	OwnerID            string
+	Token              int64
+	Phase              Phase
+	AssistantMessageID string
+	ExpiresAt          time.Time
+}
+
+// ClaimsConfig configures Claims.
+type ClaimsConfig struct {
+	// Lease is how long a claim lives without renewal. Defaults to 30s.
+	Lease time.Duration
+	// OwnerID names this process in claims. Defaults to "unknown-owner".
+	OwnerID string
+	// Logger defaults to discarding.
+	Logger *slog.Logger
+	// OnFencedFunc runs each time a write is fenced (the fenced-writes
+	// metric). Defaults to nothing.
+	OnFencedFunc func()
+	// OnRenewedFunc runs after each successful renewal. Defaults to nothing.
+	OnRenewedFunc func()
+}
+
+const leaseDefault = 30 * time.Second
+
+// Claims acquires and releases session claims.
+type Claims struct {
+	pool *pgxpool.Pool
+	cfg  ClaimsConfig
+}
+
+// NewClaims returns Claims.
+func NewClaims(pool *pgxpool.Pool, config *ClaimsConfig) *Claims {
+	cfg := *config
+	cfg.Lease = cmp.Or(cfg.Lease, leaseDefault)
+	cfg.OwnerID = cmp.Or(cfg.OwnerID, "unknown-owner")
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.DiscardHandler)
+	}
+	return &Claims{pool: pool, cfg: cfg}
+}
+
+// Lease is the configured lease.
+func (c *Claims) Lease() time.Duration { return c.cfg.Lease }
+
+// Acquire takes the session's claim for a new execution in phase ready,
+// with the next fencing token and a lease computed by the database clock.
+// It fails with ErrClaimHeld when any claim exists, live or expired.
+// The returned Execution's context is cancelled when it is fenced.
+func (c *Claims) Acquire(ctx context.Context, sessionID, executionID string) (*Execution, error) {
+	var cl Claim
+	err := pgdb.InTx(ctx, c.pool, func(tx pgx.Tx) error {
+		var token int64
+		if err := tx.QueryRow(ctx, lockSessionSQL, sessionID).Scan(&token); err != nil {
+			if errors.Is(err, pgx.ErrNoRows) {
+				return fmt.Errorf("session %s does not exist", sessionID)
+			}
+			return err
+		}
+		err := tx.QueryRow(ctx, acquireSQL, sessionID, executionID, c.cfg.OwnerID, token+1, c.cfg.Lease.Milliseconds()).
+			Scan(&cl.ExpiresAt)
+		if errors.Is(err, pgx.ErrNoRows) {
+			return ErrClaimHeld
+		}
+		if err != nil {
+			return err
+		}
+		_, err = tx.Exec(ctx, bumpTokenSQL, sessionID, token+1)
+		cl.Token = token + 1
+		return err
+	})
+	if err != nil {
+		if errors.Is(err, ErrClaimHeld) {
+			return nil, err
+		}
+		return nil, fmt.Errorf("acquiring claim of %s: %w", sessionID, err)
+	}
+	cl.SessionID, cl.ExecutionID, cl.OwnerID, cl.Phase = sessionID, executionID, c.cfg.OwnerID, PhaseReady
+	xctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	return &Execution{claims: c, claim: cl, ctx: xctx, cancel: cancel}, nil
+}
+
+// Execution is the right to write a session: a held claim. All its writes
+// go through Write.
+type Execution struct {
+	claims *Claims
+	claim  Claim
+	ctx    context.Context
+	cancel context.CancelFunc
+	fenced atomic.Bool
+	mu     sync.Mutex // serialises Write: one statement stream per execution
+}
+
+// Claim returns the claim as acquired.
+func (x *Execution) Claim() Claim { return x.claim }
+
+// Context is cancelled when the execution is fenced (or released).
+func (x *Execution) Context() context.Context { return x.ctx }
+
+// Fenced reports whether the execution has lost its claim.
+func (x *Execution) Fenced() bool { return x.fenced.Load() }
+
+// Write runs fn in a transaction that opens with the fence: one conditional
+// statement on the claim (token matches, lease live by the database clock,
+// not quarantined) that also renews the lease. Zero rows affected means
+// fenced: the transaction rolls back, the execution's context is cancelled,
+// and Write returns ErrFenced, now and for every later call.
+func (x *Execution) Write(ctx context.Context, fn func(tx pgx.Tx) error) error {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	return x.writeLocked(ctx, false, fn)
+}
+
+func (x *Execution) writeLocked(ctx context.Context, lockSession bool, fn func(tx pgx.Tx) error) error {
+	if x.fenced.Load() {
+		return ErrFenced
+	}
+	err := pgdb.InTx(ctx, x.claims.pool, func(tx pgx.Tx) error {
+		if lockSession {
+			if _, err := tx.Exec(ctx, lockSessionSQL, x.claim.SessionID); err != nil {
+				return fmt.Errorf("locking session: %w", err)
+			}
+		}
+		tag, err := tx.Exec(ctx, fenceSQL, x.claim.SessionID, x.claim.ExecutionID, x.claim.Token, x.claims.cfg.Lease.Milliseconds())
+		if err != nil {
+			return fmt.Errorf("fence: %w", err)
+		}
+		if tag.RowsAffected() == 0 {
+			return ErrFenced
+		}
+		if fn == nil {
+			return nil
+		}
+		return fn(tx)
+	})
+	if errors.Is(err, ErrFenced) {
+		x.markFenced(ctx)
+	}
+	return err
+}
+
+func (x *Execution) markFenced(ctx context.Context) {
+	if x.fenced.Swap(true) {
+		return
+	}
+	x.cancel()
+	x.claims.cfg.Logger.WarnContext(ctx, "execution fenced: claim lost, stopping",
+		slog.String("session_id", x.claim.SessionID), slog.String("execution_id", x.claim.ExecutionID),
+		slog.Int64("fencing_token", x.claim.Token))
+	if f := x.claims.cfg.OnFencedFunc; f != nil {
+		f()
+	}
+}
+
+// SetPhase records the phase inside a Write transaction, together with the
+// state change it describes (invariant 8).
+func (x *Execution) SetPhase(ctx context.Context, tx pgx.Tx, phase Phase, assistantMessageID string) error {
+	_, err := tx.Exec(ctx, setPhaseSQL, x.claim.SessionID, x.claim.Token, string(phase), assistantMessageID)
+	if err != nil {
+		return fmt.Errorf("setting phase %s: %w", phase, err)
+	}
+	return nil
+}
+
+// Renew extends the lease; an expired claim cannot be renewed (ErrFenced).
+func (x *Execution) Renew(ctx context.Context) error {
+	err := x.Write(ctx, nil)
+	if err == nil && x.claims.cfg.OnRenewedFunc != nil {
+		x.claims.cfg.OnRenewedFunc()
+	}
+	return err
+}
+
+// KeepAlive renews the lease every lease/3 until ctx ends or the execution
+// is fenced. It blocks; run it in a goroutine.
+func (x *Execution) KeepAlive(ctx context.Context) {
+	t := time.NewTicker(x.claims.cfg.Lease / 3)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-x.ctx.Done():
+			return
+		case <-t.C:
+			if err := x.Renew(ctx); err != nil && !errors.Is(err, ErrFenced) && ctx.Err() == nil {
+				x.claims.cfg.Logger.WarnContext(ctx, "renewing claim failed; retrying at the next tick",
+					slog.String("session_id", x.claim.SessionID), slog.Any("error", err))
+			}
+		}
+	}
+}
+
+// ReleaseOpts says how to release.
+type ReleaseOpts struct {
+	// Stopping: the execution will not run more turns (shutdown, partition
+	// revoked), so release even when inputs wait, writing Wake in the same
+	// transaction.
+	Stopping bool
+	// Wake is the outbox row written when inputs wait at a stopping release.
+	Wake outbox.Row
+}
+
+// Release deletes the claim unless inputs wait and the execution is not
+// stopping; then it returns released=false and the caller runs another
+// turn. A stopping release with waiting inputs writes opts.Wake in the same
+// transaction (invariant 7). The session row is locked first, so an input
+// admitted concurrently is either seen here or admitted after the claim is
+// gone, with its own wake.
+func (x *Execution) Release(ctx context.Context, opts ReleaseOpts) (released bool, err error) {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	err = x.writeLocked(ctx, true, func(tx pgx.Tx) error {
+		var waiting int
+		if err := tx.QueryRow(ctx, waitingCountSQL, x.claim.SessionID).Scan(&waiting); err != nil {
+			return fmt.Errorf("counting waiting inputs: %w", err)
+		}
+		if waiting > 0 && !opts.Stopping {
+			return nil
+		}
+		if _, err := tx.Exec(ctx, releaseSQL, x.claim.SessionID, x.claim.Token); err != nil {
+			return fmt.Errorf("deleting claim: %w", err)
+		}
+		released = true
+		if waiting > 0 {
+			return outbox.Insert(ctx, tx, opts.Wake)
+		}
+		return nil
+	})
+	if released {
+		x.fenced.Store(true) // released: no more writes
+		x.cancel()
+	}
+	return released, err
+}
+
+// Takeover replaces an expired claim by compare-and-swap on (session,
+// execution, owner, expiry, not quarantined), bumping the fencing token so
+// that the old execution is fenced the moment this commits. It runs inside
+// tx; recovery (and tests standing in for it) decide in the same
+// transaction what to do with the session.
+func Takeover(ctx context.Context, tx pgx.Tx, old Claim, executionID, ownerID string, lease time.Duration) (Claim, error) {
+	var token int64
+	if err := tx.QueryRow(ctx, lockSessionSQL, old.SessionID).Scan(&token); err != nil {
+		return Claim{}, fmt.Errorf("locking session %s: %w", old.SessionID, err)
+	}
+	nc := old
+	nc.ExecutionID, nc.OwnerID, nc.Token = executionID, ownerID, token+1
+	err := tx.QueryRow(ctx, takeoverSQL, old.SessionID, old.ExecutionID, old.OwnerID, old.ExpiresAt,
+		executionID, ownerID, nc.Token, lease.Milliseconds()).Scan(&nc.ExpiresAt)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return Claim{}, ErrNotExpired
+	}
+	if err != nil {
+		return Claim{}, fmt.Errorf("taking over %s: %w", old.SessionID, err)
+	}
+	if _, err := tx.Exec(ctx, bumpTokenSQL, old.SessionID, nc.Token); err != nil {
+		return Claim{}, err
+	}
+	return nc, nil
+}
+
+// Get reads a session's claim; ok is false when there is none.
+func Get(ctx context.Context, q interface {
+	QueryRow(context.Context, string, ...any) pgx.Row
+}, sessionID string) (c Claim, ok bool, err error) {
+	var phase string
+	var asst *string
+	err = q.QueryRow(ctx, getClaimSQL, sessionID).Scan(&c.SessionID, &c.ExecutionID, &c.OwnerID, &c.Token, &phase, &asst, &c.ExpiresAt)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return Claim{}, false, nil
+	}
+	if err != nil {
+		return Claim{}, false, fmt.Errorf("reading claim of %s: %w", sessionID, err)
+	}
+	c.Phase = Phase(phase)
+	if asst != nil {
+		c.AssistantMessageID = *asst
+	}
+	return c, true, nil
+}
+
+const lockSessionSQL = `SELECT fencing_token FROM sessions WHERE session_id = $1 FOR UPDATE`
+
+const acquireSQL = `
+INSERT INTO claims (session_id, execution_id, owner_id, fencing_token, phase, expires_at)
+VALUES ($1, $2, $3, $4, 'ready', now() + $5 * interval '1 millisecond')
+ON CONFLICT (session_id) DO NOTHING
+RETURNING expires_at`
+
+const bumpTokenSQL = `UPDATE sessions SET fencing_token = $2 WHERE session_id = $1 AND fencing_token < $2`
+
+// fenceSQL opens every write transaction of an execution (invariant 5).
+const fenceSQL = `
+UPDATE claims SET expires_at = now() + $4 * interval '1 millisecond', renewed_at = now()
+WHERE session_id = $1 AND execution_id = $2 AND fencing_token = $3
+  AND expires_at > now() AND quarantine_reason IS NULL`
+
+const setPhaseSQL = `
+UPDATE claims SET phase = $3, assistant_message_id = coalesce(nullif($4, ''), assistant_message_id)
+WHERE session_id = $1 AND fencing_token = $2`
+
+// An input waits when it is unpromoted and wants a wake (resume).
+const waitingCountSQL = `
+SELECT count(*) FROM inputs WHERE session_id = $1 AND promotion_seq IS NULL AND wake_pending`
+
+const releaseSQL = `DELETE FROM claims WHERE session_id = $1 AND fencing_token = $2`
+
+const takeoverSQL = `
+UPDATE claims SET execution_id = $5, owner_id = $6, fencing_token = $7,
+       expires_at = now() + $8 * interval '1 millisecond', renewed_at = now(), acquired_at = now()
+WHERE session_id = $1 AND execution_id = $2 AND owner_id = $3 AND expires_at = $4
+  AND expires_at <= now() AND quarantine_reason IS NULL
+RETURNING expires_at`
+
+const getClaimSQL = `
+SELECT session_id, execution_id, owner_id, fencing_token, phase, assistant_message_id, expires_at
+FROM claims WHERE session_id = $1`
