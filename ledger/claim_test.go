@@ -1,0 +1,208 @@
+package ledger_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/require"
+
+	"github.com/promptline/promptline/internal/pgdb"
+	"github.com/promptline/promptline/internal/testkit"
+	"github.com/promptline/promptline/ledger"
+	"github.com/promptline/promptline/outbox"
+)
+
+type testBundle struct {
+	pool   *pgxpool.Pool
+	claims *ledger.Claims
+}
+
+func setup(t *testing.T, lease time.Duration) *testBundle {
+	t.Helper()
+	pool, _ := testkit.Pool(t)
+	return &testBundle{pool: pool, claims: ledger.NewClaims(pool, &ledger.ClaimsConfig{Lease: lease, OwnerID: "owner-a"})}
+}
+
+func (b *testBundle) exec(t *testing.T, sql string, args ...any) {
+	t.Helper()
+	_, err := b.pool.Exec(context.Background(), sql, args...)
+	require.NoError(t, err)
+}
+
+func (b *testBundle) count(t *testing.T, sql string, args ...any) int {
+	t.Helper()
+	var n int
+	require.NoError(t, b.pool.QueryRow(context.Background(), sql, args...).Scan(&n))
+	return n
+}
+
+// session creates a session row with n waiting inputs.
+func (b *testBundle) session(t *testing.T, id string, waiting int) {
+	t.Helper()
+	b.exec(t, `INSERT INTO sessions (session_id) VALUES ($1)`, id)
+	for i := range waiting {
+		b.exec(t, `INSERT INTO inputs (message_id, session_id, text, payload_hash, delivery, wake_pending)
+			VALUES ($1, $2, 'x', '\x00', 'queue', true)`, id+"-in-"+string(rune('a'+i)), id)
+	}
+}
+
+// expire moves the claim's lease into the past: the database clock, not a
+// sleep, decides expiry.
+func (b *testBundle) expire(t *testing.T, session string) {
+	b.exec(t, `UPDATE claims SET expires_at = now() - interval '1 second' WHERE session_id = $1`, session)
+}
+
+func TestClaims(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+
+	t.Run("AcquireGivesGrowingTokensAndNeverReplaces", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t, 0)
+		b.session(t, "s", 0)
+		x1, err := b.claims.Acquire(ctx, "s", "e1")
+		require.NoError(t, err)
+		require.Equal(t, int64(1), x1.Claim().Token)
+		require.Equal(t, ledger.PhaseReady, x1.Claim().Phase)
+		require.WithinDuration(t, time.Now().Add(30*time.Second), x1.Claim().ExpiresAt, 10*time.Second)
+		_, err = b.claims.Acquire(ctx, "s", "e2")
+		require.ErrorIs(t, err, ledger.ErrClaimHeld, "a live claim is never replaced")
+
+		released, err := x1.Release(ctx, ledger.ReleaseOpts{})
+		require.NoError(t, err)
+		require.True(t, released)
+		x2, err := b.claims.Acquire(ctx, "s", "e2")
+		require.NoError(t, err)
+		require.Equal(t, int64(2), x2.Claim().Token, "tokens only grow")
+
+		b.expire(t, "s")
+		_, err = b.claims.Acquire(ctx, "s", "e3")
+		require.ErrorIs(t, err, ledger.ErrClaimHeld, "an expired claim is never replaced by acquisition")
+		c, ok, err := ledger.Get(ctx, b.pool, "s")
+		require.NoError(t, err)
+		require.True(t, ok)
+		require.Equal(t, "e2", c.ExecutionID)
+	})
+
+	t.Run("WriteIsFencedByTokenAndLease", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t, 0)
+		b.session(t, "s", 0)
+		x, err := b.claims.Acquire(ctx, "s", "e1")
+		require.NoError(t, err)
+		require.NoError(t, x.Write(ctx, func(tx pgx.Tx) error {
+			_, err := tx.Exec(ctx, `UPDATE sessions SET last_admitted_at = now() WHERE session_id = 's'`)
+			return err
+		}))
+
+		b.expire(t, "s")
+		wrote := false
+		err = x.Write(ctx, func(pgx.Tx) error { wrote = true; return nil })
+		require.ErrorIs(t, err, ledger.ErrFenced, "an expired lease fences, even before any takeover")
+		require.False(t, wrote, "the write function never runs behind a failed fence")
+		require.True(t, x.Fenced())
+		require.Error(t, x.Context().Err(), "fencing cancels the execution's context")
+		require.ErrorIs(t, x.Renew(ctx), ledger.ErrFenced, "an expired claim never renews itself")
+		require.True(t, b.count(t, `SELECT count(*) FROM claims WHERE session_id = 's' AND expires_at <= now()`) == 1,
+			"the failed renewal did not extend the lease")
+	})
+
+	t.Run("TakeoverFencesTheOldExecution", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t, 0)
+		b.session(t, "s", 0)
+		x, err := b.claims.Acquire(ctx, "s", "e1")
+		require.NoError(t, err)
+		old := x.Claim()
+
+		err = pgdb.InTx(ctx, b.pool, func(tx pgx.Tx) error {
+			_, err := ledger.Takeover(ctx, tx, old, "e2", "recovery", time.Minute)
+			return err
+		})
+		require.ErrorIs(t, err, ledger.ErrNotExpired, "a live claim cannot be taken over")
+
+		b.expire(t, "s")
+		cur, ok, err := ledger.Get(ctx, b.pool, "s")
+		require.NoError(t, err)
+		require.True(t, ok)
+		var nc ledger.Claim
+		require.NoError(t, pgdb.InTx(ctx, b.pool, func(tx pgx.Tx) error {
+			nc, err = ledger.Takeover(ctx, tx, cur, "e2", "recovery", time.Minute)
+			return err
+		}))
+		require.Equal(t, old.Token+1, nc.Token)
+		require.Equal(t, 1, b.count(t, `SELECT count(*) FROM sessions WHERE session_id = 's' AND fencing_token = $1`, nc.Token))
+
+		// The same (now stale) view of the claim cannot win twice.
+		err = pgdb.InTx(ctx, b.pool, func(tx pgx.Tx) error {
+			_, err := ledger.Takeover(ctx, tx, cur, "e3", "recovery-2", time.Minute)
+			return err
+		})
+		require.ErrorIs(t, err, ledger.ErrNotExpired)
+
+		// The old execution writes nothing, and a fenced write is counted once.
+		require.ErrorIs(t, x.Write(ctx, func(pgx.Tx) error { return nil }), ledger.ErrFenced)
+	})
+
+	t.Run("ReleaseWithWaitingInputWritesWakeInSameTransaction", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t, 0)
+		b.session(t, "s", 1)
+		x, err := b.claims.Acquire(ctx, "s", "e1")
+		require.NoError(t, err)
+
+		released, err := x.Release(ctx, ledger.ReleaseOpts{})
+		require.NoError(t, err)
+		require.False(t, released, "not stopping and input waits: keep the claim and run it")
+		require.Equal(t, 1, b.count(t, `SELECT count(*) FROM claims`))
+
+		wake := outbox.Row{Topic: "wakes", Key: "s", Payload: []byte(`{"session_id":"s"}`)}
+		released, err = x.Release(ctx, ledger.ReleaseOpts{Stopping: true, Wake: wake})
+		require.NoError(t, err)
+		require.True(t, released)
+		require.Zero(t, b.count(t, `SELECT count(*) FROM claims`))
+		require.Equal(t, 1, b.count(t, `SELECT count(*) FROM outbox WHERE topic = 'wakes' AND key = 's'`),
+			"invariant 7: the claim goes only with a wake for the waiting input")
+		require.ErrorIs(t, x.Write(ctx, nil), ledger.ErrFenced, "a released execution writes nothing")
+	})
+
+	t.Run("ReleaseWithoutWaitingInputWritesNoWake", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t, 0)
+		b.session(t, "s", 0)
+		b.exec(t, `INSERT INTO inputs (message_id, session_id, text, payload_hash, delivery, wake_pending)
+			VALUES ('parked', 's', 'x', '\x00', 'queue', false)`) // resume=false: not waiting
+		x, err := b.claims.Acquire(ctx, "s", "e1")
+		require.NoError(t, err)
+		released, err := x.Release(ctx, ledger.ReleaseOpts{Stopping: true, Wake: outbox.Row{Topic: "wakes", Key: "s", Payload: []byte("{}")}})
+		require.NoError(t, err)
+		require.True(t, released)
+		require.Zero(t, b.count(t, `SELECT count(*) FROM outbox`))
+	})
+
+	t.Run("RenewalKeepsALiveClaimAcrossSeveralLeases", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t, 600*time.Millisecond)
+		b.session(t, "s", 0)
+		renewed := make(chan struct{}, 100)
+		claims := ledger.NewClaims(b.pool, &ledger.ClaimsConfig{
+			Lease: 600 * time.Millisecond, OwnerID: "a",
+			OnRenewedFunc: func() { renewed <- struct{}{} },
+		})
+		x, err := claims.Acquire(ctx, "s", "e1")
+		require.NoError(t, err)
+		kctx, cancel := context.WithCancel(ctx)
+		done := make(chan struct{})
+		go func() { defer close(done); x.KeepAlive(kctx) }()
+		for range 8 { // 8 renewals at lease/3: about 1.6 s, well over two leases
+			<-renewed
+		}
+		cancel()
+		<-done
+		require.False(t, x.Fenced())
+		require.NoError(t, x.Write(ctx, nil), "still the writer after outliving several leases")
+	})
+}
