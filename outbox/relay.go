@@ -13,6 +13,8 @@ import (
 	"github.com/IBM/sarama"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/promptline/promptline/internal/faults"
 )
 
 // RelayLockKey is the Postgres advisory lock (single bigint form, scoped to
@@ -319,6 +321,7 @@ func (r *Relay) publishBatch(ctx context.Context, wait bool) (n int, locked bool
 	if err := r.producer.SendMessages(msgs); err != nil {
 		return 0, true, fmt.Errorf("outbox relay: publishing %d rows (ids %d..%d): %w", len(ids), ids[0], ids[len(ids)-1], err)
 	}
+	faults.Hit(faults.RelayAfterPublish)
 
 	// The rows are in Kafka now: finish marking them even if ctx was
 	// cancelled meanwhile (Stop), or the last pass would send them again.

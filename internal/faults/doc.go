@@ -3,7 +3,7 @@
 // and PROMPTLINE_FAULT names that point; in normal builds it compiles to
 // nothing.
 //
-// Points: see the Point* constants.
+// Points: see the constants below.
 package faults
 
 // Crash points, in the order a prompt meets them.
@@ -13,6 +13,15 @@ const (
 	AdmissionAfterCommit = "admission.after-commit"
 	// RelayAfterPublish: outbox rows published, not yet marked.
 	RelayAfterPublish = "relay.after-publish"
-	// TurnAfterPromote: inputs promoted, provider not yet called.
-	TurnAfterPromote = "turn.after-promote"
+	// ClaimAfterAcquire: the claim committed (phase ready), nothing promoted.
+	ClaimAfterAcquire = "claim.after-acquire"
+	// ProviderAfterIntent: inputs promoted and the provider attempt's
+	// intent committed (phase unknown), the request not yet sent.
+	ProviderAfterIntent = "provider.after-intent"
+	// ToolAfterIntent: a side-effecting tool call's intent committed, the
+	// tool not yet run.
+	ToolAfterIntent = "tool.after-intent"
+	// IdempotentToolAfterIntent: an idempotent tool call's intent committed,
+	// the tool not yet run.
+	IdempotentToolAfterIntent = "idempotent-tool.after-intent"
 )
