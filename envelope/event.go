@@ -19,6 +19,13 @@ const (
 	// FailInterrupted: promptline shut down during the turn. The provider
 	// may have acted, so the turn is settled as failed, never retried.
 	FailInterrupted = "interrupted"
+	// FailOutcomeUnknown: the provider request may have been acted on and
+	// no answer came; it is never replayed automatically.
+	FailOutcomeUnknown = "outcome_unknown"
+	// FailMaxSteps: the model asked for tools too many times in one turn.
+	FailMaxSteps = "max_steps"
+	// FailDeclined: a permission was declined; the turn stops.
+	FailDeclined = "declined"
 )
 
 // Event is one session event, JSON on the session-events topic with Kafka

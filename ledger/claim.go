@@ -68,6 +68,9 @@ type ClaimsConfig struct {
 	OnFencedFunc func()
 	// OnRenewedFunc runs after each successful renewal. Defaults to nothing.
 	OnRenewedFunc func()
+	// OnPhaseFunc runs when an execution sets a phase (inside its
+	// transaction, before commit), for tracing and tests. Defaults to nothing.
+	OnPhaseFunc func(c Claim, phase Phase)
 }
 
 const leaseDefault = 30 * time.Second
@@ -96,8 +99,13 @@ func (c *Claims) Lease() time.Duration { return c.cfg.Lease }
 // with the next fencing token and a lease computed by the database clock.
 // It fails with ErrClaimHeld when any claim exists, live or expired.
 // The returned Execution's context is cancelled when it is fenced.
-func (c *Claims) Acquire(ctx context.Context, sessionID, executionID string) (*Execution, error) {
+//
+// then, when not nil, runs in the same transaction after the claim is
+// written, as the execution's first write (the executor promotes the first
+// turn there, saving a commit).
+func (c *Claims) Acquire(ctx context.Context, sessionID, executionID string, then func(tx pgx.Tx, x *Execution) error) (*Execution, error) {
 	var cl Claim
+	var x *Execution
 	err := pgdb.InTx(ctx, c.pool, func(tx pgx.Tx) error {
 		var token int64
 		if err := tx.QueryRow(ctx, lockSessionSQL, sessionID).Scan(&token); err != nil {
@@ -114,9 +122,20 @@ func (c *Claims) Acquire(ctx context.Context, sessionID, executionID string) (*E
 		if err != nil {
 			return err
 		}
-		_, err = tx.Exec(ctx, bumpTokenSQL, sessionID, token+1)
+		if _, err = tx.Exec(ctx, bumpTokenSQL, sessionID, token+1); err != nil {
+			return err
+		}
 		cl.Token = token + 1
-		return err
+		cl.SessionID, cl.ExecutionID, cl.OwnerID, cl.Phase = sessionID, executionID, c.cfg.OwnerID, PhaseReady
+		xctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+		x = &Execution{claims: c, claim: cl, ctx: xctx, cancel: cancel}
+		if then != nil {
+			if err := then(tx, x); err != nil {
+				cancel()
+				return err
+			}
+		}
+		return nil
 	})
 	if err != nil {
 		if errors.Is(err, ErrClaimHeld) {
@@ -124,9 +143,7 @@ func (c *Claims) Acquire(ctx context.Context, sessionID, executionID string) (*E
 		}
 		return nil, fmt.Errorf("acquiring claim of %s: %w", sessionID, err)
 	}
-	cl.SessionID, cl.ExecutionID, cl.OwnerID, cl.Phase = sessionID, executionID, c.cfg.OwnerID, PhaseReady
-	xctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
-	return &Execution{claims: c, claim: cl, ctx: xctx, cancel: cancel}, nil
+	return x, nil
 }
 
 // Execution is the right to write a session: a held claim. All its writes
@@ -208,6 +225,9 @@ func (x *Execution) SetPhase(ctx context.Context, tx pgx.Tx, phase Phase, assist
 	if err != nil {
 		return fmt.Errorf("setting phase %s: %w", phase, err)
 	}
+	if f := x.claims.cfg.OnPhaseFunc; f != nil {
+		f(x.claim, phase)
+	}
 	return nil
 }
 
@@ -238,6 +258,40 @@ func (x *Execution) KeepAlive(ctx context.Context) {
 			}
 		}
 	}
+}
+
+// Finish runs fn behind the fence, with the session row locked first, and
+// then, in the same transaction, releases the claim if no input waits: the
+// turn's last write and the release cost one commit. released is false
+// when inputs wait; the claim is kept for them.
+func (x *Execution) Finish(ctx context.Context, fn func(tx pgx.Tx) error) (released bool, err error) {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	err = x.writeLocked(ctx, true, func(tx pgx.Tx) error {
+		if err := fn(tx); err != nil {
+			return err
+		}
+		var waiting int
+		if err := tx.QueryRow(ctx, waitingCountSQL, x.claim.SessionID).Scan(&waiting); err != nil {
+			return fmt.Errorf("counting waiting inputs: %w", err)
+		}
+		if waiting > 0 {
+			return nil
+		}
+		if _, err := tx.Exec(ctx, releaseSQL, x.claim.SessionID, x.claim.Token); err != nil {
+			return fmt.Errorf("deleting claim: %w", err)
+		}
+		released = true
+		return nil
+	})
+	if err != nil {
+		return false, err
+	}
+	if released {
+		x.fenced.Store(true)
+		x.cancel()
+	}
+	return released, nil
 }
 
 // ReleaseOpts says how to release.

@@ -89,7 +89,7 @@ func (m *claimMachine) Acquire(t *rapid.T) {
 	s := rapid.SampledFrom(m.sessions).Draw(t, "session")
 	_, had, _ := m.current(t, s)
 	m.seq++
-	x, err := m.claims.Acquire(context.Background(), s, fmt.Sprintf("%se%d", m.prefix, m.seq))
+	x, err := m.claims.Acquire(context.Background(), s, fmt.Sprintf("%se%d", m.prefix, m.seq), nil)
 	if had {
 		if !errors.Is(err, ledger.ErrClaimHeld) {
 			t.Fatalf("acquire over an existing claim: %v", err)

@@ -63,23 +63,23 @@ func TestClaims(t *testing.T) {
 		t.Parallel()
 		b := setup(t, 0)
 		b.session(t, "s", 0)
-		x1, err := b.claims.Acquire(ctx, "s", "e1")
+		x1, err := b.claims.Acquire(ctx, "s", "e1", nil)
 		require.NoError(t, err)
 		require.Equal(t, int64(1), x1.Claim().Token)
 		require.Equal(t, ledger.PhaseReady, x1.Claim().Phase)
 		require.WithinDuration(t, time.Now().Add(30*time.Second), x1.Claim().ExpiresAt, 10*time.Second)
-		_, err = b.claims.Acquire(ctx, "s", "e2")
+		_, err = b.claims.Acquire(ctx, "s", "e2", nil)
 		require.ErrorIs(t, err, ledger.ErrClaimHeld, "a live claim is never replaced")
 
 		released, err := x1.Release(ctx, ledger.ReleaseOpts{})
 		require.NoError(t, err)
 		require.True(t, released)
-		x2, err := b.claims.Acquire(ctx, "s", "e2")
+		x2, err := b.claims.Acquire(ctx, "s", "e2", nil)
 		require.NoError(t, err)
 		require.Equal(t, int64(2), x2.Claim().Token, "tokens only grow")
 
 		b.expire(t, "s")
-		_, err = b.claims.Acquire(ctx, "s", "e3")
+		_, err = b.claims.Acquire(ctx, "s", "e3", nil)
 		require.ErrorIs(t, err, ledger.ErrClaimHeld, "an expired claim is never replaced by acquisition")
 		c, ok, err := ledger.Get(ctx, b.pool, "s")
 		require.NoError(t, err)
@@ -91,7 +91,7 @@ func TestClaims(t *testing.T) {
 		t.Parallel()
 		b := setup(t, 0)
 		b.session(t, "s", 0)
-		x, err := b.claims.Acquire(ctx, "s", "e1")
+		x, err := b.claims.Acquire(ctx, "s", "e1", nil)
 		require.NoError(t, err)
 		require.NoError(t, x.Write(ctx, func(tx pgx.Tx) error {
 			_, err := tx.Exec(ctx, `UPDATE sessions SET last_admitted_at = now() WHERE session_id = 's'`)
@@ -114,7 +114,7 @@ func TestClaims(t *testing.T) {
 		t.Parallel()
 		b := setup(t, 0)
 		b.session(t, "s", 0)
-		x, err := b.claims.Acquire(ctx, "s", "e1")
+		x, err := b.claims.Acquire(ctx, "s", "e1", nil)
 		require.NoError(t, err)
 		old := x.Claim()
 
@@ -151,7 +151,7 @@ func TestClaims(t *testing.T) {
 		t.Parallel()
 		b := setup(t, 0)
 		b.session(t, "s", 1)
-		x, err := b.claims.Acquire(ctx, "s", "e1")
+		x, err := b.claims.Acquire(ctx, "s", "e1", nil)
 		require.NoError(t, err)
 
 		released, err := x.Release(ctx, ledger.ReleaseOpts{})
@@ -175,7 +175,7 @@ func TestClaims(t *testing.T) {
 		b.session(t, "s", 0)
 		b.exec(t, `INSERT INTO inputs (message_id, session_id, text, payload_hash, delivery, wake_pending)
 			VALUES ('parked', 's', 'x', '\x00', 'queue', false)`) // resume=false: not waiting
-		x, err := b.claims.Acquire(ctx, "s", "e1")
+		x, err := b.claims.Acquire(ctx, "s", "e1", nil)
 		require.NoError(t, err)
 		released, err := x.Release(ctx, ledger.ReleaseOpts{Stopping: true, Wake: outbox.Row{Topic: "wakes", Key: "s", Payload: []byte("{}")}})
 		require.NoError(t, err)
@@ -192,7 +192,7 @@ func TestClaims(t *testing.T) {
 			Lease: 600 * time.Millisecond, OwnerID: "a",
 			OnRenewedFunc: func() { renewed <- struct{}{} },
 		})
-		x, err := claims.Acquire(ctx, "s", "e1")
+		x, err := claims.Acquire(ctx, "s", "e1", nil)
 		require.NoError(t, err)
 		kctx, cancel := context.WithCancel(ctx)
 		done := make(chan struct{})

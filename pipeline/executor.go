@@ -14,12 +14,11 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/promptline/promptline/envelope"
 	"github.com/promptline/promptline/internal/faults"
 	"github.com/promptline/promptline/internal/kafkautil"
 	"github.com/promptline/promptline/ledger"
 	"github.com/promptline/promptline/metrics"
-	"github.com/promptline/promptline/outbox"
+	"github.com/promptline/promptline/tools"
 )
 
 // ExecutorConfig configures an Executor.
@@ -30,6 +29,10 @@ type ExecutorConfig struct {
 	Topics kafkautil.Topics
 	// Provider answers turns. Defaults to ScriptedProvider.
 	Provider Provider
+	// ProviderName is recorded with each attempt. Defaults to "scripted".
+	ProviderName string
+	// Tools the model may call. Defaults to none.
+	Tools *tools.Registry
 	// MaxSessions bounds the sessions executing at once; Wake blocks (and
 	// so consumption pauses) while all are busy. Defaults to 256.
 	MaxSessions int
@@ -51,6 +54,9 @@ const maxSessionsDefault = 256
 // (or stopping) session fold into one successor run, which starts only
 // after the current run has settled and released.
 type Executor struct {
+	providerName       string
+	idempotentProvider bool
+
 	pool   *pgxpool.Pool
 	claims *ledger.Claims
 	cfg    ExecutorConfig
@@ -85,7 +91,9 @@ func NewExecutor(pool *pgxpool.Pool, config *ExecutorConfig) *Executor {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
+	idem, _ := cfg.Provider.(IdempotentProvider)
 	return &Executor{
+		providerName: cmp.Or(cfg.ProviderName, "scripted"), idempotentProvider: idem != nil && idem.HonoursIdempotencyKeys(),
 		pool: pool, claims: cfg.Claims, cfg: cfg, log: cfg.Logger,
 		slots: make(chan struct{}, cfg.MaxSessions),
 		runs:  map[string]*sessionRun{}, ctx: ctx, cancel: cancel,
@@ -231,20 +239,39 @@ func (e *Executor) run(sessionID string, r *sessionRun) {
 func (e *Executor) execute(sessionID string, r *sessionRun, log *slog.Logger) {
 	var released bool
 	executionID := newID()
-	x, err := e.claims.Acquire(e.ctx, sessionID, executionID)
-	if errors.Is(err, ledger.ErrClaimHeld) {
+	ex := &execution{e: e, sessionID: sessionID}
+	// The claim commits alone, in phase ready, and only when input waits.
+	// It is not merged with the first promotion on purpose: a crash
+	// between the two leaves a ready claim whose inputs recovery re-wakes,
+	// so the prompt still runs once (DESIGN.md crash windows); promotion
+	// commits together with the attempt's intent (phase unknown).
+	x, err := e.claims.Acquire(e.ctx, sessionID, executionID, func(tx pgx.Tx, x *ledger.Execution) error {
+		var waiting bool
+		if err := tx.QueryRow(e.ctx, anyWaitingSQL, sessionID).Scan(&waiting); err != nil {
+			return fmt.Errorf("checking waiting inputs: %w", err)
+		}
+		if !waiting {
+			return errNothingWaiting
+		}
+		return nil
+	})
+	switch {
+	case errors.Is(err, errNothingWaiting):
+		return
+	case errors.Is(err, ledger.ErrClaimHeld):
 		// The holder sees our input before it releases (admission and
 		// release serialise on the session row); an expired holder is
 		// recovery's.
 		log.Debug("claim held elsewhere; wake dropped")
 		return
-	}
-	if err != nil {
+	case err != nil:
 		if e.ctx.Err() == nil {
 			log.Error("acquiring claim failed", slog.Any("error", err))
 		}
 		return
 	}
+	ex.x = x
+	faults.Hit(faults.ClaimAfterAcquire)
 	cl := x.Claim()
 	log = log.With(slog.String("execution_id", executionID), slog.Int64("fencing_token", cl.Token))
 	log.Debug("claim acquired")
@@ -267,36 +294,30 @@ func (e *Executor) execute(sessionID string, r *sessionRun, log *slog.Logger) {
 	go func() { defer close(keepAlive); x.KeepAlive(ctx) }()
 	defer func() { cancel(); <-keepAlive }()
 
-	ex := &execution{e: e, x: x, sessionID: sessionID}
-	for {
-		if x.Fenced() {
-			return
-		}
-		if r.stop.Load() || ctx.Err() != nil {
-			break
-		}
+	for !r.stop.Load() && ctx.Err() == nil && !x.Fenced() {
 		t, err := ex.promote(ctx)
 		if err != nil {
 			ex.logErr(ctx, log, "promoting inputs", err)
 			break
 		}
 		if t == nil {
-			var err error
-			released, err = x.Release(ctx, ledger.ReleaseOpts{})
-			if err != nil {
+			// Nothing waits: release, unless inputs arrived meanwhile.
+			if released, err = x.Release(ctx, ledger.ReleaseOpts{}); err != nil {
 				ex.logErr(ctx, log, "releasing claim", err)
 				break
 			}
 			if released {
-				log.Debug("claim released; session idle")
 				return
 			}
-			continue // inputs arrived: they are ours
+			continue
 		}
-		faults.Hit(faults.TurnAfterPromote)
-		if err := ex.runTurn(ctx, t, log); err != nil {
+		if released, err = ex.runTurn(ctx, t, log); err != nil {
 			ex.logErr(ctx, log, "running turn", err)
 			break
+		}
+		if released {
+			log.Debug("claim released; session idle")
+			return
 		}
 	}
 	if x.Fenced() {
@@ -306,11 +327,10 @@ func (e *Executor) execute(sessionID string, r *sessionRun, log *slog.Logger) {
 	// session's next owner can start, with a wake if input waits.
 	rctx, rcancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
 	defer rcancel()
-	var err2 error
-	released, err2 = x.Release(rctx, ledger.ReleaseOpts{
+	released, err = x.Release(rctx, ledger.ReleaseOpts{
 		Stopping: true, Wake: wakeRow(e.cfg.Topics.Wakes, sessionID, "released", time.Now().UTC()),
 	})
-	if err := err2; err != nil {
+	if err != nil {
 		ex.logErr(rctx, log, "releasing claim", err)
 		return
 	}
@@ -320,13 +340,9 @@ func (e *Executor) execute(sessionID string, r *sessionRun, log *slog.Logger) {
 	log.Debug("claim released on stop")
 }
 
-// turn is one promoted batch of inputs and the assistant message answering it.
-type turn struct {
-	inputs      []TranscriptMessage
-	assistantID string
-	history     []TranscriptMessage
-	promotedAt  time.Time
-}
+var errNothingWaiting = errors.New("nothing waiting")
+
+const anyWaitingSQL = `SELECT EXISTS (SELECT 1 FROM inputs WHERE session_id = $1 AND promotion_seq IS NULL AND wake_pending)`
 
 // execution is one held claim at work. Its writes go through
 // ledger.Execution.Write, which opens every transaction with the fence;
@@ -350,6 +366,16 @@ func (ex *execution) logErr(ctx context.Context, log *slog.Logger, what string, 
 	}
 }
 
+// finish runs fn behind the fence and releases the claim in the same
+// transaction when no input waits.
+func (ex *execution) finish(ctx context.Context, fn func(tx pgx.Tx) error) (bool, error) {
+	released, err := ex.x.Finish(ctx, fn)
+	if err == nil && ex.e.cfg.OnCommitFunc != nil {
+		ex.e.cfg.OnCommitFunc()
+	}
+	return released, err
+}
+
 // write runs fn behind the fence; outbox rows written by fn are announced to
 // the relay after commit.
 func (ex *execution) write(ctx context.Context, fn func(tx pgx.Tx) error) error {
@@ -359,164 +385,3 @@ func (ex *execution) write(ctx context.Context, fn func(tx pgx.Tx) error) error 
 	}
 	return err
 }
-
-// promote takes the next turn's inputs: every waiting steer if any (they
-// jump the queue), else the oldest queued input. It creates their user
-// messages and the pending assistant message in the same transaction.
-func (ex *execution) promote(ctx context.Context) (*turn, error) {
-	var t *turn
-	cl := ex.x.Claim()
-	err := ex.write(ctx, func(tx pgx.Tx) error {
-		t = nil
-		rows, err := tx.Query(ctx, waitingSQL, ex.sessionID)
-		if err != nil {
-			return fmt.Errorf("reading waiting inputs: %w", err)
-		}
-		type waiting struct{ id, text, delivery string }
-		var all []waiting
-		var w waiting
-		if _, err := pgx.ForEachRow(rows, []any{&w.id, &w.text, &w.delivery}, func() error {
-			all = append(all, w)
-			return nil
-		}); err != nil {
-			return fmt.Errorf("reading waiting inputs: %w", err)
-		}
-		if len(all) == 0 {
-			return nil
-		}
-		var pick []waiting
-		for _, w := range all {
-			if w.delivery == string(envelope.DeliverySteer) {
-				pick = append(pick, w)
-			}
-		}
-		if len(pick) == 0 {
-			pick = all[:1]
-		}
-		t = &turn{assistantID: newID(), promotedAt: time.Now()}
-		ids := make([]string, len(pick))
-		for i, w := range pick {
-			ids[i] = w.id
-			t.inputs = append(t.inputs, TranscriptMessage{ID: w.id, Role: "user", Text: w.text})
-			if _, err := tx.Exec(ctx, promoteSQL, w.id, cl.ExecutionID, cl.Token); err != nil {
-				return fmt.Errorf("promoting %s: %w", w.id, err)
-			}
-		}
-		if _, err := tx.Exec(ctx, insertAssistantSQL, t.assistantID, ex.sessionID, ids, cl.ExecutionID, cl.Token); err != nil {
-			return fmt.Errorf("creating assistant message: %w", err)
-		}
-		if err := ex.x.SetPhase(ctx, tx, ledger.PhaseReady, t.assistantID); err != nil {
-			return err
-		}
-		hist, err := tx.Query(ctx, historySQL, ex.sessionID)
-		if err != nil {
-			return fmt.Errorf("reading transcript: %w", err)
-		}
-		var m TranscriptMessage
-		_, err = pgx.ForEachRow(hist, []any{&m.ID, &m.Role, &m.Text}, func() error {
-			t.history = append(t.history, m)
-			return nil
-		})
-		return err
-	})
-	return t, err
-}
-
-func (ex *execution) runTurn(ctx context.Context, t *turn, log *slog.Logger) error {
-	ids := make([]string, len(t.inputs))
-	for i, in := range t.inputs {
-		ids[i] = in.ID
-	}
-	log = log.With(slog.String("assistant_message_id", t.assistantID))
-	resp, perr := ex.e.cfg.Provider.Complete(ctx, ProviderRequest{
-		SessionID: ex.sessionID, AssistantMessageID: t.assistantID, Messages: t.history, Turn: t.inputs,
-	})
-	if ex.x.Fenced() {
-		return ledger.ErrFenced // dispatch nothing more, write nothing
-	}
-	// A turn cut off by the end of the shutdown grace is settled as failed,
-	// on a context that outlives the cancellation: the provider may have
-	// acted, so it is never retried automatically.
-	wctx := ctx
-	reason := envelope.FailProviderError
-	switch {
-	case perr != nil && ctx.Err() != nil:
-		var cancel context.CancelFunc
-		wctx, cancel = context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
-		defer cancel()
-		reason = envelope.FailInterrupted
-	case errors.Is(perr, ErrUnsupported):
-		reason = envelope.FailUnsupported
-	}
-	now := time.Now().UTC()
-	ev := envelope.Event{SessionID: ex.sessionID, At: now, MessageIDs: ids, AssistantMessageID: t.assistantID}
-	err := ex.write(wctx, func(tx pgx.Tx) error {
-		if perr != nil {
-			ev.ID, ev.Type, ev.Reason, ev.Error = "turn.failed:"+t.assistantID, envelope.EventTurnFailed, reason, perr.Error()
-			if _, err := tx.Exec(wctx, failAssistantSQL, t.assistantID, perr.Error()); err != nil {
-				return fmt.Errorf("storing failed turn: %w", err)
-			}
-		} else {
-			ev.ID, ev.Type, ev.Text = "turn.completed:"+t.assistantID, envelope.EventTurnCompleted, resp.Text
-			if _, err := tx.Exec(wctx, completeAssistantSQL, t.assistantID, resp.Text); err != nil {
-				return fmt.Errorf("storing answer: %w", err)
-			}
-		}
-		if err := ex.x.SetPhase(wctx, tx, ledger.PhaseSafe, ""); err != nil {
-			return err
-		}
-		return outbox.Insert(wctx, tx, eventRow(ex.e.cfg.Topics.Events, ev))
-	})
-	if err != nil {
-		return fmt.Errorf("settling turn %s: %w", t.assistantID, err)
-	}
-	outcome := "completed"
-	if perr != nil {
-		outcome = "failed"
-		log.WarnContext(ctx, "turn failed", slog.String("reason", reason), slog.Any("error", perr))
-	}
-	if m := ex.e.cfg.Metrics; m != nil {
-		m.Turns.WithLabelValues(outcome).Inc()
-		m.TurnSeconds.Observe(time.Since(t.promotedAt).Seconds())
-	}
-	return nil
-}
-
-const waitingSQL = `
-SELECT message_id, text, delivery FROM inputs
-WHERE session_id = $1 AND promotion_seq IS NULL AND wake_pending
-ORDER BY admission_seq`
-
-const promoteSQL = `
-WITH p AS (
-    UPDATE inputs SET promotion_seq = nextval('promotion_seq'), promoted_at = now()
-    WHERE message_id = $1 AND promotion_seq IS NULL
-    RETURNING message_id, session_id, text
-), m AS (
-    INSERT INTO messages (message_id, session_id, role, status, completed_at, execution_id, fencing_token)
-    SELECT message_id, session_id, 'user', 'completed', now(), $2, $3 FROM p
-)
-INSERT INTO message_parts (message_id, idx, kind, body) SELECT message_id, 0, 'text', text FROM p`
-
-const insertAssistantSQL = `
-INSERT INTO messages (message_id, session_id, role, status, answers, execution_id, fencing_token)
-VALUES ($1, $2, 'assistant', 'pending', $3, $4, $5)`
-
-// The provider sees user messages and completed assistant answers.
-const historySQL = `
-SELECT m.message_id, m.role, coalesce(string_agg(p.body, '' ORDER BY p.idx), '')
-FROM messages m LEFT JOIN message_parts p ON p.message_id = m.message_id
-WHERE m.session_id = $1 AND (m.role = 'user' OR m.status = 'completed')
-GROUP BY m.message_id, m.role, m.seq
-ORDER BY m.seq`
-
-const completeAssistantSQL = `
-WITH m AS (
-    UPDATE messages SET status = 'completed', completed_at = now()
-    WHERE message_id = $1 AND status = 'pending' RETURNING message_id
-)
-INSERT INTO message_parts (message_id, idx, kind, body) SELECT message_id, 0, 'text', $2 FROM m`
-
-const failAssistantSQL = `
-UPDATE messages SET status = 'errored', error = $2, completed_at = now()
-WHERE message_id = $1 AND status = 'pending'`

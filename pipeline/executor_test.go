@@ -251,8 +251,8 @@ func TestExecutor(t *testing.T) {
 		close(p.gate)
 		wait(t, first)
 		require.Equal(t, int32(1), p.calls.Load())
-		require.Equal(t, 1, b.count(t, `SELECT count(*) FROM sessions WHERE session_id = 's' AND fencing_token = 2`),
-			"one successor execution ran after the coalesced wakes, none more")
+		require.Equal(t, 1, b.count(t, `SELECT count(*) FROM sessions WHERE session_id = 's' AND fencing_token = 1`),
+			"the successor run found nothing waiting and wrote no claim")
 	})
 
 	t.Run("LongTurnKeepsItsClaimAcrossLeases", func(t *testing.T) {

@@ -171,7 +171,7 @@ func TestStraightPath(t *testing.T) {
 		require.Equal(t, []string{s1}, b.waitTurn(t, s1).MessageIDs)
 	})
 
-	t.Run("ProviderFailureEmitsTurnFailed", func(t *testing.T) {
+	t.Run("ProviderFailureEmitsTurnFailedAndBadToolCallsGoBackToTheModel", func(t *testing.T) {
 		t.Parallel()
 		b := setup(t, setupOpts{})
 		sess := id(t, "s")
@@ -182,10 +182,12 @@ func TestStraightPath(t *testing.T) {
 		require.Equal(t, envelope.EventTurnFailed, e.Type)
 		require.Equal(t, envelope.FailProviderError, e.Reason)
 		require.Contains(t, e.Error, "model on fire")
+		// An unknown tool is a failed call returned to the model, not a crash.
 		e = b.waitTurn(t, tool)
-		require.Equal(t, envelope.EventTurnFailed, e.Type)
-		require.Equal(t, envelope.FailUnsupported, e.Reason)
-		require.Equal(t, 2, b.count(t, `SELECT count(*) FROM messages WHERE session_id = $1 AND status = 'errored'`, sess))
+		require.Equal(t, envelope.EventTurnCompleted, e.Type)
+		require.Contains(t, e.Text, "invalid tool call")
+		require.Equal(t, 1, b.count(t, `SELECT count(*) FROM tool_calls WHERE session_id = $1 AND state = 'failed'`, sess))
+		require.Equal(t, 1, b.count(t, `SELECT count(*) FROM messages WHERE session_id = $1 AND status = 'errored'`, sess))
 	})
 
 	t.Run("TranscriptReachesTheProvider", func(t *testing.T) {

@@ -2,38 +2,129 @@ package pipeline
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
+	"fmt"
+	"time"
 )
 
-// Provider produces the assistant's answer for a turn. Implementations must
-// honour ctx: a cancelled turn returns promptly.
+// Provider produces the assistant's side of one provider step. Providers
+// must honour ctx: a cancelled step returns promptly.
+//
+// Before Complete is called, the executor has committed the attempt's intent
+// (and the claim's phase "unknown"); after it returns, the executor commits
+// the response before acting on it. A provider reports failures with these
+// classes, because they decide what may be retried:
+//   - an error wrapping ErrNotSent: the request certainly did not reach the
+//     provider (e.g. connection refused); retried with bounded backoff;
+//   - a *RetryAfterError: the provider refused the request without acting
+//     on it (HTTP 429 or 503 with Retry-After); retried after the delay,
+//     durably;
+//   - an error wrapping ErrOutcomeUnknown: the request may have reached the
+//     provider and no answer came (connection dropped after sending,
+//     timeout); the attempt is recorded unknown and the turn fails with
+//     reason outcome_unknown, unless the provider honours idempotency keys
+//     (IdempotentProvider): then it is retried with the same key;
+//   - anything else: the provider answered with a failure; the attempt is
+//     recorded failed; retried only when the provider honours idempotency
+//     keys, with the same key.
 type Provider interface {
 	Complete(ctx context.Context, req ProviderRequest) (ProviderResponse, error)
+}
+
+// IdempotentProvider is implemented by providers that may declare that the
+// remote side deduplicates requests by ProviderRequest.IdempotencyKey.
+type IdempotentProvider interface {
+	HonoursIdempotencyKeys() bool
 }
 
 // ProviderRequest is one provider step of a turn.
 type ProviderRequest struct {
 	SessionID          string
 	AssistantMessageID string
-	// Messages is the session's transcript, oldest first, ending with the
-	// user messages of this turn.
+	// AttemptID is derived from the execution and the step number.
+	AttemptID string
+	// IdempotencyKey is stable across retries of this step (HTTP header
+	// Idempotency-Key).
+	IdempotencyKey string
+	// FencingToken lets the receiving side refuse a stale writer (HTTP
+	// header X-Fencing-Token).
+	FencingToken int64
+	// Messages is the session's transcript, oldest first, ending with this
+	// step's input (the turn's user messages, or settled tool results).
+	// Every tool call in it has a result: unsettled calls are represented
+	// as error results ("interrupted", "outcome unknown").
 	Messages []TranscriptMessage
 	// Turn lists the user messages this turn answers.
 	Turn []TranscriptMessage
+	// Tools the model may call.
+	Tools []ToolSpec
 }
 
 // TranscriptMessage is one message as a provider sees it.
 type TranscriptMessage struct {
 	ID   string
-	Role string // "user" or "assistant"
+	Role string // "user", "assistant" or "tool"
 	Text string
+	// ToolCalls requested by an assistant message.
+	ToolCalls []ToolCall
+	// ToolCallID: for role "tool", the call this message is the result of.
+	ToolCallID string
+	// IsError: for role "tool", the call failed (or its outcome is unknown).
+	IsError bool
 }
 
-// ProviderResponse is the answer of one provider step.
+// ToolSpec describes a tool to the model.
+type ToolSpec struct {
+	Name        string
+	Description string
+	InputSchema json.RawMessage
+}
+
+// ToolCall is a call the model requested.
+type ToolCall struct {
+	ID    string
+	Name  string
+	Input json.RawMessage
+}
+
+// ProviderResponse is the answer of one provider step: text, tool calls,
+// or both.
 type ProviderResponse struct {
-	Text string
+	Text      string
+	ToolCalls []ToolCall
+	Usage     Usage
 }
 
-// ErrUnsupported marks a request the provider cannot serve in this version;
-// the turn fails with reason "unsupported".
-var ErrUnsupported = errors.New("unsupported")
+// Usage counts tokens as the provider reports them.
+type Usage struct {
+	InputTokens  int64
+	OutputTokens int64
+}
+
+var (
+	// ErrUnsupported marks a request the provider cannot serve; the turn
+	// fails with reason "unsupported".
+	ErrUnsupported = errors.New("unsupported")
+	// ErrNotSent marks a failure that certainly happened before the
+	// request reached the provider.
+	ErrNotSent = errors.New("request not sent")
+	// ErrOutcomeUnknown marks a failure after the request may have reached
+	// the provider, without an answer (connection dropped, timeout): the
+	// attempt is recorded unknown and not retried, unless the provider
+	// honours idempotency keys.
+	ErrOutcomeUnknown = errors.New("outcome unknown")
+)
+
+// RetryAfterError says the provider refused the request without acting on
+// it and may accept it after After.
+type RetryAfterError struct {
+	After time.Duration
+	Err   error
+}
+
+func (e *RetryAfterError) Error() string {
+	return fmt.Sprintf("retry after %s: %v", e.After, e.Err)
+}
+
+func (e *RetryAfterError) Unwrap() error { return e.Err }

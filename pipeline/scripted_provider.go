@@ -2,6 +2,7 @@ package pipeline
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"strings"
 	"time"
@@ -14,8 +15,11 @@ import (
 //	/reply TEXT        answer TEXT instead of the echo
 //	/sleep DURATION    wait (Go duration, e.g. 200ms) before answering
 //	/fail MESSAGE      fail the provider step with MESSAGE
-//	/tool NAME {json}  request a tool call (tools come with the ledger; for
-//	                   now the turn fails with reason "unsupported")
+//	/tool NAME {json}  request a call of tool NAME with that input (several
+//	                   lines: several calls in one step)
+//
+// After tool results it answers "tool results: NAME: OUTPUT; ..." (or the
+// /reply text), so a turn with tools takes two steps.
 type ScriptedProvider struct{}
 
 var _ Provider = ScriptedProvider{}
@@ -24,6 +28,8 @@ var _ Provider = ScriptedProvider{}
 func (ScriptedProvider) Complete(ctx context.Context, req ProviderRequest) (ProviderResponse, error) {
 	var reply *string
 	var echo []string
+	var calls []ToolCall
+	afterTools := len(req.Messages) > 0 && req.Messages[len(req.Messages)-1].Role == "tool"
 	for _, m := range req.Turn {
 		for _, line := range strings.Split(m.Text, "\n") {
 			directive, arg, _ := strings.Cut(line, " ")
@@ -31,6 +37,9 @@ func (ScriptedProvider) Complete(ctx context.Context, req ProviderRequest) (Prov
 			case "/reply":
 				reply = &arg
 			case "/sleep":
+				if afterTools {
+					continue
+				}
 				d, err := time.ParseDuration(strings.TrimSpace(arg))
 				if err != nil {
 					return ProviderResponse{}, fmt.Errorf("scripted provider: /sleep %q: %w", arg, err)
@@ -43,16 +52,51 @@ func (ScriptedProvider) Complete(ctx context.Context, req ProviderRequest) (Prov
 				case <-t.C:
 				}
 			case "/fail":
-				return ProviderResponse{}, fmt.Errorf("scripted provider: %s", arg)
+				if !afterTools {
+					return ProviderResponse{}, fmt.Errorf("scripted provider: %s", arg)
+				}
 			case "/tool":
-				return ProviderResponse{}, fmt.Errorf("scripted provider: /tool %s: tools are not available in this version: %w", arg, ErrUnsupported)
+				name, input, _ := strings.Cut(strings.TrimSpace(arg), " ")
+				input = strings.TrimSpace(input)
+				if input == "" {
+					input = "{}"
+				}
+				calls = append(calls, ToolCall{ID: fmt.Sprintf("call-%d", len(calls)), Name: name, Input: json.RawMessage(input)})
 			default:
 				echo = append(echo, line)
 			}
 		}
 	}
+	if afterTools {
+		if reply != nil {
+			return ProviderResponse{Text: *reply}, nil
+		}
+		return ProviderResponse{Text: "tool results: " + toolResults(req.Messages)}, nil
+	}
+	if len(calls) > 0 {
+		return ProviderResponse{ToolCalls: calls}, nil
+	}
 	if reply != nil {
 		return ProviderResponse{Text: *reply}, nil
 	}
 	return ProviderResponse{Text: "echo: " + strings.Join(echo, "\n")}, nil
+}
+
+// toolResults summarises the results after the last assistant message.
+func toolResults(msgs []TranscriptMessage) string {
+	start := len(msgs)
+	for start > 0 && msgs[start-1].Role == "tool" {
+		start--
+	}
+	names := map[string]string{}
+	if start > 0 {
+		for _, c := range msgs[start-1].ToolCalls {
+			names[c.ID] = c.Name
+		}
+	}
+	var parts []string
+	for _, m := range msgs[start:] {
+		parts = append(parts, names[m.ToolCallID]+": "+m.Text)
+	}
+	return strings.Join(parts, "; ")
 }

@@ -1,0 +1,506 @@
+package pipeline
+
+import (
+	"cmp"
+	"context"
+	"crypto/sha256"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/promptline/promptline/envelope"
+	"github.com/promptline/promptline/internal/faults"
+	"github.com/promptline/promptline/ledger"
+	"github.com/promptline/promptline/outbox"
+	"github.com/promptline/promptline/tools"
+)
+
+// turn is one promoted batch of inputs and the steps that answer it.
+type turn struct {
+	id          string // the turn's first assistant message ID
+	inputs      []TranscriptMessage
+	assistantID string // the current step's assistant message
+	promotedAt  time.Time
+	// begun is the request whose attempt intent is already committed (the
+	// first step's, with the promotion).
+	begun *ProviderRequest
+}
+
+// promote takes the next turn's inputs: every waiting steer if any (they
+// jump the queue), else the oldest queued input. It creates their user
+// messages and the turn's first (pending) assistant message in the same
+// transaction.
+func (ex *execution) promote(ctx context.Context) (*turn, error) {
+	var t *turn
+	err := ex.write(ctx, func(tx pgx.Tx) error {
+		var err error
+		t, err = ex.promoteTx(ctx, tx)
+		return err
+	})
+	return t, err
+}
+
+// promoteTx promotes inside tx and commits the first step's attempt
+// intent with it; nil when nothing waits.
+func (ex *execution) promoteTx(ctx context.Context, tx pgx.Tx) (*turn, error) {
+	cl := ex.x.Claim()
+	t, err := func() (*turn, error) {
+		rows, err := tx.Query(ctx, waitingSQL, ex.sessionID)
+		if err != nil {
+			return nil, fmt.Errorf("reading waiting inputs: %w", err)
+		}
+		type waiting struct{ id, text, delivery string }
+		var all []waiting
+		var w waiting
+		if _, err := pgx.ForEachRow(rows, []any{&w.id, &w.text, &w.delivery}, func() error {
+			all = append(all, w)
+			return nil
+		}); err != nil {
+			return nil, fmt.Errorf("reading waiting inputs: %w", err)
+		}
+		if len(all) == 0 {
+			return nil, nil
+		}
+		var pick []waiting
+		for _, w := range all {
+			if w.delivery == string(envelope.DeliverySteer) {
+				pick = append(pick, w)
+			}
+		}
+		if len(pick) == 0 {
+			pick = all[:1]
+		}
+		t := &turn{id: newID(), promotedAt: time.Now()}
+		t.assistantID = t.id
+		ids := make([]string, len(pick))
+		for i, w := range pick {
+			ids[i] = w.id
+			t.inputs = append(t.inputs, TranscriptMessage{ID: w.id, Role: "user", Text: w.text})
+			if _, err := tx.Exec(ctx, promoteSQL, w.id, cl.ExecutionID, cl.Token); err != nil {
+				return nil, fmt.Errorf("promoting %s: %w", w.id, err)
+			}
+		}
+		if _, err := tx.Exec(ctx, insertAssistantSQL, t.assistantID, ex.sessionID, ids, cl.ExecutionID, cl.Token, t.id); err != nil {
+			return nil, fmt.Errorf("creating assistant message: %w", err)
+		}
+		return t, ex.x.SetPhase(ctx, tx, ledger.PhaseReady, t.assistantID)
+	}()
+	if err != nil || t == nil {
+		return nil, err
+	}
+	req, err := ex.beginStep(ctx, tx, t, 1)
+	if err != nil {
+		return nil, err
+	}
+	t.begun = &req
+	return t, nil
+}
+
+// Bounds of one turn.
+const (
+	maxSteps       = 16 // provider steps per turn: a model looping on tools ends the turn
+	maxSendRetries = 5  // retries of an attempt that certainly was not acted on
+)
+
+// runTurn runs provider steps until the model answers without tool calls.
+// Each step: commit the attempt's intent (phase unknown), dispatch, commit
+// the response (and the requested tool calls) before acting on it, then
+// run each tool call between its intent and its result.
+// released reports that the turn's last write also released the claim
+// (no input waited).
+func (ex *execution) runTurn(ctx context.Context, t *turn, log *slog.Logger) (released bool, err error) {
+	log = log.With(slog.String("turn_id", t.id))
+	for step := 1; ; step++ {
+		if step > maxSteps {
+			return ex.failTurn(ctx, t, envelope.FailMaxSteps, fmt.Errorf("the model asked for tools %d times in one turn", maxSteps), "")
+		}
+		done, released, err := ex.runStep(ctx, t, step, log)
+		if err != nil || done {
+			return released, err
+		}
+		// Tools settled: the next step answers their results in a new
+		// assistant message.
+		t.assistantID = newID()
+	}
+}
+
+func (ex *execution) runStep(ctx context.Context, t *turn, step int, log *slog.Logger) (done, released bool, err error) {
+	attemptID := ledger.AttemptID(ex.x.Claim().ExecutionID, step)
+	for {
+		var req ProviderRequest
+		if t.begun != nil {
+			req, t.begun = *t.begun, nil
+		} else {
+			// Intent: the attempt row and the phase unknown, committed
+			// before the request leaves.
+			err := ex.write(ctx, func(tx pgx.Tx) error {
+				var err error
+				req, err = ex.beginStep(ctx, tx, t, step)
+				return err
+			})
+			if err != nil {
+				return false, false, err
+			}
+		}
+		faults.Hit(faults.ProviderAfterIntent)
+		resp, perr := ex.e.cfg.Provider.Complete(ctx, req)
+		if ex.x.Fenced() {
+			return false, false, ledger.ErrFenced // dispatch nothing more, write nothing
+		}
+		if perr == nil {
+			return ex.recordResponse(ctx, t, attemptID, resp, log)
+		}
+		if ctx.Err() != nil {
+			// Cut off by shutdown: the request may have been acted on.
+			released, err := ex.failTurn(ctx, t, envelope.FailInterrupted, perr, ledger.AttemptUnknown, attemptID)
+			return true, released, err
+		}
+		if errors.Is(perr, ErrOutcomeUnknown) && !ex.e.idempotentProvider {
+			released, err := ex.failTurn(ctx, t, envelope.FailOutcomeUnknown, perr, ledger.AttemptUnknown, attemptID)
+			return true, released, err
+		}
+		if wait, retry := ex.retryable(perr); retry {
+			var tries int
+			err := ex.write(ctx, func(tx pgx.Tx) error {
+				if err := ex.x.DeferAttempt(ctx, tx, attemptID, wait, perr.Error()); err != nil {
+					return err
+				}
+				var err error
+				tries, _, err = ledger.AttemptRetry(ctx, tx, attemptID)
+				return err
+			})
+			if err != nil {
+				return false, false, err
+			}
+			if tries <= maxSendRetries {
+				log.WarnContext(ctx, "provider attempt will be retried", slog.String("attempt_id", attemptID),
+					slog.Int("tries", tries), slog.Duration("after", wait), slog.Any("error", perr))
+				if !sleep(ctx, wait) {
+					released, err := ex.failTurn(ctx, t, envelope.FailInterrupted, perr, ledger.AttemptFailed, attemptID)
+					return true, released, err
+				}
+				continue
+			}
+		}
+		reason := envelope.FailProviderError
+		if errors.Is(perr, ErrUnsupported) {
+			reason = envelope.FailUnsupported
+		}
+		released, err := ex.failTurn(ctx, t, reason, perr, ledger.AttemptFailed, attemptID)
+		return true, released, err
+	}
+}
+
+// beginStep commits (in tx) the intent of the step's provider attempt —
+// creating the step's assistant message after the first — and returns the
+// request to send.
+func (ex *execution) beginStep(ctx context.Context, tx pgx.Tx, t *turn, step int) (ProviderRequest, error) {
+	cl := ex.x.Claim()
+	attemptID := ledger.AttemptID(cl.ExecutionID, step)
+	if step > 1 {
+		if _, err := tx.Exec(ctx, insertAssistantSQL+` ON CONFLICT (message_id) DO NOTHING`, t.assistantID, ex.sessionID, ids(t.inputs), cl.ExecutionID, cl.Token, t.id); err != nil {
+			return ProviderRequest{}, fmt.Errorf("creating assistant message: %w", err)
+		}
+	}
+	hist, err := history(ctx, tx, ex.sessionID)
+	if err != nil {
+		return ProviderRequest{}, err
+	}
+	req := ProviderRequest{
+		SessionID: ex.sessionID, AssistantMessageID: t.assistantID, AttemptID: attemptID,
+		IdempotencyKey: attemptID, FencingToken: cl.Token, Messages: hist, Turn: t.inputs, Tools: ex.toolSpecs(),
+	}
+	return req, ex.x.BeginAttempt(ctx, tx, ledger.AttemptParams{
+		ID: attemptID, AssistantMessageID: t.assistantID, Step: step, Provider: ex.e.providerName,
+		IdempotencyKey: attemptID, RequestHash: requestHash(req),
+	})
+}
+
+// retryable says whether a failed attempt may be sent again, and after how
+// long: only when the request certainly was not acted on, or when the
+// provider honours idempotency keys (the retry carries the same key).
+func (ex *execution) retryable(err error) (time.Duration, bool) {
+	var ra *RetryAfterError
+	switch {
+	case errors.As(err, &ra):
+		return ra.After, true
+	case errors.Is(err, ErrNotSent):
+		return 200 * time.Millisecond, true
+	case ex.e.idempotentProvider && !errors.Is(err, ErrUnsupported):
+		return 200 * time.Millisecond, true
+	}
+	return 0, false
+}
+
+// recordResponse commits the provider's response before anything acts on
+// it: the attempt succeeded, the assistant message's parts, and the
+// requested tool calls. Without tool calls the turn is complete (phase
+// safe, turn.completed in the same transaction); with them, the phase is
+// continue (nothing is in flight; the model must see their results) and
+// the calls run next.
+func (ex *execution) recordResponse(ctx context.Context, t *turn, attemptID string, resp ProviderResponse, log *slog.Logger) (done, released bool, err error) {
+	calls := make([]ledger.CallParams, len(resp.ToolCalls))
+	for i, c := range resp.ToolCalls {
+		calls[i] = ledger.CallParams{
+			ID: fmt.Sprintf("%s/call-%d", attemptID, i), AttemptID: attemptID, Index: i,
+			ModelCallID: cmp.Or(c.ID, fmt.Sprintf("call-%d", i)), Tool: c.Name, Class: string(ex.classOf(c)),
+			Input: c.Input, IdempotencyKey: fmt.Sprintf("%s/call-%d", attemptID, i),
+		}
+		resp.ToolCalls[i].ID = calls[i].ModelCallID
+	}
+	record := func(tx pgx.Tx) error {
+		if err := ledger.FinishAttempt(ctx, tx, attemptID, ledger.AttemptSucceeded, "", resp.Usage.InputTokens, resp.Usage.OutputTokens); err != nil {
+			return err
+		}
+		if resp.Text != "" {
+			if _, err := tx.Exec(ctx, insertPartSQL, t.assistantID, 0, "text", resp.Text); err != nil {
+				return fmt.Errorf("storing answer: %w", err)
+			}
+		}
+		for i, c := range resp.ToolCalls {
+			body, _ := json.Marshal(toolCallPart{ID: c.ID, Name: c.Name, Input: jsonOrString(c.Input)})
+			if _, err := tx.Exec(ctx, insertPartSQL, t.assistantID, i+1, "tool_call", string(body)); err != nil {
+				return fmt.Errorf("storing tool call: %w", err)
+			}
+		}
+		if _, err := tx.Exec(ctx, completeMessageSQL, t.assistantID); err != nil {
+			return fmt.Errorf("completing assistant message: %w", err)
+		}
+		if len(calls) > 0 {
+			if err := ex.x.RequestCalls(ctx, tx, calls); err != nil {
+				return err
+			}
+			return ex.x.SetPhase(ctx, tx, ledger.PhaseContinue, t.assistantID)
+		}
+		if err := ex.x.SetPhase(ctx, tx, ledger.PhaseSafe, t.assistantID); err != nil {
+			return err
+		}
+		return outbox.Insert(ctx, tx, eventRow(ex.e.cfg.Topics.Events, envelope.Event{
+			ID: "turn.completed:" + t.assistantID, Type: envelope.EventTurnCompleted, SessionID: ex.sessionID,
+			At: time.Now().UTC(), MessageIDs: ids(t.inputs), AssistantMessageID: t.assistantID, Text: resp.Text,
+		}))
+	}
+	if len(calls) == 0 {
+		// The answer, and the release when nothing waits: one commit.
+		released, err := ex.finish(ctx, record)
+		if err != nil {
+			return false, false, fmt.Errorf("recording response of %s: %w", attemptID, err)
+		}
+		ex.turnMetric("completed", t)
+		return true, released, nil
+	}
+	if err := ex.write(ctx, record); err != nil {
+		return false, false, fmt.Errorf("recording response of %s: %w", attemptID, err)
+	}
+	for i, c := range resp.ToolCalls {
+		if err := ex.runCall(ctx, calls[i], c, log); err != nil {
+			return false, false, err
+		}
+	}
+	return false, false, nil
+}
+
+type toolCallPart struct {
+	ID    string          `json:"id"`
+	Name  string          `json:"name"`
+	Input json.RawMessage `json:"input"`
+}
+
+// runCall runs one requested tool call between its intent and its result.
+// Invalid input (unknown tool, schema mismatch) is a failed call returned
+// to the model, not a crash.
+func (ex *execution) runCall(ctx context.Context, p ledger.CallParams, c ToolCall, log *slog.Logger) error {
+	tool, ok := ex.lookup(c.Name)
+	if err := ex.validate(c); err != nil || !ok {
+		if err == nil {
+			err = fmt.Errorf("unknown tool %q", c.Name)
+		}
+		return ex.settleCall(ctx, p, c, ledger.CallFailed, "invalid tool call: "+err.Error(), true)
+	}
+	if err := ex.write(ctx, func(tx pgx.Tx) error { return ex.x.StartCall(ctx, tx, p.ID) }); err != nil {
+		return err
+	}
+	if p.Class == string(tools.SideEffecting) {
+		faults.Hit(faults.ToolAfterIntent)
+	} else {
+		faults.Hit(faults.IdempotentToolAfterIntent)
+	}
+	res, err := tool.Run(ctx, tools.Call{
+		ID: c.ID, Name: c.Name, Input: c.Input, SessionID: ex.sessionID,
+		IdempotencyKey: p.IdempotencyKey, FencingToken: ex.x.Claim().Token,
+	})
+	if ex.x.Fenced() {
+		return ledger.ErrFenced
+	}
+	switch {
+	case errors.Is(err, tools.ErrNotRun):
+		return ex.settleCall(context.WithoutCancel(ctx), p, c, ledger.CallFailed, "not run: "+err.Error(), true)
+	case err != nil && ctx.Err() != nil:
+		return ex.settleCall(context.WithoutCancel(ctx), p, c, ledger.CallUnknown, "outcome unknown: interrupted by shutdown", true)
+	case err != nil:
+		// The tool could not say how it went: its outcome is unknown, and
+		// it is never run again automatically.
+		log.WarnContext(ctx, "tool call outcome unknown", slog.String("call_id", p.ID), slog.Any("error", err))
+		return ex.settleCall(ctx, p, c, ledger.CallUnknown, "outcome unknown: "+err.Error(), true)
+	case res.IsError:
+		return ex.settleCall(ctx, p, c, ledger.CallFailed, res.Output, true)
+	default:
+		return ex.settleCall(ctx, p, c, ledger.CallSucceeded, res.Output, false)
+	}
+}
+
+// settleCall records a call's result and its tool message; the last call of
+// a step sets the phase continue in the same transaction.
+func (ex *execution) settleCall(ctx context.Context, p ledger.CallParams, c ToolCall, state, output string, isError bool) error {
+	cl := ex.x.Claim()
+	return ex.write(ctx, func(tx pgx.Tx) error {
+		if _, err := ex.x.SettleCall(ctx, tx, p.ID, p.AttemptID, state, output, isError); err != nil {
+			return err
+		}
+		if _, err := tx.Exec(ctx, insertToolMessageSQL, p.ID, ex.sessionID, c.ID, isError, cl.ExecutionID, cl.Token); err != nil {
+			return fmt.Errorf("storing tool result: %w", err)
+		}
+		_, err := tx.Exec(ctx, insertPartSQL, p.ID, 0, "text", output)
+		return err
+	})
+}
+
+// failTurn settles a turn that ends without an answer: the attempt's
+// outcome (unless empty), the assistant message errored, phase safe, and
+// turn.failed, in one transaction. After a cancellation it writes on a
+// context that outlives it; the fence still applies.
+func (ex *execution) failTurn(ctx context.Context, t *turn, reason string, cause error, attemptState string, attemptID ...string) (released bool, err error) {
+	wctx := ctx
+	if ctx.Err() != nil {
+		var cancel context.CancelFunc
+		wctx, cancel = context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+		defer cancel()
+	}
+	released, err = ex.finish(wctx, func(tx pgx.Tx) error {
+		if attemptState != "" && len(attemptID) > 0 {
+			if err := ledger.FinishAttempt(wctx, tx, attemptID[0], attemptState, cause.Error(), 0, 0); err != nil {
+				return err
+			}
+		}
+		if _, err := tx.Exec(wctx, failAssistantSQL, t.assistantID, cause.Error()); err != nil {
+			return fmt.Errorf("storing failed turn: %w", err)
+		}
+		if err := ex.x.SetPhase(wctx, tx, ledger.PhaseSafe, t.assistantID); err != nil {
+			return err
+		}
+		return outbox.Insert(wctx, tx, eventRow(ex.e.cfg.Topics.Events, envelope.Event{
+			ID: "turn.failed:" + t.assistantID, Type: envelope.EventTurnFailed, SessionID: ex.sessionID,
+			At: time.Now().UTC(), MessageIDs: ids(t.inputs), AssistantMessageID: t.assistantID,
+			Reason: reason, Error: cause.Error(),
+		}))
+	})
+	if err != nil {
+		return false, fmt.Errorf("settling failed turn %s: %w", t.id, err)
+	}
+	ex.e.log.WarnContext(ctx, "turn failed", slog.String("session_id", ex.sessionID), slog.String("turn_id", t.id),
+		slog.String("reason", reason), slog.Any("error", cause))
+	ex.turnMetric("failed", t)
+	return released, nil
+}
+
+func (ex *execution) turnMetric(outcome string, t *turn) {
+	if m := ex.e.cfg.Metrics; m != nil {
+		m.Turns.WithLabelValues(outcome).Inc()
+		m.TurnSeconds.Observe(time.Since(t.promotedAt).Seconds())
+	}
+}
+
+func (ex *execution) toolSpecs() []ToolSpec {
+	if ex.e.cfg.Tools == nil {
+		return nil
+	}
+	var out []ToolSpec
+	for _, s := range ex.e.cfg.Tools.Specs() {
+		out = append(out, ToolSpec{Name: s.Name, Description: s.Description, InputSchema: s.InputSchema})
+	}
+	return out
+}
+
+func (ex *execution) lookup(name string) (tools.Tool, bool) {
+	if ex.e.cfg.Tools == nil {
+		return nil, false
+	}
+	return ex.e.cfg.Tools.Lookup(name)
+}
+
+func (ex *execution) validate(c ToolCall) error {
+	if ex.e.cfg.Tools == nil {
+		return fmt.Errorf("no tools are configured")
+	}
+	return ex.e.cfg.Tools.Validate(c.Name, c.Input)
+}
+
+// classOf is the call's declared class; an unknown tool or an unresolvable
+// class counts as side-effecting, the safe assumption.
+func (ex *execution) classOf(c ToolCall) tools.Class {
+	t, ok := ex.lookup(c.Name)
+	if !ok {
+		return tools.SideEffecting
+	}
+	return tools.ResolveClass(t, c.Input)
+}
+
+func ids(ms []TranscriptMessage) []string {
+	out := make([]string, len(ms))
+	for i, m := range ms {
+		out[i] = m.ID
+	}
+	return out
+}
+
+func jsonOrString(b json.RawMessage) json.RawMessage {
+	if json.Valid(b) {
+		return b
+	}
+	s, _ := json.Marshal(string(b))
+	return s
+}
+
+// requestHash identifies what was sent, as evidence for recovery.
+func requestHash(req ProviderRequest) []byte {
+	b, _ := json.Marshal(req)
+	h := sha256.Sum256(b)
+	return h[:]
+}
+
+const waitingSQL = `
+SELECT message_id, text, delivery FROM inputs
+WHERE session_id = $1 AND promotion_seq IS NULL AND wake_pending
+ORDER BY admission_seq`
+
+const promoteSQL = `
+WITH p AS (
+    UPDATE inputs SET promotion_seq = nextval('promotion_seq'), promoted_at = now()
+    WHERE message_id = $1 AND promotion_seq IS NULL
+    RETURNING message_id, session_id, text
+), m AS (
+    INSERT INTO messages (message_id, session_id, role, status, completed_at, execution_id, fencing_token)
+    SELECT message_id, session_id, 'user', 'completed', now(), $2, $3 FROM p
+)
+INSERT INTO message_parts (message_id, idx, kind, body) SELECT message_id, 0, 'text', text FROM p`
+
+const insertAssistantSQL = `
+INSERT INTO messages (message_id, session_id, role, status, answers, execution_id, fencing_token, turn_id)
+VALUES ($1, $2, 'assistant', 'pending', $3, $4, $5, $6)`
+
+const insertPartSQL = `INSERT INTO message_parts (message_id, idx, kind, body) VALUES ($1, $2, $3, $4)`
+
+const completeMessageSQL = `
+UPDATE messages SET status = 'completed', completed_at = now() WHERE message_id = $1 AND status = 'pending'`
+
+const insertToolMessageSQL = `
+INSERT INTO messages (message_id, session_id, role, status, tool_call_id, is_error, completed_at, execution_id, fencing_token)
+VALUES ($1, $2, 'tool', 'completed', $3, $4, now(), $5, $6)`
+
+const failAssistantSQL = `
+UPDATE messages SET status = 'errored', error = $2, completed_at = now()
+WHERE message_id = $1 AND status = 'pending'`
