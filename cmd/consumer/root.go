@@ -27,6 +27,7 @@ type options struct {
 	maxValueBytes     int
 	shutdownGrace     time.Duration
 	lease             time.Duration
+	dbMaxConns        int32
 	topics            kafkautil.Topics
 }
 
@@ -57,6 +58,7 @@ func newRootCommand() *cobra.Command {
 	f.IntVar(&o.maxSessions, "max-sessions", 256, "sessions executing at once in this process")
 	f.IntVar(&o.maxBatch, "max-batch", 500, "most prompts admitted in one transaction")
 	f.IntVar(&o.maxValueBytes, "max-value-bytes", 1<<20, "largest accepted prompt value in bytes")
+	f.Int32Var(&o.dbMaxConns, "db-max-conns", 32, "Postgres connections in this process's pool (admission per partition, executions, relay)")
 	f.DurationVar(&o.lease, "lease", 30*time.Second, "claim lease; a live execution renews it every lease/3 by the database clock")
 	f.DurationVar(&o.shutdownGrace, "shutdown-grace", 30*time.Second, "time running turns get to finish on SIGTERM")
 	f.StringVar(&o.topics.Prompts, "prompts-topic", "prompts", "topic of incoming prompts")
@@ -73,6 +75,8 @@ func (o *options) validate() error {
 		return fmt.Errorf("--partitions: must be at least 1, got %d", o.partitions)
 	case o.maxSessions < 1:
 		return fmt.Errorf("--max-sessions: must be at least 1, got %d", o.maxSessions)
+	case o.dbMaxConns < 2:
+		return fmt.Errorf("--db-max-conns: must be at least 2, got %d", o.dbMaxConns)
 	case o.maxBatch < 1:
 		return fmt.Errorf("--max-batch: must be at least 1, got %d", o.maxBatch)
 	case o.maxValueBytes < 1:

@@ -36,7 +36,7 @@ func run(ctx context.Context, o *options, stderr io.Writer) error {
 		log.Info("embedded Kafka broker started", slog.String("addr", b.Addr()))
 	}
 
-	db, err := pgdb.Open(ctx, pgdb.OpenOpts{URL: o.databaseURL, Logger: log})
+	db, err := pgdb.Open(ctx, pgdb.OpenOpts{URL: o.databaseURL, Logger: log, MaxConns: o.dbMaxConns})
 	if err != nil {
 		return err
 	}

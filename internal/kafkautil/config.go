@@ -43,5 +43,9 @@ func NewConfig(clientID string) *sarama.Config {
 	c.Consumer.Group.Session.Timeout = 10 * time.Second
 	c.Consumer.Group.Heartbeat.Interval = time.Second
 	c.Consumer.MaxWaitTime = 50 * time.Millisecond
+	// Admission batches what is already in a partition's channel; Sarama's
+	// default buffer (256) capped batches below --max-batch (measured:
+	// 1.37x admission throughput with 1024, docs/benchmarks.md).
+	c.ChannelBufferSize = 1024
 	return c
 }

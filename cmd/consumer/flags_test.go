@@ -1,0 +1,101 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"net"
+	"os"
+	"os/exec"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/promptline/promptline/internal/testkit"
+)
+
+// runOnce runs the consumer binary to its end, bounded by a timeout (a
+// flag that slipped through validation would otherwise start a consumer
+// that runs until killed).
+func runOnce(t *testing.T, args ...string) (stdout, stderr string, code int) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+	defer cancel()
+	var o, e bytes.Buffer
+	cmd := exec.CommandContext(ctx, consumerBin, args...)
+	cmd.Args[0] = "consumer"
+	cmd.Env = append(os.Environ(), "PROMPTLINE_FAULT=")
+	cmd.Stdout, cmd.Stderr = &o, &e
+	err := cmd.Run()
+	require.NoError(t, ctx.Err(), "consumer %v did not exit; stderr:\n%s", args, e.String())
+	var exit *exec.ExitError
+	if err != nil {
+		require.True(t, errors.As(err, &exit), "running consumer: %v", err)
+		code = exit.ExitCode()
+	}
+	return o.String(), e.String(), code
+}
+
+// TestFlags runs the binary with bad flag values: each must stop it before
+// it does anything, exit 1 and name the flag.
+func TestFlags(t *testing.T) {
+	t.Parallel()
+	// Valid values for what is not under test: an unreachable broker and
+	// database, so that a bad value that slipped through fails fast and
+	// touches nothing on this machine.
+	base := []string{"--brokers", "127.0.0.1:1", "--database-url", "postgres://127.0.0.1:1/none?connect_timeout=1",
+		"--metrics-addr", "127.0.0.1:0"}
+	for _, tc := range []struct {
+		name string
+		args []string
+		want string
+	}{
+		{"PartitionsZero", []string{"--partitions", "0"}, "--partitions"},
+		{"LogLevelLoud", []string{"--log-level", "loud"}, "--log-level"},
+		{"MaxSessionsNegative", []string{"--max-sessions", "-1"}, "--max-sessions"},
+		{"BrokersWithoutPort", []string{"--brokers", "nohostport"}, "--brokers"},
+		{"ShutdownGraceUnparsable", []string{"--shutdown-grace", "x"}, "--shutdown-grace"},
+		{"LeaseTooShort", []string{"--lease", "1ms"}, "--lease"},
+		{"UnknownFlag", []string{"--no-such-flag"}, "--no-such-flag"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			stdout, stderr, code := runOnce(t, append(append([]string{}, base...), tc.args...)...)
+			require.Equal(t, 1, code, "stdout:\n%s\nstderr:\n%s", stdout, stderr)
+			require.Regexp(t, `^consumer: `, stderr)
+			require.Contains(t, stderr, tc.want)
+		})
+	}
+
+	t.Run("MetricsAddrInUse", func(t *testing.T) {
+		t.Parallel()
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		require.NoError(t, err)
+		defer ln.Close()
+		addr := testkit.Broker(t, testPartitions).Addr()
+		stdout, stderr, code := runOnce(t, "--brokers", addr, "--database-url", testkit.DatabaseURL(t),
+			"--metrics-addr", ln.Addr().String(), "--partitions", "4", "--group", "flags")
+		require.Equal(t, 1, code, "stdout:\n%s\nstderr:\n%s", stdout, stderr)
+		require.Contains(t, stderr, "consumer: --metrics-addr: ")
+		require.Contains(t, stderr, "address already in use")
+	})
+
+	t.Run("Help", func(t *testing.T) {
+		t.Parallel()
+		stdout, stderr, code := runOnce(t, "--help")
+		require.Equal(t, 0, code, stderr)
+		for _, flag := range []string{"--brokers", "--database-url", "--metrics-addr", "--group", "--log-level",
+			"--embedded-kafka-addr", "--partitions", "--shutdown-grace", "--max-sessions"} {
+			require.Contains(t, stdout, flag)
+		}
+		require.Contains(t, stdout, "broker", "the broker subcommand is listed")
+	})
+
+	t.Run("BrokerPartitionsZero", func(t *testing.T) {
+		t.Parallel()
+		_, stderr, code := runOnce(t, "broker", "--addr", "127.0.0.1:0", "--partitions", "0")
+		require.Equal(t, 1, code, stderr)
+		require.Contains(t, stderr, "--partitions")
+	})
+}

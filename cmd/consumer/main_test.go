@@ -1,0 +1,409 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/IBM/sarama"
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/require"
+
+	"github.com/promptline/promptline/envelope"
+	"github.com/promptline/promptline/internal/kafkautil"
+	"github.com/promptline/promptline/internal/testkit"
+)
+
+// The tests of this package run the consumer as a real process: built once
+// per test binary (with the faults tag, and with -race when the tests are),
+// started against the test's broker and database, stopped with SIGTERM or
+// killed by its own crash points.
+
+// consumerBin is the path to exec the built consumer by.
+var consumerBin string
+
+// consumerFile keeps the built binary open: its directory is removed right
+// after the build (testkit.Main ends in os.Exit, so nothing could remove it
+// later) and the processes are started from /proc/self/fd, which the kernel
+// resolves at exec before closing this close-on-exec descriptor.
+var consumerFile *os.File
+
+func TestMain(m *testing.M) {
+	if err := buildConsumer(); err != nil {
+		fmt.Fprintln(os.Stderr, "building the consumer:", err)
+		os.Exit(1)
+	}
+	testkit.Main(m)
+}
+
+func buildConsumer() error {
+	gobin, err := exec.LookPath("go")
+	if err != nil {
+		return fmt.Errorf("the tests need the go tool on PATH: %w", err)
+	}
+	dir, err := os.MkdirTemp("", "promptline-consumer-test-")
+	if err != nil {
+		return err
+	}
+	defer os.RemoveAll(dir)
+	bin := filepath.Join(dir, "consumer")
+	args := []string{"build", "-tags", "faults", "-o", bin}
+	if raceEnabled {
+		args = append(args, "-race")
+	}
+	out, err := exec.Command(gobin, append(args, ".")...).CombinedOutput()
+	if err != nil {
+		return fmt.Errorf("go %s: %w\n%s", strings.Join(args, " "), err, out)
+	}
+	consumerFile, err = os.Open(bin)
+	if err != nil {
+		return err
+	}
+	consumerBin = fmt.Sprintf("/proc/self/fd/%d", consumerFile.Fd())
+	return nil
+}
+
+// proc is one running consumer process.
+type proc struct {
+	name   string
+	cmd    *exec.Cmd
+	stderr *syncBuffer
+	exited chan struct{} // closed once Wait returned
+	state  *os.ProcessState
+}
+
+// startProc starts the consumer binary with args; fault names a crash
+// point (PROMPTLINE_FAULT), empty for none. Cleanup stops a process that is
+// still running with SIGTERM and requires it to exit 0 within 30s (else
+// SIGKILL), then copies its stderr into the test log.
+func startProc(t *testing.T, name, fault string, args ...string) *proc {
+	t.Helper()
+	p := &proc{name: name, stderr: newSyncBuffer(), exited: make(chan struct{})}
+	p.cmd = &exec.Cmd{Path: consumerBin, Args: append([]string{"consumer"}, args...)}
+	p.cmd.Env = append(os.Environ(), "PROMPTLINE_FAULT="+fault)
+	p.cmd.Stderr = p.stderr
+	p.cmd.Stdout = p.stderr
+	require.NoError(t, p.cmd.Start(), "starting %s", name)
+	go func() {
+		_ = p.cmd.Wait() // the outcome is in ProcessState
+		p.state = p.cmd.ProcessState
+		close(p.exited)
+	}()
+	t.Cleanup(func() {
+		if !p.running() {
+			t.Logf("%s (%s) stderr:\n%s", p.name, p.state, p.stderr.String())
+			return
+		}
+		st := p.stop(t)
+		t.Logf("%s (%s) stderr:\n%s", p.name, st, p.stderr.String())
+		if !st.Success() {
+			t.Errorf("%s: SIGTERM should stop the consumer cleanly, it ended with %s", p.name, st)
+		}
+	})
+	return p
+}
+
+func (p *proc) running() bool {
+	select {
+	case <-p.exited:
+		return false
+	default:
+		return true
+	}
+}
+
+// stop sends SIGTERM and waits for the exit, SIGKILL after 30s.
+func (p *proc) stop(t *testing.T) *os.ProcessState {
+	t.Helper()
+	if p.running() {
+		_ = p.cmd.Process.Signal(syscall.SIGTERM)
+	}
+	select {
+	case <-p.exited:
+	case <-time.After(30 * time.Second):
+		_ = p.cmd.Process.Kill()
+		<-p.exited
+		t.Errorf("%s did not exit within 30s of SIGTERM; killed", p.name)
+	}
+	return p.state
+}
+
+// waitExit waits for the process to end on its own.
+func (p *proc) waitExit(t *testing.T, timeout time.Duration) *os.ProcessState {
+	t.Helper()
+	select {
+	case <-p.exited:
+		return p.state
+	case <-time.After(timeout):
+		require.FailNow(t, fmt.Sprintf("%s still running after %s", p.name, timeout), p.stderr.String())
+		return nil
+	}
+}
+
+// requireKilled asserts that the process died of SIGKILL.
+func requireKilled(t *testing.T, st *os.ProcessState) {
+	t.Helper()
+	ws, ok := st.Sys().(syscall.WaitStatus)
+	require.True(t, ok, "wait status of %T", st.Sys())
+	require.True(t, ws.Signaled(), "the process should have died of a signal, it ended with %s", st)
+	require.Equal(t, syscall.SIGKILL, ws.Signal(), "the process ended with %s", st)
+}
+
+// waitLog waits for a JSON log line whose msg is msg and returns it.
+func (p *proc) waitLog(t *testing.T, msg string, timeout time.Duration) map[string]any {
+	t.Helper()
+	deadline := time.NewTimer(timeout)
+	defer deadline.Stop()
+	for {
+		if line := findLog(p.stderr.String(), msg); line != nil {
+			return line
+		}
+		select {
+		case <-p.stderr.changed:
+		case <-p.exited:
+			// Wait returned: everything the process wrote is in the buffer.
+			if line := findLog(p.stderr.String(), msg); line != nil {
+				return line
+			}
+			require.FailNow(t, fmt.Sprintf("%s exited (%s) before logging %q", p.name, p.state, msg), p.stderr.String())
+		case <-deadline.C:
+			require.FailNow(t, fmt.Sprintf("%s: no log line %q within %s", p.name, msg, timeout), p.stderr.String())
+		}
+	}
+}
+
+// findLog returns the first JSON line of logs whose msg is msg.
+func findLog(logs, msg string) map[string]any {
+	for l := range strings.Lines(logs) {
+		var line map[string]any
+		if json.Unmarshal([]byte(l), &line) == nil && line["msg"] == msg {
+			return line
+		}
+	}
+	return nil
+}
+
+// syncBuffer is a writer that a process and the test share; the test waits
+// on its writes, not on time.
+type syncBuffer struct {
+	mu      sync.Mutex
+	buf     bytes.Buffer
+	changed chan struct{}
+}
+
+func newSyncBuffer() *syncBuffer { return &syncBuffer{changed: make(chan struct{}, 1)} }
+
+func (b *syncBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	n, err := b.buf.Write(p)
+	select {
+	case b.changed <- struct{}{}:
+	default:
+	}
+	return n, err
+}
+
+func (b *syncBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
+}
+
+const testPartitions = 4
+
+// testBundle is what a consumer process runs against: the embedded broker
+// (in this test process, so it outlives the consumers) and a fresh
+// database, plus the test's own clients.
+type testBundle struct {
+	addr     string
+	dbURL    string
+	group    string
+	pool     *pgxpool.Pool
+	producer sarama.SyncProducer
+	events   *topicReader
+}
+
+func setup(t *testing.T) *testBundle {
+	t.Helper()
+	addr := testkit.Broker(t, testPartitions).Addr()
+	pool, dbURL := testkit.Pool(t)
+	b := &testBundle{addr: addr, dbURL: dbURL, group: "test-" + uuid.NewString(), pool: pool}
+	b.producer = newProducer(t, addr)
+	b.events = readTopic(t, addr, "session-events")
+	return b
+}
+
+// start runs a consumer on the bundle's broker, database and group, with
+// extra flags.
+func (b *testBundle) start(t *testing.T, name, fault string, extra ...string) *proc {
+	t.Helper()
+	args := []string{"--brokers", b.addr, "--database-url", b.dbURL,
+		"--metrics-addr", "127.0.0.1:0", "--partitions", fmt.Sprint(testPartitions), "--group", b.group,
+		"--log-level", "debug"}
+	return startProc(t, name, fault, append(args, extra...)...)
+}
+
+func (b *testBundle) send(t *testing.T, p envelope.Prompt) {
+	t.Helper()
+	sendPrompt(t, b.producer, p)
+}
+
+// count runs a count(*) query.
+func (b *testBundle) count(t *testing.T, sql string, args ...any) int {
+	t.Helper()
+	var n int
+	require.NoError(t, b.pool.QueryRow(context.Background(), sql, args...).Scan(&n))
+	return n
+}
+
+func newProducer(t *testing.T, addr string) sarama.SyncProducer {
+	t.Helper()
+	p, err := sarama.NewSyncProducer([]string{addr}, kafkautil.NewConfig("test-producer"))
+	require.NoError(t, err)
+	t.Cleanup(func() { require.NoError(t, p.Close()) })
+	return p
+}
+
+// sendPrompt publishes a prompt envelope with key = session.
+func sendPrompt(t *testing.T, producer sarama.SyncProducer, p envelope.Prompt) {
+	t.Helper()
+	v, err := envelope.Marshal(p)
+	require.NoError(t, err)
+	_, _, err = producer.SendMessage(&sarama.ProducerMessage{
+		Topic: "prompts", Key: sarama.StringEncoder(p.SessionID), Value: sarama.ByteEncoder(v),
+	})
+	require.NoError(t, err)
+}
+
+// topicReader collects every record of a topic, all partitions, from the
+// oldest offset, through a plain Sarama consumer.
+type topicReader struct {
+	mu   sync.Mutex
+	msgs []*sarama.ConsumerMessage
+}
+
+func readTopic(t *testing.T, addr, topic string) *topicReader {
+	t.Helper()
+	c, err := sarama.NewConsumer([]string{addr}, kafkautil.NewConfig("test-reader"))
+	require.NoError(t, err)
+	r := &topicReader{}
+	var wg sync.WaitGroup
+	var pcs []sarama.PartitionConsumer
+	t.Cleanup(func() {
+		for _, pc := range pcs {
+			pc.AsyncClose()
+		}
+		wg.Wait()
+		require.NoError(t, c.Close())
+	})
+	parts, err := c.Partitions(topic)
+	require.NoError(t, err)
+	for _, p := range parts {
+		pc, err := c.ConsumePartition(topic, p, sarama.OffsetOldest)
+		require.NoError(t, err)
+		pcs = append(pcs, pc)
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for m := range pc.Messages() {
+				r.mu.Lock()
+				r.msgs = append(r.msgs, m)
+				r.mu.Unlock()
+			}
+		}()
+	}
+	return r
+}
+
+func (r *topicReader) events(t *testing.T) []envelope.Event {
+	t.Helper()
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	out := make([]envelope.Event, 0, len(r.msgs))
+	for _, m := range r.msgs {
+		e, err := envelope.DecodeEvent(m.Value)
+		require.NoError(t, err, "session event %s", m.Value)
+		require.Equal(t, e.SessionID, string(m.Key), "an event's key is its session")
+		out = append(out, e)
+	}
+	return out
+}
+
+func isTurn(e envelope.Event) bool {
+	return e.Type == envelope.EventTurnCompleted || e.Type == envelope.EventTurnFailed
+}
+
+// turnEvents returns the turn events (completed or failed) answering msgID,
+// duplicates included.
+func (r *topicReader) turnEvents(t *testing.T, msgID string) []envelope.Event {
+	t.Helper()
+	var out []envelope.Event
+	for _, e := range r.events(t) {
+		if isTurn(e) && contains(e.MessageIDs, msgID) {
+			out = append(out, e)
+		}
+	}
+	return out
+}
+
+// admittedEvents returns the input.admitted events of msgID, duplicates
+// included.
+func (r *topicReader) admittedEvents(t *testing.T, msgID string) []envelope.Event {
+	t.Helper()
+	var out []envelope.Event
+	for _, e := range r.events(t) {
+		if e.Type == envelope.EventInputAdmitted && e.MessageID == msgID {
+			out = append(out, e)
+		}
+	}
+	return out
+}
+
+// waitTurn waits for the turn event answering msgID.
+func (r *topicReader) waitTurn(t *testing.T, msgID string) envelope.Event {
+	t.Helper()
+	var found envelope.Event
+	require.Eventually(t, func() bool {
+		evs := r.turnEvents(t, msgID)
+		if len(evs) > 0 {
+			found = evs[0]
+		}
+		return len(evs) > 0
+	}, 40*time.Second, 20*time.Millisecond, "no turn event for %s", msgID)
+	return found
+}
+
+// distinctIDs counts events by id: the relay publishes at least once, and
+// consumers deduplicate on the id.
+func distinctIDs(evs []envelope.Event) int {
+	seen := map[string]bool{}
+	for _, e := range evs {
+		seen[e.ID] = true
+	}
+	return len(seen)
+}
+
+func contains(xs []string, x string) bool {
+	for _, y := range xs {
+		if y == x {
+			return true
+		}
+	}
+	return false
+}
+
+// prompt returns a queued prompt with fresh IDs scoped to the test.
+func prompt(session, text string) envelope.Prompt {
+	return envelope.Prompt{MessageID: "m-" + uuid.NewString(), SessionID: session, Text: text}
+}
