@@ -1,0 +1,76 @@
+package main
+
+import (
+	"context"
+	"os"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/promptline/promptline/internal/testkit"
+)
+
+func TestMain(m *testing.M) { testkit.Main(m) }
+
+// TestMeasurements runs every measurement at a tiny scale so that the
+// bench cannot rot: each must finish and return sane figures.
+func TestMeasurements(t *testing.T) {
+	ctx := context.Background()
+	// The command's own resolution: DATABASE_URL, else the local server
+	// (testkit's databases belong to a user that may not create databases).
+	sc, err := newScratchServer(os.Getenv("DATABASE_URL"))
+	require.NoError(t, err)
+	t.Cleanup(func() { require.NoError(t, sc.dropAll(context.Background())) })
+	const n, partitions = 200, 4
+	w, err := newWorkload(n)
+	require.NoError(t, err)
+
+	t.Run("RawCeiling", func(t *testing.T) {
+		db, err := sc.create(ctx, poolOpts{})
+		require.NoError(t, err)
+		r, err := measureRaw(ctx, db.Pool, w.byPartition(partitions), 50)
+		require.NoError(t, err)
+		var count int
+		require.NoError(t, db.Pool.QueryRow(ctx, "SELECT count(*) FROM inputs").Scan(&count))
+		require.Equal(t, n, count)
+		require.NoError(t, db.drop(ctx))
+		require.Equal(t, n, r.Prompts)
+		require.Positive(t, r.Rate)
+	})
+
+	t.Run("Admission", func(t *testing.T) {
+		b, err := startBroker(partitions)
+		require.NoError(t, err)
+		defer b.Close()
+		require.NoError(t, prefill(ctx, []string{b.Addr()}, "prompts", w))
+		r, err := measureAdmission(ctx, sc, []string{b.Addr()}, n, admissionOpts{MaxBatch: 50, Timeout: time.Minute})
+		require.NoError(t, err)
+		require.Equal(t, n, r.Prompts)
+		require.Positive(t, r.Rate)
+		require.Positive(t, r.Batches)
+		require.LessOrEqual(t, r.MeanBatch, 50.0)
+	})
+
+	t.Run("Latency", func(t *testing.T) {
+		r, err := measureLatency(ctx, sc, latencyOpts{
+			Partitions: partitions, Rate: 50, Duration: 2 * time.Second,
+			Warmup: 200 * time.Millisecond, Drain: 20 * time.Second,
+		})
+		require.NoError(t, err)
+		require.Greater(t, r.Sent, 80)
+		require.Positive(t, r.Measured)
+		require.Equal(t, r.Measured, r.Completed, "every measured prompt answered")
+		require.Zero(t, r.Missing)
+		require.Positive(t, r.Turn.P50)
+		require.GreaterOrEqual(t, r.Turn.Max, r.Turn.P99)
+		require.GreaterOrEqual(t, r.Turn.P99, r.Turn.P50)
+		require.Positive(t, r.Admitted.P50)
+		require.Len(t, r.Stages, 5)
+		require.Positive(t, r.Commits)
+	})
+
+	names, err := sc.serverFacts(ctx)
+	require.NoError(t, err)
+	require.NotEmpty(t, names["server_version"])
+}

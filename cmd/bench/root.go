@@ -1,0 +1,63 @@
+package main
+
+import (
+	"errors"
+	"os"
+	"time"
+
+	"github.com/spf13/cobra"
+)
+
+// options are the bench's flags.
+type options struct {
+	databaseURL string
+	prompts     int
+	rate        float64
+	duration    time.Duration
+	partitions  int32
+	json        bool
+	knobs       bool
+	cpuProfile  string
+}
+
+func newRootCommand() *cobra.Command {
+	o := &options{}
+	root := &cobra.Command{
+		Use:           "bench",
+		Short:         "Measure admission throughput and end-to-end latency against Postgres and the embedded broker",
+		SilenceUsage:  true,
+		SilenceErrors: true,
+		Args:          cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if err := o.validate(); err != nil {
+				return err
+			}
+			return run(cmd.Context(), o, cmd.OutOrStdout(), cmd.ErrOrStderr())
+		},
+	}
+	f := root.Flags()
+	f.StringVar(&o.databaseURL, "database-url", os.Getenv("DATABASE_URL"),
+		"Postgres server URL (env DATABASE_URL; default postgres://127.0.0.1:5432/postgres); scratch databases promptline_bench_<random> are created there and dropped")
+	f.IntVar(&o.prompts, "prompts", 100000, "prompts admitted by the raw-ceiling and admission runs")
+	f.Float64Var(&o.rate, "rate", 1000, "prompts per second offered in the latency run")
+	f.DurationVar(&o.duration, "duration", 20*time.Second, "length of the latency run (the first tenth, at most 2s, is warm-up)")
+	f.Int32Var(&o.partitions, "partitions", 16, "partitions of every topic")
+	f.BoolVar(&o.json, "json", false, "print the results as JSON")
+	f.BoolVar(&o.knobs, "knobs", true, "also measure the knobs (batch size, fetch buffer, pool size, synchronous_commit, partitions) against the shipped defaults")
+	f.StringVar(&o.cpuProfile, "cpuprofile", "", "write a CPU profile of the baseline admission run to this file")
+	return root
+}
+
+func (o *options) validate() error {
+	switch {
+	case o.prompts < 1:
+		return errors.New("--prompts must be at least 1")
+	case o.rate <= 0:
+		return errors.New("--rate must be positive")
+	case o.duration <= 0:
+		return errors.New("--duration must be positive")
+	case o.partitions < 1:
+		return errors.New("--partitions must be at least 1")
+	}
+	return nil
+}

@@ -1,0 +1,286 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"runtime"
+	"strings"
+	"text/tabwriter"
+	"time"
+)
+
+// Goals from the issue.
+const (
+	goalAdmissionRate  = 20000 // prompts/s
+	goalAdmissionRatio = 0.4   // of the raw ceiling
+	goalP99Millis      = 100   // at 1,000 prompts/s
+)
+
+// knobRun is one admission run with one knob changed, and its ratio to
+// the shipped default measured in the same invocation.
+type knobRun struct {
+	Knob   string          `json:"knob"`
+	Result admissionResult `json:"result"`
+	Ratio  float64         `json:"ratio_to_default"`
+}
+
+// latencyKnobRun is one latency run with one knob changed.
+type latencyKnobRun struct {
+	Knob   string        `json:"knob"`
+	Result latencyResult `json:"result"`
+}
+
+type report struct {
+	Machine   map[string]string `json:"machine"`
+	Raw       rawResult         `json:"raw_ceiling"`
+	Admission admissionResult   `json:"admission"`
+	Ratio     float64           `json:"admission_to_raw"`
+	Latency   latencyResult     `json:"latency"`
+	Knobs     []knobRun         `json:"knobs,omitempty"`
+	// LatencyKnobs run for half the duration each.
+	LatencyKnobs []latencyKnobRun `json:"latency_knobs,omitempty"`
+	// AdmissionAgain is the shipped default measured once more after the
+	// knobs: the spread between the two is the noise of this machine.
+	AdmissionAgain *admissionResult `json:"admission_again,omitempty"`
+}
+
+func run(ctx context.Context, o *options, stdout, stderr io.Writer) (err error) {
+	progress := func(format string, args ...any) { fmt.Fprintf(stderr, "bench: "+format+"\n", args...) }
+	sc, err := newScratchServer(o.databaseURL)
+	if err != nil {
+		return err
+	}
+	// Whatever happens, leave no scratch database behind.
+	defer func() { err = errors.Join(err, sc.dropAll(ctx)) }()
+
+	rep := report{Machine: map[string]string{}}
+	facts, err := sc.serverFacts(ctx)
+	if err != nil {
+		return err
+	}
+	for k, v := range facts {
+		rep.Machine["postgres_"+k] = v
+	}
+	rep.Machine["cores"] = fmt.Sprint(runtime.NumCPU())
+	rep.Machine["go"] = runtime.Version()
+	rep.Machine["os_arch"] = runtime.GOOS + "/" + runtime.GOARCH
+	if b, err := os.ReadFile("/proc/loadavg"); err == nil {
+		rep.Machine["loadavg_at_start"] = strings.Join(strings.Fields(string(b))[:3], " ")
+	}
+
+	progress("generating %d prompts", o.prompts)
+	w, err := newWorkload(o.prompts)
+	if err != nil {
+		return err
+	}
+
+	progress("raw ceiling: %d prompts, %d writers, batches of 500", o.prompts, o.partitions)
+	db, err := sc.create(ctx, poolOpts{})
+	if err != nil {
+		return err
+	}
+	rep.Raw, err = measureRaw(ctx, db.Pool, w.byPartition(o.partitions), 500)
+	if err = errors.Join(err, db.drop(ctx)); err != nil {
+		return err
+	}
+
+	progress("prefilling prompts (%d partitions)", o.partitions)
+	broker, err := startBroker(o.partitions)
+	if err != nil {
+		return err
+	}
+	defer broker.Close()
+	brokers := []string{broker.Addr()}
+	if err := prefill(ctx, brokers, "prompts", w); err != nil {
+		return err
+	}
+
+	progress("admission: shipped defaults")
+	rep.Admission, err = measureAdmission(ctx, sc, brokers, o.prompts, admissionOpts{CPUProfile: o.cpuProfile})
+	if err != nil {
+		return fmt.Errorf("admission: %w", err)
+	}
+	rep.Ratio = rep.Admission.Rate / rep.Raw.Rate
+
+	progress("latency: %.0f/s for %s", o.rate, o.duration)
+	rep.Latency, err = measureLatency(ctx, sc, latencyOpts{
+		Partitions: o.partitions, Rate: o.rate, Duration: o.duration, Warmup: warmupFor(o.duration),
+	})
+	if err != nil {
+		return fmt.Errorf("latency: %w", err)
+	}
+
+	if o.knobs {
+		if err := measureKnobs(ctx, sc, o, w, brokers, &rep, progress); err != nil {
+			return err
+		}
+	}
+
+	if o.json {
+		enc := json.NewEncoder(stdout)
+		enc.SetIndent("", "  ")
+		return enc.Encode(rep)
+	}
+	printReport(stdout, o, &rep)
+	return nil
+}
+
+// warmupFor drops the first tenth of a latency run, at most 2s: group
+// join, first connections and cold caches.
+func warmupFor(d time.Duration) time.Duration { return min(d/10, 2*time.Second) }
+
+// measureKnobs repeats the admission run with one knob changed at a time,
+// then the shipped default once more.
+func measureKnobs(ctx context.Context, sc *scratchServer, o *options, w *workload, brokers []string, rep *report, progress func(string, ...any)) error {
+	base := rep.Admission.Rate
+	knobs := []struct {
+		name string
+		opts admissionOpts
+	}{
+		{"MaxBatch=100", admissionOpts{MaxBatch: 100}},
+		{"MaxBatch=2000", admissionOpts{MaxBatch: 2000}},
+		{"ChannelBufferSize=1024", admissionOpts{ChannelBuffer: 1024}},
+		{"MaxBatch=2000 ChannelBufferSize=4096", admissionOpts{MaxBatch: 2000, ChannelBuffer: 4096}},
+		{fmt.Sprintf("pool MaxConns=%d", o.partitions), admissionOpts{Pool: poolOpts{MaxConns: o.partitions}}},
+		{"synchronous_commit=off", admissionOpts{Pool: poolOpts{SyncCommitOff: true}}},
+	}
+	for _, k := range knobs {
+		progress("admission knob: %s", k.name)
+		r, err := measureAdmission(ctx, sc, brokers, o.prompts, k.opts)
+		if err != nil {
+			return fmt.Errorf("admission with %s: %w", k.name, err)
+		}
+		rep.Knobs = append(rep.Knobs, knobRun{Knob: k.name, Result: r, Ratio: r.Rate / base})
+	}
+	for _, parts := range []int32{4, 64} {
+		if parts == o.partitions {
+			continue
+		}
+		name := fmt.Sprintf("partitions=%d", parts)
+		progress("admission knob: %s", name)
+		r, err := admissionOnFreshTopic(ctx, sc, w, parts)
+		if err != nil {
+			return fmt.Errorf("admission with %s: %w", name, err)
+		}
+		rep.Knobs = append(rep.Knobs, knobRun{Knob: name, Result: r, Ratio: r.Rate / base})
+	}
+	half := o.duration / 2
+	lknobs := []struct {
+		name string
+		opts latencyOpts
+	}{
+		{fmt.Sprintf("rate=%.0f/s", o.rate/4), latencyOpts{Rate: o.rate / 4}},
+		{fmt.Sprintf("rate=%.0f/s", o.rate/8), latencyOpts{Rate: o.rate / 8}},
+		{fmt.Sprintf("pool MaxConns=%d", 2*o.partitions), latencyOpts{Rate: o.rate, Pool: poolOpts{MaxConns: 2 * o.partitions}}},
+		{"synchronous_commit=off", latencyOpts{Rate: o.rate, Pool: poolOpts{SyncCommitOff: true}}},
+	}
+	for _, k := range lknobs {
+		progress("latency knob: %s for %s", k.name, half)
+		k.opts.Partitions, k.opts.Duration, k.opts.Warmup = o.partitions, half, warmupFor(half)
+		r, err := measureLatency(ctx, sc, k.opts)
+		if err != nil {
+			return fmt.Errorf("latency with %s: %w", k.name, err)
+		}
+		rep.LatencyKnobs = append(rep.LatencyKnobs, latencyKnobRun{Knob: k.name, Result: r})
+	}
+
+	progress("admission: shipped defaults again")
+	again, err := measureAdmission(ctx, sc, brokers, o.prompts, admissionOpts{})
+	if err != nil {
+		return fmt.Errorf("admission again: %w", err)
+	}
+	rep.AdmissionAgain = &again
+	return nil
+}
+
+// admissionOnFreshTopic measures admission against a broker of its own
+// whose prompts topic has another partition count.
+func admissionOnFreshTopic(ctx context.Context, sc *scratchServer, w *workload, partitions int32) (admissionResult, error) {
+	b, err := startBroker(partitions)
+	if err != nil {
+		return admissionResult{}, err
+	}
+	defer b.Close()
+	if err := prefill(ctx, []string{b.Addr()}, "prompts", w); err != nil {
+		return admissionResult{}, err
+	}
+	return measureAdmission(ctx, sc, []string{b.Addr()}, len(w.prompts), admissionOpts{})
+}
+
+func printReport(out io.Writer, o *options, rep *report) {
+	m := rep.Machine
+	fmt.Fprintf(out, "machine: %s cores, %s, %s; PostgreSQL %s (fsync=%s, synchronous_commit=%s, shared_buffers=%s); load average at start %s\n\n",
+		m["cores"], m["go"], m["os_arch"], m["postgres_server_version"], m["postgres_fsync"],
+		m["postgres_synchronous_commit"], m["postgres_shared_buffers"], m["loadavg_at_start"])
+
+	tw := tabwriter.NewWriter(out, 0, 0, 2, ' ', tabwriter.AlignRight|tabwriter.Debug)
+	fmt.Fprintln(tw, "figure\tvalue\tgoal\tmet?\t")
+	met := func(ok bool) string {
+		if ok {
+			return "yes"
+		}
+		return "NO"
+	}
+	l := rep.Latency
+	fmt.Fprintf(tw, "raw ceiling (prompts/s)\t%.0f\t\t\t\n", rep.Raw.Rate)
+	fmt.Fprintf(tw, "admission (prompts/s)\t%.0f\t≥ %d\t%s\t\n", rep.Admission.Rate, goalAdmissionRate, met(rep.Admission.Rate >= goalAdmissionRate))
+	fmt.Fprintf(tw, "admission / raw ceiling\t%.2f\t≥ %.1f\t%s\t\n", rep.Ratio, goalAdmissionRatio, met(rep.Ratio >= goalAdmissionRatio))
+	fmt.Fprintf(tw, "end-to-end p50 (ms)\t%.1f\t\t\t\n", l.Turn.P50)
+	fmt.Fprintf(tw, "end-to-end p90 (ms)\t%.1f\t\t\t\n", l.Turn.P90)
+	fmt.Fprintf(tw, "end-to-end p99 (ms) at %.0f/s\t%.1f\t< %d at 1000/s\t%s\t\n", l.AchievedRate, l.Turn.P99, goalP99Millis,
+		met(l.Turn.P99 < goalP99Millis && o.rate >= 1000 && l.Missing == 0))
+	fmt.Fprintf(tw, "end-to-end max (ms)\t%.1f\t\t\t\n", l.Turn.Max)
+	fmt.Fprintf(tw, "achieved offered rate (/s)\t%.0f\t%.0f\t\t\n", l.AchievedRate, l.OfferedRate)
+	fmt.Fprintf(tw, "completed rate (/s)\t%.0f\t\t\t\n", l.CompletedRate)
+	tw.Flush()
+
+	fmt.Fprintf(out, "\nraw ceiling: %d prompts, %d writers, batches of %d, %.2fs; CPU %.2f cores busy (bench %.2f, Postgres+other %.2f)\n",
+		rep.Raw.Prompts, rep.Raw.Writers, rep.Raw.Batch, rep.Raw.Seconds, rep.Raw.CPU.Machine, rep.Raw.CPU.Bench, rep.Raw.CPU.Other)
+	a := rep.Admission
+	fmt.Fprintf(out, "admission: %d prompts in %.2fs, %d transactions, mean batch %.0f, mean transaction %.1fms; CPU %.2f cores busy (bench %.2f, Postgres+other %.2f)\n",
+		a.Prompts, a.Seconds, a.Batches, a.MeanBatch, a.MeanTxMillis, a.CPU.Machine, a.CPU.Bench, a.CPU.Other)
+	fmt.Fprintf(out, "latency: %d sent, %d measured after warm-up, %d completed, %d failed, %d unanswered after the drain (counted with their age then: a lower bound); each prompt its own session\n",
+		l.Sent, l.Measured, l.Completed, l.Failed, l.Missing)
+	fmt.Fprintf(out, "  %d commits, %.1f per answered prompt\n", l.Commits, l.CommitsPerPrompt)
+	fmt.Fprintf(out, "  send → input.admitted seen: p50 %.1f, p90 %.1f, p99 %.1f, max %.1f ms\n", l.Admitted.P50, l.Admitted.P90, l.Admitted.P99, l.Admitted.Max)
+	fmt.Fprintf(out, "  send → turn.completed seen: p50 %.1f, p90 %.1f, p99 %.1f, max %.1f ms\n", l.Turn.P50, l.Turn.P90, l.Turn.P99, l.Turn.Max)
+	for _, s := range l.Stages {
+		fmt.Fprintf(out, "    %-58s p50 %7.1f, p99 %7.1f ms\n", s.Name, s.P50, s.P99)
+	}
+	fmt.Fprintf(out, "  CPU during the load: %.2f cores busy (bench %.2f, Postgres+other %.2f)\n", l.CPU.Machine, l.CPU.Bench, l.CPU.Other)
+
+	if len(rep.Knobs) > 0 {
+		fmt.Fprintln(out, "\nadmission knobs (ratio to the shipped default of this run):")
+		tw := tabwriter.NewWriter(out, 0, 0, 2, ' ', tabwriter.AlignRight|tabwriter.Debug)
+		fmt.Fprintln(tw, "knob\tprompts/s\tratio\tmean batch\tmean tx ms\tcores busy\tbench cores\t")
+		row := func(name string, r admissionResult, ratio float64) {
+			fmt.Fprintf(tw, "%s\t%.0f\t%.2f\t%.0f\t%.1f\t%.2f\t%.2f\t\n", name, r.Rate, ratio, r.MeanBatch, r.MeanTxMillis, r.CPU.Machine, r.CPU.Bench)
+		}
+		row("shipped default", rep.Admission, 1)
+		for _, k := range rep.Knobs {
+			row(k.Knob, k.Result, k.Ratio)
+		}
+		if rep.AdmissionAgain != nil {
+			row("shipped default again", *rep.AdmissionAgain, rep.AdmissionAgain.Rate/rep.Admission.Rate)
+		}
+		tw.Flush()
+	}
+	if len(rep.LatencyKnobs) > 0 {
+		fmt.Fprintf(out, "\nlatency knobs (%s each; ratios to the shipped default at %.0f/s):\n", o.duration/2, o.rate)
+		tw := tabwriter.NewWriter(out, 0, 0, 2, ' ', tabwriter.AlignRight|tabwriter.Debug)
+		fmt.Fprintln(tw, "knob\tachieved /s\tcompleted /s\tp50 ms\tp99 ms\tmax ms\tunanswered\tp99 ratio\tcompleted ratio\tcommits/prompt\tcores busy\t")
+		row := func(name string, r latencyResult) {
+			fmt.Fprintf(tw, "%s\t%.0f\t%.0f\t%.1f\t%.1f\t%.1f\t%d\t%.2f\t%.2f\t%.1f\t%.2f\t\n", name, r.AchievedRate, r.CompletedRate,
+				r.Turn.P50, r.Turn.P99, r.Turn.Max, r.Missing, r.Turn.P99/l.Turn.P99, r.CompletedRate/l.CompletedRate, r.CommitsPerPrompt, r.CPU.Machine)
+		}
+		row("shipped default", l)
+		for _, k := range rep.LatencyKnobs {
+			row(k.Knob, k.Result)
+		}
+		tw.Flush()
+	}
+}

@@ -1,0 +1,163 @@
+package main
+
+import (
+	"cmp"
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/promptline/promptline/internal/pgdb"
+)
+
+// defaultServerURL is the local server's maintenance database: the bench
+// only needs somewhere to issue CREATE DATABASE from.
+const defaultServerURL = "postgres://127.0.0.1:5432/postgres?sslmode=disable"
+
+// dropTimeout bounds dropping one scratch database, which also runs after
+// Ctrl-C on a context that is no longer cancelled.
+const dropTimeout = 30 * time.Second
+
+// poolOpts are the per-run Postgres knobs. The zero value is what the
+// consumer ships with (pgdb.Open without MaxConns: pgxpool's default of
+// max(4, cores) connections; the server's synchronous_commit).
+type poolOpts struct {
+	// MaxConns of the pool. Defaults to pgxpool's default.
+	MaxConns int32
+	// SyncCommitOff sets synchronous_commit=off on every connection.
+	SyncCommitOff bool
+}
+
+// scratchServer creates fresh, migrated databases named
+// promptline_bench_<random> on one server and drops them: each measurement
+// starts on empty tables, so that one run's rows, dead tuples and
+// autovacuum do not tax the next.
+type scratchServer struct {
+	admin *pgx.ConnConfig
+
+	mu    sync.Mutex
+	names []string // created and not yet dropped
+}
+
+func newScratchServer(rawURL string) (*scratchServer, error) {
+	cfg, err := pgx.ParseConfig(cmp.Or(rawURL, defaultServerURL))
+	if err != nil {
+		return nil, fmt.Errorf("--database-url: %w", err)
+	}
+	return &scratchServer{admin: cfg}, nil
+}
+
+// adminExec runs one statement on a short-lived connection to the
+// server's own database (CREATE/DROP DATABASE cannot run in a pool's
+// transaction-scoped helpers, and must not run on the database dropped).
+func (s *scratchServer) adminExec(ctx context.Context, sql string) error {
+	conn, err := pgx.ConnectConfig(ctx, s.admin)
+	if err != nil {
+		return fmt.Errorf("connecting to Postgres at %s:%d: %w", s.admin.Host, s.admin.Port, err)
+	}
+	defer conn.Close(context.WithoutCancel(ctx))
+	_, err = conn.Exec(ctx, sql)
+	return err
+}
+
+// scratchDB is one fresh database and a pool on it.
+type scratchDB struct {
+	Name string
+	Pool *pgxpool.Pool
+	s    *scratchServer
+}
+
+// create makes, migrates and opens a new scratch database.
+func (s *scratchServer) create(ctx context.Context, opts poolOpts) (*scratchDB, error) {
+	var b [6]byte
+	_, _ = rand.Read(b[:])
+	name := "promptline_bench_" + hex.EncodeToString(b[:])
+	if err := s.adminExec(ctx, "CREATE DATABASE "+pgx.Identifier{name}.Sanitize()); err != nil {
+		return nil, fmt.Errorf("creating scratch database %s: %w", name, err)
+	}
+	s.mu.Lock()
+	s.names = append(s.names, name)
+	s.mu.Unlock()
+	db := &scratchDB{Name: name, s: s}
+
+	cfg, err := pgxpool.ParseConfig("")
+	if err != nil {
+		return nil, errors.Join(err, db.drop(ctx))
+	}
+	cfg.ConnConfig = s.admin.Copy()
+	cfg.ConnConfig.Database = name
+	if opts.MaxConns > 0 {
+		cfg.MaxConns = opts.MaxConns
+	}
+	if opts.SyncCommitOff {
+		cfg.ConnConfig.RuntimeParams["synchronous_commit"] = "off"
+	}
+	db.Pool, err = pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		return nil, errors.Join(fmt.Errorf("opening %s: %w", name, err), db.drop(ctx))
+	}
+	if err := pgdb.MigratePool(ctx, db.Pool); err != nil {
+		return nil, errors.Join(err, db.drop(ctx))
+	}
+	return db, nil
+}
+
+// drop closes the pool and drops the database, even after ctx was
+// cancelled (Ctrl-C), within dropTimeout.
+func (db *scratchDB) drop(ctx context.Context) error {
+	if db.Pool != nil {
+		db.Pool.Close()
+	}
+	return db.s.drop(ctx, db.Name)
+}
+
+func (s *scratchServer) drop(ctx context.Context, name string) error {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), dropTimeout)
+	defer cancel()
+	err := s.adminExec(ctx, "DROP DATABASE IF EXISTS "+pgx.Identifier{name}.Sanitize()+" WITH (FORCE)")
+	if err != nil {
+		return fmt.Errorf("dropping scratch database %s: %w", name, err)
+	}
+	s.mu.Lock()
+	s.names = slices.DeleteFunc(s.names, func(n string) bool { return n == name })
+	s.mu.Unlock()
+	return nil
+}
+
+// dropAll drops what a failed or interrupted measurement left behind.
+func (s *scratchServer) dropAll(ctx context.Context) error {
+	s.mu.Lock()
+	names := slices.Clone(s.names)
+	s.mu.Unlock()
+	var errs []error
+	for _, n := range names {
+		errs = append(errs, s.drop(ctx, n))
+	}
+	return errors.Join(errs...)
+}
+
+// serverFacts describes the server: version and the settings that decide
+// commit cost.
+func (s *scratchServer) serverFacts(ctx context.Context) (map[string]string, error) {
+	conn, err := pgx.ConnectConfig(ctx, s.admin)
+	if err != nil {
+		return nil, fmt.Errorf("connecting to Postgres at %s:%d: %w", s.admin.Host, s.admin.Port, err)
+	}
+	defer conn.Close(context.WithoutCancel(ctx))
+	facts := map[string]string{}
+	for _, name := range []string{"server_version", "synchronous_commit", "fsync", "wal_sync_method", "shared_buffers", "max_connections"} {
+		var v string
+		if err := conn.QueryRow(ctx, "SELECT current_setting($1)", name).Scan(&v); err != nil {
+			return nil, fmt.Errorf("reading %s: %w", name, err)
+		}
+		facts[name] = v
+	}
+	return facts, nil
+}
