@@ -10,6 +10,9 @@ const (
 	EventInputAdmitted = "input.admitted"
 	EventTurnCompleted = "turn.completed"
 	EventTurnFailed    = "turn.failed"
+	// EventRecoveryDecided: recovery took over an expired claim and decided
+	// (Decision, Rule) what was safe.
+	EventRecoveryDecided = "recovery.decided"
 )
 
 // Reasons of a failed turn (Event.Reason).
@@ -46,6 +49,12 @@ type Event struct {
 	// turn.failed
 	Reason string `json:"reason,omitempty"`
 	Error  string `json:"error,omitempty"`
+
+	// recovery.decided
+	ExecutionID           string `json:"execution_id,omitempty"`
+	Decision              string `json:"decision,omitempty"`
+	Rule                  string `json:"rule,omitempty"`
+	ContinuationMessageID string `json:"continuation_message_id,omitempty"`
 }
 
 // Wake is the value of a message on the wakes topic, key = session ID. A

@@ -28,6 +28,13 @@ const (
 	CallInterrupted = "interrupted" // never dispatched, and never will be
 )
 
+// ContinuationPrefix starts the message ID of every continuation input
+// that recovery admits: recovery-continue-<execution ID>.
+const ContinuationPrefix = "recovery-continue-"
+
+// ContinuationID is the deterministic continuation input of an execution.
+func ContinuationID(executionID string) string { return ContinuationPrefix + executionID }
+
 // AttemptID is the deterministic ID of a provider step of an execution: a
 // retry of the step reuses it, and with it the idempotency key.
 func AttemptID(executionID string, step int) string {

@@ -405,7 +405,7 @@ WHERE session_id = $1 AND fencing_token = $2`
 
 // An input waits when it is unpromoted and wants a wake (resume).
 const waitingCountSQL = `
-SELECT count(*) FROM inputs WHERE session_id = $1 AND promotion_seq IS NULL AND wake_pending`
+SELECT count(*) FROM inputs WHERE session_id = $1 AND promotion_seq IS NULL AND wake_pending AND quarantine_reason IS NULL`
 
 const releaseSQL = `DELETE FROM claims WHERE session_id = $1 AND fencing_token = $2`
 

@@ -15,6 +15,9 @@
 //	promptline_wakes_total{result}                wakes consumed: started | coalesced | invalid
 //	promptline_claims_total{event}                claim events: acquired | renewed | released | lost
 //	promptline_fenced_writes_total                execution writes refused by the fence: a sign of split ownership
+//	promptline_recovery_decisions_total{decision} recovery decisions: cleared | superseded | rewoken | continued | reconciled | quarantined
+//	promptline_redriven_wakes_total               sessions re-woken because their wake was lost
+//	promptline_quarantined_rows{kind}             quarantined rows (claim | input), from the database, refreshed every recovery pass
 //
 // Plus the Go runtime and process collectors (go_*, process_*).
 package metrics

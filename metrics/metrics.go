@@ -25,6 +25,9 @@ type Metrics struct {
 	Wakes              *prometheus.CounterVec
 	Claims             *prometheus.CounterVec
 	FencedWrites       prometheus.Counter
+	RecoveryDecisions  *prometheus.CounterVec
+	RedrivenWakes      prometheus.Counter
+	QuarantinedRows    *prometheus.GaugeVec
 }
 
 // New creates the collectors and registers them on reg.
@@ -63,8 +66,17 @@ func New(reg prometheus.Registerer) *Metrics {
 		FencedWrites: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "promptline_fenced_writes_total", Help: "Execution writes refused by the fence (stale token or expired lease).",
 		}),
+		RecoveryDecisions: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "promptline_recovery_decisions_total", Help: "Recovery decisions, by decision.",
+		}, []string{"decision"}),
+		RedrivenWakes: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "promptline_redriven_wakes_total", Help: "Sessions re-woken because their wake was lost.",
+		}),
+		QuarantinedRows: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "promptline_quarantined_rows", Help: "Quarantined rows by kind, read from the database by the recovery loop.",
+		}, []string{"kind"}),
 	}
-	reg.MustRegister(m.Claims, m.FencedWrites, m.Admissions, m.AdmissionBatchSize, m.AdmissionSeconds, m.Turns,
+	reg.MustRegister(m.RecoveryDecisions, m.RedrivenWakes, m.QuarantinedRows, m.Claims, m.FencedWrites, m.Admissions, m.AdmissionBatchSize, m.AdmissionSeconds, m.Turns,
 		m.TurnSeconds, m.ActiveExecutions, m.OutboxPublished, m.Wakes)
 	return m
 }

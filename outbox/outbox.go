@@ -2,9 +2,13 @@ package outbox
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
+	"time"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/promptline/promptline/envelope"
 )
 
 // Row is one message to publish: written in the transaction of the state
@@ -38,3 +42,15 @@ const insertSQL = `
 INSERT INTO outbox (topic, key, payload)
 SELECT t, k, p FROM unnest($1::text[], $2::text[], $3::bytea[]) WITH ORDINALITY AS r(t, k, p, n)
 ORDER BY n`
+
+// EventRow is the outbox row announcing a session event on topic.
+func EventRow(topic string, e envelope.Event) Row {
+	b, _ := json.Marshal(e) // an Event always marshals
+	return Row{Topic: topic, Key: e.SessionID, Payload: b}
+}
+
+// WakeRow is the outbox row waking session on topic.
+func WakeRow(topic, session, reason string, at time.Time) Row {
+	b, _ := json.Marshal(envelope.Wake{SessionID: session, Reason: reason, At: at})
+	return Row{Topic: topic, Key: session, Payload: b}
+}

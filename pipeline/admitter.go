@@ -3,7 +3,6 @@ package pipeline
 import (
 	"bytes"
 	"context"
-	"encoding/json"
 	"fmt"
 	"log/slog"
 	"slices"
@@ -258,15 +257,10 @@ type insertInputsParams struct {
 	offsets                                  []int64
 }
 
-func eventRow(topic string, e envelope.Event) outbox.Row {
-	b, _ := json.Marshal(e) // an Event always marshals
-	return outbox.Row{Topic: topic, Key: e.SessionID, Payload: b}
-}
-
-func wakeRow(topic, session, reason string, at time.Time) outbox.Row {
-	b, _ := json.Marshal(envelope.Wake{SessionID: session, Reason: reason, At: at})
-	return outbox.Row{Topic: topic, Key: session, Payload: b}
-}
+var (
+	eventRow = outbox.EventRow
+	wakeRow  = outbox.WakeRow
+)
 
 func newID() string { return uuid.Must(uuid.NewV7()).String() }
 

@@ -342,7 +342,7 @@ func (e *Executor) execute(sessionID string, r *sessionRun, log *slog.Logger) {
 
 var errNothingWaiting = errors.New("nothing waiting")
 
-const anyWaitingSQL = `SELECT EXISTS (SELECT 1 FROM inputs WHERE session_id = $1 AND promotion_seq IS NULL AND wake_pending)`
+const anyWaitingSQL = `SELECT EXISTS (SELECT 1 FROM inputs WHERE session_id = $1 AND promotion_seq IS NULL AND wake_pending AND quarantine_reason IS NULL)`
 
 // execution is one held claim at work. Its writes go through
 // ledger.Execution.Write, which opens every transaction with the fence;

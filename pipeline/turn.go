@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -28,6 +29,17 @@ type turn struct {
 	// begun is the request whose attempt intent is already committed (the
 	// first step's, with the promotion).
 	begun *ProviderRequest
+	// A continuation (recovery admitted it) first runs the calls its
+	// predecessor requested and never dispatched (or that recovery
+	// re-armed), and may send its first step with the idempotency key of
+	// an attempt recovery chose to send again.
+	pendingCalls []pendingCall
+	retryKey     string
+}
+
+type pendingCall struct {
+	params ledger.CallParams
+	call   ToolCall
 }
 
 // promote takes the next turn's inputs: every waiting steer if any (they
@@ -47,8 +59,25 @@ func (ex *execution) promote(ctx context.Context) (*turn, error) {
 // promoteTx promotes inside tx and commits the first step's attempt
 // intent with it; nil when nothing waits.
 func (ex *execution) promoteTx(ctx context.Context, tx pgx.Tx) (*turn, error) {
+	t, err := ex.selectTurn(ctx, tx)
+	if err != nil || t == nil {
+		return nil, err
+	}
+	if len(t.pendingCalls) > 0 {
+		return t, nil // the calls run first; the step's intent follows them
+	}
+	req, err := ex.beginStep(ctx, tx, t, 1)
+	if err != nil {
+		return nil, err
+	}
+	t.begun = &req
+	return t, nil
+}
+
+// selectTurn promotes the next turn's inputs inside tx.
+func (ex *execution) selectTurn(ctx context.Context, tx pgx.Tx) (*turn, error) {
 	cl := ex.x.Claim()
-	t, err := func() (*turn, error) {
+	{
 		rows, err := tx.Query(ctx, waitingSQL, ex.sessionID)
 		if err != nil {
 			return nil, fmt.Errorf("reading waiting inputs: %w", err)
@@ -64,6 +93,11 @@ func (ex *execution) promoteTx(ctx context.Context, tx pgx.Tx) (*turn, error) {
 		}
 		if len(all) == 0 {
 			return nil, nil
+		}
+		for _, w := range all {
+			if strings.HasPrefix(w.id, ledger.ContinuationPrefix) {
+				return ex.continuation(ctx, tx, w.id)
+			}
 		}
 		var pick []waiting
 		for _, w := range all {
@@ -88,16 +122,7 @@ func (ex *execution) promoteTx(ctx context.Context, tx pgx.Tx) (*turn, error) {
 			return nil, fmt.Errorf("creating assistant message: %w", err)
 		}
 		return t, ex.x.SetPhase(ctx, tx, ledger.PhaseReady, t.assistantID)
-	}()
-	if err != nil || t == nil {
-		return nil, err
 	}
-	req, err := ex.beginStep(ctx, tx, t, 1)
-	if err != nil {
-		return nil, err
-	}
-	t.begun = &req
-	return t, nil
 }
 
 // Bounds of one turn.
@@ -114,6 +139,11 @@ const (
 // (no input waited).
 func (ex *execution) runTurn(ctx context.Context, t *turn, log *slog.Logger) (released bool, err error) {
 	log = log.With(slog.String("turn_id", t.id))
+	for _, pc := range t.pendingCalls {
+		if err := ex.runCall(ctx, pc.params, pc.call, log); err != nil {
+			return false, err
+		}
+	}
 	for step := 1; ; step++ {
 		if step > maxSteps {
 			return ex.failTurn(ctx, t, envelope.FailMaxSteps, fmt.Errorf("the model asked for tools %d times in one turn", maxSteps), "")
@@ -210,13 +240,17 @@ func (ex *execution) beginStep(ctx context.Context, tx pgx.Tx, t *turn, step int
 	if err != nil {
 		return ProviderRequest{}, err
 	}
+	key := attemptID
+	if step == 1 && t.retryKey != "" {
+		key = t.retryKey
+	}
 	req := ProviderRequest{
 		SessionID: ex.sessionID, AssistantMessageID: t.assistantID, AttemptID: attemptID,
-		IdempotencyKey: attemptID, FencingToken: cl.Token, Messages: hist, Turn: t.inputs, Tools: ex.toolSpecs(),
+		IdempotencyKey: key, FencingToken: cl.Token, Messages: hist, Turn: t.inputs, Tools: ex.toolSpecs(),
 	}
 	return req, ex.x.BeginAttempt(ctx, tx, ledger.AttemptParams{
 		ID: attemptID, AssistantMessageID: t.assistantID, Step: step, Provider: ex.e.providerName,
-		IdempotencyKey: attemptID, RequestHash: requestHash(req),
+		IdempotencyKey: key, RequestHash: requestHash(req),
 	})
 }
 
@@ -474,7 +508,7 @@ func requestHash(req ProviderRequest) []byte {
 
 const waitingSQL = `
 SELECT message_id, text, delivery FROM inputs
-WHERE session_id = $1 AND promotion_seq IS NULL AND wake_pending
+WHERE session_id = $1 AND promotion_seq IS NULL AND wake_pending AND quarantine_reason IS NULL
 ORDER BY admission_seq`
 
 const promoteSQL = `

@@ -1,5 +1,34 @@
-// Package recovery will take over expired claims and re-emit only the
-// continuation wakes that are provably safe (DESIGN.md P5, issue "Recovery").
-// Nothing here yet: until it lands, an execution that crashes mid-turn
-// leaves its session for an operator (see the crash tests in cmd/consumer).
+// Package recovery takes over expired claims and decides, from durable
+// evidence only, what is safe: clear, re-wake, continue, reconcile or
+// quarantine (DESIGN.md P1, P5, P6). It also re-wakes sessions whose wakes
+// were lost. Every consumer runs it; correctness comes from
+// compare-and-swap, not from a leader.
+//
+// Invariants it keeps (DESIGN.md numbering):
+//
+//   - 4/9. An expired claim is taken over only by compare-and-swap on
+//     (session, execution, owner, expiry, not quarantined), bumping the
+//     fencing token, and the takeover, the decision, a continuation input
+//     and the outbox rows commit in one transaction: a crash during
+//     recovery leaves the claim for the next pass, a second recovery of the
+//     same execution finds nothing to take over.
+//   - P4. An attempt or a side-effecting tool call that was started and
+//     never settled is reconciled (marked unknown, the turn failed with
+//     reason outcome_unknown), never replayed. Exceptions, recorded as the
+//     decision's rule: a started idempotent tool call is run again with its
+//     idempotency key (idempotent_tool_retry); a started provider attempt
+//     of a provider that honours idempotency keys is sent again with its
+//     key (idempotent_provider_retry).
+//   - P5. A continuation input's ID is recovery-continue-<execution ID>:
+//     admitting it twice is an exact retry, a no-op.
+//   - 7. Every decision that clears a claim writes a wake when inputs wait.
+//   - 10. Scans are bounded by the batch size, ordered (expiry, session),
+//     and isolate per-row failures: a row that fails validation, or whose
+//     decision fails, is quarantined with its reason and skipped by later
+//     scans until an operator releases it.
+//
+// Decisions: cleared (phase safe), superseded (the claim's assistant
+// message is not the session's newest), rewoken (phase ready), continued
+// (phase continue, or an idempotent retry), reconciled (phase unknown),
+// quarantined.
 package recovery

@@ -99,37 +99,36 @@ func TestCrashAfterRelayPublish(t *testing.T) {
 
 // TestCrashAfterProviderIntent: inputs promoted and the provider attempt's
 // intent committed (claim phase unknown), the request not yet sent. After a
-// restart nothing replays the attempt: it stays "started", its assistant
-// message pending, and the dead consumer's expired claim (phase unknown)
-// stays for recovery to reconcile; acquisition never takes over a claim
-// (invariant 4). Other sessions run.
+// restart and a recovery pass the attempt is reconciled, never replayed:
+// the attempt is unknown, the assistant message errored, turn.failed with
+// reason outcome_unknown, and no second provider attempt; a prompt queued
+// behind it in the same session still runs (invariant 7).
 func TestCrashAfterProviderIntent(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	const session = "s-intent"
-	first := prompt(session, "first")
-	other := prompt("s-intent-other", "other")
-	lease := []string{"--lease", "1s"}
+	first, second := prompt(session, "first"), prompt(session, "second")
 
-	crashing := b.start(t, "consumer-1", faults.ProviderAfterIntent, lease...)
+	crashing := b.start(t, "consumer-1", faults.ProviderAfterIntent, "--lease", "1s")
 	b.send(t, first)
 	requireKilled(t, crashing.waitExit(t, crashTimeout))
 	require.Equal(t, 1, b.count(t, `SELECT count(*) FROM attempts WHERE session_id = $1 AND state = 'started'`, session),
 		"the intent was committed before the crash")
 	require.Equal(t, 1, b.count(t, assistantAnswering+` AND status = 'pending'`, first.MessageID))
 
-	b.start(t, "consumer-2", "", lease...)
+	b.start(t, "consumer-2", "", "--lease", "1s", "--recovery-interval", "300ms")
 	b.send(t, first) // a redelivery too: still an exact retry
-	b.send(t, other)
-	turn := b.events.waitTurn(t, other.MessageID)
-	require.Equal(t, envelope.EventTurnCompleted, turn.Type, "the restarted consumer runs other sessions")
-	// Whenever the first session's redelivered wake arrives, the expired
-	// claim makes the restarted consumer drop it: no attempt can follow.
-	require.Equal(t, 1, b.count(t, `SELECT count(*) FROM attempts WHERE session_id = $1`, session),
-		"no second provider attempt")
-	require.Equal(t, 1, b.count(t, `SELECT count(*) FROM attempts WHERE session_id = $1 AND state = 'started'`, session))
+	b.send(t, second)
+	failed := b.events.waitTurn(t, first.MessageID)
+	require.Equal(t, envelope.EventTurnFailed, failed.Type)
+	require.Equal(t, envelope.FailOutcomeUnknown, failed.Reason)
+	require.Equal(t, envelope.EventTurnCompleted, b.events.waitTurn(t, second.MessageID).Type, "the prompt queued behind it runs")
+
+	require.Equal(t, 1, b.count(t, `SELECT count(*) FROM attempts a JOIN messages m ON m.message_id = a.assistant_message_id
+		WHERE $1 = ANY(m.answers)`, first.MessageID), "no second provider attempt for the uncertain turn")
+	require.Equal(t, 1, b.count(t, `SELECT count(*) FROM attempts WHERE session_id = $1 AND state = 'unknown'`, session))
+	require.Equal(t, 1, b.count(t, assistantAnswering+` AND status = 'errored'`, first.MessageID))
 	require.Equal(t, 1, b.count(t, assistantAnswering, first.MessageID), "no second assistant message")
-	require.Zero(t, distinctIDs(b.events.turnEvents(t, first.MessageID)), "the turn neither completed nor was replayed")
-	require.Equal(t, 1, b.count(t, `SELECT count(*) FROM claims WHERE session_id = $1 AND phase = 'unknown' AND expires_at <= now()`, session),
-		"the expired claim waits for recovery")
+	require.Equal(t, 1, distinctIDs(b.events.turnEvents(t, first.MessageID)))
+	require.Equal(t, 1, b.count(t, `SELECT count(*) FROM recoveries WHERE session_id = $1 AND decision = 'reconciled'`, session))
 }

@@ -27,6 +27,9 @@ type options struct {
 	maxValueBytes     int
 	shutdownGrace     time.Duration
 	lease             time.Duration
+	recoveryInterval  time.Duration
+	recoveryBatch     int
+	redriveAfter      time.Duration
 	dbMaxConns        int32
 	topics            kafkautil.Topics
 }
@@ -49,10 +52,14 @@ func newRootCommand() *cobra.Command {
 	f := root.Flags()
 	f.StringSliceVar(&o.brokers, "brokers", nil, "Kafka bootstrap brokers, comma-separated; empty starts the embedded broker")
 	f.StringVar(&o.embeddedKafkaAddr, "embedded-kafka-addr", "127.0.0.1:9092", "listen address of the embedded broker (when --brokers is empty)")
-	f.StringVar(&o.databaseURL, "database-url", os.Getenv("DATABASE_URL"), "Postgres URL (env DATABASE_URL); empty: the local server on 127.0.0.1:5432, else a throwaway cluster")
+	pf := root.PersistentFlags()
+	pf.StringVar(&o.databaseURL, "database-url", os.Getenv("DATABASE_URL"), "Postgres URL (env DATABASE_URL); empty: the local server on 127.0.0.1:5432, else a throwaway cluster")
 	f.StringVar(&o.metricsAddr, "metrics-addr", "127.0.0.1:9464", "address serving /metrics and /healthz")
 	f.StringVar(&o.group, "group", "promptline", "Kafka consumer group")
-	f.StringVar(&o.logLevel, "log-level", "info", "log level: debug, info, warn, error")
+	pf.StringVar(&o.logLevel, "log-level", "info", "log level: debug, info, warn, error")
+	f.DurationVar(&o.recoveryInterval, "recovery-interval", 10*time.Second, "time between recovery passes")
+	f.IntVar(&o.recoveryBatch, "recovery-batch", 100, "expired claims and lost wakes handled per recovery pass")
+	f.DurationVar(&o.redriveAfter, "redrive-after", 30*time.Second, "age of a waiting input without a claim before its session is woken again")
 	f.Int32Var(&o.partitions, "partitions", 16, "partitions of topics created at start")
 	f.BoolVar(&o.createTopics, "create-topics", true, "create missing topics at start")
 	f.IntVar(&o.maxSessions, "max-sessions", 256, "sessions executing at once in this process")
@@ -65,7 +72,7 @@ func newRootCommand() *cobra.Command {
 	f.StringVar(&o.topics.Wakes, "wakes-topic", "wakes", "topic of internal wakes")
 	f.StringVar(&o.topics.Events, "events-topic", "session-events", "topic of outgoing session events")
 	f.StringVar(&o.topics.Rejects, "rejects-topic", "prompts.rejects", "topic of rejected input")
-	root.AddCommand(newBrokerCommand())
+	root.AddCommand(newBrokerCommand(), newRecoverCommand(o), newRecoveryCommand(o), newQuarantineCommand(o))
 	return root
 }
 
@@ -83,6 +90,12 @@ func (o *options) validate() error {
 		return fmt.Errorf("--max-value-bytes: must be at least 1, got %d", o.maxValueBytes)
 	case o.lease < 300*time.Millisecond:
 		return fmt.Errorf("--lease: must be at least 300ms, got %s", o.lease)
+	case o.recoveryInterval < 100*time.Millisecond:
+		return fmt.Errorf("--recovery-interval: must be at least 100ms, got %s", o.recoveryInterval)
+	case o.recoveryBatch < 1:
+		return fmt.Errorf("--recovery-batch: must be at least 1, got %d", o.recoveryBatch)
+	case o.redriveAfter < 0:
+		return fmt.Errorf("--redrive-after: must not be negative, got %s", o.redriveAfter)
 	case o.shutdownGrace < 0:
 		return fmt.Errorf("--shutdown-grace: must not be negative, got %s", o.shutdownGrace)
 	case o.group == "":

@@ -18,7 +18,14 @@ import (
 	"github.com/promptline/promptline/metrics"
 	"github.com/promptline/promptline/outbox"
 	"github.com/promptline/promptline/pipeline"
+	"github.com/promptline/promptline/recovery"
 )
+
+func setQuarantined(m *metrics.Metrics, counts map[string]int) {
+	for kind, n := range counts {
+		m.QuarantinedRows.WithLabelValues(kind).Set(float64(n))
+	}
+}
 
 func run(ctx context.Context, o *options, stderr io.Writer) error {
 	level, _ := parseLevel(o.logLevel)
@@ -77,7 +84,10 @@ func run(ctx context.Context, o *options, stderr io.Writer) error {
 		Logger:      log.With(slog.String("component", "relay")),
 		OnPublished: func(n int, _ time.Duration) { m.OutboxPublished.Add(float64(n)) },
 	})
-	if err := relay.Start(ctx); err != nil {
+	// The relay outlives the signal: turns finishing within the shutdown
+	// grace, and their releases' wakes, commit outbox rows after it; its
+	// Stop (deferred, so after the executor's Shutdown) publishes them.
+	if err := relay.Start(context.WithoutCancel(ctx)); err != nil {
 		return err
 	}
 	defer relay.Stop()
@@ -93,6 +103,18 @@ func run(ctx context.Context, o *options, stderr io.Writer) error {
 	exec := pipeline.NewExecutor(db.Pool, &pipeline.ExecutorConfig{
 		Claims: claims, Topics: topics, MaxSessions: o.maxSessions, Logger: log, Metrics: m, OnCommitFunc: relay.Nudge,
 	})
+	rec := recovery.New(db.Pool, &recovery.Config{
+		Interval: o.recoveryInterval, Batch: o.recoveryBatch, RedriveAfter: o.redriveAfter,
+		OwnerID: owner, Topics: topics, Logger: log.With(slog.String("component", "recovery")),
+		OnDecisionFunc:    func(d string) { m.RecoveryDecisions.WithLabelValues(d).Inc() },
+		OnRedriveFunc:     func(n int) { m.RedrivenWakes.Add(float64(n)) },
+		OnQuarantinedFunc: func(c map[string]int) { setQuarantined(m, c) },
+		OnCommitFunc:      relay.Nudge,
+	})
+	if err := rec.Start(ctx); err != nil {
+		return err
+	}
+	defer rec.Stop()
 	handler := pipeline.NewConsumer(admitter, exec, producer, &pipeline.ConsumerConfig{
 		Topics: topics, MaxBatch: o.maxBatch, Logger: log, Metrics: m,
 		Limits: envelope.Limits{MaxValueBytes: o.maxValueBytes},

@@ -24,4 +24,8 @@ const (
 	// IdempotentToolAfterIntent: an idempotent tool call's intent committed,
 	// the tool not yet run.
 	IdempotentToolAfterIntent = "idempotent-tool.after-intent"
+	// RecoveryAfterTakeover: recovery took over an expired claim, its
+	// decision not yet committed (it commits in the same transaction, so
+	// the next pass finds the claim as it was).
+	RecoveryAfterTakeover = "recovery.after-takeover"
 )

@@ -1,0 +1,160 @@
+package main
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os/user"
+	"text/tabwriter"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/promptline/promptline/internal/pgdb"
+	"github.com/promptline/promptline/recovery"
+)
+
+// openDB opens and migrates the database for an operator command.
+func openDB(cmd *cobra.Command, o *options) (*pgdb.DB, error) {
+	if _, err := parseLevel(o.logLevel); err != nil {
+		return nil, err
+	}
+	level, _ := parseLevel(o.logLevel)
+	log := slog.New(slog.NewJSONHandler(cmd.ErrOrStderr(), &slog.HandlerOptions{Level: level}))
+	if o.databaseURL == "" {
+		// Operator commands inspect an existing database: never a
+		// throwaway one.
+		o.databaseURL = pgdb.DefaultURL
+	}
+	return pgdb.Open(cmd.Context(), pgdb.OpenOpts{URL: o.databaseURL, Logger: log})
+}
+
+func newRecoverCommand(o *options) *cobra.Command {
+	var batch int
+	var redriveAfter time.Duration
+	var asJSON bool
+	cmd := &cobra.Command{
+		Use:   "recover",
+		Short: "Run one recovery pass now: expired claims, then lost wakes",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if batch < 1 {
+				return fmt.Errorf("--recovery-batch: must be at least 1, got %d", batch)
+			}
+			db, err := openDB(cmd, o)
+			if err != nil {
+				return err
+			}
+			defer db.Close()
+			owner := "recover-command"
+			if u, err := user.Current(); err == nil {
+				owner += ":" + u.Username
+			}
+			p, err := recovery.New(db.Pool, &recovery.Config{Batch: batch, RedriveAfter: redriveAfter, OwnerID: owner, Topics: o.topics}).RunOnce(cmd.Context())
+			if err != nil {
+				return err
+			}
+			if asJSON {
+				return json.NewEncoder(cmd.OutOrStdout()).Encode(p)
+			}
+			fmt.Fprintf(cmd.OutOrStdout(), "decisions: %v; skipped (taken over elsewhere): %d; failed and quarantined: %d; sessions re-woken: %d\n",
+				p.Decisions, p.Skipped, p.Failed, p.Redriven)
+			return nil
+		},
+	}
+	cmd.Flags().IntVar(&batch, "recovery-batch", 100, "expired claims and lost wakes handled in this pass")
+	cmd.Flags().DurationVar(&redriveAfter, "redrive-after", 30*time.Second, "age of a waiting input without a claim before its session is woken again")
+	cmd.Flags().BoolVar(&asJSON, "json", false, "print the pass as JSON")
+	return cmd
+}
+
+func newRecoveryCommand(o *options) *cobra.Command {
+	cmd := &cobra.Command{Use: "recovery", Short: "Inspect recovery decisions"}
+	var asJSON bool
+	explain := &cobra.Command{
+		Use:   "explain SESSION",
+		Short: "Print a session's recovery decisions and the evidence they rested on, in words",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			db, err := openDB(cmd, o)
+			if err != nil {
+				return err
+			}
+			defer db.Close()
+			recs, err := recovery.Records(cmd.Context(), db.Pool, args[0])
+			if err != nil {
+				return err
+			}
+			if asJSON {
+				return json.NewEncoder(cmd.OutOrStdout()).Encode(recs)
+			}
+			recovery.Explain(cmd.OutOrStdout(), recs)
+			return nil
+		},
+	}
+	explain.Flags().BoolVar(&asJSON, "json", false, "print the decisions as JSON")
+	cmd.AddCommand(explain)
+	return cmd
+}
+
+func newQuarantineCommand(o *options) *cobra.Command {
+	cmd := &cobra.Command{Use: "quarantine", Short: "List and release quarantined rows"}
+	var asJSON bool
+	list := &cobra.Command{
+		Use:   "list",
+		Short: "List quarantined rows with their reasons",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			db, err := openDB(cmd, o)
+			if err != nil {
+				return err
+			}
+			defer db.Close()
+			rows, err := recovery.ListQuarantined(cmd.Context(), db.Pool)
+			if err != nil {
+				return err
+			}
+			if asJSON {
+				return json.NewEncoder(cmd.OutOrStdout()).Encode(rows)
+			}
+			w := tabwriter.NewWriter(cmd.OutOrStdout(), 0, 4, 2, ' ', 0)
+			fmt.Fprintln(w, "KIND\tID\tSESSION\tQUARANTINED\tREASON")
+			for _, r := range rows {
+				fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\n", r.Kind, r.ID, r.SessionID, r.QuarantinedAt.UTC().Format(time.RFC3339), r.Reason)
+			}
+			return w.Flush()
+		},
+	}
+	list.Flags().BoolVar(&asJSON, "json", false, "print the rows as JSON")
+	var operator, note string
+	release := &cobra.Command{
+		Use:   "release KIND ID",
+		Short: "Release a repaired row (KIND: claim, with the session ID; input, with the message ID); audited",
+		Args:  cobra.ExactArgs(2),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if operator == "" {
+				if u, err := user.Current(); err == nil {
+					operator = u.Username
+				}
+			}
+			if operator == "" {
+				return errors.New("--operator: must name who releases the row")
+			}
+			db, err := openDB(cmd, o)
+			if err != nil {
+				return err
+			}
+			defer db.Close()
+			if err := recovery.Release(cmd.Context(), db.Pool, args[0], args[1], operator, note); err != nil {
+				return err
+			}
+			fmt.Fprintf(cmd.OutOrStdout(), "released %s %s\n", args[0], args[1])
+			return nil
+		},
+	}
+	release.Flags().StringVar(&operator, "operator", "", "who releases the row (default: the OS user), recorded in the audit")
+	release.Flags().StringVar(&note, "note", "", "what was repaired, recorded in the audit")
+	cmd.AddCommand(list, release)
+	return cmd
+}

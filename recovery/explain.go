@@ -1,0 +1,122 @@
+package recovery
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+)
+
+// Record is one stored recovery decision.
+type Record struct {
+	ExecutionID      string     `json:"execution_id"`
+	SessionID        string     `json:"session_id"`
+	PhaseFound       string     `json:"phase_found"`
+	Decision         string     `json:"decision"`
+	Rule             string     `json:"rule,omitempty"`
+	Evidence         Evidence   `json:"evidence"`
+	TokenBefore      int64      `json:"token_before"`
+	TokenAfter       int64      `json:"token_after"`
+	ContinuationID   string     `json:"continuation_message_id,omitempty"`
+	RetryAttemptID   string     `json:"retry_attempt_id,omitempty"`
+	RecoveredBy      string     `json:"recovered_by"`
+	DecidedAt        time.Time  `json:"decided_at"`
+	SettledAt        *time.Time `json:"settled_at,omitempty"`
+	QuarantineReason string     `json:"quarantine_reason,omitempty"`
+}
+
+// Records reads a session's recovery decisions, oldest first.
+func Records(ctx context.Context, pool *pgxpool.Pool, sessionID string) ([]Record, error) {
+	rows, err := pool.Query(ctx, `SELECT execution_id, session_id, phase_found, decision, coalesce(rule, ''), evidence,
+		token_before, token_after, coalesce(continuation_message_id, ''), coalesce(retry_attempt_id, ''), recovered_by,
+		decided_at, settled_at, coalesce(quarantine_reason, '')
+		FROM recoveries WHERE session_id = $1 ORDER BY decided_at, execution_id`, sessionID)
+	if err != nil {
+		return nil, fmt.Errorf("reading recoveries of %s: %w", sessionID, err)
+	}
+	var out []Record
+	var r Record
+	var ev []byte
+	_, err = pgx.ForEachRow(rows, []any{&r.ExecutionID, &r.SessionID, &r.PhaseFound, &r.Decision, &r.Rule, &ev,
+		&r.TokenBefore, &r.TokenAfter, &r.ContinuationID, &r.RetryAttemptID, &r.RecoveredBy, &r.DecidedAt, &r.SettledAt,
+		&r.QuarantineReason}, func() error {
+		r.Evidence = Evidence{}
+		if err := json.Unmarshal(ev, &r.Evidence); err != nil {
+			return fmt.Errorf("recovery of %s: evidence: %w", r.ExecutionID, err)
+		}
+		out = append(out, r)
+		return nil
+	})
+	return out, err
+}
+
+// Explain writes the decisions in words, for operators.
+func Explain(w io.Writer, records []Record) {
+	if len(records) == 0 {
+		fmt.Fprintln(w, "No recovery decisions for this session.")
+		return
+	}
+	for _, r := range records {
+		fmt.Fprintf(w, "%s  execution %s (owner %s) expired at %s in phase %q.\n",
+			r.DecidedAt.UTC().Format(time.RFC3339), r.ExecutionID, r.Evidence.Owner,
+			r.Evidence.ExpiredAt.UTC().Format(time.RFC3339), r.PhaseFound)
+		fmt.Fprintf(w, "  Decision: %s — %s\n", r.Decision, because(r))
+		if r.Decision != DecisionQuarantined {
+			fmt.Fprintf(w, "  Fencing token %d → %d: the old execution can write nothing more.\n", r.TokenBefore, r.TokenAfter)
+		}
+		for _, a := range r.Evidence.Attempts {
+			fmt.Fprintf(w, "  Provider attempt %s (step %d, %s) was %s.\n", a.ID, a.Step, a.Provider, a.State)
+		}
+		for _, c := range r.Evidence.ToolCalls {
+			fmt.Fprintf(w, "  Tool call %s (%s, %s) was %s.\n", c.ID, c.Tool, c.Class, c.State)
+		}
+		if r.Evidence.AssistantMessageID != "" {
+			fmt.Fprintf(w, "  Its assistant message %s was %s; the session's newest is %s.\n",
+				r.Evidence.AssistantMessageID, r.Evidence.AssistantStatus, r.Evidence.NewestAssistantID)
+		}
+		fmt.Fprintf(w, "  Inputs waiting: %d.\n", r.Evidence.WaitingInputs)
+		if r.ContinuationID != "" {
+			state := "not yet promoted"
+			if r.SettledAt != nil {
+				state = "promoted at " + r.SettledAt.UTC().Format(time.RFC3339)
+			}
+			fmt.Fprintf(w, "  Continuation input %s: %s.\n", r.ContinuationID, state)
+		}
+	}
+}
+
+func because(r Record) string {
+	switch r.Decision {
+	case DecisionCleared:
+		return "the turn had completed; the claim was cleared" + wake(r)
+	case DecisionSuperseded:
+		return "its assistant message was no longer the session's newest; the claim was cleared without continuing" + wake(r)
+	case DecisionRewoken:
+		return "nothing uncertain had been dispatched; the claim was cleared" + wake(r)
+	case DecisionContinued:
+		switch r.Rule {
+		case RuleIdempotentToolRetry:
+			return "a started tool call was idempotent, so it runs again with its idempotency key; the turn continues"
+		case RuleIdempotentProviderRetry:
+			return "the started provider attempt goes to a provider that honours idempotency keys, so it is sent again with its key; the turn continues"
+		}
+		return "the step had ended durably (settled tool results); one continuation turn was admitted"
+	case DecisionReconciled:
+		return "a provider request or a side-effecting tool call may have been acted on and its outcome was never recorded; it was marked unknown, the turn failed with reason outcome_unknown, and nothing was replayed" + wake(r)
+	case DecisionQuarantined:
+		return "the row failed validation: " + r.QuarantineReason + "; it is skipped until an operator repairs and releases it (consumer quarantine release)"
+	}
+	return strings.TrimSpace(r.Decision)
+}
+
+func wake(r Record) string {
+	if r.Evidence.WaitingInputs > 0 {
+		return ", with a wake for the waiting inputs"
+	}
+	return ""
+}

@@ -1,0 +1,597 @@
+package recovery
+
+import (
+	"cmp"
+	"context"
+	"crypto/sha256"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/promptline/promptline/envelope"
+	"github.com/promptline/promptline/internal/faults"
+	"github.com/promptline/promptline/internal/kafkautil"
+	"github.com/promptline/promptline/internal/pgdb"
+	"github.com/promptline/promptline/ledger"
+	"github.com/promptline/promptline/outbox"
+)
+
+// Decisions.
+const (
+	DecisionCleared     = "cleared"
+	DecisionSuperseded  = "superseded"
+	DecisionRewoken     = "rewoken"
+	DecisionContinued   = "continued"
+	DecisionReconciled  = "reconciled"
+	DecisionQuarantined = "quarantined"
+)
+
+// Rules: exceptions to "never replay an uncertain call".
+const (
+	RuleIdempotentToolRetry     = "idempotent_tool_retry"
+	RuleIdempotentProviderRetry = "idempotent_provider_retry"
+)
+
+// ContinuationID is the deterministic continuation input of an execution.
+var ContinuationID = ledger.ContinuationID
+
+// OutcomeUnknownText marks an assistant message reconciled after a restart.
+const OutcomeUnknownText = "outcome unknown after restart"
+
+// Config configures a Recoverer.
+type Config struct {
+	// Interval between passes. Defaults to 10s.
+	Interval time.Duration
+	// Batch bounds the expired claims and the lost wakes handled per pass.
+	// Defaults to 100.
+	Batch int
+	// RedriveAfter is how old a waiting input without a claim must be
+	// before its session is woken again. Defaults to 30s.
+	RedriveAfter time.Duration
+	// OwnerID names this process in takeovers. Defaults to "recovery".
+	OwnerID string
+	// Topics names the outbox targets. Defaults to kafkautil's defaults.
+	Topics kafkautil.Topics
+	// IdempotentProviders names the providers (as recorded on attempts)
+	// that honour idempotency keys. Defaults to none.
+	IdempotentProviders []string
+	// Logger defaults to discarding.
+	Logger *slog.Logger
+	// OnDecisionFunc counts decisions (metrics). Defaults to nothing.
+	OnDecisionFunc func(decision string)
+	// OnRedriveFunc counts re-woken sessions. Defaults to nothing.
+	OnRedriveFunc func(n int)
+	// OnQuarantinedFunc receives the quarantined row counts by kind after
+	// each pass, read from the database. Defaults to nothing.
+	OnQuarantinedFunc func(counts map[string]int)
+	// OnCommitFunc runs after a pass that wrote outbox rows (the relay's
+	// Nudge). Defaults to nothing.
+	OnCommitFunc func()
+}
+
+// Recoverer runs recovery passes.
+type Recoverer struct {
+	pool *pgxpool.Pool
+	cfg  Config
+	log  *slog.Logger
+
+	mu      sync.Mutex
+	cancel  context.CancelFunc
+	stopped chan struct{}
+}
+
+// New returns a Recoverer.
+func New(pool *pgxpool.Pool, config *Config) *Recoverer {
+	cfg := *config
+	cfg.Interval = cmp.Or(cfg.Interval, 10*time.Second)
+	cfg.Batch = cmp.Or(cfg.Batch, 100)
+	cfg.RedriveAfter = cmp.Or(cfg.RedriveAfter, 30*time.Second)
+	cfg.OwnerID = cmp.Or(cfg.OwnerID, "recovery")
+	cfg.Topics = cfg.Topics.WithDefaults()
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.DiscardHandler)
+	}
+	return &Recoverer{pool: pool, cfg: cfg, log: cfg.Logger}
+}
+
+// Start runs a pass every Interval until Stop or ctx ends; it returns at once.
+func (r *Recoverer) Start(ctx context.Context) error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.cancel != nil {
+		return errors.New("recovery: already started")
+	}
+	ctx, r.cancel = context.WithCancel(ctx)
+	r.stopped = make(chan struct{})
+	go func() {
+		defer close(r.stopped)
+		t := time.NewTicker(r.cfg.Interval)
+		defer t.Stop()
+		for {
+			if _, err := r.RunOnce(ctx); err != nil && ctx.Err() == nil {
+				r.log.WarnContext(ctx, "recovery pass failed", slog.Any("error", err))
+			}
+			select {
+			case <-ctx.Done():
+				return
+			case <-t.C:
+			}
+		}
+	}()
+	return nil
+}
+
+// Stop ends the loop and waits for it; it may be called twice.
+func (r *Recoverer) Stop() {
+	r.mu.Lock()
+	cancel, stopped := r.cancel, r.stopped
+	r.mu.Unlock()
+	if cancel == nil {
+		return
+	}
+	cancel()
+	<-stopped
+}
+
+// Pass reports one pass.
+type Pass struct {
+	Decisions map[string]int
+	Skipped   int // taken over by another process first
+	Failed    int // decision failed; the row was quarantined
+	Redriven  int
+}
+
+// RunOnce runs one bounded pass: expired claims, then lost wakes.
+func (r *Recoverer) RunOnce(ctx context.Context) (Pass, error) {
+	p := Pass{Decisions: map[string]int{}}
+	claims, err := r.expired(ctx)
+	if err != nil {
+		return p, err
+	}
+	wrote := false
+	for _, c := range claims {
+		decision, err := r.recover(ctx, c)
+		switch {
+		case errors.Is(err, errSkipped):
+			p.Skipped++
+		case err != nil:
+			if ctx.Err() != nil {
+				return p, ctx.Err()
+			}
+			// Isolate the failure: quarantine the row so it cannot consume
+			// every later batch, and go on.
+			p.Failed++
+			r.log.ErrorContext(ctx, "recovery decision failed; quarantining the claim",
+				slog.String("session_id", c.SessionID), slog.String("execution_id", c.ExecutionID), slog.Any("error", err))
+			if qerr := r.quarantineClaim(ctx, c, "decision failed: "+err.Error()); qerr != nil && !errors.Is(qerr, errSkipped) {
+				r.log.ErrorContext(ctx, "quarantining failed", slog.String("session_id", c.SessionID), slog.Any("error", qerr))
+			}
+			p.Decisions[DecisionQuarantined]++
+		default:
+			wrote = true
+			p.Decisions[decision]++
+			if f := r.cfg.OnDecisionFunc; f != nil {
+				f(decision)
+			}
+		}
+	}
+	n, err := r.redrive(ctx)
+	if err != nil {
+		return p, err
+	}
+	p.Redriven = n
+	if n > 0 && r.cfg.OnRedriveFunc != nil {
+		r.cfg.OnRedriveFunc(n)
+	}
+	if (wrote || n > 0) && r.cfg.OnCommitFunc != nil {
+		r.cfg.OnCommitFunc()
+	}
+	if f := r.cfg.OnQuarantinedFunc; f != nil {
+		counts, err := QuarantinedCounts(ctx, r.pool)
+		if err != nil {
+			return p, err
+		}
+		f(counts)
+	}
+	return p, nil
+}
+
+var errSkipped = errors.New("claim changed or taken over by another process")
+
+func (r *Recoverer) expired(ctx context.Context) ([]ledger.Claim, error) {
+	rows, err := r.pool.Query(ctx, expiredSQL, r.cfg.Batch)
+	if err != nil {
+		return nil, fmt.Errorf("scanning expired claims: %w", err)
+	}
+	var out []ledger.Claim
+	var c ledger.Claim
+	var phase string
+	_, err = pgx.ForEachRow(rows, []any{&c.SessionID, &c.ExecutionID, &c.OwnerID, &c.Token, &phase, &c.AssistantMessageID, &c.ExpiresAt}, func() error {
+		c.Phase = ledger.Phase(phase)
+		out = append(out, c)
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("scanning expired claims: %w", err)
+	}
+	return out, nil
+}
+
+// Evidence is what a decision rested on, stored with it.
+type Evidence struct {
+	Phase              string          `json:"phase"`
+	AssistantMessageID string          `json:"assistant_message_id,omitempty"`
+	AssistantStatus    string          `json:"assistant_status,omitempty"`
+	NewestAssistantID  string          `json:"newest_assistant_message_id,omitempty"`
+	TurnID             string          `json:"turn_id,omitempty"`
+	TurnMessageIDs     []string        `json:"turn_message_ids,omitempty"`
+	Attempts           []AttemptFact   `json:"attempts"`
+	ToolCalls          []ToolCallFact  `json:"tool_calls"`
+	WaitingInputs      int             `json:"waiting_inputs"`
+	Owner              string          `json:"owner"`
+	ExpiredAt          time.Time       `json:"expired_at"`
+	Extra              json.RawMessage `json:"extra,omitempty"`
+}
+
+// AttemptFact is a provider attempt as recovery found it.
+type AttemptFact struct {
+	ID       string `json:"id"`
+	Step     int    `json:"step"`
+	Provider string `json:"provider"`
+	State    string `json:"state"`
+}
+
+// ToolCallFact is a tool call as recovery found it.
+type ToolCallFact struct {
+	ID        string `json:"id"`
+	AttemptID string `json:"attempt_id"`
+	Tool      string `json:"tool"`
+	Class     string `json:"class"`
+	State     string `json:"state"`
+}
+
+// recover decides for one expired claim in one transaction.
+func (r *Recoverer) recover(ctx context.Context, old ledger.Claim) (string, error) {
+	var decision string
+	var quarantineReason string
+	err := pgdb.InTx(ctx, r.pool, func(tx pgx.Tx) error {
+		decision, quarantineReason = "", ""
+		ev, err := r.gather(ctx, tx, old)
+		if err != nil {
+			return err
+		}
+		if reason := validate(old, ev); reason != "" {
+			quarantineReason = reason
+			return nil
+		}
+		nc, err := ledger.Takeover(ctx, tx, old, "recovery/"+old.ExecutionID, r.cfg.OwnerID, time.Minute)
+		if errors.Is(err, ledger.ErrNotExpired) {
+			return errSkipped
+		}
+		if err != nil {
+			return err
+		}
+		faults.Hit(faults.RecoveryAfterTakeover)
+		d, err := r.decide(ctx, tx, old, nc, ev)
+		decision = d.decision
+		if err != nil {
+			return err
+		}
+		return r.record(ctx, tx, old, nc, ev, d)
+	})
+	if err != nil {
+		return "", err
+	}
+	if quarantineReason != "" {
+		if err := r.quarantineClaim(ctx, old, quarantineReason); err != nil {
+			return "", err
+		}
+		r.log.WarnContext(ctx, "claim quarantined", slog.String("session_id", old.SessionID),
+			slog.String("execution_id", old.ExecutionID), slog.String("reason", quarantineReason))
+		return DecisionQuarantined, nil
+	}
+	r.log.InfoContext(ctx, "recovery decided", slog.String("session_id", old.SessionID),
+		slog.String("execution_id", old.ExecutionID), slog.String("phase", string(old.Phase)), slog.String("decision", decision))
+	return decision, nil
+}
+
+func (r *Recoverer) gather(ctx context.Context, tx pgx.Tx, c ledger.Claim) (Evidence, error) {
+	ev := Evidence{Phase: string(c.Phase), AssistantMessageID: c.AssistantMessageID, Owner: c.OwnerID, ExpiredAt: c.ExpiresAt,
+		Attempts: []AttemptFact{}, ToolCalls: []ToolCallFact{}}
+	if c.AssistantMessageID != "" {
+		var turnID *string
+		err := tx.QueryRow(ctx, `SELECT status, coalesce(answers, '{}'), turn_id FROM messages WHERE message_id = $1 AND session_id = $2 AND role = 'assistant'`,
+			c.AssistantMessageID, c.SessionID).Scan(&ev.AssistantStatus, &ev.TurnMessageIDs, &turnID)
+		if err != nil && !errors.Is(err, pgx.ErrNoRows) {
+			return ev, fmt.Errorf("reading assistant message: %w", err)
+		}
+		if turnID != nil {
+			ev.TurnID = *turnID
+		}
+	}
+	err := tx.QueryRow(ctx, `SELECT coalesce((SELECT message_id FROM messages WHERE session_id = $1 AND role = 'assistant' ORDER BY seq DESC LIMIT 1), '')`,
+		c.SessionID).Scan(&ev.NewestAssistantID)
+	if err != nil {
+		return ev, fmt.Errorf("reading newest assistant message: %w", err)
+	}
+	rows, err := tx.Query(ctx, `SELECT attempt_id, step, provider, state FROM attempts WHERE execution_id = $1 ORDER BY step`, c.ExecutionID)
+	if err != nil {
+		return ev, fmt.Errorf("reading attempts: %w", err)
+	}
+	var a AttemptFact
+	if _, err := pgx.ForEachRow(rows, []any{&a.ID, &a.Step, &a.Provider, &a.State}, func() error {
+		ev.Attempts = append(ev.Attempts, a)
+		return nil
+	}); err != nil {
+		return ev, fmt.Errorf("reading attempts: %w", err)
+	}
+	// Calls of the execution, and calls it took over from an earlier one
+	// (a continuation runs the requested calls of the execution it continues).
+	rows, err = tx.Query(ctx, `SELECT call_id, attempt_id, tool, class, state FROM tool_calls
+		WHERE session_id = $1 AND state IN ('requested', 'started') ORDER BY requested_at, call_id`, c.SessionID)
+	if err != nil {
+		return ev, fmt.Errorf("reading tool calls: %w", err)
+	}
+	var tc ToolCallFact
+	if _, err := pgx.ForEachRow(rows, []any{&tc.ID, &tc.AttemptID, &tc.Tool, &tc.Class, &tc.State}, func() error {
+		ev.ToolCalls = append(ev.ToolCalls, tc)
+		return nil
+	}); err != nil {
+		return ev, fmt.Errorf("reading tool calls: %w", err)
+	}
+	err = tx.QueryRow(ctx, `SELECT count(*) FROM inputs WHERE session_id = $1 AND promotion_seq IS NULL AND wake_pending AND quarantine_reason IS NULL`,
+		c.SessionID).Scan(&ev.WaitingInputs)
+	if err != nil {
+		return ev, fmt.Errorf("counting waiting inputs: %w", err)
+	}
+	return ev, nil
+}
+
+// validate returns why a claim cannot be decided on, or "".
+func validate(c ledger.Claim, ev Evidence) string {
+	switch c.Phase {
+	case ledger.PhaseReady, ledger.PhaseUnknown, ledger.PhaseContinue, ledger.PhaseSafe:
+	default:
+		return fmt.Sprintf("unknown phase %q", c.Phase)
+	}
+	if c.AssistantMessageID != "" && ev.AssistantStatus == "" {
+		return fmt.Sprintf("claim points at missing assistant message %s", c.AssistantMessageID)
+	}
+	if c.Phase == ledger.PhaseContinue && c.AssistantMessageID == "" {
+		return "phase continue without an assistant message"
+	}
+	return ""
+}
+
+type decision struct {
+	decision       string
+	rule           string
+	continuationID string
+	retryAttemptID string
+	failedTurn     bool
+}
+
+func (r *Recoverer) decide(ctx context.Context, tx pgx.Tx, old, nc ledger.Claim, ev Evidence) (decision, error) {
+	d := decision{}
+	superseded := old.AssistantMessageID != "" && ev.NewestAssistantID != old.AssistantMessageID
+	switch {
+	case superseded:
+		d.decision = DecisionSuperseded
+	case old.Phase == ledger.PhaseSafe:
+		d.decision = DecisionCleared
+	case old.Phase == ledger.PhaseReady:
+		d.decision = DecisionRewoken
+	case old.Phase == ledger.PhaseContinue:
+		d.decision = DecisionContinued
+	case old.Phase == ledger.PhaseUnknown:
+		d.decision, d.rule, d.retryAttemptID = r.unknownRule(ev)
+	}
+	if d.decision == DecisionContinued {
+		if d.rule == RuleIdempotentToolRetry {
+			// Started idempotent calls run again, with their keys.
+			if _, err := tx.Exec(ctx, `UPDATE tool_calls SET state = 'requested', started_at = NULL
+				WHERE session_id = $1 AND state = 'started' AND class = 'idempotent'`, old.SessionID); err != nil {
+				return d, fmt.Errorf("re-arming idempotent tool calls: %w", err)
+			}
+		}
+		if d.retryAttemptID != "" {
+			if err := ledger.FinishAttempt(ctx, tx, d.retryAttemptID, ledger.AttemptUnknown, OutcomeUnknownText+"; sent again with the same idempotency key", 0, 0); err != nil {
+				return d, err
+			}
+		}
+		d.continuationID = ContinuationID(old.ExecutionID)
+		if err := r.admitContinuation(ctx, tx, old, d.continuationID); err != nil {
+			return d, err
+		}
+	}
+	if d.decision == DecisionReconciled {
+		if err := r.reconcile(ctx, tx, old, ev); err != nil {
+			return d, err
+		}
+		d.failedTurn = old.AssistantMessageID != ""
+	}
+	// Every decision clears the claim; invariant 7: with a wake when
+	// inputs wait (a continuation input always waits).
+	if _, err := tx.Exec(ctx, `DELETE FROM claims WHERE session_id = $1 AND fencing_token = $2`, nc.SessionID, nc.Token); err != nil {
+		return d, fmt.Errorf("clearing claim: %w", err)
+	}
+	return d, nil
+}
+
+// unknownRule decides for phase unknown: reconcile, unless the only
+// uncertain thing may be repeated with its idempotency key.
+func (r *Recoverer) unknownRule(ev Evidence) (string, string, string) {
+	var startedAttempts []AttemptFact
+	for _, a := range ev.Attempts {
+		if a.State == ledger.AttemptStarted {
+			startedAttempts = append(startedAttempts, a)
+		}
+	}
+	var startedIdem, startedSide int
+	for _, c := range ev.ToolCalls {
+		if c.State == ledger.CallStarted {
+			if c.Class == "idempotent" {
+				startedIdem++
+			} else {
+				startedSide++
+			}
+		}
+	}
+	switch {
+	case startedSide > 0:
+	case len(startedAttempts) == 1 && startedIdem == 0 && slices.Contains(r.cfg.IdempotentProviders, startedAttempts[0].Provider):
+		return DecisionContinued, RuleIdempotentProviderRetry, startedAttempts[0].ID
+	case len(startedAttempts) == 0 && startedIdem > 0:
+		return DecisionContinued, RuleIdempotentToolRetry, ""
+	}
+	return DecisionReconciled, "", ""
+}
+
+// reconcile marks what is uncertain, never replays it: started attempts
+// and calls unknown, calls never dispatched interrupted, the assistant
+// message errored; the turn fails with reason outcome_unknown.
+func (r *Recoverer) reconcile(ctx context.Context, tx pgx.Tx, old ledger.Claim, ev Evidence) error {
+	if _, err := tx.Exec(ctx, `UPDATE attempts SET state = 'unknown', error = $2, finished_at = now()
+		WHERE execution_id = $1 AND state IN ('started', 'retry_wait')`, old.ExecutionID, OutcomeUnknownText); err != nil {
+		return fmt.Errorf("reconciling attempts: %w", err)
+	}
+	if _, err := tx.Exec(ctx, `UPDATE tool_calls SET state = CASE state WHEN 'started' THEN 'unknown' ELSE 'interrupted' END,
+		output = CASE state WHEN 'started' THEN $2 ELSE 'interrupted: never dispatched' END, is_error = true, finished_at = now()
+		WHERE session_id = $1 AND state IN ('requested', 'started')`, old.SessionID, OutcomeUnknownText); err != nil {
+		return fmt.Errorf("reconciling tool calls: %w", err)
+	}
+	if old.AssistantMessageID == "" {
+		return nil
+	}
+	if _, err := tx.Exec(ctx, `UPDATE messages SET status = 'errored', error = $2, completed_at = now()
+		WHERE message_id = $1 AND status = 'pending'`, old.AssistantMessageID, OutcomeUnknownText); err != nil {
+		return fmt.Errorf("reconciling assistant message: %w", err)
+	}
+	return outbox.Insert(ctx, tx, outbox.EventRow(r.cfg.Topics.Events, envelope.Event{
+		ID: "turn.failed:" + old.AssistantMessageID, Type: envelope.EventTurnFailed, SessionID: old.SessionID,
+		At: time.Now().UTC(), MessageIDs: ev.TurnMessageIDs, AssistantMessageID: old.AssistantMessageID,
+		Reason: envelope.FailOutcomeUnknown, Error: OutcomeUnknownText,
+	}))
+}
+
+// admitContinuation admits the deterministic continuation input: a steer,
+// so that it runs before queued prompts. A second admission is an exact
+// retry; an input with that ID in another session is poison.
+func (r *Recoverer) admitContinuation(ctx context.Context, tx pgx.Tx, old ledger.Claim, id string) error {
+	h := sha256.Sum256([]byte("continuation:" + old.SessionID + ":" + old.ExecutionID))
+	var session string
+	err := tx.QueryRow(ctx, `INSERT INTO inputs (message_id, session_id, text, payload_hash, delivery, wake_pending)
+		VALUES ($1, $2, '', $3, 'steer', true)
+		ON CONFLICT (message_id) DO UPDATE SET message_id = excluded.message_id
+		RETURNING session_id`, id, old.SessionID, h[:]).Scan(&session)
+	if err != nil {
+		return fmt.Errorf("admitting continuation %s: %w", id, err)
+	}
+	if session != old.SessionID {
+		return fmt.Errorf("continuation input %s belongs to session %s, not %s", id, session, old.SessionID)
+	}
+	return nil
+}
+
+func (r *Recoverer) record(ctx context.Context, tx pgx.Tx, old, nc ledger.Claim, ev Evidence, d decision) error {
+	evJSON, err := json.Marshal(ev)
+	if err != nil {
+		return err
+	}
+	if _, err := tx.Exec(ctx, `INSERT INTO recoveries (execution_id, session_id, phase_found, decision, rule, evidence,
+			token_before, token_after, continuation_message_id, retry_attempt_id, recovered_by)
+		VALUES ($1, $2, $3, $4, nullif($5, ''), $6, $7, $8, nullif($9, ''), nullif($10, ''), $11)`,
+		old.ExecutionID, old.SessionID, string(old.Phase), d.decision, d.rule, evJSON, old.Token, nc.Token,
+		d.continuationID, d.retryAttemptID, r.cfg.OwnerID); err != nil {
+		return fmt.Errorf("recording recovery of %s: %w", old.ExecutionID, err)
+	}
+	rows := []outbox.Row{outbox.EventRow(r.cfg.Topics.Events, envelope.Event{
+		ID: "recovery.decided:" + old.ExecutionID, Type: envelope.EventRecoveryDecided, SessionID: old.SessionID,
+		At: time.Now().UTC(), ExecutionID: old.ExecutionID, Decision: d.decision, Rule: d.rule,
+		ContinuationMessageID: d.continuationID,
+	})}
+	if ev.WaitingInputs > 0 || d.continuationID != "" {
+		rows = append(rows, outbox.WakeRow(r.cfg.Topics.Wakes, old.SessionID, "recovery", time.Now().UTC()))
+	}
+	return outbox.Insert(ctx, tx, rows...)
+}
+
+// quarantineClaim marks the claim, by compare-and-swap on the values that
+// were scanned, so that later scans skip it until an operator releases it.
+func (r *Recoverer) quarantineClaim(ctx context.Context, c ledger.Claim, reason string) error {
+	tag, err := r.pool.Exec(ctx, `UPDATE claims SET quarantine_reason = $5, quarantined_at = now()
+		WHERE session_id = $1 AND execution_id = $2 AND fencing_token = $3 AND expires_at = $4 AND quarantine_reason IS NULL`,
+		c.SessionID, c.ExecutionID, c.Token, c.ExpiresAt, reason)
+	if err != nil {
+		return fmt.Errorf("quarantining claim of %s: %w", c.SessionID, err)
+	}
+	if tag.RowsAffected() == 0 {
+		return errSkipped
+	}
+	if _, err := r.pool.Exec(ctx, `INSERT INTO recoveries (execution_id, session_id, phase_found, decision, evidence,
+			token_before, token_after, recovered_by, quarantine_reason)
+		VALUES ($1, $2, $3, 'quarantined', '{}', $4, $4, $5, $6) ON CONFLICT (execution_id) DO NOTHING`,
+		c.ExecutionID, c.SessionID, string(c.Phase), c.Token, r.cfg.OwnerID, reason); err != nil {
+		return fmt.Errorf("recording quarantine of %s: %w", c.SessionID, err)
+	}
+	return nil
+}
+
+// redrive re-wakes sessions whose waiting inputs have no claim and are
+// older than RedriveAfter (their wake was lost), at most once per
+// RedriveAfter per session, bounded and in a stable order.
+func (r *Recoverer) redrive(ctx context.Context) (int, error) {
+	var n int
+	err := pgdb.InTx(ctx, r.pool, func(tx pgx.Tx) error {
+		rows, err := tx.Query(ctx, redriveSQL, r.cfg.RedriveAfter.Milliseconds(), r.cfg.Batch)
+		if err != nil {
+			return fmt.Errorf("scanning lost wakes: %w", err)
+		}
+		sessions, err := pgx.CollectRows(rows, pgx.RowTo[string])
+		if err != nil {
+			return fmt.Errorf("scanning lost wakes: %w", err)
+		}
+		n = len(sessions)
+		if n == 0 {
+			return nil
+		}
+		if _, err := tx.Exec(ctx, `UPDATE sessions SET redriven_at = now() WHERE session_id = ANY($1)`, sessions); err != nil {
+			return fmt.Errorf("marking redriven sessions: %w", err)
+		}
+		now := time.Now().UTC()
+		wakes := make([]outbox.Row, n)
+		for i, s := range sessions {
+			wakes[i] = outbox.WakeRow(r.cfg.Topics.Wakes, s, "redrive", now)
+		}
+		return outbox.Insert(ctx, tx, wakes...)
+	})
+	return n, err
+}
+
+const expiredSQL = `
+SELECT session_id, execution_id, owner_id, fencing_token, phase, coalesce(assistant_message_id, ''), expires_at
+FROM claims WHERE quarantine_reason IS NULL AND expires_at <= now()
+ORDER BY expires_at, session_id LIMIT $1`
+
+// Sessions are locked in sorted order (as admission does) and skipped when
+// busy: a concurrent pass or admission is handling them.
+const redriveSQL = `
+SELECT s.session_id FROM sessions s
+WHERE s.session_id IN (
+    SELECT i.session_id FROM inputs i
+    WHERE i.promotion_seq IS NULL AND i.wake_pending AND i.quarantine_reason IS NULL
+      AND i.admitted_at < now() - $1 * interval '1 millisecond'
+    GROUP BY i.session_id
+    ORDER BY min(i.admitted_at), i.session_id
+    LIMIT $2)
+  AND NOT EXISTS (SELECT 1 FROM claims c WHERE c.session_id = s.session_id)
+  AND (s.redriven_at IS NULL OR s.redriven_at < now() - $1 * interval '1 millisecond')
+ORDER BY s.session_id
+FOR UPDATE SKIP LOCKED`

@@ -1,0 +1,333 @@
+package recovery_test
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/promptline/promptline/envelope"
+	"github.com/promptline/promptline/ledger"
+	"github.com/promptline/promptline/recovery"
+	"github.com/promptline/promptline/tools"
+)
+
+func TestRecovery(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+
+	t.Run("ReadyIsRewokenAndThePromptRunsOnce", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t)
+		b.admit(t, "s", "m1", "hello")
+		_, err := b.claims.Acquire(ctx, "s", "exec-s", nil) // died right after acquiring
+		require.NoError(t, err)
+		b.die(t, "s")
+		wakesBefore := b.wakes(t, "s")
+
+		p := b.pass(t)
+		require.Equal(t, 1, p.Decisions[recovery.DecisionRewoken])
+		require.Zero(t, b.count(t, `SELECT count(*) FROM claims`))
+		require.Equal(t, wakesBefore+1, b.wakes(t, "s"), "one wake for the waiting input")
+		rec := &recorder{}
+		b.run(t, rec, nil, "s")
+		require.Len(t, rec.all(), 1, "the prompt runs once")
+		require.Len(t, b.outboxEvents(t, "s", envelope.EventRecoveryDecided), 1)
+	})
+
+	t.Run("SafeIsCleared", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t)
+		b.admit(t, "s", "m1", "hello")
+		c := b.startTurn(t, "s", "m1")
+		b.exec(t, `UPDATE messages SET status = 'completed' WHERE message_id = $1`, c.assistant)
+		b.exec(t, `UPDATE claims SET phase = 'safe'`)
+		b.die(t, "s")
+		wakes := b.wakes(t, "s")
+		require.Equal(t, 1, b.pass(t).Decisions[recovery.DecisionCleared])
+		require.Zero(t, b.count(t, `SELECT count(*) FROM claims`))
+		require.Equal(t, wakes, b.wakes(t, "s"), "nothing waits: no wake")
+	})
+
+	t.Run("UnknownAttemptIsReconciledNeverReplayed", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t)
+		b.admit(t, "s", "m1", "hello")
+		b.admit(t, "s", "m2", "queued behind it")
+		c := b.startTurn(t, "s", "m1")
+		attempt := b.beginAttempt(t, c, 1, "scripted")
+		b.die(t, "s")
+
+		p := b.pass(t)
+		require.Equal(t, 1, p.Decisions[recovery.DecisionReconciled])
+		require.Equal(t, 1, b.count(t, `SELECT count(*) FROM attempts WHERE attempt_id = $1 AND state = 'unknown'`, attempt))
+		require.Equal(t, 1, b.count(t, `SELECT count(*) FROM messages WHERE message_id = $1 AND status = 'errored' AND error = $2`, c.assistant, recovery.OutcomeUnknownText))
+		failed := b.outboxEvents(t, "s", envelope.EventTurnFailed)
+		require.Len(t, failed, 1)
+		require.Equal(t, envelope.FailOutcomeUnknown, failed[0].Reason)
+		require.Equal(t, []string{"m1"}, failed[0].MessageIDs)
+		require.Zero(t, b.count(t, `SELECT count(*) FROM inputs WHERE message_id LIKE 'recovery-continue-%'`), "no continuation of that turn")
+
+		// Invariant 7: the queued prompt gets its wake and runs; the
+		// uncertain one is never sent again.
+		rec := &recorder{}
+		b.run(t, rec, nil, "s")
+		require.Len(t, rec.all(), 1)
+		require.Equal(t, "m2", rec.all()[0].Turn[0].ID)
+		require.Equal(t, 1, b.count(t, `SELECT count(*) FROM attempts WHERE session_id = 's' AND assistant_message_id = $1`, c.assistant))
+	})
+
+	t.Run("ContinueAdmitsOneContinuationThatSeesTheResults", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t)
+		b.admit(t, "s", "m1", "/tool echo {\"text\": \"hi\"}")
+		c := b.startTurn(t, "s", "m1")
+		attempt := b.beginAttempt(t, c, 1, "scripted")
+		calls := b.toolStep(t, c, attempt, map[string]string{"echo": "idempotent"}, map[string]string{"echo": `{"text": "hi"}`})
+		b.startCall(t, c, calls[0])
+		b.settleCall(t, c, calls[0], "hi") // the last call settled: phase continue
+		b.die(t, "s")
+
+		p := b.pass(t)
+		require.Equal(t, 1, p.Decisions[recovery.DecisionContinued])
+		contID := recovery.ContinuationID("exec-s")
+		require.Equal(t, 1, b.count(t, `SELECT count(*) FROM inputs WHERE message_id = $1 AND delivery = 'steer' AND wake_pending`, contID))
+		// Crash during recovery is covered by the transaction; a second
+		// pass over the same execution finds nothing to do.
+		p = b.pass(t)
+		require.Empty(t, p.Decisions)
+		require.Equal(t, 1, b.count(t, `SELECT count(*) FROM recoveries WHERE execution_id = 'exec-s'`))
+
+		rec := &recorder{}
+		reg := tools.NewRegistry()
+		require.NoError(t, reg.Register(tools.NewEcho()))
+		b.run(t, rec, reg, "s")
+		reqs := rec.all()
+		require.Len(t, reqs, 1, "exactly one continuation step")
+		last := reqs[0].Messages[len(reqs[0].Messages)-1]
+		require.Equal(t, "tool", last.Role)
+		require.Equal(t, "hi", last.Text, "the continuation's request contains the settled tool result")
+		require.Equal(t, 1, b.count(t, `SELECT count(*) FROM recoveries WHERE continuation_message_id = $1 AND settled_at IS NOT NULL`, contID))
+		completed := b.outboxEvents(t, "s", envelope.EventTurnCompleted)
+		require.Len(t, completed, 1)
+		require.Equal(t, []string{"m1"}, completed[0].MessageIDs, "the continuation answers the original prompt")
+		require.Equal(t, "tool results: echo: hi", completed[0].Text)
+
+		// Replaying the recovery (a redelivered wake, a second pass) creates
+		// nothing twice.
+		b.pass(t)
+		b.run(t, rec, reg, "s")
+		require.Len(t, rec.all(), 1)
+		require.Equal(t, 1, b.count(t, `SELECT count(*) FROM inputs WHERE message_id LIKE 'recovery-continue-%'`))
+	})
+
+	t.Run("StartedIdempotentToolRunsAgainWithItsKey", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t)
+		b.admit(t, "s", "m1", "/tool echo {}")
+		c := b.startTurn(t, "s", "m1")
+		attempt := b.beginAttempt(t, c, 1, "scripted")
+		calls := b.toolStep(t, c, attempt, map[string]string{"echo": "idempotent"}, map[string]string{"echo": `{}`})
+		b.startCall(t, c, calls[0]) // intent committed; died before the result
+		b.die(t, "s")
+
+		p := b.pass(t)
+		require.Equal(t, 1, p.Decisions[recovery.DecisionContinued])
+		recs := b.records(t, "s")
+		require.Equal(t, recovery.RuleIdempotentToolRetry, recs[0].Rule, "the exception is recorded")
+
+		kt := &keyTool{}
+		reg := tools.NewRegistry()
+		require.NoError(t, reg.Register(kt))
+		b.run(t, &recorder{}, reg, "s")
+		require.Equal(t, []string{calls[0].IdempotencyKey}, kt.keys, "run again once, with the same key")
+		require.Equal(t, 1, b.count(t, `SELECT count(*) FROM tool_calls WHERE call_id = $1 AND state = 'succeeded'`, calls[0].ID))
+	})
+
+	t.Run("StartedSideEffectingToolIsNeverRunAgain", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t)
+		b.admit(t, "s", "m1", "/tool append_line {}")
+		c := b.startTurn(t, "s", "m1")
+		attempt := b.beginAttempt(t, c, 1, "scripted")
+		calls := b.toolStep(t, c, attempt, map[string]string{"append_line": "side_effecting"}, map[string]string{"append_line": `{"file": "f", "line": "x"}`})
+		b.startCall(t, c, calls[0])
+		b.die(t, "s")
+
+		require.Equal(t, 1, b.pass(t).Decisions[recovery.DecisionReconciled])
+		require.Equal(t, 1, b.count(t, `SELECT count(*) FROM tool_calls WHERE call_id = $1 AND state = 'unknown'`, calls[0].ID))
+		dir := t.TempDir()
+		reg := tools.NewRegistry()
+		require.NoError(t, reg.Register(tools.NewAppendLine(dir)))
+		b.admit(t, "s", "m2", "next")
+		b.run(t, &recorder{}, reg, "s")
+		require.NoFileExists(t, dir+"/f", "the uncertain call never ran again")
+	})
+
+	t.Run("IdempotentProviderAttemptIsSentAgainWithItsKey", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t)
+		b.rec = recovery.New(b.pool, &recovery.Config{OwnerID: "r", IdempotentProviders: []string{"keyed"}})
+		b.admit(t, "s", "m1", "hello")
+		c := b.startTurn(t, "s", "m1")
+		attempt := b.beginAttempt(t, c, 1, "keyed")
+		b.die(t, "s")
+		require.Equal(t, 1, b.pass(t).Decisions[recovery.DecisionContinued])
+		require.Equal(t, recovery.RuleIdempotentProviderRetry, b.records(t, "s")[0].Rule)
+		rec := &recorder{}
+		b.run(t, rec, nil, "s")
+		require.Len(t, rec.all(), 1)
+		require.Equal(t, attempt, rec.all()[0].IdempotencyKey, "the same key as the uncertain attempt")
+	})
+
+	t.Run("SupersededIsClearedWithoutContinuing", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t)
+		b.admit(t, "s", "m1", "hello")
+		c := b.startTurn(t, "s", "m1")
+		b.exec(t, `UPDATE claims SET phase = 'continue'`)
+		b.exec(t, `INSERT INTO messages (message_id, session_id, role, status) VALUES ('newer', 's', 'assistant', 'completed')`)
+		b.die(t, "s")
+		require.Equal(t, 1, b.pass(t).Decisions[recovery.DecisionSuperseded])
+		require.Zero(t, b.count(t, `SELECT count(*) FROM claims`))
+		require.Zero(t, b.count(t, `SELECT count(*) FROM inputs WHERE message_id LIKE 'recovery-continue-%'`))
+		_ = c
+	})
+
+	t.Run("PoisonRowsAreQuarantinedAndTheScanMovesOn", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t)
+		// 101 poison claims (batch + 1) expiring before one valid claim.
+		for i := range 101 {
+			s := fmt.Sprintf("poison-%03d", i)
+			b.exec(t, `INSERT INTO sessions (session_id) VALUES ($1)`, s)
+			b.exec(t, `INSERT INTO claims (session_id, execution_id, owner_id, fencing_token, phase, expires_at)
+				VALUES ($1, $1 || '-exec', 'dead', 1, 'bogus', now() - interval '1 hour')`, s)
+		}
+		b.admit(t, "valid", "m1", "hello")
+		_, err := b.claims.Acquire(ctx, "valid", "exec-valid", nil)
+		require.NoError(t, err)
+		b.die(t, "valid")
+
+		first := b.pass(t)
+		require.Equal(t, 100, first.Decisions[recovery.DecisionQuarantined], "the first pass is bounded by the batch")
+		second := b.pass(t)
+		require.Equal(t, 1, second.Decisions[recovery.DecisionQuarantined])
+		require.Equal(t, 1, second.Decisions[recovery.DecisionRewoken], "the valid claim is recovered within two passes")
+		require.Equal(t, 101, b.count(t, `SELECT count(*) FROM claims WHERE quarantine_reason = 'unknown phase "bogus"'`))
+		counts, err := recovery.QuarantinedCounts(ctx, b.pool)
+		require.NoError(t, err)
+		require.Equal(t, 101, counts[recovery.KindClaim])
+		require.Empty(t, b.pass(t).Decisions, "quarantined rows are skipped by later scans")
+
+		// Release, audited; the released row is scanned again (still bad:
+		// quarantined again).
+		require.NoError(t, recovery.Release(ctx, b.pool, recovery.KindClaim, "poison-000", "op", "looked at it"))
+		require.ErrorIs(t, recovery.Release(ctx, b.pool, recovery.KindClaim, "poison-000", "op", ""), recovery.ErrNotQuarantined)
+		require.Equal(t, 1, b.count(t, `SELECT count(*) FROM quarantine_releases WHERE ref = 'poison-000' AND released_by = 'op'`))
+		require.Equal(t, 1, b.pass(t).Decisions[recovery.DecisionQuarantined])
+	})
+
+	t.Run("ClaimPointingAtMissingMessageIsQuarantined", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t)
+		b.admit(t, "s", "m1", "hello")
+		_, err := b.claims.Acquire(ctx, "s", "exec-s", nil)
+		require.NoError(t, err)
+		b.exec(t, `UPDATE claims SET phase = 'continue', assistant_message_id = 'gone'`)
+		b.die(t, "s")
+		require.Equal(t, 1, b.pass(t).Decisions[recovery.DecisionQuarantined])
+		rows, err := recovery.ListQuarantined(ctx, b.pool)
+		require.NoError(t, err)
+		require.Len(t, rows, 1)
+		require.Equal(t, "claim points at missing assistant message gone", rows[0].Reason)
+	})
+
+	t.Run("ContinuationOfAnotherSessionIsQuarantined", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t)
+		b.admit(t, "a", "m1", "hello")
+		b.admit(t, "b", "m2", "hello")
+		c := b.startTurn(t, "a", "m1")
+		attempt := b.beginAttempt(t, c, 1, "scripted")
+		calls := b.toolStep(t, c, attempt, map[string]string{"echo": "idempotent"}, map[string]string{"echo": `{}`})
+		b.settleCall(t, c, calls[0], "x")
+		b.die(t, "a")
+		b.pass(t)
+		// Poison: the continuation input re-filed under session b.
+		b.exec(t, `UPDATE inputs SET session_id = 'b' WHERE message_id = $1`, recovery.ContinuationID("exec-a"))
+		rec := &recorder{}
+		b.run(t, rec, nil, "b")
+		require.Equal(t, 1, b.count(t, `SELECT count(*) FROM inputs WHERE message_id = $1 AND quarantine_reason LIKE 'continuation input belongs to session a%'`, recovery.ContinuationID("exec-a")))
+		require.Len(t, rec.all(), 1, "b's own prompt still ran")
+		require.Equal(t, "m2", rec.all()[0].Turn[0].ID)
+	})
+
+	t.Run("TwoRecoverersOneDecision", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t)
+		for i := range 20 {
+			s := fmt.Sprintf("s%02d", i)
+			b.admit(t, s, "m-"+s, "hello")
+			_, err := b.claims.Acquire(ctx, s, "exec-"+s, nil)
+			require.NoError(t, err)
+			b.die(t, s)
+		}
+		r2 := recovery.New(b.pool, &recovery.Config{OwnerID: "other-process"})
+		var wg sync.WaitGroup
+		var p1, p2 recovery.Pass
+		var e1, e2 error
+		wg.Add(2)
+		go func() { defer wg.Done(); p1, e1 = b.rec.RunOnce(ctx) }()
+		go func() { defer wg.Done(); p2, e2 = r2.RunOnce(ctx) }()
+		wg.Wait()
+		require.NoError(t, e1)
+		require.NoError(t, e2)
+		require.Equal(t, 20, p1.Decisions[recovery.DecisionRewoken]+p2.Decisions[recovery.DecisionRewoken])
+		require.Equal(t, 20, b.count(t, `SELECT count(*) FROM recoveries`))
+		require.Equal(t, 20, b.count(t, `SELECT count(DISTINCT payload) FROM outbox WHERE topic = 'session-events' AND convert_from(payload, 'UTF8')::jsonb->>'type' = 'recovery.decided'`))
+	})
+
+	t.Run("LostWakeIsRedriven", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t)
+		b.rec = recovery.New(b.pool, &recovery.Config{OwnerID: "r", RedriveAfter: time.Minute})
+		b.admit(t, "s", "m1", "hello")
+		b.exec(t, `DELETE FROM outbox WHERE topic = 'wakes'`) // the wake is lost
+		require.Zero(t, b.pass(t).Redriven, "too young to redrive")
+		b.exec(t, `UPDATE inputs SET admitted_at = now() - interval '2 minutes'`)
+		require.Equal(t, 1, b.pass(t).Redriven)
+		require.Equal(t, 1, b.wakes(t, "s"))
+		require.Zero(t, b.pass(t).Redriven, "at most once per redrive interval")
+		rec := &recorder{}
+		b.run(t, rec, nil, "s")
+		require.Len(t, rec.all(), 1, "the prompt whose wake was deleted ran")
+	})
+
+	t.Run("ExplainSaysWhy", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t)
+		b.admit(t, "s", "m1", "hello")
+		c := b.startTurn(t, "s", "m1")
+		b.beginAttempt(t, c, 1, "scripted")
+		b.die(t, "s")
+		b.pass(t)
+		var out bytes.Buffer
+		recovery.Explain(&out, b.records(t, "s"))
+		text := out.String()
+		require.Contains(t, text, `in phase "unknown"`)
+		require.Contains(t, text, "Decision: reconciled")
+		require.Contains(t, text, "nothing was replayed")
+		require.Contains(t, text, "exec-s/step-1 (step 1, scripted) was started")
+		require.Contains(t, text, "Fencing token 1 → 2")
+		out.Reset()
+		recovery.Explain(&out, nil)
+		require.Contains(t, out.String(), "No recovery decisions")
+	})
+}
+
+var _ = ledger.PhaseReady
