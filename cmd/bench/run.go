@@ -145,7 +145,7 @@ func measureKnobs(ctx context.Context, sc *scratchServer, o *options, w *workloa
 		{"MaxBatch=2000", admissionOpts{MaxBatch: 2000}},
 		{"ChannelBufferSize=1024", admissionOpts{ChannelBuffer: 1024}},
 		{"MaxBatch=2000 ChannelBufferSize=4096", admissionOpts{MaxBatch: 2000, ChannelBuffer: 4096}},
-		{fmt.Sprintf("pool MaxConns=%d", o.partitions), admissionOpts{Pool: poolOpts{MaxConns: o.partitions}}},
+		{"pool MaxConns=4 (pgxpool's default)", admissionOpts{Pool: poolOpts{MaxConns: 4}}},
 		{"synchronous_commit=off", admissionOpts{Pool: poolOpts{SyncCommitOff: true}}},
 	}
 	for _, k := range knobs {
@@ -175,7 +175,8 @@ func measureKnobs(ctx context.Context, sc *scratchServer, o *options, w *workloa
 	}{
 		{fmt.Sprintf("rate=%.0f/s", o.rate/4), latencyOpts{Rate: o.rate / 4}},
 		{fmt.Sprintf("rate=%.0f/s", o.rate/8), latencyOpts{Rate: o.rate / 8}},
-		{fmt.Sprintf("pool MaxConns=%d", 2*o.partitions), latencyOpts{Rate: o.rate, Pool: poolOpts{MaxConns: 2 * o.partitions}}},
+		{"pool MaxConns=4 (pgxpool's default)", latencyOpts{Rate: o.rate, Pool: poolOpts{MaxConns: 4}}},
+		{"pool MaxConns=64", latencyOpts{Rate: o.rate, Pool: poolOpts{MaxConns: 64}}},
 		{"synchronous_commit=off", latencyOpts{Rate: o.rate, Pool: poolOpts{SyncCommitOff: true}}},
 	}
 	for _, k := range lknobs {

@@ -25,11 +25,13 @@ const defaultServerURL = "postgres://127.0.0.1:5432/postgres?sslmode=disable"
 // Ctrl-C on a context that is no longer cancelled.
 const dropTimeout = 30 * time.Second
 
+// consumerMaxConns mirrors the consumer's --db-max-conns default.
+const consumerMaxConns = 32
+
 // poolOpts are the per-run Postgres knobs. The zero value is what the
-// consumer ships with (pgdb.Open without MaxConns: pgxpool's default of
-// max(4, cores) connections; the server's synchronous_commit).
+// consumer ships with (--db-max-conns 32; the server's synchronous_commit).
 type poolOpts struct {
-	// MaxConns of the pool. Defaults to pgxpool's default.
+	// MaxConns of the pool. Defaults to 32, the consumer's default.
 	MaxConns int32
 	// SyncCommitOff sets synchronous_commit=off on every connection.
 	SyncCommitOff bool
@@ -93,9 +95,7 @@ func (s *scratchServer) create(ctx context.Context, opts poolOpts) (*scratchDB, 
 	}
 	cfg.ConnConfig = s.admin.Copy()
 	cfg.ConnConfig.Database = name
-	if opts.MaxConns > 0 {
-		cfg.MaxConns = opts.MaxConns
-	}
+	cfg.MaxConns = cmp.Or(opts.MaxConns, consumerMaxConns)
 	if opts.SyncCommitOff {
 		cfg.ConnConfig.RuntimeParams["synchronous_commit"] = "off"
 	}
