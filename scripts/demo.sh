@@ -31,7 +31,8 @@ session="demo-$(date +%s)-$$"
 "$bin/producer" send --session "$session" --text $'/sleep 300ms\nslow thinking'
 "$bin/producer" send --session "$session" --text "/fail the model is on fire"
 "$bin/producer" send --session "$session" --text "and I still answer after a failure"
+"$bin/producer" send --session "$session" --text '/tool echo {"text": "a tool result, recorded in the ledger"}'
 
 echo "answers:"
 "$bin/producer" watch --from-beginning --session "$session" \
-	--type turn.completed --type turn.failed --count 5 --timeout 60s
+	--type turn.completed --type turn.failed --count 6 --timeout 60s

@@ -31,6 +31,7 @@ type options struct {
 	recoveryBatch     int
 	redriveAfter      time.Duration
 	dbMaxConns        int32
+	provider          providerOptions
 	topics            kafkautil.Topics
 }
 
@@ -65,6 +66,14 @@ func newRootCommand() *cobra.Command {
 	f.IntVar(&o.maxSessions, "max-sessions", 256, "sessions executing at once in this process")
 	f.IntVar(&o.maxBatch, "max-batch", 500, "most prompts admitted in one transaction")
 	f.IntVar(&o.maxValueBytes, "max-value-bytes", 1<<20, "largest accepted prompt value in bytes")
+	f.StringVar(&o.provider.kind, "provider", "scripted", "model provider: scripted (no model; demos and tests), http, openai")
+	f.StringVar(&o.provider.url, "provider-url", "", "URL the http provider POSTs turns to (docs/providers.md)")
+	f.BoolVar(&o.provider.idempotent, "provider-honours-idempotency-keys", false, "declare that the provider deduplicates by Idempotency-Key: uncertain attempts are then sent again with the same key")
+	f.StringVar(&o.provider.openaiBase, "openai-base-url", "https://api.openai.com/v1", "base URL of an OpenAI-compatible Chat Completions API")
+	f.StringVar(&o.provider.openaiModel, "openai-model", "", "model name for the openai provider")
+	f.StringVar(&o.provider.openaiKeyEnv, "openai-api-key-env", "OPENAI_API_KEY", "environment variable holding the API key (never logged)")
+	f.StringVar(&o.provider.openaiKeyFile, "openai-api-key-file", "", "file holding the API key (takes precedence over the environment variable)")
+	f.StringVar(&o.provider.sandboxDir, "sandbox-dir", "", "directory the append_line demo tool writes in (scripted provider); empty: a temporary directory")
 	f.Int32Var(&o.dbMaxConns, "db-max-conns", 32, "Postgres connections in this process's pool (admission per partition, executions, relay)")
 	f.DurationVar(&o.lease, "lease", 30*time.Second, "claim lease; a live execution renews it every lease/3 by the database clock")
 	f.DurationVar(&o.shutdownGrace, "shutdown-grace", 30*time.Second, "time running turns get to finish on SIGTERM")
@@ -102,6 +111,9 @@ func (o *options) validate() error {
 		return fmt.Errorf("--group: must not be empty")
 	}
 	if _, err := parseLevel(o.logLevel); err != nil {
+		return err
+	}
+	if err := o.provider.validate(); err != nil {
 		return err
 	}
 	for flag, name := range map[string]string{"--prompts-topic": o.topics.Prompts, "--wakes-topic": o.topics.Wakes,

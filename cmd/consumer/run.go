@@ -95,6 +95,15 @@ func run(ctx context.Context, o *options, stderr io.Writer) error {
 	admitter := pipeline.NewAdmitter(db.Pool, &pipeline.AdmitterConfig{
 		Topics: topics, Logger: log, Metrics: m, OnCommitFunc: relay.Nudge,
 	})
+	provider, providerName, toolbox, cleanupTools, err := o.provider.build(log)
+	if err != nil {
+		return err
+	}
+	defer cleanupTools()
+	var idempotentProviders []string
+	if o.provider.idempotent {
+		idempotentProviders = []string{providerName}
+	}
 	claims := ledger.NewClaims(db.Pool, &ledger.ClaimsConfig{
 		Lease: o.lease, OwnerID: owner, Logger: log,
 		OnFencedFunc:  m.FencedWrites.Inc,
@@ -102,14 +111,16 @@ func run(ctx context.Context, o *options, stderr io.Writer) error {
 	})
 	exec := pipeline.NewExecutor(db.Pool, &pipeline.ExecutorConfig{
 		Claims: claims, Topics: topics, MaxSessions: o.maxSessions, Logger: log, Metrics: m, OnCommitFunc: relay.Nudge,
+		Provider: provider, ProviderName: providerName, Tools: toolbox,
 	})
 	rec := recovery.New(db.Pool, &recovery.Config{
 		Interval: o.recoveryInterval, Batch: o.recoveryBatch, RedriveAfter: o.redriveAfter,
 		OwnerID: owner, Topics: topics, Logger: log.With(slog.String("component", "recovery")),
-		OnDecisionFunc:    func(d string) { m.RecoveryDecisions.WithLabelValues(d).Inc() },
-		OnRedriveFunc:     func(n int) { m.RedrivenWakes.Add(float64(n)) },
-		OnQuarantinedFunc: func(c map[string]int) { setQuarantined(m, c) },
-		OnCommitFunc:      relay.Nudge,
+		IdempotentProviders: idempotentProviders,
+		OnDecisionFunc:      func(d string) { m.RecoveryDecisions.WithLabelValues(d).Inc() },
+		OnRedriveFunc:       func(n int) { m.RedrivenWakes.Add(float64(n)) },
+		OnQuarantinedFunc:   func(c map[string]int) { setQuarantined(m, c) },
+		OnCommitFunc:        relay.Nudge,
 	})
 	if err := rec.Start(ctx); err != nil {
 		return err

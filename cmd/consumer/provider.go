@@ -1,0 +1,89 @@
+package main
+
+import (
+	"fmt"
+	"log/slog"
+	"net/http"
+	"os"
+
+	"github.com/promptline/promptline/pipeline"
+	"github.com/promptline/promptline/pipeline/providers"
+	"github.com/promptline/promptline/tools"
+)
+
+// providerOptions are the provider and tool flags.
+type providerOptions struct {
+	kind          string
+	url           string
+	idempotent    bool
+	openaiBase    string
+	openaiModel   string
+	openaiKeyEnv  string
+	openaiKeyFile string
+	sandboxDir    string
+}
+
+func (p *providerOptions) validate() error {
+	switch p.kind {
+	case "scripted":
+	case "http":
+		if p.url == "" {
+			return fmt.Errorf("--provider-url: required with --provider http")
+		}
+	case "openai":
+		if p.openaiModel == "" {
+			return fmt.Errorf("--openai-model: required with --provider openai")
+		}
+	default:
+		return fmt.Errorf("--provider: want scripted, http or openai, got %q", p.kind)
+	}
+	return nil
+}
+
+// build returns the provider, its name as recorded on attempts, and the
+// tools. The demo tools (echo, append_line) come with the scripted
+// provider only: append_line writes files, in a sandbox directory.
+func (p *providerOptions) build(log *slog.Logger) (pipeline.Provider, string, *tools.Registry, func(), error) {
+	reg := tools.NewRegistry()
+	cleanup := func() {}
+	switch p.kind {
+	case "scripted":
+		dir := p.sandboxDir
+		if dir == "" {
+			d, err := os.MkdirTemp("", "promptline-sandbox-")
+			if err != nil {
+				return nil, "", nil, nil, fmt.Errorf("--sandbox-dir: %w", err)
+			}
+			dir, cleanup = d, func() { os.RemoveAll(d) }
+			log.Info("append_line sandbox (removed at exit; set --sandbox-dir to keep it)", slog.String("dir", dir))
+		} else if err := os.MkdirAll(dir, 0o755); err != nil {
+			return nil, "", nil, nil, fmt.Errorf("--sandbox-dir: %w", err)
+		}
+		if err := reg.Register(tools.NewEcho()); err != nil {
+			return nil, "", nil, nil, err
+		}
+		if err := reg.Register(tools.NewAppendLine(dir)); err != nil {
+			return nil, "", nil, nil, err
+		}
+		return pipeline.ScriptedProvider{}, "scripted", reg, cleanup, nil
+	case "http":
+		cfg := &providers.HTTPConfig{URL: p.url, HonoursIdempotencyKeys: p.idempotent}
+		if err := cfg.Validate(); err != nil {
+			return nil, "", nil, nil, fmt.Errorf("--provider-url: %w", err)
+		}
+		return providers.NewHTTP(http.DefaultClient, cfg), "http", reg, cleanup, nil
+	case "openai":
+		key, err := providers.LoadAPIKey(p.openaiKeyEnv, p.openaiKeyFile)
+		if err != nil {
+			return nil, "", nil, nil, fmt.Errorf("--openai-api-key-env/--openai-api-key-file: %w", err)
+		}
+		prov, err := providers.NewOpenAI(http.DefaultClient, &providers.OpenAIConfig{
+			BaseURL: p.openaiBase, Model: p.openaiModel, APIKey: key, HonoursIdempotencyKeys: p.idempotent,
+		})
+		if err != nil {
+			return nil, "", nil, nil, fmt.Errorf("--provider openai: %w", err)
+		}
+		return prov, "openai", reg, cleanup, nil
+	}
+	return nil, "", nil, nil, fmt.Errorf("--provider: unknown %q", p.kind)
+}
