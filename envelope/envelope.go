@@ -64,6 +64,8 @@ const (
 	ReasonConflict      = "conflict"
 	ReasonInvalidUTF8   = "invalid_utf8"
 	ReasonTrailingBytes = "trailing_data"
+	// ReasonUnknownRequest: a permission reply names no request.
+	ReasonUnknownRequest = "unknown_request"
 )
 
 // RejectError says why a message is not a valid prompt.

@@ -1,8 +1,11 @@
 package envelope
 
 import (
+	"bytes"
 	"encoding/json"
+	"strings"
 	"time"
+	"unicode/utf8"
 )
 
 // Event types on the session-events topic.
@@ -13,6 +16,11 @@ const (
 	// EventRecoveryDecided: recovery took over an expired claim and decided
 	// (Decision, Rule) what was safe.
 	EventRecoveryDecided = "recovery.decided"
+	// EventPermissionAsked: a tool call needs approval; the session is
+	// parked until a reply arrives on the permission-replies topic.
+	EventPermissionAsked = "permission.asked"
+	// EventPermissionReplied: a reply was admitted; the session resumes.
+	EventPermissionReplied = "permission.replied"
 )
 
 // Reasons of a failed turn (Event.Reason).
@@ -55,6 +63,12 @@ type Event struct {
 	Decision              string `json:"decision,omitempty"`
 	Rule                  string `json:"rule,omitempty"`
 	ContinuationMessageID string `json:"continuation_message_id,omitempty"`
+
+	// permission.asked, permission.replied
+	RequestID string          `json:"request_id,omitempty"`
+	Tool      string          `json:"tool,omitempty"`
+	Input     json.RawMessage `json:"input,omitempty"`
+	Reply     string          `json:"reply,omitempty"`
 }
 
 // Wake is the value of a message on the wakes topic, key = session ID. A
@@ -71,4 +85,60 @@ func DecodeEvent(b []byte) (Event, error) {
 	var e Event
 	err := json.Unmarshal(b, &e)
 	return e, err
+}
+
+// Replies to a permission request (PermissionReply.Reply).
+const (
+	ReplyOnce   = "once"   // allow this call
+	ReplyAlways = "always" // allow this call and, in this session, every later call of the tool
+	ReplyReject = "reject" // decline; with a message, the message goes back to the model
+)
+
+// PermissionReply is the value of a message on the permission-replies
+// topic (key = session ID, when known).
+type PermissionReply struct {
+	RequestID string `json:"request_id"`
+	Reply     string `json:"reply"`
+	Message   string `json:"message,omitempty"`
+}
+
+// DecodeReply parses and validates a permission reply; every error is a
+// *RejectError.
+func DecodeReply(value []byte, limits Limits) (PermissionReply, error) {
+	limits = limits.withDefaults()
+	if len(value) > limits.MaxValueBytes {
+		return PermissionReply{}, reject(ReasonTooLarge, "value is %d bytes, limit %d", len(value), limits.MaxValueBytes)
+	}
+	if !utf8.Valid(value) {
+		return PermissionReply{}, reject(ReasonInvalidUTF8, "value is not valid UTF-8")
+	}
+	var r PermissionReply
+	dec := json.NewDecoder(bytes.NewReader(value))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&r); err != nil {
+		if strings.HasPrefix(err.Error(), "json: unknown field") {
+			return PermissionReply{}, reject(ReasonUnknownField, "%s", strings.TrimPrefix(err.Error(), "json: "))
+		}
+		return PermissionReply{}, reject(ReasonInvalidJSON, "%v", err)
+	}
+	if dec.More() {
+		return PermissionReply{}, reject(ReasonTrailingBytes, "data after the JSON object")
+	}
+	if r.RequestID == "" {
+		return PermissionReply{}, reject(ReasonMissingField, "request_id is required")
+	}
+	if err := validID("request_id", r.RequestID, 4*limits.MaxIDLength); err != nil {
+		return PermissionReply{}, err
+	}
+	switch r.Reply {
+	case ReplyOnce, ReplyAlways, ReplyReject:
+	case "":
+		return PermissionReply{}, reject(ReasonMissingField, "reply is required")
+	default:
+		return PermissionReply{}, reject(ReasonInvalidField, "reply %q: want once, always or reject", r.Reply)
+	}
+	if r.Message != "" && r.Reply != ReplyReject {
+		return PermissionReply{}, reject(ReasonInvalidField, "message goes only with reply reject")
+	}
+	return r, nil
 }

@@ -403,9 +403,8 @@ const setPhaseSQL = `
 UPDATE claims SET phase = $3, assistant_message_id = coalesce(nullif($4, ''), assistant_message_id)
 WHERE session_id = $1 AND fencing_token = $2`
 
-// An input waits when it is unpromoted and wants a wake (resume).
-const waitingCountSQL = `
-SELECT count(*) FROM inputs WHERE session_id = $1 AND promotion_seq IS NULL AND wake_pending AND quarantine_reason IS NULL`
+// waiting_inputs (a view) is the one definition of a waiting input.
+const waitingCountSQL = `SELECT count(*) FROM waiting_inputs WHERE session_id = $1`
 
 const releaseSQL = `DELETE FROM claims WHERE session_id = $1 AND fencing_token = $2`
 

@@ -85,6 +85,8 @@ func (c *Consumer) ConsumeClaim(s sarama.ConsumerGroupSession, claim sarama.Cons
 		return c.consumePrompts(s, claim)
 	case c.cfg.Topics.Wakes:
 		return c.consumeWakes(s, claim)
+	case c.cfg.Topics.PermissionReplies:
+		return c.consumeReplies(s, claim)
 	}
 	return fmt.Errorf("consumer: unexpected topic %q", claim.Topic())
 }
@@ -283,6 +285,59 @@ func (c *Consumer) consumeWakes(s sarama.ConsumerGroupSession, claim sarama.Cons
 		case <-ctx.Done():
 			return nil
 		}
+	}
+}
+
+// consumeReplies admits permission replies one by one, with the admission
+// discipline of prompts: exactly once, malformed and conflicting ones to
+// the rejects topic, the offset marked only after.
+func (c *Consumer) consumeReplies(s sarama.ConsumerGroupSession, claim sarama.ConsumerGroupClaim) error {
+	ctx := s.Context()
+	for {
+		var m *sarama.ConsumerMessage
+		var ok bool
+		select {
+		case m, ok = <-claim.Messages():
+			if !ok {
+				return nil
+			}
+		case <-ctx.Done():
+			return nil
+		}
+		var rejects []*sarama.ProducerMessage
+		r, err := envelope.DecodeReply(m.Value, c.cfg.Limits)
+		if err != nil {
+			var re *envelope.RejectError
+			if !errors.As(err, &re) {
+				re = &envelope.RejectError{Reason: envelope.ReasonInvalidJSON, Detail: err.Error()}
+			}
+			rejects = append(rejects, c.reject(m, re))
+		} else {
+			backoff := 100 * time.Millisecond
+			for {
+				out, err := c.admitter.AdmitReply(ctx, r, Source{Topic: m.Topic, Partition: m.Partition, Offset: m.Offset})
+				if err == nil {
+					if out.Reason != "" {
+						rejects = append(rejects, c.reject(m, &envelope.RejectError{Reason: out.Reason, Detail: out.Detail}))
+					}
+					break
+				}
+				c.log.WarnContext(ctx, "admitting permission reply failed; retrying", slog.Any("error", err))
+				if !sleep(ctx, backoff) {
+					return nil
+				}
+				backoff = min(2*backoff, 5*time.Second)
+			}
+		}
+		for len(rejects) > 0 {
+			if err := c.rejects.SendMessages(rejects); err == nil {
+				break
+			}
+			if !sleep(ctx, time.Second) {
+				return nil
+			}
+		}
+		s.MarkMessage(m, "")
 	}
 }
 

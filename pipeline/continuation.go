@@ -20,7 +20,6 @@ import (
 // and picks up the tool calls left requested. A continuation that no
 // recovery row of this session vouches for is quarantined, not run.
 func (ex *execution) continuation(ctx context.Context, tx pgx.Tx, inputID string) (*turn, error) {
-	cl := ex.x.Claim()
 	var recSession, oldAssistant, retryAttempt string
 	err := tx.QueryRow(ctx, `SELECT session_id, coalesce(evidence->>'assistant_message_id', ''), coalesce(retry_attempt_id, '')
 		FROM recoveries WHERE continuation_message_id = $1`, inputID).Scan(&recSession, &oldAssistant, &retryAttempt)
@@ -50,6 +49,15 @@ func (ex *execution) continuation(ctx context.Context, tx pgx.Tx, inputID string
 		return nil, fmt.Errorf("promoting %s: %w", inputID, err)
 	}
 
+	return ex.continueTurn(ctx, tx, oldAssistant, retryAttempt)
+}
+
+// continueTurn builds the turn that continues oldAssistant's turn (same
+// turn, same answered inputs) in a new assistant message, with the tool
+// calls the session left requested, and optionally the idempotency key of
+// an attempt to send again.
+func (ex *execution) continueTurn(ctx context.Context, tx pgx.Tx, oldAssistant, retryAttempt string) (*turn, error) {
+	cl := ex.x.Claim()
 	t := &turn{id: oldAssistant, assistantID: newID(), promotedAt: time.Now()}
 	var answers []string
 	var turnID *string

@@ -33,6 +33,9 @@ type ExecutorConfig struct {
 	ProviderName string
 	// Tools the model may call. Defaults to none.
 	Tools *tools.Registry
+	// PermissionFunc says whether a tool may run: allow, deny, or ask (the
+	// session parks until a reply arrives). Defaults to allow.
+	PermissionFunc func(tool string) tools.Permission
 	// MaxSessions bounds the sessions executing at once; Wake blocks (and
 	// so consumption pauses) while all are busy. Defaults to 256.
 	MaxSessions int
@@ -342,7 +345,7 @@ func (e *Executor) execute(sessionID string, r *sessionRun, log *slog.Logger) {
 
 var errNothingWaiting = errors.New("nothing waiting")
 
-const anyWaitingSQL = `SELECT EXISTS (SELECT 1 FROM inputs WHERE session_id = $1 AND promotion_seq IS NULL AND wake_pending AND quarantine_reason IS NULL)`
+const anyWaitingSQL = `SELECT EXISTS (SELECT 1 FROM waiting_inputs WHERE session_id = $1)`
 
 // execution is one held claim at work. Its writes go through
 // ledger.Execution.Write, which opens every transaction with the fence;
@@ -360,6 +363,8 @@ func (ex *execution) logErr(ctx context.Context, log *slog.Logger, what string, 
 	switch {
 	case errors.Is(err, ledger.ErrFenced):
 		// Logged and counted by the ledger.
+	case errors.Is(err, errParked):
+		// Logged by park; the claim is released below.
 	case ctx.Err() != nil && errors.Is(err, context.Canceled):
 	default:
 		log.ErrorContext(ctx, what+" failed", slog.Any("error", err))

@@ -95,8 +95,11 @@ func (ex *execution) selectTurn(ctx context.Context, tx pgx.Tx) (*turn, error) {
 			return nil, nil
 		}
 		for _, w := range all {
-			if strings.HasPrefix(w.id, ledger.ContinuationPrefix) {
+			switch {
+			case strings.HasPrefix(w.id, ledger.ContinuationPrefix):
 				return ex.continuation(ctx, tx, w.id)
+			case strings.HasPrefix(w.id, ReplyPrefix):
+				return ex.resume(ctx, tx, w.id)
 			}
 		}
 		var pick []waiting
@@ -138,6 +141,16 @@ const (
 // released reports that the turn's last write also released the claim
 // (no input waited).
 func (ex *execution) runTurn(ctx context.Context, t *turn, log *slog.Logger) (released bool, err error) {
+	released, err = ex.runTurnSteps(ctx, t, log)
+	if errors.Is(err, errDeclined) {
+		// Declining halts the continuation: the calls not run are
+		// interrupted, the turn fails with reason declined, the claim goes.
+		return ex.failTurn(ctx, t, envelope.FailDeclined, errDeclined, "")
+	}
+	return released, err
+}
+
+func (ex *execution) runTurnSteps(ctx context.Context, t *turn, log *slog.Logger) (released bool, err error) {
 	log = log.With(slog.String("turn_id", t.id))
 	for _, pc := range t.pendingCalls {
 		if err := ex.runCall(ctx, pc.params, pc.call, log); err != nil {
@@ -355,6 +368,13 @@ func (ex *execution) runCall(ctx context.Context, p ledger.CallParams, c ToolCal
 		}
 		return ex.settleCall(ctx, p, c, ledger.CallFailed, "invalid tool call: "+err.Error(), true)
 	}
+	feedback, err := ex.checkPermission(ctx, p, c)
+	if err != nil {
+		return err
+	}
+	if feedback != "" {
+		return ex.settleCall(ctx, p, c, ledger.CallFailed, feedback, true)
+	}
 	if err := ex.write(ctx, func(tx pgx.Tx) error { return ex.x.StartCall(ctx, tx, p.ID) }); err != nil {
 		return err
 	}
@@ -415,6 +435,10 @@ func (ex *execution) failTurn(ctx context.Context, t *turn, reason string, cause
 		defer cancel()
 	}
 	released, err = ex.finish(wctx, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(wctx, `UPDATE tool_calls SET state = 'interrupted', output = $2, is_error = true, finished_at = now()
+			WHERE session_id = $1 AND state = 'requested'`, ex.sessionID, "interrupted: "+reason); err != nil {
+			return fmt.Errorf("interrupting calls not run: %w", err)
+		}
 		if attemptState != "" && len(attemptID) > 0 {
 			if err := ledger.FinishAttempt(wctx, tx, attemptID[0], attemptState, cause.Error(), 0, 0); err != nil {
 				return err
@@ -507,9 +531,7 @@ func requestHash(req ProviderRequest) []byte {
 }
 
 const waitingSQL = `
-SELECT message_id, text, delivery FROM inputs
-WHERE session_id = $1 AND promotion_seq IS NULL AND wake_pending AND quarantine_reason IS NULL
-ORDER BY admission_seq`
+SELECT message_id, text, delivery FROM waiting_inputs WHERE session_id = $1 ORDER BY admission_seq`
 
 const promoteSQL = `
 WITH p AS (

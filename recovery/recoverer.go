@@ -346,7 +346,7 @@ func (r *Recoverer) gather(ctx context.Context, tx pgx.Tx, c ledger.Claim) (Evid
 	}); err != nil {
 		return ev, fmt.Errorf("reading tool calls: %w", err)
 	}
-	err = tx.QueryRow(ctx, `SELECT count(*) FROM inputs WHERE session_id = $1 AND promotion_seq IS NULL AND wake_pending AND quarantine_reason IS NULL`,
+	err = tx.QueryRow(ctx, `SELECT count(*) FROM waiting_inputs WHERE session_id = $1`,
 		c.SessionID).Scan(&ev.WaitingInputs)
 	if err != nil {
 		return ev, fmt.Errorf("counting waiting inputs: %w", err)
@@ -585,9 +585,8 @@ ORDER BY expires_at, session_id LIMIT $1`
 const redriveSQL = `
 SELECT s.session_id FROM sessions s
 WHERE s.session_id IN (
-    SELECT i.session_id FROM inputs i
-    WHERE i.promotion_seq IS NULL AND i.wake_pending AND i.quarantine_reason IS NULL
-      AND i.admitted_at < now() - $1 * interval '1 millisecond'
+    SELECT i.session_id FROM waiting_inputs i
+    WHERE i.admitted_at < now() - $1 * interval '1 millisecond'
     GROUP BY i.session_id
     ORDER BY min(i.admitted_at), i.session_id
     LIMIT $2)

@@ -5,6 +5,7 @@ import (
 	"log/slog"
 	"net/http"
 	"os"
+	"strings"
 
 	"github.com/promptline/promptline/pipeline"
 	"github.com/promptline/promptline/pipeline/providers"
@@ -86,4 +87,30 @@ func (p *providerOptions) build(log *slog.Logger) (pipeline.Provider, string, *t
 		return prov, "openai", reg, cleanup, nil
 	}
 	return nil, "", nil, nil, fmt.Errorf("--provider: unknown %q", p.kind)
+}
+
+// permissionPolicy maps tool names to their policy; unlisted tools are allowed.
+type permissionPolicy map[string]tools.Permission
+
+func (p permissionPolicy) lookup(tool string) tools.Permission {
+	if perm, ok := p[tool]; ok {
+		return perm
+	}
+	return tools.Allow
+}
+
+func parsePermissions(flags []string) (permissionPolicy, error) {
+	p := permissionPolicy{}
+	for _, f := range flags {
+		name, policy, ok := strings.Cut(f, "=")
+		if !ok || name == "" {
+			return nil, fmt.Errorf("--tool-permission: want NAME=allow|deny|ask, got %q", f)
+		}
+		perm, err := tools.ParsePermission(policy)
+		if err != nil {
+			return nil, fmt.Errorf("--tool-permission %s: %w", name, err)
+		}
+		p[name] = perm
+	}
+	return p, nil
 }

@@ -32,6 +32,8 @@ type options struct {
 	redriveAfter      time.Duration
 	dbMaxConns        int32
 	provider          providerOptions
+	permissionFlags   []string
+	permissions       permissionPolicy
 	topics            kafkautil.Topics
 }
 
@@ -74,6 +76,8 @@ func newRootCommand() *cobra.Command {
 	f.StringVar(&o.provider.openaiKeyEnv, "openai-api-key-env", "OPENAI_API_KEY", "environment variable holding the API key (never logged)")
 	f.StringVar(&o.provider.openaiKeyFile, "openai-api-key-file", "", "file holding the API key (takes precedence over the environment variable)")
 	f.StringVar(&o.provider.sandboxDir, "sandbox-dir", "", "directory the append_line demo tool writes in (scripted provider); empty: a temporary directory")
+	f.StringArrayVar(&o.permissionFlags, "tool-permission", nil, "tool policy NAME=allow|deny|ask (repeatable); ask parks the session until a reply on the permission-replies topic; tools default to allow")
+	f.StringVar(&o.topics.PermissionReplies, "permission-replies-topic", "permission-replies", "topic of replies to permission requests")
 	f.Int32Var(&o.dbMaxConns, "db-max-conns", 32, "Postgres connections in this process's pool (admission per partition, executions, relay)")
 	f.DurationVar(&o.lease, "lease", 30*time.Second, "claim lease; a live execution renews it every lease/3 by the database clock")
 	f.DurationVar(&o.shutdownGrace, "shutdown-grace", 30*time.Second, "time running turns get to finish on SIGTERM")
@@ -116,8 +120,13 @@ func (o *options) validate() error {
 	if err := o.provider.validate(); err != nil {
 		return err
 	}
+	perms, err := parsePermissions(o.permissionFlags)
+	if err != nil {
+		return err
+	}
+	o.permissions = perms
 	for flag, name := range map[string]string{"--prompts-topic": o.topics.Prompts, "--wakes-topic": o.topics.Wakes,
-		"--events-topic": o.topics.Events, "--rejects-topic": o.topics.Rejects} {
+		"--events-topic": o.topics.Events, "--rejects-topic": o.topics.Rejects, "--permission-replies-topic": o.topics.PermissionReplies} {
 		if name == "" {
 			return fmt.Errorf("%s: must not be empty", flag)
 		}

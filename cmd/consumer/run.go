@@ -111,7 +111,7 @@ func run(ctx context.Context, o *options, stderr io.Writer) error {
 	})
 	exec := pipeline.NewExecutor(db.Pool, &pipeline.ExecutorConfig{
 		Claims: claims, Topics: topics, MaxSessions: o.maxSessions, Logger: log, Metrics: m, OnCommitFunc: relay.Nudge,
-		Provider: provider, ProviderName: providerName, Tools: toolbox,
+		Provider: provider, ProviderName: providerName, Tools: toolbox, PermissionFunc: o.permissions.lookup,
 	})
 	rec := recovery.New(db.Pool, &recovery.Config{
 		Interval: o.recoveryInterval, Batch: o.recoveryBatch, RedriveAfter: o.redriveAfter,
@@ -146,7 +146,7 @@ func run(ctx context.Context, o *options, stderr io.Writer) error {
 		slog.String("metrics_addr", srv.Addr()), slog.String("owner", owner))
 	for ctx.Err() == nil {
 		// Consume returns at every rebalance; loop to rejoin.
-		if err := group.Consume(ctx, []string{topics.Prompts, topics.Wakes}, handler); err != nil {
+		if err := group.Consume(ctx, []string{topics.Prompts, topics.Wakes, topics.PermissionReplies}, handler); err != nil {
 			if errors.Is(err, sarama.ErrClosedConsumerGroup) || ctx.Err() != nil {
 				break
 			}

@@ -21,7 +21,7 @@ func TestBrokerOverTCP(t *testing.T) {
 	require.NoError(t, err)
 	created, err := kafkautil.EnsureTopics(admin, kafkautil.Topics{}.WithDefaults(), 4, 1, nil)
 	require.NoError(t, err)
-	require.ElementsMatch(t, []string{"prompts", "wakes", "session-events", "prompts.rejects"}, created)
+	require.ElementsMatch(t, []string{"prompts", "wakes", "session-events", "prompts.rejects", "permission-replies"}, created)
 	again, err := kafkautil.EnsureTopics(admin, kafkautil.Topics{}.WithDefaults(), 4, 1, nil)
 	require.NoError(t, err)
 	require.Empty(t, again)

@@ -19,6 +19,9 @@ type Topics struct {
 	Events string
 	// Rejects carries bad input: original bytes, reason and source in headers. Defaults to "prompts.rejects".
 	Rejects string
+	// PermissionReplies carries replies to permission requests, key =
+	// session ID. Defaults to "permission-replies".
+	PermissionReplies string
 }
 
 // WithDefaults fills unset names.
@@ -27,11 +30,14 @@ func (t Topics) WithDefaults() Topics {
 	t.Wakes = cmp.Or(t.Wakes, "wakes")
 	t.Events = cmp.Or(t.Events, "session-events")
 	t.Rejects = cmp.Or(t.Rejects, "prompts.rejects")
+	t.PermissionReplies = cmp.Or(t.PermissionReplies, "permission-replies")
 	return t
 }
 
 // All lists every topic.
-func (t Topics) All() []string { return []string{t.Prompts, t.Wakes, t.Events, t.Rejects} }
+func (t Topics) All() []string {
+	return []string{t.Prompts, t.Wakes, t.Events, t.Rejects, t.PermissionReplies}
+}
 
 // EnsureTopics creates the topics that do not exist yet, with the given
 // partition count, and returns the names it created. Existing topics are left

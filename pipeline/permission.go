@@ -1,0 +1,217 @@
+package pipeline
+
+import (
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/promptline/promptline/envelope"
+	"github.com/promptline/promptline/internal/pgdb"
+	"github.com/promptline/promptline/ledger"
+	"github.com/promptline/promptline/outbox"
+	"github.com/promptline/promptline/tools"
+)
+
+// ReplyPrefix starts the message ID of the input that a permission reply
+// admits: permission-reply-<request ID>. Promoting it resumes the parked
+// turn.
+const ReplyPrefix = "permission-reply-"
+
+var (
+	// errParked: a tool call waits for permission; the session is parked
+	// and the claim released.
+	errParked = errors.New("waiting for permission")
+	// errDeclined: a permission was declined without feedback; the turn
+	// stops.
+	errDeclined = errors.New("permission declined")
+)
+
+// permission returns the policy for a tool: allow unless configured.
+func (ex *execution) permission(tool string) tools.Permission {
+	if f := ex.e.cfg.PermissionFunc; f != nil {
+		return f(tool)
+	}
+	return tools.Allow
+}
+
+// checkPermission decides whether call p may run now. For an ask it reads
+// the durable request (and the session's "always" grants): granted runs,
+// rejected with a message returns the message as feedback for the model,
+// rejected without one declines the turn, anything else parks the session.
+func (ex *execution) checkPermission(ctx context.Context, p ledger.CallParams, c ToolCall) (feedback string, err error) {
+	switch ex.permission(c.Name) {
+	case tools.Allow:
+		return "", nil
+	case tools.Deny:
+		return fmt.Sprintf("denied: tool %q is not permitted here", c.Name), nil
+	}
+	var status, message string
+	err = ex.e.pool.QueryRow(ctx, `SELECT status, coalesce(message, '') FROM permission_requests WHERE request_id = $1`, p.ID).Scan(&status, &message)
+	switch {
+	case errors.Is(err, pgx.ErrNoRows):
+		var granted bool
+		if err := ex.e.pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM permission_grants WHERE session_id = $1 AND pattern = $2)`,
+			ex.sessionID, c.Name).Scan(&granted); err != nil {
+			return "", fmt.Errorf("reading permission grants: %w", err)
+		}
+		if granted {
+			return "", nil
+		}
+		return "", ex.park(ctx, p, c)
+	case err != nil:
+		return "", fmt.Errorf("reading permission request %s: %w", p.ID, err)
+	case status == "approved":
+		return "", nil
+	case status == "rejected" && message != "":
+		return "declined: " + message, nil
+	case status == "rejected":
+		return "", errDeclined
+	}
+	return "", errParked // still pending
+}
+
+// park persists the permission request and announces it, in one fenced
+// transaction, and returns errParked: the executor then releases the claim.
+func (ex *execution) park(ctx context.Context, p ledger.CallParams, c ToolCall) error {
+	meta, _ := json.Marshal(map[string]any{"input": jsonOrString(c.Input), "model_call_id": c.ID})
+	err := ex.write(ctx, func(tx pgx.Tx) error {
+		tag, err := tx.Exec(ctx, `INSERT INTO permission_requests (request_id, session_id, call_id, tool, pattern, metadata, status)
+			VALUES ($1, $2, $3, $4, $4, $5, 'pending') ON CONFLICT (request_id) DO NOTHING`, p.ID, ex.sessionID, p.ID, c.Name, meta)
+		if err != nil {
+			return fmt.Errorf("recording permission request: %w", err)
+		}
+		if tag.RowsAffected() == 0 {
+			return nil
+		}
+		return outbox.Insert(ctx, tx, eventRow(ex.e.cfg.Topics.Events, envelope.Event{
+			ID: "permission.asked:" + p.ID, Type: envelope.EventPermissionAsked, SessionID: ex.sessionID,
+			At: time.Now().UTC(), RequestID: p.ID, Tool: c.Name, Input: jsonOrString(c.Input),
+		}))
+	})
+	if err != nil {
+		return err
+	}
+	ex.e.log.InfoContext(ctx, "permission asked; session parked", slog.String("session_id", ex.sessionID),
+		slog.String("request_id", p.ID), slog.String("tool", c.Name))
+	return errParked
+}
+
+// resume promotes a permission reply's input: it continues the parked turn,
+// whose call (still requested) is then checked again against the reply.
+func (ex *execution) resume(ctx context.Context, tx pgx.Tx, inputID string) (*turn, error) {
+	requestID := inputID[len(ReplyPrefix):]
+	var assistant string
+	err := tx.QueryRow(ctx, `SELECT a.assistant_message_id FROM permission_requests r
+		JOIN tool_calls c ON c.call_id = r.call_id JOIN attempts a ON a.attempt_id = c.attempt_id
+		WHERE r.request_id = $1 AND r.session_id = $2`, requestID, ex.sessionID).Scan(&assistant)
+	if errors.Is(err, pgx.ErrNoRows) {
+		if _, err := tx.Exec(ctx, `UPDATE inputs SET quarantine_reason = 'permission reply without a request of this session', quarantined_at = now()
+			WHERE message_id = $1`, inputID); err != nil {
+			return nil, err
+		}
+		return ex.selectTurn(ctx, tx)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("reading permission request %s: %w", requestID, err)
+	}
+	if _, err := tx.Exec(ctx, `UPDATE permission_requests SET resumed_at = now() WHERE request_id = $1 AND resumed_at IS NULL`, requestID); err != nil {
+		return nil, err
+	}
+	if _, err := tx.Exec(ctx, `UPDATE inputs SET promotion_seq = nextval('promotion_seq'), promoted_at = now()
+		WHERE message_id = $1 AND promotion_seq IS NULL`, inputID); err != nil {
+		return nil, fmt.Errorf("promoting %s: %w", inputID, err)
+	}
+	return ex.continueTurn(ctx, tx, assistant, "")
+}
+
+// ReplyOutcome classifies a permission reply at admission.
+type ReplyOutcome struct {
+	Outcome Outcome
+	// Reason is the rejects-topic reason for a reply that is not admitted.
+	Reason string
+	Detail string
+}
+
+// AdmitReply admits a permission reply exactly once: it records the reply
+// (and an "always" grant), and admits the reply's input with a wake, in one
+// transaction. A repeated identical reply is a duplicate; a different
+// reply to a replied request is a conflict; a reply to no request is
+// rejected with reason unknown_request.
+func (a *Admitter) AdmitReply(ctx context.Context, r envelope.PermissionReply, src Source) (ReplyOutcome, error) {
+	h := sha256.Sum256([]byte(r.Reply + "\x00" + r.Message))
+	var out ReplyOutcome
+	var wrote bool
+	err := pgdb.InTx(ctx, a.pool, func(tx pgx.Tx) error {
+		out, wrote = ReplyOutcome{}, false
+		var session string
+		err := tx.QueryRow(ctx, `SELECT session_id FROM permission_requests WHERE request_id = $1`, r.RequestID).Scan(&session)
+		if errors.Is(err, pgx.ErrNoRows) {
+			out = ReplyOutcome{Outcome: Conflict, Reason: envelope.ReasonUnknownRequest, Detail: fmt.Sprintf("no permission request %q", r.RequestID)}
+			return nil
+		}
+		if err != nil {
+			return err
+		}
+		// Lock order: the session row first, as everywhere.
+		if _, err := tx.Exec(ctx, `SELECT 1 FROM sessions WHERE session_id = $1 FOR UPDATE`, session); err != nil {
+			return err
+		}
+		var status string
+		var prior []byte
+		if err := tx.QueryRow(ctx, `SELECT status, reply_hash FROM permission_requests WHERE request_id = $1 FOR UPDATE`, r.RequestID).Scan(&status, &prior); err != nil {
+			return err
+		}
+		if status != "pending" {
+			if bytes.Equal(prior, h[:]) {
+				out = ReplyOutcome{Outcome: Duplicate}
+			} else {
+				out = ReplyOutcome{Outcome: Conflict, Reason: envelope.ReasonConflict, Detail: fmt.Sprintf("request %q was answered before with another reply", r.RequestID)}
+			}
+			return nil
+		}
+		newStatus := "approved"
+		if r.Reply == envelope.ReplyReject {
+			newStatus = "rejected"
+		}
+		if _, err := tx.Exec(ctx, `UPDATE permission_requests SET status = $2, reply = $3, message = nullif($4, ''), reply_hash = $5,
+			source_topic = $6, source_partition = $7, source_offset = $8, replied_at = now() WHERE request_id = $1`,
+			r.RequestID, newStatus, r.Reply, r.Message, h[:], src.Topic, src.Partition, src.Offset); err != nil {
+			return fmt.Errorf("recording reply: %w", err)
+		}
+		if r.Reply == envelope.ReplyAlways {
+			if _, err := tx.Exec(ctx, `INSERT INTO permission_grants (session_id, pattern, request_id)
+				SELECT session_id, pattern, request_id FROM permission_requests WHERE request_id = $1
+				ON CONFLICT DO NOTHING`, r.RequestID); err != nil {
+				return fmt.Errorf("recording grant: %w", err)
+			}
+		}
+		inputHash := sha256.Sum256([]byte("permission-reply:" + r.RequestID))
+		if _, err := tx.Exec(ctx, `INSERT INTO inputs (message_id, session_id, text, payload_hash, delivery, wake_pending,
+				source_topic, source_partition, source_offset)
+			VALUES ($1, $2, '', $3, 'steer', true, $4, $5, $6) ON CONFLICT (message_id) DO NOTHING`,
+			ReplyPrefix+r.RequestID, session, inputHash[:], src.Topic, src.Partition, src.Offset); err != nil {
+			return fmt.Errorf("admitting the reply's input: %w", err)
+		}
+		out = ReplyOutcome{Outcome: Admitted}
+		wrote = true
+		now := time.Now().UTC()
+		return outbox.Insert(ctx, tx,
+			eventRow(a.cfg.Topics.Events, envelope.Event{ID: "permission.replied:" + r.RequestID, Type: envelope.EventPermissionReplied,
+				SessionID: session, At: now, RequestID: r.RequestID, Reply: r.Reply}),
+			wakeRow(a.cfg.Topics.Wakes, session, "permission-reply", now))
+	})
+	if err != nil {
+		return ReplyOutcome{}, fmt.Errorf("admitting reply to %s: %w", r.RequestID, err)
+	}
+	if wrote && a.cfg.OnCommitFunc != nil {
+		a.cfg.OnCommitFunc()
+	}
+	return out, nil
+}
