@@ -31,6 +31,7 @@ type options struct {
 	recoveryBatch     int
 	redriveAfter      time.Duration
 	dbMaxConns        int32
+	dbTimeouts        [3]time.Duration // statement, lock, idle in transaction
 	provider          providerOptions
 	permissionFlags   []string
 	permissions       permissionPolicy
@@ -78,6 +79,9 @@ func newRootCommand() *cobra.Command {
 	f.StringVar(&o.provider.sandboxDir, "sandbox-dir", "", "directory the append_line demo tool writes in (scripted provider); empty: a temporary directory")
 	f.StringArrayVar(&o.permissionFlags, "tool-permission", nil, "tool policy NAME=allow|deny|ask (repeatable); ask parks the session until a reply on the permission-replies topic; tools default to allow")
 	f.StringVar(&o.topics.PermissionReplies, "permission-replies-topic", "permission-replies", "topic of replies to permission requests")
+	f.DurationVar(&o.dbTimeouts[0], "db-statement-timeout", 30*time.Second, "Postgres statement_timeout of every connection")
+	f.DurationVar(&o.dbTimeouts[1], "db-lock-timeout", 10*time.Second, "Postgres lock_timeout of every connection")
+	f.DurationVar(&o.dbTimeouts[2], "db-idle-in-transaction-timeout", 60*time.Second, "Postgres idle_in_transaction_session_timeout: a paused process cannot hold locks longer")
 	f.Int32Var(&o.dbMaxConns, "db-max-conns", 32, "Postgres connections in this process's pool (admission per partition, executions, relay)")
 	f.DurationVar(&o.lease, "lease", 30*time.Second, "claim lease; a live execution renews it every lease/3 by the database clock")
 	f.DurationVar(&o.shutdownGrace, "shutdown-grace", 30*time.Second, "time running turns get to finish on SIGTERM")
@@ -97,6 +101,9 @@ func (o *options) validate() error {
 		return fmt.Errorf("--max-sessions: must be at least 1, got %d", o.maxSessions)
 	case o.dbMaxConns < 2:
 		return fmt.Errorf("--db-max-conns: must be at least 2, got %d", o.dbMaxConns)
+	case o.dbTimeouts[0] < time.Second || o.dbTimeouts[1] < 100*time.Millisecond || o.dbTimeouts[2] < time.Second:
+		return fmt.Errorf("--db-statement-timeout (≥1s), --db-lock-timeout (≥100ms), --db-idle-in-transaction-timeout (≥1s): got %s, %s, %s",
+			o.dbTimeouts[0], o.dbTimeouts[1], o.dbTimeouts[2])
 	case o.maxBatch < 1:
 		return fmt.Errorf("--max-batch: must be at least 1, got %d", o.maxBatch)
 	case o.maxValueBytes < 1:

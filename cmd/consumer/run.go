@@ -43,7 +43,8 @@ func run(ctx context.Context, o *options, stderr io.Writer) error {
 		log.Info("embedded Kafka broker started", slog.String("addr", b.Addr()))
 	}
 
-	db, err := pgdb.Open(ctx, pgdb.OpenOpts{URL: o.databaseURL, Logger: log, MaxConns: o.dbMaxConns})
+	db, err := pgdb.Open(ctx, pgdb.OpenOpts{URL: o.databaseURL, Logger: log, MaxConns: o.dbMaxConns,
+		StatementTimeout: o.dbTimeouts[0], LockTimeout: o.dbTimeouts[1], IdleInTxTimeout: o.dbTimeouts[2]})
 	if err != nil {
 		return err
 	}

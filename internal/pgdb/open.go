@@ -1,6 +1,7 @@
 package pgdb
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -28,7 +29,16 @@ type OpenOpts struct {
 	// ClusterParent is where a throwaway cluster's directory goes. Defaults
 	// to the system temp directory.
 	ClusterParent string
-	Logger        *slog.Logger
+	// StatementTimeout bounds every statement. Defaults to 30s.
+	StatementTimeout time.Duration
+	// LockTimeout bounds every lock wait. Defaults to 10s.
+	LockTimeout time.Duration
+	// IdleInTxTimeout ends a session idle inside a transaction, so that a
+	// paused or wedged process (SIGSTOP, a long GC pause, a hung network
+	// call inside a transaction) cannot hold row and advisory locks that
+	// block admission, takeover or the relay. Defaults to 60s.
+	IdleInTxTimeout time.Duration
+	Logger          *slog.Logger
 }
 
 // DB is an open, migrated database.
@@ -79,6 +89,10 @@ func Open(ctx context.Context, opts OpenOpts) (*DB, error) {
 	if opts.MaxConns > 0 {
 		cfg.MaxConns = opts.MaxConns
 	}
+	rp := cfg.ConnConfig.RuntimeParams
+	rp["statement_timeout"] = ms(cmp.Or(opts.StatementTimeout, 30*time.Second))
+	rp["lock_timeout"] = ms(cmp.Or(opts.LockTimeout, 10*time.Second))
+	rp["idle_in_transaction_session_timeout"] = ms(cmp.Or(opts.IdleInTxTimeout, 60*time.Second))
 	db.Pool, err = pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
 		db.stopCluster()
@@ -132,6 +146,8 @@ func ensureDatabase(ctx context.Context, url string) error {
 	}
 	return err
 }
+
+func ms(d time.Duration) string { return fmt.Sprintf("%d", d.Milliseconds()) }
 
 func refused(err error) bool {
 	var op *net.OpError

@@ -3,6 +3,7 @@ package pgdb_test
 import (
 	"context"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
@@ -56,4 +57,16 @@ func TestThrowawayCluster(t *testing.T) {
 	require.NoError(t, db.Close())
 	require.NoError(t, c.Stop())
 	require.NoDirExists(t, c.Dir)
+}
+
+func TestTimeoutsAreSetPerConnection(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db, err := pgdb.Open(ctx, pgdb.OpenOpts{URL: testkit.DatabaseURL(t), LockTimeout: 1500 * time.Millisecond})
+	require.NoError(t, err)
+	defer db.Close()
+	var stmt, lock, idle string
+	require.NoError(t, db.Pool.QueryRow(ctx, `SELECT current_setting('statement_timeout'), current_setting('lock_timeout'),
+		current_setting('idle_in_transaction_session_timeout')`).Scan(&stmt, &lock, &idle))
+	require.Equal(t, []string{"30s", "1500ms", "1min"}, []string{stmt, lock, idle})
 }
