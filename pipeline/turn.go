@@ -77,55 +77,53 @@ func (ex *execution) promoteTx(ctx context.Context, tx pgx.Tx) (*turn, error) {
 // selectTurn promotes the next turn's inputs inside tx.
 func (ex *execution) selectTurn(ctx context.Context, tx pgx.Tx) (*turn, error) {
 	cl := ex.x.Claim()
-	{
-		rows, err := tx.Query(ctx, waitingSQL, ex.sessionID)
-		if err != nil {
-			return nil, fmt.Errorf("reading waiting inputs: %w", err)
-		}
-		type waiting struct{ id, text, delivery string }
-		var all []waiting
-		var w waiting
-		if _, err := pgx.ForEachRow(rows, []any{&w.id, &w.text, &w.delivery}, func() error {
-			all = append(all, w)
-			return nil
-		}); err != nil {
-			return nil, fmt.Errorf("reading waiting inputs: %w", err)
-		}
-		if len(all) == 0 {
-			return nil, nil
-		}
-		for _, w := range all {
-			switch {
-			case strings.HasPrefix(w.id, ledger.ContinuationPrefix):
-				return ex.continuation(ctx, tx, w.id)
-			case strings.HasPrefix(w.id, ReplyPrefix):
-				return ex.resume(ctx, tx, w.id)
-			}
-		}
-		var pick []waiting
-		for _, w := range all {
-			if w.delivery == string(envelope.DeliverySteer) {
-				pick = append(pick, w)
-			}
-		}
-		if len(pick) == 0 {
-			pick = all[:1]
-		}
-		t := &turn{id: newID(), promotedAt: time.Now()}
-		t.assistantID = t.id
-		ids := make([]string, len(pick))
-		for i, w := range pick {
-			ids[i] = w.id
-			t.inputs = append(t.inputs, TranscriptMessage{ID: w.id, Role: "user", Text: w.text})
-			if _, err := tx.Exec(ctx, promoteSQL, w.id, cl.ExecutionID, cl.Token); err != nil {
-				return nil, fmt.Errorf("promoting %s: %w", w.id, err)
-			}
-		}
-		if _, err := tx.Exec(ctx, insertAssistantSQL, t.assistantID, ex.sessionID, ids, cl.ExecutionID, cl.Token, t.id); err != nil {
-			return nil, fmt.Errorf("creating assistant message: %w", err)
-		}
-		return t, ex.x.SetPhase(ctx, tx, ledger.PhaseReady, t.assistantID)
+	rows, err := tx.Query(ctx, waitingSQL, ex.sessionID)
+	if err != nil {
+		return nil, fmt.Errorf("reading waiting inputs: %w", err)
 	}
+	type waiting struct{ id, text, delivery string }
+	var all []waiting
+	var w waiting
+	if _, err := pgx.ForEachRow(rows, []any{&w.id, &w.text, &w.delivery}, func() error {
+		all = append(all, w)
+		return nil
+	}); err != nil {
+		return nil, fmt.Errorf("reading waiting inputs: %w", err)
+	}
+	if len(all) == 0 {
+		return nil, nil
+	}
+	for _, w := range all {
+		switch {
+		case strings.HasPrefix(w.id, ledger.ContinuationPrefix):
+			return ex.continuation(ctx, tx, w.id)
+		case strings.HasPrefix(w.id, ReplyPrefix):
+			return ex.resume(ctx, tx, w.id)
+		}
+	}
+	var pick []waiting
+	for _, w := range all {
+		if w.delivery == string(envelope.DeliverySteer) {
+			pick = append(pick, w)
+		}
+	}
+	if len(pick) == 0 {
+		pick = all[:1]
+	}
+	t := &turn{id: newID(), promotedAt: time.Now()}
+	t.assistantID = t.id
+	ids := make([]string, len(pick))
+	for i, w := range pick {
+		ids[i] = w.id
+		t.inputs = append(t.inputs, TranscriptMessage{ID: w.id, Role: "user", Text: w.text})
+		if _, err := tx.Exec(ctx, promoteSQL, w.id, cl.ExecutionID, cl.Token); err != nil {
+			return nil, fmt.Errorf("promoting %s: %w", w.id, err)
+		}
+	}
+	if _, err := tx.Exec(ctx, insertAssistantSQL, t.assistantID, ex.sessionID, ids, cl.ExecutionID, cl.Token, t.id); err != nil {
+		return nil, fmt.Errorf("creating assistant message: %w", err)
+	}
+	return t, ex.x.SetPhase(ctx, tx, ledger.PhaseReady, t.assistantID)
 }
 
 // Bounds of one turn.
