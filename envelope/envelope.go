@@ -66,6 +66,12 @@ const (
 	ReasonTrailingBytes = "trailing_data"
 	// ReasonUnknownRequest: a permission reply names no request.
 	ReasonUnknownRequest = "unknown_request"
+	// ReasonTooDeep: the JSON nests deeper than Limits.MaxDepth.
+	ReasonTooDeep = "too_deep"
+	// ReasonTooManyHeaders: more Kafka headers than Limits.MaxHeaders.
+	ReasonTooManyHeaders = "too_many_headers"
+	// ReasonHeadersTooLarge: the headers exceed Limits.MaxHeaderBytes.
+	ReasonHeadersTooLarge = "headers_too_large"
 )
 
 // RejectError says why a message is not a valid prompt.
@@ -86,17 +92,83 @@ type Limits struct {
 	MaxValueBytes int
 	// MaxIDLength is the longest message or session ID. Defaults to 128.
 	MaxIDLength int
+	// MaxTextBytes is the longest text. Defaults to MaxValueBytes.
+	MaxTextBytes int
+	// MaxDepth is the deepest JSON nesting accepted, checked before any
+	// decoding (Go's decoder stops only at 10,000). Defaults to 16; a valid
+	// envelope nests 1 deep.
+	MaxDepth int
+	// MaxHeaders is the most Kafka headers a message may carry. Defaults to 32.
+	MaxHeaders int
+	// MaxHeaderBytes bounds the headers' keys and values together.
+	// Defaults to 16 KiB.
+	MaxHeaderBytes int
 }
 
 const (
-	maxValueBytesDefault = 1 << 20
-	maxIDLengthDefault   = 128
+	maxValueBytesDefault  = 1 << 20
+	maxIDLengthDefault    = 128
+	maxDepthDefault       = 16
+	maxHeadersDefault     = 32
+	maxHeaderBytesDefault = 16 << 10
 )
 
 func (l Limits) withDefaults() Limits {
 	l.MaxValueBytes = cmp.Or(l.MaxValueBytes, maxValueBytesDefault)
 	l.MaxIDLength = cmp.Or(l.MaxIDLength, maxIDLengthDefault)
+	l.MaxTextBytes = cmp.Or(l.MaxTextBytes, l.MaxValueBytes)
+	l.MaxDepth = cmp.Or(l.MaxDepth, maxDepthDefault)
+	l.MaxHeaders = cmp.Or(l.MaxHeaders, maxHeadersDefault)
+	l.MaxHeaderBytes = cmp.Or(l.MaxHeaderBytes, maxHeaderBytesDefault)
 	return l
+}
+
+// CheckHeaders enforces the header limits on a message's headers (count,
+// and the bytes of their keys and values), before its value is decoded.
+// Every error is a *RejectError.
+func CheckHeaders(count, bytes int, limits Limits) error {
+	limits = limits.withDefaults()
+	if count > limits.MaxHeaders {
+		return reject(ReasonTooManyHeaders, "%d headers, limit %d", count, limits.MaxHeaders)
+	}
+	if bytes > limits.MaxHeaderBytes {
+		return reject(ReasonHeadersTooLarge, "headers are %d bytes, limit %d", bytes, limits.MaxHeaderBytes)
+	}
+	return nil
+}
+
+// depth returns the deepest nesting of arrays and objects in value, outside
+// strings, stopping as soon as it passes max: a linear scan that never
+// allocates, so a hostile value costs no more than its length.
+func depth(value []byte, max int) int {
+	d, deepest := 0, 0
+	inString, escaped := false, false
+	for _, c := range value {
+		switch {
+		case inString:
+			switch {
+			case escaped:
+				escaped = false
+			case c == '\\':
+				escaped = true
+			case c == '"':
+				inString = false
+			}
+		case c == '"':
+			inString = true
+		case c == '{' || c == '[':
+			d++
+			if d > deepest {
+				deepest = d
+				if deepest > max {
+					return deepest
+				}
+			}
+		case c == '}' || c == ']':
+			d--
+		}
+	}
+	return deepest
 }
 
 // Decode parses and validates one prompt. key is the Kafka key (nil when
@@ -109,6 +181,9 @@ func Decode(key, value []byte, limits Limits) (Prompt, error) {
 	}
 	if !utf8.Valid(value) {
 		return Prompt{}, reject(ReasonInvalidUTF8, "value is not valid UTF-8")
+	}
+	if d := depth(value, limits.MaxDepth); d > limits.MaxDepth {
+		return Prompt{}, reject(ReasonTooDeep, "JSON nests deeper than %d", limits.MaxDepth)
 	}
 	fields, err := decodeMembers(value)
 	if err != nil {
@@ -137,6 +212,8 @@ func Decode(key, value []byte, limits Limits) (Prompt, error) {
 	switch {
 	case p.Text == "":
 		return Prompt{}, reject(ReasonInvalidField, "text must not be empty")
+	case len(p.Text) > limits.MaxTextBytes:
+		return Prompt{}, reject(ReasonTooLarge, "text is %d bytes, limit %d", len(p.Text), limits.MaxTextBytes)
 	case strings.IndexByte(p.Text, 0) >= 0:
 		// Postgres text cannot hold U+0000: admitting it would fail the
 		// admission transaction of its whole batch, and admission retries

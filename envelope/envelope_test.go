@@ -26,6 +26,10 @@ var allReasons = []string{
 	envelope.ReasonConflict,
 	envelope.ReasonInvalidUTF8,
 	envelope.ReasonTrailingBytes,
+	envelope.ReasonTooDeep,
+	envelope.ReasonUnknownRequest,
+	envelope.ReasonTooManyHeaders,
+	envelope.ReasonHeadersTooLarge,
 }
 
 func TestDecode(t *testing.T) {
@@ -174,6 +178,11 @@ func TestDecode(t *testing.T) {
 		{name: "TrailingBracket", value: ok + `]`, reason: envelope.ReasonTrailingBytes},
 		{name: "TrailingNull", value: ok + ` null`, reason: envelope.ReasonTrailingBytes},
 
+		// too_deep: checked before decoding, far below Go's 10,000.
+		{name: "DeepNesting10001", value: `{"message_id":"m1","session_id":"s1","text":"x","resume":` + strings.Repeat("[", 10001) + strings.Repeat("]", 10001) + `}`, reason: envelope.ReasonTooDeep},
+		{name: "DeepNesting17", value: `{"message_id":"m1","session_id":"s1","text":"x","resume":` + strings.Repeat("[", 16) + strings.Repeat("]", 16) + `}`, reason: envelope.ReasonTooDeep},
+		{name: "TextOverTextLimit", value: `{"message_id":"m1","session_id":"s1","text":"hello"}`, reason: envelope.ReasonTooLarge, limits: envelope.Limits{MaxTextBytes: 4}},
+
 		// missing_field
 		{name: "MissingMessageID", value: `{"session_id":"s1","text":"hello"}`, reason: envelope.ReasonMissingField},
 		{name: "MissingSessionID", value: `{"message_id":"m1","text":"hello"}`, reason: envelope.ReasonMissingField},
@@ -253,8 +262,11 @@ func TestDecode(t *testing.T) {
 			seen[tt.reason] = true
 		}
 		for _, r := range allReasons {
-			if r == envelope.ReasonConflict {
-				continue // decided by admission, not by Decode
+			switch r {
+			case envelope.ReasonConflict, envelope.ReasonUnknownRequest: // decided by admission, not by Decode
+				continue
+			case envelope.ReasonTooManyHeaders, envelope.ReasonHeadersTooLarge: // CheckHeaders, tested below
+				continue
 			}
 			require.True(t, seen[r], "no test case rejects with %q", r)
 		}
@@ -416,4 +428,48 @@ func BenchmarkDecode(b *testing.B) {
 			}
 		})
 	}
+}
+
+func TestLimitsBeyondDecode(t *testing.T) {
+	t.Parallel()
+
+	t.Run("BracketsInsideStringsDoNotNest", func(t *testing.T) {
+		t.Parallel()
+		text := strings.Repeat("[{", 100) + `\"]`
+		p, err := envelope.Decode(nil, []byte(`{"message_id":"m1","session_id":"s1","text":"`+text+`"}`), envelope.Limits{})
+		require.NoError(t, err)
+		require.Equal(t, strings.Repeat("[{", 100)+`"]`, p.Text)
+	})
+
+	t.Run("Headers", func(t *testing.T) {
+		t.Parallel()
+		require.NoError(t, envelope.CheckHeaders(32, 16<<10, envelope.Limits{}))
+		var rej *envelope.RejectError
+		require.ErrorAs(t, envelope.CheckHeaders(33, 0, envelope.Limits{}), &rej)
+		require.Equal(t, envelope.ReasonTooManyHeaders, rej.Reason)
+		require.ErrorAs(t, envelope.CheckHeaders(1, 16<<10+1, envelope.Limits{}), &rej)
+		require.Equal(t, envelope.ReasonHeadersTooLarge, rej.Reason)
+		require.ErrorAs(t, envelope.CheckHeaders(3, 0, envelope.Limits{MaxHeaders: 2}), &rej)
+	})
+
+	t.Run("Replies", func(t *testing.T) {
+		t.Parallel()
+		r, err := envelope.DecodeReply([]byte(`{"request_id":"r1","reply":"reject","message":"no"}`), envelope.Limits{})
+		require.NoError(t, err)
+		require.Equal(t, envelope.PermissionReply{RequestID: "r1", Reply: "reject", Message: "no"}, r)
+		for value, reason := range map[string]string{
+			`{"request_id":1,"reply":"once"}`:                  envelope.ReasonInvalidJSON,
+			`{"reply":"once"}`:                                 envelope.ReasonMissingField,
+			`{"request_id":"r1"}`:                              envelope.ReasonMissingField,
+			`{"request_id":"r1","reply":"maybe"}`:              envelope.ReasonInvalidField,
+			`{"request_id":"r1","reply":"once","message":"x"}`: envelope.ReasonInvalidField,
+			`{"request_id":"r1","reply":"once","extra":1}`:     envelope.ReasonUnknownField,
+			"\xff": envelope.ReasonInvalidUTF8,
+		} {
+			_, err := envelope.DecodeReply([]byte(value), envelope.Limits{})
+			var rej *envelope.RejectError
+			require.ErrorAs(t, err, &rej, value)
+			require.Equal(t, reason, rej.Reason, value)
+		}
+	})
 }

@@ -137,7 +137,15 @@ func (c *Consumer) handlePrompts(ctx context.Context, batch []*sarama.ConsumerMe
 	var goodMsgs []*sarama.ConsumerMessage
 	var rejects []*sarama.ProducerMessage
 	for _, m := range batch {
-		p, err := envelope.Decode(m.Key, m.Value, c.cfg.Limits)
+		hbytes := 0
+		for _, h := range m.Headers {
+			hbytes += len(h.Key) + len(h.Value)
+		}
+		err := envelope.CheckHeaders(len(m.Headers), hbytes, c.cfg.Limits)
+		var p envelope.Prompt
+		if err == nil {
+			p, err = envelope.Decode(m.Key, m.Value, c.cfg.Limits)
+		}
 		if err != nil {
 			var re *envelope.RejectError
 			if !errors.As(err, &re) {

@@ -1,0 +1,67 @@
+package pipeline_test
+
+import (
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/IBM/sarama"
+	"github.com/stretchr/testify/require"
+
+	"github.com/promptline/promptline/envelope"
+)
+
+// TestHostileInputs sends a corpus of hostile messages on one partition:
+// each lands in prompts.rejects with its reason, in order, nothing of them
+// is admitted, and a valid prompt after them still runs.
+func TestHostileInputs(t *testing.T) {
+	t.Parallel()
+	b := setup(t, setupOpts{})
+	sess := "hostile"
+	key := []byte(sess)
+	valid := func(extra string) string {
+		return `{"message_id":"m","session_id":"hostile","text":"x"` + extra + `}`
+	}
+	corpus := []struct {
+		name    string
+		value   []byte
+		key     []byte
+		headers []sarama.RecordHeader
+		reason  string
+	}{
+		{"Depth10001", []byte(valid(`,"resume":` + strings.Repeat("[", 10001) + strings.Repeat("]", 10001))), key, nil, envelope.ReasonTooDeep},
+		{"InvalidUTF8", []byte("{\"message_id\":\"m\",\"session_id\":\"hostile\",\"text\":\"\xc3\x28\"}"), key, nil, envelope.ReasonInvalidUTF8},
+		{"NULInText", []byte(`{"message_id":"m-nul","session_id":"hostile","text":"a\u0000b"}`), key, nil, envelope.ReasonInvalidField},
+		{"DuplicateKeys", []byte(`{"message_id":"a","message_id":"b","session_id":"hostile","text":"x"}`), key, nil, envelope.ReasonInvalidJSON},
+		{"HugeNumber", []byte(valid(`,"resume":1e999999`)), key, nil, envelope.ReasonInvalidField},
+		{"BinaryBody", []byte{0x00, 0x01, 0xfe, 0xff, 0x80, 0x7f}, key, nil, envelope.ReasonInvalidUTF8},
+		{"MismatchedIDs", []byte(`{"message_id":"m-x","session_id":"someone-else","text":"x"}`), key, nil, envelope.ReasonKeyMismatch},
+		{"UnknownField", []byte(valid(`,"admin":true`)), key, nil, envelope.ReasonUnknownField},
+		{"LongID", []byte(`{"message_id":"` + strings.Repeat("i", 129) + `","session_id":"hostile","text":"x"}`), key, nil, envelope.ReasonInvalidField},
+		{"TooManyHeaders", []byte(valid("")), key, manyHeaders(33, 1), envelope.ReasonTooManyHeaders},
+		{"HugeHeaders", []byte(valid("")), key, manyHeaders(2, 9000), envelope.ReasonHeadersTooLarge},
+	}
+	for _, c := range corpus {
+		_, _, err := b.producer.SendMessage(&sarama.ProducerMessage{Topic: "prompts", Key: sarama.ByteEncoder(c.key),
+			Value: sarama.ByteEncoder(c.value), Headers: c.headers})
+		require.NoError(t, err, c.name)
+	}
+	b.send(t, envelope.Prompt{MessageID: "after", SessionID: sess, Text: "still here"})
+
+	require.Equal(t, "echo: still here", b.waitTurn(t, "after").Text, "the partition moved on")
+	require.Eventually(t, func() bool { return len(b.rejects.all()) == len(corpus) }, 20*time.Second, 10*time.Millisecond)
+	for i, r := range b.rejects.all() {
+		require.Equal(t, corpus[i].reason, header(r, "reason"), "%s: %s", corpus[i].name, header(r, "detail"))
+		require.Equal(t, string(corpus[i].value), string(r.Value), "%s: the original bytes", corpus[i].name)
+		require.LessOrEqual(t, len(header(r, "detail")), 512, "%s: a bounded detail", corpus[i].name)
+	}
+	require.Equal(t, 1, b.count(t, `SELECT count(*) FROM inputs`), "only the valid prompt was admitted")
+}
+
+func manyHeaders(n, size int) []sarama.RecordHeader {
+	hs := make([]sarama.RecordHeader, n)
+	for i := range hs {
+		hs[i] = sarama.RecordHeader{Key: []byte{'h', byte('a' + i%26)}, Value: []byte(strings.Repeat("v", size))}
+	}
+	return hs
+}
