@@ -2,6 +2,7 @@ package kafkautil
 
 import (
 	"cmp"
+	"crypto/tls"
 	"fmt"
 	"net"
 
@@ -20,7 +21,15 @@ type BrokerConfig struct {
 	Partitions int32
 	// Topics seeded at start. Defaults to none.
 	Topics []string
+	// TLS, when set, makes the broker speak TLS only. Defaults to plaintext.
+	TLS *tls.Config
+	// SASLUsers, when set, requires SASL authentication (PLAIN,
+	// SCRAM-SHA-256 or SCRAM-SHA-512). Defaults to none.
+	SASLUsers []SASLUser
 }
+
+// SASLUser is a user of the embedded broker.
+type SASLUser struct{ Mechanism, User, Password string }
 
 // Broker is the embedded single-node Kafka-protocol broker: franz-go's
 // kfake, listening on a real TCP port. Clients reach it only over TCP.
@@ -45,6 +54,15 @@ func StartBroker(cfg BrokerConfig) (*Broker, error) {
 	}
 	if len(cfg.Topics) > 0 {
 		opts = append(opts, kfake.SeedTopics(cmp.Or(cfg.Partitions, 16), cfg.Topics...))
+	}
+	if cfg.TLS != nil {
+		opts = append(opts, kfake.TLS(cfg.TLS))
+	}
+	if len(cfg.SASLUsers) > 0 {
+		opts = append(opts, kfake.EnableSASL())
+		for _, u := range cfg.SASLUsers {
+			opts = append(opts, kfake.Superuser(u.Mechanism, u.User, u.Password))
+		}
 	}
 	if cfg.DataDir != "" {
 		opts = append(opts, kfake.DataDir(cfg.DataDir))
