@@ -263,13 +263,20 @@ func (r *Recoverer) recover(ctx context.Context, old ledger.Claim) (string, erro
 	var quarantineReason string
 	err := pgdb.InTx(ctx, r.pool, func(tx pgx.Tx) error {
 		decision, quarantineReason = "", ""
+		// The session row first (invariant 7): admission serialises on it,
+		// so the waiting inputs counted below cannot grow before commit;
+		// an input admitted after that commit finds no claim and its own
+		// wake runs it.
+		if _, err := tx.Exec(ctx, `SELECT 1 FROM sessions WHERE session_id = $1 FOR UPDATE`, old.SessionID); err != nil {
+			return fmt.Errorf("locking session: %w", err)
+		}
 		ev, err := r.gather(ctx, tx, old)
 		if err != nil {
 			return err
 		}
 		if reason := validate(old, ev); reason != "" {
 			quarantineReason = reason
-			return nil
+			return r.quarantineTx(ctx, tx, old, reason)
 		}
 		nc, err := ledger.Takeover(ctx, tx, old, "recovery/"+old.ExecutionID, r.cfg.OwnerID, time.Minute)
 		if errors.Is(err, ledger.ErrNotExpired) {
@@ -290,9 +297,6 @@ func (r *Recoverer) recover(ctx context.Context, old ledger.Claim) (string, erro
 		return "", err
 	}
 	if quarantineReason != "" {
-		if err := r.quarantineClaim(ctx, old, quarantineReason); err != nil {
-			return "", err
-		}
 		r.log.WarnContext(ctx, "claim quarantined", slog.String("session_id", old.SessionID),
 			slog.String("execution_id", old.ExecutionID), slog.String("reason", quarantineReason))
 		return DecisionQuarantined, nil
@@ -523,10 +527,16 @@ func (r *Recoverer) record(ctx context.Context, tx pgx.Tx, old, nc ledger.Claim,
 	return outbox.Insert(ctx, tx, rows...)
 }
 
-// quarantineClaim marks the claim, by compare-and-swap on the values that
-// were scanned, so that later scans skip it until an operator releases it.
+// quarantineClaim marks the claim in its own transaction (after a failed
+// decision).
 func (r *Recoverer) quarantineClaim(ctx context.Context, c ledger.Claim, reason string) error {
-	tag, err := r.pool.Exec(ctx, `UPDATE claims SET quarantine_reason = $5, quarantined_at = now()
+	return pgdb.InTx(ctx, r.pool, func(tx pgx.Tx) error { return r.quarantineTx(ctx, tx, c, reason) })
+}
+
+// quarantineTx marks the claim, by compare-and-swap on the values that were
+// scanned, so that later scans skip it until an operator releases it.
+func (r *Recoverer) quarantineTx(ctx context.Context, tx pgx.Tx, c ledger.Claim, reason string) error {
+	tag, err := tx.Exec(ctx, `UPDATE claims SET quarantine_reason = $5, quarantined_at = now()
 		WHERE session_id = $1 AND execution_id = $2 AND fencing_token = $3 AND expires_at = $4 AND quarantine_reason IS NULL`,
 		c.SessionID, c.ExecutionID, c.Token, c.ExpiresAt, reason)
 	if err != nil {
@@ -535,7 +545,7 @@ func (r *Recoverer) quarantineClaim(ctx context.Context, c ledger.Claim, reason 
 	if tag.RowsAffected() == 0 {
 		return errSkipped
 	}
-	if _, err := r.pool.Exec(ctx, `INSERT INTO recoveries (execution_id, session_id, phase_found, decision, evidence,
+	if _, err := tx.Exec(ctx, `INSERT INTO recoveries (execution_id, session_id, phase_found, decision, evidence,
 			token_before, token_after, recovered_by, quarantine_reason)
 		VALUES ($1, $2, $3, 'quarantined', '{}', $4, $4, $5, $6) ON CONFLICT (execution_id) DO NOTHING`,
 		c.ExecutionID, c.SessionID, string(c.Phase), c.Token, r.cfg.OwnerID, reason); err != nil {
