@@ -56,10 +56,15 @@ type AttemptParams struct {
 // FinishAttempt, a crash leaves evidence that the request may have been
 // sent. A retry of the same attempt (after DeferAttempt) counts a try.
 func (x *Execution) BeginAttempt(ctx context.Context, tx pgx.Tx, p AttemptParams) error {
-	_, err := tx.Exec(ctx, beginAttemptSQL, p.ID, x.claim.SessionID, x.claim.ExecutionID, p.AssistantMessageID,
+	tag, err := tx.Exec(ctx, beginAttemptSQL, p.ID, x.claim.SessionID, x.claim.ExecutionID, p.AssistantMessageID,
 		p.Step, p.Provider, p.IdempotencyKey, x.claim.Token, p.RequestHash)
 	if err != nil {
 		return fmt.Errorf("recording attempt %s: %w", p.ID, err)
+	}
+	if tag.RowsAffected() != 1 {
+		// Only a deferred attempt may be begun again; anything else is a
+		// reuse of an attempt ID, which would mix two requests' evidence.
+		return fmt.Errorf("recording attempt %s: it exists and is not awaiting a retry", p.ID)
 	}
 	return x.SetPhase(ctx, tx, PhaseUnknown, p.AssistantMessageID)
 }

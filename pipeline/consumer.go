@@ -288,6 +288,11 @@ func (c *Consumer) consumeWakes(s sarama.ConsumerGroupSession, claim sarama.Cons
 		if err != nil {
 			return nil // shutting down or rebalancing; the wake is redelivered
 		}
+		if mt := c.cfg.Metrics; mt != nil && !w.At.IsZero() {
+			// The run started (or the running one took the wake): the
+			// latency includes waiting for a free slot (MaxSessions).
+			mt.WakeToStart.Observe(max(time.Since(w.At), 0).Seconds())
+		}
 		select {
 		case pending <- pendingWake{msg: m, done: done}:
 		case <-ctx.Done():

@@ -57,7 +57,6 @@ func (ex *execution) continuation(ctx context.Context, tx pgx.Tx, inputID string
 // calls the session left requested, and optionally the idempotency key of
 // an attempt to send again.
 func (ex *execution) continueTurn(ctx context.Context, tx pgx.Tx, oldAssistant, retryAttempt string) (*turn, error) {
-	cl := ex.x.Claim()
 	t := &turn{id: oldAssistant, assistantID: newID(), promotedAt: time.Now()}
 	var answers []string
 	var turnID *string
@@ -81,9 +80,9 @@ func (ex *execution) continueTurn(ctx context.Context, tx pgx.Tx, oldAssistant, 
 	}); err != nil {
 		return nil, fmt.Errorf("reading the recovered turn's inputs: %w", err)
 	}
-	if _, err := tx.Exec(ctx, insertAssistantSQL, t.assistantID, ex.sessionID, answers, cl.ExecutionID, cl.Token, t.id); err != nil {
-		return nil, fmt.Errorf("creating assistant message: %w", err)
-	}
+	// The new step's assistant message is created when its provider step
+	// begins, not here: a continuation that dies while running the calls
+	// left over must not leave a message that nothing will settle.
 	if retryAttempt != "" {
 		if err := tx.QueryRow(ctx, `SELECT idempotency_key FROM attempts WHERE attempt_id = $1`, retryAttempt).Scan(&t.retryKey); err != nil {
 			return nil, fmt.Errorf("reading attempt %s: %w", retryAttempt, err)
@@ -103,5 +102,5 @@ func (ex *execution) continueTurn(ctx context.Context, tx pgx.Tx, oldAssistant, 
 	}); err != nil {
 		return nil, fmt.Errorf("reading requested tool calls: %w", err)
 	}
-	return t, ex.x.SetPhase(ctx, tx, ledger.PhaseContinue, t.assistantID)
+	return t, ex.x.SetPhase(ctx, tx, ledger.PhaseContinue, oldAssistant)
 }

@@ -316,6 +316,14 @@ func (e *Executor) execute(sessionID string, r *sessionRun, log *slog.Logger) {
 		}
 		if released, err = ex.runTurn(ctx, t, log); err != nil {
 			ex.logErr(ctx, log, "running turn", err)
+			if !errors.Is(err, errParked) && !x.Fenced() {
+				// A turn cut off mid-way by an unexpected failure is left
+				// as a crash would leave it: the claim expires and
+				// recovery decides from its phase. Releasing it would
+				// leave the turn unsettled, and no one would look again.
+				log.Warn("turn failed mid-way; its claim is left to expire for recovery", slog.Any("error", err))
+				return
+			}
 			break
 		}
 		if released {
@@ -354,6 +362,7 @@ type execution struct {
 	e         *Executor
 	x         *ledger.Execution
 	sessionID string
+	steps     int // provider steps so far, across turns: numbers attempt IDs
 }
 
 // ErrFenced says that an execution lost its right to write.

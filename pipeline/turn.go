@@ -16,6 +16,7 @@ import (
 	"github.com/promptline/promptline/envelope"
 	"github.com/promptline/promptline/internal/faults"
 	"github.com/promptline/promptline/ledger"
+	"github.com/promptline/promptline/metrics"
 	"github.com/promptline/promptline/outbox"
 	"github.com/promptline/promptline/tools"
 )
@@ -66,7 +67,7 @@ func (ex *execution) promoteTx(ctx context.Context, tx pgx.Tx) (*turn, error) {
 	if len(t.pendingCalls) > 0 {
 		return t, nil // the calls run first; the step's intent follows them
 	}
-	req, err := ex.beginStep(ctx, tx, t, 1)
+	req, err := ex.beginStep(ctx, tx, t, 1, ex.nextAttemptID())
 	if err != nil {
 		return nil, err
 	}
@@ -150,6 +151,8 @@ func (ex *execution) runTurn(ctx context.Context, t *turn, log *slog.Logger) (re
 
 func (ex *execution) runTurnSteps(ctx context.Context, t *turn, log *slog.Logger) (released bool, err error) {
 	log = log.With(slog.String("turn_id", t.id))
+	// IDs only: prompt text is never logged.
+	log.DebugContext(ctx, "turn started", slog.Any("message_ids", ids(t.inputs)))
 	for _, pc := range t.pendingCalls {
 		if err := ex.runCall(ctx, pc.params, pc.call, log); err != nil {
 			return false, err
@@ -170,17 +173,22 @@ func (ex *execution) runTurnSteps(ctx context.Context, t *turn, log *slog.Logger
 }
 
 func (ex *execution) runStep(ctx context.Context, t *turn, step int, log *slog.Logger) (done, released bool, err error) {
-	attemptID := ledger.AttemptID(ex.x.Claim().ExecutionID, step)
+	var attemptID string
+	if t.begun != nil {
+		attemptID = t.begun.AttemptID
+	} else {
+		attemptID = ex.nextAttemptID()
+	}
 	for {
 		var req ProviderRequest
 		if t.begun != nil {
 			req, t.begun = *t.begun, nil
 		} else {
 			// Intent: the attempt row and the phase unknown, committed
-			// before the request leaves.
+			// before the request leaves. A retry of the step reuses its ID.
 			err := ex.write(ctx, func(tx pgx.Tx) error {
 				var err error
-				req, err = ex.beginStep(ctx, tx, t, step)
+				req, err = ex.beginStep(ctx, tx, t, step, attemptID)
 				return err
 			})
 			if err != nil {
@@ -188,7 +196,9 @@ func (ex *execution) runStep(ctx context.Context, t *turn, step int, log *slog.L
 			}
 		}
 		faults.Hit(faults.ProviderAfterIntent)
+		sent := time.Now()
 		resp, perr := ex.e.cfg.Provider.Complete(ctx, req)
+		ex.attemptMetric(ctx, perr, time.Since(sent))
 		if ex.x.Fenced() {
 			return false, false, ledger.ErrFenced // dispatch nothing more, write nothing
 		}
@@ -239,13 +249,12 @@ func (ex *execution) runStep(ctx context.Context, t *turn, step int, log *slog.L
 // beginStep commits (in tx) the intent of the step's provider attempt —
 // creating the step's assistant message after the first — and returns the
 // request to send.
-func (ex *execution) beginStep(ctx context.Context, tx pgx.Tx, t *turn, step int) (ProviderRequest, error) {
+func (ex *execution) beginStep(ctx context.Context, tx pgx.Tx, t *turn, step int, attemptID string) (ProviderRequest, error) {
 	cl := ex.x.Claim()
-	attemptID := ledger.AttemptID(cl.ExecutionID, step)
-	if step > 1 {
-		if _, err := tx.Exec(ctx, insertAssistantSQL+` ON CONFLICT (message_id) DO NOTHING`, t.assistantID, ex.sessionID, ids(t.inputs), cl.ExecutionID, cl.Token, t.id); err != nil {
-			return ProviderRequest{}, fmt.Errorf("creating assistant message: %w", err)
-		}
+	// The step's assistant message (the first step's exists already, made
+	// with the promotion).
+	if _, err := tx.Exec(ctx, insertAssistantSQL+` ON CONFLICT (message_id) DO NOTHING`, t.assistantID, ex.sessionID, ids(t.inputs), cl.ExecutionID, cl.Token, t.id); err != nil {
+		return ProviderRequest{}, fmt.Errorf("creating assistant message: %w", err)
 	}
 	hist, err := history(ctx, tx, ex.sessionID)
 	if err != nil {
@@ -263,6 +272,13 @@ func (ex *execution) beginStep(ctx context.Context, tx pgx.Tx, t *turn, step int
 		ID: attemptID, AssistantMessageID: t.assistantID, Step: step, Provider: ex.e.providerName,
 		IdempotencyKey: key, RequestHash: requestHash(req),
 	})
+}
+
+// nextAttemptID numbers the execution's provider steps across its turns:
+// attempt IDs are unique per execution, and deterministic from it.
+func (ex *execution) nextAttemptID() string {
+	ex.steps++
+	return ledger.AttemptID(ex.x.Claim().ExecutionID, ex.steps)
 }
 
 // retryable says whether a failed attempt may be sent again, and after how
@@ -381,10 +397,12 @@ func (ex *execution) runCall(ctx context.Context, p ledger.CallParams, c ToolCal
 	} else {
 		faults.Hit(faults.IdempotentToolAfterIntent)
 	}
+	started := time.Now()
 	res, err := tool.Run(ctx, tools.Call{
 		ID: c.ID, Name: c.Name, Input: c.Input, SessionID: ex.sessionID,
 		IdempotencyKey: p.IdempotencyKey, FencingToken: ex.x.Claim().Token,
 	})
+	ex.callSecondsMetric(ctx, err, res, time.Since(started))
 	if ex.x.Fenced() {
 		return ledger.ErrFenced
 	}
@@ -409,7 +427,7 @@ func (ex *execution) runCall(ctx context.Context, p ledger.CallParams, c ToolCal
 // a step sets the phase continue in the same transaction.
 func (ex *execution) settleCall(ctx context.Context, p ledger.CallParams, c ToolCall, state, output string, isError bool) error {
 	cl := ex.x.Claim()
-	return ex.write(ctx, func(tx pgx.Tx) error {
+	err := ex.write(ctx, func(tx pgx.Tx) error {
 		if _, err := ex.x.SettleCall(ctx, tx, p.ID, p.AttemptID, state, output, isError); err != nil {
 			return err
 		}
@@ -419,6 +437,10 @@ func (ex *execution) settleCall(ctx context.Context, p ledger.CallParams, c Tool
 		_, err := tx.Exec(ctx, insertPartSQL, p.ID, 0, "text", output)
 		return err
 	})
+	if err == nil {
+		ex.callMetric(state)
+	}
+	return err
 }
 
 // failTurn settles a turn that ends without an answer: the attempt's
@@ -468,6 +490,61 @@ func (ex *execution) turnMetric(outcome string, t *turn) {
 		m.Turns.WithLabelValues(outcome).Inc()
 		m.TurnSeconds.Observe(time.Since(t.promotedAt).Seconds())
 	}
+}
+
+// attemptMetric counts one provider request by the outcome the process
+// saw: a response (succeeded), an error that may have been acted on
+// (unknown: ErrOutcomeUnknown, or cut off by cancellation), or any other
+// error (failed).
+func (ex *execution) attemptMetric(ctx context.Context, perr error, d time.Duration) {
+	m := ex.e.cfg.Metrics
+	if m == nil {
+		return
+	}
+	outcome := metrics.OutcomeSucceeded
+	switch {
+	case perr == nil:
+	case errors.Is(perr, ErrOutcomeUnknown) || ctx.Err() != nil:
+		outcome = metrics.OutcomeUnknown
+	default:
+		outcome = metrics.OutcomeFailed
+	}
+	m.ProviderAttempts.WithLabelValues(outcome).Inc()
+	m.ProviderSeconds.WithLabelValues(outcome).Observe(d.Seconds())
+}
+
+// callSecondsMetric observes how long a tool ran, by the outcome runCall
+// decides from the same facts.
+func (ex *execution) callSecondsMetric(ctx context.Context, err error, res tools.Result, d time.Duration) {
+	m := ex.e.cfg.Metrics
+	if m == nil {
+		return
+	}
+	outcome := metrics.OutcomeSucceeded
+	switch {
+	case errors.Is(err, tools.ErrNotRun) || (err == nil && res.IsError):
+		outcome = metrics.OutcomeFailed
+	case err != nil:
+		outcome = metrics.OutcomeUnknown
+	}
+	m.ToolCallSeconds.WithLabelValues(outcome).Observe(d.Seconds())
+}
+
+// callMetric counts a settled tool call (invalid and declined calls are
+// failed) by the state settleCall records.
+func (ex *execution) callMetric(state string) {
+	m := ex.e.cfg.Metrics
+	if m == nil {
+		return
+	}
+	outcome := metrics.OutcomeFailed
+	switch state {
+	case ledger.CallSucceeded:
+		outcome = metrics.OutcomeSucceeded
+	case ledger.CallUnknown:
+		outcome = metrics.OutcomeUnknown
+	}
+	m.ToolCalls.WithLabelValues(outcome).Inc()
 }
 
 func (ex *execution) toolSpecs() []ToolSpec {
