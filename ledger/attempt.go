@@ -70,13 +70,16 @@ func (x *Execution) BeginAttempt(ctx context.Context, tx pgx.Tx, p AttemptParams
 }
 
 // DeferAttempt records that the attempt certainly was not acted on and
-// schedules its retry. The phase returns to ready: nothing is uncertain.
+// schedules its retry. The phase becomes continue: nothing is uncertain,
+// and the step needs another provider attempt — after a crash, recovery
+// continues the turn (phase ready would re-wake the session, whose inputs
+// are already promoted into this turn, and the turn would never finish).
 func (x *Execution) DeferAttempt(ctx context.Context, tx pgx.Tx, id string, retryAfter time.Duration, cause string) error {
 	_, err := tx.Exec(ctx, deferAttemptSQL, id, retryAfter.Milliseconds(), cause)
 	if err != nil {
 		return fmt.Errorf("deferring attempt %s: %w", id, err)
 	}
-	return x.SetPhase(ctx, tx, PhaseReady, "")
+	return x.SetPhase(ctx, tx, PhaseContinue, "")
 }
 
 // AttemptRetry reads a deferred attempt's tries and the time to wait.

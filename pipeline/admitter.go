@@ -2,6 +2,7 @@ package pipeline
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"fmt"
 	"log/slog"
@@ -147,7 +148,7 @@ func (a *Admitter) Admit(ctx context.Context, batch []Incoming) ([]Outcome, erro
 			p.sessions = append(p.sessions, in.Prompt.SessionID)
 			p.texts = append(p.texts, in.Prompt.Text)
 			p.hashes = append(p.hashes, in.Prompt.Hash())
-			p.deliveries = append(p.deliveries, string(in.Prompt.Delivery))
+			p.deliveries = append(p.deliveries, string(cmp.Or(in.Prompt.Delivery, envelope.DeliveryQueue)))
 			p.wakes = append(p.wakes, wantWake[i])
 			p.topics = append(p.topics, in.Source.Topic)
 			p.partitions = append(p.partitions, in.Source.Partition)

@@ -328,7 +328,7 @@ func (c *Consumer) consumeReplies(s sarama.ConsumerGroupSession, claim sarama.Co
 		} else {
 			backoff := 100 * time.Millisecond
 			for {
-				out, err := c.admitter.AdmitReply(ctx, r, Source{Topic: m.Topic, Partition: m.Partition, Offset: m.Offset})
+				out, err := c.admitter.AdmitReply(ctx, m.Key, r, Source{Topic: m.Topic, Partition: m.Partition, Offset: m.Offset})
 				if err == nil {
 					if out.Reason != "" {
 						rejects = append(rejects, c.reject(m, &envelope.RejectError{Reason: out.Reason, Detail: out.Detail}))

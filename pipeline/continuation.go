@@ -60,8 +60,14 @@ func (ex *execution) continueTurn(ctx context.Context, tx pgx.Tx, oldAssistant, 
 	t := &turn{id: oldAssistant, assistantID: newID(), promotedAt: time.Now()}
 	var answers []string
 	var turnID *string
-	if err := tx.QueryRow(ctx, `SELECT coalesce(answers, '{}'), turn_id FROM messages WHERE message_id = $1`, oldAssistant).Scan(&answers, &turnID); err != nil {
+	var status string
+	if err := tx.QueryRow(ctx, `SELECT coalesce(answers, '{}'), turn_id, status FROM messages WHERE message_id = $1`, oldAssistant).Scan(&answers, &turnID, &status); err != nil {
 		return nil, fmt.Errorf("reading the recovered turn: %w", err)
+	}
+	if status == "pending" {
+		// The step never got an answer (its attempt was deferred, not
+		// sent): this step answers in that same message.
+		t.assistantID = oldAssistant
 	}
 	if turnID != nil {
 		t.id = *turnID

@@ -144,7 +144,10 @@ type ReplyOutcome struct {
 // transaction. A repeated identical reply is a duplicate; a different
 // reply to a replied request is a conflict; a reply to no request is
 // rejected with reason unknown_request.
-func (a *Admitter) AdmitReply(ctx context.Context, r envelope.PermissionReply, src Source) (ReplyOutcome, error) {
+//
+// key is the Kafka key (nil when absent); a present key must be the
+// request's session, as for prompts.
+func (a *Admitter) AdmitReply(ctx context.Context, key []byte, r envelope.PermissionReply, src Source) (ReplyOutcome, error) {
 	h := sha256.Sum256([]byte(r.Reply + "\x00" + r.Message))
 	var out ReplyOutcome
 	var wrote bool
@@ -158,6 +161,11 @@ func (a *Admitter) AdmitReply(ctx context.Context, r envelope.PermissionReply, s
 		}
 		if err != nil {
 			return err
+		}
+		if key != nil && string(key) != session {
+			out = ReplyOutcome{Outcome: Conflict, Reason: envelope.ReasonKeyMismatch,
+				Detail: fmt.Sprintf("Kafka key %q differs from the request's session %q", string(key), session)}
+			return nil
 		}
 		// Lock order: the session row first, as everywhere.
 		if _, err := tx.Exec(ctx, `SELECT 1 FROM sessions WHERE session_id = $1 FOR UPDATE`, session); err != nil {

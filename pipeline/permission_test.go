@@ -60,7 +60,7 @@ func TestPermissions(t *testing.T) {
 		return id
 	}
 	reply := func(t *testing.T, b *bundle, id, r, msg string) pipeline.ReplyOutcome {
-		out, err := b.admitter.AdmitReply(ctx, envelope.PermissionReply{RequestID: id, Reply: r, Message: msg}, pipeline.Source{Topic: "permission-replies"})
+		out, err := b.admitter.AdmitReply(ctx, nil, envelope.PermissionReply{RequestID: id, Reply: r, Message: msg}, pipeline.Source{Topic: "permission-replies"})
 		require.NoError(t, err)
 		return out
 	}
@@ -155,6 +155,17 @@ func TestPermissions(t *testing.T) {
 		completed := events(t, b, envelope.EventTurnCompleted)
 		require.Len(t, completed, 1)
 		require.Equal(t, "tool results: echo: declined: use the other tool", completed[0].Text)
+	})
+
+	t.Run("ReplyKeyedToAnotherSessionIsRejected", func(t *testing.T) {
+		t.Parallel()
+		b := setupPerm(t)
+		b.admit(t, "s", "m1", `/tool echo {"text": "x"}`)
+		runOnce(t, b.exec(), "s")
+		out, err := b.admitter.AdmitReply(ctx, []byte("other"), envelope.PermissionReply{RequestID: requestID(t, b), Reply: envelope.ReplyOnce}, pipeline.Source{})
+		require.NoError(t, err)
+		require.Equal(t, envelope.ReasonKeyMismatch, out.Reason)
+		require.Equal(t, 1, b.count(t, `SELECT count(*) FROM permission_requests WHERE status = 'pending'`), "nothing changed")
 	})
 
 	t.Run("ReplyToUnknownRequestIsRejected", func(t *testing.T) {

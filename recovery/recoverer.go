@@ -410,6 +410,12 @@ func (r *Recoverer) decide(ctx context.Context, tx pgx.Tx, old, nc ledger.Claim,
 				return d, err
 			}
 		}
+		// An attempt deferred (certainly not sent) is settled: the
+		// continuation sends its step afresh.
+		if _, err := tx.Exec(ctx, `UPDATE attempts SET state = 'failed', error = coalesce(error, '') || '; not sent: continued by recovery', finished_at = now()
+			WHERE execution_id = $1 AND state = 'retry_wait'`, old.ExecutionID); err != nil {
+			return d, fmt.Errorf("settling deferred attempts: %w", err)
+		}
 		d.continuationID = ContinuationID(old.ExecutionID)
 		if err := r.admitContinuation(ctx, tx, old, d.continuationID); err != nil {
 			return d, err

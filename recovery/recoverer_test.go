@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
 	"github.com/promptline/promptline/envelope"
@@ -182,6 +183,29 @@ func TestRecovery(t *testing.T) {
 		b.run(t, rec, nil, "s")
 		require.Len(t, rec.all(), 1)
 		require.Equal(t, attempt, rec.all()[0].IdempotencyKey, "the same key as the uncertain attempt")
+	})
+
+	t.Run("CrashDuringProviderBackoffContinuesTheTurn", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t)
+		b.admit(t, "s", "m1", "hello")
+		c := b.startTurn(t, "s", "m1")
+		attempt := b.beginAttempt(t, c, 1, "scripted")
+		// The provider refused without acting (429): deferred, then death.
+		require.NoError(t, c.x.Write(ctx, func(tx pgx.Tx) error { return c.x.DeferAttempt(ctx, tx, attempt, time.Second, "429") }))
+		b.die(t, "s")
+
+		require.Equal(t, 1, b.pass(t).Decisions[recovery.DecisionContinued])
+		require.Equal(t, 1, b.count(t, `SELECT count(*) FROM attempts WHERE attempt_id = $1 AND state = 'failed'`, attempt),
+			"the deferred attempt is settled: it was never sent")
+		rec := &recorder{}
+		b.run(t, rec, nil, "s")
+		require.Len(t, rec.all(), 1)
+		completed := b.outboxEvents(t, "s", envelope.EventTurnCompleted)
+		require.Len(t, completed, 1, "the prompt is answered")
+		require.Equal(t, []string{"m1"}, completed[0].MessageIDs)
+		require.Equal(t, c.assistant, completed[0].AssistantMessageID, "in the message the deferred step left pending")
+		require.Zero(t, b.count(t, `SELECT count(*) FROM messages WHERE status = 'pending'`))
 	})
 
 	t.Run("SupersededIsClearedWithoutContinuing", func(t *testing.T) {

@@ -1,0 +1,39 @@
+package main
+
+import (
+	"encoding/json"
+
+	"github.com/spf13/cobra"
+
+	"github.com/promptline/promptline/internal/inspect"
+)
+
+func newSessionCommand(o *options) *cobra.Command {
+	cmd := &cobra.Command{Use: "session", Short: "Inspect sessions"}
+	var asJSON bool
+	show := &cobra.Command{
+		Use:   "show SESSION",
+		Short: "Print what Postgres holds about a session: inputs, transcript (prompt texts included, bounded), claim, ledger, recoveries, permissions",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			db, err := openDB(cmd, o)
+			if err != nil {
+				return err
+			}
+			defer db.Close()
+			r, err := inspect.Session(cmd.Context(), db.Pool, args[0])
+			if err != nil {
+				return err
+			}
+			if asJSON {
+				enc := json.NewEncoder(cmd.OutOrStdout())
+				enc.SetIndent("", "  ")
+				return enc.Encode(r)
+			}
+			return inspect.Render(cmd.OutOrStdout(), r)
+		},
+	}
+	show.Flags().BoolVar(&asJSON, "json", false, "print the report as JSON (stable snake_case keys)")
+	cmd.AddCommand(show)
+	return cmd
+}
