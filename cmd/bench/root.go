@@ -18,6 +18,8 @@ type options struct {
 	json        bool
 	knobs       bool
 	cpuProfile  string
+	// replayPrompts is the size of the replay runs (replay.go); 0 skips them.
+	replayPrompts int
 }
 
 func newRootCommand() *cobra.Command {
@@ -44,6 +46,7 @@ func newRootCommand() *cobra.Command {
 	f.Int32Var(&o.partitions, "partitions", 16, "partitions of every topic")
 	f.BoolVar(&o.json, "json", false, "print the results as JSON")
 	f.BoolVar(&o.knobs, "knobs", true, "also measure the knobs (batch size, fetch buffer, pool size, synchronous_commit, partitions) against the shipped defaults")
+	f.IntVar(&o.replayPrompts, "replay-prompts", 1000000, "prompts in the topic of the replay runs (fresh, then all duplicates); 0 skips them")
 	f.StringVar(&o.cpuProfile, "cpuprofile", "", "write a CPU profile of the baseline admission run to this file")
 	return root
 }
@@ -56,6 +59,8 @@ func (o *options) validate() error {
 		return errors.New("--rate must be positive")
 	case o.duration <= 0:
 		return errors.New("--duration must be positive")
+	case o.replayPrompts < 0:
+		return errors.New("--replay-prompts must not be negative")
 	case o.partitions < 1:
 		return errors.New("--partitions must be at least 1")
 	}

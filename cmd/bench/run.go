@@ -46,6 +46,8 @@ type report struct {
 	// AdmissionAgain is the shipped default measured once more after the
 	// knobs: the spread between the two is the noise of this machine.
 	AdmissionAgain *admissionResult `json:"admission_again,omitempty"`
+	// Replay is batch replay of a topic (replay.go).
+	Replay *replayResult `json:"replay,omitempty"`
 }
 
 func run(ctx context.Context, o *options, stdout, stderr io.Writer) (err error) {
@@ -112,6 +114,14 @@ func run(ctx context.Context, o *options, stdout, stderr io.Writer) (err error) 
 	})
 	if err != nil {
 		return fmt.Errorf("latency: %w", err)
+	}
+
+	if o.replayPrompts > 0 {
+		r, err := measureReplay(ctx, sc, o.replayPrompts, o.partitions, brokers, o.prompts, progress)
+		if err != nil {
+			return fmt.Errorf("replay: %w", err)
+		}
+		rep.Replay = &r
 	}
 
 	if o.knobs {
@@ -253,6 +263,10 @@ func printReport(out io.Writer, o *options, rep *report) {
 		fmt.Fprintf(out, "    %-58s p50 %7.1f, p99 %7.1f ms\n", s.Name, s.P50, s.P99)
 	}
 	fmt.Fprintf(out, "  CPU during the load: %.2f cores busy (bench %.2f, Postgres+other %.2f)\n", l.CPU.Machine, l.CPU.Bench, l.CPU.Other)
+
+	if rep.Replay != nil {
+		printReplay(out, rep.Replay, rep.Admission)
+	}
 
 	if len(rep.Knobs) > 0 {
 		fmt.Fprintln(out, "\nadmission knobs (ratio to the shipped default of this run):")

@@ -89,7 +89,7 @@ func newRootCommand() *cobra.Command {
 	f.StringVar(&o.topics.Wakes, "wakes-topic", "wakes", "topic of internal wakes")
 	f.StringVar(&o.topics.Events, "events-topic", "session-events", "topic of outgoing session events")
 	f.StringVar(&o.topics.Rejects, "rejects-topic", "prompts.rejects", "topic of rejected input")
-	root.AddCommand(newBrokerCommand(), newRecoverCommand(o), newRecoveryCommand(o), newQuarantineCommand(o), newSessionCommand(o))
+	root.AddCommand(newBrokerCommand(), newRecoverCommand(o), newRecoveryCommand(o), newQuarantineCommand(o), newSessionCommand(o), newReplayCommand(o))
 	return root
 }
 

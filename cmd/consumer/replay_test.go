@@ -1,0 +1,299 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/IBM/sarama"
+	"github.com/stretchr/testify/require"
+
+	"github.com/promptline/promptline/envelope"
+	"github.com/promptline/promptline/pipeline"
+	"github.com/promptline/promptline/replay"
+)
+
+// replayRun is one `consumer replay` process, its stdout (the report) kept
+// apart from its stderr (logs and progress).
+type replayRun struct {
+	cmd    *exec.Cmd
+	stdout *syncBuffer
+	stderr *syncBuffer
+	exited chan struct{}
+	err    error
+}
+
+func (b *testBundle) startReplay(t *testing.T, args ...string) *replayRun {
+	t.Helper()
+	r := &replayRun{stdout: newSyncBuffer(), stderr: newSyncBuffer(), exited: make(chan struct{})}
+	all := append([]string{"consumer", "replay", "--brokers", b.addr, "--database-url", b.dbURL, "--log-level", "warn"}, args...)
+	r.cmd = &exec.Cmd{Path: consumerBin, Args: all, Env: os.Environ(), Stdout: r.stdout, Stderr: r.stderr}
+	require.NoError(t, r.cmd.Start())
+	go func() {
+		r.err = r.cmd.Wait()
+		close(r.exited)
+	}()
+	t.Cleanup(func() {
+		select {
+		case <-r.exited:
+		default:
+			_ = r.cmd.Process.Kill()
+			<-r.exited
+		}
+		t.Logf("replay %v stderr:\n%s", args, r.stderr.String())
+	})
+	return r
+}
+
+func (r *replayRun) wait(t *testing.T) error {
+	t.Helper()
+	select {
+	case <-r.exited:
+		return r.err
+	case <-time.After(60 * time.Second):
+		require.FailNow(t, "replay still running after 60s", r.stderr.String())
+		return nil
+	}
+}
+
+// replayJSON runs a replay to its end and returns its JSON report.
+func (b *testBundle) replayJSON(t *testing.T, args ...string) *replay.Report {
+	t.Helper()
+	r := b.startReplay(t, append(args, "--json")...)
+	require.NoError(t, r.wait(t), r.stderr.String())
+	return decodeReport(t, r.stdout.String())
+}
+
+func decodeReport(t *testing.T, s string) *replay.Report {
+	t.Helper()
+	var rep replay.Report
+	require.NoError(t, json.Unmarshal([]byte(s), &rep), "report: %s", s)
+	return &rep
+}
+
+func queued(session, text string) envelope.Prompt {
+	p := prompt(session, text)
+	p.Delivery = envelope.DeliveryQueue
+	return p
+}
+
+func (b *testBundle) sendRaw(t *testing.T, key string, value []byte) {
+	t.Helper()
+	_, _, err := b.producer.SendMessage(&sarama.ProducerMessage{Topic: "prompts", Key: sarama.StringEncoder(key), Value: sarama.ByteEncoder(value)})
+	require.NoError(t, err)
+}
+
+func (b *testBundle) tableCounts(t *testing.T) map[string]int {
+	t.Helper()
+	out := map[string]int{}
+	for _, table := range []string{"inputs", "sessions", "outbox", "messages", "claims"} {
+		out[table] = b.count(t, "SELECT count(*) FROM "+table)
+	}
+	return out
+}
+
+func TestReplayCommand(t *testing.T) {
+	t.Parallel()
+
+	t.Run("ReportRowsAndDryRun", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t)
+		var fresh, dup []envelope.Prompt
+		for i := range 5 {
+			fresh = append(fresh, queued(fmt.Sprintf("s-f%d", i%2), fmt.Sprintf("fresh %d", i)))
+		}
+		for i := range 3 {
+			dup = append(dup, queued(fmt.Sprintf("s-d%d", i), fmt.Sprintf("dup %d", i)))
+		}
+		orig := queued("s-c", "original")
+		conflict := orig
+		conflict.Text = "reused id, other text"
+		var pre []pipeline.Incoming
+		for _, p := range append(dup, orig) {
+			pre = append(pre, pipeline.Incoming{Prompt: p})
+		}
+		_, err := pipeline.NewAdmitter(b.pool, &pipeline.AdmitterConfig{}).Admit(t.Context(), pre)
+		require.NoError(t, err)
+		for _, p := range append(append(fresh, dup...), conflict) {
+			b.send(t, p)
+		}
+		b.sendRaw(t, "s-m", []byte(`{"message_id":"m-1","session_id":"s-m"}`))
+		b.sendRaw(t, "s-m", []byte{0xff, 0xfe})
+
+		// A dry run classifies and writes nothing.
+		before := b.tableCounts(t)
+		dry := b.replayJSON(t, "--dry-run")
+		require.True(t, dry.DryRun)
+		require.Equal(t, before, b.tableCounts(t), "--dry-run writes nothing")
+
+		rep := b.replayJSON(t)
+		require.True(t, rep.Complete)
+		require.Equal(t, int64(11), rep.Totals.Messages)
+		require.Equal(t, int64(5), rep.Totals.Admitted)
+		require.Equal(t, int64(3), rep.Totals.Duplicate)
+		require.Equal(t, int64(1), rep.Totals.Conflict)
+		require.Equal(t, int64(2), rep.Totals.Malformed)
+		require.Equal(t, map[string]int64{"conflict": 1, "missing_field": 1, "invalid_utf8": 1}, rep.Reasons)
+		dry.Totals.Bytes, rep.Totals.Bytes = 0, 0
+		require.Equal(t, rep.Totals, dry.Totals, "the dry run classified as the real run")
+		require.Len(t, rep.Partitions, testPartitions)
+		for _, p := range rep.Partitions {
+			require.Equal(t, p.To, p.Next)
+		}
+		require.Equal(t, before["inputs"]+5, b.count(t, "SELECT count(*) FROM inputs"))
+		require.Zero(t, b.count(t, "SELECT count(*) FROM inputs WHERE wake_pending AND source_topic = 'prompts'"), "no --wake: no wake armed")
+		require.Equal(t, 1, b.count(t, "SELECT count(*) FROM inputs WHERE message_id = $1 AND text = 'original'", orig.MessageID))
+
+		// A second identical replay admits nothing.
+		rows := b.tableCounts(t)
+		again := b.replayJSON(t)
+		require.Zero(t, again.Totals.Admitted)
+		require.Equal(t, int64(8), again.Totals.Duplicate)
+		require.Equal(t, rows, b.tableCounts(t))
+
+		// The text report says the same.
+		r := b.startReplay(t, "--partitions", "0,1,2,3")
+		require.NoError(t, r.wait(t))
+		require.Contains(t, r.stdout.String(), "admitted 0, duplicate 8, conflict 1, malformed 2")
+	})
+
+	t.Run("InterruptAndResume", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t)
+		const n = 300
+		for i := range n {
+			b.send(t, queued(fmt.Sprintf("s-%d", i%13), fmt.Sprintf("prompt %d", i)))
+		}
+		resume := filepath.Join(t.TempDir(), "resume.json")
+		r := b.startReplay(t, "--rate", "150", "--progress-interval", "50ms", "--resume-file", resume, "--json")
+		progressed := regexp.MustCompile(`replay: ([1-9][0-9]*)/300 offsets`)
+		deadline := time.After(30 * time.Second)
+		for !progressed.MatchString(r.stderr.String()) {
+			select {
+			case <-r.stderr.changed:
+			case <-r.exited:
+				require.FailNow(t, "replay ended before it was interrupted", r.stderr.String())
+			case <-deadline:
+				require.FailNow(t, "no progress line", r.stderr.String())
+			}
+		}
+		require.NoError(t, r.cmd.Process.Signal(syscall.SIGINT))
+		err := r.wait(t)
+		require.Error(t, err, "an interrupted replay exits non-zero")
+		require.Contains(t, r.stderr.String(), "resume from offsets")
+		first := decodeReport(t, r.stdout.String())
+		require.True(t, first.Interrupted)
+		require.Less(t, first.Totals.Messages, int64(n))
+		st, ok, err := replay.LoadResume(resume)
+		require.NoError(t, err)
+		require.True(t, ok)
+		for _, rg := range st.Ranges {
+			for _, p := range first.Partitions {
+				if p.Partition == rg.Partition {
+					require.Equal(t, p.Next, rg.From)
+				}
+			}
+		}
+		require.Equal(t, int(first.Totals.Admitted), b.count(t, "SELECT count(*) FROM inputs"), "what the report counts is durable")
+
+		second := b.replayJSON(t, "--resume-file", resume)
+		require.True(t, second.Complete)
+		require.Equal(t, int64(n), first.Totals.Messages+second.Totals.Messages, "the union covers the range once")
+		require.Equal(t, int64(n), first.Totals.Admitted+second.Totals.Admitted)
+		require.Zero(t, first.Totals.Duplicate+second.Totals.Duplicate)
+		require.Equal(t, n, b.count(t, "SELECT count(*) FROM inputs"))
+
+		// The resume file now says: done.
+		done := b.replayJSON(t, "--resume-file", resume)
+		require.Zero(t, done.Totals.Messages)
+	})
+
+	t.Run("ConcurrentWithLive", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t)
+		const n = 40
+		var ps []envelope.Prompt
+		for i := range n {
+			p := queued(fmt.Sprintf("s-live-%d", i%10), fmt.Sprintf("prompt %d", i))
+			ps = append(ps, p)
+			b.send(t, p)
+		}
+		b.start(t, "live", "")
+		// --wake is the harder case: the replay may admit a prompt before
+		// the live consumer does, and both ask for a wake.
+		rep := b.replayJSON(t, "--wake")
+		require.Equal(t, int64(n), rep.Totals.Admitted+rep.Totals.Duplicate)
+		for _, p := range ps {
+			b.events.waitTurn(t, p.MessageID)
+		}
+		require.Equal(t, n, b.count(t, "SELECT count(*) FROM inputs"))
+		// Let the live path finish its own work, then count turns: every
+		// input promoted once, one user message and one turn each.
+		require.Eventually(t, func() bool {
+			return b.count(t, "SELECT count(*) FROM inputs WHERE promotion_seq IS NULL") == 0 &&
+				b.count(t, "SELECT count(*) FROM claims") == 0
+		}, 30*time.Second, 20*time.Millisecond)
+		require.Equal(t, n, b.count(t, "SELECT count(*) FROM messages WHERE role = 'user'"))
+		for _, p := range ps {
+			require.Equal(t, 1, distinctIDs(b.events.turnEvents(t, p.MessageID)), "one turn for %s", p.MessageID)
+			require.Equal(t, 1, distinctIDs(b.events.admittedEvents(t, p.MessageID)), "one admission of %s", p.MessageID)
+		}
+		require.Equal(t, n, b.count(t, "SELECT count(*) FROM messages WHERE role = 'assistant'"))
+	})
+
+	t.Run("RejectsReplay", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t)
+		big := queued("s-big", string(make([]byte, 0))+fmt.Sprintf("%0900d", 7))
+		small := queued("s-small", "fits")
+		b.start(t, "live", "", "--max-value-bytes", "500")
+		b.send(t, big)
+		b.send(t, small)
+		b.sendRaw(t, "s-x", []byte(`{"message_id":"m-x","session_id":"s-x","text":"t","colour":"red"}`))
+		b.events.waitTurn(t, small.MessageID)
+		rejects := readTopic(t, b.addr, "prompts.rejects")
+		require.Eventually(t, func() bool {
+			rejects.mu.Lock()
+			defer rejects.mu.Unlock()
+			return len(rejects.msgs) == 2
+		}, 30*time.Second, 20*time.Millisecond)
+
+		rep := b.replayJSON(t, "--topic", "prompts.rejects", "--max-value-bytes", strconv.Itoa(4096))
+		require.Equal(t, int64(1), rep.Totals.Admitted, "the too-large prompt fits the new limit")
+		require.Equal(t, int64(1), rep.Totals.Malformed)
+		require.Len(t, rep.Rejections, 1)
+		require.Equal(t, envelope.ReasonUnknownField, rep.Rejections[0].Reason)
+		require.Equal(t, envelope.ReasonUnknownField, rep.Rejections[0].OriginalReason)
+		require.Equal(t, 1, b.count(t, "SELECT count(*) FROM inputs WHERE message_id = $1 AND source_topic = 'prompts'", big.MessageID))
+		require.Zero(t, b.count(t, "SELECT count(*) FROM inputs WHERE message_id = $1 AND wake_pending", big.MessageID))
+	})
+
+	t.Run("BadFlags", func(t *testing.T) {
+		t.Parallel()
+		for _, c := range []struct {
+			args []string
+			msg  string
+		}{
+			{[]string{"--from-offset", "x"}, "--from-offset"},
+			{[]string{"--from-time", "yesterday"}, "--from-time"},
+			{[]string{"--from-offset", "3", "--from-time", "2026-03-01T00:00:00Z"}, "exclude each other"},
+			{[]string{"--dry-run", "--wake"}, "exclude each other"},
+			{[]string{"--topic", "prompts.rejects", "--publish-rejects"}, "--publish-rejects"},
+			{[]string{"--rate", "-1"}, "--rate"},
+		} {
+			ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+			out, err := exec.CommandContext(ctx, consumerBin, append([]string{"replay", "--brokers", "127.0.0.1:1"}, c.args...)...).CombinedOutput()
+			cancel()
+			require.Error(t, err, "%v", c.args)
+			require.Contains(t, string(out), c.msg, "%v", c.args)
+		}
+	})
+}

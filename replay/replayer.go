@@ -1,0 +1,570 @@
+package replay
+
+import (
+	"bytes"
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"slices"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/IBM/sarama"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/promptline/promptline/envelope"
+	"github.com/promptline/promptline/internal/kafkautil"
+	"github.com/promptline/promptline/pipeline"
+)
+
+// Config configures a Replayer.
+type Config struct {
+	// Topics names the outbox targets of admission (wakes, events), the
+	// prompts topic (what a rejects replay accepts) and the rejects topic.
+	// Defaults to kafkautil's defaults.
+	Topics kafkautil.Topics
+	// Limits bound accepted envelopes, as the live consumer's. Defaults to
+	// envelope's defaults.
+	Limits envelope.Limits
+	// MaxBatch is the most messages of a partition classified and
+	// admitted in one transaction. Defaults to 1000.
+	MaxBatch int
+	// Linger is how long a batch waits to fill up. Defaults to 10ms.
+	Linger time.Duration
+	// Rate caps messages per second over all partitions, so that a replay
+	// does not starve live admission. Defaults to 0, no cap.
+	Rate float64
+	// Wake admits prompts with their own resume flag, so that their
+	// sessions wake and run (re-executing them against providers).
+	// Defaults to false: every replayed prompt is admitted with
+	// resume=false.
+	Wake bool
+	// DryRun classifies without writing. Defaults to false.
+	DryRun bool
+	// PublishRejects publishes malformed and conflicting messages to the
+	// rejects topic, as the live consumer does. Defaults to false: replay
+	// is an operator tool and reports them instead.
+	PublishRejects bool
+	// MaxRejections is how many rejected messages the report lists (all
+	// are counted). Defaults to 1000; negative lists none.
+	MaxRejections int
+	// Logger defaults to discarding.
+	Logger *slog.Logger
+	// OnBatchFunc runs after each durable batch with the partition's next
+	// offset. Defaults to nothing.
+	OnBatchFunc func(partition int32, next int64)
+}
+
+const (
+	maxBatchDefault      = 1000
+	lingerDefault        = 10 * time.Millisecond
+	maxRejectionsDefault = 1000
+)
+
+// Replayer replays ranges of a topic through admission.
+type Replayer struct {
+	pool     *pgxpool.Pool
+	client   sarama.Client
+	rejects  sarama.SyncProducer
+	admitter *pipeline.Admitter
+	cfg      Config
+	log      *slog.Logger
+	limiter  *limiter
+
+	mu         sync.Mutex
+	parts      []*PartitionReport
+	reasons    map[string]int64
+	rejections []Rejection
+	omitted    int64
+	wouldAdmit map[string][]byte // dry run: IDs it would admit, and their hashes
+}
+
+// New returns a Replayer. client reads the topic; rejects is needed only
+// with PublishRejects.
+func New(pool *pgxpool.Pool, client sarama.Client, rejects sarama.SyncProducer, config *Config) (*Replayer, error) {
+	cfg := *config
+	cfg.Topics = cfg.Topics.WithDefaults()
+	cfg.MaxBatch = cmp.Or(cfg.MaxBatch, maxBatchDefault)
+	cfg.Linger = cmp.Or(cfg.Linger, lingerDefault)
+	cfg.MaxRejections = max(0, cmp.Or(cfg.MaxRejections, maxRejectionsDefault))
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.DiscardHandler)
+	}
+	switch {
+	case cfg.PublishRejects && rejects == nil:
+		return nil, errors.New("replay: PublishRejects needs a producer")
+	case cfg.PublishRejects && cfg.DryRun:
+		return nil, errors.New("replay: a dry run publishes nothing")
+	case cfg.Rate < 0:
+		return nil, errors.New("replay: Rate must not be negative")
+	}
+	if cfg.Rate > 0 {
+		// Small batches keep the pace smooth: about ten per second.
+		cfg.MaxBatch = max(1, min(cfg.MaxBatch, int(cfg.Rate/10)))
+	}
+	return &Replayer{
+		pool: pool, client: client, rejects: rejects, cfg: cfg, log: cfg.Logger,
+		admitter:   pipeline.NewAdmitter(pool, &pipeline.AdmitterConfig{Topics: cfg.Topics, Logger: cfg.Logger}),
+		limiter:    newLimiter(cfg.Rate),
+		reasons:    map[string]int64{},
+		wouldAdmit: map[string][]byte{},
+	}, nil
+}
+
+// Progress returns a snapshot of every partition, for progress bars.
+func (r *Replayer) Progress() []PartitionReport {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	out := make([]PartitionReport, len(r.parts))
+	for i, p := range r.parts {
+		out[i] = *p
+	}
+	return out
+}
+
+// Run replays the ranges of topic and returns the report. Cancelling ctx
+// stops the replay cleanly: batches in flight finish (or, if they cannot,
+// are not counted), and the report's next offsets say where to resume; the
+// report then has Interrupted set and the error is nil. An error stops all
+// partitions; the report is still returned for resuming.
+func (r *Replayer) Run(ctx context.Context, topic string, ranges []Range) (*Report, error) {
+	start := time.Now()
+	r.mu.Lock()
+	r.parts = make([]*PartitionReport, len(ranges))
+	for i, rg := range ranges {
+		r.parts[i] = &PartitionReport{Range: rg, First: -1, Last: -1, Next: rg.From}
+	}
+	r.mu.Unlock()
+
+	consumer, err := sarama.NewConsumerFromClient(r.client)
+	if err != nil {
+		return r.report(topic, start, ctx), fmt.Errorf("replay: creating consumer: %w", err)
+	}
+	defer consumer.Close()
+
+	stopCtx, stop := context.WithCancelCause(ctx)
+	defer stop(nil)
+	var wg sync.WaitGroup
+	errs := make([]error, len(ranges))
+	for i, rg := range ranges {
+		if rg.Empty() {
+			continue
+		}
+		wg.Go(func() {
+			if err := r.runPartition(stopCtx, consumer, topic, rg, r.parts[i]); err != nil {
+				errs[i] = fmt.Errorf("replaying %s/%d: %w", topic, rg.Partition, err)
+				stop(errs[i])
+			}
+		})
+	}
+	wg.Wait()
+	return r.report(topic, start, ctx), errors.Join(errs...)
+}
+
+func (r *Replayer) report(topic string, start time.Time, ctx context.Context) *Report {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	rep := &Report{
+		Topic: topic, DryRun: r.cfg.DryRun, Wake: r.cfg.Wake, StartedAt: start.UTC(),
+		Seconds: time.Since(start).Seconds(), Reasons: map[string]int64{},
+		Rejections: slices.Clone(r.rejections), RejectionsOmitted: r.omitted, Complete: true,
+	}
+	for k, v := range r.reasons {
+		rep.Reasons[k] = v
+	}
+	for _, p := range r.parts {
+		rep.Partitions = append(rep.Partitions, *p)
+		rep.Totals.plus(p.Counts)
+		rep.Complete = rep.Complete && p.Done()
+	}
+	rep.Interrupted = !rep.Complete && ctx.Err() != nil
+	if rep.Seconds > 0 {
+		rep.Rate = float64(rep.Totals.Messages) / rep.Seconds
+	}
+	if rep.Rejections == nil {
+		rep.Rejections = []Rejection{}
+	}
+	return rep
+}
+
+// runPartition replays one range. It returns nil when the range is done
+// or ctx was cancelled between batches.
+func (r *Replayer) runPartition(ctx context.Context, consumer sarama.Consumer, topic string, rg Range, st *PartitionReport) error {
+	pc, err := consumer.ConsumePartition(topic, rg.Partition, rg.From)
+	if err != nil {
+		return fmt.Errorf("consuming from offset %d: %w", rg.From, err)
+	}
+	defer pc.Close() // errors after the end are of no interest
+	// Work that was started finishes even when ctx ends: a batch is
+	// committed whole or not counted.
+	work := context.WithoutCancel(ctx)
+	for {
+		batch, end, err := r.nextBatch(ctx, pc, rg.To)
+		if err != nil {
+			return err
+		}
+		if ctx.Err() != nil {
+			return nil
+		}
+		if len(batch) > 0 {
+			if !r.limiter.wait(ctx, len(batch)) {
+				return nil
+			}
+			res, err := r.process(ctx, work, topic, batch)
+			if err != nil {
+				if ctx.Err() != nil {
+					return nil // stopped while retrying: the batch is not counted
+				}
+				return err
+			}
+			r.commit(st, batch, res)
+		}
+		if end {
+			r.mu.Lock()
+			st.Next = rg.To
+			r.mu.Unlock()
+		}
+		if r.cfg.OnBatchFunc != nil && len(batch) > 0 {
+			r.cfg.OnBatchFunc(rg.Partition, batch[len(batch)-1].Offset+1)
+		}
+		if end {
+			return nil
+		}
+	}
+}
+
+// nextBatch collects up to MaxBatch messages before offset to. end reports
+// that the range is exhausted (the last message is the one before to, or
+// the log skipped past it).
+func (r *Replayer) nextBatch(ctx context.Context, pc sarama.PartitionConsumer, to int64) (batch []*sarama.ConsumerMessage, end bool, err error) {
+	take := func(m *sarama.ConsumerMessage) (done bool) {
+		if m.Offset >= to {
+			return true
+		}
+		batch = append(batch, m)
+		return m.Offset >= to-1
+	}
+	select {
+	case m := <-pc.Messages():
+		if take(m) {
+			return batch, true, nil
+		}
+	case cerr := <-pc.Errors():
+		return nil, false, cerr
+	case <-ctx.Done():
+		return nil, false, nil
+	}
+	linger := time.NewTimer(r.cfg.Linger)
+	defer linger.Stop()
+	for len(batch) < r.cfg.MaxBatch {
+		select {
+		case m := <-pc.Messages():
+			if take(m) {
+				return batch, true, nil
+			}
+		case cerr := <-pc.Errors():
+			return nil, false, cerr
+		case <-linger.C:
+			return batch, false, nil
+		case <-ctx.Done():
+			return nil, false, nil
+		}
+	}
+	return batch, false, nil
+}
+
+// result is the classification of one batch.
+type result struct {
+	outcomes   []Outcome
+	rejections []Rejection // in batch order, one per non-admitted-or-duplicate message
+}
+
+type decoded struct {
+	i  int // index in the batch
+	in pipeline.Incoming
+}
+
+// process decodes, classifies and admits one batch. ctx is the stop
+// signal, work the context of database work.
+func (r *Replayer) process(ctx, work context.Context, topic string, batch []*sarama.ConsumerMessage) (result, error) {
+	res := result{outcomes: make([]Outcome, len(batch))}
+	rejs := make(map[int]Rejection)
+	var good []decoded
+	fromRejects := topic == r.cfg.Topics.Rejects
+	for i, m := range batch {
+		var orig, source string
+		src := pipeline.Source{Topic: m.Topic, Partition: m.Partition, Offset: m.Offset}
+		if fromRejects {
+			orig = header(m, "reason")
+			st := header(m, "source_topic")
+			sp, perr := strconv.ParseInt(header(m, "source_partition"), 10, 32)
+			so, oerr := strconv.ParseInt(header(m, "source_offset"), 10, 64)
+			if st != "" && perr == nil && oerr == nil {
+				src = pipeline.Source{Topic: st, Partition: int32(sp), Offset: so}
+				source = fmt.Sprintf("%s/%d/%d", st, sp, so)
+			}
+			if st != "" && st != r.cfg.Topics.Prompts {
+				res.outcomes[i] = Skipped
+				rejs[i] = Rejection{Outcome: Skipped.String(), Reason: "not_a_prompt",
+					Detail:         fmt.Sprintf("first published on %s, not on the prompts topic %s", st, r.cfg.Topics.Prompts),
+					OriginalReason: orig, Source: source}
+				continue
+			}
+		}
+		p, err := envelope.Decode(m.Key, m.Value, r.cfg.Limits)
+		if err != nil {
+			var re *envelope.RejectError
+			if !errors.As(err, &re) {
+				re = &envelope.RejectError{Reason: envelope.ReasonInvalidJSON, Detail: err.Error()}
+			}
+			res.outcomes[i] = Malformed
+			rejs[i] = Rejection{Outcome: Malformed.String(), Reason: re.Reason, Detail: re.Detail, OriginalReason: orig, Source: source}
+			continue
+		}
+		if !r.cfg.Wake {
+			p.Resume = new(false)
+		}
+		good = append(good, decoded{i: i, in: pipeline.Incoming{Prompt: p, Source: src}})
+		if fromRejects {
+			rejs[i] = Rejection{OriginalReason: orig, Source: source} // kept only if rejected again
+		}
+	}
+
+	if err := r.classify(ctx, work, good, res.outcomes); err != nil {
+		return res, err
+	}
+	for _, d := range good {
+		i := d.i
+		if res.outcomes[i] != Conflict {
+			continue
+		}
+		j := rejs[i]
+		j.Outcome, j.Reason = Conflict.String(), envelope.ReasonConflict
+		j.Detail = fmt.Sprintf("message_id %q was admitted before with another payload", d.in.Prompt.MessageID)
+		rejs[i] = j
+	}
+	for i, m := range batch {
+		j, ok := rejs[i]
+		if !ok || j.Outcome == "" {
+			continue
+		}
+		j.Partition, j.Offset = m.Partition, m.Offset
+		if res.outcomes[i] == Conflict {
+			for _, d := range good {
+				if d.i == i {
+					j.MessageID, j.SessionID = d.in.Prompt.MessageID, d.in.Prompt.SessionID
+				}
+			}
+		}
+		res.rejections = append(res.rejections, j)
+	}
+	if r.cfg.PublishRejects {
+		if err := r.publishRejects(ctx, batch, res.rejections); err != nil {
+			return res, err
+		}
+	}
+	return res, nil
+}
+
+// classify fills the outcomes of the decoded prompts. Prompts whose ID is
+// already admitted are classified by a read-only query (invariant 2); the
+// rest go through Admit, unless this is a dry run.
+func (r *Replayer) classify(ctx, work context.Context, good []decoded, outcomes []Outcome) error {
+	if len(good) == 0 {
+		return nil
+	}
+	ids := make([]string, len(good))
+	for k, d := range good {
+		ids[k] = d.in.Prompt.MessageID
+	}
+	var prior map[string]existing
+	err := retry(ctx, r.log, "reading admitted inputs", func() error {
+		var err error
+		prior, err = lookup(work, r.pool, ids)
+		return err
+	})
+	if err != nil {
+		return err
+	}
+	var toAdmit []decoded
+	for _, d := range good {
+		p := d.in.Prompt
+		e, found := prior[p.MessageID]
+		switch {
+		case !found && r.cfg.DryRun:
+			outcomes[d.i] = r.wouldAdmitOutcome(p)
+		case !found:
+			toAdmit = append(toAdmit, d)
+		case !bytes.Equal(e.hash, p.Hash()):
+			outcomes[d.i] = Conflict
+		case r.cfg.Wake && p.Resumes() && !e.armed && !e.promoted && !r.cfg.DryRun:
+			toAdmit = append(toAdmit, d) // an exact retry that arms the wake
+		default:
+			outcomes[d.i] = Duplicate
+		}
+	}
+	if len(toAdmit) == 0 {
+		return nil
+	}
+	in := make([]pipeline.Incoming, len(toAdmit))
+	for k, d := range toAdmit {
+		in[k] = d.in
+	}
+	var got []pipeline.Outcome
+	err = retry(ctx, r.log, "admitting", func() error {
+		var err error
+		got, err = r.admitter.Admit(work, in)
+		return err
+	})
+	if err != nil {
+		return err
+	}
+	for k, d := range toAdmit {
+		switch got[k] {
+		case pipeline.Admitted:
+			outcomes[d.i] = Admitted
+		case pipeline.Duplicate:
+			outcomes[d.i] = Duplicate
+		default:
+			outcomes[d.i] = Conflict
+		}
+	}
+	return nil
+}
+
+// wouldAdmitOutcome classifies, in a dry run, a prompt whose ID is not in
+// inputs: against the IDs the run would already have admitted.
+func (r *Replayer) wouldAdmitOutcome(p envelope.Prompt) Outcome {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	h, seen := r.wouldAdmit[p.MessageID]
+	switch {
+	case !seen:
+		r.wouldAdmit[p.MessageID] = p.Hash()
+		return Admitted
+	case bytes.Equal(h, p.Hash()):
+		return Duplicate
+	}
+	return Conflict
+}
+
+// commit counts a durable batch and moves the partition's next offset.
+func (r *Replayer) commit(st *PartitionReport, batch []*sarama.ConsumerMessage, res result) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if st.First < 0 {
+		st.First = batch[0].Offset
+	}
+	last := batch[len(batch)-1].Offset
+	st.Last, st.Next = last, last+1
+	for i, m := range batch {
+		st.Messages++
+		st.Bytes += int64(len(m.Key) + len(m.Value))
+		st.add(res.outcomes[i])
+	}
+	for _, j := range res.rejections {
+		r.reasons[j.Reason]++
+		if len(r.rejections) < r.cfg.MaxRejections {
+			r.rejections = append(r.rejections, j)
+		} else {
+			r.omitted++
+		}
+	}
+}
+
+// publishRejects sends the batch's rejected messages to the rejects topic
+// with the headers the live consumer writes.
+func (r *Replayer) publishRejects(ctx context.Context, batch []*sarama.ConsumerMessage, rejs []Rejection) error {
+	if len(rejs) == 0 {
+		return nil
+	}
+	byOffset := make(map[int64]*sarama.ConsumerMessage, len(batch))
+	for _, m := range batch {
+		byOffset[m.Offset] = m
+	}
+	msgs := make([]*sarama.ProducerMessage, 0, len(rejs))
+	for _, j := range rejs {
+		m := byOffset[j.Offset]
+		pm := &sarama.ProducerMessage{
+			Topic: r.cfg.Topics.Rejects,
+			Value: sarama.ByteEncoder(m.Value),
+			Headers: []sarama.RecordHeader{
+				{Key: []byte("reason"), Value: []byte(j.Reason)},
+				{Key: []byte("detail"), Value: []byte(j.Detail)},
+				{Key: []byte("source_topic"), Value: []byte(m.Topic)},
+				{Key: []byte("source_partition"), Value: []byte(strconv.Itoa(int(m.Partition)))},
+				{Key: []byte("source_offset"), Value: []byte(strconv.FormatInt(m.Offset, 10))},
+			},
+		}
+		if m.Key != nil {
+			pm.Key = sarama.ByteEncoder(m.Key)
+		}
+		msgs = append(msgs, pm)
+	}
+	return retry(ctx, r.log, "publishing rejects", func() error { return r.rejects.SendMessages(msgs) })
+}
+
+func header(m *sarama.ConsumerMessage, key string) string {
+	for _, h := range m.Headers {
+		if h != nil && string(h.Key) == key {
+			return string(h.Value)
+		}
+	}
+	return ""
+}
+
+// retry runs f until it succeeds, backing off, for at most retryAttempts
+// attempts or until ctx (the stop signal) ends.
+func retry(ctx context.Context, log *slog.Logger, what string, f func() error) error {
+	backoff := 100 * time.Millisecond
+	for attempt := 1; ; attempt++ {
+		err := f()
+		if err == nil {
+			return nil
+		}
+		if attempt == retryAttempts {
+			return fmt.Errorf("%s: %w", what, err)
+		}
+		log.WarnContext(ctx, what+" failed; retrying", slog.Any("error", err), slog.Duration("backoff", backoff))
+		t := time.NewTimer(backoff)
+		select {
+		case <-t.C:
+		case <-ctx.Done():
+			t.Stop()
+			return fmt.Errorf("%s: %w", what, err)
+		}
+		backoff = min(2*backoff, 5*time.Second)
+	}
+}
+
+const retryAttempts = 6
+
+type existing struct {
+	hash     []byte
+	armed    bool
+	promoted bool
+}
+
+// lookup reads what inputs holds of ids, without locking or writing.
+func lookup(ctx context.Context, pool *pgxpool.Pool, ids []string) (map[string]existing, error) {
+	rows, err := pool.Query(ctx, lookupSQL, ids)
+	if err != nil {
+		return nil, err
+	}
+	out := make(map[string]existing, len(ids))
+	var id string
+	var e existing
+	_, err = pgx.ForEachRow(rows, []any{&id, &e.hash, &e.armed, &e.promoted}, func() error {
+		out[id] = existing{hash: slices.Clone(e.hash), armed: e.armed, promoted: e.promoted}
+		return nil
+	})
+	return out, err
+}
+
+const lookupSQL = `
+SELECT message_id, payload_hash, wake_pending, promotion_seq IS NOT NULL
+FROM inputs WHERE message_id = ANY($1)`
