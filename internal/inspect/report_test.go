@@ -292,7 +292,7 @@ func TestSession(t *testing.T) {
 		require.Contains(t, text, "  m2 (not promoted):\n    | queued behind the ask\n")
 		require.Regexp(t, `(?m)^  `+regexp.QuoteMeta(q.RequestID)+`\s+echo\s+pending\s+-\s+\S+Z\s+-\s+-\s+-$`, text)
 
-		_, err := b.admitter.AdmitReply(ctx, envelope.PermissionReply{RequestID: q.RequestID, Reply: envelope.ReplyReject, Message: "not now"},
+		_, err := b.admitter.AdmitReply(ctx, nil, envelope.PermissionReply{RequestID: q.RequestID, Reply: envelope.ReplyReject, Message: "not now"},
 			pipeline.Source{Topic: "permission-replies"})
 		require.NoError(t, err)
 		r = b.report(t, "s")
