@@ -18,6 +18,24 @@
 //	promptline_recovery_decisions_total{decision} recovery decisions: cleared | superseded | rewoken | continued | reconciled | quarantined
 //	promptline_redriven_wakes_total               sessions re-woken because their wake was lost
 //	promptline_quarantined_rows{kind}             quarantined rows (claim | input), from the database, refreshed every recovery pass
+//	promptline_outbox_publish_delay_seconds       histogram, per published batch: the age of its oldest row when marked published (commit-to-publish latency, upper bound)
+//	promptline_wake_to_start_seconds              histogram of the latency from a wake's at to the executor starting (or joining) the session's run
+//	promptline_provider_attempts_total{outcome}   provider requests sent, by outcome: succeeded | failed | unknown (may have been acted on)
+//	promptline_provider_attempt_seconds{outcome}  histogram of one provider request's latency
+//	promptline_tool_calls_total{outcome}          tool calls settled, by outcome: succeeded | failed (including invalid and declined) | unknown
+//	promptline_tool_call_seconds{outcome}         histogram of one tool run's latency
+//	promptline_kafka_consumer_lag_messages{topic,partition} per partition assigned here: high-water mark minus the next offset to mark; removed when the partition is revoked
+//
+// Computed at scrape time (ScrapeCollector; each read bounded by 2s):
+//
+//	promptline_ready                              1 when ready (Postgres reachable, migrations applied, Kafka group joined), else 0; /readyz says why not
+//	promptline_database_stats_up                  1 when the database gauges below were read, 0 when the read failed (they are then absent)
+//	promptline_outbox_backlog_rows                unpublished outbox rows, database-wide
+//	promptline_outbox_oldest_unpublished_seconds  age of the oldest unpublished outbox row (0 when none), database-wide
+//	promptline_permission_requests_pending        permission requests waiting for a reply, database-wide
+//
+// The database-wide gauges are the same on every replica: aggregate them
+// with max(), not sum().
 //
 // Plus the Go runtime and process collectors (go_*, process_*).
 package metrics

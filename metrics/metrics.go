@@ -1,8 +1,10 @@
 package metrics
 
 import (
+	"cmp"
 	"context"
 	"errors"
+	"fmt"
 	"net"
 	"net/http"
 	"time"
@@ -28,7 +30,22 @@ type Metrics struct {
 	RecoveryDecisions  *prometheus.CounterVec
 	RedrivenWakes      prometheus.Counter
 	QuarantinedRows    *prometheus.GaugeVec
+	OutboxPublishDelay prometheus.Histogram
+	WakeToStart        prometheus.Histogram
+	ProviderAttempts   *prometheus.CounterVec
+	ProviderSeconds    *prometheus.HistogramVec
+	ToolCalls          *prometheus.CounterVec
+	ToolCallSeconds    *prometheus.HistogramVec
+	ConsumerLag        *prometheus.GaugeVec
 }
+
+// Outcomes of provider attempts and tool calls (the outcome label), as the
+// ledger records them.
+const (
+	OutcomeSucceeded = "succeeded"
+	OutcomeFailed    = "failed"
+	OutcomeUnknown   = "unknown"
+)
 
 // New creates the collectors and registers them on reg.
 func New(reg prometheus.Registerer) *Metrics {
@@ -75,7 +92,33 @@ func New(reg prometheus.Registerer) *Metrics {
 		QuarantinedRows: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "promptline_quarantined_rows", Help: "Quarantined rows by kind, read from the database by the recovery loop.",
 		}, []string{"kind"}),
+		OutboxPublishDelay: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name: "promptline_outbox_publish_delay_seconds", Help: "Per published batch, the age of its oldest row when marked published: an upper bound of commit-to-publish latency.",
+			Buckets: prometheus.ExponentialBuckets(0.0005, 2, 16),
+		}),
+		WakeToStart: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name: "promptline_wake_to_start_seconds", Help: "Latency from a wake's at (written with its outbox row) to the executor starting, or joining, the session's run.",
+			Buckets: prometheus.ExponentialBuckets(0.0005, 2, 16),
+		}),
+		ProviderAttempts: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "promptline_provider_attempts_total", Help: "Provider requests sent, by outcome: succeeded, failed, unknown.",
+		}, []string{"outcome"}),
+		ProviderSeconds: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name: "promptline_provider_attempt_seconds", Help: "Latency of one provider request, by outcome.",
+			Buckets: prometheus.ExponentialBuckets(0.001, 2, 18),
+		}, []string{"outcome"}),
+		ToolCalls: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "promptline_tool_calls_total", Help: "Tool calls settled, by outcome: succeeded, failed, unknown.",
+		}, []string{"outcome"}),
+		ToolCallSeconds: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name: "promptline_tool_call_seconds", Help: "Latency of one tool run, by outcome.",
+			Buckets: prometheus.ExponentialBuckets(0.0005, 2, 18),
+		}, []string{"outcome"}),
+		ConsumerLag: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "promptline_kafka_consumer_lag_messages", Help: "Per assigned partition, its high-water mark minus the next offset this group member will mark.",
+		}, []string{"topic", "partition"}),
 	}
+	reg.MustRegister(m.OutboxPublishDelay, m.WakeToStart, m.ProviderAttempts, m.ProviderSeconds, m.ToolCalls, m.ToolCallSeconds, m.ConsumerLag)
 	reg.MustRegister(m.RecoveryDecisions, m.RedrivenWakes, m.QuarantinedRows, m.Claims, m.FencedWrites, m.Admissions, m.AdmissionBatchSize, m.AdmissionSeconds, m.Turns,
 		m.TurnSeconds, m.ActiveExecutions, m.OutboxPublished, m.Wakes)
 	return m
@@ -94,8 +137,25 @@ type Server struct {
 	ln  net.Listener
 }
 
-// Listen binds addr and serves /metrics until Close.
-func Listen(addr string, g prometheus.Gatherer) (*Server, error) {
+// ServerConfig configures the metrics and health server.
+type ServerConfig struct {
+	// ReadyFunc answers /readyz: nil means ready (200), an error means not
+	// ready (503, the error as the reason). Defaults to always ready.
+	ReadyFunc func(ctx context.Context) error
+	// ReadyTimeout bounds one ReadyFunc call. Defaults to 2s.
+	ReadyTimeout time.Duration
+}
+
+const readyTimeoutDefault = 2 * time.Second
+
+// Listen binds addr and serves /metrics, /healthz (the process is alive)
+// and /readyz (config.ReadyFunc) until Close. config may be nil.
+func Listen(addr string, g prometheus.Gatherer, config *ServerConfig) (*Server, error) {
+	var cfg ServerConfig
+	if config != nil {
+		cfg = *config
+	}
+	cfg.ReadyTimeout = cmp.Or(cfg.ReadyTimeout, readyTimeoutDefault)
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {
 		return nil, err
@@ -103,6 +163,19 @@ func Listen(addr string, g prometheus.Gatherer) (*Server, error) {
 	mux := http.NewServeMux()
 	mux.Handle("/metrics", promhttp.HandlerFor(g, promhttp.HandlerOpts{}))
 	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte("ok\n")) })
+	mux.HandleFunc("/readyz", func(w http.ResponseWriter, r *http.Request) {
+		if cfg.ReadyFunc != nil {
+			ctx, cancel := context.WithTimeout(r.Context(), cfg.ReadyTimeout)
+			defer cancel()
+			if err := cfg.ReadyFunc(ctx); err != nil {
+				w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+				w.WriteHeader(http.StatusServiceUnavailable)
+				_, _ = fmt.Fprintf(w, "not ready: %v\n", err)
+				return
+			}
+		}
+		_, _ = w.Write([]byte("ready\n"))
+	})
 	s := &Server{srv: &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}, ln: ln}
 	go func() {
 		if err := s.srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {

@@ -427,18 +427,23 @@ func (ex *execution) runCall(ctx context.Context, p ledger.CallParams, c ToolCal
 // a step sets the phase continue in the same transaction.
 func (ex *execution) settleCall(ctx context.Context, p ledger.CallParams, c ToolCall, state, output string, isError bool) error {
 	cl := ex.x.Claim()
+	var last bool
 	err := ex.write(ctx, func(tx pgx.Tx) error {
-		if _, err := ex.x.SettleCall(ctx, tx, p.ID, p.AttemptID, state, output, isError); err != nil {
+		var err error
+		if last, err = ex.x.SettleCall(ctx, tx, p.ID, p.AttemptID, state, output, isError); err != nil {
 			return err
 		}
 		if _, err := tx.Exec(ctx, insertToolMessageSQL, p.ID, ex.sessionID, c.ID, isError, cl.ExecutionID, cl.Token); err != nil {
 			return fmt.Errorf("storing tool result: %w", err)
 		}
-		_, err := tx.Exec(ctx, insertPartSQL, p.ID, 0, "text", output)
+		_, err = tx.Exec(ctx, insertPartSQL, p.ID, 0, "text", output)
 		return err
 	})
 	if err == nil {
 		ex.callMetric(state)
+		if last {
+			faults.Hit(faults.StepAfterSettle)
+		}
 	}
 	return err
 }

@@ -32,6 +32,7 @@ type options struct {
 	redriveAfter      time.Duration
 	dbMaxConns        int32
 	dbTimeouts        [3]time.Duration // statement, lock, idle in transaction
+	migrate           bool             // apply migrations at start; false: only check the schema version
 	provider          providerOptions
 	permissionFlags   []string
 	permissions       permissionPolicy
@@ -82,6 +83,7 @@ func newRootCommand() *cobra.Command {
 	f.DurationVar(&o.dbTimeouts[0], "db-statement-timeout", 30*time.Second, "Postgres statement_timeout of every connection")
 	f.DurationVar(&o.dbTimeouts[1], "db-lock-timeout", 10*time.Second, "Postgres lock_timeout of every connection")
 	f.DurationVar(&o.dbTimeouts[2], "db-idle-in-transaction-timeout", 60*time.Second, "Postgres idle_in_transaction_session_timeout: a paused process cannot hold locks longer")
+	f.BoolVar(&o.migrate, "migrate", true, "apply pending migrations at start; false: only check the schema version (the runtime role has no DDL rights; run `consumer migrate` as the owner)")
 	f.Int32Var(&o.dbMaxConns, "db-max-conns", 32, "Postgres connections in this process's pool (admission per partition, executions, relay)")
 	f.DurationVar(&o.lease, "lease", 30*time.Second, "claim lease; a live execution renews it every lease/3 by the database clock")
 	f.DurationVar(&o.shutdownGrace, "shutdown-grace", 30*time.Second, "time running turns get to finish on SIGTERM")
@@ -89,7 +91,7 @@ func newRootCommand() *cobra.Command {
 	f.StringVar(&o.topics.Wakes, "wakes-topic", "wakes", "topic of internal wakes")
 	f.StringVar(&o.topics.Events, "events-topic", "session-events", "topic of outgoing session events")
 	f.StringVar(&o.topics.Rejects, "rejects-topic", "prompts.rejects", "topic of rejected input")
-	root.AddCommand(newBrokerCommand(), newRecoverCommand(o), newRecoveryCommand(o), newQuarantineCommand(o), newSessionCommand(o), newReplayCommand(o))
+	root.AddCommand(newBrokerCommand(), newRecoverCommand(o), newRecoveryCommand(o), newQuarantineCommand(o), newSessionCommand(o), newMigrateCommand(o), newReplayCommand(o))
 	return root
 }
 

@@ -44,7 +44,7 @@ func run(ctx context.Context, o *options, stderr io.Writer) error {
 	}
 
 	db, err := pgdb.Open(ctx, pgdb.OpenOpts{URL: o.databaseURL, Logger: log, MaxConns: o.dbMaxConns,
-		StatementTimeout: o.dbTimeouts[0], LockTimeout: o.dbTimeouts[1], IdleInTxTimeout: o.dbTimeouts[2]})
+		StatementTimeout: o.dbTimeouts[0], LockTimeout: o.dbTimeouts[1], IdleInTxTimeout: o.dbTimeouts[2], NoMigrate: !o.migrate})
 	if err != nil {
 		return err
 	}
@@ -52,7 +52,14 @@ func run(ctx context.Context, o *options, stderr io.Writer) error {
 
 	reg := metrics.NewRegistry()
 	m := metrics.New(reg)
-	srv, err := metrics.Listen(o.metricsAddr, reg)
+	ready, err := newReadiness(db.Pool)
+	if err != nil {
+		return err
+	}
+	reg.MustRegister(metrics.NewScrapeCollector(&metrics.ScrapeConfig{
+		DatabaseFunc: databaseStats(db.Pool), ReadyFunc: ready.Check,
+	}))
+	srv, err := metrics.Listen(o.metricsAddr, reg, &metrics.ServerConfig{ReadyFunc: ready.Check})
 	if err != nil {
 		return fmt.Errorf("--metrics-addr: %w", err)
 	}
@@ -82,8 +89,11 @@ func run(ctx context.Context, o *options, stderr io.Writer) error {
 	defer producer.Close()
 
 	relay := outbox.NewRelay(db.Pool, producer, &outbox.RelayConfig{
-		Logger:      log.With(slog.String("component", "relay")),
-		OnPublished: func(n int, _ time.Duration) { m.OutboxPublished.Add(float64(n)) },
+		Logger: log.With(slog.String("component", "relay")),
+		OnPublished: func(n int, oldest time.Duration) {
+			m.OutboxPublished.Add(float64(n))
+			m.OutboxPublishDelay.Observe(oldest.Seconds())
+		},
 	})
 	// The relay outlives the signal: turns finishing within the shutdown
 	// grace, and their releases' wakes, commit outbox rows after it; its
@@ -132,6 +142,9 @@ func run(ctx context.Context, o *options, stderr io.Writer) error {
 		Limits: envelope.Limits{MaxValueBytes: o.maxValueBytes},
 	})
 
+	// Readiness and per-partition lag, around the handler.
+	observed := &observedHandler{ConsumerGroupHandler: handler, ready: ready, lag: m.ConsumerLag}
+
 	group, err := sarama.NewConsumerGroup(brokers, o.group, cfg)
 	if err != nil {
 		return fmt.Errorf("joining consumer group %q: %w", o.group, err)
@@ -147,7 +160,7 @@ func run(ctx context.Context, o *options, stderr io.Writer) error {
 		slog.String("metrics_addr", srv.Addr()), slog.String("owner", owner))
 	for ctx.Err() == nil {
 		// Consume returns at every rebalance; loop to rejoin.
-		if err := group.Consume(ctx, []string{topics.Prompts, topics.Wakes, topics.PermissionReplies}, handler); err != nil {
+		if err := group.Consume(ctx, []string{topics.Prompts, topics.Wakes, topics.PermissionReplies}, observed); err != nil {
 			if errors.Is(err, sarama.ErrClosedConsumerGroup) || ctx.Err() != nil {
 				break
 			}

@@ -24,6 +24,9 @@ const (
 	// IdempotentToolAfterIntent: an idempotent tool call's intent committed,
 	// the tool not yet run.
 	IdempotentToolAfterIntent = "idempotent-tool.after-intent"
+	// StepAfterSettle: the last tool result of a step committed with the
+	// phase continue, the next provider step not begun.
+	StepAfterSettle = "step.after-settle"
 	// RecoveryAfterTakeover: recovery took over an expired claim, its
 	// decision not yet committed (it commits in the same transaction, so
 	// the next pass finds the claim as it was).

@@ -61,26 +61,45 @@ func versionOf(binDir string) int {
 	return v
 }
 
+// ClusterConfig adds to a throwaway cluster's defaults.
+type ClusterConfig struct {
+	// Parent is where the cluster's directory goes. Defaults to the system
+	// temp directory.
+	Parent string
+	// Files are written into the data directory before the server starts,
+	// readable by the server only (e.g. "server.key" for ssl_key_file).
+	// Defaults to none.
+	Files map[string][]byte
+	// Settings are passed as -c NAME=VALUE (e.g. ssl=on). Defaults to none.
+	Settings map[string]string
+}
+
 // StartCluster initialises and starts a throwaway cluster in a new
 // directory under parent (the system temp directory when empty). PostgreSQL
 // refuses to run as root, so as root it runs as the "postgres" system user.
 func StartCluster(ctx context.Context, parent string) (*Cluster, error) {
+	return StartClusterWith(ctx, &ClusterConfig{Parent: parent})
+}
+
+// StartClusterWith is StartCluster with files and settings added.
+func StartClusterWith(ctx context.Context, config *ClusterConfig) (*Cluster, error) {
 	bin, err := findBinDir()
 	if err != nil {
 		return nil, err
 	}
-	dir, err := os.MkdirTemp(parent, "promptline-pg-")
+	dir, err := os.MkdirTemp(config.Parent, "promptline-pg-")
 	if err != nil {
 		return nil, fmt.Errorf("throwaway PostgreSQL: %w", err)
 	}
 	c := &Cluster{Dir: dir, bin: bin}
+	uid, gid := -1, -1
 	if os.Geteuid() == 0 {
 		u, err := user.Lookup("postgres")
 		if err != nil {
 			return nil, fmt.Errorf("throwaway PostgreSQL: running as root needs a \"postgres\" system user (PostgreSQL refuses root): %w", err)
 		}
-		uid, _ := strconv.Atoi(u.Uid)
-		gid, _ := strconv.Atoi(u.Gid)
+		uid, _ = strconv.Atoi(u.Uid)
+		gid, _ = strconv.Atoi(u.Gid)
 		c.cred = &syscall.Credential{Uid: uint32(uid), Gid: uint32(gid)}
 		if err := os.Chown(dir, uid, gid); err != nil {
 			return nil, fmt.Errorf("throwaway PostgreSQL: %w", err)
@@ -94,7 +113,24 @@ func StartCluster(ctx context.Context, parent string) (*Cluster, error) {
 	if err := c.run(ctx, "initdb", "-D", dir, "-U", "promptline", "--auth=trust", "-E", "UTF8", "--no-sync"); err != nil {
 		return nil, err
 	}
+	for name, b := range config.Files {
+		path := filepath.Join(dir, name)
+		if err := os.WriteFile(path, b, 0o600); err != nil {
+			return nil, fmt.Errorf("throwaway PostgreSQL: %w", err)
+		}
+		if err := os.Lchown(path, uid, gid); err != nil {
+			return nil, fmt.Errorf("throwaway PostgreSQL: %w", err)
+		}
+	}
 	opts := fmt.Sprintf("-p %d -k %s -c listen_addresses=127.0.0.1 -c fsync=off -c max_connections=200", port, dir)
+	keys := make([]string, 0, len(config.Settings))
+	for k := range config.Settings {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	for _, k := range keys {
+		opts += fmt.Sprintf(" -c %s=%s", k, config.Settings[k])
+	}
 	if err := c.run(ctx, "pg_ctl", "-D", dir, "-o", opts, "-l", filepath.Join(dir, "server.log"), "-w", "-t", "60", "start"); err != nil {
 		return nil, err
 	}

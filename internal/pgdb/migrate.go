@@ -6,10 +6,12 @@ import (
 	"database/sql"
 	"embed"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"io/fs"
 	"sort"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/jackc/pgx/v5/stdlib"
 	"github.com/pressly/goose/v3"
@@ -46,27 +48,188 @@ func MigrationsHash() string {
 	return hex.EncodeToString(h.Sum(nil))
 }
 
+// LatestVersion is the highest embedded migration: the schema version this
+// binary is written against.
+func LatestVersion() int64 {
+	entries, _ := fs.ReadDir(Migrations(), ".")
+	var latest int64
+	for _, e := range entries {
+		v, err := goose.NumericComponent(e.Name())
+		if err != nil {
+			panic(fmt.Sprintf("migration %s: %v", e.Name(), err)) // caught by every test that migrates
+		}
+		latest = max(latest, v)
+	}
+	return latest
+}
+
+var (
+	// ErrSchemaTooNew says that a newer promptline migrated the database:
+	// this binary does not know the newer tables and columns, and
+	// migrations are forward-only, so it must not run against them.
+	ErrSchemaTooNew = errors.New("database schema is newer than this binary")
+	// ErrSchemaBehind says that migrations are pending and this process
+	// was told not to apply them.
+	ErrSchemaBehind = errors.New("database schema is behind this binary")
+)
+
+// SchemaVersionError is a database schema version this binary cannot run
+// against. It unwraps to ErrSchemaTooNew or ErrSchemaBehind.
+type SchemaVersionError struct {
+	Database int64 // highest migration applied to the database; 0: none
+	Binary   int64 // highest migration embedded in this binary
+}
+
+func (e *SchemaVersionError) Error() string {
+	if e.Database > e.Binary {
+		return fmt.Sprintf("database schema is at version %d, newer than this binary knows (version %d): "+
+			"a newer promptline has migrated it; run that release or a later one (migrations are forward-only)",
+			e.Database, e.Binary)
+	}
+	return fmt.Sprintf("database schema is at version %d, this binary needs version %d: "+
+		"apply the migrations first (`consumer migrate`, as the schema owner role)", e.Database, e.Binary)
+}
+
+func (e *SchemaVersionError) Unwrap() error {
+	if e.Database > e.Binary {
+		return ErrSchemaTooNew
+	}
+	return ErrSchemaBehind
+}
+
+// versionTable is goose's bookkeeping table (its default name), resolved
+// through the search_path as goose resolves it.
+const versionTable = "goose_db_version"
+
+// SchemaVersion returns the highest migration applied to the database, 0
+// when none (goose's table does not exist yet). It only reads, so that the
+// runtime role, which may not create goose's table, can ask.
+func SchemaVersion(ctx context.Context, db *sql.DB) (int64, error) {
+	var exists bool
+	if err := db.QueryRowContext(ctx, `SELECT to_regclass('`+versionTable+`') IS NOT NULL`).Scan(&exists); err != nil {
+		return 0, fmt.Errorf("reading the schema version: %w", err)
+	}
+	if !exists {
+		return 0, nil
+	}
+	var v sql.NullInt64
+	if err := db.QueryRowContext(ctx, `SELECT max(version_id) FROM `+versionTable).Scan(&v); err != nil {
+		return 0, fmt.Errorf("reading the schema version: %w", err)
+	}
+	return v.Int64, nil
+}
+
+// CheckVersion returns a *SchemaVersionError unless the database schema is
+// exactly at LatestVersion. It applies nothing.
+func CheckVersion(ctx context.Context, db *sql.DB) error {
+	v, err := SchemaVersion(ctx, db)
+	if err != nil {
+		return err
+	}
+	if v != LatestVersion() {
+		return &SchemaVersionError{Database: v, Binary: LatestVersion()}
+	}
+	return nil
+}
+
 // Migrate applies the pending migrations with goose. A Postgres session
 // advisory lock serialises concurrent starts, so several consumers may boot
-// at once.
+// at once. A database migrated by a newer binary is refused with a
+// *SchemaVersionError (goose itself would report nothing pending).
 func Migrate(ctx context.Context, db *sql.DB) error {
+	_, _, err := migrate(ctx, db)
+	return err
+}
+
+// migrate applies the pending migrations and returns the schema versions
+// before and after.
+func migrate(ctx context.Context, db *sql.DB) (from, to int64, err error) {
+	from, err = SchemaVersion(ctx, db)
+	if err != nil {
+		return 0, 0, err
+	}
+	if from > LatestVersion() {
+		return from, from, &SchemaVersionError{Database: from, Binary: LatestVersion()}
+	}
 	locker, err := lock.NewPostgresSessionLocker()
 	if err != nil {
-		return fmt.Errorf("migrations: %w", err)
+		return from, from, fmt.Errorf("migrations: %w", err)
 	}
 	p, err := goose.NewProvider(goose.DialectPostgres, db, Migrations(), goose.WithSessionLocker(locker))
 	if err != nil {
-		return fmt.Errorf("migrations: %w", err)
+		return from, from, fmt.Errorf("migrations: %w", err)
 	}
 	if _, err := p.Up(ctx); err != nil {
-		return fmt.Errorf("applying migrations: %w", err)
+		return from, from, fmt.Errorf("applying migrations: %w", err)
+	}
+	if err := restrictVersionTable(ctx, db); err != nil {
+		return from, from, err
+	}
+	to, err = SchemaVersion(ctx, db)
+	if err == nil && to > LatestVersion() {
+		// A newer binary migrated between the check and the lock.
+		err = &SchemaVersionError{Database: to, Binary: LatestVersion()}
+	}
+	return from, to, err
+}
+
+// writersOfVersionTable lists the roles other than its owner that may
+// write goose's table, when the current role owns it.
+const writersOfVersionTable = `
+SELECT DISTINCT r.rolname FROM pg_class c
+CROSS JOIN LATERAL aclexplode(c.relacl) a
+JOIN pg_roles r ON r.oid = a.grantee
+WHERE c.oid = to_regclass('` + versionTable + `')
+  AND c.relowner = (SELECT oid FROM pg_roles WHERE rolname = current_user)
+  AND a.grantee <> c.relowner
+  AND a.privilege_type IN ('INSERT', 'UPDATE', 'DELETE', 'TRUNCATE')`
+
+// restrictVersionTable takes writes on goose's table back from every role
+// but its owner. deployments/postgres/roles.sql grants the runtime role
+// row writes on every table the owner creates, goose's included; the
+// runtime role only needs to read the schema version, and one that could
+// write it could make every consumer refuse to start.
+func restrictVersionTable(ctx context.Context, db *sql.DB) error {
+	rows, err := db.QueryContext(ctx, writersOfVersionTable)
+	if err != nil {
+		return fmt.Errorf("restricting %s: %w", versionTable, err)
+	}
+	var roles []string
+	for rows.Next() {
+		var r string
+		if err := rows.Scan(&r); err != nil {
+			rows.Close()
+			return fmt.Errorf("restricting %s: %w", versionTable, err)
+		}
+		roles = append(roles, r)
+	}
+	if err := errors.Join(rows.Err(), rows.Close()); err != nil {
+		return fmt.Errorf("restricting %s: %w", versionTable, err)
+	}
+	for _, r := range roles {
+		if _, err := db.ExecContext(ctx, `REVOKE INSERT, UPDATE, DELETE, TRUNCATE ON `+versionTable+
+			` FROM `+pgx.Identifier{r}.Sanitize()); err != nil {
+			return fmt.Errorf("restricting %s: %w", versionTable, err)
+		}
 	}
 	return nil
 }
 
 // MigratePool applies the migrations through a pool's configuration.
 func MigratePool(ctx context.Context, pool *pgxpool.Pool) error {
+	_, _, err := migratePool(ctx, pool)
+	return err
+}
+
+func migratePool(ctx context.Context, pool *pgxpool.Pool) (from, to int64, err error) {
 	db := stdlib.OpenDB(*pool.Config().ConnConfig)
 	defer db.Close()
-	return Migrate(ctx, db)
+	return migrate(ctx, db)
+}
+
+// CheckPool is CheckVersion through a pool's configuration.
+func CheckPool(ctx context.Context, pool *pgxpool.Pool) error {
+	db := stdlib.OpenDB(*pool.Config().ConnConfig)
+	defer db.Close()
+	return CheckVersion(ctx, db)
 }

@@ -38,7 +38,11 @@ type OpenOpts struct {
 	// call inside a transaction) cannot hold row and advisory locks that
 	// block admission, takeover or the relay. Defaults to 60s.
 	IdleInTxTimeout time.Duration
-	Logger          *slog.Logger
+	// NoMigrate applies no migration: Open only checks that the schema is
+	// at this binary's version (a *SchemaVersionError otherwise), so that
+	// a role without DDL rights can run. Defaults to false: migrate.
+	NoMigrate bool
+	Logger    *slog.Logger
 }
 
 // DB is an open, migrated database.
@@ -57,7 +61,10 @@ func (d *DB) Close() error {
 	return nil
 }
 
-// Open resolves the database, connects, and applies migrations.
+// Open resolves the database, connects, warns when the connection is
+// unencrypted and leaves the machine, and applies migrations (or, with
+// NoMigrate, checks the schema version). A schema newer than this binary
+// is refused either way.
 func Open(ctx context.Context, opts OpenOpts) (*DB, error) {
 	log := opts.Logger
 	if log == nil {
@@ -102,7 +109,20 @@ func Open(ctx context.Context, opts OpenOpts) (*DB, error) {
 		db.Close()
 		return nil, fmt.Errorf("connecting to Postgres at %s: %w", redact(cfg.ConnConfig), err)
 	}
-	if err := MigratePool(ctx, db.Pool); err != nil {
+	if err := warnPlaintext(ctx, db.Pool, log); err != nil {
+		db.Close()
+		return nil, err
+	}
+	if opts.NoMigrate {
+		err = CheckPool(ctx, db.Pool)
+	} else {
+		var from, to int64
+		from, to, err = migratePool(ctx, db.Pool)
+		if err == nil && from != to {
+			log.InfoContext(ctx, "schema migrated", slog.Int64("from_version", from), slog.Int64("to_version", to))
+		}
+	}
+	if err != nil {
 		db.Close()
 		return nil, err
 	}
