@@ -515,12 +515,23 @@ func (r *Recoverer) record(ctx context.Context, tx pgx.Tx, old, nc ledger.Claim,
 	if err != nil {
 		return err
 	}
-	if _, err := tx.Exec(ctx, `INSERT INTO recoveries (execution_id, session_id, phase_found, decision, rule, evidence,
+	tag, err := tx.Exec(ctx, `INSERT INTO recoveries (execution_id, session_id, phase_found, decision, rule, evidence,
 			token_before, token_after, continuation_message_id, retry_attempt_id, recovered_by)
-		VALUES ($1, $2, $3, $4, nullif($5, ''), $6, $7, $8, nullif($9, ''), nullif($10, ''), $11)`,
+		VALUES ($1, $2, $3, $4, nullif($5, ''), $6, $7, $8, nullif($9, ''), nullif($10, ''), $11)
+		ON CONFLICT (execution_id) DO UPDATE SET phase_found = excluded.phase_found, decision = excluded.decision,
+			rule = excluded.rule, evidence = excluded.evidence, token_before = excluded.token_before,
+			token_after = excluded.token_after, continuation_message_id = excluded.continuation_message_id,
+			retry_attempt_id = excluded.retry_attempt_id, recovered_by = excluded.recovered_by, decided_at = now()
+		WHERE recoveries.decision = 'quarantined'`,
 		old.ExecutionID, old.SessionID, string(old.Phase), d.decision, d.rule, evJSON, old.Token, nc.Token,
-		d.continuationID, d.retryAttemptID, r.cfg.OwnerID); err != nil {
+		d.continuationID, d.retryAttemptID, r.cfg.OwnerID)
+	if err != nil {
 		return fmt.Errorf("recording recovery of %s: %w", old.ExecutionID, err)
+	}
+	if tag.RowsAffected() != 1 {
+		// Only a quarantine (repaired and released since) may be followed
+		// by a decision; a second decision for one execution is a bug.
+		return fmt.Errorf("recording recovery of %s: it was decided before", old.ExecutionID)
 	}
 	rows := []outbox.Row{outbox.EventRow(r.cfg.Topics.Events, envelope.Event{
 		ID: "recovery.decided:" + old.ExecutionID, Type: envelope.EventRecoveryDecided, SessionID: old.SessionID,
@@ -553,7 +564,9 @@ func (r *Recoverer) quarantineTx(ctx context.Context, tx pgx.Tx, c ledger.Claim,
 	}
 	if _, err := tx.Exec(ctx, `INSERT INTO recoveries (execution_id, session_id, phase_found, decision, evidence,
 			token_before, token_after, recovered_by, quarantine_reason)
-		VALUES ($1, $2, $3, 'quarantined', '{}', $4, $4, $5, $6) ON CONFLICT (execution_id) DO NOTHING`,
+		VALUES ($1, $2, $3, 'quarantined', '{}', $4, $4, $5, $6)
+		ON CONFLICT (execution_id) DO UPDATE SET quarantine_reason = excluded.quarantine_reason, decided_at = now()
+		WHERE recoveries.decision = 'quarantined'`,
 		c.ExecutionID, c.SessionID, string(c.Phase), c.Token, r.cfg.OwnerID, reason); err != nil {
 		return fmt.Errorf("recording quarantine of %s: %w", c.SessionID, err)
 	}

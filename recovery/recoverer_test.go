@@ -254,6 +254,16 @@ func TestRecovery(t *testing.T) {
 		require.ErrorIs(t, recovery.Release(ctx, b.pool, recovery.KindClaim, "poison-000", "op", ""), recovery.ErrNotQuarantined)
 		require.Equal(t, 1, b.count(t, `SELECT count(*) FROM quarantine_releases WHERE ref = 'poison-000' AND released_by = 'op'`))
 		require.Equal(t, 1, b.pass(t).Decisions[recovery.DecisionQuarantined])
+
+		// Repaired (the turn had in fact completed) and released: the next
+		// pass decides, in place of the quarantine record.
+		b.exec(t, `UPDATE claims SET phase = 'safe' WHERE session_id = 'poison-001'`)
+		require.NoError(t, recovery.Release(ctx, b.pool, recovery.KindClaim, "poison-001", "op", "phase was safe"))
+		require.Equal(t, 1, b.pass(t).Decisions[recovery.DecisionCleared])
+		recs := b.records(t, "poison-001")
+		require.Len(t, recs, 1)
+		require.Equal(t, recovery.DecisionCleared, recs[0].Decision)
+		require.Equal(t, `unknown phase "bogus"`, recs[0].QuarantineReason, "the earlier quarantine stays on record")
 	})
 
 	t.Run("ClaimPointingAtMissingMessageIsQuarantined", func(t *testing.T) {
