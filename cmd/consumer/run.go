@@ -150,6 +150,11 @@ func run(ctx context.Context, o *options, stderr io.Writer) error {
 		return fmt.Errorf("joining consumer group %q: %w", o.group, err)
 	}
 	defer group.Close()
+	// Sarama's join does not watch ctx: a signal during a slow join (say,
+	// while dead members' sessions time out) would wait for it. Closing
+	// the group on the signal ends Consume at once.
+	stopOnSignal := context.AfterFunc(ctx, func() { _ = group.Close() })
+	defer stopOnSignal()
 	go func() {
 		for err := range group.Errors() {
 			log.Warn("consumer group", slog.Any("error", err))
