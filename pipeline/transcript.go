@@ -81,7 +81,9 @@ func settleOrphans(in []TranscriptMessage) []TranscriptMessage {
 		// Keep the results that follow, then add the missing ones.
 		for i+1 < len(in) && in[i+1].Role == "tool" {
 			i++
-			out = append(out, in[i])
+			if called[in[i].ToolCallID] {
+				out = append(out, in[i])
+			}
 		}
 		for _, c := range m.ToolCalls {
 			if !answered[c.ID] {

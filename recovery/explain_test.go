@@ -1,0 +1,57 @@
+package recovery_test
+
+import (
+	"bytes"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/promptline/promptline/recovery"
+)
+
+// Every decision kind reads as a sentence an operator can act on.
+func TestExplainEachDecision(t *testing.T) {
+	t.Parallel()
+	at := time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
+	base := recovery.Record{ExecutionID: "e1", SessionID: "s", TokenBefore: 3, TokenAfter: 4, DecidedAt: at,
+		Evidence: recovery.Evidence{Owner: "consumer-a", ExpiredAt: at, WaitingInputs: 1,
+			AssistantMessageID: "a1", AssistantStatus: "pending", NewestAssistantID: "a1",
+			Attempts:  []recovery.AttemptFact{{ID: "e1/step-1", Step: 1, Provider: "http", State: "started"}},
+			ToolCalls: []recovery.ToolCallFact{{ID: "e1/step-1/call-0", Tool: "append_line", Class: "side_effecting", State: "started"}}}}
+	cases := map[string]struct {
+		decision, rule, phase, continuation, quarantine string
+		want                                            []string
+	}{
+		"cleared":    {decision: recovery.DecisionCleared, phase: "safe", want: []string{"the turn had completed", "with a wake for the waiting inputs"}},
+		"superseded": {decision: recovery.DecisionSuperseded, phase: "continue", want: []string{"no longer the session's newest"}},
+		"rewoken":    {decision: recovery.DecisionRewoken, phase: "ready", want: []string{"nothing uncertain had been dispatched"}},
+		"continued": {decision: recovery.DecisionContinued, phase: "continue", continuation: "recovery-continue-e1",
+			want: []string{"one continuation turn was admitted", "Continuation input recovery-continue-e1: not yet promoted"}},
+		"idempotent tool": {decision: recovery.DecisionContinued, rule: recovery.RuleIdempotentToolRetry, phase: "unknown",
+			want: []string{"runs again with its idempotency key"}},
+		"idempotent provider": {decision: recovery.DecisionContinued, rule: recovery.RuleIdempotentProviderRetry, phase: "unknown",
+			want: []string{"sent again with its key"}},
+		"reconciled": {decision: recovery.DecisionReconciled, phase: "unknown",
+			want: []string{"outcome_unknown", "nothing was replayed", "Tool call e1/step-1/call-0 (append_line, side_effecting) was started"}},
+		"quarantined": {decision: recovery.DecisionQuarantined, phase: "bogus", quarantine: `unknown phase "bogus"`,
+			want: []string{`failed validation: unknown phase "bogus"`, "consumer quarantine release"}},
+	}
+	for name, c := range cases {
+		r := base
+		r.Decision, r.Rule, r.PhaseFound, r.ContinuationID, r.QuarantineReason = c.decision, c.rule, c.phase, c.continuation, c.quarantine
+		var out bytes.Buffer
+		recovery.Explain(&out, []recovery.Record{r})
+		text := out.String()
+		require.Contains(t, text, "execution e1 (owner consumer-a) expired at 2026-01-02T03:04:05Z in phase \""+c.phase+"\"", name)
+		require.Contains(t, text, "Decision: "+c.decision, name)
+		for _, w := range c.want {
+			require.Contains(t, text, w, name)
+		}
+		if c.decision == recovery.DecisionQuarantined {
+			require.NotContains(t, text, "Fencing token", "%s: a quarantined claim was not taken over", name)
+		} else {
+			require.Contains(t, text, "Fencing token 3 → 4", name)
+		}
+	}
+}
