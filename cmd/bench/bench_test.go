@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"os"
 	"testing"
@@ -68,6 +69,20 @@ func TestMeasurements(t *testing.T) {
 		require.Positive(t, r.Admitted.P50)
 		require.Len(t, r.Stages, 5)
 		require.Positive(t, r.Commits)
+	})
+
+	t.Run("ScaleOut", func(t *testing.T) {
+		r, err := measureScaleOut(ctx, sc, n, partitions, func(string, ...any) {})
+		require.NoError(t, err)
+		require.Equal(t, 1, r.One.Processes)
+		require.Equal(t, 3, r.Three.Processes)
+		require.Equal(t, n, r.Three.Prompts)
+		require.Positive(t, r.One.Rate)
+		require.Positive(t, r.Three.Rate)
+		require.InDelta(t, r.Three.Rate/r.One.Rate, r.Ratio, 1e-9)
+		var out bytes.Buffer
+		printScaleOut(&out, &r)
+		require.Contains(t, out.String(), "not a speed-up")
 	})
 
 	names, err := sc.serverFacts(ctx)

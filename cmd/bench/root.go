@@ -20,6 +20,9 @@ type options struct {
 	cpuProfile  string
 	// replayPrompts is the size of the replay runs (replay.go); 0 skips them.
 	replayPrompts int
+	// scaleOut runs one and three consumer processes (scaleout.go).
+	scaleOut        bool
+	scaleOutPrompts int
 }
 
 func newRootCommand() *cobra.Command {
@@ -47,6 +50,8 @@ func newRootCommand() *cobra.Command {
 	f.BoolVar(&o.json, "json", false, "print the results as JSON")
 	f.BoolVar(&o.knobs, "knobs", true, "also measure the knobs (batch size, fetch buffer, pool size, synchronous_commit, partitions) against the shipped defaults")
 	f.IntVar(&o.replayPrompts, "replay-prompts", 1000000, "prompts in the topic of the replay runs (fresh, then all duplicates); 0 skips them")
+	f.BoolVar(&o.scaleOut, "scaleout", true, "also measure admission + execution with three consumer processes next to one (builds ./cmd/consumer with the go tool)")
+	f.IntVar(&o.scaleOutPrompts, "scaleout-prompts", 20000, "prompts of each scale-out run")
 	f.StringVar(&o.cpuProfile, "cpuprofile", "", "write a CPU profile of the baseline admission run to this file")
 	return root
 }
@@ -61,6 +66,8 @@ func (o *options) validate() error {
 		return errors.New("--duration must be positive")
 	case o.replayPrompts < 0:
 		return errors.New("--replay-prompts must not be negative")
+	case o.scaleOut && o.scaleOutPrompts < 1:
+		return errors.New("--scaleout-prompts must be at least 1")
 	case o.partitions < 1:
 		return errors.New("--partitions must be at least 1")
 	}

@@ -48,6 +48,8 @@ type report struct {
 	AdmissionAgain *admissionResult `json:"admission_again,omitempty"`
 	// Replay is batch replay of a topic (replay.go).
 	Replay *replayResult `json:"replay,omitempty"`
+	// ScaleOut is three consumer processes next to one (scaleout.go).
+	ScaleOut *scaleOutResult `json:"scale_out,omitempty"`
 }
 
 func run(ctx context.Context, o *options, stdout, stderr io.Writer) (err error) {
@@ -122,6 +124,14 @@ func run(ctx context.Context, o *options, stdout, stderr io.Writer) (err error) 
 			return fmt.Errorf("replay: %w", err)
 		}
 		rep.Replay = &r
+	}
+
+	if o.scaleOut {
+		r, err := measureScaleOut(ctx, sc, o.scaleOutPrompts, o.partitions, progress)
+		if err != nil {
+			return fmt.Errorf("scale-out: %w", err)
+		}
+		rep.ScaleOut = &r
 	}
 
 	if o.knobs {
@@ -266,6 +276,9 @@ func printReport(out io.Writer, o *options, rep *report) {
 
 	if rep.Replay != nil {
 		printReplay(out, rep.Replay, rep.Admission)
+	}
+	if rep.ScaleOut != nil {
+		printScaleOut(out, rep.ScaleOut)
 	}
 
 	if len(rep.Knobs) > 0 {

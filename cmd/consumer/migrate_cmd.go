@@ -8,6 +8,7 @@ import (
 	"github.com/jackc/pgx/v5/stdlib"
 	"github.com/spf13/cobra"
 
+	"github.com/promptline/promptline/internal/cliconfig"
 	"github.com/promptline/promptline/internal/pgdb"
 )
 
@@ -55,5 +56,9 @@ func newMigrateCommand(o *options) *cobra.Command {
 	}
 	cmd.Flags().DurationVar(&stmtTimeout, "db-statement-timeout", 15*time.Minute, "statement_timeout of the migrating connection (index builds may be long)")
 	cmd.Flags().DurationVar(&lockTimeout, "db-lock-timeout", 10*time.Second, "lock_timeout of the migrating connection: a migration waiting behind live traffic fails instead of blocking it")
+	// Longer than the runtime's timeouts by design: the consumer's
+	// PROMPTLINE_DB_STATEMENT_TIMEOUT (or file key) must not cut a migration short.
+	cliconfig.CommandLineOnly(cmd.Flags(), "db-statement-timeout")
+	cliconfig.CommandLineOnly(cmd.Flags(), "db-lock-timeout")
 	return cmd
 }

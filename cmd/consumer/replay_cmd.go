@@ -16,6 +16,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/promptline/promptline/envelope"
+	"github.com/promptline/promptline/internal/cliconfig"
 	"github.com/promptline/promptline/internal/kafkautil"
 	"github.com/promptline/promptline/internal/pgdb"
 	"github.com/promptline/promptline/replay"
@@ -42,6 +43,7 @@ type replayOptions struct {
 	dbMaxConns       int32
 	progressInterval time.Duration
 	topics           kafkautil.Topics
+	security         kafkautil.Security
 }
 
 func newReplayCommand(o *options) *cobra.Command {
@@ -88,6 +90,10 @@ providers. See docs/replay.md.`,
 	f.StringVar(&r.topics.Wakes, "wakes-topic", "wakes", "topic of internal wakes (outbox rows of --wake)")
 	f.StringVar(&r.topics.Events, "events-topic", "session-events", "topic of session events (outbox rows of input.admitted)")
 	f.StringVar(&r.topics.Rejects, "rejects-topic", "prompts.rejects", "topic of rejected input")
+	addSecurityFlags(f, &r.security)
+	// The consumer's --partitions (and its PROMPTLINE_PARTITIONS) is a
+	// partition count; here it is a list: never read from env or file.
+	cliconfig.CommandLineOnly(f, "partitions")
 	return cmd
 }
 
@@ -179,9 +185,12 @@ func (r *replayOptions) run(cmd *cobra.Command, o *options) (err error) {
 	defer db.Close()
 
 	cfg := kafkautil.NewConfig("promptline-replay")
+	if err := r.security.Apply(cfg); err != nil {
+		return err
+	}
 	client, err := sarama.NewClient(r.brokers, cfg)
 	if err != nil {
-		return fmt.Errorf("connecting to Kafka at %s: %w", strings.Join(r.brokers, ","), err)
+		return fmt.Errorf("connecting to Kafka at %s: %w", strings.Join(r.brokers, ","), r.security.Explain(err))
 	}
 	defer client.Close()
 

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"errors"
 	"fmt"
 	"log/slog"
 	"os"
@@ -8,7 +9,9 @@ import (
 	"time"
 
 	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
 
+	"github.com/promptline/promptline/internal/cliconfig"
 	"github.com/promptline/promptline/internal/kafkautil"
 )
 
@@ -37,9 +40,19 @@ type options struct {
 	permissionFlags   []string
 	permissions       permissionPolicy
 	topics            kafkautil.Topics
+	replicationFactor int16
+	security          kafkautil.Security
+	config            string // the config file (README "Configuration")
 }
 
-func newRootCommand() *cobra.Command {
+// envPrefix starts the environment variable of every flag.
+const envPrefix = "PROMPTLINE_"
+
+func newRootCommand() *cobra.Command { return newRootCommandEnv(os.Environ) }
+
+// newRootCommandEnv builds the command tree reading its environment
+// settings from environ, so that tests pass theirs and run in parallel.
+func newRootCommandEnv(environ func() []string) *cobra.Command {
 	o := &options{}
 	root := &cobra.Command{
 		Use:           "consumer",
@@ -58,7 +71,8 @@ func newRootCommand() *cobra.Command {
 	f.StringSliceVar(&o.brokers, "brokers", nil, "Kafka bootstrap brokers, comma-separated; empty starts the embedded broker")
 	f.StringVar(&o.embeddedKafkaAddr, "embedded-kafka-addr", "127.0.0.1:9092", "listen address of the embedded broker (when --brokers is empty)")
 	pf := root.PersistentFlags()
-	pf.StringVar(&o.databaseURL, "database-url", os.Getenv("DATABASE_URL"), "Postgres URL (env DATABASE_URL); empty: the local server on 127.0.0.1:5432, else a throwaway cluster")
+	pf.StringVar(&o.config, "config", "", "YAML file of settings, keys = flag names (README \"Configuration\"); precedence: flag > env PROMPTLINE_<FLAG> > file > default")
+	pf.StringVar(&o.databaseURL, "database-url", "", "Postgres URL (env PROMPTLINE_DATABASE_URL, else DATABASE_URL); empty: the local server on 127.0.0.1:5432, else a throwaway cluster")
 	f.StringVar(&o.metricsAddr, "metrics-addr", "127.0.0.1:9464", "address serving /metrics and /healthz")
 	f.StringVar(&o.group, "group", "promptline", "Kafka consumer group")
 	pf.StringVar(&o.logLevel, "log-level", "info", "log level: debug, info, warn, error")
@@ -66,7 +80,9 @@ func newRootCommand() *cobra.Command {
 	f.IntVar(&o.recoveryBatch, "recovery-batch", 100, "expired claims and lost wakes handled per recovery pass")
 	f.DurationVar(&o.redriveAfter, "redrive-after", 30*time.Second, "age of a waiting input without a claim before its session is woken again")
 	f.Int32Var(&o.partitions, "partitions", 16, "partitions of topics created at start")
-	f.BoolVar(&o.createTopics, "create-topics", true, "create missing topics at start")
+	f.BoolVar(&o.createTopics, "create-topics", true, "create missing topics at start (with --partitions and --replication-factor)")
+	f.Int16Var(&o.replicationFactor, "replication-factor", 1, "replication factor of topics created at start (3 on a production cluster)")
+	addSecurityFlags(f, &o.security)
 	f.IntVar(&o.maxSessions, "max-sessions", 256, "sessions executing at once in this process")
 	f.IntVar(&o.maxBatch, "max-batch", 500, "most prompts admitted in one transaction")
 	f.IntVar(&o.maxValueBytes, "max-value-bytes", 1<<20, "largest accepted prompt value in bytes")
@@ -92,7 +108,59 @@ func newRootCommand() *cobra.Command {
 	f.StringVar(&o.topics.Events, "events-topic", "session-events", "topic of outgoing session events")
 	f.StringVar(&o.topics.Rejects, "rejects-topic", "prompts.rejects", "topic of rejected input")
 	root.AddCommand(newBrokerCommand(), newRecoverCommand(o), newRecoveryCommand(o), newQuarantineCommand(o), newSessionCommand(o), newMigrateCommand(o), newReplayCommand(o))
+	loader := cliconfig.New(&cliconfig.Config{
+		EnvPrefix:   envPrefix,
+		EnvironFunc: environ,
+		// DATABASE_URL stays accepted, below PROMPTLINE_DATABASE_URL.
+		EnvAliases: map[string]string{"DATABASE_URL": "database-url"},
+		// The crash-point switch of fault builds (internal/faults), not a setting.
+		IgnoreEnv: []string{"PROMPTLINE_FAULT"},
+	})
+	root.AddCommand(newConfigCommand(root, loader))
+	loader.Install(root)
 	return root
+}
+
+// addSecurityFlags adds the Kafka TLS and SASL flags (kafkautil.Security
+// names them in its errors) to every command that talks to Kafka.
+func addSecurityFlags(f *pflag.FlagSet, s *kafkautil.Security) {
+	f.BoolVar(&s.TLS, "tls", false, "connect to Kafka with TLS (certificates are always verified)")
+	f.StringVar(&s.CAFile, "tls-ca-file", "", "PEM file of CA certificates trusted for the brokers, added to the system's")
+	f.StringVar(&s.CertFile, "tls-cert-file", "", "PEM client certificate (mutual TLS), with --tls-key-file")
+	f.StringVar(&s.KeyFile, "tls-key-file", "", "PEM private key of --tls-cert-file")
+	f.StringVar(&s.ServerName, "tls-server-name", "", "name verified in the brokers' certificates (default: the host of each broker address)")
+	f.StringVar(&s.SASLMechanism, "sasl-mechanism", "", "SASL mechanism: PLAIN, SCRAM-SHA-256, SCRAM-SHA-512 or OAUTHBEARER (empty: no SASL)")
+	f.StringVar(&s.SASLUser, "sasl-user", "", "SASL user (PLAIN, SCRAM)")
+	f.StringVar(&s.SASLPasswordFile, "sasl-password-file", "", "file holding the SASL password (PLAIN, SCRAM); a file keeps it out of flags, env dumps and logs")
+	f.StringVar(&s.SASLTokenFile, "sasl-token-file", "", "file holding the OAUTHBEARER token, read again at each connection (rotation)")
+}
+
+// newConfigCommand is `consumer config print`: the effective
+// configuration of the consumer, each value with its source.
+func newConfigCommand(root *cobra.Command, loader *cliconfig.Loader) *cobra.Command {
+	cmd := &cobra.Command{Use: "config", Short: "Show the effective configuration"}
+	printCmd := &cobra.Command{
+		Use:   "print",
+		Short: "Print every setting of the consumer with its source (default, config file, env, flag) as YAML, secrets redacted",
+		Long: `print resolves the consumer's settings as ` + "`consumer`" + ` itself would (flag >
+env PROMPTLINE_<FLAG> > config file > default) and prints each value with its
+source. It accepts the consumer's flags, so a command line can be checked too.
+Secrets are redacted: URL passwords, and values of settings named like a
+password, token or secret (files are shown as paths; their contents are never
+read).`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			settings, err := loader.Effective()
+			if err != nil {
+				return err
+			}
+			return cliconfig.WriteYAML(cmd.OutOrStdout(), settings)
+		},
+	}
+	// The consumer's own flags, shared: parsing them here sets the same values.
+	printCmd.Flags().AddFlagSet(root.LocalNonPersistentFlags())
+	cmd.AddCommand(printCmd)
+	return cmd
 }
 
 func (o *options) validate() error {
@@ -122,6 +190,13 @@ func (o *options) validate() error {
 		return fmt.Errorf("--shutdown-grace: must not be negative, got %s", o.shutdownGrace)
 	case o.group == "":
 		return fmt.Errorf("--group: must not be empty")
+	case o.replicationFactor < 1:
+		return fmt.Errorf("--replication-factor: must be at least 1, got %d", o.replicationFactor)
+	case len(o.brokers) == 0 && (o.security != kafkautil.Security{}):
+		return errors.New("--tls, --sasl-mechanism: need --brokers (the embedded broker speaks plaintext)")
+	}
+	if err := o.security.Apply(kafkautil.NewConfig("validate")); err != nil {
+		return err
 	}
 	if _, err := parseLevel(o.logLevel); err != nil {
 		return err

@@ -43,6 +43,14 @@ func run(ctx context.Context, o *options, stderr io.Writer) error {
 		log.Info("embedded Kafka broker started", slog.String("addr", b.Addr()))
 	}
 
+	// Every Kafka client of this process shares one configuration, TLS and
+	// SASL applied (validate checked the settings already).
+	owner := "consumer-" + uuid.Must(uuid.NewV7()).String()
+	cfg := kafkautil.NewConfig(owner)
+	if err := o.security.Apply(cfg); err != nil {
+		return err
+	}
+
 	db, err := pgdb.Open(ctx, pgdb.OpenOpts{URL: o.databaseURL, Logger: log, MaxConns: o.dbMaxConns,
 		StatementTimeout: o.dbTimeouts[0], LockTimeout: o.dbTimeouts[1], IdleInTxTimeout: o.dbTimeouts[2], NoMigrate: !o.migrate})
 	if err != nil {
@@ -65,17 +73,15 @@ func run(ctx context.Context, o *options, stderr io.Writer) error {
 	}
 	defer srv.Close()
 
-	owner := "consumer-" + uuid.Must(uuid.NewV7()).String()
-	cfg := kafkautil.NewConfig(owner)
 	if o.createTopics {
 		admin, err := sarama.NewClusterAdmin(brokers, cfg)
 		if err != nil {
-			return fmt.Errorf("connecting to Kafka %v: %w", brokers, err)
+			return fmt.Errorf("connecting to Kafka %v: %w", brokers, o.security.Explain(err))
 		}
-		created, err := kafkautil.EnsureTopics(admin, topics, o.partitions, 1, log)
+		created, err := kafkautil.EnsureTopics(admin, topics, o.partitions, o.replicationFactor, log)
 		admin.Close()
 		if err != nil {
-			return err
+			return o.security.Explain(err)
 		}
 		if len(created) > 0 {
 			log.Info("topics created", slog.Any("topics", created), slog.Int("partitions", int(o.partitions)))
@@ -84,7 +90,7 @@ func run(ctx context.Context, o *options, stderr io.Writer) error {
 
 	producer, err := sarama.NewSyncProducer(brokers, cfg)
 	if err != nil {
-		return fmt.Errorf("connecting producer to Kafka %v: %w", brokers, err)
+		return fmt.Errorf("connecting producer to Kafka %v: %w", brokers, o.security.Explain(err))
 	}
 	defer producer.Close()
 
@@ -147,7 +153,7 @@ func run(ctx context.Context, o *options, stderr io.Writer) error {
 
 	group, err := sarama.NewConsumerGroup(brokers, o.group, cfg)
 	if err != nil {
-		return fmt.Errorf("joining consumer group %q: %w", o.group, err)
+		return fmt.Errorf("joining consumer group %q: %w", o.group, o.security.Explain(err))
 	}
 	defer group.Close()
 	// Sarama's join does not watch ctx: a signal during a slow join (say,

@@ -6,15 +6,45 @@ import (
 	"os"
 	"strings"
 
+	"github.com/IBM/sarama"
 	"github.com/spf13/cobra"
+
+	"github.com/promptline/promptline/internal/cliconfig"
+	"github.com/promptline/promptline/internal/kafkautil"
 )
 
 const brokersDefault = "127.0.0.1:9092"
 
+// kafkaOpts are the root's Kafka flags, shared by send and watch.
+type kafkaOpts struct {
+	brokers  string
+	security kafkautil.Security
+}
+
+// config builds the Sarama configuration of a client, TLS and SASL applied.
+func (k *kafkaOpts) config(clientID string) ([]string, *sarama.Config, error) {
+	brokers, err := parseBrokers(k.brokers)
+	if err != nil {
+		return nil, nil, err
+	}
+	cfg := kafkautil.NewConfig(clientID)
+	if err := k.security.Apply(cfg); err != nil {
+		return nil, nil, err
+	}
+	return brokers, cfg, nil
+}
+
 // newRootCommand builds the producer command tree. Commands read and write
 // only the given streams, so tests run them in-process.
 func newRootCommand(stdin io.Reader, stdout, stderr io.Writer) *cobra.Command {
-	var brokers string
+	return newRootCommandEnv(stdin, stdout, stderr, os.Environ)
+}
+
+// newRootCommandEnv is newRootCommand with its environment settings read
+// from environ (tests pass their own and run in parallel).
+func newRootCommandEnv(stdin io.Reader, stdout, stderr io.Writer, environ func() []string) *cobra.Command {
+	k := &kafkaOpts{}
+	var configFile string
 	root := &cobra.Command{
 		Use:   "producer",
 		Short: "Publish prompts to promptline and watch its session events",
@@ -30,8 +60,20 @@ events promptline publishes back. See docs/producers.md.`,
 	root.SetFlagErrorFunc(func(cmd *cobra.Command, err error) error {
 		return fmt.Errorf("%w (see '%s --help')", err, cmd.CommandPath())
 	})
-	root.PersistentFlags().StringVar(&brokers, "brokers", brokersDefault, "Kafka bootstrap brokers, comma-separated host:port")
-	root.AddCommand(newSendCommand(&brokers), newWatchCommand(&brokers))
+	pf := root.PersistentFlags()
+	pf.StringVar(&configFile, "config", "", "YAML file of settings, keys = flag names; precedence: flag > env PROMPTLINE_<FLAG> > file > default")
+	pf.StringVar(&k.brokers, "brokers", brokersDefault, "Kafka bootstrap brokers, comma-separated host:port")
+	pf.BoolVar(&k.security.TLS, "tls", false, "connect with TLS (certificates are always verified)")
+	pf.StringVar(&k.security.CAFile, "tls-ca-file", "", "PEM file of CA certificates trusted for the brokers, added to the system's")
+	pf.StringVar(&k.security.CertFile, "tls-cert-file", "", "PEM client certificate (mutual TLS), with --tls-key-file")
+	pf.StringVar(&k.security.KeyFile, "tls-key-file", "", "PEM private key of --tls-cert-file")
+	pf.StringVar(&k.security.ServerName, "tls-server-name", "", "name verified in the brokers' certificates (default: the host of each broker address)")
+	pf.StringVar(&k.security.SASLMechanism, "sasl-mechanism", "", "SASL mechanism: PLAIN, SCRAM-SHA-256, SCRAM-SHA-512 or OAUTHBEARER (empty: no SASL)")
+	pf.StringVar(&k.security.SASLUser, "sasl-user", "", "SASL user (PLAIN, SCRAM)")
+	pf.StringVar(&k.security.SASLPasswordFile, "sasl-password-file", "", "file holding the SASL password (PLAIN, SCRAM)")
+	pf.StringVar(&k.security.SASLTokenFile, "sasl-token-file", "", "file holding the OAUTHBEARER token, read again at each connection")
+	root.AddCommand(newSendCommand(k), newWatchCommand(k))
+	cliconfig.New(&cliconfig.Config{EnvironFunc: environ, IgnoreEnv: []string{"PROMPTLINE_FAULT"}}).Install(root)
 	return root
 }
 

@@ -20,7 +20,7 @@ const clientID = "promptline-producer"
 
 // sendOpts are the flags of the send command.
 type sendOpts struct {
-	brokers     *string // persistent root flag
+	kafka       *kafkaOpts // persistent root flags
 	topic       string
 	session     string
 	text        string
@@ -31,8 +31,8 @@ type sendOpts struct {
 	file        string
 }
 
-func newSendCommand(brokers *string) *cobra.Command {
-	o := &sendOpts{brokers: brokers}
+func newSendCommand(k *kafkaOpts) *cobra.Command {
+	o := &sendOpts{kafka: k}
 	cmd := &cobra.Command{
 		Use:   "send (--session S --text T | --file prompts.jsonl)",
 		Short: "Publish one prompt, or every prompt of a JSON Lines file",
@@ -62,11 +62,10 @@ sent), then publishes them all, in file order per session.`,
 }
 
 func (o *sendOpts) run(cmd *cobra.Command) error {
-	brokers, err := parseBrokers(*o.brokers)
+	brokers, cfg, err := o.kafka.config(clientID)
 	if err != nil {
 		return err
 	}
-	cfg := kafkautil.NewConfig(clientID)
 	if cfg.Producer.Partitioner, err = kafkautil.NewPartitioner(o.partitioner); err != nil {
 		return fmt.Errorf("--partitioner: want %s or %s, got %q", kafkautil.PartitionerMurmur2, kafkautil.PartitionerFNV1a, o.partitioner)
 	}
@@ -150,7 +149,7 @@ func (o *sendOpts) sendOne(stdout io.Writer, brokers []string, cfg *sarama.Confi
 	}
 	producer, err := sarama.NewSyncProducer(brokers, cfg)
 	if err != nil {
-		return fmt.Errorf("connecting to %s: %w", strings.Join(brokers, ","), err)
+		return fmt.Errorf("connecting to %s: %w", strings.Join(brokers, ","), o.kafka.security.Explain(err))
 	}
 	partition, offset, err := producer.SendMessage(&sarama.ProducerMessage{
 		Topic: o.topic,

@@ -90,7 +90,7 @@ func (o *sendOpts) sendFile(ctx context.Context, stdin io.Reader, stdout, stderr
 
 	producer, err := sarama.NewAsyncProducer(brokers, cfg)
 	if err != nil {
-		return fmt.Errorf("connecting to %s: %w", strings.Join(brokers, ","), err)
+		return fmt.Errorf("connecting to %s: %w", strings.Join(brokers, ","), o.kafka.security.Explain(err))
 	}
 	prog := newProgress(stderr, len(recs))
 	sent, err := publish(ctx, producer, o.topic, recs, prog)

@@ -17,12 +17,11 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/promptline/promptline/envelope"
-	"github.com/promptline/promptline/internal/kafkautil"
 )
 
 // watchOpts are the flags of the watch command.
 type watchOpts struct {
-	brokers       *string // persistent root flag
+	kafka         *kafkaOpts // persistent root flags
 	topic         string
 	fromBeginning bool
 	session       string
@@ -32,8 +31,8 @@ type watchOpts struct {
 	json          bool
 }
 
-func newWatchCommand(brokers *string) *cobra.Command {
-	o := &watchOpts{brokers: brokers}
+func newWatchCommand(k *kafkaOpts) *cobra.Command {
+	o := &watchOpts{kafka: k}
 	cmd := &cobra.Command{
 		Use:   "watch",
 		Short: "Print session events as they arrive",
@@ -68,7 +67,7 @@ to standard output.`,
 }
 
 func (o *watchOpts) run(ctx context.Context, stdout, stderr io.Writer) error {
-	brokers, err := parseBrokers(*o.brokers)
+	brokers, cfg, err := o.kafka.config("promptline-watch")
 	if err != nil {
 		return err
 	}
@@ -86,9 +85,9 @@ func (o *watchOpts) run(ctx context.Context, stdout, stderr io.Writer) error {
 		}
 	}
 
-	consumer, err := sarama.NewConsumer(brokers, kafkautil.NewConfig("promptline-watch"))
+	consumer, err := sarama.NewConsumer(brokers, cfg)
 	if err != nil {
-		return fmt.Errorf("connecting to %s: %w", strings.Join(brokers, ","), err)
+		return fmt.Errorf("connecting to %s: %w", strings.Join(brokers, ","), o.kafka.security.Explain(err))
 	}
 	defer consumer.Close()
 	partitions, err := consumer.Partitions(o.topic)

@@ -1,0 +1,197 @@
+package main
+
+import (
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/tls"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/pem"
+	"math/big"
+	"net"
+	"os"
+	"path/filepath"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/IBM/sarama"
+	"github.com/google/uuid"
+	"github.com/stretchr/testify/require"
+
+	"github.com/promptline/promptline/envelope"
+	"github.com/promptline/promptline/internal/kafkautil"
+	"github.com/promptline/promptline/internal/testkit"
+)
+
+// The consumer against the embedded broker speaking TLS only and requiring
+// SASL SCRAM-SHA-256: a prompt runs end to end; a wrong password and an
+// untrusted CA stop it at start, saying what to check.
+
+// testCA is a throwaway certificate authority (the helpers of
+// internal/kafkautil/security_test.go, test-only, copied).
+type testCA struct {
+	cert *x509.Certificate
+	key  *ecdsa.PrivateKey
+	pem  []byte
+}
+
+func newCA(t *testing.T, name string) *testCA {
+	t.Helper()
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	require.NoError(t, err)
+	tmpl := &x509.Certificate{SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: name},
+		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
+		IsCA: true, KeyUsage: x509.KeyUsageCertSign, BasicConstraintsValid: true}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
+	require.NoError(t, err)
+	cert, err := x509.ParseCertificate(der)
+	require.NoError(t, err)
+	return &testCA{cert: cert, key: key, pem: pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der})}
+}
+
+// serverTLS issues a certificate for 127.0.0.1 and localhost.
+func (ca *testCA) serverTLS(t *testing.T) *tls.Config {
+	t.Helper()
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	require.NoError(t, err)
+	tmpl := &x509.Certificate{SerialNumber: big.NewInt(2), Subject: pkix.Name{CommonName: "broker"},
+		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
+		DNSNames: []string{"localhost"}, IPAddresses: []net.IP{net.ParseIP("127.0.0.1")},
+		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}, KeyUsage: x509.KeyUsageDigitalSignature}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, ca.cert, &key.PublicKey, ca.key)
+	require.NoError(t, err)
+	return &tls.Config{Certificates: []tls.Certificate{{Certificate: [][]byte{der}, PrivateKey: key}}, MinVersion: tls.VersionTLS12}
+}
+
+func writeTestFile(t *testing.T, name string, data []byte) string {
+	t.Helper()
+	p := filepath.Join(t.TempDir(), name)
+	require.NoError(t, os.WriteFile(p, data, 0o600))
+	return p
+}
+
+// secureBundle is a TLS + SCRAM-SHA-256 broker, its CA and credentials.
+type secureBundle struct {
+	addr, caFile, passFile string
+	sec                    kafkautil.Security
+}
+
+func setupSecure(t *testing.T) *secureBundle {
+	t.Helper()
+	ca := newCA(t, "promptline test CA")
+	b, err := kafkautil.StartBroker(kafkautil.BrokerConfig{Addr: "127.0.0.1:0", TLS: ca.serverTLS(t), Partitions: testPartitions,
+		Topics:    kafkautil.Topics{}.WithDefaults().All(),
+		SASLUsers: []kafkautil.SASLUser{{Mechanism: kafkautil.SASLScramSHA256, User: "promptline", Password: "s3cret"}}})
+	require.NoError(t, err)
+	t.Cleanup(b.Close)
+	s := &secureBundle{addr: b.Addr(), caFile: writeTestFile(t, "ca.pem", ca.pem), passFile: writeTestFile(t, "password", []byte("s3cret\n"))}
+	s.sec = kafkautil.Security{TLS: true, CAFile: s.caFile, SASLMechanism: kafkautil.SASLScramSHA256, SASLUser: "promptline", SASLPasswordFile: s.passFile}
+	return s
+}
+
+// args are the consumer's flags for this broker, with a password file and
+// a CA file of the caller's choosing.
+func (s *secureBundle) args(t *testing.T, dbURL, caFile, passFile string) []string {
+	return []string{"--brokers", s.addr, "--database-url", dbURL, "--metrics-addr", "127.0.0.1:0",
+		"--partitions", "4", "--group", "secure-" + uuid.NewString(), "--log-level", "debug",
+		"--tls", "--tls-ca-file", caFile,
+		"--sasl-mechanism", "SCRAM-SHA-256", "--sasl-user", "promptline", "--sasl-password-file", passFile}
+}
+
+func (s *secureBundle) config(t *testing.T) *sarama.Config {
+	t.Helper()
+	cfg := kafkautil.NewConfig("secure-test")
+	require.NoError(t, s.sec.Apply(cfg))
+	return cfg
+}
+
+// readTopicWith collects every record of topic from the oldest offset with
+// the given client configuration.
+func readTopicWith(t *testing.T, addr string, cfg *sarama.Config, topic string) *topicReader {
+	t.Helper()
+	c, err := sarama.NewConsumer([]string{addr}, cfg)
+	require.NoError(t, err)
+	r := &topicReader{}
+	var wg sync.WaitGroup
+	var pcs []sarama.PartitionConsumer
+	t.Cleanup(func() {
+		for _, pc := range pcs {
+			pc.AsyncClose()
+		}
+		wg.Wait()
+		require.NoError(t, c.Close())
+	})
+	parts, err := c.Partitions(topic)
+	require.NoError(t, err)
+	for _, p := range parts {
+		pc, err := c.ConsumePartition(topic, p, sarama.OffsetOldest)
+		require.NoError(t, err)
+		pcs = append(pcs, pc)
+		wg.Go(func() {
+			for m := range pc.Messages() {
+				r.mu.Lock()
+				r.msgs = append(r.msgs, m)
+				r.mu.Unlock()
+			}
+		})
+	}
+	return r
+}
+
+func TestKafkaSecurity(t *testing.T) {
+	t.Parallel()
+
+	t.Run("TLSAndScramEndToEnd", func(t *testing.T) {
+		t.Parallel()
+		s := setupSecure(t)
+		dbURL := testkit.DatabaseURL(t)
+		cfg := s.config(t)
+		events := readTopicWith(t, s.addr, cfg, "session-events")
+		producer, err := sarama.NewSyncProducer([]string{s.addr}, cfg)
+		require.NoError(t, err)
+		t.Cleanup(func() { require.NoError(t, producer.Close()) })
+
+		c := startProc(t, "consumer-secure", "", s.args(t, dbURL, s.caFile, s.passFile)...)
+		c.waitLog(t, "consumer running", 30*time.Second)
+		p := prompt("s-secure", "over TLS")
+		sendPrompt(t, producer, p)
+		turn := events.waitTurn(t, p.MessageID)
+		require.Equal(t, envelope.EventTurnCompleted, turn.Type)
+		require.Equal(t, "echo: over TLS", turn.Text)
+	})
+
+	t.Run("WrongPasswordFailsAtStart", func(t *testing.T) {
+		t.Parallel()
+		s := setupSecure(t)
+		wrong := writeTestFile(t, "wrong", []byte("guess"))
+		c := startProc(t, "consumer-wrong-password", "", s.args(t, testkit.DatabaseURL(t), s.caFile, wrong)...)
+		st := c.waitExit(t, 60*time.Second)
+		require.Equal(t, 1, st.ExitCode(), c.stderr.String())
+		require.Contains(t, c.stderr.String(), "consumer: connecting to Kafka")
+		require.Contains(t, c.stderr.String(), "SASL SCRAM-SHA-256 authentication may have failed: check --sasl-user and --sasl-password-file")
+	})
+
+	t.Run("UntrustedCAFailsAtStart", func(t *testing.T) {
+		t.Parallel()
+		s := setupSecure(t)
+		other := writeTestFile(t, "other.pem", newCA(t, "someone else").pem)
+		c := startProc(t, "consumer-untrusted", "", s.args(t, testkit.DatabaseURL(t), other, s.passFile)...)
+		st := c.waitExit(t, 60*time.Second)
+		require.Equal(t, 1, st.ExitCode(), c.stderr.String())
+		require.Contains(t, c.stderr.String(), "certificate signed by unknown authority")
+		require.Contains(t, c.stderr.String(), "check --tls-ca-file")
+	})
+
+	t.Run("SecurityFlagsNeedBrokers", func(t *testing.T) {
+		t.Parallel()
+		_, err := runInProcess(t, nil, "--tls", "--database-url", "postgres://127.0.0.1:1/none")
+		require.ErrorContains(t, err, "need --brokers")
+		_, err = runInProcess(t, nil, "--brokers", "127.0.0.1:1", "--sasl-mechanism", "SCRAM-SHA-256", "--database-url", "postgres://127.0.0.1:1/none")
+		require.ErrorContains(t, err, "--sasl-user")
+		_, err = runInProcess(t, []string{"PROMPTLINE_SASL_MECHANISM=GSSAPI"}, "--brokers", "127.0.0.1:1", "--database-url", "postgres://127.0.0.1:1/none")
+		require.ErrorContains(t, err, "--sasl-mechanism")
+		require.ErrorContains(t, err, "set by env PROMPTLINE_SASL_MECHANISM")
+	})
+}
