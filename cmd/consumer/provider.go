@@ -6,6 +6,7 @@ import (
 	"net/http"
 	"os"
 	"strings"
+	"time"
 
 	"github.com/promptline/promptline/pipeline"
 	"github.com/promptline/promptline/pipeline/providers"
@@ -22,6 +23,7 @@ type providerOptions struct {
 	openaiKeyEnv  string
 	openaiKeyFile string
 	sandboxDir    string
+	httpEndpoints []string // --http-tool-endpoint values
 }
 
 func (p *providerOptions) validate() error {
@@ -38,7 +40,8 @@ func (p *providerOptions) validate() error {
 	default:
 		return fmt.Errorf("--provider: want scripted, http or openai, got %q", p.kind)
 	}
-	return nil
+	// Endpoints are checked now, before anything connects.
+	return p.registerHTTPTool(tools.NewRegistry())
 }
 
 // build returns the provider, its name as recorded on attempts, and the
@@ -66,11 +69,17 @@ func (p *providerOptions) build(log *slog.Logger) (pipeline.Provider, string, *t
 		if err := reg.Register(tools.NewAppendLine(dir)); err != nil {
 			return nil, "", nil, nil, err
 		}
+		if err := p.registerHTTPTool(reg); err != nil {
+			return nil, "", nil, nil, err
+		}
 		return pipeline.ScriptedProvider{}, "scripted", reg, cleanup, nil
 	case "http":
 		cfg := &providers.HTTPConfig{URL: p.url, HonoursIdempotencyKeys: p.idempotent}
 		if err := cfg.Validate(); err != nil {
 			return nil, "", nil, nil, fmt.Errorf("--provider-url: %w", err)
+		}
+		if err := p.registerHTTPTool(reg); err != nil {
+			return nil, "", nil, nil, err
 		}
 		return providers.NewHTTP(http.DefaultClient, cfg), "http", reg, cleanup, nil
 	case "openai":
@@ -83,6 +92,9 @@ func (p *providerOptions) build(log *slog.Logger) (pipeline.Provider, string, *t
 		})
 		if err != nil {
 			return nil, "", nil, nil, fmt.Errorf("--provider openai: %w", err)
+		}
+		if err := p.registerHTTPTool(reg); err != nil {
+			return nil, "", nil, nil, err
 		}
 		return prov, "openai", reg, cleanup, nil
 	}
@@ -113,4 +125,56 @@ func parsePermissions(flags []string) (permissionPolicy, error) {
 		p[name] = perm
 	}
 	return p, nil
+}
+
+// registerHTTPTool registers the http_request tool when endpoints are
+// configured: the model names an endpoint, never a URL.
+func (p *providerOptions) registerHTTPTool(reg *tools.Registry) error {
+	if len(p.httpEndpoints) == 0 {
+		return nil
+	}
+	var eps []tools.Endpoint
+	for _, v := range p.httpEndpoints {
+		ep, err := parseEndpoint(v)
+		if err != nil {
+			return fmt.Errorf("--http-tool-endpoint %q: %w", v, err)
+		}
+		eps = append(eps, ep)
+	}
+	tool, err := tools.NewHTTPRequest(&http.Client{Timeout: 60 * time.Second}, eps)
+	if err != nil {
+		return fmt.Errorf("--http-tool-endpoint: %w", err)
+	}
+	return reg.Register(tool)
+}
+
+// parseEndpoint reads name=N,url=U[,method=M][,class=idempotent|side_effecting].
+func parseEndpoint(v string) (tools.Endpoint, error) {
+	var ep tools.Endpoint
+	for _, kv := range strings.Split(v, ",") {
+		k, val, ok := strings.Cut(strings.TrimSpace(kv), "=")
+		if !ok {
+			return ep, fmt.Errorf("want key=value pairs (name, url, method, class), got %q", kv)
+		}
+		switch k {
+		case "name":
+			ep.Name = val
+		case "url":
+			ep.URL = val
+		case "method":
+			ep.Method = strings.ToUpper(val)
+		case "class":
+			c, err := tools.ParseClass(val)
+			if err != nil {
+				return ep, err
+			}
+			ep.Class = c
+		default:
+			return ep, fmt.Errorf("unknown key %q (want name, url, method, class)", k)
+		}
+	}
+	if ep.Name == "" || ep.URL == "" {
+		return ep, fmt.Errorf("name and url are required")
+	}
+	return ep, nil
 }
