@@ -1,6 +1,8 @@
 package kafkautil_test
 
 import (
+	"bytes"
+	"log/slog"
 	"testing"
 	"time"
 
@@ -48,4 +50,27 @@ func TestBrokerOverTCP(t *testing.T) {
 		return err == nil
 	}, 10*time.Second, 50*time.Millisecond)
 	require.Equal(t, int64(1), hwm)
+}
+
+// Existing prompts and wakes topics with different partition counts cost
+// sessions their partition affinity: EnsureTopics says so.
+func TestEnsureTopicsWarnsOnPartitionMismatch(t *testing.T) {
+	t.Parallel()
+	b, err := kafkautil.StartBroker(kafkautil.BrokerConfig{Addr: "127.0.0.1:0"})
+	require.NoError(t, err)
+	defer b.Close()
+	admin, err := sarama.NewClusterAdmin([]string{b.Addr()}, kafkautil.NewConfig("test"))
+	require.NoError(t, err)
+	defer admin.Close()
+	require.NoError(t, admin.CreateTopic("prompts", &sarama.TopicDetail{NumPartitions: 4, ReplicationFactor: 1}, false))
+	require.NoError(t, admin.CreateTopic("wakes", &sarama.TopicDetail{NumPartitions: 8, ReplicationFactor: 1}, false))
+
+	var logs bytes.Buffer
+	log := slog.New(slog.NewJSONHandler(&logs, nil))
+	created, err := kafkautil.EnsureTopics(admin, kafkautil.Topics{}.WithDefaults(), 4, 1, log)
+	require.NoError(t, err)
+	require.ElementsMatch(t, []string{"session-events", "prompts.rejects", "permission-replies"}, created)
+	require.Contains(t, logs.String(), "prompts and wakes differ in partition count")
+	require.Contains(t, logs.String(), `"prompts_partitions":4`)
+	require.Contains(t, logs.String(), `"wakes_partitions":8`)
 }
