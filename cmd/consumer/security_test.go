@@ -1,17 +1,6 @@
 package main
 
 import (
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
-	"crypto/tls"
-	"crypto/x509"
-	"crypto/x509/pkix"
-	"encoding/pem"
-	"math/big"
-	"net"
-	"os"
-	"path/filepath"
 	"sync"
 	"testing"
 	"time"
@@ -29,49 +18,6 @@ import (
 // SASL SCRAM-SHA-256: a prompt runs end to end; a wrong password and an
 // untrusted CA stop it at start, saying what to check.
 
-// testCA is a throwaway certificate authority (the helpers of
-// internal/kafkautil/security_test.go, test-only, copied).
-type testCA struct {
-	cert *x509.Certificate
-	key  *ecdsa.PrivateKey
-	pem  []byte
-}
-
-func newCA(t *testing.T, name string) *testCA {
-	t.Helper()
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	require.NoError(t, err)
-	tmpl := &x509.Certificate{SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: name},
-		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
-		IsCA: true, KeyUsage: x509.KeyUsageCertSign, BasicConstraintsValid: true}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
-	require.NoError(t, err)
-	cert, err := x509.ParseCertificate(der)
-	require.NoError(t, err)
-	return &testCA{cert: cert, key: key, pem: pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der})}
-}
-
-// serverTLS issues a certificate for 127.0.0.1 and localhost.
-func (ca *testCA) serverTLS(t *testing.T) *tls.Config {
-	t.Helper()
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	require.NoError(t, err)
-	tmpl := &x509.Certificate{SerialNumber: big.NewInt(2), Subject: pkix.Name{CommonName: "broker"},
-		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
-		DNSNames: []string{"localhost"}, IPAddresses: []net.IP{net.ParseIP("127.0.0.1")},
-		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}, KeyUsage: x509.KeyUsageDigitalSignature}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, ca.cert, &key.PublicKey, ca.key)
-	require.NoError(t, err)
-	return &tls.Config{Certificates: []tls.Certificate{{Certificate: [][]byte{der}, PrivateKey: key}}, MinVersion: tls.VersionTLS12}
-}
-
-func writeTestFile(t *testing.T, name string, data []byte) string {
-	t.Helper()
-	p := filepath.Join(t.TempDir(), name)
-	require.NoError(t, os.WriteFile(p, data, 0o600))
-	return p
-}
-
 // secureBundle is a TLS + SCRAM-SHA-256 broker, its CA and credentials.
 type secureBundle struct {
 	addr, caFile, passFile string
@@ -80,13 +26,13 @@ type secureBundle struct {
 
 func setupSecure(t *testing.T) *secureBundle {
 	t.Helper()
-	ca := newCA(t, "promptline test CA")
-	b, err := kafkautil.StartBroker(kafkautil.BrokerConfig{Addr: "127.0.0.1:0", TLS: ca.serverTLS(t), Partitions: testPartitions,
+	ca := testkit.NewCA(t, "promptline test CA")
+	b, err := kafkautil.StartBroker(kafkautil.BrokerConfig{Addr: "127.0.0.1:0", TLS: ca.ServerTLS(t), Partitions: testPartitions,
 		Topics:    kafkautil.Topics{}.WithDefaults().All(),
 		SASLUsers: []kafkautil.SASLUser{{Mechanism: kafkautil.SASLScramSHA256, User: "promptline", Password: "s3cret"}}})
 	require.NoError(t, err)
 	t.Cleanup(b.Close)
-	s := &secureBundle{addr: b.Addr(), caFile: writeTestFile(t, "ca.pem", ca.pem), passFile: writeTestFile(t, "password", []byte("s3cret\n"))}
+	s := &secureBundle{addr: b.Addr(), caFile: testkit.WriteFile(t, "ca.pem", ca.PEM), passFile: testkit.WriteFile(t, "password", []byte("s3cret\n"))}
 	s.sec = kafkautil.Security{TLS: true, CAFile: s.caFile, SASLMechanism: kafkautil.SASLScramSHA256, SASLUser: "promptline", SASLPasswordFile: s.passFile}
 	return s
 }
@@ -165,7 +111,7 @@ func TestKafkaSecurity(t *testing.T) {
 	t.Run("WrongPasswordFailsAtStart", func(t *testing.T) {
 		t.Parallel()
 		s := setupSecure(t)
-		wrong := writeTestFile(t, "wrong", []byte("guess"))
+		wrong := testkit.WriteFile(t, "wrong", []byte("guess"))
 		c := startProc(t, "consumer-wrong-password", "", s.args(t, testkit.DatabaseURL(t), s.caFile, wrong)...)
 		st := c.waitExit(t, 60*time.Second)
 		require.Equal(t, 1, st.ExitCode(), c.stderr.String())
@@ -176,7 +122,7 @@ func TestKafkaSecurity(t *testing.T) {
 	t.Run("UntrustedCAFailsAtStart", func(t *testing.T) {
 		t.Parallel()
 		s := setupSecure(t)
-		other := writeTestFile(t, "other.pem", newCA(t, "someone else").pem)
+		other := testkit.WriteFile(t, "other.pem", testkit.NewCA(t, "someone else").PEM)
 		c := startProc(t, "consumer-untrusted", "", s.args(t, testkit.DatabaseURL(t), other, s.passFile)...)
 		st := c.waitExit(t, 60*time.Second)
 		require.Equal(t, 1, st.ExitCode(), c.stderr.String())

@@ -3,17 +3,6 @@ package main
 import (
 	"bytes"
 	"context"
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
-	"crypto/tls"
-	"crypto/x509"
-	"crypto/x509/pkix"
-	"encoding/pem"
-	"math/big"
-	"net"
-	"os"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -23,50 +12,8 @@ import (
 
 	"github.com/promptline/promptline/envelope"
 	"github.com/promptline/promptline/internal/kafkautil"
+	"github.com/promptline/promptline/internal/testkit"
 )
-
-// testCA is a throwaway certificate authority (the helpers of
-// internal/kafkautil/security_test.go, test-only, copied).
-type testCA struct {
-	cert *x509.Certificate
-	key  *ecdsa.PrivateKey
-	pem  []byte
-}
-
-func newCA(t *testing.T, name string) *testCA {
-	t.Helper()
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	require.NoError(t, err)
-	tmpl := &x509.Certificate{SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: name},
-		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
-		IsCA: true, KeyUsage: x509.KeyUsageCertSign, BasicConstraintsValid: true}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
-	require.NoError(t, err)
-	cert, err := x509.ParseCertificate(der)
-	require.NoError(t, err)
-	return &testCA{cert: cert, key: key, pem: pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der})}
-}
-
-// serverTLS issues a certificate for 127.0.0.1 and localhost.
-func (ca *testCA) serverTLS(t *testing.T) *tls.Config {
-	t.Helper()
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	require.NoError(t, err)
-	tmpl := &x509.Certificate{SerialNumber: big.NewInt(2), Subject: pkix.Name{CommonName: "broker"},
-		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
-		DNSNames: []string{"localhost"}, IPAddresses: []net.IP{net.ParseIP("127.0.0.1")},
-		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}, KeyUsage: x509.KeyUsageDigitalSignature}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, ca.cert, &key.PublicKey, ca.key)
-	require.NoError(t, err)
-	return &tls.Config{Certificates: []tls.Certificate{{Certificate: [][]byte{der}, PrivateKey: key}}, MinVersion: tls.VersionTLS12}
-}
-
-func writeTestFile(t *testing.T, name string, data []byte) string {
-	t.Helper()
-	p := filepath.Join(t.TempDir(), name)
-	require.NoError(t, os.WriteFile(p, data, 0o600))
-	return p
-}
 
 // runCLIEnv is runCLI with its own environment settings.
 func runCLIEnv(ctx context.Context, env []string, args ...string) result {
@@ -81,14 +28,14 @@ func runCLIEnv(ctx context.Context, env []string, args ...string) result {
 // broker configured for them; a wrong password fails saying what to check.
 func TestSecurity(t *testing.T) {
 	t.Parallel()
-	ca := newCA(t, "promptline test CA")
-	b, err := kafkautil.StartBroker(kafkautil.BrokerConfig{Addr: "127.0.0.1:0", TLS: ca.serverTLS(t), Partitions: 2,
+	ca := testkit.NewCA(t, "promptline test CA")
+	b, err := kafkautil.StartBroker(kafkautil.BrokerConfig{Addr: "127.0.0.1:0", TLS: ca.ServerTLS(t), Partitions: 2,
 		Topics:    []string{"prompts"},
 		SASLUsers: []kafkautil.SASLUser{{Mechanism: kafkautil.SASLScramSHA256, User: "promptline", Password: "s3cret"}}})
 	require.NoError(t, err)
 	t.Cleanup(b.Close)
-	caFile := writeTestFile(t, "ca.pem", ca.pem)
-	pass := writeTestFile(t, "password", []byte("s3cret\n"))
+	caFile := testkit.WriteFile(t, "ca.pem", ca.PEM)
+	pass := testkit.WriteFile(t, "password", []byte("s3cret\n"))
 	flags := func(passFile string) []string {
 		return []string{"--brokers", b.Addr(), "--tls", "--tls-ca-file", caFile,
 			"--sasl-mechanism", "SCRAM-SHA-256", "--sasl-user", "promptline", "--sasl-password-file", passFile}
@@ -112,7 +59,7 @@ func TestSecurity(t *testing.T) {
 
 	t.Run("SendFromEnvAndFile", func(t *testing.T) {
 		t.Parallel()
-		file := writeTestFile(t, "producer.yaml", []byte("tls: true\ntls-ca-file: "+caFile+"\nsasl-mechanism: SCRAM-SHA-256\nsasl-user: promptline\n"))
+		file := testkit.WriteFile(t, "producer.yaml", []byte("tls: true\ntls-ca-file: "+caFile+"\nsasl-mechanism: SCRAM-SHA-256\nsasl-user: promptline\n"))
 		env := []string{"PROMPTLINE_BROKERS=" + b.Addr(), "PROMPTLINE_SASL_PASSWORD_FILE=" + pass}
 		r := runCLIEnv(ctx, env, "send", "--config", file, "--session", "s-env", "--text", "configured")
 		require.NoError(t, r.err, r.stderr)
@@ -121,7 +68,7 @@ func TestSecurity(t *testing.T) {
 
 	t.Run("WrongPasswordFails", func(t *testing.T) {
 		t.Parallel()
-		wrong := writeTestFile(t, "wrong", []byte("guess"))
+		wrong := testkit.WriteFile(t, "wrong", []byte("guess"))
 		r := runCLI(ctx, "", append(flags(wrong), "send", "--session", "s-tls", "--text", "x")...)
 		require.Error(t, r.err)
 		require.ErrorContains(t, r.err, "connecting to "+b.Addr())
@@ -130,7 +77,7 @@ func TestSecurity(t *testing.T) {
 
 	t.Run("UntrustedCAFails", func(t *testing.T) {
 		t.Parallel()
-		other := writeTestFile(t, "other.pem", newCA(t, "someone else").pem)
+		other := testkit.WriteFile(t, "other.pem", testkit.NewCA(t, "someone else").PEM)
 		args := flags(pass)
 		args[4] = other
 		r := runCLI(ctx, "", append(args, "watch", "--timeout", "1s")...)

@@ -1,17 +1,7 @@
 package kafkautil_test
 
 import (
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
-	"crypto/tls"
-	"crypto/x509"
-	"crypto/x509/pkix"
-	"encoding/pem"
-	"math/big"
-	"net"
 	"os"
-	"path/filepath"
 	"testing"
 	"time"
 
@@ -19,49 +9,8 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/promptline/promptline/internal/kafkautil"
+	"github.com/promptline/promptline/internal/testkit"
 )
-
-// testCA is a throwaway certificate authority.
-type testCA struct {
-	cert *x509.Certificate
-	key  *ecdsa.PrivateKey
-	pem  []byte
-}
-
-func newCA(t *testing.T, name string) *testCA {
-	t.Helper()
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	require.NoError(t, err)
-	tmpl := &x509.Certificate{SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: name},
-		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
-		IsCA: true, KeyUsage: x509.KeyUsageCertSign, BasicConstraintsValid: true}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
-	require.NoError(t, err)
-	cert, err := x509.ParseCertificate(der)
-	require.NoError(t, err)
-	return &testCA{cert: cert, key: key, pem: pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der})}
-}
-
-// serverTLS issues a certificate for 127.0.0.1 and localhost.
-func (ca *testCA) serverTLS(t *testing.T) *tls.Config {
-	t.Helper()
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	require.NoError(t, err)
-	tmpl := &x509.Certificate{SerialNumber: big.NewInt(2), Subject: pkix.Name{CommonName: "broker"},
-		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
-		DNSNames: []string{"localhost"}, IPAddresses: []net.IP{net.ParseIP("127.0.0.1")},
-		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}, KeyUsage: x509.KeyUsageDigitalSignature}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, ca.cert, &key.PublicKey, ca.key)
-	require.NoError(t, err)
-	return &tls.Config{Certificates: []tls.Certificate{{Certificate: [][]byte{der}, PrivateKey: key}}, MinVersion: tls.VersionTLS12}
-}
-
-func writeFile(t *testing.T, name string, data []byte) string {
-	t.Helper()
-	p := filepath.Join(t.TempDir(), name)
-	require.NoError(t, os.WriteFile(p, data, 0o600))
-	return p
-}
 
 // connect lists topics with sec, the way every promptline client connects.
 func connect(addr string, sec kafkautil.Security) error {
@@ -82,15 +31,15 @@ func connect(addr string, sec kafkautil.Security) error {
 
 func TestSecurity(t *testing.T) {
 	t.Parallel()
-	ca := newCA(t, "promptline test CA")
-	caFile := writeFile(t, "ca.pem", ca.pem)
-	pass := writeFile(t, "pass", []byte("s3cret\n"))
-	wrong := writeFile(t, "wrong", []byte("guess"))
+	ca := testkit.NewCA(t, "promptline test CA")
+	caFile := testkit.WriteFile(t, "ca.pem", ca.PEM)
+	pass := testkit.WriteFile(t, "pass", []byte("s3cret\n"))
+	wrong := testkit.WriteFile(t, "wrong", []byte("guess"))
 
 	t.Run("TLSWithScram", func(t *testing.T) {
 		t.Parallel()
 		for _, mech := range []string{kafkautil.SASLScramSHA256, kafkautil.SASLScramSHA512, kafkautil.SASLPlain} {
-			b, err := kafkautil.StartBroker(kafkautil.BrokerConfig{Addr: "127.0.0.1:0", TLS: ca.serverTLS(t), Topics: []string{"prompts"},
+			b, err := kafkautil.StartBroker(kafkautil.BrokerConfig{Addr: "127.0.0.1:0", TLS: ca.ServerTLS(t), Topics: []string{"prompts"},
 				SASLUsers: []kafkautil.SASLUser{{Mechanism: mech, User: "promptline", Password: "s3cret"}}})
 			require.NoError(t, err)
 			ok := kafkautil.Security{TLS: true, CAFile: caFile, SASLMechanism: mech, SASLUser: "promptline", SASLPasswordFile: pass}
@@ -107,10 +56,10 @@ func TestSecurity(t *testing.T) {
 
 	t.Run("UntrustedCertificateFails", func(t *testing.T) {
 		t.Parallel()
-		b, err := kafkautil.StartBroker(kafkautil.BrokerConfig{Addr: "127.0.0.1:0", TLS: ca.serverTLS(t)})
+		b, err := kafkautil.StartBroker(kafkautil.BrokerConfig{Addr: "127.0.0.1:0", TLS: ca.ServerTLS(t)})
 		require.NoError(t, err)
 		defer b.Close()
-		other := writeFile(t, "other.pem", newCA(t, "someone else").pem)
+		other := testkit.WriteFile(t, "other.pem", testkit.NewCA(t, "someone else").PEM)
 		err = connect(b.Addr(), kafkautil.Security{TLS: true, CAFile: other})
 		require.Error(t, err)
 		require.Contains(t, err.Error(), "certificate", "the error names the certificate problem: %v", err)
@@ -135,7 +84,7 @@ func TestSecurity(t *testing.T) {
 			require.Error(t, err)
 			require.Contains(t, err.Error(), flag)
 		}
-		token := writeFile(t, "token", []byte("tok-1\n"))
+		token := testkit.WriteFile(t, "token", []byte("tok-1\n"))
 		require.NoError(t, kafkautil.Security{SASLMechanism: "oauthbearer", SASLTokenFile: token}.Apply(cfg))
 		tok, err := cfg.Net.SASL.TokenProvider.Token()
 		require.NoError(t, err)
