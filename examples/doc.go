@@ -1,4 +1,7 @@
-// Package examples holds producers of prompt envelopes written in other
-// languages, as docs/producers.md shows them, and the tests that run them
-// against the embedded broker: node/ publishes with kafkajs.
+// Package examples holds what promptline's users write around it, as the
+// docs show them, with the tests that run them against the embedded
+// broker: producers of prompt envelopes in other languages (node/ publishes
+// with kafkajs; see docs/producers.md), and watermill/, a Go service that
+// consumes session events with Watermill and deduplicates them on their id
+// (see docs/session-events.md).
 package examples
