@@ -27,7 +27,9 @@ func openDB(cmd *cobra.Command, o *options) (*pgdb.DB, error) {
 		// throwaway one.
 		o.databaseURL = pgdb.DefaultURL
 	}
-	return pgdb.Open(cmd.Context(), pgdb.OpenOpts{URL: o.databaseURL, Logger: log})
+	// Operator commands never change the schema: a database behind this
+	// binary is refused with advice to run `consumer migrate`.
+	return pgdb.Open(cmd.Context(), pgdb.OpenOpts{URL: o.databaseURL, Logger: log, NoMigrate: true})
 }
 
 func newRecoverCommand(o *options) *cobra.Command {
