@@ -5,6 +5,8 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"github.com/vbauerster/mpb/v8"
+	"github.com/vbauerster/mpb/v8/decor"
 	"io"
 	"log/slog"
 	"os"
@@ -275,8 +277,9 @@ func loadResume(path string) (replay.ResumeState, bool, error) {
 	return replay.LoadResume(path)
 }
 
-// startProgress draws per-partition bars on a terminal and a plain line
-// every interval otherwise, until the returned func is called.
+// startProgress draws per-partition bars on a terminal (mpb: several bars
+// at once, with ETA) and a plain line every interval otherwise, until the
+// returned func is called.
 func startProgress(w io.Writer, rp *replay.Replayer, interval time.Duration) (stop func()) {
 	term := isTerminal(w)
 	if term {
@@ -284,17 +287,25 @@ func startProgress(w io.Writer, rp *replay.Replayer, interval time.Duration) (st
 	}
 	done := make(chan struct{})
 	var wg sync.WaitGroup
-	p := &progressPrinter{w: w, term: term, start: time.Now()}
+	p := &progressPrinter{w: w, start: time.Now()}
+	var bars *partitionBars
+	if term {
+		bars = newPartitionBars(w, rp.Progress())
+	}
 	wg.Go(func() {
 		t := time.NewTicker(interval)
 		defer t.Stop()
 		for {
 			select {
 			case <-t.C:
-				p.print(rp.Progress())
-			case <-done:
-				if term {
+				if bars != nil {
+					bars.update(rp.Progress())
+				} else {
 					p.print(rp.Progress())
+				}
+			case <-done:
+				if bars != nil {
+					bars.finish(rp.Progress())
 				}
 				return
 			}
@@ -306,6 +317,62 @@ func startProgress(w io.Writer, rp *replay.Replayer, interval time.Duration) (st
 	})
 }
 
+// partitionBars is one mpb bar per partition: messages done of the range,
+// bytes read, percentage and ETA.
+type partitionBars struct {
+	progress  *mpb.Progress
+	bars      map[int32]*mpb.Bar
+	bytesRead sync.Map // partition → int64, read by the bytes decorators
+}
+
+func newPartitionBars(w io.Writer, parts []replay.PartitionReport) *partitionBars {
+	pb := &partitionBars{progress: mpb.New(mpb.WithOutput(w), mpb.WithWidth(30)), bars: map[int32]*mpb.Bar{}}
+	pb.update(parts)
+	return pb
+}
+
+// bar returns the partition's bar, adding it the first time the partition
+// shows up: the ranges are resolved by the run, after progress starts.
+func (pb *partitionBars) bar(pr replay.PartitionReport) *mpb.Bar {
+	if b, ok := pb.bars[pr.Partition]; ok {
+		return b
+	}
+	part := pr.Partition
+	bytes := func(decor.Statistics) string { return replay.FormatBytes(pb.bytes(part)) }
+	b := pb.progress.AddBar(max(0, pr.To-pr.From),
+		mpb.PrependDecorators(decor.Name(fmt.Sprintf("p%-3d ", part)), decor.CountersNoUnit("%d/%d msgs ")),
+		mpb.AppendDecorators(decor.Percentage(decor.WCSyncSpace), decor.Any(bytes, decor.WCSyncSpace),
+			decor.Name(" ETA "), decor.EwmaETA(decor.ET_STYLE_GO, 30)),
+	)
+	pb.bars[part] = b
+	return b
+}
+
+func (pb *partitionBars) bytes(p int32) int64 {
+	v, _ := pb.bytesRead.Load(p)
+	n, _ := v.(int64)
+	return n
+}
+
+func (pb *partitionBars) update(parts []replay.PartitionReport) {
+	for _, pr := range parts {
+		pb.bytesRead.Store(pr.Partition, pr.Bytes)
+		pb.bar(pr).EwmaSetCurrent(max(0, min(pr.Next, pr.To)-pr.From), 200*time.Millisecond)
+	}
+}
+
+// finish draws the last state and stops the bars; an interrupted
+// partition's bar is left where it stopped.
+func (pb *partitionBars) finish(parts []replay.PartitionReport) {
+	pb.update(parts)
+	for _, bar := range pb.bars {
+		if !bar.Completed() {
+			bar.Abort(false)
+		}
+	}
+	pb.progress.Wait()
+}
+
 func isTerminal(w io.Writer) bool {
 	f, ok := w.(*os.File)
 	if !ok {
@@ -315,15 +382,10 @@ func isTerminal(w io.Writer) bool {
 	return err == nil && fi.Mode()&os.ModeCharDevice != 0
 }
 
-// progressPrinter renders progress. On a terminal it redraws one bar per
-// partition in place (schollz/progressbar draws a single bar, and a
-// multi-bar library is not among the dependencies); otherwise it writes
-// one summary line per interval, fit for logs.
+// progressPrinter writes one summary line per interval, fit for logs.
 type progressPrinter struct {
 	w     io.Writer
-	term  bool
 	start time.Time
-	drawn int // lines drawn last time (terminal)
 }
 
 func (p *progressPrinter) print(parts []replay.PartitionReport) {
@@ -341,39 +403,13 @@ func (p *progressPrinter) print(parts []replay.PartitionReport) {
 		done += max(0, min(pr.Next, pr.To)-pr.From)
 	}
 	rate := float64(total.Messages) / max(elapsed, 1e-3)
-	eta := func(left int64) string {
-		if rate <= 0 {
-			return "?"
-		}
-		return (time.Duration(float64(left)/rate*float64(time.Second)) + time.Second/2).Truncate(time.Second).String()
+	eta := "?"
+	if rate > 0 {
+		eta = (time.Duration(float64(want-done)/rate*float64(time.Second)) + time.Second/2).Truncate(time.Second).String()
 	}
-	if !p.term {
-		fmt.Fprintf(p.w, "replay: %d/%d offsets (%d%%), %s, %.0f msgs/s, ETA %s; admitted %d, duplicate %d, conflict %d, malformed %d\n",
-			done, want, pct(done, want), replay.FormatBytes(total.Bytes), rate, eta(want-done),
-			total.Admitted, total.Duplicate, total.Conflict, total.Malformed)
-		return
-	}
-	var b strings.Builder
-	if p.drawn > 0 {
-		fmt.Fprintf(&b, "\x1b[%dA", p.drawn)
-	}
-	const width = 30
-	for _, pr := range parts {
-		n, of := max(0, min(pr.Next, pr.To)-pr.From), max(0, pr.To-pr.From)
-		fill := width
-		if of > 0 {
-			fill = int(n * width / of)
-		}
-		// Per-partition ETA at the overall rate shared by the partitions.
-		fmt.Fprintf(&b, "\x1b[2Kp%-3d [%s%s] %3d%% %d/%d msgs %s ETA %s\n", pr.Partition,
-			strings.Repeat("=", fill), strings.Repeat(" ", width-fill), pct(n, of), n, of,
-			replay.FormatBytes(pr.Bytes), eta((of-n)*int64(max(1, len(parts)))))
-	}
-	fmt.Fprintf(&b, "\x1b[2Ktotal %d/%d msgs (%d%%) %s %.0f msgs/s ETA %s; admitted %d duplicate %d conflict %d malformed %d\n",
-		done, want, pct(done, want), replay.FormatBytes(total.Bytes), rate, eta(want-done),
+	fmt.Fprintf(p.w, "replay: %d/%d offsets (%d%%), %s, %.0f msgs/s, ETA %s; admitted %d, duplicate %d, conflict %d, malformed %d\n",
+		done, want, pct(done, want), replay.FormatBytes(total.Bytes), rate, eta,
 		total.Admitted, total.Duplicate, total.Conflict, total.Malformed)
-	p.drawn = len(parts) + 1
-	io.WriteString(p.w, b.String())
 }
 
 func pct(n, of int64) int64 {
