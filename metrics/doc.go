@@ -17,7 +17,7 @@
 //	promptline_fenced_writes_total                execution writes refused by the fence: a sign of split ownership
 //	promptline_recovery_decisions_total{decision} recovery decisions: cleared | superseded | rewoken | continued | reconciled | quarantined
 //	promptline_redriven_wakes_total               sessions re-woken because their wake was lost
-//	promptline_quarantined_rows{kind}             quarantined rows (claim | input), from the database, refreshed every recovery pass
+//	promptline_quarantined_rows{kind}             quarantined rows (claim | input | outbox), from the database, refreshed every recovery pass
 //	promptline_outbox_publish_delay_seconds       histogram, per published batch: the age of its oldest row when marked published (commit-to-publish latency, upper bound)
 //	promptline_wake_to_start_seconds              histogram of the latency from a wake's at to the executor starting (or joining) the session's run
 //	promptline_provider_attempts_total{outcome}   provider requests sent, by outcome: succeeded | failed | unknown (may have been acted on)

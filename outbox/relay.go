@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"strconv"
 	"sync"
 	"time"
@@ -67,6 +68,11 @@ type RelayConfig struct {
 	// It may be called from the loop and from Flush at once. Defaults to
 	// nil (not called).
 	OnPublished func(n int, oldest time.Duration)
+	// MaxMessageBytes is the largest message the producer sends (Sarama's
+	// Producer.MaxMessageBytes). A row that cannot fit is quarantined, not
+	// sent: it would fail every pass and block the rows behind it.
+	// Defaults to 1,000,000, Sarama's default.
+	MaxMessageBytes int
 }
 
 // Relay publishes committed outbox rows to Kafka, at least once and in
@@ -297,7 +303,12 @@ func (r *Relay) publishBatch(ctx context.Context, wait bool) (n int, locked bool
 		topic, key string
 		payload    []byte
 	)
+	quarantine := map[int64]string{}
 	_, err = pgx.ForEachRow(rows, []any{&id, &topic, &key, &payload}, func() error {
+		if size := len(payload) + len(key) + len(HeaderOutboxID) + 64; size > r.maxMessageBytes() {
+			quarantine[id] = fmt.Sprintf("message of about %d bytes exceeds the producer's limit of %d", size, r.maxMessageBytes())
+			return nil
+		}
 		ids = append(ids, id)
 		msgs = append(msgs, &sarama.ProducerMessage{
 			Topic: topic,
@@ -306,20 +317,37 @@ func (r *Relay) publishBatch(ctx context.Context, wait bool) (n int, locked bool
 			Headers: []sarama.RecordHeader{
 				{Key: []byte(HeaderOutboxID), Value: strconv.AppendInt(nil, id, 10)},
 			},
+			Metadata: id,
 		})
 		return nil
 	})
 	if err != nil {
 		return 0, true, fmt.Errorf("outbox relay: reading unpublished rows: %w", err)
 	}
-	if len(ids) == 0 {
+	if len(ids) == 0 && len(quarantine) == 0 {
 		return 0, true, nil
 	}
 
 	// One call, in ID order: the producer keeps the order of messages of
 	// one partition, and a key always maps to one partition.
-	if err := r.producer.SendMessages(msgs); err != nil {
-		return 0, true, fmt.Errorf("outbox relay: publishing %d rows (ids %d..%d): %w", len(ids), ids[0], ids[len(ids)-1], err)
+	if len(msgs) > 0 {
+		if err := r.producer.SendMessages(msgs); err != nil {
+			// Messages the broker refuses for good are quarantined, and the
+			// others of the batch, which were sent, are marked; anything
+			// else leaves the whole batch for the next pass.
+			var perrs sarama.ProducerErrors
+			if !errors.As(err, &perrs) || !allPermanent(perrs) {
+				return 0, true, fmt.Errorf("outbox relay: publishing %d rows (ids %d..%d): %w", len(ids), ids[0], ids[len(ids)-1], err)
+			}
+			failed := map[int64]bool{}
+			for _, pe := range perrs {
+				if fid, ok := pe.Msg.Metadata.(int64); ok {
+					failed[fid] = true
+					quarantine[fid] = "refused by the producer or the broker: " + pe.Err.Error()
+				}
+			}
+			ids = slices.DeleteFunc(ids, func(id int64) bool { return failed[id] })
+		}
 	}
 	faults.Hit(faults.RelayAfterPublish)
 
@@ -331,6 +359,12 @@ func (r *Relay) publishBatch(ctx context.Context, wait bool) (n int, locked bool
 	if err := tx.QueryRow(ctx, markSQL, ids).Scan(&oldestSeconds); err != nil {
 		return 0, true, fmt.Errorf("outbox relay: marking %d published rows: %w", len(ids), err)
 	}
+	for qid, reason := range quarantine {
+		if _, err := tx.Exec(ctx, quarantineSQL, qid, reason); err != nil {
+			return 0, true, fmt.Errorf("outbox relay: quarantining row %d: %w", qid, err)
+		}
+		r.config.Logger.Warn("outbox row quarantined; the rows behind it go on", slog.Int64("outbox_id", qid), slog.String("reason", reason))
+	}
 	if err := tx.Commit(ctx); err != nil {
 		return 0, true, fmt.Errorf("outbox relay: committing %d published rows: %w", len(ids), err)
 	}
@@ -340,13 +374,31 @@ func (r *Relay) publishBatch(ctx context.Context, wait bool) (n int, locked bool
 	return len(ids), true, nil
 }
 
+// maxMessageBytes is RelayConfig.MaxMessageBytes with its default.
+func (r *Relay) maxMessageBytes() int { return cmp.Or(r.config.MaxMessageBytes, 1_000_000) }
+
+// allPermanent reports whether every failure is one that no retry fixes.
+func allPermanent(perrs sarama.ProducerErrors) bool {
+	for _, pe := range perrs {
+		// Sarama refuses an oversize message itself with a ConfigurationError
+		// (its own limit), the broker with ErrMessageSizeTooLarge (its limit).
+		var ce sarama.ConfigurationError
+		if !errors.As(pe.Err, &ce) && !errors.Is(pe.Err, sarama.ErrMessageSizeTooLarge) &&
+			!errors.Is(pe.Err, sarama.ErrInvalidMessage) && !errors.Is(pe.Err, sarama.ErrInvalidMessageSize) {
+			return false
+		}
+	}
+	return len(perrs) > 0
+}
+
 const (
-	lockSQL    = `SELECT pg_advisory_xact_lock($1)`
-	tryLockSQL = `SELECT pg_try_advisory_xact_lock($1)`
+	quarantineSQL = `UPDATE outbox SET quarantine_reason = $2, quarantined_at = now() WHERE id = $1 AND published_at IS NULL`
+	lockSQL       = `SELECT pg_advisory_xact_lock($1)`
+	tryLockSQL    = `SELECT pg_try_advisory_xact_lock($1)`
 	// Served by the partial index outbox_unpublished.
 	selectSQL = `
 SELECT id, topic, key, payload FROM outbox
-WHERE published_at IS NULL
+WHERE published_at IS NULL AND quarantine_reason IS NULL
 ORDER BY id
 LIMIT $1`
 	// now() is this transaction's start, the same for the whole batch; the

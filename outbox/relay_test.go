@@ -240,6 +240,41 @@ func TestRelay(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 
+	// P6: a row Kafka will never accept must not block the rows behind it.
+	t.Run("OversizeRowIsQuarantinedAndTheRestGoOn", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t)
+		relay := b.newRelay(&RelayConfig{MaxMessageBytes: 1024})
+		big := Row{Topic: testTopic, Key: "a", Payload: make([]byte, 2000)}
+		commit(t, b.pool, row("a", 1), big, row("a", 2))
+		require.NoError(t, relay.Flush(ctx))
+		require.NoError(t, relay.Flush(ctx))
+
+		got := readTopic(t, b.broker.Addr(), testTopic, 2)
+		require.Equal(t, []int64{1, 3}, ids(got), "the rows around it went out, in order")
+		var reason string
+		require.NoError(t, b.pool.QueryRow(ctx, `SELECT quarantine_reason FROM outbox WHERE id = 2 AND published_at IS NULL`).Scan(&reason))
+		require.Contains(t, reason, "exceeds the producer's limit of 1024")
+		require.Zero(t, unpublished(t, b.pool)-1, "only the quarantined row is unpublished")
+	})
+
+	t.Run("RowRefusedByTheProducerIsQuarantined", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t)
+		// The relay's own limit is above the producer's (1,000,000): the
+		// producer refuses the row, the relay quarantines it and marks the
+		// rows that were sent.
+		relay := b.newRelay(&RelayConfig{MaxMessageBytes: 10 << 20})
+		commit(t, b.pool, row("k", 1), Row{Topic: testTopic, Key: "k", Payload: make([]byte, 2<<20)}, row("k", 2))
+		require.NoError(t, relay.Flush(ctx))
+		got := readTopic(t, b.broker.Addr(), testTopic, 2)
+		require.ElementsMatch(t, []int64{1, 3}, ids(got))
+		var reason string
+		require.NoError(t, b.pool.QueryRow(ctx, `SELECT quarantine_reason FROM outbox WHERE id = 2`).Scan(&reason))
+		require.Contains(t, reason, "refused by the producer or the broker")
+		require.Equal(t, 1, unpublished(t, b.pool))
+	})
+
 	t.Run("RowsCommittedOutOfIDOrderArePublished", func(t *testing.T) {
 		t.Parallel()
 		b := setup(t)

@@ -14,14 +14,15 @@ import (
 
 // Kinds of quarantined rows (the kind label of promptline_quarantined_rows).
 const (
-	KindClaim = "claim"
-	KindInput = "input"
+	KindClaim  = "claim"
+	KindInput  = "input"
+	KindOutbox = "outbox"
 )
 
 // QuarantinedRow is one quarantined row.
 type QuarantinedRow struct {
 	Kind          string    `json:"kind"`
-	ID            string    `json:"id"` // the session ID (claim) or the message ID (input)
+	ID            string    `json:"id"` // the session ID (claim), the message ID (input) or the row ID (outbox)
 	SessionID     string    `json:"session_id"`
 	Reason        string    `json:"reason"`
 	QuarantinedAt time.Time `json:"quarantined_at"`
@@ -33,14 +34,14 @@ var ErrNotQuarantined = errors.New("no such quarantined row")
 // QuarantinedCounts counts quarantined rows by kind, from the database (so
 // the gauge is right after a restart).
 func QuarantinedCounts(ctx context.Context, pool *pgxpool.Pool) (map[string]int, error) {
-	counts := map[string]int{KindClaim: 0, KindInput: 0}
-	var claims, inputs int
+	var claims, inputs, rows int
 	err := pool.QueryRow(ctx, `SELECT (SELECT count(*) FROM claims WHERE quarantine_reason IS NOT NULL),
-		(SELECT count(*) FROM inputs WHERE quarantine_reason IS NOT NULL)`).Scan(&claims, &inputs)
+		(SELECT count(*) FROM inputs WHERE quarantine_reason IS NOT NULL),
+		(SELECT count(*) FROM outbox WHERE quarantine_reason IS NOT NULL)`).Scan(&claims, &inputs, &rows)
 	if err != nil {
 		return nil, fmt.Errorf("counting quarantined rows: %w", err)
 	}
-	counts[KindClaim], counts[KindInput] = claims, inputs
+	counts := map[string]int{KindClaim: claims, KindInput: inputs, KindOutbox: rows}
 	return counts, nil
 }
 
@@ -50,6 +51,8 @@ func ListQuarantined(ctx context.Context, pool *pgxpool.Pool) ([]QuarantinedRow,
 		SELECT 'claim', session_id, session_id, quarantine_reason, quarantined_at FROM claims WHERE quarantine_reason IS NOT NULL
 		UNION ALL
 		SELECT 'input', message_id, session_id, quarantine_reason, quarantined_at FROM inputs WHERE quarantine_reason IS NOT NULL
+		UNION ALL
+		SELECT 'outbox', id::text, key, quarantine_reason, quarantined_at FROM outbox WHERE quarantine_reason IS NOT NULL
 		ORDER BY 5, 2`)
 	if err != nil {
 		return nil, fmt.Errorf("listing quarantined rows: %w", err)
@@ -67,8 +70,12 @@ func Release(ctx context.Context, pool *pgxpool.Pool, kind, id, operator, note s
 		table, key = "claims", "session_id"
 	case KindInput:
 		table, key = "inputs", "message_id"
+	case KindOutbox:
+		// A released outbox row is published by the next relay pass (repair
+		// its payload first, or it is quarantined again).
+		table, key = "outbox", "id::text"
 	default:
-		return fmt.Errorf("unknown kind %q: want %s or %s", kind, KindClaim, KindInput)
+		return fmt.Errorf("unknown kind %q: want %s, %s or %s", kind, KindClaim, KindInput, KindOutbox)
 	}
 	return pgdb.InTx(ctx, pool, func(tx pgx.Tx) error {
 		var reason string

@@ -90,7 +90,7 @@ const databaseStatsSQL = `
 SELECT o.n, o.oldest, (SELECT count(*) FROM permission_requests WHERE status = 'pending')
 FROM (SELECT count(*) AS n,
              coalesce(extract(epoch FROM clock_timestamp() - min(created_at)), 0)::float8 AS oldest
-      FROM outbox WHERE published_at IS NULL) o`
+      FROM outbox WHERE published_at IS NULL AND quarantine_reason IS NULL) o`
 
 // databaseStats reads the gauges of metrics.DatabaseStats.
 func databaseStats(pool *pgxpool.Pool) func(ctx context.Context) (metrics.DatabaseStats, error) {

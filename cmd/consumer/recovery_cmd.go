@@ -132,7 +132,7 @@ func newQuarantineCommand(o *options) *cobra.Command {
 	var operator, note string
 	release := &cobra.Command{
 		Use:   "release KIND ID",
-		Short: "Release a repaired row (KIND: claim, with the session ID; input, with the message ID); audited",
+		Short: "Release a repaired row (KIND: claim, with the session ID; input, with the message ID; outbox, with the row ID); audited",
 		Args:  cobra.ExactArgs(2),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if operator == "" {

@@ -95,7 +95,8 @@ func run(ctx context.Context, o *options, stderr io.Writer) error {
 	defer producer.Close()
 
 	relay := outbox.NewRelay(db.Pool, producer, &outbox.RelayConfig{
-		Logger: log.With(slog.String("component", "relay")),
+		MaxMessageBytes: cfg.Producer.MaxMessageBytes,
+		Logger:          log.With(slog.String("component", "relay")),
 		OnPublished: func(n int, oldest time.Duration) {
 			m.OutboxPublished.Add(float64(n))
 			m.OutboxPublishDelay.Observe(oldest.Seconds())
