@@ -107,12 +107,16 @@ func (a *Admitter) Admit(ctx context.Context, batch []Incoming) ([]Outcome, erro
 	// First occurrence of each message ID is the candidate row; later ones
 	// are retries of it. An exact retry that resumes arms the wake of a
 	// first occurrence that did not.
+	hashes := make([][]byte, len(batch)) // each prompt's, computed once
+	for i, in := range batch {
+		hashes[i] = in.Prompt.Hash()
+	}
 	first := make(map[string]int, len(batch))
 	var cand []int
 	wantWake := make([]bool, len(batch))
 	for i, in := range batch {
 		if j, ok := first[in.Prompt.MessageID]; ok {
-			if bytes.Equal(batch[j].Prompt.Hash(), in.Prompt.Hash()) {
+			if bytes.Equal(hashes[j], hashes[i]) {
 				outcomes[i] = Duplicate
 				wantWake[j] = wantWake[j] || in.Prompt.Resumes()
 			} else {
@@ -147,7 +151,7 @@ func (a *Admitter) Admit(ctx context.Context, batch []Incoming) ([]Outcome, erro
 			p.ids = append(p.ids, in.Prompt.MessageID)
 			p.sessions = append(p.sessions, in.Prompt.SessionID)
 			p.texts = append(p.texts, in.Prompt.Text)
-			p.hashes = append(p.hashes, in.Prompt.Hash())
+			p.hashes = append(p.hashes, hashes[i])
 			p.deliveries = append(p.deliveries, string(cmp.Or(in.Prompt.Delivery, envelope.DeliveryQueue)))
 			p.wakes = append(p.wakes, wantWake[i])
 			p.topics = append(p.topics, in.Source.Topic)
@@ -209,7 +213,7 @@ func (a *Admitter) Admit(ctx context.Context, batch []Incoming) ([]Outcome, erro
 				continue
 			}
 			e := prior[in.MessageID]
-			if !bytes.Equal(e.hash, in.Hash()) {
+			if !bytes.Equal(e.hash, hashes[i]) {
 				outcomes[i] = Conflict // invariant 2: nothing changes
 				continue
 			}
