@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/promptline/promptline/internal/testkit"
 	"github.com/stretchr/testify/require"
 )
 
@@ -151,7 +152,7 @@ scrape_configs:
 	require.NoError(t, os.WriteFile(filepath.Join(dir, "prometheus.yml"), []byte(config), 0o644))
 
 	addr := freeAddr(t)
-	logs := newSyncBuffer()
+	logs := testkit.NewSyncBuffer()
 	cmd := exec.Command(bin, "--config.file="+filepath.Join(dir, "prometheus.yml"),
 		"--storage.tsdb.path="+filepath.Join(dir, "data"), "--web.listen-address="+addr, "--log.level=warn")
 	cmd.Stdout, cmd.Stderr = logs, logs

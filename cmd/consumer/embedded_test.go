@@ -106,47 +106,8 @@ func TestBrokerCommand(t *testing.T) {
 
 	_, addr = start("broker-2")
 	got := map[string]string{}
-	for _, m := range readAll(t, addr, "prompts") {
+	for _, m := range testkit.ReadAll(t, addr, "prompts") {
 		got[string(m.Key)] = string(m.Value)
 	}
 	require.Equal(t, want, got)
-}
-
-// readAll returns every record of topic up to the high watermarks at the
-// time of the call.
-func readAll(t *testing.T, addr, topic string) []*sarama.ConsumerMessage {
-	t.Helper()
-	client, err := sarama.NewClient([]string{addr}, kafkautil.NewConfig("test-read"))
-	require.NoError(t, err)
-	defer client.Close()
-	consumer, err := sarama.NewConsumerFromClient(client)
-	require.NoError(t, err)
-	defer consumer.Close()
-	partitions, err := client.Partitions(topic)
-	require.NoError(t, err)
-	var out []*sarama.ConsumerMessage
-	for _, p := range partitions {
-		hwm, err := client.GetOffset(topic, p, sarama.OffsetNewest)
-		require.NoError(t, err)
-		if hwm == 0 {
-			continue
-		}
-		pc, err := consumer.ConsumePartition(topic, p, sarama.OffsetOldest)
-		require.NoError(t, err)
-		timeout := time.NewTimer(20 * time.Second)
-		for next := int64(0); next < hwm; {
-			select {
-			case m := <-pc.Messages():
-				out = append(out, m)
-				next = m.Offset + 1
-			case err := <-pc.Errors():
-				require.NoError(t, err)
-			case <-timeout.C:
-				require.FailNow(t, fmt.Sprintf("reading %s/%d up to offset %d", topic, p, hwm))
-			}
-		}
-		timeout.Stop()
-		require.NoError(t, pc.Close())
-	}
-	return out
 }

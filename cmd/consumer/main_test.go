@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -77,7 +76,7 @@ func buildConsumer() error {
 type proc struct {
 	name   string
 	cmd    *exec.Cmd
-	stderr *syncBuffer
+	stderr *testkit.SyncBuffer
 	exited chan struct{} // closed once Wait returned
 	state  *os.ProcessState
 }
@@ -88,7 +87,7 @@ type proc struct {
 // SIGKILL), then copies its stderr into the test log.
 func startProc(t *testing.T, name, fault string, args ...string) *proc {
 	t.Helper()
-	p := &proc{name: name, stderr: newSyncBuffer(), exited: make(chan struct{})}
+	p := &proc{name: name, stderr: testkit.NewSyncBuffer(), exited: make(chan struct{})}
 	p.cmd = &exec.Cmd{Path: consumerBin, Args: append([]string{"consumer"}, args...)}
 	p.cmd.Env = append(os.Environ(), "PROMPTLINE_FAULT="+fault)
 	p.cmd.Stderr = p.stderr
@@ -169,7 +168,7 @@ func (p *proc) waitLog(t *testing.T, msg string, timeout time.Duration) map[stri
 			return line
 		}
 		select {
-		case <-p.stderr.changed:
+		case <-p.stderr.Changed():
 		case <-p.exited:
 			// Wait returned: everything the process wrote is in the buffer.
 			if line := findLog(p.stderr.String(), msg); line != nil {
@@ -191,33 +190,6 @@ func findLog(logs, msg string) map[string]any {
 		}
 	}
 	return nil
-}
-
-// syncBuffer is a writer that a process and the test share; the test waits
-// on its writes, not on time.
-type syncBuffer struct {
-	mu      sync.Mutex
-	buf     bytes.Buffer
-	changed chan struct{}
-}
-
-func newSyncBuffer() *syncBuffer { return &syncBuffer{changed: make(chan struct{}, 1)} }
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	n, err := b.buf.Write(p)
-	select {
-	case b.changed <- struct{}{}:
-	default:
-	}
-	return n, err
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
 }
 
 const testPartitions = 4

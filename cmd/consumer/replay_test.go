@@ -17,6 +17,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/promptline/promptline/envelope"
+	"github.com/promptline/promptline/internal/testkit"
 	"github.com/promptline/promptline/pipeline"
 	"github.com/promptline/promptline/replay"
 )
@@ -25,15 +26,15 @@ import (
 // apart from its stderr (logs and progress).
 type replayRun struct {
 	cmd    *exec.Cmd
-	stdout *syncBuffer
-	stderr *syncBuffer
+	stdout *testkit.SyncBuffer
+	stderr *testkit.SyncBuffer
 	exited chan struct{}
 	err    error
 }
 
 func (b *testBundle) startReplay(t *testing.T, args ...string) *replayRun {
 	t.Helper()
-	r := &replayRun{stdout: newSyncBuffer(), stderr: newSyncBuffer(), exited: make(chan struct{})}
+	r := &replayRun{stdout: testkit.NewSyncBuffer(), stderr: testkit.NewSyncBuffer(), exited: make(chan struct{})}
 	all := append([]string{"consumer", "replay", "--brokers", b.addr, "--database-url", b.dbURL, "--log-level", "warn"}, args...)
 	r.cmd = &exec.Cmd{Path: consumerBin, Args: all, Env: os.Environ(), Stdout: r.stdout, Stderr: r.stderr}
 	require.NoError(t, r.cmd.Start())
@@ -178,7 +179,7 @@ func TestReplayCommand(t *testing.T) {
 		deadline := time.After(30 * time.Second)
 		for !progressed.MatchString(r.stderr.String()) {
 			select {
-			case <-r.stderr.changed:
+			case <-r.stderr.Changed():
 			case <-r.exited:
 				require.FailNow(t, "replay ended before it was interrupted", r.stderr.String())
 			case <-deadline:

@@ -54,7 +54,7 @@ func TestKcatInterop(t *testing.T) {
 	require.NoError(t, err, "kcat -P: %s", out)
 
 	kcatPartition := map[string]int32{}
-	for _, m := range readAll(t, addr, "prompts") {
+	for _, m := range testkit.ReadAll(t, addr, "prompts") {
 		p, err := envelope.Decode(m.Key, m.Value, envelope.Limits{})
 		require.NoError(t, err, "a kcat record decodes as admission decodes it")
 		require.Equal(t, "kcat-"+p.SessionID, p.MessageID)

@@ -44,7 +44,7 @@ func TestSend(t *testing.T) {
 	// record returns the record a send printed, read back by a Sarama consumer.
 	record := func(t *testing.T, addr string, partition int32, offset int64) *sarama.ConsumerMessage {
 		t.Helper()
-		for _, m := range readAll(t, addr, "prompts") {
+		for _, m := range testkit.ReadAll(t, addr, "prompts") {
 			if m.Partition == partition && m.Offset == offset {
 				return m
 			}
@@ -88,7 +88,7 @@ func TestSend(t *testing.T) {
 		require.Equal(t, kafkautil.Murmur2Partition([]byte("s-9"), partitions), partition)
 
 		var got *sarama.ConsumerMessage
-		for _, m := range readAll(t, b.addr, "wakes") {
+		for _, m := range testkit.ReadAll(t, b.addr, "wakes") {
 			if m.Partition == partition && m.Offset == offset {
 				got = m
 			}
@@ -167,7 +167,7 @@ func TestSendFile(t *testing.T) {
 		require.NoError(t, res.err, res.stderr)
 		require.Equal(t, fmt.Sprintf("sent %d prompts to prompts\n", n), res.stdout)
 
-		recs := readAll(t, addr, "prompts")
+		recs := testkit.ReadAll(t, addr, "prompts")
 		require.Len(t, recs, n)
 		texts := map[string][]string{}
 		for _, m := range recs {
@@ -191,7 +191,7 @@ func TestSendFile(t *testing.T) {
 		res := runCLI(t.Context(), in, "send", "--brokers", addr, "-f", "-")
 		require.NoError(t, res.err, res.stderr)
 		require.Equal(t, "sent 2 prompts to prompts\n", res.stdout)
-		require.Len(t, readAll(t, addr, "prompts"), 2)
+		require.Len(t, testkit.ReadAll(t, addr, "prompts"), 2)
 	})
 
 	t.Run("BadLineSendsNothing", func(t *testing.T) {
@@ -225,7 +225,7 @@ func TestSendFile(t *testing.T) {
 			require.ErrorContains(t, res.err, tc.want, tc.name)
 			require.Empty(t, res.stdout, tc.name)
 		}
-		require.Empty(t, readAll(t, addr, "prompts"), "nothing is sent when a line is bad")
+		require.Empty(t, testkit.ReadAll(t, addr, "prompts"), "nothing is sent when a line is bad")
 	})
 }
 

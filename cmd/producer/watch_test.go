@@ -64,12 +64,12 @@ s-1 turn.completed "echo: again\nand more"
 
 		produce(t, addr, "session-events", eventJSON(t, envelope.Event{ID: "old", Type: envelope.EventTurnCompleted, SessionID: "s-1", Text: "before the watch"}))
 
-		stdout, stderr := newSyncBuffer(), newSyncBuffer()
+		stdout, stderr := testkit.NewSyncBuffer(), testkit.NewSyncBuffer()
 		root := newRootCommand(strings.NewReader(""), stdout, stderr)
 		root.SetArgs([]string{"watch", "--brokers", addr, "--json", "--count", "2", "--timeout", "30s"})
 		done := make(chan error, 1)
 		go func() { done <- root.ExecuteContext(t.Context()) }()
-		stderr.waitFor(t, "watching session-events (4 partitions) from the newest offsets", 30*time.Second)
+		stderr.WaitFor(t, "watching session-events (4 partitions) from the newest offsets", 30*time.Second)
 
 		produce(t, addr, "session-events",
 			eventJSON(t, envelope.Event{ID: "new-1", Type: envelope.EventInputAdmitted, SessionID: "s-1", MessageID: "m-1"}),
