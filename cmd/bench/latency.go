@@ -29,6 +29,8 @@ type latencyOpts struct {
 	Duration time.Duration
 	// Warmup is the start of the run whose prompts are not measured.
 	Warmup time.Duration
+	// CPUProfile, when set, receives a CPU profile of the offered load.
+	CPUProfile string
 	// Drain bounds the wait for the last answers after the load stops.
 	// Prompts unanswered by then count with their age at the deadline, a
 	// lower bound, so an overloaded pipeline shows in the percentiles
@@ -163,8 +165,15 @@ func measureLatency(ctx context.Context, sc *scratchServer, opts latencyOpts) (r
 	if err != nil {
 		return res, err
 	}
+	stopProfile := func() {}
+	if opts.CPUProfile != "" {
+		if stopProfile, err = startProfile(opts.CPUProfile); err != nil {
+			return res, err
+		}
+	}
 	c0 := sampleCPU()
 	sent, sendSecs, err := offer(runCtx, brokers, tr, opts)
+	stopProfile()
 	if err != nil {
 		return res, err
 	}

@@ -18,6 +18,9 @@ type options struct {
 	json        bool
 	knobs       bool
 	cpuProfile  string
+	// latencyOnly runs the end-to-end latency run alone.
+	latencyOnly       bool
+	latencyCPUProfile string
 	// replayPrompts is the size of the replay runs (replay.go); 0 skips them.
 	replayPrompts int
 	// scaleOut runs one and three consumer processes (scaleout.go).
@@ -53,6 +56,8 @@ func newRootCommand() *cobra.Command {
 	f.BoolVar(&o.scaleOut, "scaleout", true, "also measure admission + execution with three consumer processes next to one (builds ./cmd/consumer with the go tool)")
 	f.IntVar(&o.scaleOutPrompts, "scaleout-prompts", 20000, "prompts of each scale-out run")
 	f.StringVar(&o.cpuProfile, "cpuprofile", "", "write a CPU profile of the baseline admission run to this file")
+	f.BoolVar(&o.latencyOnly, "latency-only", false, "run only the end-to-end latency run (for work on the executor's path)")
+	f.StringVar(&o.latencyCPUProfile, "latency-cpuprofile", "", "write a CPU profile of the baseline latency run to this file")
 	return root
 }
 

@@ -76,6 +76,10 @@ func run(ctx context.Context, o *options, stdout, stderr io.Writer) (err error) 
 		rep.Machine["loadavg_at_start"] = strings.Join(strings.Fields(string(b))[:3], " ")
 	}
 
+	if o.latencyOnly {
+		return runLatencyOnly(ctx, sc, o, &rep, stdout, progress)
+	}
+
 	progress("generating %d prompts", o.prompts)
 	w, err := newWorkload(o.prompts)
 	if err != nil {
@@ -113,6 +117,7 @@ func run(ctx context.Context, o *options, stdout, stderr io.Writer) (err error) 
 	progress("latency: %.0f/s for %s", o.rate, o.duration)
 	rep.Latency, err = measureLatency(ctx, sc, latencyOpts{
 		Partitions: o.partitions, Rate: o.rate, Duration: o.duration, Warmup: warmupFor(o.duration),
+		CPUProfile: o.latencyCPUProfile,
 	})
 	if err != nil {
 		return fmt.Errorf("latency: %w", err)
@@ -146,6 +151,25 @@ func run(ctx context.Context, o *options, stdout, stderr io.Writer) (err error) 
 		return enc.Encode(rep)
 	}
 	printReport(stdout, o, &rep)
+	return nil
+}
+
+// runLatencyOnly is --latency-only: the end-to-end run and its report.
+func runLatencyOnly(ctx context.Context, sc *scratchServer, o *options, rep *report, stdout io.Writer, progress func(string, ...any)) (err error) {
+	progress("latency: %.0f/s for %s", o.rate, o.duration)
+	rep.Latency, err = measureLatency(ctx, sc, latencyOpts{
+		Partitions: o.partitions, Rate: o.rate, Duration: o.duration, Warmup: warmupFor(o.duration),
+		CPUProfile: o.latencyCPUProfile,
+	})
+	if err != nil {
+		return fmt.Errorf("latency: %w", err)
+	}
+	if o.json {
+		enc := json.NewEncoder(stdout)
+		enc.SetIndent("", "  ")
+		return enc.Encode(rep)
+	}
+	printLatency(stdout, rep)
 	return nil
 }
 
@@ -264,15 +288,7 @@ func printReport(out io.Writer, o *options, rep *report) {
 	a := rep.Admission
 	fmt.Fprintf(out, "admission: %d prompts in %.2fs, %d transactions, mean batch %.0f, mean transaction %.1fms; CPU %.2f cores busy (bench %.2f, Postgres+other %.2f)\n",
 		a.Prompts, a.Seconds, a.Batches, a.MeanBatch, a.MeanTxMillis, a.CPU.Machine, a.CPU.Bench, a.CPU.Other)
-	fmt.Fprintf(out, "latency: %d sent, %d measured after warm-up, %d completed, %d failed, %d unanswered after the drain (counted with their age then: a lower bound); each prompt its own session\n",
-		l.Sent, l.Measured, l.Completed, l.Failed, l.Missing)
-	fmt.Fprintf(out, "  %d commits, %.1f per answered prompt\n", l.Commits, l.CommitsPerPrompt)
-	fmt.Fprintf(out, "  send → input.admitted seen: p50 %.1f, p90 %.1f, p99 %.1f, max %.1f ms\n", l.Admitted.P50, l.Admitted.P90, l.Admitted.P99, l.Admitted.Max)
-	fmt.Fprintf(out, "  send → turn.completed seen: p50 %.1f, p90 %.1f, p99 %.1f, max %.1f ms\n", l.Turn.P50, l.Turn.P90, l.Turn.P99, l.Turn.Max)
-	for _, s := range l.Stages {
-		fmt.Fprintf(out, "    %-58s p50 %7.1f, p99 %7.1f ms\n", s.Name, s.P50, s.P99)
-	}
-	fmt.Fprintf(out, "  CPU during the load: %.2f cores busy (bench %.2f, Postgres+other %.2f)\n", l.CPU.Machine, l.CPU.Bench, l.CPU.Other)
+	printLatencyDetail(out, &rep.Latency)
 
 	if rep.Replay != nil {
 		printReplay(out, rep.Replay, rep.Admission)
@@ -311,4 +327,29 @@ func printReport(out io.Writer, o *options, rep *report) {
 		}
 		tw.Flush()
 	}
+}
+
+// printLatency is the report of --latency-only.
+func printLatency(out io.Writer, rep *report) {
+	m := rep.Machine
+	fmt.Fprintf(out, "machine: %s cores, %s, %s; PostgreSQL %s (fsync=%s, synchronous_commit=%s, shared_buffers=%s); load average at start %s\n\n",
+		m["cores"], m["go"], m["os_arch"], m["postgres_server_version"], m["postgres_fsync"],
+		m["postgres_synchronous_commit"], m["postgres_shared_buffers"], m["loadavg_at_start"])
+	l := &rep.Latency
+	fmt.Fprintf(out, "offered %.0f/s (achieved %.0f/s), completed %.0f/s; end-to-end p50 %.1f, p90 %.1f, p99 %.1f, max %.1f ms\n",
+		l.OfferedRate, l.AchievedRate, l.CompletedRate, l.Turn.P50, l.Turn.P90, l.Turn.P99, l.Turn.Max)
+	printLatencyDetail(out, l)
+}
+
+func printLatencyDetail(out io.Writer, l *latencyResult) {
+	fmt.Fprintf(out, "latency: %d sent, %d measured after warm-up, %d completed, %d failed, %d unanswered after the drain (counted with their age then: a lower bound); each prompt its own session\n",
+		l.Sent, l.Measured, l.Completed, l.Failed, l.Missing)
+	fmt.Fprintf(out, "  %d commits, %.1f per answered prompt\n", l.Commits, l.CommitsPerPrompt)
+	fmt.Fprintf(out, "  send → input.admitted seen: p50 %.1f, p90 %.1f, p99 %.1f, max %.1f ms\n", l.Admitted.P50, l.Admitted.P90, l.Admitted.P99, l.Admitted.Max)
+	fmt.Fprintf(out, "  send → turn.completed seen: p50 %.1f, p90 %.1f, p99 %.1f, max %.1f ms\n", l.Turn.P50, l.Turn.P90, l.Turn.P99, l.Turn.Max)
+	for _, s := range l.Stages {
+		fmt.Fprintf(out, "    %-58s p50 %7.1f, p99 %7.1f ms\n", s.Name, s.P50, s.P99)
+	}
+	fmt.Fprintf(out, "  CPU during the load: %.2f cores busy (bench %.2f, Postgres+other %.2f)\n", l.CPU.Machine, l.CPU.Bench, l.CPU.Other)
+
 }

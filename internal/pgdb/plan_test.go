@@ -1,0 +1,111 @@
+package pgdb_test
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"testing"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/stretchr/testify/require"
+
+	"github.com/promptline/promptline/internal/testkit"
+)
+
+// The executor's per-session statements must reach one session's rows
+// through a per-session index whatever the planner knows. On tables without
+// statistics (a new database, or before autovacuum analyses) the planner
+// used to scan the cross-session partial indexes instead, so every turn
+// cost O(waiting inputs + live claims) and a backlog fed itself
+// (migration 00007). Plans are checked before and after ANALYZE, generic
+// (as prepared statements end up) and custom.
+func TestPerSessionStatementsUseSessionIndexes(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool, _ := testkit.Pool(t)
+	conn, err := pool.Acquire(ctx)
+	require.NoError(t, err)
+	defer conn.Release()
+	exec := func(sql string) {
+		t.Helper()
+		_, err := conn.Exec(ctx, sql)
+		require.NoError(t, err, sql)
+	}
+	for _, table := range []string{"sessions", "inputs", "claims"} {
+		exec(`ALTER TABLE ` + table + ` SET (autovacuum_enabled = false)`)
+	}
+	statements := []struct {
+		name, sql, args string
+		want            []string // index names the plan may use
+	}{
+		{"waiting count", `SELECT count(*) FROM waiting_inputs WHERE session_id = $1`, `('s42')`,
+			[]string{"inputs_waiting_session"}},
+		{"waiting list", `SELECT message_id FROM waiting_inputs WHERE session_id = $1 ORDER BY admission_seq`, `('s42')`,
+			[]string{"inputs_waiting_session"}},
+		// The statement inside promptline_fence.
+		{"fence", `UPDATE claims SET expires_at = now() + $4 * interval '1 millisecond', renewed_at = now()
+			WHERE session_id = $1 AND execution_id = $2 AND fencing_token = $3 AND expires_at > now() AND quarantine_reason IS NULL`,
+			`('s42', 'e42', 1, 1000)`, []string{"claims_pkey", "claims_execution_id_key"}},
+	}
+	explain := func(name, args string) string {
+		t.Helper()
+		rows, err := conn.Query(ctx, `EXPLAIN (COSTS OFF) EXECUTE `+name+args)
+		require.NoError(t, err)
+		lines, err := pgx.CollectRows(rows, pgx.RowTo[string])
+		require.NoError(t, err)
+		return strings.Join(lines, "\n") + "\n"
+	}
+	check := func(stage, name string, i int, args string) {
+		t.Helper()
+		s := statements[i]
+		plan := explain(name, args)
+		for _, idx := range s.want {
+			if containsIndexScan(plan, idx) {
+				return
+			}
+		}
+		t.Fatalf("%s, %s: the plan must use one of %v:\n%s", stage, s.name, s.want, plan)
+	}
+
+	// A process starts on empty tables: its statements are prepared and
+	// their generic plans cached while the tables are empty.
+	exec(`SET plan_cache_mode = force_generic_plan`)
+	for i, s := range statements {
+		exec(fmt.Sprintf(`PREPARE cached%d AS %s`, i, s.sql))
+		explain(fmt.Sprintf("cached%d", i), s.args)
+	}
+	// Then a backlog builds: 20,000 sessions with a waiting input each,
+	// 3,000 of them with a live claim.
+	exec(`INSERT INTO sessions (session_id) SELECT 's' || g FROM generate_series(1, 20000) g`)
+	exec(`INSERT INTO inputs (message_id, session_id, text, payload_hash, delivery, wake_pending, admitted_at)
+		SELECT 'm' || g, 's' || g, 'x', '\x00', 'queue', true, now() - interval '1 hour' FROM generate_series(1, 20000) g`)
+	exec(`INSERT INTO claims (session_id, execution_id, owner_id, fencing_token, phase, expires_at)
+		SELECT 's' || g, 'e' || g, 'o', 1, 'ready', now() + interval '1 minute' FROM generate_series(1, 3000) g`)
+
+	fresh := func(stage string) {
+		for _, mode := range []string{"force_generic_plan", "force_custom_plan"} {
+			exec(`SET plan_cache_mode = ` + mode)
+			for i, s := range statements {
+				name := fmt.Sprintf("p%d_%s", i, mode)
+				exec(`PREPARE ` + name + ` AS ` + s.sql)
+				check(stage+", "+mode, name, i, s.args)
+				exec(`DEALLOCATE ` + name)
+			}
+		}
+	}
+	for i, s := range statements {
+		check("plan cached on empty tables", fmt.Sprintf("cached%d", i), i, s.args)
+	}
+	fresh("without statistics")
+	exec(`ANALYZE sessions, inputs, claims`)
+	fresh("after ANALYZE")
+}
+
+func containsIndexScan(plan, index string) bool {
+	for _, kind := range []string{"Index Scan using ", "Index Only Scan using ", "Bitmap Index Scan on "} {
+		if strings.Contains(plan, kind+index+" ") || strings.Contains(plan, kind+index+"\n") {
+			return true
+		}
+	}
+	return false
+}
