@@ -168,9 +168,10 @@ func (x *Execution) Fenced() bool { return x.fenced.Load() }
 
 // Write runs fn in a transaction that opens with the fence: one conditional
 // statement on the claim (token matches, lease live by the database clock,
-// not quarantined) that also renews the lease. Zero rows affected means
-// fenced: the transaction rolls back, the execution's context is cancelled,
-// and Write returns ErrFenced, now and for every later call.
+// not quarantined) that also renews the lease (promptline_fence, in the
+// schema). When the claim is lost it raises an error: the transaction rolls
+// back, the execution's context is cancelled, and Write returns ErrFenced,
+// now and for every later call.
 func (x *Execution) Write(ctx context.Context, fn func(tx pgx.Tx) error) error {
 	x.mu.Lock()
 	defer x.mu.Unlock()
@@ -187,12 +188,11 @@ func (x *Execution) writeLocked(ctx context.Context, lockSession bool, fn func(t
 				return fmt.Errorf("locking session: %w", err)
 			}
 		}
-		tag, err := tx.Exec(ctx, fenceSQL, x.claim.SessionID, x.claim.ExecutionID, x.claim.Token, x.claims.cfg.Lease.Milliseconds())
-		if err != nil {
+		if _, err := tx.Exec(ctx, fenceCallSQL, x.claim.SessionID, x.claim.ExecutionID, x.claim.Token, x.claims.cfg.Lease.Milliseconds()); err != nil {
+			if isFenced(err) {
+				return ErrFenced
+			}
 			return fmt.Errorf("fence: %w", err)
-		}
-		if tag.RowsAffected() == 0 {
-			return ErrFenced
 		}
 		if fn == nil {
 			return nil
@@ -392,12 +392,6 @@ ON CONFLICT (session_id) DO NOTHING
 RETURNING expires_at`
 
 const bumpTokenSQL = `UPDATE sessions SET fencing_token = $2 WHERE session_id = $1 AND fencing_token < $2`
-
-// fenceSQL opens every write transaction of an execution (invariant 5).
-const fenceSQL = `
-UPDATE claims SET expires_at = now() + $4 * interval '1 millisecond', renewed_at = now()
-WHERE session_id = $1 AND execution_id = $2 AND fencing_token = $3
-  AND expires_at > now() AND quarantine_reason IS NULL`
 
 const setPhaseSQL = `
 UPDATE claims SET phase = $3, assistant_message_id = coalesce(nullif($4, ''), assistant_message_id)
