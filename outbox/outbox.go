@@ -25,16 +25,32 @@ func Insert(ctx context.Context, tx pgx.Tx, rows ...Row) error {
 	if len(rows) == 0 {
 		return nil
 	}
-	topics := make([]string, len(rows))
-	keys := make([]string, len(rows))
-	payloads := make([][]byte, len(rows))
-	for i, r := range rows {
-		topics[i], keys[i], payloads[i] = r.Topic, r.Key, r.Payload
-	}
+	topics, keys, payloads := columns(rows)
 	if _, err := tx.Exec(ctx, insertSQL, topics, keys, payloads); err != nil {
 		return fmt.Errorf("writing %d outbox rows: %w", len(rows), err)
 	}
 	return nil
+}
+
+// QueueInsert is Insert for a queued write (a pgx.Batch sent as one
+// transaction).
+func QueueInsert(b *pgx.Batch, rows ...Row) {
+	if len(rows) == 0 {
+		return
+	}
+	topics, keys, payloads := columns(rows)
+	b.Queue(insertSQL, topics, keys, payloads)
+}
+
+// columns are insertSQL's arrays.
+func columns(rows []Row) (topics, keys []string, payloads [][]byte) {
+	topics = make([]string, len(rows))
+	keys = make([]string, len(rows))
+	payloads = make([][]byte, len(rows))
+	for i, r := range rows {
+		topics[i], keys[i], payloads[i] = r.Topic, r.Key, r.Payload
+	}
+	return topics, keys, payloads
 }
 
 // WITH ORDINALITY keeps the caller's order in the identity column.

@@ -4,7 +4,6 @@ import (
 	"cmp"
 	"context"
 	"errors"
-	"fmt"
 	"log/slog"
 	"slices"
 	"sync"
@@ -248,18 +247,11 @@ func (e *Executor) execute(sessionID string, r *sessionRun, log *slog.Logger) {
 	// between the two leaves a ready claim whose inputs recovery re-wakes,
 	// so the prompt still runs once (DESIGN.md crash windows); promotion
 	// commits together with the attempt's intent (phase unknown).
-	x, err := e.claims.Acquire(e.ctx, sessionID, executionID, func(tx pgx.Tx, x *ledger.Execution) error {
-		var waiting bool
-		if err := tx.QueryRow(e.ctx, anyWaitingSQL, sessionID).Scan(&waiting); err != nil {
-			return fmt.Errorf("checking waiting inputs: %w", err)
-		}
-		if !waiting {
-			return errNothingWaiting
-		}
-		return nil
-	})
+	// The same round trip reads the session for the first promotion.
+	view := &sessionView{}
+	x, err := e.claims.AcquireWaiting(e.ctx, sessionID, executionID, func(b *pgx.Batch) { view.queue(b, sessionID) })
 	switch {
-	case errors.Is(err, errNothingWaiting):
+	case errors.Is(err, ledger.ErrNothingWaiting):
 		return
 	case errors.Is(err, ledger.ErrClaimHeld):
 		// The holder sees our input before it releases (admission and
@@ -273,7 +265,7 @@ func (e *Executor) execute(sessionID string, r *sessionRun, log *slog.Logger) {
 		}
 		return
 	}
-	ex.x = x
+	ex.x, ex.view = x, view
 	faults.Hit(faults.ClaimAfterAcquire)
 	cl := x.Claim()
 	log = log.With(slog.String("execution_id", executionID), slog.Int64("fencing_token", cl.Token))
@@ -351,10 +343,6 @@ func (e *Executor) execute(sessionID string, r *sessionRun, log *slog.Logger) {
 	log.Debug("claim released on stop")
 }
 
-var errNothingWaiting = errors.New("nothing waiting")
-
-const anyWaitingSQL = `SELECT EXISTS (SELECT 1 FROM waiting_inputs WHERE session_id = $1)`
-
 // execution is one held claim at work. Its writes go through
 // ledger.Execution.Write, which opens every transaction with the fence;
 // there is no other path to the database here.
@@ -363,6 +351,8 @@ type execution struct {
 	x         *ledger.Execution
 	sessionID string
 	steps     int // provider steps so far, across turns: numbers attempt IDs
+	// view is the session as read with the claim, for the first promotion.
+	view *sessionView
 }
 
 // ErrFenced says that an execution lost its right to write.
@@ -384,6 +374,15 @@ func (ex *execution) logErr(ctx context.Context, log *slog.Logger, what string, 
 // transaction when no input waits.
 func (ex *execution) finish(ctx context.Context, fn func(tx pgx.Tx) error) (bool, error) {
 	released, err := ex.x.Finish(ctx, fn)
+	if err == nil && ex.e.cfg.OnCommitFunc != nil {
+		ex.e.cfg.OnCommitFunc()
+	}
+	return released, err
+}
+
+// finishQueued is finish in one round trip (ledger.Execution.FinishQueued).
+func (ex *execution) finishQueued(ctx context.Context, queue func(b *pgx.Batch)) (bool, error) {
+	released, err := ex.x.FinishQueued(ctx, queue)
 	if err == nil && ex.e.cfg.OnCommitFunc != nil {
 		ex.e.cfg.OnCommitFunc()
 	}

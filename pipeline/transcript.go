@@ -20,6 +20,15 @@ func history(ctx context.Context, tx pgx.Tx, sessionID string) ([]TranscriptMess
 	if err != nil {
 		return nil, fmt.Errorf("reading transcript: %w", err)
 	}
+	out, err := scanHistory(rows)
+	if err != nil {
+		return nil, err
+	}
+	return settleOrphans(out), nil
+}
+
+// scanHistory reads historySQL's rows into messages, orphans unsettled.
+func scanHistory(rows pgx.Rows) ([]TranscriptMessage, error) {
 	var out []TranscriptMessage
 	var (
 		id, role   string
@@ -27,7 +36,7 @@ func history(ctx context.Context, tx pgx.Tx, sessionID string) ([]TranscriptMess
 		isError    bool
 		kind, body *string
 	)
-	_, err = pgx.ForEachRow(rows, []any{&id, &role, &toolCallID, &isError, &kind, &body}, func() error {
+	_, err := pgx.ForEachRow(rows, []any{&id, &role, &toolCallID, &isError, &kind, &body}, func() error {
 		if len(out) == 0 || out[len(out)-1].ID != id {
 			m := TranscriptMessage{ID: id, Role: role, IsError: isError}
 			if toolCallID != nil {
@@ -52,7 +61,7 @@ func history(ctx context.Context, tx pgx.Tx, sessionID string) ([]TranscriptMess
 	if err != nil {
 		return nil, fmt.Errorf("reading transcript: %w", err)
 	}
-	return settleOrphans(out), nil
+	return out, nil
 }
 
 // settleOrphans places a synthetic error result after every tool call that

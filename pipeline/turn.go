@@ -48,6 +48,20 @@ type pendingCall struct {
 // messages and the turn's first (pending) assistant message in the same
 // transaction.
 func (ex *execution) promote(ctx context.Context) (*turn, error) {
+	v := ex.view
+	ex.view = nil
+	if v == nil {
+		var err error
+		if v, err = ex.readView(ctx); err != nil {
+			return nil, err
+		}
+	}
+	if len(v.waiting) == 0 {
+		return nil, nil // the caller's release looks again, under the session lock
+	}
+	if v.plain() {
+		return ex.promoteQueued(ctx, v)
+	}
 	var t *turn
 	err := ex.write(ctx, func(tx pgx.Tx) error {
 		var err error
@@ -346,8 +360,20 @@ func (ex *execution) recordResponse(ctx context.Context, t *turn, attemptID stri
 		}))
 	}
 	if len(calls) == 0 {
-		// The answer, and the release when nothing waits: one commit.
-		released, err := ex.finish(ctx, record)
+		// The answer, and the release when nothing waits: one commit, in
+		// one round trip.
+		released, err := ex.finishQueued(ctx, func(b *pgx.Batch) {
+			ledger.QueueFinishAttempt(b, attemptID, ledger.AttemptSucceeded, "", resp.Usage.InputTokens, resp.Usage.OutputTokens)
+			if resp.Text != "" {
+				b.Queue(insertPartSQL, t.assistantID, 0, "text", resp.Text)
+			}
+			b.Queue(completeMessageSQL, t.assistantID)
+			ex.x.QueueSetPhase(b, ledger.PhaseSafe, t.assistantID)
+			outbox.QueueInsert(b, eventRow(ex.e.cfg.Topics.Events, envelope.Event{
+				ID: "turn.completed:" + t.assistantID, Type: envelope.EventTurnCompleted, SessionID: ex.sessionID,
+				At: time.Now().UTC(), MessageIDs: ids(t.inputs), AssistantMessageID: t.assistantID, Text: resp.Text,
+			}))
+		})
 		if err != nil {
 			return false, false, fmt.Errorf("recording response of %s: %w", attemptID, err)
 		}

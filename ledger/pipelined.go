@@ -1,0 +1,202 @@
+package ledger
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+)
+
+// The executor's hot path writes in one round trip per transaction: its
+// statements are queued in a pgx.Batch that is sent without BEGIN and COMMIT,
+// so Postgres runs them in one implicit transaction that commits at the
+// batch's end, or rolls back entirely at the first error. Every check that
+// must stop the transaction is therefore made by the server, never by Go
+// after the fact: the fence raises an error (promptline_fence), a reused ID
+// violates a key. Each statement takes its own snapshot (read committed), so
+// a statement that follows the session lock sees whatever committed before
+// the lock was granted, as in an explicit transaction.
+//
+// Measured on the end-to-end bench (docs/benchmarks.md): a single-prompt turn
+// went from 28 round trips to 3.
+
+// fencedCode is the SQLSTATE raised by promptline_fence.
+const fencedCode = "PLFEN"
+
+// fenceCallSQL opens every write of an execution: it renews the lease and
+// raises fencedCode when the claim is lost (invariant 5).
+const fenceCallSQL = `SELECT promptline_fence($1, $2, $3, $4)`
+
+// ErrNothingWaiting says that AcquireWaiting found no waiting input: no
+// claim was taken.
+var ErrNothingWaiting = errors.New("nothing waiting")
+
+// IsFenced reports whether err is the server's fence error.
+func isFenced(err error) bool {
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr) && pgErr.Code == fencedCode
+}
+
+// AcquireWaiting takes the session's claim, as Acquire does, but only when
+// an input waits, in one round trip. reads, when not nil, queues statements
+// (with their result callbacks) that run after the claim in the same
+// transaction; they are the execution's first view of the session. It
+// returns ErrNothingWaiting or ErrClaimHeld without a claim.
+func (c *Claims) AcquireWaiting(ctx context.Context, sessionID, executionID string, reads func(b *pgx.Batch)) (*Execution, error) {
+	var (
+		exists, waiting, claimed bool
+		cl                       Claim
+	)
+	b := &pgx.Batch{}
+	b.Queue(lockSessionSQL, sessionID).QueryRow(func(row pgx.Row) error {
+		var token int64
+		err := row.Scan(&token)
+		if errors.Is(err, pgx.ErrNoRows) {
+			return nil
+		}
+		exists = err == nil
+		return err
+	})
+	b.Queue(anyWaitingSQL, sessionID).QueryRow(func(row pgx.Row) error { return row.Scan(&waiting) })
+	b.Queue(acquireWaitingSQL, sessionID, executionID, c.cfg.OwnerID, c.cfg.Lease.Milliseconds()).
+		Query(func(rows pgx.Rows) error {
+			for rows.Next() {
+				claimed = true
+				if err := rows.Scan(&cl.Token, &cl.ExpiresAt); err != nil {
+					return err
+				}
+			}
+			return rows.Err()
+		})
+	b.Queue(bumpToClaimSQL, sessionID, executionID)
+	if reads != nil {
+		reads(b)
+	}
+	if err := c.pool.SendBatch(ctx, b).Close(); err != nil {
+		return nil, fmt.Errorf("acquiring claim of %s: %w", sessionID, err)
+	}
+	switch {
+	case !exists:
+		return nil, fmt.Errorf("acquiring claim of %s: session %s does not exist", sessionID, sessionID)
+	case claimed:
+	case !waiting:
+		return nil, ErrNothingWaiting
+	default:
+		return nil, ErrClaimHeld
+	}
+	cl.SessionID, cl.ExecutionID, cl.OwnerID, cl.Phase = sessionID, executionID, c.cfg.OwnerID, PhaseReady
+	if f := c.cfg.OnPhaseFunc; f != nil {
+		f(cl, PhaseReady)
+	}
+	xctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	return &Execution{claims: c, claim: cl, ctx: xctx, cancel: cancel}, nil
+}
+
+// WriteQueued is Write in one round trip: the fence, then the statements
+// queue adds (with their result callbacks), in one implicit transaction.
+func (x *Execution) WriteQueued(ctx context.Context, queue func(b *pgx.Batch)) error {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	if x.fenced.Load() {
+		return ErrFenced
+	}
+	b := &pgx.Batch{}
+	x.queueFence(b)
+	queue(b)
+	return x.sendQueued(ctx, b)
+}
+
+// FinishQueued is Finish in one round trip: the session lock, the fence,
+// the statements queue adds, and the release of the claim when no input
+// waits, in one implicit transaction.
+func (x *Execution) FinishQueued(ctx context.Context, queue func(b *pgx.Batch)) (released bool, err error) {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	if x.fenced.Load() {
+		return false, ErrFenced
+	}
+	b := &pgx.Batch{}
+	b.Queue(lockSessionSQL, x.claim.SessionID)
+	x.queueFence(b)
+	queue(b)
+	b.Queue(releaseIdleSQL, x.claim.SessionID, x.claim.Token).Exec(func(tag pgconn.CommandTag) error {
+		released = tag.RowsAffected() == 1
+		return nil
+	})
+	if err := x.sendQueued(ctx, b); err != nil {
+		return false, err
+	}
+	if released {
+		x.fenced.Store(true)
+		x.cancel()
+	}
+	return released, nil
+}
+
+func (x *Execution) queueFence(b *pgx.Batch) {
+	b.Queue(fenceCallSQL, x.claim.SessionID, x.claim.ExecutionID, x.claim.Token, x.claims.cfg.Lease.Milliseconds())
+}
+
+func (x *Execution) sendQueued(ctx context.Context, b *pgx.Batch) error {
+	err := x.claims.pool.SendBatch(ctx, b).Close()
+	if isFenced(err) {
+		x.markFenced(ctx)
+		return ErrFenced
+	}
+	return err
+}
+
+// QueueSetPhase is SetPhase for a queued write.
+func (x *Execution) QueueSetPhase(b *pgx.Batch, phase Phase, assistantMessageID string) {
+	b.Queue(setPhaseSQL, x.claim.SessionID, x.claim.Token, string(phase), assistantMessageID)
+	if f := x.claims.cfg.OnPhaseFunc; f != nil {
+		f(x.claim, phase)
+	}
+}
+
+// QueueBeginAttempt is BeginAttempt for a queued write, for a new attempt
+// only: a reused attempt ID violates the key and the transaction rolls back.
+func (x *Execution) QueueBeginAttempt(b *pgx.Batch, p AttemptParams) {
+	b.Queue(insertAttemptSQL, p.ID, x.claim.SessionID, x.claim.ExecutionID, p.AssistantMessageID,
+		p.Step, p.Provider, p.IdempotencyKey, x.claim.Token, p.RequestHash)
+	x.QueueSetPhase(b, PhaseUnknown, p.AssistantMessageID)
+}
+
+// QueueFinishAttempt is FinishAttempt for a queued write.
+func QueueFinishAttempt(b *pgx.Batch, id, state, errText string, inputTokens, outputTokens int64) {
+	b.Queue(finishAttemptSQL, id, state, errText, inputTokens, outputTokens)
+}
+
+const anyWaitingSQL = `SELECT EXISTS (SELECT 1 FROM waiting_inputs WHERE session_id = $1)`
+
+// acquireWaitingSQL claims with the next token, only when an input waits;
+// it runs after lockSessionSQL, so the token it reads is locked.
+const acquireWaitingSQL = `
+INSERT INTO claims (session_id, execution_id, owner_id, fencing_token, phase, expires_at)
+SELECT s.session_id, $2, $3, s.fencing_token + 1, 'ready', now() + $4 * interval '1 millisecond'
+FROM sessions s
+WHERE s.session_id = $1 AND EXISTS (SELECT 1 FROM waiting_inputs w WHERE w.session_id = $1)
+ON CONFLICT (session_id) DO NOTHING
+RETURNING fencing_token, expires_at`
+
+// bumpToClaimSQL records the token of the claim just taken (nothing when
+// none was).
+const bumpToClaimSQL = `
+UPDATE sessions s SET fencing_token = c.fencing_token
+FROM claims c
+WHERE s.session_id = $1 AND c.session_id = $1 AND c.execution_id = $2 AND s.fencing_token < c.fencing_token`
+
+// releaseIdleSQL deletes the claim unless an input waits; it runs after the
+// session lock, so an input admitted concurrently is either seen here or
+// admitted after the claim is gone, with its own wake (invariant 7).
+const releaseIdleSQL = `
+DELETE FROM claims
+WHERE session_id = $1 AND fencing_token = $2
+  AND NOT EXISTS (SELECT 1 FROM waiting_inputs w WHERE w.session_id = $1)`
+
+const insertAttemptSQL = `
+INSERT INTO attempts (attempt_id, session_id, execution_id, assistant_message_id, step, provider,
+                      idempotency_key, fencing_token, request_hash, state)
+VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, 'started')`

@@ -1,0 +1,121 @@
+package pipeline
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/promptline/promptline/envelope"
+	"github.com/promptline/promptline/ledger"
+)
+
+// The common turn — plain prompts in, an answer without tool calls out —
+// runs on queued writes (ledger.Execution.WriteQueued and FinishQueued):
+// each of its three transactions is one round trip, and the claim's
+// transaction also reads what the first promotion needs. The other paths
+// (continuations, permission replies, tool steps, retries, failures) write
+// through ledger.Execution.Write as before. Both paths commit the same rows
+// in the same transactions; only the number of round trips differs.
+
+// sessionView is what the execution reads of its session before promoting:
+// the waiting inputs, oldest first, and the transcript as stored (orphaned
+// tool calls not yet settled). The execution is the session's only writer,
+// and admission only adds inputs, so the view stays true until the
+// execution's next write; an input admitted meanwhile waits for the next
+// turn, as it would have had it been admitted a moment later.
+type sessionView struct {
+	waiting []waitingInput
+	history []TranscriptMessage
+}
+
+type waitingInput struct{ id, text, delivery string }
+
+// queue adds the view's reads to b, filling v when b's results are read.
+func (v *sessionView) queue(b *pgx.Batch, sessionID string) {
+	b.Queue(waitingSQL, sessionID).Query(func(rows pgx.Rows) error {
+		var w waitingInput
+		_, err := pgx.ForEachRow(rows, []any{&w.id, &w.text, &w.delivery}, func() error {
+			v.waiting = append(v.waiting, w)
+			return nil
+		})
+		if err != nil {
+			return fmt.Errorf("reading waiting inputs: %w", err)
+		}
+		return nil
+	})
+	b.Queue(historySQL, sessionID).Query(func(rows pgx.Rows) (err error) {
+		v.history, err = scanHistory(rows)
+		return err
+	})
+}
+
+// plain reports whether every waiting input is a prompt: no continuation
+// or permission reply, which take the transactional path.
+func (v *sessionView) plain() bool {
+	for _, w := range v.waiting {
+		if strings.HasPrefix(w.id, ledger.ContinuationPrefix) || strings.HasPrefix(w.id, ReplyPrefix) {
+			return false
+		}
+	}
+	return true
+}
+
+// readView reads the session's view in one round trip.
+func (ex *execution) readView(ctx context.Context) (*sessionView, error) {
+	v := &sessionView{}
+	b := &pgx.Batch{}
+	v.queue(b, ex.sessionID)
+	if err := ex.e.pool.SendBatch(ctx, b).Close(); err != nil {
+		return nil, err
+	}
+	return v, nil
+}
+
+// promoteQueued promotes the next turn's inputs from v (every waiting steer
+// if any, else the oldest queued input) and commits, behind the fence and
+// in one round trip, their user messages, the turn's pending assistant
+// message and the first step's attempt intent with the phase unknown: the
+// same transaction promote commits.
+func (ex *execution) promoteQueued(ctx context.Context, v *sessionView) (*turn, error) {
+	var pick []waitingInput
+	for _, w := range v.waiting {
+		if w.delivery == string(envelope.DeliverySteer) {
+			pick = append(pick, w)
+		}
+	}
+	if len(pick) == 0 {
+		pick = v.waiting[:1]
+	}
+	t := &turn{id: newID(), promotedAt: time.Now()}
+	t.assistantID = t.id
+	for _, w := range pick {
+		t.inputs = append(t.inputs, TranscriptMessage{ID: w.id, Role: "user", Text: w.text})
+	}
+	cl := ex.x.Claim()
+	attemptID := ex.nextAttemptID()
+	// The transcript after promotion: the stored one, then the turn's user
+	// messages, which promotion appends.
+	hist := settleOrphans(append(v.history[:len(v.history):len(v.history)], t.inputs...))
+	req := ProviderRequest{
+		SessionID: ex.sessionID, AssistantMessageID: t.assistantID, AttemptID: attemptID,
+		IdempotencyKey: attemptID, FencingToken: cl.Token, Messages: hist, Turn: t.inputs, Tools: ex.toolSpecs(),
+	}
+	err := ex.x.WriteQueued(ctx, func(b *pgx.Batch) {
+		for _, w := range pick {
+			b.Queue(promoteSQL, w.id, cl.ExecutionID, cl.Token)
+		}
+		b.Queue(insertAssistantSQL, t.assistantID, ex.sessionID, ids(t.inputs), cl.ExecutionID, cl.Token, t.id)
+		ex.x.QueueBeginAttempt(b, ledger.AttemptParams{
+			ID: attemptID, AssistantMessageID: t.assistantID, Step: 1, Provider: ex.e.providerName,
+			IdempotencyKey: attemptID, RequestHash: requestHash(req),
+		})
+	})
+	if err != nil {
+		return nil, err
+	}
+	t.begun = &req
+	return t, nil
+}
