@@ -188,7 +188,7 @@ func (x *Execution) writeLocked(ctx context.Context, lockSession bool, fn func(t
 				return fmt.Errorf("locking session: %w", err)
 			}
 		}
-		if _, err := tx.Exec(ctx, fenceCallSQL, x.claim.SessionID, x.claim.ExecutionID, x.claim.Token, x.claims.cfg.Lease.Milliseconds()); err != nil {
+		if _, err := tx.Exec(ctx, fenceCallSQL, x.claim.SessionID, x.claim.ExecutionID, x.claim.Token, x.claims.cfg.Lease.Milliseconds(), nil, ""); err != nil {
 			if isFenced(err) {
 				return ErrFenced
 			}

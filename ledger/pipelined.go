@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -25,9 +26,10 @@ import (
 // fencedCode is the SQLSTATE raised by promptline_fence.
 const fencedCode = "PLFEN"
 
-// fenceCallSQL opens every write of an execution: it renews the lease and
-// raises fencedCode when the claim is lost (invariant 5).
-const fenceCallSQL = `SELECT promptline_fence($1, $2, $3, $4)`
+// fenceCallSQL opens every write of an execution: it renews the lease,
+// sets the phase when $5 is not null, and raises fencedCode when the claim
+// is lost (invariant 5).
+const fenceCallSQL = `SELECT promptline_fence($1, $2, $3, $4, $5, $6)`
 
 // ErrNothingWaiting says that AcquireWaiting found no waiting input: no
 // claim was taken.
@@ -46,31 +48,23 @@ func isFenced(err error) bool {
 // returns ErrNothingWaiting or ErrClaimHeld without a claim.
 func (c *Claims) AcquireWaiting(ctx context.Context, sessionID, executionID string, reads func(b *pgx.Batch)) (*Execution, error) {
 	var (
-		exists, waiting, claimed bool
-		cl                       Claim
+		exists, claimed bool
+		waiting         *bool
+		cl              Claim
 	)
 	b := &pgx.Batch{}
-	b.Queue(lockSessionSQL, sessionID).QueryRow(func(row pgx.Row) error {
-		var token int64
-		err := row.Scan(&token)
-		if errors.Is(err, pgx.ErrNoRows) {
-			return nil
-		}
-		exists = err == nil
-		return err
-	})
-	b.Queue(anyWaitingSQL, sessionID).QueryRow(func(row pgx.Row) error { return row.Scan(&waiting) })
 	b.Queue(acquireWaitingSQL, sessionID, executionID, c.cfg.OwnerID, c.cfg.Lease.Milliseconds()).
-		Query(func(rows pgx.Rows) error {
-			for rows.Next() {
-				claimed = true
-				if err := rows.Scan(&cl.Token, &cl.ExpiresAt); err != nil {
-					return err
-				}
+		QueryRow(func(row pgx.Row) error {
+			var token *int64
+			var expires *time.Time
+			if err := row.Scan(&exists, &waiting, &token, &expires); err != nil {
+				return err
 			}
-			return rows.Err()
+			if token != nil {
+				claimed, cl.Token, cl.ExpiresAt = true, *token, *expires
+			}
+			return nil
 		})
-	b.Queue(bumpToClaimSQL, sessionID, executionID)
 	if reads != nil {
 		reads(b)
 	}
@@ -81,7 +75,7 @@ func (c *Claims) AcquireWaiting(ctx context.Context, sessionID, executionID stri
 	case !exists:
 		return nil, fmt.Errorf("acquiring claim of %s: session %s does not exist", sessionID, sessionID)
 	case claimed:
-	case !waiting:
+	case waiting == nil || !*waiting:
 		return nil, ErrNothingWaiting
 	default:
 		return nil, ErrClaimHeld
@@ -94,24 +88,26 @@ func (c *Claims) AcquireWaiting(ctx context.Context, sessionID, executionID stri
 	return &Execution{claims: c, claim: cl, ctx: xctx, cancel: cancel}, nil
 }
 
-// WriteQueued is Write in one round trip: the fence, then the statements
-// queue adds (with their result callbacks), in one implicit transaction.
-func (x *Execution) WriteQueued(ctx context.Context, queue func(b *pgx.Batch)) error {
+// WriteQueued is Write in one round trip: the fence, which also sets the
+// phase (unless it is empty) and the claim's assistant message (unless
+// empty), then the statements queue adds (with their result callbacks), in
+// one implicit transaction.
+func (x *Execution) WriteQueued(ctx context.Context, phase Phase, assistantMessageID string, queue func(b *pgx.Batch)) error {
 	x.mu.Lock()
 	defer x.mu.Unlock()
 	if x.fenced.Load() {
 		return ErrFenced
 	}
 	b := &pgx.Batch{}
-	x.queueFence(b)
+	x.queueFence(b, phase, assistantMessageID)
 	queue(b)
 	return x.sendQueued(ctx, b)
 }
 
-// FinishQueued is Finish in one round trip: the session lock, the fence,
-// the statements queue adds, and the release of the claim when no input
-// waits, in one implicit transaction.
-func (x *Execution) FinishQueued(ctx context.Context, queue func(b *pgx.Batch)) (released bool, err error) {
+// FinishQueued is Finish in one round trip: the session lock, the fence
+// (with the phase, as WriteQueued), the statements queue adds, and the
+// release of the claim when no input waits, in one implicit transaction.
+func (x *Execution) FinishQueued(ctx context.Context, phase Phase, assistantMessageID string, queue func(b *pgx.Batch)) (released bool, err error) {
 	x.mu.Lock()
 	defer x.mu.Unlock()
 	if x.fenced.Load() {
@@ -119,7 +115,7 @@ func (x *Execution) FinishQueued(ctx context.Context, queue func(b *pgx.Batch)) 
 	}
 	b := &pgx.Batch{}
 	b.Queue(lockSessionSQL, x.claim.SessionID)
-	x.queueFence(b)
+	x.queueFence(b, phase, assistantMessageID)
 	queue(b)
 	b.Queue(releaseIdleSQL, x.claim.SessionID, x.claim.Token).Exec(func(tag pgconn.CommandTag) error {
 		released = tag.RowsAffected() == 1
@@ -135,8 +131,16 @@ func (x *Execution) FinishQueued(ctx context.Context, queue func(b *pgx.Batch)) 
 	return released, nil
 }
 
-func (x *Execution) queueFence(b *pgx.Batch) {
-	b.Queue(fenceCallSQL, x.claim.SessionID, x.claim.ExecutionID, x.claim.Token, x.claims.cfg.Lease.Milliseconds())
+func (x *Execution) queueFence(b *pgx.Batch, phase Phase, assistantMessageID string) {
+	var p *string
+	if phase != "" {
+		s := string(phase)
+		p = &s
+		if f := x.claims.cfg.OnPhaseFunc; f != nil {
+			f(x.claim, phase)
+		}
+	}
+	b.Queue(fenceCallSQL, x.claim.SessionID, x.claim.ExecutionID, x.claim.Token, x.claims.cfg.Lease.Milliseconds(), p, assistantMessageID)
 }
 
 func (x *Execution) sendQueued(ctx context.Context, b *pgx.Batch) error {
@@ -148,20 +152,12 @@ func (x *Execution) sendQueued(ctx context.Context, b *pgx.Batch) error {
 	return err
 }
 
-// QueueSetPhase is SetPhase for a queued write.
-func (x *Execution) QueueSetPhase(b *pgx.Batch, phase Phase, assistantMessageID string) {
-	b.Queue(setPhaseSQL, x.claim.SessionID, x.claim.Token, string(phase), assistantMessageID)
-	if f := x.claims.cfg.OnPhaseFunc; f != nil {
-		f(x.claim, phase)
-	}
-}
-
-// QueueBeginAttempt is BeginAttempt for a queued write, for a new attempt
-// only: a reused attempt ID violates the key and the transaction rolls back.
+// QueueBeginAttempt is BeginAttempt for a queued write whose fence sets
+// the phase unknown (WriteQueued), for a new attempt only: a reused attempt
+// ID violates the key and the transaction rolls back.
 func (x *Execution) QueueBeginAttempt(b *pgx.Batch, p AttemptParams) {
 	b.Queue(insertAttemptSQL, p.ID, x.claim.SessionID, x.claim.ExecutionID, p.AssistantMessageID,
 		p.Step, p.Provider, p.IdempotencyKey, x.claim.Token, p.RequestHash)
-	x.QueueSetPhase(b, PhaseUnknown, p.AssistantMessageID)
 }
 
 // QueueFinishAttempt is FinishAttempt for a queued write.
@@ -169,24 +165,26 @@ func QueueFinishAttempt(b *pgx.Batch, id, state, errText string, inputTokens, ou
 	b.Queue(finishAttemptSQL, id, state, errText, inputTokens, outputTokens)
 }
 
-const anyWaitingSQL = `SELECT EXISTS (SELECT 1 FROM waiting_inputs WHERE session_id = $1)`
-
-// acquireWaitingSQL claims with the next token, only when an input waits;
-// it runs after lockSessionSQL, so the token it reads is locked.
+// acquireWaitingSQL locks the session row, and claims with the next token
+// when an input waits, in one statement. Its snapshot predates the lock:
+// an input committed while it waited for the lock is not seen, and the
+// wake admitted with that input brings the session back.
 const acquireWaitingSQL = `
-INSERT INTO claims (session_id, execution_id, owner_id, fencing_token, phase, expires_at)
-SELECT s.session_id, $2, $3, s.fencing_token + 1, 'ready', now() + $4 * interval '1 millisecond'
-FROM sessions s
-WHERE s.session_id = $1 AND EXISTS (SELECT 1 FROM waiting_inputs w WHERE w.session_id = $1)
-ON CONFLICT (session_id) DO NOTHING
-RETURNING fencing_token, expires_at`
-
-// bumpToClaimSQL records the token of the claim just taken (nothing when
-// none was).
-const bumpToClaimSQL = `
-UPDATE sessions s SET fencing_token = c.fencing_token
-FROM claims c
-WHERE s.session_id = $1 AND c.session_id = $1 AND c.execution_id = $2 AND s.fencing_token < c.fencing_token`
+WITH s AS (
+    SELECT session_id, fencing_token,
+           EXISTS (SELECT 1 FROM waiting_inputs w WHERE w.session_id = $1) AS waiting
+    FROM sessions WHERE session_id = $1 FOR UPDATE
+), c AS (
+    INSERT INTO claims (session_id, execution_id, owner_id, fencing_token, phase, expires_at)
+    SELECT session_id, $2, $3, fencing_token + 1, 'ready', now() + $4 * interval '1 millisecond'
+    FROM s WHERE waiting
+    ON CONFLICT (session_id) DO NOTHING
+    RETURNING fencing_token, expires_at
+), b AS (
+    UPDATE sessions SET fencing_token = c.fencing_token FROM c WHERE sessions.session_id = $1
+)
+SELECT EXISTS (SELECT 1 FROM s), (SELECT waiting FROM s), c.fencing_token, c.expires_at
+FROM (SELECT 1) AS one LEFT JOIN c ON true`
 
 // releaseIdleSQL deletes the claim unless an input waits; it runs after the
 // session lock, so an input admitted concurrently is either seen here or

@@ -52,13 +52,13 @@ func TestQueuedWrites(t *testing.T) {
 		b.session(t, "s", 1)
 		x, err := b.claims.AcquireWaiting(ctx, "s", "e1", nil)
 		require.NoError(t, err)
-		require.NoError(t, x.WriteQueued(ctx, func(batch *pgx.Batch) {
+		require.NoError(t, x.WriteQueued(ctx, "", "", func(batch *pgx.Batch) {
 			outbox.QueueInsert(batch, outbox.Row{Topic: "t", Key: "s", Payload: []byte("live")})
 		}))
 		require.Equal(t, 1, b.count(t, `SELECT count(*) FROM outbox`))
 
 		b.expire(t, "s")
-		err = x.WriteQueued(ctx, func(batch *pgx.Batch) {
+		err = x.WriteQueued(ctx, "", "", func(batch *pgx.Batch) {
 			outbox.QueueInsert(batch, outbox.Row{Topic: "t", Key: "s", Payload: []byte("zombie")})
 		})
 		require.ErrorIs(t, err, ledger.ErrFenced)
@@ -66,7 +66,7 @@ func TestQueuedWrites(t *testing.T) {
 		require.Error(t, x.Context().Err(), "a fenced execution's context ends")
 		require.Equal(t, 1, b.count(t, `SELECT count(*) FROM outbox`), "nothing behind the fence was written")
 
-		_, err = x.FinishQueued(ctx, func(*pgx.Batch) {})
+		_, err = x.FinishQueued(ctx, "", "", func(*pgx.Batch) {})
 		require.ErrorIs(t, err, ledger.ErrFenced, "and every later write is refused")
 	})
 
@@ -77,8 +77,8 @@ func TestQueuedWrites(t *testing.T) {
 		x, err := b.claims.AcquireWaiting(ctx, "s", "e1", nil)
 		require.NoError(t, err)
 		params := ledger.AttemptParams{ID: "e1/step-1", Step: 1, Provider: "p", IdempotencyKey: "k", RequestHash: []byte{1}}
-		require.NoError(t, x.WriteQueued(ctx, func(batch *pgx.Batch) { x.QueueBeginAttempt(batch, params) }))
-		err = x.WriteQueued(ctx, func(batch *pgx.Batch) {
+		require.NoError(t, x.WriteQueued(ctx, "", "", func(batch *pgx.Batch) { x.QueueBeginAttempt(batch, params) }))
+		err = x.WriteQueued(ctx, "", "", func(batch *pgx.Batch) {
 			outbox.QueueInsert(batch, outbox.Row{Topic: "t", Key: "s", Payload: []byte("x")})
 			x.QueueBeginAttempt(batch, params) // the same attempt again: a key violation
 		})
@@ -98,15 +98,13 @@ func TestQueuedWrites(t *testing.T) {
 		b.exec(t, `UPDATE inputs SET promotion_seq = 1 WHERE session_id = 's'`)
 		b.exec(t, `INSERT INTO inputs (message_id, session_id, text, payload_hash, delivery, wake_pending)
 			VALUES ('later', 's', 'x', '\x00', 'queue', true)`)
-		released, err := x.FinishQueued(ctx, func(batch *pgx.Batch) {
-			x.QueueSetPhase(batch, ledger.PhaseSafe, "")
-		})
+		released, err := x.FinishQueued(ctx, ledger.PhaseSafe, "", func(*pgx.Batch) {})
 		require.NoError(t, err)
 		require.False(t, released, "an input waits: the claim stays for it")
 		require.Equal(t, "safe", b.phase(t, "s"))
 
 		b.exec(t, `UPDATE inputs SET promotion_seq = 2 WHERE message_id = 'later'`)
-		released, err = x.FinishQueued(ctx, func(*pgx.Batch) {})
+		released, err = x.FinishQueued(ctx, "", "", func(*pgx.Batch) {})
 		require.NoError(t, err)
 		require.True(t, released)
 		require.Zero(t, b.count(t, `SELECT count(*) FROM claims`))

@@ -381,8 +381,8 @@ func (ex *execution) finish(ctx context.Context, fn func(tx pgx.Tx) error) (bool
 }
 
 // finishQueued is finish in one round trip (ledger.Execution.FinishQueued).
-func (ex *execution) finishQueued(ctx context.Context, queue func(b *pgx.Batch)) (bool, error) {
-	released, err := ex.x.FinishQueued(ctx, queue)
+func (ex *execution) finishQueued(ctx context.Context, phase ledger.Phase, assistantID string, queue func(b *pgx.Batch)) (bool, error) {
+	released, err := ex.x.FinishQueued(ctx, phase, assistantID, queue)
 	if err == nil && ex.e.cfg.OnCommitFunc != nil {
 		ex.e.cfg.OnCommitFunc()
 	}

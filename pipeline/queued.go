@@ -103,7 +103,7 @@ func (ex *execution) promoteQueued(ctx context.Context, v *sessionView) (*turn, 
 		SessionID: ex.sessionID, AssistantMessageID: t.assistantID, AttemptID: attemptID,
 		IdempotencyKey: attemptID, FencingToken: cl.Token, Messages: hist, Turn: t.inputs, Tools: ex.toolSpecs(),
 	}
-	err := ex.x.WriteQueued(ctx, func(b *pgx.Batch) {
+	err := ex.x.WriteQueued(ctx, ledger.PhaseUnknown, t.assistantID, func(b *pgx.Batch) {
 		for _, w := range pick {
 			b.Queue(promoteSQL, w.id, cl.ExecutionID, cl.Token)
 		}

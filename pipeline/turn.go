@@ -362,13 +362,9 @@ func (ex *execution) recordResponse(ctx context.Context, t *turn, attemptID stri
 	if len(calls) == 0 {
 		// The answer, and the release when nothing waits: one commit, in
 		// one round trip.
-		released, err := ex.finishQueued(ctx, func(b *pgx.Batch) {
+		released, err := ex.finishQueued(ctx, ledger.PhaseSafe, t.assistantID, func(b *pgx.Batch) {
 			ledger.QueueFinishAttempt(b, attemptID, ledger.AttemptSucceeded, "", resp.Usage.InputTokens, resp.Usage.OutputTokens)
-			if resp.Text != "" {
-				b.Queue(insertPartSQL, t.assistantID, 0, "text", resp.Text)
-			}
-			b.Queue(completeMessageSQL, t.assistantID)
-			ex.x.QueueSetPhase(b, ledger.PhaseSafe, t.assistantID)
+			b.Queue(answerSQL, t.assistantID, resp.Text)
 			outbox.QueueInsert(b, eventRow(ex.e.cfg.Topics.Events, envelope.Event{
 				ID: "turn.completed:" + t.assistantID, Type: envelope.EventTurnCompleted, SessionID: ex.sessionID,
 				At: time.Now().UTC(), MessageIDs: ids(t.inputs), AssistantMessageID: t.assistantID, Text: resp.Text,
@@ -655,6 +651,14 @@ INSERT INTO messages (message_id, session_id, role, status, answers, execution_i
 VALUES ($1, $2, 'assistant', 'pending', $3, $4, $5, $6)`
 
 const insertPartSQL = `INSERT INTO message_parts (message_id, idx, kind, body) VALUES ($1, $2, $3, $4)`
+
+// answerSQL stores an answer's text (none when empty) and completes its
+// assistant message.
+const answerSQL = `
+WITH p AS (
+    INSERT INTO message_parts (message_id, idx, kind, body) SELECT $1, 0, 'text', $2::text WHERE $2::text <> ''
+)
+UPDATE messages SET status = 'completed', completed_at = now() WHERE message_id = $1 AND status = 'pending'`
 
 const completeMessageSQL = `
 UPDATE messages SET status = 'completed', completed_at = now() WHERE message_id = $1 AND status = 'pending'`

@@ -171,6 +171,11 @@ func TestRuntimeRole(t *testing.T) {
 	require.Equal(t, 1, code, stderr)
 	require.Contains(t, stderr, fmt.Sprintf("database schema is at version 0, this binary needs version %d", pgdb.LatestVersion()))
 
+	// A cluster hardened so that PUBLIC executes no new function: the
+	// runtime role must still run the fence (roles.sql grants it).
+	_, err := r.admin.Exec(ctx, `ALTER DEFAULT PRIVILEGES FOR ROLE `+pgx.Identifier{r.ownerRole}.Sanitize()+` REVOKE EXECUTE ON FUNCTIONS FROM PUBLIC`)
+	require.NoError(t, err)
+
 	stdout, stderr, code := runOnce(t, "migrate", "--database-url", r.ownerURL)
 	require.Equal(t, 0, code, stderr)
 	require.Equal(t, fmt.Sprintf("schema at version %d\n", pgdb.LatestVersion()), stdout)

@@ -80,10 +80,15 @@ ALTER DEFAULT PRIVILEGES FOR ROLE :"owner_role" IN SCHEMA :"schema"
   GRANT SELECT, INSERT, UPDATE, DELETE ON TABLES TO :"runtime_role";
 ALTER DEFAULT PRIVILEGES FOR ROLE :"owner_role" IN SCHEMA :"schema"
   GRANT USAGE, SELECT ON SEQUENCES TO :"runtime_role";
+-- Functions (promptline_fence): PUBLIC may execute them by default, but a
+-- cluster hardened against that must still let the runtime role.
+ALTER DEFAULT PRIVILEGES FOR ROLE :"owner_role" IN SCHEMA :"schema"
+  GRANT EXECUTE ON FUNCTIONS TO :"runtime_role";
 
 -- The same for what already exists (this script run again after
 -- migrations, or roles added to a migrated database).
 GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA :"schema" TO :"runtime_role";
 GRANT USAGE, SELECT ON ALL SEQUENCES IN SCHEMA :"schema" TO :"runtime_role";
+GRANT EXECUTE ON ALL FUNCTIONS IN SCHEMA :"schema" TO :"runtime_role";
 SELECT format('REVOKE INSERT, UPDATE, DELETE ON %I.goose_db_version FROM %I', :'schema', :'runtime_role')
 WHERE to_regclass(format('%I.goose_db_version', :'schema')) IS NOT NULL \gexec

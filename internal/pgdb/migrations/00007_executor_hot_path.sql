@@ -42,15 +42,20 @@ ALTER TABLE claims SET (fillfactor = 70);
 
 -- The fence that opens every write of an execution (DESIGN.md invariant 5):
 -- the claim's token matches, its lease is live by the database clock and it
--- is not quarantined; the lease is renewed in the same statement. A lost
--- claim raises SQLSTATE PLFEN instead of affecting zero rows, so that the
--- executor can queue its statements behind the fence and send a whole
--- transaction in one round trip: the error rolls everything back.
+-- is not quarantined; the lease is renewed in the same statement, and so is
+-- the phase when the caller sets one (p_phase NULL keeps it; the phase
+-- commits with the writes it describes, invariant 8). A lost claim raises
+-- SQLSTATE PLFEN instead of affecting zero rows, so that the executor can
+-- queue its statements behind the fence and send a whole transaction in one
+-- round trip: the error rolls everything back.
 -- +goose StatementBegin
-CREATE OR REPLACE FUNCTION promptline_fence(p_session text, p_execution text, p_token bigint, p_lease_ms bigint)
+CREATE OR REPLACE FUNCTION promptline_fence(p_session text, p_execution text, p_token bigint, p_lease_ms bigint,
+                                            p_phase text DEFAULT NULL, p_assistant text DEFAULT NULL)
 RETURNS void LANGUAGE plpgsql AS $$
 BEGIN
-    UPDATE claims SET expires_at = now() + p_lease_ms * interval '1 millisecond', renewed_at = now()
+    UPDATE claims SET expires_at = now() + p_lease_ms * interval '1 millisecond', renewed_at = now(),
+                      phase = coalesce(p_phase, phase),
+                      assistant_message_id = coalesce(nullif(p_assistant, ''), assistant_message_id)
     WHERE session_id = p_session AND execution_id = p_execution AND fencing_token = p_token
       AND expires_at > now() AND quarantine_reason IS NULL;
     IF NOT FOUND THEN
