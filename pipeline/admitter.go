@@ -15,6 +15,7 @@ import (
 
 	"github.com/promptline/promptline/envelope"
 	"github.com/promptline/promptline/internal/kafkautil"
+	"github.com/promptline/promptline/internal/pgdb"
 	"github.com/promptline/promptline/metrics"
 	"github.com/promptline/promptline/outbox"
 )
@@ -129,44 +130,41 @@ func (a *Admitter) Admit(ctx context.Context, batch []Incoming) ([]Outcome, erro
 		wantWake[i] = in.Prompt.Resumes()
 	}
 
-	var rows []outbox.Row
-	err := pgx.BeginFunc(ctx, a.pool, func(tx pgx.Tx) error {
-		rows = rows[:0]
-		// Upsert (and so lock) the sessions in sorted order: admission and
-		// release serialise on the session row (invariant 7), and sorted
-		// locking keeps concurrent batches free of deadlocks.
-		sessions := make([]string, 0, len(cand))
-		for _, i := range cand {
-			sessions = append(sessions, batch[i].Prompt.SessionID)
-		}
-		slices.Sort(sessions)
-		sessions = slices.Compact(sessions)
-		if _, err := tx.Exec(ctx, upsertSessionsSQL, sessions); err != nil {
-			return fmt.Errorf("upserting sessions: %w", err)
-		}
+	// Upsert (and so lock) the sessions in sorted order: admission and
+	// release serialise on the session row (invariant 7), and sorted
+	// locking keeps concurrent batches free of deadlocks.
+	sessions := make([]string, 0, len(cand))
+	for _, i := range cand {
+		sessions = append(sessions, batch[i].Prompt.SessionID)
+	}
+	slices.Sort(sessions)
+	sessions = slices.Compact(sessions)
+	p := insertInputsParams{}
+	for _, i := range cand {
+		in := batch[i]
+		p.ids = append(p.ids, in.Prompt.MessageID)
+		p.sessions = append(p.sessions, in.Prompt.SessionID)
+		p.texts = append(p.texts, in.Prompt.Text)
+		p.hashes = append(p.hashes, hashes[i])
+		p.deliveries = append(p.deliveries, string(cmp.Or(in.Prompt.Delivery, envelope.DeliveryQueue)))
+		p.wakes = append(p.wakes, wantWake[i])
+		p.topics = append(p.topics, in.Source.Topic)
+		p.partitions = append(p.partitions, in.Source.Partition)
+		p.offsets = append(p.offsets, in.Source.Offset)
+	}
+	// Both statements go with BEGIN, in one round trip.
+	var inserted []string
+	begin := &pgx.Batch{}
+	begin.Queue(upsertSessionsSQL, sessions)
+	begin.Queue(insertInputsSQL, p.ids, p.sessions, p.texts, p.hashes, p.deliveries, p.wakes, p.topics, p.partitions, p.offsets).
+		Query(func(r pgx.Rows) (err error) {
+			inserted, err = pgx.CollectRows(r, pgx.RowTo[string])
+			return err
+		})
 
-		p := insertInputsParams{}
-		for _, i := range cand {
-			in := batch[i]
-			p.ids = append(p.ids, in.Prompt.MessageID)
-			p.sessions = append(p.sessions, in.Prompt.SessionID)
-			p.texts = append(p.texts, in.Prompt.Text)
-			p.hashes = append(p.hashes, hashes[i])
-			p.deliveries = append(p.deliveries, string(cmp.Or(in.Prompt.Delivery, envelope.DeliveryQueue)))
-			p.wakes = append(p.wakes, wantWake[i])
-			p.topics = append(p.topics, in.Source.Topic)
-			p.partitions = append(p.partitions, in.Source.Partition)
-			p.offsets = append(p.offsets, in.Source.Offset)
-		}
-		r, err := tx.Query(ctx, insertInputsSQL, p.ids, p.sessions, p.texts,
-			p.hashes, p.deliveries, p.wakes, p.topics, p.partitions, p.offsets)
-		if err != nil {
-			return fmt.Errorf("inserting inputs: %w", err)
-		}
-		inserted, err := pgx.CollectRows(r, pgx.RowTo[string])
-		if err != nil {
-			return fmt.Errorf("inserting inputs: %w", err)
-		}
+	var rows []outbox.Row
+	err := pgdb.InTxFrom(ctx, a.pool, begin, func(tx pgx.Tx) error {
+		rows = rows[:0]
 		isNew := make(map[string]bool, len(inserted))
 		for _, id := range inserted {
 			isNew[id] = true

@@ -32,3 +32,25 @@ func ignoreClosed(err error) error {
 	}
 	return err
 }
+
+// InTxFrom is InTx whose transaction begins with the statements queued in
+// first, sent together with BEGIN in one round trip; their result
+// callbacks have run when fn is called.
+func InTxFrom(ctx context.Context, pool *pgxpool.Pool, first *pgx.Batch, fn func(pgx.Tx) error) error {
+	b := &pgx.Batch{}
+	b.BeginTx(pgx.TxOptions{})
+	b.QueuedQueries = append(b.QueuedQueries, first.QueuedQueries...)
+	br := pool.SendBatch(ctx, b)
+	tx := br.Tx()
+	err := br.Close()
+	if err == nil {
+		err = fn(tx)
+	}
+	if err != nil {
+		return errors.Join(err, ignoreClosed(tx.Rollback(context.WithoutCancel(ctx))))
+	}
+	if err := tx.Commit(ctx); err != nil {
+		return fmt.Errorf("committing: %w", err)
+	}
+	return nil
+}
