@@ -43,6 +43,10 @@ bench: ## print admission throughput, the raw ceiling, end-to-end latency, relay
 	$(GO) run ./cmd/bench
 	$(GO) test -run '^$$' -bench . -benchtime 2x ./outbox
 
+.PHONY: bench/latency
+bench/latency: ## print end-to-end latency at 1,000 prompts/s only (the executor's path)
+	$(GO) run ./cmd/bench --latency-only
+
 .PHONY: fuzz
 fuzz: ## fuzz the envelope decoder for a minute
 	$(GO) test -run '^$$' -fuzz FuzzDecode -fuzztime 60s -fuzzminimizetime 2s ./envelope

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"os"
+	"path/filepath"
 	"testing"
 	"time"
 
@@ -69,6 +70,24 @@ func TestMeasurements(t *testing.T) {
 		require.Positive(t, r.Admitted.P50)
 		require.Len(t, r.Stages, 5)
 		require.Positive(t, r.Commits)
+	})
+
+	t.Run("LatencyOnlyCommand", func(t *testing.T) {
+		profile := filepath.Join(t.TempDir(), "cpu.prof")
+		cmd := newRootCommand()
+		var stdout, stderr bytes.Buffer
+		cmd.SetOut(&stdout)
+		cmd.SetErr(&stderr)
+		cmd.SetArgs([]string{"--latency-only", "--rate", "50", "--duration", "2s", "--partitions", "4",
+			"--latency-cpuprofile", profile})
+		require.NoError(t, cmd.ExecuteContext(ctx), stderr.String())
+		out := stdout.String()
+		require.Contains(t, out, "offered 50/s")
+		require.Contains(t, out, "send → turn.completed seen: p50")
+		require.NotContains(t, out, "raw ceiling", "the latency run alone")
+		info, err := os.Stat(profile)
+		require.NoError(t, err)
+		require.Positive(t, info.Size(), "a CPU profile of the load")
 	})
 
 	t.Run("ScaleOut", func(t *testing.T) {
