@@ -114,13 +114,8 @@ func run(ctx context.Context, o *options, stdout, stderr io.Writer) (err error) 
 	}
 	rep.Ratio = rep.Admission.Rate / rep.Raw.Rate
 
-	progress("latency: %.0f/s for %s", o.rate, o.duration)
-	rep.Latency, err = measureLatency(ctx, sc, latencyOpts{
-		Partitions: o.partitions, Rate: o.rate, Duration: o.duration, Warmup: warmupFor(o.duration),
-		CPUProfile: o.latencyCPUProfile,
-	})
-	if err != nil {
-		return fmt.Errorf("latency: %w", err)
+	if rep.Latency, err = measureShippedLatency(ctx, sc, o, progress); err != nil {
+		return err
 	}
 
 	if o.replayPrompts > 0 {
@@ -146,9 +141,7 @@ func run(ctx context.Context, o *options, stdout, stderr io.Writer) (err error) 
 	}
 
 	if o.json {
-		enc := json.NewEncoder(stdout)
-		enc.SetIndent("", "  ")
-		return enc.Encode(rep)
+		return writeJSON(stdout, &rep)
 	}
 	printReport(stdout, o, &rep)
 	return nil
@@ -156,21 +149,34 @@ func run(ctx context.Context, o *options, stdout, stderr io.Writer) (err error) 
 
 // runLatencyOnly is --latency-only: the end-to-end run and its report.
 func runLatencyOnly(ctx context.Context, sc *scratchServer, o *options, rep *report, stdout io.Writer, progress func(string, ...any)) (err error) {
+	if rep.Latency, err = measureShippedLatency(ctx, sc, o, progress); err != nil {
+		return err
+	}
+	if o.json {
+		return writeJSON(stdout, rep)
+	}
+	printLatency(stdout, rep)
+	return nil
+}
+
+// measureShippedLatency is the end-to-end run at the options' rate and
+// duration, with the shipped defaults.
+func measureShippedLatency(ctx context.Context, sc *scratchServer, o *options, progress func(string, ...any)) (latencyResult, error) {
 	progress("latency: %.0f/s for %s", o.rate, o.duration)
-	rep.Latency, err = measureLatency(ctx, sc, latencyOpts{
+	r, err := measureLatency(ctx, sc, latencyOpts{
 		Partitions: o.partitions, Rate: o.rate, Duration: o.duration, Warmup: warmupFor(o.duration),
 		CPUProfile: o.latencyCPUProfile,
 	})
 	if err != nil {
-		return fmt.Errorf("latency: %w", err)
+		return r, fmt.Errorf("latency: %w", err)
 	}
-	if o.json {
-		enc := json.NewEncoder(stdout)
-		enc.SetIndent("", "  ")
-		return enc.Encode(rep)
-	}
-	printLatency(stdout, rep)
-	return nil
+	return r, nil
+}
+
+func writeJSON(w io.Writer, rep *report) error {
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	return enc.Encode(rep)
 }
 
 // warmupFor drops the first tenth of a latency run, at most 2s: group
