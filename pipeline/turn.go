@@ -327,38 +327,6 @@ func (ex *execution) recordResponse(ctx context.Context, t *turn, attemptID stri
 		}
 		resp.ToolCalls[i].ID = calls[i].ModelCallID
 	}
-	record := func(tx pgx.Tx) error {
-		if err := ledger.FinishAttempt(ctx, tx, attemptID, ledger.AttemptSucceeded, "", resp.Usage.InputTokens, resp.Usage.OutputTokens); err != nil {
-			return err
-		}
-		if resp.Text != "" {
-			if _, err := tx.Exec(ctx, insertPartSQL, t.assistantID, 0, "text", resp.Text); err != nil {
-				return fmt.Errorf("storing answer: %w", err)
-			}
-		}
-		for i, c := range resp.ToolCalls {
-			body, _ := json.Marshal(toolCallPart{ID: c.ID, Name: c.Name, Input: jsonOrString(c.Input)})
-			if _, err := tx.Exec(ctx, insertPartSQL, t.assistantID, i+1, "tool_call", string(body)); err != nil {
-				return fmt.Errorf("storing tool call: %w", err)
-			}
-		}
-		if _, err := tx.Exec(ctx, completeMessageSQL, t.assistantID); err != nil {
-			return fmt.Errorf("completing assistant message: %w", err)
-		}
-		if len(calls) > 0 {
-			if err := ex.x.RequestCalls(ctx, tx, calls); err != nil {
-				return err
-			}
-			return ex.x.SetPhase(ctx, tx, ledger.PhaseContinue, t.assistantID)
-		}
-		if err := ex.x.SetPhase(ctx, tx, ledger.PhaseSafe, t.assistantID); err != nil {
-			return err
-		}
-		return outbox.Insert(ctx, tx, eventRow(ex.e.cfg.Topics.Events, envelope.Event{
-			ID: "turn.completed:" + t.assistantID, Type: envelope.EventTurnCompleted, SessionID: ex.sessionID,
-			At: time.Now().UTC(), MessageIDs: ids(t.inputs), AssistantMessageID: t.assistantID, Text: resp.Text,
-		}))
-	}
 	if len(calls) == 0 {
 		// The answer, and the release when nothing waits: one commit, in
 		// one round trip.
@@ -376,7 +344,31 @@ func (ex *execution) recordResponse(ctx context.Context, t *turn, attemptID stri
 		ex.turnMetric("completed", t)
 		return true, released, nil
 	}
-	if err := ex.write(ctx, record); err != nil {
+	// Tool calls: the response and the calls as requested, phase continue.
+	err = ex.write(ctx, func(tx pgx.Tx) error {
+		if err := ledger.FinishAttempt(ctx, tx, attemptID, ledger.AttemptSucceeded, "", resp.Usage.InputTokens, resp.Usage.OutputTokens); err != nil {
+			return err
+		}
+		if resp.Text != "" {
+			if _, err := tx.Exec(ctx, insertPartSQL, t.assistantID, 0, "text", resp.Text); err != nil {
+				return fmt.Errorf("storing answer: %w", err)
+			}
+		}
+		for i, c := range resp.ToolCalls {
+			body, _ := json.Marshal(toolCallPart{ID: c.ID, Name: c.Name, Input: jsonOrString(c.Input)})
+			if _, err := tx.Exec(ctx, insertPartSQL, t.assistantID, i+1, "tool_call", string(body)); err != nil {
+				return fmt.Errorf("storing tool call: %w", err)
+			}
+		}
+		if _, err := tx.Exec(ctx, completeMessageSQL, t.assistantID); err != nil {
+			return fmt.Errorf("completing assistant message: %w", err)
+		}
+		if err := ex.x.RequestCalls(ctx, tx, calls); err != nil {
+			return err
+		}
+		return ex.x.SetPhase(ctx, tx, ledger.PhaseContinue, t.assistantID)
+	})
+	if err != nil {
 		return false, false, fmt.Errorf("recording response of %s: %w", attemptID, err)
 	}
 	for i, c := range resp.ToolCalls {
