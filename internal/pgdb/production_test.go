@@ -380,3 +380,51 @@ func TestVerifyFullWithCAFile(t *testing.T) {
 		require.ErrorContains(t, err, "x509: certificate is not valid for any names, but wanted to match localhost")
 	})
 }
+
+// TestHotPathMigrationRunsAgain: migration 00007 runs outside a
+// transaction (its indexes are built CONCURRENTLY), so a run cut short —
+// by the lock timeout, or a crash — leaves some of its statements applied
+// and no version recorded, and the next `consumer migrate` runs the whole
+// file again. It must then succeed and leave every index valid.
+func TestHotPathMigrationRunsAgain(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	url := schemaURL(t, "rerun")
+	db := openSQL(t, url)
+	p, err := goose.NewProvider(goose.DialectPostgres, db, pgdb.Migrations())
+	require.NoError(t, err)
+	_, err = p.UpTo(ctx, 7)
+	require.NoError(t, err)
+
+	// As if the run had been cut short after its last statement: applied,
+	// not recorded.
+	_, err = db.ExecContext(ctx, `DELETE FROM goose_db_version WHERE version_id = 7`)
+	require.NoError(t, err)
+	_, err = p.UpTo(ctx, 7)
+	require.NoError(t, err, "the migration runs again over itself")
+
+	v, err := pgdb.SchemaVersion(ctx, db)
+	require.NoError(t, err)
+	require.Equal(t, int64(7), v)
+	var names []string
+	rows, err := db.QueryContext(ctx, `
+		SELECT c.relname FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid
+		JOIN pg_namespace n ON n.oid = c.relnamespace
+		WHERE n.nspname = 'rerun' AND i.indisvalid
+		  AND c.relname IN ('inputs_waiting_session', 'inputs_redrive_admitted', 'inputs_waiting', 'inputs_redrive', 'claims_expiry')
+		ORDER BY 1`)
+	require.NoError(t, err)
+	defer rows.Close()
+	for rows.Next() {
+		var n string
+		require.NoError(t, rows.Scan(&n))
+		names = append(names, n)
+	}
+	require.NoError(t, rows.Err())
+	require.Equal(t, []string{"inputs_redrive_admitted", "inputs_waiting_session"}, names,
+		"the new indexes, valid, and none of the old")
+	var fence int
+	require.NoError(t, db.QueryRowContext(ctx, `SELECT count(*) FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace
+		WHERE n.nspname = 'rerun' AND p.proname = 'promptline_fence'`).Scan(&fence))
+	require.Equal(t, 1, fence)
+}
