@@ -31,7 +31,7 @@ func TestPerSessionStatementsUseSessionIndexes(t *testing.T) {
 		_, err := conn.Exec(ctx, sql)
 		require.NoError(t, err, sql)
 	}
-	for _, table := range []string{"sessions", "inputs", "claims"} {
+	for _, table := range []string{"sessions", "inputs", "claims", "messages", "message_parts"} {
 		exec(`ALTER TABLE ` + table + ` SET (autovacuum_enabled = false)`)
 	}
 	statements := []struct {
@@ -46,6 +46,10 @@ func TestPerSessionStatementsUseSessionIndexes(t *testing.T) {
 		{"fence", `UPDATE claims SET expires_at = now() + $4 * interval '1 millisecond', renewed_at = now()
 			WHERE session_id = $1 AND execution_id = $2 AND fencing_token = $3 AND expires_at > now() AND quarantine_reason IS NULL`,
 			`('s42', 'e42', 1, 1000)`, []string{"claims_pkey", "claims_execution_id_key"}},
+		// pipeline's historySQL, read at every promotion.
+		{"transcript", `SELECT m.message_id, p.body FROM messages m LEFT JOIN message_parts p ON p.message_id = m.message_id
+			WHERE m.session_id = $1 AND (m.role IN ('user', 'tool') OR m.status = 'completed') ORDER BY m.seq, p.idx`,
+			`('s42')`, []string{"messages_session"}},
 	}
 	explain := func(name, args string) string {
 		t.Helper()
@@ -81,6 +85,9 @@ func TestPerSessionStatementsUseSessionIndexes(t *testing.T) {
 		SELECT 'm' || g, 's' || g, 'x', '\x00', 'queue', true, now() - interval '1 hour' FROM generate_series(1, 20000) g`)
 	exec(`INSERT INTO claims (session_id, execution_id, owner_id, fencing_token, phase, expires_at)
 		SELECT 's' || g, 'e' || g, 'o', 1, 'ready', now() + interval '1 minute' FROM generate_series(1, 3000) g`)
+	exec(`INSERT INTO messages (message_id, session_id, role, status)
+		SELECT 'u' || g, 's' || (g % 20000 + 1), 'user', 'completed' FROM generate_series(1, 40000) g`)
+	exec(`INSERT INTO message_parts (message_id, idx, kind, body) SELECT 'u' || g, 0, 'text', 'x' FROM generate_series(1, 40000) g`)
 
 	fresh := func(stage string) {
 		for _, mode := range []string{"force_generic_plan", "force_custom_plan"} {
@@ -97,7 +104,7 @@ func TestPerSessionStatementsUseSessionIndexes(t *testing.T) {
 		check("plan cached on empty tables", fmt.Sprintf("cached%d", i), i, s.args)
 	}
 	fresh("without statistics")
-	exec(`ANALYZE sessions, inputs, claims`)
+	exec(`ANALYZE sessions, inputs, claims, messages, message_parts`)
 	fresh("after ANALYZE")
 }
 
