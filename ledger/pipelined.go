@@ -35,7 +35,7 @@ const fenceCallSQL = `SELECT promptline_fence($1, $2, $3, $4, $5, $6)`
 // claim was taken.
 var ErrNothingWaiting = errors.New("nothing waiting")
 
-// IsFenced reports whether err is the server's fence error.
+// isFenced reports whether err is the server's fence error.
 func isFenced(err error) bool {
 	var pgErr *pgconn.PgError
 	return errors.As(err, &pgErr) && pgErr.Code == fencedCode

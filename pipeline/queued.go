@@ -12,13 +12,14 @@ import (
 	"github.com/promptline/promptline/ledger"
 )
 
-// The common turn — plain prompts in, an answer without tool calls out —
-// runs on queued writes (ledger.Execution.WriteQueued and FinishQueued):
-// each of its three transactions is one round trip, and the claim's
-// transaction also reads what the first promotion needs. The other paths
-// (continuations, permission replies, tool steps, retries, failures) write
-// through ledger.Execution.Write as before. Both paths commit the same rows
-// in the same transactions; only the number of round trips differs.
+// The common turn's transactions run on queued writes
+// (ledger.Execution.WriteQueued and FinishQueued), one round trip each: the
+// claim (which also reads what the first promotion needs), the promotion of
+// plain prompts with the first attempt's intent, and an answer without tool
+// calls with the release. The other paths (continuations, permission
+// replies, tool steps, retries, failures) write through
+// ledger.Execution.Write as before. Both paths commit the same rows in the
+// same transactions; only the number of round trips differs.
 
 // sessionView is what the execution reads of its session before promoting:
 // the waiting inputs, oldest first, and the transcript as stored (orphaned
