@@ -77,8 +77,9 @@ const leaseDefault = 30 * time.Second
 
 // Claims acquires and releases session claims.
 type Claims struct {
-	pool *pgxpool.Pool
-	cfg  ClaimsConfig
+	pool  *pgxpool.Pool
+	cfg   ClaimsConfig
+	group *groupCommit
 }
 
 // NewClaims returns Claims.
@@ -89,7 +90,7 @@ func NewClaims(pool *pgxpool.Pool, config *ClaimsConfig) *Claims {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
-	return &Claims{pool: pool, cfg: cfg}
+	return &Claims{pool: pool, cfg: cfg, group: &groupCommit{pool: pool}}
 }
 
 // Lease is the configured lease.

@@ -21,7 +21,8 @@ import (
 // the lock was granted, as in an explicit transaction.
 //
 // Measured on the end-to-end bench (docs/benchmarks.md): a single-prompt turn
-// went from 28 round trips to 3.
+// went from 28 round trips to 3. Queued transactions of several sessions
+// are then committed together (groupCommit).
 
 // fencedCode is the SQLSTATE raised by promptline_fence.
 const fencedCode = "PLFEN"
@@ -43,9 +44,10 @@ func isFenced(err error) bool {
 
 // AcquireWaiting takes the session's claim, as Acquire does, but only when
 // an input waits, in one round trip. reads, when not nil, queues statements
-// (with their result callbacks) that run after the claim in the same
-// transaction; they are the execution's first view of the session. It
-// returns ErrNothingWaiting or ErrClaimHeld without a claim.
+// (with their result callbacks, which must be idempotent: see groupCommit)
+// that run after the claim in the same transaction; they are the
+// execution's first view of the session. It returns ErrNothingWaiting or
+// ErrClaimHeld without a claim.
 func (c *Claims) AcquireWaiting(ctx context.Context, sessionID, executionID string, reads func(b *pgx.Batch)) (*Execution, error) {
 	var (
 		exists, claimed bool
@@ -60,15 +62,20 @@ func (c *Claims) AcquireWaiting(ctx context.Context, sessionID, executionID stri
 			if err := row.Scan(&exists, &waiting, &token, &expires); err != nil {
 				return err
 			}
-			if token != nil {
-				claimed, cl.Token, cl.ExpiresAt = true, *token, *expires
+			// Set, never accumulated: a callback may run twice (groupCommit).
+			claimed = token != nil
+			if claimed {
+				cl.Token, cl.ExpiresAt = *token, *expires
 			}
 			return nil
 		})
 	if reads != nil {
 		reads(b)
 	}
-	if err := c.pool.SendBatch(ctx, b).Close(); err != nil {
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	if err := c.group.send(sessionID, b); err != nil {
 		return nil, fmt.Errorf("acquiring claim of %s: %w", sessionID, err)
 	}
 	switch {
@@ -144,7 +151,10 @@ func (x *Execution) queueFence(b *pgx.Batch, phase Phase, assistantMessageID str
 }
 
 func (x *Execution) sendQueued(ctx context.Context, b *pgx.Batch) error {
-	err := x.claims.pool.SendBatch(ctx, b).Close()
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	err := x.claims.group.send(x.claim.SessionID, b)
 	if isFenced(err) {
 		x.markFenced(ctx)
 		return ErrFenced

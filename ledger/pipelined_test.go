@@ -2,7 +2,10 @@ package ledger_test
 
 import (
 	"context"
+	"fmt"
+	"sync"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
@@ -110,6 +113,85 @@ func TestQueuedWrites(t *testing.T) {
 		require.Zero(t, b.count(t, `SELECT count(*) FROM claims`))
 		require.True(t, x.Fenced(), "a released execution writes no more")
 	})
+}
+
+// Queued writes of several sessions commit together (groupCommit); a
+// session whose write fails must fail alone.
+func TestGroupCommit(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	b := setup(t, 0)
+	const n = 24
+	var xs []*ledger.Execution
+	for i := range n {
+		s := fmt.Sprintf("s%02d", i)
+		b.session(t, s, 1)
+		x, err := b.claims.AcquireWaiting(ctx, s, "e-"+s, nil)
+		require.NoError(t, err)
+		xs = append(xs, x)
+	}
+	fenced := xs[n/2]
+	b.expire(t, fenced.Claim().SessionID)
+
+	// Rounds of concurrent writes until one combined transaction has
+	// held the fenced session (it fails, and its sessions are sent again
+	// one by one).
+	rounds := 0
+	for deadline := time.Now().Add(20 * time.Second); ; rounds++ {
+		_, separated := ledger.GroupCommitCounts(b.claims)
+		if separated > 0 {
+			break
+		}
+		require.True(t, time.Now().Before(deadline), "no combined transaction held the fenced session")
+		errs := make([]error, n)
+		var wg sync.WaitGroup
+		start := make(chan struct{})
+		for i, x := range xs {
+			wg.Go(func() {
+				<-start
+				if x == fenced && x.Fenced() {
+					return
+				}
+				errs[i] = x.WriteQueued(ctx, "", "", func(batch *pgx.Batch) {
+					outbox.QueueInsert(batch, outbox.Row{Topic: "t", Key: x.Claim().SessionID, Payload: []byte("x")})
+				})
+			})
+		}
+		close(start)
+		wg.Wait()
+		for i, err := range errs {
+			if xs[i] == fenced {
+				if err != nil {
+					require.ErrorIs(t, err, ledger.ErrFenced)
+				}
+				continue
+			}
+			require.NoError(t, err, "session %d must not fail with another's fence", i)
+		}
+		if fenced.Fenced() {
+			// Fenced for good; a fresh zombie writer keeps the case alive.
+			fenced = zombie(t, b, fenced)
+			xs[n/2] = fenced
+		}
+	}
+	combined, _ := ledger.GroupCommitCounts(b.claims)
+	require.Positive(t, combined)
+	require.Zero(t, b.count(t, `SELECT count(*) FROM outbox WHERE key = $1`, fenced.Claim().SessionID),
+		"nothing of the fenced session was written")
+	require.Equal(t, (n-1)*(rounds), b.count(t, `SELECT count(*) FROM outbox`),
+		"every other session's write of every round, exactly once")
+}
+
+// zombie returns a new execution of x's session whose claim has expired:
+// its writes are fenced.
+func zombie(t *testing.T, b *testBundle, x *ledger.Execution) *ledger.Execution {
+	t.Helper()
+	s := x.Claim().SessionID
+	b.exec(t, `DELETE FROM claims WHERE session_id = $1`, s)
+	z, err := b.claims.AcquireWaiting(context.Background(), s, x.Claim().ExecutionID+"-z", nil)
+	require.NoError(t, err)
+	b.expire(t, s)
+	return z
 }
 
 func (b *testBundle) phase(t *testing.T, session string) string {

@@ -35,8 +35,11 @@ type sessionView struct {
 type waitingInput struct{ id, text, delivery string }
 
 // queue adds the view's reads to b, filling v when b's results are read.
+// The callbacks may run twice (a combined transaction that failed is sent
+// again alone), so each sets its part of v afresh.
 func (v *sessionView) queue(b *pgx.Batch, sessionID string) {
 	b.Queue(waitingSQL, sessionID).Query(func(rows pgx.Rows) error {
+		v.waiting = v.waiting[:0]
 		var w waitingInput
 		_, err := pgx.ForEachRow(rows, []any{&w.id, &w.text, &w.delivery}, func() error {
 			v.waiting = append(v.waiting, w)
