@@ -158,10 +158,9 @@ func (x *Execution) SettleCall(ctx context.Context, tx pgx.Tx, callID, attemptID
 	return true, x.SetPhase(ctx, tx, PhaseContinue, "")
 }
 
-const beginAttemptSQL = `
-INSERT INTO attempts (attempt_id, session_id, execution_id, assistant_message_id, step, provider,
-                      idempotency_key, fencing_token, request_hash, state)
-VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, 'started')
+// beginAttemptSQL is insertAttemptSQL that may also begin a deferred
+// attempt again.
+const beginAttemptSQL = insertAttemptSQL + `
 ON CONFLICT (attempt_id) DO UPDATE SET state = 'started', tries = attempts.tries + 1,
     next_retry_at = NULL, fencing_token = excluded.fencing_token, started_at = now()
 WHERE attempts.state = 'retry_wait'`

@@ -38,17 +38,9 @@ type waitingInput struct{ id, text, delivery string }
 // The callbacks may run twice (a combined transaction that failed is sent
 // again alone), so each sets its part of v afresh.
 func (v *sessionView) queue(b *pgx.Batch, sessionID string) {
-	b.Queue(waitingSQL, sessionID).Query(func(rows pgx.Rows) error {
-		v.waiting = v.waiting[:0]
-		var w waitingInput
-		_, err := pgx.ForEachRow(rows, []any{&w.id, &w.text, &w.delivery}, func() error {
-			v.waiting = append(v.waiting, w)
-			return nil
-		})
-		if err != nil {
-			return fmt.Errorf("reading waiting inputs: %w", err)
-		}
-		return nil
+	b.Queue(waitingSQL, sessionID).Query(func(rows pgx.Rows) (err error) {
+		v.waiting, err = scanWaiting(rows)
+		return err
 	})
 	b.Queue(historySQL, sessionID).Query(func(rows pgx.Rows) (err error) {
 		v.history, err = scanHistory(rows)
@@ -84,29 +76,14 @@ func (ex *execution) readView(ctx context.Context) (*sessionView, error) {
 // message and the first step's attempt intent with the phase unknown: the
 // same transaction promote commits.
 func (ex *execution) promoteQueued(ctx context.Context, v *sessionView) (*turn, error) {
-	var pick []waitingInput
-	for _, w := range v.waiting {
-		if w.delivery == string(envelope.DeliverySteer) {
-			pick = append(pick, w)
-		}
-	}
-	if len(pick) == 0 {
-		pick = v.waiting[:1]
-	}
-	t := &turn{id: newID(), promotedAt: time.Now()}
-	t.assistantID = t.id
-	for _, w := range pick {
-		t.inputs = append(t.inputs, TranscriptMessage{ID: w.id, Role: "user", Text: w.text})
-	}
+	pick := pickTurn(v.waiting)
+	t := newTurn(pick)
 	cl := ex.x.Claim()
 	attemptID := ex.nextAttemptID()
 	// The transcript after promotion: the stored one, then the turn's user
 	// messages, which promotion appends.
 	hist := settleOrphans(append(v.history[:len(v.history):len(v.history)], t.inputs...))
-	req := ProviderRequest{
-		SessionID: ex.sessionID, AssistantMessageID: t.assistantID, AttemptID: attemptID,
-		IdempotencyKey: attemptID, FencingToken: cl.Token, Messages: hist, Turn: t.inputs, Tools: ex.toolSpecs(),
-	}
+	req := ex.request(t, attemptID, attemptID, hist)
 	err := ex.x.WriteQueued(ctx, ledger.PhaseUnknown, t.assistantID, func(b *pgx.Batch) {
 		for _, w := range pick {
 			b.Queue(promoteSQL, w.id, cl.ExecutionID, cl.Token)
@@ -122,4 +99,52 @@ func (ex *execution) promoteQueued(ctx context.Context, v *sessionView) (*turn, 
 	}
 	t.begun = &req
 	return t, nil
+}
+
+// scanWaiting reads waitingSQL's rows.
+func scanWaiting(rows pgx.Rows) ([]waitingInput, error) {
+	var all []waitingInput
+	var w waitingInput
+	if _, err := pgx.ForEachRow(rows, []any{&w.id, &w.text, &w.delivery}, func() error {
+		all = append(all, w)
+		return nil
+	}); err != nil {
+		return nil, fmt.Errorf("reading waiting inputs: %w", err)
+	}
+	return all, nil
+}
+
+// pickTurn chooses the next turn's inputs from the waiting ones (oldest
+// first, at least one): every steer if any (they jump the queue), else the
+// oldest queued input.
+func pickTurn(waiting []waitingInput) []waitingInput {
+	var pick []waitingInput
+	for _, w := range waiting {
+		if w.delivery == string(envelope.DeliverySteer) {
+			pick = append(pick, w)
+		}
+	}
+	if len(pick) == 0 {
+		pick = waiting[:1]
+	}
+	return pick
+}
+
+// newTurn is a turn answering pick, its first assistant message named
+// after it.
+func newTurn(pick []waitingInput) *turn {
+	t := &turn{id: newID(), promotedAt: time.Now()}
+	t.assistantID = t.id
+	for _, w := range pick {
+		t.inputs = append(t.inputs, TranscriptMessage{ID: w.id, Role: "user", Text: w.text})
+	}
+	return t
+}
+
+// request is the provider request of t's current step.
+func (ex *execution) request(t *turn, attemptID, key string, hist []TranscriptMessage) ProviderRequest {
+	return ProviderRequest{
+		SessionID: ex.sessionID, AssistantMessageID: t.assistantID, AttemptID: attemptID,
+		IdempotencyKey: key, FencingToken: ex.x.Claim().Token, Messages: hist, Turn: t.inputs, Tools: ex.toolSpecs(),
+	}
 }

@@ -96,14 +96,9 @@ func (ex *execution) selectTurn(ctx context.Context, tx pgx.Tx) (*turn, error) {
 	if err != nil {
 		return nil, fmt.Errorf("reading waiting inputs: %w", err)
 	}
-	type waiting struct{ id, text, delivery string }
-	var all []waiting
-	var w waiting
-	if _, err := pgx.ForEachRow(rows, []any{&w.id, &w.text, &w.delivery}, func() error {
-		all = append(all, w)
-		return nil
-	}); err != nil {
-		return nil, fmt.Errorf("reading waiting inputs: %w", err)
+	all, err := scanWaiting(rows)
+	if err != nil {
+		return nil, err
 	}
 	if len(all) == 0 {
 		return nil, nil
@@ -116,26 +111,14 @@ func (ex *execution) selectTurn(ctx context.Context, tx pgx.Tx) (*turn, error) {
 			return ex.resume(ctx, tx, w.id)
 		}
 	}
-	var pick []waiting
-	for _, w := range all {
-		if w.delivery == string(envelope.DeliverySteer) {
-			pick = append(pick, w)
-		}
-	}
-	if len(pick) == 0 {
-		pick = all[:1]
-	}
-	t := &turn{id: newID(), promotedAt: time.Now()}
-	t.assistantID = t.id
-	ids := make([]string, len(pick))
-	for i, w := range pick {
-		ids[i] = w.id
-		t.inputs = append(t.inputs, TranscriptMessage{ID: w.id, Role: "user", Text: w.text})
+	pick := pickTurn(all)
+	t := newTurn(pick)
+	for _, w := range pick {
 		if _, err := tx.Exec(ctx, promoteSQL, w.id, cl.ExecutionID, cl.Token); err != nil {
 			return nil, fmt.Errorf("promoting %s: %w", w.id, err)
 		}
 	}
-	if _, err := tx.Exec(ctx, insertAssistantSQL, t.assistantID, ex.sessionID, ids, cl.ExecutionID, cl.Token, t.id); err != nil {
+	if _, err := tx.Exec(ctx, insertAssistantSQL, t.assistantID, ex.sessionID, ids(t.inputs), cl.ExecutionID, cl.Token, t.id); err != nil {
 		return nil, fmt.Errorf("creating assistant message: %w", err)
 	}
 	return t, ex.x.SetPhase(ctx, tx, ledger.PhaseReady, t.assistantID)
@@ -278,10 +261,7 @@ func (ex *execution) beginStep(ctx context.Context, tx pgx.Tx, t *turn, step int
 	if step == 1 && t.retryKey != "" {
 		key = t.retryKey
 	}
-	req := ProviderRequest{
-		SessionID: ex.sessionID, AssistantMessageID: t.assistantID, AttemptID: attemptID,
-		IdempotencyKey: key, FencingToken: cl.Token, Messages: hist, Turn: t.inputs, Tools: ex.toolSpecs(),
-	}
+	req := ex.request(t, attemptID, key, hist)
 	return req, ex.x.BeginAttempt(ctx, tx, ledger.AttemptParams{
 		ID: attemptID, AssistantMessageID: t.assistantID, Step: step, Provider: ex.e.providerName,
 		IdempotencyKey: key, RequestHash: requestHash(req),
