@@ -99,6 +99,12 @@ type existing struct {
 // outcome, in order. A prompt seen twice in the batch is classified against
 // its first occurrence, as if they had arrived in two batches.
 func (a *Admitter) Admit(ctx context.Context, batch []Incoming) ([]Outcome, error) {
+	return a.admit(ctx, batch, nil)
+}
+
+// admit is Admit; afterCommit, when not nil, gets the wake rows the batch
+// committed, before the relay is nudged to publish them.
+func (a *Admitter) admit(ctx context.Context, batch []Incoming, afterCommit func(wakes []outbox.Row)) ([]Outcome, error) {
 	if len(batch) == 0 {
 		return nil, nil
 	}
@@ -162,9 +168,9 @@ func (a *Admitter) Admit(ctx context.Context, batch []Incoming) ([]Outcome, erro
 			return err
 		})
 
-	var rows []outbox.Row
+	var rows, wakes []outbox.Row
 	err := pgdb.InTxFrom(ctx, a.pool, begin, func(tx pgx.Tx) error {
-		rows = rows[:0]
+		rows, wakes = rows[:0], wakes[:0]
 		isNew := make(map[string]bool, len(inserted))
 		for _, id := range inserted {
 			isNew[id] = true
@@ -232,14 +238,17 @@ func (a *Admitter) Admit(ctx context.Context, batch []Incoming) ([]Outcome, erro
 		}
 		slices.Sort(ws)
 		for _, s := range ws {
-			rows = append(rows, wakeRow(a.cfg.Topics.Wakes, s, "admitted", now))
+			wakes = append(wakes, wakeRow(a.cfg.Topics.Wakes, s, "admitted", now))
 		}
-		return outbox.Insert(ctx, tx, rows...)
+		return outbox.Insert(ctx, tx, append(rows, wakes...)...)
 	})
 	if err != nil {
 		return nil, fmt.Errorf("admitting %d prompts: %w", len(batch), err)
 	}
-	if len(rows) > 0 && a.cfg.OnCommitFunc != nil {
+	if afterCommit != nil && len(wakes) > 0 {
+		afterCommit(wakes)
+	}
+	if len(rows)+len(wakes) > 0 && a.cfg.OnCommitFunc != nil {
 		a.cfg.OnCommitFunc()
 	}
 	if m := a.cfg.Metrics; m != nil {

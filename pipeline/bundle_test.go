@@ -19,6 +19,7 @@ import (
 	"github.com/promptline/promptline/internal/kafkautil"
 	"github.com/promptline/promptline/internal/testkit"
 	"github.com/promptline/promptline/ledger"
+	"github.com/promptline/promptline/metrics"
 	"github.com/promptline/promptline/outbox"
 	"github.com/promptline/promptline/pipeline"
 )
@@ -40,6 +41,12 @@ type setupOpts struct {
 	provider pipeline.Provider
 	limits   envelope.Limits
 	lease    time.Duration
+	metrics  *metrics.Metrics
+	// maxSessions bounds the executor's sessions (default: the executor's).
+	maxSessions int
+	// noLocalWakes leaves out the consumer's WakesPartitions: every
+	// prompt waits for its wake from Kafka.
+	noLocalWakes bool
 }
 
 func setup(t *testing.T, opts setupOpts) *testBundle {
@@ -50,7 +57,9 @@ func setup(t *testing.T, opts setupOpts) *testBundle {
 	ctx, cancel := context.WithCancel(context.Background())
 
 	cfg := kafkautil.NewConfig(t.Name())
-	producer, err := sarama.NewSyncProducer(brokers, cfg)
+	client, err := sarama.NewClient(brokers, cfg)
+	require.NoError(t, err)
+	producer, err := sarama.NewSyncProducerFromClient(client)
 	require.NoError(t, err)
 
 	log := slog.New(slog.NewTextHandler(testWriter{t}, &slog.HandlerOptions{Level: slog.LevelDebug}))
@@ -58,8 +67,14 @@ func setup(t *testing.T, opts setupOpts) *testBundle {
 	require.NoError(t, relay.Start(ctx))
 	admitter := pipeline.NewAdmitter(pool, &pipeline.AdmitterConfig{OnCommitFunc: relay.Nudge, Logger: log})
 	claims := ledger.NewClaims(pool, &ledger.ClaimsConfig{Lease: cmp.Or(opts.lease, 5*time.Second), OwnerID: t.Name(), Logger: log})
-	exec := pipeline.NewExecutor(pool, &pipeline.ExecutorConfig{Claims: claims, Provider: opts.provider, OnCommitFunc: relay.Nudge, Logger: log})
-	handler := pipeline.NewConsumer(admitter, exec, producer, &pipeline.ConsumerConfig{Limits: opts.limits, Logger: log})
+	exec := pipeline.NewExecutor(pool, &pipeline.ExecutorConfig{
+		Claims: claims, Provider: opts.provider, OnCommitFunc: relay.Nudge, Logger: log, Metrics: opts.metrics, MaxSessions: opts.maxSessions,
+	})
+	ccfg := &pipeline.ConsumerConfig{Limits: opts.limits, Logger: log, Metrics: opts.metrics}
+	if !opts.noLocalWakes {
+		ccfg.WakesPartitions = kafkautil.PartitionCount(client, "wakes")
+	}
+	handler := pipeline.NewConsumer(admitter, exec, producer, ccfg)
 
 	group, err := sarama.NewConsumerGroup(brokers, "test", cfg)
 	require.NoError(t, err)
@@ -82,6 +97,7 @@ func setup(t *testing.T, opts setupOpts) *testBundle {
 		exec.Stop()
 		relay.Stop()
 		require.NoError(t, producer.Close())
+		require.NoError(t, client.Close())
 	})
 	return b
 }

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"log/slog"
 	"strconv"
+	"sync/atomic"
 	"time"
 
 	"github.com/IBM/sarama"
@@ -16,6 +17,7 @@ import (
 	"github.com/promptline/promptline/internal/faults"
 	"github.com/promptline/promptline/internal/kafkautil"
 	"github.com/promptline/promptline/metrics"
+	"github.com/promptline/promptline/outbox"
 )
 
 // ConsumerConfig configures a Consumer.
@@ -30,9 +32,23 @@ type ConsumerConfig struct {
 	Logger *slog.Logger
 	// Metrics defaults to none.
 	Metrics *metrics.Metrics
+	// WakesPartitions returns the partition count of the wakes topic; it
+	// is asked at every assignment. With it, a prompt admitted here for a
+	// session whose wakes partition is assigned here too runs at once,
+	// without waiting for its wake to come back from Kafka (hint.go). When
+	// nil, or when it fails, every prompt waits for its wake.
+	WakesPartitions func() (int32, error)
 }
 
 const maxBatchDefault = 500
+
+// localRoute is what the consumer knows of the current assignment to wake
+// sessions locally: the wakes topic's partition count and the wakes
+// partitions assigned here.
+type localRoute struct {
+	partitions int32
+	owned      map[int32]bool
+}
 
 // Consumer is the consumer-group handler for the prompts and wakes topics:
 // it admits prompts in batches and hands wakes to the executor. An offset
@@ -45,6 +61,9 @@ type Consumer struct {
 	rejects  sarama.SyncProducer
 	cfg      ConsumerConfig
 	log      *slog.Logger
+	route    atomic.Pointer[localRoute] // nil: no local wakes
+
+	admissions *admitGroup
 }
 
 var _ sarama.ConsumerGroupHandler = (*Consumer)(nil)
@@ -57,13 +76,53 @@ func NewConsumer(admitter *Admitter, exec *Executor, rejects sarama.SyncProducer
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
-	return &Consumer{admitter: admitter, exec: exec, rejects: rejects, cfg: cfg, log: cfg.Logger}
+	c := &Consumer{admitter: admitter, exec: exec, rejects: rejects, cfg: cfg, log: cfg.Logger}
+	c.admissions = &admitGroup{admitter: admitter, maxBatch: cfg.MaxBatch, afterCommit: c.wakeLocally}
+	return c
 }
 
 // Setup is called when this process is assigned partitions.
 func (c *Consumer) Setup(s sarama.ConsumerGroupSession) error {
 	c.log.Info("partitions assigned", slog.Any("claims", s.Claims()), slog.Int("generation", int(s.GenerationID())))
+	c.route.Store(nil)
+	if c.exec == nil || c.cfg.WakesPartitions == nil {
+		return nil
+	}
+	n, err := c.cfg.WakesPartitions()
+	if err != nil || n <= 0 {
+		c.log.Warn("wakes topic's partition count unknown; prompts wait for their wakes from Kafka", slog.Any("error", err))
+		return nil
+	}
+	r := &localRoute{partitions: n, owned: map[int32]bool{}}
+	for _, p := range s.Claims()[c.cfg.Topics.Wakes] {
+		r.owned[p] = true
+	}
+	c.route.Store(r)
 	return nil
+}
+
+// wakeLocally hands the sessions of wakes just committed to the executor
+// when their wakes partition is assigned here. The relay publishes wakes
+// with the murmur2 partitioner of every promptline client
+// (kafkautil.NewConfig), so the partition computed here is the one the wake
+// will arrive on.
+func (c *Consumer) wakeLocally(wakes []outbox.Row) {
+	r := c.route.Load()
+	if r == nil {
+		return
+	}
+	for _, w := range wakes {
+		p := kafkautil.Murmur2Partition([]byte(w.Key), r.partitions)
+		if !r.owned[p] || !c.exec.WakeLocal(w.Key, p, w.Payload) {
+			continue
+		}
+		if mt := c.cfg.Metrics; mt != nil {
+			var wk envelope.Wake
+			if json.Unmarshal(w.Payload, &wk) == nil && !wk.At.IsZero() {
+				mt.WakeToStart.Observe(max(time.Since(wk.At), 0).Seconds())
+			}
+		}
+	}
 }
 
 // Cleanup is called when the assignment ends (rebalance or shutdown). It
@@ -72,6 +131,7 @@ func (c *Consumer) Setup(s sarama.ConsumerGroupSession) error {
 // wake, which reaches the partitions' next owner. The claim, not the
 // partition, keeps them safe meanwhile.
 func (c *Consumer) Cleanup(s sarama.ConsumerGroupSession) error {
+	c.route.Store(nil)
 	if parts := s.Claims()[c.cfg.Topics.Wakes]; len(parts) > 0 {
 		c.exec.Revoke(parts)
 	}
@@ -159,7 +219,7 @@ func (c *Consumer) handlePrompts(ctx context.Context, batch []*sarama.ConsumerMe
 	}
 	backoff := 100 * time.Millisecond
 	for {
-		outcomes, err := c.admitter.Admit(ctx, good)
+		outcomes, err := c.admissions.admit(ctx, good)
 		if err == nil {
 			faults.Hit(faults.AdmissionAfterCommit)
 			for i, o := range outcomes {
@@ -282,6 +342,18 @@ func (c *Consumer) consumeWakes(s sarama.ConsumerGroupSession, claim sarama.Cons
 			closed := make(chan struct{})
 			close(closed)
 			pending <- pendingWake{msg: m, done: closed}
+			continue
+		}
+		done, local := c.exec.TakeLocal(m.Value, m.Partition)
+		if local {
+			if c.cfg.Metrics != nil {
+				c.cfg.Metrics.Wakes.WithLabelValues("local").Inc()
+			}
+			select {
+			case pending <- pendingWake{msg: m, done: done}:
+			case <-ctx.Done():
+				return nil
+			}
 			continue
 		}
 		done, err := c.exec.Wake(ctx, w.SessionID, m.Partition)

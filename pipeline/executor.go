@@ -71,6 +71,8 @@ type Executor struct {
 	cancel   context.CancelFunc
 	wg       sync.WaitGroup
 	stopping bool
+
+	local localWakes
 }
 
 type sessionRun struct {
@@ -121,6 +123,42 @@ func (e *Executor) Wake(ctx context.Context, sessionID string, partition int32) 
 	case <-e.ctx.Done():
 		return nil, ErrStopped
 	}
+	return e.start(sessionID, partition)
+}
+
+// WakeLocal is Wake for a wake delivered in-process right after its
+// admission committed (hint.go), value being the wake's bytes as the relay
+// publishes them. It never blocks: when every slot is busy it declines, and
+// the wake from Kafka does the work. When it accepts, that wake, arriving
+// later on partition, takes this run's completion (TakeLocal).
+func (e *Executor) WakeLocal(sessionID string, partition int32, value []byte) bool {
+	done, ok, err := e.coalesce(sessionID, partition)
+	if err != nil {
+		return false
+	}
+	if !ok {
+		select {
+		case e.slots <- struct{}{}:
+		default:
+			return false
+		}
+		if done, err = e.start(sessionID, partition); err != nil {
+			return false
+		}
+	}
+	e.local.add(value, partition, done)
+	return true
+}
+
+// TakeLocal returns the completion of the local run that a wake from Kafka
+// (its bytes, its partition) duplicates, if WakeLocal took it.
+func (e *Executor) TakeLocal(value []byte, partition int32) (<-chan struct{}, bool) {
+	return e.local.take(value, partition)
+}
+
+// start runs the session, holding a slot that it gives back if the session
+// started meanwhile (the run takes the wake) or the executor is stopping.
+func (e *Executor) start(sessionID string, partition int32) (<-chan struct{}, error) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	if e.stopping {
@@ -172,6 +210,7 @@ func (e *Executor) wakeMetric(result string) {
 // current turn under their claim, start no new one, and release — with a
 // wake when input waits, which reaches the partition's new owner.
 func (e *Executor) Revoke(partitions []int32) {
+	e.local.forget(partitions)
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	for _, r := range e.runs {

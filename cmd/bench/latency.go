@@ -113,7 +113,12 @@ func measureLatency(ctx context.Context, sc *scratchServer, opts latencyOpts) (r
 	defer func() { err = errors.Join(err, db.drop(ctx)) }()
 
 	cfg := kafkautil.NewConfig("bench-pipeline")
-	producer, err := sarama.NewSyncProducer(brokers, cfg)
+	client, err := sarama.NewClient(brokers, cfg)
+	if err != nil {
+		return res, fmt.Errorf("connecting to the broker: %w", err)
+	}
+	defer client.Close()
+	producer, err := sarama.NewSyncProducerFromClient(client)
 	if err != nil {
 		return res, fmt.Errorf("connecting relay producer: %w", err)
 	}
@@ -130,8 +135,10 @@ func measureLatency(ctx context.Context, sc *scratchServer, opts latencyOpts) (r
 	exec := pipeline.NewExecutor(db.Pool, &pipeline.ExecutorConfig{Claims: claims, OnCommitFunc: relay.Nudge})
 	defer exec.Stop()
 	handler := &joinSignal{
-		ConsumerGroupHandler: pipeline.NewConsumer(admitter, exec, producer, &pipeline.ConsumerConfig{}),
-		joined:               make(chan struct{}),
+		ConsumerGroupHandler: pipeline.NewConsumer(admitter, exec, producer, &pipeline.ConsumerConfig{
+			WakesPartitions: kafkautil.PartitionCount(client, kafkautil.Topics{}.WithDefaults().Wakes),
+		}),
+		joined: make(chan struct{}),
 	}
 	group, err := sarama.NewConsumerGroup(brokers, "bench-pipeline", cfg)
 	if err != nil {

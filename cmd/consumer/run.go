@@ -88,7 +88,12 @@ func run(ctx context.Context, o *options, stderr io.Writer) error {
 		}
 	}
 
-	producer, err := sarama.NewSyncProducer(brokers, cfg)
+	client, err := sarama.NewClient(brokers, cfg)
+	if err != nil {
+		return fmt.Errorf("connecting to Kafka %v: %w", brokers, o.security.Explain(err))
+	}
+	defer client.Close()
+	producer, err := sarama.NewSyncProducerFromClient(client)
 	if err != nil {
 		return fmt.Errorf("connecting producer to Kafka %v: %w", brokers, o.security.Explain(err))
 	}
@@ -146,7 +151,8 @@ func run(ctx context.Context, o *options, stderr io.Writer) error {
 	defer rec.Stop()
 	handler := pipeline.NewConsumer(admitter, exec, producer, &pipeline.ConsumerConfig{
 		Topics: topics, MaxBatch: o.maxBatch, Logger: log, Metrics: m,
-		Limits: envelope.Limits{MaxValueBytes: o.maxValueBytes},
+		Limits:          envelope.Limits{MaxValueBytes: o.maxValueBytes},
+		WakesPartitions: kafkautil.PartitionCount(client, topics.Wakes),
 	})
 
 	// Readiness and per-partition lag, around the handler.

@@ -70,3 +70,19 @@ func EnsureTopics(admin sarama.ClusterAdmin, t Topics, partitions int32, replica
 	}
 	return created, nil
 }
+
+// PartitionCount returns a function that asks the cluster, through client,
+// how many partitions topic has, refreshing the metadata first (partitions
+// may have been added since the last call).
+func PartitionCount(client sarama.Client, topic string) func() (int32, error) {
+	return func() (int32, error) {
+		if err := client.RefreshMetadata(topic); err != nil {
+			return 0, fmt.Errorf("reading the partitions of %s: %w", topic, err)
+		}
+		ps, err := client.Partitions(topic)
+		if err != nil {
+			return 0, fmt.Errorf("reading the partitions of %s: %w", topic, err)
+		}
+		return int32(len(ps)), nil
+	}
+}

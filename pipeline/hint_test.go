@@ -1,0 +1,107 @@
+package pipeline_test
+
+import (
+	"testing"
+	"time"
+
+	"github.com/IBM/sarama"
+	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
+	"github.com/stretchr/testify/require"
+
+	"github.com/promptline/promptline/envelope"
+	"github.com/promptline/promptline/internal/kafkautil"
+	"github.com/promptline/promptline/metrics"
+)
+
+// A prompt admitted for a session whose wakes partition this process owns
+// runs at once from a local wake; its wake, arriving from Kafka later, is
+// recognised as the same one: it starts no second run, and its offset is
+// committed once the local run has gone idle.
+func TestLocalWake(t *testing.T) {
+	t.Parallel()
+
+	t.Run("RunsOnceAndTakesItsWakeFromKafka", func(t *testing.T) {
+		t.Parallel()
+		m := metrics.New(prometheus.NewRegistry())
+		b := setup(t, setupOpts{metrics: m})
+		const n = 3
+		var msgs []string
+		for i := range n {
+			sess, msg := id(t, "s"+string(rune('a'+i))), id(t, "m"+string(rune('a'+i)))
+			b.send(t, envelope.Prompt{MessageID: msg, SessionID: sess, Text: "hello"})
+			msgs = append(msgs, msg)
+		}
+		for _, msg := range msgs {
+			require.Equal(t, "echo: hello", b.waitTurn(t, msg).Text)
+		}
+		// Every wake came back from Kafka and was matched to its local run
+		// (a wrong partition or a changed payload would start a second run).
+		require.Eventually(t, func() bool {
+			return wakes(m, "local") == n
+		}, 10*time.Second, 10*time.Millisecond, "the wakes from Kafka were not taken by the local runs")
+		require.Equal(t, float64(n), wakes(m, "started"))
+		require.Zero(t, wakes(m, "coalesced"))
+		require.Equal(t, n, b.count(t, `SELECT count(*) FROM messages WHERE role = 'assistant' AND status = 'completed'`))
+		// And their offsets are committed: a restart would not run them again.
+		require.Eventually(t, func() bool { return b.committedWakes(t) == n }, 10*time.Second, 50*time.Millisecond)
+	})
+
+	t.Run("DeclinedWhileEverySlotIsBusy", func(t *testing.T) {
+		t.Parallel()
+		m := metrics.New(prometheus.NewRegistry())
+		b := setup(t, setupOpts{metrics: m, maxSessions: 1})
+		slow, quick := id(t, "slow"), id(t, "quick")
+		b.send(t, envelope.Prompt{MessageID: slow, SessionID: id(t, "s1"), Text: "/sleep 2s\n/reply slow"})
+		b.send(t, envelope.Prompt{MessageID: quick, SessionID: id(t, "s2"), Text: "/reply quick"})
+		// The second session found the only slot taken: it waited for its
+		// wake from Kafka, and still ran.
+		require.Equal(t, "slow", b.waitTurn(t, slow).Text)
+		require.Equal(t, "quick", b.waitTurn(t, quick).Text)
+		require.Eventually(t, func() bool { return b.committedWakes(t) == 2 }, 10*time.Second, 50*time.Millisecond)
+		require.Equal(t, float64(1), wakes(m, "local"))
+		require.Equal(t, float64(2), wakes(m, "started"))
+	})
+
+	t.Run("OffWithoutThePartitionCount", func(t *testing.T) {
+		t.Parallel()
+		m := metrics.New(prometheus.NewRegistry())
+		b := setup(t, setupOpts{metrics: m, noLocalWakes: true})
+		msg := id(t, "m")
+		b.send(t, envelope.Prompt{MessageID: msg, SessionID: id(t, "s"), Text: "hello"})
+		require.Equal(t, "echo: hello", b.waitTurn(t, msg).Text)
+		require.Zero(t, wakes(m, "local"))
+		require.Equal(t, float64(1), wakes(m, "started"))
+	})
+}
+
+// committedWakes is the sum of the offsets the test group committed on the
+// wakes topic: the number of wakes it has marked.
+func (b *testBundle) committedWakes(t *testing.T) int64 {
+	t.Helper()
+	admin, err := sarama.NewClusterAdmin(b.brokers, kafkautil.NewConfig(t.Name()+"-admin"))
+	require.NoError(t, err)
+	defer admin.Close()
+	parts := make([]int32, testPartitions)
+	for i := range parts {
+		parts[i] = int32(i)
+	}
+	res, err := admin.ListConsumerGroupOffsets("test", map[string][]int32{"wakes": parts})
+	require.NoError(t, err)
+	var sum int64
+	for _, blk := range res.Blocks["wakes"] {
+		if blk.Offset > 0 {
+			sum += blk.Offset
+		}
+	}
+	return sum
+}
+
+// wakes reads promptline_wakes_total{result}.
+func wakes(m *metrics.Metrics, result string) float64 {
+	var d dto.Metric
+	if err := m.Wakes.WithLabelValues(result).Write(&d); err != nil {
+		panic(err)
+	}
+	return d.GetCounter().GetValue()
+}
