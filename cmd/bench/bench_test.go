@@ -68,7 +68,7 @@ func TestMeasurements(t *testing.T) {
 		require.GreaterOrEqual(t, r.Turn.Max, r.Turn.P99)
 		require.GreaterOrEqual(t, r.Turn.P99, r.Turn.P50)
 		require.Positive(t, r.Admitted.P50)
-		require.Len(t, r.Stages, 5)
+		require.Len(t, r.Stages, 4)
 		require.Positive(t, r.Commits)
 	})
 

@@ -20,9 +20,11 @@ type stage struct {
 // Postgres is the start of the writing transaction, so each leg ends at
 // the start of the transaction that closes it (the relay's published_at
 // is the start of its pass, before it sends); the legs are approximations
-// that add up to the path.
+// that add up to the path. A prompt admitted by the process that owns its
+// session's wakes partition (every prompt here: one process) is woken
+// locally, so its wake's trip through the relay and Kafka is off its path.
 func stages(ctx context.Context, pool *pgxpool.Pool, ids []string, sentAt []time.Time) ([]stage, error) {
-	var vals [10]*float64
+	var vals [8]*float64
 	args := make([]any, len(vals))
 	for i := range vals {
 		args[i] = &vals[i]
@@ -32,8 +34,7 @@ func stages(ctx context.Context, pool *pgxpool.Pool, ids []string, sentAt []time
 	}
 	names := []string{
 		"send → admission tx (Kafka, consumer batching)",
-		"admission tx → wake published (commit, relay)",
-		"wake published → promoted (Kafka, wake consumer, claim)",
+		"admission tx → promoted (commit, local wake, claim)",
 		"promoted → answer stored (provider, commit)",
 		"answer stored → event published (relay)",
 	}
@@ -57,16 +58,13 @@ WITH s AS (
 ), a AS (
     SELECT unnest(answers) AS id, completed_at FROM messages WHERE role = 'assistant'
 ), o AS (
-    SELECT key,
-           min(published_at) FILTER (WHERE topic = 'wakes') AS wake_pub,
-           max(published_at) FILTER (WHERE topic = 'session-events') AS event_pub
+    SELECT key, max(published_at) FILTER (WHERE topic = 'session-events') AS event_pub
     FROM outbox GROUP BY key
 ), j AS (
     SELECT extract(epoch FROM i.admitted_at - s.sent_at) * 1000 AS l1,
-           extract(epoch FROM o.wake_pub - i.admitted_at) * 1000 AS l2,
-           extract(epoch FROM i.promoted_at - o.wake_pub) * 1000 AS l3,
-           extract(epoch FROM a.completed_at - i.promoted_at) * 1000 AS l4,
-           extract(epoch FROM o.event_pub - a.completed_at) * 1000 AS l5
+           extract(epoch FROM i.promoted_at - i.admitted_at) * 1000 AS l2,
+           extract(epoch FROM a.completed_at - i.promoted_at) * 1000 AS l3,
+           extract(epoch FROM o.event_pub - a.completed_at) * 1000 AS l4
     FROM s JOIN inputs i ON i.message_id = s.id
     JOIN a ON a.id = s.id
     JOIN o ON o.key = i.session_id
@@ -74,6 +72,5 @@ WITH s AS (
 SELECT percentile_cont(0.5) WITHIN GROUP (ORDER BY l1), percentile_cont(0.99) WITHIN GROUP (ORDER BY l1),
        percentile_cont(0.5) WITHIN GROUP (ORDER BY l2), percentile_cont(0.99) WITHIN GROUP (ORDER BY l2),
        percentile_cont(0.5) WITHIN GROUP (ORDER BY l3), percentile_cont(0.99) WITHIN GROUP (ORDER BY l3),
-       percentile_cont(0.5) WITHIN GROUP (ORDER BY l4), percentile_cont(0.99) WITHIN GROUP (ORDER BY l4),
-       percentile_cont(0.5) WITHIN GROUP (ORDER BY l5), percentile_cont(0.99) WITHIN GROUP (ORDER BY l5)
+       percentile_cont(0.5) WITHIN GROUP (ORDER BY l4), percentile_cont(0.99) WITHIN GROUP (ORDER BY l4)
 FROM j`
