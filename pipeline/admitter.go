@@ -102,8 +102,9 @@ func (a *Admitter) Admit(ctx context.Context, batch []Incoming) ([]Outcome, erro
 	return a.admit(ctx, batch, nil)
 }
 
-// admit is Admit; afterCommit, when not nil, gets the wake rows the batch
-// committed, before the relay is nudged to publish them.
+// admit is Admit; afterCommit, when not nil, runs right after the commit,
+// before the relay is nudged, with the wake rows the batch committed (none,
+// maybe).
 func (a *Admitter) admit(ctx context.Context, batch []Incoming, afterCommit func(wakes []outbox.Row)) ([]Outcome, error) {
 	if len(batch) == 0 {
 		return nil, nil
@@ -245,7 +246,7 @@ func (a *Admitter) admit(ctx context.Context, batch []Incoming, afterCommit func
 	if err != nil {
 		return nil, fmt.Errorf("admitting %d prompts: %w", len(batch), err)
 	}
-	if afterCommit != nil && len(wakes) > 0 {
+	if afterCommit != nil {
 		afterCommit(wakes)
 	}
 	if len(rows)+len(wakes) > 0 && a.cfg.OnCommitFunc != nil {

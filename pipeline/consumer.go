@@ -77,7 +77,7 @@ func NewConsumer(admitter *Admitter, exec *Executor, rejects sarama.SyncProducer
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
 	c := &Consumer{admitter: admitter, exec: exec, rejects: rejects, cfg: cfg, log: cfg.Logger}
-	c.admissions = &admitGroup{admitter: admitter, maxBatch: cfg.MaxBatch, afterCommit: c.wakeLocally}
+	c.admissions = &admitGroup{admitter: admitter, maxBatch: cfg.MaxBatch, afterCommit: c.afterAdmission}
 	return c
 }
 
@@ -101,6 +101,14 @@ func (c *Consumer) Setup(s sarama.ConsumerGroupSession) error {
 	return nil
 }
 
+// afterAdmission runs right after each admission commit, before any offset
+// is marked. The crash point comes first, so that a crash there leaves no
+// local run behind: the prompt is redelivered, an exact retry.
+func (c *Consumer) afterAdmission(wakes []outbox.Row) {
+	faults.Hit(faults.AdmissionAfterCommit)
+	c.wakeLocally(wakes)
+}
+
 // wakeLocally hands the sessions of wakes just committed to the executor
 // when their wakes partition is assigned here. The relay publishes wakes
 // with the murmur2 partitioner of every promptline client
@@ -108,7 +116,7 @@ func (c *Consumer) Setup(s sarama.ConsumerGroupSession) error {
 // will arrive on.
 func (c *Consumer) wakeLocally(wakes []outbox.Row) {
 	r := c.route.Load()
-	if r == nil {
+	if r == nil || len(wakes) == 0 {
 		return
 	}
 	for _, w := range wakes {
@@ -221,7 +229,6 @@ func (c *Consumer) handlePrompts(ctx context.Context, batch []*sarama.ConsumerMe
 	for {
 		outcomes, err := c.admissions.admit(ctx, good)
 		if err == nil {
-			faults.Hit(faults.AdmissionAfterCommit)
 			for i, o := range outcomes {
 				if o == Conflict {
 					p := good[i].Prompt

@@ -64,11 +64,14 @@ func TestCrashAfterRelayPublish(t *testing.T) {
 	const session = "s-relay"
 	p := prompt(session, "relayed")
 
-	crashing := b.start(t, "consumer-1", faults.RelayAfterPublish)
+	// Without local wakes: the prompt waits for its wake, so the first rows
+	// the relay publishes are this prompt's admission rows and the process
+	// must die before the turn ever runs; were the crash point missing, the
+	// turn would complete in this process. (With a local wake the turn
+	// could already be in flight when the relay dies: then its claim's
+	// phase decides, as in the executor's crash windows below.)
+	crashing := b.start(t, "consumer-1", faults.RelayAfterPublish, "--local-wakes=false")
 	b.send(t, p)
-	// The first rows the relay publishes are this prompt's admission rows,
-	// so the process must die before the turn ever runs; were the crash
-	// point missing, the turn would complete in this process.
 	require.Eventually(t, func() bool {
 		return !crashing.running() || len(b.events.turnEvents(t, p.MessageID)) > 0
 	}, crashTimeout, 20*time.Millisecond, "neither a crash nor a turn")

@@ -238,3 +238,40 @@ func TestHealthMetricsAndLogs(t *testing.T) {
 	require.NotEmpty(t, started["execution_id"])
 	require.NotEmpty(t, started["fencing_token"])
 }
+
+// TestLocalWakesFlag: by default a prompt admitted here runs from a local
+// wake, and its wake from Kafka is then taken by that run
+// (promptline_wakes_total{result="local"}); with --local-wakes=false the
+// wake from Kafka starts the run.
+func TestLocalWakesFlag(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		flag                 string
+		wantLocal, wantStart float64
+	}{
+		{"--local-wakes=true", 1, 1},
+		{"--local-wakes=false", 0, 1},
+	} {
+		t.Run(tc.flag, func(t *testing.T) {
+			t.Parallel()
+			b := setup(t)
+			c := b.start(t, "consumer", "", tc.flag)
+			base := "http://" + c.waitLog(t, "consumer running", 30*time.Second)["metrics_addr"].(string)
+			p := prompt("s-local", "hello")
+			b.send(t, p)
+			require.Equal(t, "turn.completed", b.events.waitTurn(t, p.MessageID).Type)
+			var exposition string
+			require.Eventually(t, func() bool {
+				_, exposition = httpGet(t, base+"/metrics")
+				local, _ := metricValue(exposition, `promptline_wakes_total{result="local"}`)
+				started, _ := metricValue(exposition, `promptline_wakes_total{result="started"}`)
+				return local == tc.wantLocal && started == tc.wantStart
+			}, 10*time.Second, 50*time.Millisecond, "wakes counted: want local %v, started %v", tc.wantLocal, tc.wantStart)
+			// No wake joined a run already going: each ran once.
+			_, exposition = httpGet(t, base+"/metrics")
+			coalesced, _ := metricValue(exposition, `promptline_wakes_total{result="coalesced"}`)
+			require.Zero(t, coalesced, exposition)
+			c.stop(t)
+		})
+	}
+}

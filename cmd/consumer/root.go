@@ -27,6 +27,7 @@ type options struct {
 	createTopics      bool
 	maxSessions       int
 	maxBatch          int
+	localWakes        bool
 	maxValueBytes     int
 	shutdownGrace     time.Duration
 	lease             time.Duration
@@ -85,6 +86,7 @@ func newRootCommandEnv(environ func() []string) *cobra.Command {
 	addSecurityFlags(f, &o.security)
 	f.IntVar(&o.maxSessions, "max-sessions", 256, "sessions executing at once in this process")
 	f.IntVar(&o.maxBatch, "max-batch", 500, "most prompts admitted in one transaction")
+	f.BoolVar(&o.localWakes, "local-wakes", true, "start a session at once when a prompt admitted here belongs to a wakes partition this process owns (its wake, arriving from Kafka, then waits for that run)")
 	f.IntVar(&o.maxValueBytes, "max-value-bytes", 1<<20, "largest accepted prompt value in bytes")
 	f.StringVar(&o.provider.kind, "provider", "scripted", "model provider: scripted (no model; demos and tests), http, openai")
 	f.StringVar(&o.provider.url, "provider-url", "", "URL the http provider POSTs turns to (docs/providers.md)")

@@ -149,11 +149,14 @@ func run(ctx context.Context, o *options, stderr io.Writer) error {
 		return err
 	}
 	defer rec.Stop()
-	handler := pipeline.NewConsumer(admitter, exec, producer, &pipeline.ConsumerConfig{
+	ccfg := &pipeline.ConsumerConfig{
 		Topics: topics, MaxBatch: o.maxBatch, Logger: log, Metrics: m,
-		Limits:          envelope.Limits{MaxValueBytes: o.maxValueBytes},
-		WakesPartitions: kafkautil.PartitionCount(client, topics.Wakes),
-	})
+		Limits: envelope.Limits{MaxValueBytes: o.maxValueBytes},
+	}
+	if o.localWakes {
+		ccfg.WakesPartitions = kafkautil.PartitionCount(client, topics.Wakes)
+	}
+	handler := pipeline.NewConsumer(admitter, exec, producer, ccfg)
 
 	// Readiness and per-partition lag, around the handler.
 	observed := &observedHandler{ConsumerGroupHandler: handler, ready: ready, lag: m.ConsumerLag}
