@@ -90,7 +90,7 @@ func NewClaims(pool *pgxpool.Pool, config *ClaimsConfig) *Claims {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
-	return &Claims{pool: pool, cfg: cfg, group: &groupCommit{pool: pool}}
+	return &Claims{pool: pool, cfg: cfg, group: newGroupCommit(pool)}
 }
 
 // Lease is the configured lease.

@@ -4,11 +4,12 @@ import (
 	"cmp"
 	"context"
 	"slices"
-	"sync"
 	"sync/atomic"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/promptline/promptline/internal/groupflush"
 )
 
 // groupCommit sends the queued transactions of several sessions as one
@@ -25,16 +26,14 @@ import (
 // session at fault fails. Result callbacks may therefore run twice, and
 // must be idempotent.
 //
-// There is no background goroutine to stop: a sender that finds fewer than
-// maxInFlight flushes running starts one, which drains the queue and ends.
+// There is no background goroutine to stop (groupflush.Queue): a sender
+// that finds fewer than maxInFlight flushes running starts one, which
+// drains the queue and ends.
 // Sessions are sorted within a transaction, as admission sorts them, so two
 // transactions that lock several session rows never deadlock each other.
 type groupCommit struct {
-	pool *pgxpool.Pool
-
-	mu       sync.Mutex
-	queue    []*queuedTx
-	inFlight int
+	pool  *pgxpool.Pool
+	queue groupflush.Queue[*queuedTx]
 
 	// For tests: transactions of several sessions, and those of them that
 	// failed and were sent again one by one.
@@ -54,40 +53,24 @@ const (
 	maxSessionsPerTx = 64
 )
 
+func newGroupCommit(pool *pgxpool.Pool) *groupCommit {
+	g := &groupCommit{pool: pool}
+	g.queue = groupflush.Queue[*queuedTx]{
+		Max:   maxInFlight,
+		Take:  func(queued []*queuedTx) int { return min(len(queued), maxSessionsPerTx) },
+		Flush: g.flush,
+	}
+	return g
+}
+
 // send runs b as one transaction, with the queued transactions of other
 // sessions when there are any, and returns its error. It waits for the
 // outcome even when ctx ends: once queued, the statements may commit, and
 // the caller must know (statement timeouts bound the wait).
 func (g *groupCommit) send(session string, b *pgx.Batch) error {
 	q := &queuedTx{session: session, batch: b, done: make(chan error, 1)}
-	g.mu.Lock()
-	g.queue = append(g.queue, q)
-	start := g.inFlight < maxInFlight
-	if start {
-		g.inFlight++
-	}
-	g.mu.Unlock()
-	if start {
-		go g.flushAll()
-	}
+	g.queue.Add(q)
 	return <-q.done
-}
-
-// flushAll flushes until the queue is empty.
-func (g *groupCommit) flushAll() {
-	for {
-		g.mu.Lock()
-		n := min(len(g.queue), maxSessionsPerTx)
-		if n == 0 {
-			g.inFlight--
-			g.mu.Unlock()
-			return
-		}
-		txs := slices.Clone(g.queue[:n])
-		g.queue = slices.Delete(g.queue, 0, n)
-		g.mu.Unlock()
-		g.flush(txs)
-	}
 }
 
 func (g *groupCommit) flush(txs []*queuedTx) {

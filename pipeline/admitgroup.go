@@ -2,9 +2,9 @@ package pipeline
 
 import (
 	"context"
-	"sync"
 	"sync/atomic"
 
+	"github.com/promptline/promptline/internal/groupflush"
 	"github.com/promptline/promptline/outbox"
 )
 
@@ -20,17 +20,13 @@ import (
 // the combined transaction locks the sessions of all its batches in sorted
 // order, as one batch does. A combined transaction that fails fails every
 // batch in it, and each partition retries its own, as before (admission is
-// idempotent). There is no background goroutine: a sender that finds fewer
-// than maxAdmitInFlight transactions running starts one, which drains the
-// queue and ends.
+// idempotent). There is no background goroutine (groupflush.Queue): a
+// sender that finds fewer than maxAdmitInFlight transactions running starts
+// one, which drains the queue and ends.
 type admitGroup struct {
 	admitter    *Admitter
-	maxBatch    int
 	afterCommit func(wakes []outbox.Row)
-
-	mu       sync.Mutex
-	queue    []*admitRequest
-	inFlight int
+	queue       groupflush.Queue[*admitRequest]
 
 	// For tests: the transactions run.
 	transactions atomic.Int64
@@ -54,6 +50,24 @@ const (
 	soloBatch        = 64
 )
 
+func newAdmitGroup(admitter *Admitter, maxBatch int, afterCommit func(wakes []outbox.Row)) *admitGroup {
+	g := &admitGroup{admitter: admitter, afterCommit: afterCommit}
+	g.queue = groupflush.Queue[*admitRequest]{
+		Max: maxAdmitInFlight,
+		// Whole batches, up to maxBatch prompts (at least one batch).
+		Take: func(queued []*admitRequest) int {
+			n, size := 0, 0
+			for n < len(queued) && (n == 0 || size+len(queued[n].batch) <= maxBatch) {
+				size += len(queued[n].batch)
+				n++
+			}
+			return n
+		},
+		Flush: g.flush,
+	}
+	return g
+}
+
 // admit admits batch, with the batches of other partitions that wait, and
 // returns its outcomes.
 func (g *admitGroup) admit(ctx context.Context, batch []Incoming) ([]Outcome, error) {
@@ -65,38 +79,9 @@ func (g *admitGroup) admit(ctx context.Context, batch []Incoming) ([]Outcome, er
 		return g.admitter.admit(ctx, batch, g.afterCommit)
 	}
 	r := &admitRequest{ctx: ctx, batch: batch, done: make(chan struct{})}
-	g.mu.Lock()
-	g.queue = append(g.queue, r)
-	start := g.inFlight < maxAdmitInFlight
-	if start {
-		g.inFlight++
-	}
-	g.mu.Unlock()
-	if start {
-		go g.flushAll()
-	}
+	g.queue.Add(r)
 	<-r.done
 	return r.outcomes, r.err
-}
-
-func (g *admitGroup) flushAll() {
-	for {
-		g.mu.Lock()
-		n, size := 0, 0
-		for n < len(g.queue) && (n == 0 || size+len(g.queue[n].batch) <= g.maxBatch) {
-			size += len(g.queue[n].batch)
-			n++
-		}
-		if n == 0 {
-			g.inFlight--
-			g.mu.Unlock()
-			return
-		}
-		reqs := g.queue[:n:n]
-		g.queue = append([]*admitRequest(nil), g.queue[n:]...)
-		g.mu.Unlock()
-		g.flush(reqs)
-	}
 }
 
 func (g *admitGroup) flush(reqs []*admitRequest) {

@@ -22,13 +22,13 @@ func TestAdmitGroupCombinesWaitingBatches(t *testing.T) {
 	ctx := context.Background()
 	var wakes []string
 	var mu sync.Mutex
-	g := &admitGroup{admitter: NewAdmitter(pool, &AdmitterConfig{}), maxBatch: 3, afterCommit: func(w []outbox.Row) {
+	g := newAdmitGroup(NewAdmitter(pool, &AdmitterConfig{}), 3, func(w []outbox.Row) {
 		mu.Lock()
 		defer mu.Unlock()
 		for _, r := range w {
 			wakes = append(wakes, r.Key)
 		}
-	}}
+	})
 	prompt := func(msg, sess, text string) Incoming {
 		return Incoming{Prompt: envelope.Prompt{MessageID: msg, SessionID: sess, Text: text}}
 	}
@@ -64,19 +64,13 @@ func TestAdmitGroupCombinesWaitingBatches(t *testing.T) {
 			out, err := g.admit(ctx, b)
 			results[i] <- result{out, err}
 		}()
-		if i < 2 {
-			require.Eventually(t, func() bool {
-				g.mu.Lock()
-				defer g.mu.Unlock()
-				return g.inFlight == i+1
-			}, 5*time.Second, time.Millisecond)
-		} else {
-			require.Eventually(t, func() bool {
-				g.mu.Lock()
-				defer g.mu.Unlock()
-				return len(g.queue) == i-1
-			}, 5*time.Second, time.Millisecond)
-		}
+		require.Eventually(t, func() bool {
+			queued, running := g.queue.State()
+			if i < 2 {
+				return running == i+1 && queued == 0
+			}
+			return queued == i-1
+		}, 5*time.Second, time.Millisecond)
 	}
 	require.NoError(t, tx.Rollback(ctx))
 

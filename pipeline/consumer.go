@@ -77,7 +77,7 @@ func NewConsumer(admitter *Admitter, exec *Executor, rejects sarama.SyncProducer
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
 	c := &Consumer{admitter: admitter, exec: exec, rejects: rejects, cfg: cfg, log: cfg.Logger}
-	c.admissions = &admitGroup{admitter: admitter, maxBatch: cfg.MaxBatch, afterCommit: c.afterAdmission}
+	c.admissions = newAdmitGroup(admitter, cfg.MaxBatch, c.afterAdmission)
 	return c
 }
 
