@@ -208,3 +208,98 @@ const insertAttemptSQL = `
 INSERT INTO attempts (attempt_id, session_id, execution_id, assistant_message_id, step, provider,
                       idempotency_key, fencing_token, request_hash, state)
 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, 'started')`
+
+// staleCode is the SQLSTATE raised by promptline_claim_as_read.
+const staleCode = "PLSTA"
+
+// ErrStale says that AcquireAsRead found the session changed since Peek
+// read it: no claim was taken and nothing was written.
+var ErrStale = errors.New("session changed since it was read")
+
+// SessionRead is what Peek read of a session, without a claim.
+type SessionRead struct {
+	Exists  bool
+	Claimed bool  // a claim exists: live, expired or quarantined
+	Token   int64 // the session's fencing token
+}
+
+// Peek reads, without a claim and in one round trip, whether the session
+// exists, whether it is claimed and its fencing token, then the statements
+// reads queues (their callbacks may run twice, as in AcquireWaiting).
+// AcquireAsRead later takes the claim only if this read is still true.
+func (c *Claims) Peek(ctx context.Context, sessionID string, reads func(b *pgx.Batch)) (SessionRead, error) {
+	var r SessionRead
+	b := &pgx.Batch{}
+	b.Queue(peekSQL, sessionID).Query(func(rows pgx.Rows) error {
+		r = SessionRead{} // set, never accumulated
+		for rows.Next() {
+			r.Exists = true
+			if err := rows.Scan(&r.Token, &r.Claimed); err != nil {
+				return err
+			}
+		}
+		return rows.Err()
+	})
+	if reads != nil {
+		reads(b)
+	}
+	if err := ctx.Err(); err != nil {
+		return SessionRead{}, err
+	}
+	if err := c.group.send(sessionID, b); err != nil {
+		return SessionRead{}, fmt.Errorf("reading session %s: %w", sessionID, err)
+	}
+	return r, nil
+}
+
+// AcquireAsRead takes the session's claim and commits the execution's
+// first write with it, in one round trip: the claim is written straight in
+// phase, with assistantMessageID, and the statements queue adds (given the
+// execution, whose token is read.Token+1) follow it in the same implicit
+// transaction. The claim is taken only if read is still true under the
+// session's lock: the same fencing token (no execution since), no claim,
+// and exactly waitingIDs waiting, in admission order
+// (promptline_claim_as_read). Otherwise nothing is written and it returns
+// ErrStale.
+//
+// It saves the executor a transaction per turn (the claim in phase ready,
+// then the first step): docs/benchmarks.md. A crash before its commit
+// leaves nothing behind, one after it is the first step's own window.
+func (c *Claims) AcquireAsRead(ctx context.Context, sessionID, executionID string, read SessionRead, waitingIDs []string,
+	phase Phase, assistantMessageID string, queue func(b *pgx.Batch, x *Execution)) (*Execution, error) {
+	if !read.Exists || read.Claimed || len(waitingIDs) == 0 {
+		return nil, ErrStale
+	}
+	cl := Claim{SessionID: sessionID, ExecutionID: executionID, OwnerID: c.cfg.OwnerID, Token: read.Token + 1,
+		Phase: phase, AssistantMessageID: assistantMessageID}
+	xctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	x := &Execution{claims: c, claim: cl, ctx: xctx, cancel: cancel}
+	var expires time.Time
+	b := &pgx.Batch{}
+	b.Queue(claimAsReadSQL, sessionID, executionID, c.cfg.OwnerID, cl.Token, c.cfg.Lease.Milliseconds(),
+		string(phase), assistantMessageID, waitingIDs).QueryRow(func(row pgx.Row) error { return row.Scan(&expires) })
+	queue(b, x)
+	if err := ctx.Err(); err != nil {
+		cancel()
+		return nil, err
+	}
+	if err := c.group.send(sessionID, b); err != nil {
+		cancel()
+		var pgErr *pgconn.PgError
+		if errors.As(err, &pgErr) && pgErr.Code == staleCode {
+			return nil, ErrStale
+		}
+		return nil, fmt.Errorf("acquiring claim of %s with its first write: %w", sessionID, err)
+	}
+	x.claim.ExpiresAt = expires
+	if f := c.cfg.OnPhaseFunc; f != nil {
+		f(x.claim, phase) // after the commit: a refused claim set no phase
+	}
+	return x, nil
+}
+
+const peekSQL = `
+SELECT fencing_token, EXISTS (SELECT 1 FROM claims c WHERE c.session_id = s.session_id)
+FROM sessions s WHERE s.session_id = $1`
+
+const claimAsReadSQL = `SELECT promptline_claim_as_read($1, $2, $3, $4, $5, $6, $7, $8)`
