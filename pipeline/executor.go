@@ -73,6 +73,10 @@ type Executor struct {
 	stopping bool
 
 	local localWakes
+
+	// afterRead, when set (tests only), runs between an execution's read of
+	// its session and the claim taken as read.
+	afterRead func()
 }
 
 type sessionRun struct {
@@ -279,37 +283,14 @@ func (e *Executor) run(sessionID string, r *sessionRun) {
 // run must stop), release.
 func (e *Executor) execute(sessionID string, r *sessionRun, log *slog.Logger) {
 	var released bool
-	executionID := newID()
-	ex := &execution{e: e, sessionID: sessionID}
-	// The claim commits alone, in phase ready, and only when input waits.
-	// It is not merged with the first promotion on purpose: a crash
-	// between the two leaves a ready claim whose inputs recovery re-wakes,
-	// so the prompt still runs once (DESIGN.md crash windows); promotion
-	// commits together with the attempt's intent (phase unknown).
-	// The same round trip reads the session for the first promotion.
-	view := &sessionView{}
-	x, err := e.claims.AcquireWaiting(e.ctx, sessionID, executionID, func(b *pgx.Batch) { view.queue(b, sessionID) })
-	switch {
-	case errors.Is(err, ledger.ErrNothingWaiting):
-		return
-	case errors.Is(err, ledger.ErrClaimHeld):
-		// The holder sees our input before it releases (admission and
-		// release serialise on the session row); an expired holder is
-		// recovery's.
-		log.Debug("claim held elsewhere; wake dropped")
-		return
-	case err != nil:
-		if e.ctx.Err() == nil {
-			log.Error("acquiring claim failed", slog.Any("error", err))
-		}
+	ex, first, err := e.acquire(sessionID, log)
+	if ex == nil || err != nil {
 		return
 	}
-	ex.x, ex.view = x, view
-	faults.Hit(faults.ClaimAfterAcquire)
+	x := ex.x
 	cl := x.Claim()
-	log = log.With(slog.String("execution_id", executionID), slog.Int64("fencing_token", cl.Token))
+	log = log.With(slog.String("execution_id", cl.ExecutionID), slog.Int64("fencing_token", cl.Token))
 	log.Debug("claim acquired")
-	e.claimMetric("acquired")
 	defer func() {
 		if x.Fenced() && !released {
 			e.claimMetric("lost")
@@ -329,8 +310,10 @@ func (e *Executor) execute(sessionID string, r *sessionRun, log *slog.Logger) {
 	defer func() { cancel(); <-keepAlive }()
 
 	for !r.stop.Load() && ctx.Err() == nil && !x.Fenced() {
-		t, err := ex.promote(ctx)
-		if err != nil {
+		t := first
+		if first != nil {
+			first = nil
+		} else if t, err = ex.promote(ctx); err != nil {
 			ex.logErr(ctx, log, "promoting inputs", err)
 			break
 		}
@@ -380,6 +363,82 @@ func (e *Executor) execute(sessionID string, r *sessionRun, log *slog.Logger) {
 		e.cfg.OnCommitFunc()
 	}
 	log.Debug("claim released on stop")
+}
+
+// acquire takes the session's claim when an input waits; ex is nil when
+// it does not (nothing waits, or the claim is held elsewhere).
+//
+// For plain prompts the claim commits together with the first turn's
+// promotion and its attempt intent (phase unknown), in one transaction
+// (first is that turn): the session is read first without a claim, and the
+// claim is taken only if that read is still true (ledger.AcquireAsRead).
+// A crash before that commit leaves nothing (the wake is redelivered: the
+// prompt runs once); one after it is the attempt's intent window. Otherwise
+// (continuations, permission replies, or the session changed since the
+// read) the claim commits alone in phase ready, reading the session in the
+// same round trip, and promotion follows: a crash between the two leaves a
+// ready claim whose inputs recovery re-wakes, so the prompt still runs once
+// (DESIGN.md crash windows).
+func (e *Executor) acquire(sessionID string, log *slog.Logger) (ex *execution, first *turn, err error) {
+	view := &sessionView{}
+	read, err := e.claims.Peek(e.ctx, sessionID, func(b *pgx.Batch) { view.queue(b, sessionID) })
+	switch {
+	case err != nil:
+		if e.ctx.Err() == nil {
+			log.Error("reading session failed", slog.Any("error", err))
+		}
+		return nil, nil, err
+	case !read.Exists:
+		log.Error("acquiring claim failed", slog.String("error", "session does not exist"))
+		return nil, nil, nil
+	case read.Claimed:
+		// The holder sees our input before it releases (admission and
+		// release serialise on the session row); an expired holder is
+		// recovery's.
+		log.Debug("claim held elsewhere; wake dropped")
+		return nil, nil, nil
+	case len(view.waiting) == 0:
+		return nil, nil, nil
+	}
+	if view.plain() {
+		if e.afterRead != nil {
+			e.afterRead()
+		}
+		faults.Hit(faults.ClaimAsRead)
+		ex = &execution{e: e, sessionID: sessionID}
+		first, err = ex.claimFirstTurn(e.ctx, read, view)
+		switch {
+		case err == nil:
+			e.claimMetric("acquired")
+			return ex, first, nil
+		case errors.Is(err, ledger.ErrStale):
+			log.Debug("session changed since it was read; claiming first")
+		default:
+			if e.ctx.Err() == nil {
+				log.Error("acquiring claim failed", slog.Any("error", err))
+			}
+			return nil, nil, err
+		}
+	}
+	ex = &execution{e: e, sessionID: sessionID}
+	view = &sessionView{}
+	x, err := e.claims.AcquireWaiting(e.ctx, sessionID, newID(), func(b *pgx.Batch) { view.queue(b, sessionID) })
+	switch {
+	case errors.Is(err, ledger.ErrNothingWaiting):
+		return nil, nil, nil
+	case errors.Is(err, ledger.ErrClaimHeld):
+		log.Debug("claim held elsewhere; wake dropped")
+		return nil, nil, nil
+	case err != nil:
+		if e.ctx.Err() == nil {
+			log.Error("acquiring claim failed", slog.Any("error", err))
+		}
+		return nil, nil, err
+	}
+	ex.x, ex.view = x, view
+	faults.Hit(faults.ClaimAfterAcquire)
+	e.claimMetric("acquired")
+	return ex, nil, nil
 }
 
 // execution is one held claim at work. Its writes go through

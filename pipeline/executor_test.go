@@ -2,6 +2,8 @@ package pipeline_test
 
 import (
 	"context"
+	"fmt"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -277,4 +279,56 @@ func TestExecutor(t *testing.T) {
 		wait(t, done)
 		require.Equal(t, 1, b.answered(t, "m1"))
 	})
+}
+
+// A plain prompt's claim commits with its first turn, straight in phase
+// unknown. When the session changes between the executor's read and that
+// claim (here a steer is admitted), the claim is refused and the executor
+// claims first (phase ready) from a fresh read: the steer, admitted before
+// the claim, still jumps the queue.
+//
+// It catches: a claim taken on a stale read (the queued prompt would run
+// first, or the steer be lost), a refused claim that drops the wake
+// (nothing runs), and the merged claim not taken at all on the plain path.
+func TestClaimTakenAsRead(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	for _, changed := range []bool{false, true} {
+		t.Run(fmt.Sprintf("ChangedSinceRead=%v", changed), func(t *testing.T) {
+			t.Parallel()
+			b := setupExec(t)
+			phases := &phaseLog{}
+			claims := ledger.NewClaims(b.pool, &ledger.ClaimsConfig{Lease: 5 * time.Second, OwnerID: "a", OnPhaseFunc: phases.add})
+			e := pipeline.NewExecutor(b.pool, &pipeline.ExecutorConfig{Claims: claims})
+			t.Cleanup(e.Stop)
+			b.admit(t, "s", "queued", "first in line")
+			var once sync.Once
+			pipeline.SetAfterRead(e, func() {
+				if changed {
+					once.Do(func() {
+						_, err := b.admitter.Admit(ctx, []pipeline.Incoming{{Prompt: envelope.Prompt{
+							MessageID: "steer", SessionID: "s", Text: "steer", Delivery: envelope.DeliverySteer}}})
+						require.NoError(t, err)
+					})
+				}
+			})
+			done, err := e.Wake(ctx, "s", 0)
+			require.NoError(t, err)
+			wait(t, done)
+
+			require.Equal(t, 1, b.answered(t, "queued"))
+			got := phases.get()
+			if !changed {
+				require.Equal(t, []ledger.Phase{ledger.PhaseUnknown, ledger.PhaseSafe}, got,
+					"the claim committed with the first turn: never ready")
+				return
+			}
+			require.Equal(t, 1, b.answered(t, "steer"))
+			require.Equal(t, ledger.PhaseReady, got[0], "refused as read, then claimed first: %v", got)
+			require.Equal(t, 1, b.count(t, `SELECT count(*) FROM inputs s, inputs q
+				WHERE s.message_id = 'steer' AND q.message_id = 'queued' AND s.promotion_seq < q.promotion_seq`),
+				"the steer admitted before the claim was promoted first")
+			require.Zero(t, b.count(t, `SELECT count(*) FROM claims`), "released when idle")
+		})
+	}
 }

@@ -76,29 +76,62 @@ func (ex *execution) readView(ctx context.Context) (*sessionView, error) {
 // message and the first step's attempt intent with the phase unknown: the
 // same transaction promote commits.
 func (ex *execution) promoteQueued(ctx context.Context, v *sessionView) (*turn, error) {
-	pick := pickTurn(v.waiting)
-	t := newTurn(pick)
-	cl := ex.x.Claim()
-	attemptID := ex.nextAttemptID()
-	// The transcript after promotion: the stored one, then the turn's user
-	// messages, which promotion appends.
-	hist := settleOrphans(append(v.history[:len(v.history):len(v.history)], t.inputs...))
-	req := ex.request(t, attemptID, attemptID, hist)
+	t := newTurn(pickTurn(v.waiting))
+	var req ProviderRequest
 	err := ex.x.WriteQueued(ctx, ledger.PhaseUnknown, t.assistantID, func(b *pgx.Batch) {
-		for _, w := range pick {
-			b.Queue(promoteSQL, w.id, cl.ExecutionID, cl.Token)
-		}
-		b.Queue(insertAssistantSQL, t.assistantID, ex.sessionID, ids(t.inputs), cl.ExecutionID, cl.Token, t.id)
-		ex.x.QueueBeginAttempt(b, ledger.AttemptParams{
-			ID: attemptID, AssistantMessageID: t.assistantID, Step: 1, Provider: ex.e.providerName,
-			IdempotencyKey: attemptID, RequestHash: requestHash(req),
-		})
+		req = ex.queueFirstStep(b, t, v)
 	})
 	if err != nil {
 		return nil, err
 	}
 	t.begun = &req
 	return t, nil
+}
+
+// claimFirstTurn is promoteQueued for a session read without a claim: the
+// claim commits in the same transaction, straight in phase unknown
+// (ledger.Claims.AcquireAsRead), and only if the read is still true; else
+// ledger.ErrStale and nothing is written. ex.x is the execution after it.
+func (ex *execution) claimFirstTurn(ctx context.Context, read ledger.SessionRead, v *sessionView) (*turn, error) {
+	t := newTurn(pickTurn(v.waiting))
+	waiting := make([]string, len(v.waiting))
+	for i, w := range v.waiting {
+		waiting[i] = w.id
+	}
+	var req ProviderRequest
+	x, err := ex.e.claims.AcquireAsRead(ctx, ex.sessionID, newID(), read, waiting, ledger.PhaseUnknown, t.assistantID,
+		func(b *pgx.Batch, x *ledger.Execution) {
+			ex.x = x
+			req = ex.queueFirstStep(b, t, v)
+		})
+	if err != nil {
+		ex.x, ex.steps = nil, 0
+		return nil, err
+	}
+	ex.x = x
+	t.begun = &req
+	return t, nil
+}
+
+// queueFirstStep queues the promotion of t's inputs (taken from v), their
+// user messages, t's pending assistant message and the first step's
+// attempt intent, and returns the step's request.
+func (ex *execution) queueFirstStep(b *pgx.Batch, t *turn, v *sessionView) ProviderRequest {
+	cl := ex.x.Claim()
+	attemptID := ex.nextAttemptID()
+	// The transcript after promotion: the stored one, then the turn's user
+	// messages, which promotion appends.
+	hist := settleOrphans(append(v.history[:len(v.history):len(v.history)], t.inputs...))
+	req := ex.request(t, attemptID, attemptID, hist)
+	for _, m := range t.inputs {
+		b.Queue(promoteSQL, m.ID, cl.ExecutionID, cl.Token)
+	}
+	b.Queue(insertAssistantSQL, t.assistantID, ex.sessionID, ids(t.inputs), cl.ExecutionID, cl.Token, t.id)
+	ex.x.QueueBeginAttempt(b, ledger.AttemptParams{
+		ID: attemptID, AssistantMessageID: t.assistantID, Step: 1, Provider: ex.e.providerName,
+		IdempotencyKey: attemptID, RequestHash: requestHash(req),
+	})
+	return req
 }
 
 // scanWaiting reads waitingSQL's rows.

@@ -72,38 +72,80 @@ func recoveryDecidedIDs(t *testing.T, r *topicReader, session string) []envelope
 	return out
 }
 
-// TestRecoveryAfterClaimAcquire: killed right after the claim committed
-// (phase ready), before anything was promoted. Recovery re-wakes the
-// session and the prompt runs once.
+// TestRecoveryAfterClaimAcquire: killed right after a claim committed
+// alone (phase ready), before anything was promoted. A plain prompt's claim
+// commits with its first turn, so the window is reached with an input
+// that takes the other path: a permission reply resuming a parked turn.
+// Recovery re-wakes the session and the reply is acted on once.
 //
 // It catches: a ready claim left to block the session forever (no wake), a
-// prompt run twice (the dead execution's promotion and a new one), and a
-// decision other than rewoken for a claim with nothing uncertain.
+// reply acted on twice (the tool run twice) or never, and a decision other
+// than rewoken for a claim with nothing uncertain.
 func TestRecoveryAfterClaimAcquire(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	const session = "s-rec-acquire"
-	p := prompt(session, "acquired")
+	ask := []string{"--tool-permission", "echo=ask"}
+	p := prompt(session, `/tool echo {"text":"acquired"}`)
 
-	crashing := b.start(t, "consumer-1", faults.ClaimAfterAcquire, "--lease", "1s")
+	parking := b.start(t, "consumer-0", "", ask...)
 	b.send(t, p)
+	requestID := b.events.waitAsked(t, session).RequestID
+	require.True(t, parking.stop(t).Success())
+	require.Zero(t, b.count(t, `SELECT count(*) FROM claims WHERE session_id = $1`, session), "parked: no claim")
+
+	crashing := b.start(t, "consumer-1", faults.ClaimAfterAcquire, append(ask, "--lease", "1s")...)
+	sendReply(t, b, session, replyJSON(t, envelope.PermissionReply{RequestID: requestID, Reply: envelope.ReplyOnce}))
 	requireKilled(t, crashing.waitExit(t, crashTimeout))
 	_, _, phase := claimOf(t, b, session)
 	require.Equal(t, "ready", phase)
-	require.Equal(t, 1, b.count(t, `SELECT count(*) FROM inputs WHERE message_id = $1 AND promotion_seq IS NULL`, p.MessageID),
-		"nothing was promoted before the crash")
+	require.Equal(t, 1, b.count(t, `SELECT count(*) FROM inputs WHERE session_id = $1 AND promotion_seq IS NULL`, session),
+		"the reply was not promoted before the crash")
 
-	b.start(t, "consumer-2", "", recoveryFlags...)
+	b.start(t, "consumer-2", "", append(ask, recoveryFlags...)...)
 	turn := b.events.waitTurn(t, p.MessageID)
 	require.Equal(t, envelope.EventTurnCompleted, turn.Type, "%+v", turn)
-	require.Equal(t, "echo: acquired", turn.Text)
+	require.Equal(t, "tool results: echo: acquired", turn.Text)
 
 	require.Equal(t, 1, outboxEvents(t, b, session, envelope.EventTurnCompleted), "one turn.completed")
 	require.Equal(t, 1, distinctIDs(b.events.turnEvents(t, p.MessageID)))
-	require.Equal(t, 1, b.count(t, assistantAnswering, p.MessageID), "one assistant message")
-	require.Equal(t, 1, b.count(t, `SELECT count(*) FROM attempts WHERE session_id = $1`, session), "one provider attempt")
+	require.Equal(t, 1, b.count(t, `SELECT count(*) FROM tool_calls WHERE session_id = $1`, session), "one call row")
+	require.Equal(t, 1, b.count(t, `SELECT count(*) FROM tool_calls WHERE session_id = $1 AND call_id = $2 AND state = 'succeeded'`,
+		session, requestID), "the approved call ran, once")
 	require.Equal(t, 1, b.count(t, `SELECT count(*) FROM recoveries WHERE session_id = $1`, session))
 	require.Equal(t, 1, b.count(t, `SELECT count(*) FROM recoveries WHERE session_id = $1 AND decision = 'rewoken' AND phase_found = 'ready'`, session))
+}
+
+// TestCrashBeforeClaimAsRead: killed after the executor read the session
+// and before the claim, taken with the first turn, committed. Nothing of
+// the execution is durable, so no recovery is needed: the wake, still in
+// the outbox or on Kafka with its offset not committed, reaches the
+// restarted consumer and the prompt runs once.
+//
+// It catches: anything written before that commit (a claim, a promotion or
+// an intent left behind would block the session until recovery, or run the
+// prompt twice), and a wake whose offset was committed before its run.
+func TestCrashBeforeClaimAsRead(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	const session = "s-as-read"
+	p := prompt(session, "as read")
+
+	crashing := b.start(t, "consumer-1", faults.ClaimAsRead)
+	b.send(t, p)
+	requireKilled(t, crashing.waitExit(t, crashTimeout))
+	require.Zero(t, b.count(t, `SELECT count(*) FROM claims WHERE session_id = $1`, session), "no claim")
+	require.Zero(t, b.count(t, `SELECT count(*) FROM attempts WHERE session_id = $1`, session), "no intent")
+	require.Equal(t, 1, b.count(t, `SELECT count(*) FROM inputs WHERE message_id = $1 AND promotion_seq IS NULL`, p.MessageID))
+
+	// No recovery pass: the redelivered wake alone must bring the prompt.
+	b.start(t, "consumer-2", "", "--recovery-interval", "1h")
+	turn := b.events.waitTurn(t, p.MessageID)
+	require.Equal(t, envelope.EventTurnCompleted, turn.Type, "%+v", turn)
+	require.Equal(t, "echo: as read", turn.Text)
+	require.Equal(t, 1, b.count(t, `SELECT count(*) FROM attempts WHERE session_id = $1`, session), "one provider attempt")
+	require.Equal(t, 1, b.count(t, assistantAnswering, p.MessageID), "one assistant message")
+	require.Zero(t, b.count(t, `SELECT count(*) FROM recoveries WHERE session_id = $1`, session))
 }
 
 // TestRecoveryRetriesIdempotentTool: killed between the intent of an

@@ -13,7 +13,13 @@ const (
 	AdmissionAfterCommit = "admission.after-commit"
 	// RelayAfterPublish: outbox rows published, not yet marked.
 	RelayAfterPublish = "relay.after-publish"
-	// ClaimAfterAcquire: the claim committed (phase ready), nothing promoted.
+	// ClaimAsRead: the session read for a plain prompt's first turn, the
+	// claim taken with that turn not yet committed: nothing of the
+	// execution is durable.
+	ClaimAsRead = "claim.as-read"
+	// ClaimAfterAcquire: a claim committed alone (phase ready: inputs
+	// other than plain prompts, or the session changed since the read),
+	// nothing promoted.
 	ClaimAfterAcquire = "claim.after-acquire"
 	// ProviderAfterIntent: inputs promoted and the provider attempt's
 	// intent committed (phase unknown), the request not yet sent.
