@@ -12,6 +12,7 @@
 //	promptline_turn_seconds                       histogram of promotion-to-answer latency
 //	promptline_active_executions                  sessions executing in this process now
 //	promptline_outbox_published_total             outbox rows published by this process's relay
+//	promptline_outbox_pruned_total                published outbox rows deleted by this process once older than --outbox-retention
 //	promptline_wakes_total{result}                wakes consumed: started | coalesced | invalid | local (a wake from Kafka whose prompt already ran from a local wake: hint.go)
 //	promptline_claims_total{event}                claim events: acquired | renewed | released | lost
 //	promptline_fenced_writes_total                execution writes refused by the fence: a sign of split ownership

@@ -24,6 +24,7 @@ type Metrics struct {
 	TurnSeconds        prometheus.Histogram
 	ActiveExecutions   prometheus.Gauge
 	OutboxPublished    prometheus.Counter
+	OutboxPruned       prometheus.Counter
 	Wakes              *prometheus.CounterVec
 	Claims             *prometheus.CounterVec
 	FencedWrites       prometheus.Counter
@@ -74,6 +75,9 @@ func New(reg prometheus.Registerer) *Metrics {
 		OutboxPublished: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "promptline_outbox_published_total", Help: "Outbox rows published by this process.",
 		}),
+		OutboxPruned: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "promptline_outbox_pruned_total", Help: "Published outbox rows deleted by this process once older than --outbox-retention.",
+		}),
 		Wakes: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "promptline_wakes_total", Help: "Wakes consumed, by result.",
 		}, []string{"result"}),
@@ -120,7 +124,7 @@ func New(reg prometheus.Registerer) *Metrics {
 	}
 	reg.MustRegister(m.OutboxPublishDelay, m.WakeToStart, m.ProviderAttempts, m.ProviderSeconds, m.ToolCalls, m.ToolCallSeconds, m.ConsumerLag)
 	reg.MustRegister(m.RecoveryDecisions, m.RedrivenWakes, m.QuarantinedRows, m.Claims, m.FencedWrites, m.Admissions, m.AdmissionBatchSize, m.AdmissionSeconds, m.Turns,
-		m.TurnSeconds, m.ActiveExecutions, m.OutboxPublished, m.Wakes)
+		m.TurnSeconds, m.ActiveExecutions, m.OutboxPublished, m.OutboxPruned, m.Wakes)
 	return m
 }
 

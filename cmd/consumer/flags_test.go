@@ -57,6 +57,7 @@ func TestFlags(t *testing.T) {
 		{"BrokersWithoutPort", []string{"--brokers", "nohostport"}, "--brokers"},
 		{"ShutdownGraceUnparsable", []string{"--shutdown-grace", "x"}, "--shutdown-grace"},
 		{"LeaseTooShort", []string{"--lease", "1ms"}, "--lease"},
+		{"OutboxRetentionTooShort", []string{"--outbox-retention", "10ms"}, "--outbox-retention"},
 		{"UnknownFlag", []string{"--no-such-flag"}, "--no-such-flag"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

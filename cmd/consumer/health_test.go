@@ -275,3 +275,49 @@ func TestLocalWakesFlag(t *testing.T) {
 		})
 	}
 }
+
+// TestOutboxRetention: a consumer deletes the outbox rows it published once
+// they are older than --outbox-retention, counts them, and leaves alone
+// what it has not published. With retention 0 it keeps everything.
+//
+// It catches: a pruner that is not started, one that ignores the flag,
+// one that deletes rows still to publish, and an uncounted deletion.
+func TestOutboxRetention(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		retention string
+		pruned    bool
+	}{{"1s", true}, {"0", false}} {
+		t.Run(tc.retention, func(t *testing.T) {
+			t.Parallel()
+			b := setup(t)
+			c := b.start(t, "consumer", "", "--outbox-retention", tc.retention)
+			base := "http://" + c.waitLog(t, "consumer running", 30*time.Second)["metrics_addr"].(string)
+			p := prompt("s-retention", "hello")
+			b.send(t, p)
+			require.Equal(t, "turn.completed", b.events.waitTurn(t, p.MessageID).Type)
+			published := b.count(t, `SELECT count(*) FROM outbox WHERE key = 's-retention'`)
+			require.GreaterOrEqual(t, published, 3, "input.admitted, the wake, turn.completed")
+			// A quarantined row is never published, so never pruned.
+			_, err := b.pool.Exec(t.Context(), `INSERT INTO outbox (topic, key, payload, quarantine_reason, quarantined_at)
+				VALUES ('session-events', 'kept', '\x00', 'test', now())`)
+			require.NoError(t, err)
+
+			if !tc.pruned {
+				time.Sleep(2500 * time.Millisecond) // two intervals of a 1s retention, had it been set
+				require.Equal(t, published, b.count(t, `SELECT count(*) FROM outbox WHERE key = 's-retention'`))
+				_, exposition := httpGet(t, base+"/metrics")
+				n, _ := metricValue(exposition, "promptline_outbox_pruned_total")
+				require.Zero(t, n)
+				return
+			}
+			require.Eventually(t, func() bool {
+				return b.count(t, `SELECT count(*) FROM outbox WHERE key = 's-retention'`) == 0
+			}, 20*time.Second, 100*time.Millisecond, "published rows deleted after the retention")
+			require.Equal(t, 1, b.count(t, `SELECT count(*) FROM outbox WHERE key = 'kept'`), "the quarantined row stays")
+			_, exposition := httpGet(t, base+"/metrics")
+			n, _ := metricValue(exposition, "promptline_outbox_pruned_total")
+			require.GreaterOrEqual(t, n, float64(published), exposition)
+		})
+	}
+}

@@ -114,6 +114,16 @@ func run(ctx context.Context, o *options, stderr io.Writer) error {
 		return err
 	}
 	defer relay.Stop()
+	if o.outboxRetention > 0 {
+		pruner := outbox.NewPruner(db.Pool, &outbox.PrunerConfig{
+			Retention: o.outboxRetention, Logger: log.With(slog.String("component", "outbox-pruner")),
+			OnPruned: func(n int) { m.OutboxPruned.Add(float64(n)) },
+		})
+		pctx, stopPruner := context.WithCancel(ctx)
+		pruned := make(chan struct{})
+		go func() { defer close(pruned); pruner.Run(pctx) }()
+		defer func() { stopPruner(); <-pruned }()
+	}
 
 	admitter := pipeline.NewAdmitter(db.Pool, &pipeline.AdmitterConfig{
 		Topics: topics, Logger: log, Metrics: m, OnCommitFunc: relay.Nudge,
