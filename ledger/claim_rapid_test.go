@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -19,8 +20,8 @@ import (
 )
 
 // claimMachine drives real claims on the real schema with random
-// interleavings of admit, acquire, renew, expire, takeover, write and
-// release over a few sessions, and checks after every step: at most one
+// interleavings of admit, promote, acquire, read and acquire as read,
+// renew, expire, takeover, write and release over a few sessions, and checks after every step: at most one
 // claim per session, tokens only grow, a write succeeds exactly when its
 // execution holds the session's claim with a live lease, and no claim is
 // released while inputs wait unless a wake was written with it.
@@ -32,7 +33,15 @@ type claimMachine struct {
 	execs    []*ledger.Execution
 	tokens   map[string]int64 // highest token seen per session
 	wakes    map[string]int   // wakes written by releases per session
+	reads    []sessionRead    // sessions as read without a claim, for AcquireAsRead
 	seq      int
+}
+
+// sessionRead is a session as Peek read it.
+type sessionRead struct {
+	session string
+	read    ledger.SessionRead
+	waiting []string
 }
 
 var machineRun atomic.Int64
@@ -103,6 +112,59 @@ func (m *claimMachine) Acquire(t *rapid.T) {
 		t.Fatalf("token %d did not grow past %d", x.Claim().Token, m.tokens[s])
 	}
 	m.tokens[s] = x.Claim().Token
+	m.execs = append(m.execs, x)
+}
+
+// state reads what a claim taken as read depends on: the session's token,
+// whether a claim exists, and the waiting inputs in admission order.
+func (m *claimMachine) state(t *rapid.T, s string) (token int64, claimed bool, waiting []string) {
+	if err := m.pool.QueryRow(context.Background(), `SELECT fencing_token, EXISTS (SELECT 1 FROM claims WHERE session_id = $1),
+		(SELECT array_agg(message_id ORDER BY admission_seq) FROM waiting_inputs WHERE session_id = $1)
+		FROM sessions WHERE session_id = $1`, s).Scan(&token, &claimed, &waiting); err != nil {
+		t.Fatal(err)
+	}
+	return token, claimed, waiting
+}
+
+func (m *claimMachine) Peek(t *rapid.T) {
+	s := rapid.SampledFrom(m.sessions).Draw(t, "session")
+	var waiting []string
+	r, err := m.claims.Peek(context.Background(), s, func(b *pgx.Batch) {
+		b.Queue(`SELECT array_agg(message_id ORDER BY admission_seq) FROM waiting_inputs WHERE session_id = $1`, s).
+			QueryRow(func(row pgx.Row) error { return row.Scan(&waiting) })
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	m.reads = append(m.reads, sessionRead{session: s, read: r, waiting: waiting})
+}
+
+// AcquireAsRead succeeds exactly when nothing it depends on changed since
+// the read, and then only on a free session, with a token that grew.
+func (m *claimMachine) AcquireAsRead(t *rapid.T) {
+	if len(m.reads) == 0 {
+		return // nothing read yet
+	}
+	rd := rapid.SampledFrom(m.reads).Draw(t, "read")
+	token, claimed, waiting := m.state(t, rd.session)
+	same := !rd.read.Claimed && !claimed && token == rd.read.Token && len(waiting) > 0 && slices.Equal(waiting, rd.waiting)
+	m.seq++
+	x, err := m.claims.AcquireAsRead(context.Background(), rd.session, fmt.Sprintf("%sa%d", m.prefix, m.seq), rd.read, rd.waiting,
+		ledger.PhaseUnknown, "", func(*pgx.Batch, *ledger.Execution) {})
+	if !same {
+		if !errors.Is(err, ledger.ErrStale) {
+			t.Fatalf("claim taken on a changed session (read %+v %v, now token %d claimed %v %v): %v",
+				rd.read, rd.waiting, token, claimed, waiting, err)
+		}
+		return
+	}
+	if err != nil {
+		t.Fatalf("claim as read of an unchanged free session: %v", err)
+	}
+	if x.Claim().Token <= m.tokens[rd.session] {
+		t.Fatalf("token %d did not grow past %d", x.Claim().Token, m.tokens[rd.session])
+	}
+	m.tokens[rd.session] = x.Claim().Token
 	m.execs = append(m.execs, x)
 }
 
