@@ -283,7 +283,7 @@ func (e *Executor) run(sessionID string, r *sessionRun) {
 // run must stop), release.
 func (e *Executor) execute(sessionID string, r *sessionRun, log *slog.Logger) {
 	var released bool
-	ex, first, err := e.acquire(sessionID, log)
+	ex, first, err := e.acquire(sessionID, r, log)
 	if ex == nil || err != nil {
 		return
 	}
@@ -309,7 +309,11 @@ func (e *Executor) execute(sessionID string, r *sessionRun, log *slog.Logger) {
 	go func() { defer close(keepAlive); x.KeepAlive(ctx) }()
 	defer func() { cancel(); <-keepAlive }()
 
-	for !r.stop.Load() && ctx.Err() == nil && !x.Fenced() {
+	// A first turn committed with the claim is under way (its attempt's
+	// intent is committed) and runs whatever happens meanwhile, as any
+	// promoted turn does: a stop ends the run after it. Released instead,
+	// it would be left promoted, unanswered and out of recovery's sight.
+	for first != nil || (!r.stop.Load() && ctx.Err() == nil && !x.Fenced()) {
 		t := first
 		if first != nil {
 			first = nil
@@ -374,12 +378,12 @@ func (e *Executor) execute(sessionID string, r *sessionRun, log *slog.Logger) {
 // claim is taken only if that read is still true (ledger.AcquireAsRead).
 // A crash before that commit leaves nothing (the wake is redelivered: the
 // prompt runs once); one after it is the attempt's intent window. Otherwise
-// (continuations, permission replies, or the session changed since the
-// read) the claim commits alone in phase ready, reading the session in the
+// (continuations, permission replies, the session changed since the read,
+// or the run already told to stop) the claim commits alone in phase ready, reading the session in the
 // same round trip, and promotion follows: a crash between the two leaves a
 // ready claim whose inputs recovery re-wakes, so the prompt still runs once
 // (DESIGN.md crash windows).
-func (e *Executor) acquire(sessionID string, log *slog.Logger) (ex *execution, first *turn, err error) {
+func (e *Executor) acquire(sessionID string, r *sessionRun, log *slog.Logger) (ex *execution, first *turn, err error) {
 	view := &sessionView{}
 	read, err := e.claims.Peek(e.ctx, sessionID, func(b *pgx.Batch) { view.queue(b, sessionID) })
 	switch {
@@ -400,7 +404,9 @@ func (e *Executor) acquire(sessionID string, log *slog.Logger) (ex *execution, f
 	case len(view.waiting) == 0:
 		return nil, nil, nil
 	}
-	if view.plain() {
+	// A run told to stop starts no turn: it claims first, and its stopping
+	// release hands the session on with a wake.
+	if view.plain() && !r.stop.Load() {
 		if e.afterRead != nil {
 			e.afterRead()
 		}

@@ -332,3 +332,32 @@ func TestClaimTakenAsRead(t *testing.T) {
 		})
 	}
 }
+
+// A partition revoked while a plain prompt's claim commits with its first
+// turn: that turn is under way (its attempt's intent is committed), so it
+// runs to its answer, and only then does the run stop — starting no second
+// turn, releasing with a wake for the prompt still waiting.
+//
+// It catches: a first turn released unrun on a stop (its prompt left
+// promoted and never answered, out of recovery's and redrive's sight).
+func TestFirstTurnRunsWhenRevokedMeanwhile(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	b := setupExec(t)
+	e := b.executor(t, "a", nil, 5*time.Second, 0)
+	b.admit(t, "s", "first", "one")
+	b.admit(t, "s", "second", "two")
+	var once sync.Once
+	pipeline.SetAfterRead(e, func() { once.Do(func() { e.Revoke([]int32{0}) }) })
+	done, err := e.Wake(ctx, "s", 0)
+	require.NoError(t, err)
+	wait(t, done)
+
+	require.Equal(t, 1, b.answered(t, "first"), "the first turn ran to its answer")
+	require.Zero(t, b.count(t, `SELECT count(*) FROM messages WHERE status = 'pending'`), "no turn left half-way")
+	require.Zero(t, b.count(t, `SELECT count(*) FROM inputs WHERE message_id = 'second' AND promotion_seq IS NOT NULL`),
+		"no second turn after the stop")
+	require.Zero(t, b.count(t, `SELECT count(*) FROM claims`), "released")
+	require.Equal(t, 1, b.count(t, `SELECT count(*) FROM outbox WHERE topic = 'wakes' AND key = 's'
+		AND convert_from(payload, 'UTF8')::jsonb ->> 'reason' = 'released'`), "with a wake for the prompt still waiting")
+}
