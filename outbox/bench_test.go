@@ -124,6 +124,7 @@ func BenchmarkCommitToPublish(b *testing.B) {
 		poll   time.Duration
 		listen bool
 		nudge  bool
+		rival  bool // a second relay (another process's) on the same outbox, nudged by its own writer
 	}{
 		{name: "poll=5ms", poll: 5 * time.Millisecond},
 		{name: "poll=20ms", poll: 20 * time.Millisecond},
@@ -131,6 +132,7 @@ func BenchmarkCommitToPublish(b *testing.B) {
 		{name: "poll=100ms", poll: 100 * time.Millisecond},
 		{name: "listen", poll: time.Hour, listen: true},
 		{name: "nudge", poll: time.Hour, nudge: true},
+		{name: "nudge+rival", poll: pollIntervalDefault, nudge: true, rival: true},
 	}
 	for _, v := range variants {
 		b.Run(v.name, func(b *testing.B) {
@@ -154,6 +156,9 @@ func BenchmarkCommitToPublish(b *testing.B) {
 				b.Fatal(err)
 			}
 			defer relay.Stop()
+			if v.rival {
+				defer runRival(b, pool, timed, v.poll)()
+			}
 
 			var committed []time.Time
 			commit := func() {
@@ -204,6 +209,33 @@ func BenchmarkCommitToPublish(b *testing.B) {
 			b.ReportMetric(ms(sum/time.Duration(len(latencies))), "mean-ms")
 			b.ReportMetric(float64(len(latencies)), "rows")
 		})
+	}
+}
+
+// runRival runs another process's relay on pool, publishing through the
+// same timed producer (a row is timed by whichever relay sends it first),
+// and its own writer, committing rows (payload -1, not timed) at the
+// benchmark's rate and nudging it. It returns the function that stops both.
+func runRival(b *testing.B, pool *pgxpool.Pool, timed *timedProducer, poll time.Duration) func() {
+	ctx, cancel := context.WithCancel(context.Background())
+	rival := NewRelay(pool, timed, &RelayConfig{PollInterval: poll})
+	if err := rival.Start(ctx); err != nil {
+		b.Fatal(err)
+	}
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		for ctx.Err() == nil {
+			time.Sleep(time.Duration(rand.ExpFloat64() * float64(benchArrivalMean)))
+			if err := commitRows(ctx, pool, Row{Topic: "wakes", Key: "rival", Payload: []byte("-1")}); err != nil {
+				return
+			}
+			rival.Nudge()
+		}
+	})
+	return func() {
+		cancel()
+		wg.Wait()
+		rival.Stop()
 	}
 }
 

@@ -35,9 +35,10 @@ const HeaderOutboxID = "promptline-outbox-id"
 const (
 	batchSizeDefault = 500
 	// pollIntervalDefault bounds the latency of rows nobody nudged: rows
-	// committed by another process, or while another relay held the lock
-	// (measured p50 ~30ms, p99 ~56ms), for one idle pass (~0.4ms) per
-	// interval per process. Rows committed here are nudged (p50 ~2.4ms).
+	// committed by another process (measured p50 ~30ms, p99 ~56ms), for
+	// one idle pass (~0.4ms) per interval per process. Rows committed here
+	// are nudged (p50 ~2.4ms); when another relay holds the lock then, the
+	// nudged relay waits for it instead of for the interval.
 	// LISTEN/NOTIFY would serve both cases in ~2ms but halved commit
 	// throughput: docs/benchmarks.md, "Outbox relay: polling vs
 	// LISTEN/NOTIFY".
@@ -58,7 +59,9 @@ type RelayConfig struct {
 	BatchSize int
 	// PollInterval is how long an idle relay waits before looking for rows
 	// that no Nudge announced (those committed by other processes), and how
-	// long a relay waits when another holds RelayLockKey. Defaults to 50ms.
+	// long a relay that was not nudged waits when another holds
+	// RelayLockKey (a nudged one waits for the lock instead). Defaults to
+	// 50ms.
 	PollInterval time.Duration
 	// Logger receives publish failures (Warn). Defaults to discarding.
 	Logger *slog.Logger
@@ -197,6 +200,7 @@ func (r *Relay) run(ctx context.Context) {
 	timer := time.NewTimer(time.Hour)
 	defer timer.Stop()
 	failures := 0
+	nudged := false
 	for {
 		if ctx.Err() != nil {
 			return
@@ -205,9 +209,17 @@ func (r *Relay) run(ctx context.Context) {
 		// reads rows committed up to its SELECT.
 		select {
 		case <-r.nudge:
+			nudged = true
 		default:
 		}
 		n, locked, err := r.publishBatch(ctx, false)
+		if err == nil && !locked && nudged {
+			// Another relay's pass holds the lock, and rows committed here
+			// may have missed its SELECT: wait for the lock (bounded by
+			// the connection's lock_timeout) rather than for the poll.
+			n, locked, err = r.publishBatch(ctx, true)
+		}
+		nudged = false
 		var wait time.Duration
 		switch {
 		case err != nil:
@@ -246,6 +258,7 @@ func (r *Relay) run(ctx context.Context) {
 		case <-ctx.Done():
 			return
 		case <-r.nudge:
+			nudged = true
 			// Since Go 1.23 a stopped timer never delivers a stale tick,
 			// so the next Reset needs no drain.
 			timer.Stop()

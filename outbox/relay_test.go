@@ -496,6 +496,39 @@ func TestRelay(t *testing.T) {
 		readTopic(t, b.broker.Addr(), testTopic, 3)
 	})
 
+	// Rows committed here while another relay's pass holds the lock may
+	// have missed that pass: the nudged relay waits for the lock and
+	// publishes them right after, not at its next poll.
+	t.Run("NudgedRelayWaitsForTheLockHolder", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t)
+		relay := b.newRelay(&RelayConfig{PollInterval: time.Hour})
+		require.NoError(t, relay.Start(ctx))
+		defer relay.Stop()
+		waitIdle(t, relay)
+
+		holder, err := b.pool.Begin(ctx)
+		require.NoError(t, err)
+		defer func() { _ = holder.Rollback(ctx) }()
+		_, err = holder.Exec(ctx, `SELECT pg_advisory_xact_lock($1)`, RelayLockKey)
+		require.NoError(t, err)
+		commit(t, b.pool, row("k", 1))
+		relay.Nudge()
+		require.Eventually(t, func() bool {
+			var n int
+			require.NoError(t, b.pool.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity
+				WHERE wait_event_type = 'Lock' AND wait_event = 'advisory' AND datname = current_database()`).Scan(&n))
+			return n == 1
+		}, waitFor, 5*time.Millisecond, "the nudged relay waits for the lock")
+		require.Equal(t, 1, unpublished(t, b.pool))
+
+		require.NoError(t, holder.Rollback(ctx))
+		// With an hour between polls, only the wait for the lock can
+		// have published it.
+		require.Eventually(t, func() bool { return unpublished(t, b.pool) == 0 }, waitFor, 5*time.Millisecond)
+		readTopic(t, b.broker.Addr(), testTopic, 1)
+	})
+
 	t.Run("NudgeNeverBlocks", func(t *testing.T) {
 		t.Parallel()
 		// No loop runs to receive: nudges coalesce into the one pending.
