@@ -53,6 +53,12 @@ func TestLocalWake(t *testing.T) {
 		b := setup(t, setupOpts{metrics: m, maxSessions: 1})
 		slow, quick := id(t, "slow"), id(t, "quick")
 		b.send(t, envelope.Prompt{MessageID: slow, SessionID: id(t, "s1"), Text: "/sleep 2s\n/reply slow"})
+		// The slow turn holds the only slot before the second prompt is
+		// sent (sent together, the two land on different partitions and
+		// either may be admitted first).
+		require.Eventually(t, func() bool {
+			return b.count(t, `SELECT count(*) FROM claims WHERE session_id = $1`, id(t, "s1")) == 1
+		}, 10*time.Second, 5*time.Millisecond, "the slow turn runs")
 		b.send(t, envelope.Prompt{MessageID: quick, SessionID: id(t, "s2"), Text: "/reply quick"})
 		// The second session found the only slot taken: it waited for its
 		// wake from Kafka, and still ran.
