@@ -81,11 +81,18 @@ func TestAdmitGroupCombinesWaitingBatches(t *testing.T) {
 		{Duplicate, Conflict},
 		{Admitted},
 	}
+	got := make([][]Outcome, len(batches))
 	for i := range batches {
 		r := <-results[i]
 		require.NoError(t, r.err)
-		require.Equal(t, want[i], r.out, "batch %d", i)
+		got[i] = r.out
 	}
+	// q1 comes in batches 2 and 3, which two transactions may admit at
+	// once (maxAdmitInFlight): exactly one of them admits it, whichever
+	// commits first. (One partition never has two batches in flight.)
+	require.ElementsMatch(t, []Outcome{Admitted, Duplicate}, []Outcome{got[2][0], got[3][0]}, "q1: %v", got)
+	got[2][0], got[3][0] = Admitted, Duplicate
+	require.Equal(t, want, got)
 	// 1 before, 2 that waited on the lock, 2 for the three queued batches.
 	require.Equal(t, int64(5), g.transactions.Load())
 	require.ElementsMatch(t, []string{"blocked", "blocked", "blocked", "s1", "s2", "s3"}, wakes)
