@@ -224,8 +224,12 @@ func runRival(b *testing.B, pool *pgxpool.Pool, timed *timedProducer, poll time.
 	}
 	var wg sync.WaitGroup
 	wg.Go(func() {
-		for ctx.Err() == nil {
-			time.Sleep(time.Duration(rand.ExpFloat64() * float64(benchArrivalMean)))
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-time.After(time.Duration(rand.ExpFloat64() * float64(benchArrivalMean))):
+			}
 			if err := commitRows(ctx, pool, Row{Topic: "wakes", Key: "rival", Payload: []byte("-1")}); err != nil {
 				return
 			}
