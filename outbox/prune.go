@@ -43,9 +43,14 @@ type PrunerConfig struct {
 	OnPruned func(n int)
 }
 
+// PruneLockKey is the advisory lock (single bigint form) each pruning batch
+// tries to take in its transaction: every consumer runs a pruner, and a
+// pruner that finds another's batch running ends its pass instead of
+// walking, and waiting on, the same rows. "outprn" in ASCII.
+const PruneLockKey int64 = 0x6f757470726e
+
 // Pruner deletes published outbox rows older than the retention. Every
-// consumer may run one: two pruners deleting the same rows wait for each
-// other briefly, and the second finds them gone.
+// consumer runs one; at any moment one of them prunes (PruneLockKey).
 type Pruner struct {
 	pool *pgxpool.Pool
 	cfg  PrunerConfig
@@ -78,7 +83,7 @@ func (p *Pruner) Prune(ctx context.Context) (int, error) {
 			deleted, kept int
 			last          *int64
 		)
-		err := p.pool.QueryRow(ctx, pruneSQL, after, p.cfg.BatchSize, p.cfg.Retention.Milliseconds()).Scan(&deleted, &last, &kept)
+		err := p.pool.QueryRow(ctx, pruneSQL, after, p.cfg.BatchSize, p.cfg.Retention.Milliseconds(), PruneLockKey).Scan(&deleted, &last, &kept)
 		if err != nil {
 			return total, fmt.Errorf("outbox: pruning published rows: %w", err)
 		}
@@ -114,12 +119,14 @@ func (p *Pruner) Run(ctx context.Context) {
 // pruneSQL takes the next $2 rows by ID after $1 (an index range on the
 // primary key: no index on published_at is needed, and the scan never runs
 // past the batch), deletes those published before the cutoff, and reports
-// the deleted count, the batch's last ID and how many of its rows must be
-// kept that are not quarantined.
+// the deleted count, the batch's last ID (none when another pruner holds
+// $4) and how many of its rows must be kept that are not quarantined.
 const pruneSQL = `
-WITH batch AS (
+WITH lock AS (
+    SELECT pg_try_advisory_xact_lock($4) AS ok
+), batch AS (
     SELECT id, published_at < now() - $3 * interval '1 millisecond' AS old, quarantine_reason IS NOT NULL AS quarantined
-    FROM outbox WHERE id > $1 ORDER BY id LIMIT $2
+    FROM outbox WHERE id > $1 AND (SELECT ok FROM lock) ORDER BY id LIMIT $2
 ), gone AS (
     DELETE FROM outbox o USING batch b WHERE o.id = b.id AND b.old RETURNING o.id
 )

@@ -95,6 +95,30 @@ func TestPruner(t *testing.T) {
 		require.Equal(t, 5, countKey(t, pool, "late"), "behind the young rows: left for a later pass")
 	})
 
+	// Every consumer runs a pruner: while one prunes, the others' passes
+	// end at once.
+	t.Run("OnePrunerAtATime", func(t *testing.T) {
+		t.Parallel()
+		pool, _ := testkit.Pool(t)
+		fill(t, pool, "old", 7, 2*time.Hour)
+		other, err := pool.Begin(ctx)
+		require.NoError(t, err)
+		defer func() { _ = other.Rollback(ctx) }()
+		_, err = other.Exec(ctx, `SELECT pg_advisory_xact_lock($1)`, PruneLockKey)
+		require.NoError(t, err)
+
+		p := NewPruner(pool, &PrunerConfig{Retention: time.Hour})
+		n, err := p.Prune(ctx)
+		require.NoError(t, err)
+		require.Zero(t, n, "another pruner's batch runs")
+		require.Equal(t, 7, countKey(t, pool, "old"))
+
+		require.NoError(t, other.Rollback(ctx))
+		n, err = p.Prune(ctx)
+		require.NoError(t, err)
+		require.Equal(t, 7, n)
+	})
+
 	t.Run("RunPrunesEveryInterval", func(t *testing.T) {
 		t.Parallel()
 		pool, _ := testkit.Pool(t)
