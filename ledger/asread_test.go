@@ -12,15 +12,20 @@ import (
 	"github.com/promptline/promptline/outbox"
 )
 
-// peek reads session s as the executor does before AcquireAsRead: its
-// claim state and token, and the waiting inputs in admission order.
-func (b *testBundle) peek(t *testing.T, s string) (ledger.SessionRead, []string) {
-	t.Helper()
+// peekWaiting reads session s as the executor does before AcquireAsRead:
+// its claim state and token, and the waiting inputs in admission order.
+func peekWaiting(claims *ledger.Claims, s string) (ledger.SessionRead, []string, error) {
 	var waiting []string
-	r, err := b.claims.Peek(context.Background(), s, func(batch *pgx.Batch) {
+	r, err := claims.Peek(context.Background(), s, func(batch *pgx.Batch) {
 		batch.Queue(`SELECT array_agg(message_id ORDER BY admission_seq) FROM waiting_inputs WHERE session_id = $1`, s).
 			QueryRow(func(row pgx.Row) error { return row.Scan(&waiting) })
 	})
+	return r, waiting, err
+}
+
+func (b *testBundle) peek(t *testing.T, s string) (ledger.SessionRead, []string) {
+	t.Helper()
+	r, waiting, err := peekWaiting(b.claims, s)
 	require.NoError(t, err)
 	return r, waiting
 }

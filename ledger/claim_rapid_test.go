@@ -128,11 +128,7 @@ func (m *claimMachine) state(t *rapid.T, s string) (token int64, claimed bool, w
 
 func (m *claimMachine) Peek(t *rapid.T) {
 	s := rapid.SampledFrom(m.sessions).Draw(t, "session")
-	var waiting []string
-	r, err := m.claims.Peek(context.Background(), s, func(b *pgx.Batch) {
-		b.Queue(`SELECT array_agg(message_id ORDER BY admission_seq) FROM waiting_inputs WHERE session_id = $1`, s).
-			QueryRow(func(row pgx.Row) error { return row.Scan(&waiting) })
-	})
+	r, waiting, err := peekWaiting(m.claims, s)
 	if err != nil {
 		t.Fatal(err)
 	}

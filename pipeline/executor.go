@@ -389,10 +389,7 @@ func (e *Executor) acquire(sessionID string, r *sessionRun, log *slog.Logger) (e
 	read, err := e.claims.Peek(e.ctx, sessionID, func(b *pgx.Batch) { view.queue(b, sessionID) })
 	switch {
 	case err != nil:
-		if e.ctx.Err() == nil {
-			log.Error("reading session failed", slog.Any("error", err))
-		}
-		return nil, nil, err
+		return nil, nil, e.logFailure(log, "reading session", err)
 	case !read.Exists:
 		log.Error("acquiring claim failed", slog.String("error", "session does not exist"))
 		return nil, nil, nil
@@ -421,10 +418,7 @@ func (e *Executor) acquire(sessionID string, r *sessionRun, log *slog.Logger) (e
 		case errors.Is(err, ledger.ErrStale):
 			log.Debug("session changed since it was read; claiming first")
 		default:
-			if e.ctx.Err() == nil {
-				log.Error("acquiring claim failed", slog.Any("error", err))
-			}
-			return nil, nil, err
+			return nil, nil, e.logFailure(log, "acquiring claim", err)
 		}
 	}
 	ex = &execution{e: e, sessionID: sessionID}
@@ -437,15 +431,21 @@ func (e *Executor) acquire(sessionID string, r *sessionRun, log *slog.Logger) (e
 		log.Debug("claim held elsewhere; wake dropped")
 		return nil, nil, nil
 	case err != nil:
-		if e.ctx.Err() == nil {
-			log.Error("acquiring claim failed", slog.Any("error", err))
-		}
-		return nil, nil, err
+		return nil, nil, e.logFailure(log, "acquiring claim", err)
 	}
 	ex.x, ex.view = x, view
 	faults.Hit(faults.ClaimAfterAcquire)
 	e.claimMetric("acquired")
 	return ex, nil, nil
+}
+
+// logFailure logs "<what> failed" with err, unless the executor is
+// stopping (the error is then the shutdown's), and returns err.
+func (e *Executor) logFailure(log *slog.Logger, what string, err error) error {
+	if e.ctx.Err() == nil {
+		log.Error(what+" failed", slog.Any("error", err))
+	}
+	return err
 }
 
 // execution is one held claim at work. Its writes go through
