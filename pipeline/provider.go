@@ -25,6 +25,10 @@ import (
 //     timeout); the attempt is recorded unknown and the turn fails with
 //     reason outcome_unknown, unless the provider honours idempotency keys
 //     (IdempotentProvider): then it is retried with the same key;
+//   - an error wrapping ErrRejected: the provider answered that it will not
+//     serve the request as sent (HTTP 4xx such as 400, 401, 403, 404, 422);
+//     the attempt is recorded failed and never retried: the same request
+//     would be refused again;
 //   - anything else: the provider answered with a failure; the attempt is
 //     recorded failed; retried only when the provider honours idempotency
 //     keys, with the same key.
@@ -114,6 +118,12 @@ var (
 	// attempt is recorded unknown and not retried, unless the provider
 	// honours idempotency keys.
 	ErrOutcomeUnknown = errors.New("outcome unknown")
+	// ErrRejected marks a failure the provider answered with a refusal of
+	// the request itself (bad request, bad credentials, unknown model):
+	// sending the same request again cannot succeed, so it is not retried,
+	// not even by a provider that honours idempotency keys. The turn fails
+	// with reason "provider_error".
+	ErrRejected = errors.New("request rejected")
 )
 
 // RetryAfterError says the provider refused the request without acting on

@@ -277,7 +277,8 @@ func (ex *execution) nextAttemptID() string {
 
 // retryable says whether a failed attempt may be sent again, and after how
 // long: only when the request certainly was not acted on, or when the
-// provider honours idempotency keys (the retry carries the same key).
+// provider honours idempotency keys (the retry carries the same key) and
+// did not refuse the request itself (ErrUnsupported, ErrRejected).
 func (ex *execution) retryable(err error) (time.Duration, bool) {
 	var ra *RetryAfterError
 	switch {
@@ -285,7 +286,7 @@ func (ex *execution) retryable(err error) (time.Duration, bool) {
 		return ra.After, true
 	case errors.Is(err, ErrNotSent):
 		return 200 * time.Millisecond, true
-	case ex.e.idempotentProvider && !errors.Is(err, ErrUnsupported):
+	case ex.e.idempotentProvider && !errors.Is(err, ErrUnsupported) && !errors.Is(err, ErrRejected):
 		return 200 * time.Millisecond, true
 	}
 	return 0, false

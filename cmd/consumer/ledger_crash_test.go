@@ -9,6 +9,7 @@ import (
 	"net/http/httptest"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -278,6 +279,55 @@ func TestHTTPProviderRetryAfter(t *testing.T) {
 	require.GreaterOrEqual(t, reqs[1].at.Sub(reqs[0].at), 900*time.Millisecond, "Retry-After: 1 is honoured")
 	require.Equal(t, "succeeded", state)
 	require.Equal(t, 2, tries, "SELECT tries FROM attempts")
+}
+
+// TestHTTPProviderIdempotentRetryClasses: with
+// --provider-honours-idempotency-keys a failed step is sent again under the
+// same key, unless the server refused the request itself: a 400 (or 401,
+// 404, ...) would be refused again, so the turn fails at once with reason
+// provider_error; a 500 is retried and the turn completes.
+//
+// It catches: a refused request sent again (five wasted sends, a second of
+// delay, and a bad key tried six times), and a server fault no longer
+// retried.
+func TestHTTPProviderIdempotentRetryClasses(t *testing.T) {
+	t.Parallel()
+	for name, tc := range map[string]struct {
+		status    int
+		wantSends int
+		wantType  string
+		wantState string
+	}{
+		"BadRequestNotRetried": {status: http.StatusBadRequest, wantSends: 1, wantType: envelope.EventTurnFailed, wantState: "failed"},
+		"ServerErrorRetried":   {status: http.StatusInternalServerError, wantSends: 2, wantType: envelope.EventTurnCompleted, wantState: "succeeded"},
+	} {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			b := setup(t)
+			session := "s-http-class-" + strconv.Itoa(tc.status)
+			srv := newStepServer(t, func(n int, w http.ResponseWriter) {
+				if n == 0 {
+					http.Error(w, `{"error":"no"}`, tc.status)
+					return
+				}
+				answerOK(w)
+			})
+			p := prompt(session, "hello")
+			b.start(t, "consumer", "", "--provider", "http", "--provider-url", srv.url, "--provider-honours-idempotency-keys")
+			b.send(t, p)
+			turn := b.events.waitTurn(t, p.MessageID)
+			require.Equal(t, tc.wantType, turn.Type, "%+v", turn)
+			if tc.wantType == envelope.EventTurnFailed {
+				require.Equal(t, envelope.FailProviderError, turn.Reason)
+				require.Contains(t, turn.Error, strconv.Itoa(tc.status))
+			}
+
+			require.Len(t, srv.requests(), tc.wantSends)
+			_, state, _, tries := attemptOf(t, b, session)
+			require.Equal(t, tc.wantState, state)
+			require.Equal(t, tc.wantSends, tries, "SELECT tries FROM attempts")
+		})
+	}
 }
 
 // TestHTTPProviderMalformedResponse: a 200 whose body is not JSON is an

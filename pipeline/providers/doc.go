@@ -15,8 +15,12 @@
 //   - *pipeline.RetryAfterError for HTTP 429 and 503, with the delay of
 //     Retry-After (seconds or HTTP-date; 1s when absent; at most 5m);
 //   - pipeline.ErrUnsupported for a transcript they cannot encode;
+//   - pipeline.ErrRejected when the server refused the request itself: a
+//     redirect (not followed) or a 4xx other than 408, 409, 425 and 429
+//     (400 bad request, 401 bad key, 403, 404 unknown model, 422, ...),
+//     which the same request would meet again;
 //   - a plain error when the server answered with a failure: any other
-//     status, or a malformed answer.
+//     status (500, 502, 504, 408, 409, 425), or a malformed answer.
 //
 // They never retry by themselves, and they keep net/http from doing so
 // either: a request carrying an Idempotency-Key header is replayed by

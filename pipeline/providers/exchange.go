@@ -71,7 +71,9 @@ func noRedirects(client *http.Client) *http.Client {
 // request certainly did not leave; ErrOutcomeUnknown when it may have
 // arrived and no complete answer came back (reset, EOF, timeout,
 // cancellation, a body cut off); *pipeline.RetryAfterError for 429 and
-// 503; a plain error when the server answered with a failure.
+// 503; ErrRejected for a status that refuses the request itself
+// (refusesRequest); a plain error when the server answered with another
+// failure.
 func exchange(ctx context.Context, client *http.Client, opts exchangeOpts) ([]byte, error) {
 	ctx, cancel := context.WithTimeout(ctx, cmp.Or(opts.Timeout, timeoutDefault))
 	defer cancel()
@@ -114,6 +116,9 @@ func exchange(ctx context.Context, client *http.Client, opts exchangeOpts) ([]by
 				After: parseRetryAfter(resp.Header.Get("Retry-After"), time.Now()),
 				Err:   statusErr,
 			}
+		}
+		if refusesRequest(resp.StatusCode) {
+			return nil, fmt.Errorf("%w: %w", pipeline.ErrRejected, statusErr)
 		}
 		return nil, statusErr
 	}
@@ -174,6 +179,23 @@ func notSent(err error) bool {
 		return false
 	}
 	return false
+}
+
+// refusesRequest says whether a status refuses the request itself, so that
+// the same request would be refused again: a redirect (not followed) and
+// the 4xx statuses, except those that say "later" or "not now" — 408
+// Request Timeout, 409 Conflict (a server deduplicating by idempotency key
+// answers it while the first send of the key is in flight), 425 Too Early
+// and 429 Too Many Requests.
+func refusesRequest(status int) bool {
+	switch {
+	case status >= 300 && status <= 399:
+		return true
+	case status == http.StatusRequestTimeout, status == http.StatusConflict,
+		status == http.StatusTooEarly, status == http.StatusTooManyRequests:
+		return false
+	}
+	return status >= 400 && status <= 499
 }
 
 // parseRetryAfter reads a Retry-After header as delay-seconds or as an

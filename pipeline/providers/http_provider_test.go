@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -42,6 +43,7 @@ const (
 	notSent
 	outcomeUnknown
 	retryAfter
+	rejected
 )
 
 // requireClass checks that err is in exactly one class, class.
@@ -53,6 +55,7 @@ func requireClass(t *testing.T, err error, class errClass) {
 		notSent:        errors.Is(err, pipeline.ErrNotSent),
 		outcomeUnknown: errors.Is(err, pipeline.ErrOutcomeUnknown),
 		retryAfter:     errors.As(err, &ra),
+		rejected:       errors.Is(err, pipeline.ErrRejected),
 	}
 	for c, is := range got {
 		require.Equal(t, c == class, is, "class %d of %v", c, err)
@@ -160,6 +163,26 @@ func TestHTTP(t *testing.T) {
 		}
 	})
 
+	// A refusal of the request itself is rejected (never retried, not even
+	// with idempotency keys); a status that means "later" or a server
+	// fault stays plain (retried when keys are honoured).
+	t.Run("StatusClasses", func(t *testing.T) {
+		t.Parallel()
+		for status, want := range map[int]errClass{
+			400: rejected, 401: rejected, 403: rejected, 404: rejected, 413: rejected, 422: rejected,
+			408: plain, 409: plain, 425: plain, 500: plain, 502: plain, 504: plain,
+		} {
+			t.Run(strconv.Itoa(status), func(t *testing.T) {
+				t.Parallel()
+				bundle := setupHTTP(t, &providers.HTTPConfig{HonoursIdempotencyKeys: true}, reply(status, `{"error":"no"}`))
+
+				_, err := bundle.provider.Complete(context.Background(), sampleRequest())
+				requireClass(t, err, want)
+				require.ErrorContains(t, err, strconv.Itoa(status))
+			})
+		}
+	})
+
 	t.Run("ServerErrorIsPlain", func(t *testing.T) {
 		t.Parallel()
 		bundle := setupHTTP(t, nil, reply(500, `{"error":"boom"}`+strings.Repeat("x", 4096)))
@@ -224,7 +247,7 @@ func TestHTTP(t *testing.T) {
 		})
 
 		_, err := bundle.provider.Complete(context.Background(), sampleRequest())
-		requireClass(t, err, plain)
+		requireClass(t, err, rejected)
 		require.ErrorContains(t, err, "307")
 		require.Equal(t, 1, bundle.server.count(), "the step was sent once")
 	})

@@ -163,6 +163,16 @@ func TestOpenAI(t *testing.T) {
 		require.ErrorContains(t, err, "Rate limit reached")
 	})
 
+	// A wrong key or an unknown model is refused as sent: never retried.
+	t.Run("UnauthorizedIsRejected", func(t *testing.T) {
+		t.Parallel()
+		bundle := setupOpenAI(t, reply(401, `{"error":{"message":"Incorrect API key provided","type":"invalid_request_error"}}`))
+
+		_, err := bundle.provider.Complete(context.Background(), sampleRequest())
+		requireClass(t, err, rejected)
+		require.ErrorContains(t, err, "Incorrect API key provided")
+	})
+
 	t.Run("ConnectionRefusedIsNotSent", func(t *testing.T) {
 		t.Parallel()
 		provider, err := providers.NewOpenAI(nil, &providers.OpenAIConfig{BaseURL: "http://" + closedAddr(t) + "/v1", Model: "m", APIKey: testKey})
