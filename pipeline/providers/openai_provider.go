@@ -39,9 +39,14 @@ type OpenAIConfig struct {
 	// only when it is true of the server (api.openai.com does not document
 	// it). Defaults to false.
 	HonoursIdempotencyKeys bool
-	// MaxTokens, when positive, is sent as "max_tokens". Defaults to 0:
+	// MaxTokens, when positive, bounds the tokens of each answer, sent as
+	// "max_completion_tokens" (the Chat Completions name since "max_tokens"
+	// was deprecated; reasoning models refuse "max_tokens"). Defaults to 0:
 	// omitted, the server decides.
 	MaxTokens int
+	// LegacyMaxTokens sends MaxTokens as "max_tokens" instead, for
+	// compatible servers that predate "max_completion_tokens".
+	LegacyMaxTokens bool
 }
 
 const openAIBaseURLDefault = "https://api.openai.com/v1"
@@ -67,8 +72,8 @@ func (c *OpenAIConfig) Validate() error {
 
 // String describes the config with the API key redacted.
 func (c OpenAIConfig) String() string {
-	return fmt.Sprintf("OpenAIConfig{BaseURL: %q, Model: %q, APIKey: %s, SystemPrompt: %d bytes, Timeout: %s, HonoursIdempotencyKeys: %t, MaxTokens: %d}",
-		c.BaseURL, c.Model, redactedKey(c.APIKey), len(c.SystemPrompt), c.Timeout, c.HonoursIdempotencyKeys, c.MaxTokens)
+	return fmt.Sprintf("OpenAIConfig{BaseURL: %q, Model: %q, APIKey: %s, SystemPrompt: %d bytes, Timeout: %s, HonoursIdempotencyKeys: %t, MaxTokens: %d, LegacyMaxTokens: %t}",
+		c.BaseURL, c.Model, redactedKey(c.APIKey), len(c.SystemPrompt), c.Timeout, c.HonoursIdempotencyKeys, c.MaxTokens, c.LegacyMaxTokens)
 }
 
 // GoString is String, so that %#v cannot print the key either.
@@ -84,6 +89,7 @@ func (c OpenAIConfig) LogValue() slog.Value {
 		slog.Duration("timeout", c.Timeout),
 		slog.Bool("honours_idempotency_keys", c.HonoursIdempotencyKeys),
 		slog.Int("max_tokens", c.MaxTokens),
+		slog.Bool("legacy_max_tokens", c.LegacyMaxTokens),
 	)
 }
 
@@ -198,10 +204,12 @@ func (p *OpenAI) Complete(ctx context.Context, req pipeline.ProviderRequest) (pi
 // The Chat Completions wire format, as far as promptline uses it.
 type (
 	openAIRequest struct {
-		Model     string          `json:"model"`
-		Messages  []openAIMessage `json:"messages"`
-		Tools     []openAITool    `json:"tools,omitempty"`
-		MaxTokens int             `json:"max_tokens,omitempty"`
+		Model    string          `json:"model"`
+		Messages []openAIMessage `json:"messages"`
+		Tools    []openAITool    `json:"tools,omitempty"`
+		// Exactly one of the two is set when OpenAIConfig.MaxTokens is.
+		MaxCompletionTokens int `json:"max_completion_tokens,omitempty"`
+		MaxTokens           int `json:"max_tokens,omitempty"`
 	}
 	openAIMessage struct {
 		Role string `json:"role"`
@@ -260,9 +268,13 @@ type (
 
 func (p *OpenAI) encodeRequest(req pipeline.ProviderRequest) ([]byte, error) {
 	out := openAIRequest{
-		Model:     p.config.Model,
-		Messages:  make([]openAIMessage, 0, len(req.Messages)+1),
-		MaxTokens: p.config.MaxTokens,
+		Model:    p.config.Model,
+		Messages: make([]openAIMessage, 0, len(req.Messages)+1),
+	}
+	if p.config.LegacyMaxTokens {
+		out.MaxTokens = p.config.MaxTokens
+	} else {
+		out.MaxCompletionTokens = p.config.MaxTokens
 	}
 	if p.config.SystemPrompt != "" {
 		out.Messages = append(out.Messages, openAIMessage{Role: "system", Content: new(p.config.SystemPrompt)})

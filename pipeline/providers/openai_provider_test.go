@@ -79,7 +79,7 @@ func TestOpenAI(t *testing.T) {
 		require.Equal(t, "application/json", got.Header.Get("Content-Type"))
 		require.JSONEq(t, `{
 			"model": "gpt-test",
-			"max_tokens": 256,
+			"max_completion_tokens": 256,
 			"messages": [
 				{"role": "system", "content": "You are terse."},
 				{"role": "user", "content": "What is the weather in Paris?"},
@@ -95,6 +95,39 @@ func TestOpenAI(t *testing.T) {
 				{"type": "function", "function": {"name": "news", "description": "Headlines."}}
 			]
 		}`, string(got.Body))
+	})
+
+	// The answer's bound goes under the name the server knows: reasoning
+	// models refuse "max_tokens"; older compatible servers know only it.
+	t.Run("MaxTokensField", func(t *testing.T) {
+		t.Parallel()
+		for name, tc := range map[string]struct {
+			config providers.OpenAIConfig
+			want   string
+		}{
+			"Default": {providers.OpenAIConfig{MaxTokens: 64}, `"max_completion_tokens":64`},
+			"Legacy":  {providers.OpenAIConfig{MaxTokens: 64, LegacyMaxTokens: true}, `"max_tokens":64`},
+			"Unset":   {providers.OpenAIConfig{LegacyMaxTokens: true}, ""},
+		} {
+			t.Run(name, func(t *testing.T) {
+				t.Parallel()
+				server := startFakeServer(t, reply(200, `{"choices":[{"message":{"role":"assistant","content":"ok"}}]}`))
+				config := tc.config
+				config.BaseURL, config.Model, config.APIKey = server.srv.URL+"/v1", "m", testKey
+				provider, err := providers.NewOpenAI(server.srv.Client(), &config)
+				require.NoError(t, err)
+
+				_, err = provider.Complete(context.Background(), sampleRequest())
+				require.NoError(t, err)
+				body := string(server.next(t).Body)
+				for _, field := range []string{`"max_completion_tokens"`, `"max_tokens"`} {
+					require.Equal(t, tc.want != "" && strings.HasPrefix(tc.want, field), strings.Contains(body, field), "%s in %s", field, body)
+				}
+				if tc.want != "" {
+					require.Contains(t, body, tc.want)
+				}
+			})
+		}
 	})
 
 	t.Run("ToolOnlyAssistantSendsNullContentAndNoTools", func(t *testing.T) {
