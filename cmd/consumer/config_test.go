@@ -11,6 +11,8 @@ import (
 
 	"github.com/stretchr/testify/require"
 	"go.yaml.in/yaml/v3"
+
+	"github.com/promptline/promptline/internal/cliconfig"
 )
 
 // runInProcess runs the consumer's command tree in this process with args
@@ -51,6 +53,24 @@ func writeConfig(t *testing.T, body string) string {
 
 func TestConfig(t *testing.T) {
 	t.Parallel()
+
+	// cliconfig.Programs is how the producer tells the consumer's settings
+	// from typos in an environment both share: it must list every flag.
+	t.Run("SettingsListed", func(t *testing.T) {
+		t.Parallel()
+		require.ElementsMatch(t, cliconfig.Settings(newRootCommandEnv(func() []string { return nil })), cliconfig.Programs["consumer"],
+			"update cliconfig.Programs[\"consumer\"] with the consumer's flags")
+	})
+
+	// One environment for both programs: the producer's settings are left
+	// alone, a typo is refused.
+	t.Run("SharedEnvironment", func(t *testing.T) {
+		t.Parallel()
+		p := configPrint(t, []string{"PROMPTLINE_MESSAGE_ID=m-1", "PROMPTLINE_DELIVERY=steer", "PROMPTLINE_GROUP=shared"})
+		require.Equal(t, "shared", p["group"].Value)
+		_, err := runInProcess(t, []string{"PROMPTLINE_GROUP=shared", "PROMPTLINE_GRUOP=typo"}, "config", "print")
+		require.ErrorContains(t, err, "environment variable PROMPTLINE_GRUOP: unknown setting")
+	})
 
 	t.Run("Precedence", func(t *testing.T) {
 		t.Parallel()

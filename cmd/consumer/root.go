@@ -120,6 +120,8 @@ func newRootCommandEnv(environ func() []string) *cobra.Command {
 		EnvAliases: map[string]string{"DATABASE_URL": "database-url"},
 		// The crash-point switch of fault builds (internal/faults), not a setting.
 		IgnoreEnv: []string{"PROMPTLINE_FAULT"},
+		// The producer's settings in a shared environment are not typos.
+		Program: "consumer",
 	})
 	root.AddCommand(newConfigCommand(root, loader))
 	loader.Install(root)

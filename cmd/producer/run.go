@@ -73,7 +73,7 @@ events promptline publishes back. See docs/producers.md.`,
 	pf.StringVar(&k.security.SASLPasswordFile, "sasl-password-file", "", "file holding the SASL password (PLAIN, SCRAM)")
 	pf.StringVar(&k.security.SASLTokenFile, "sasl-token-file", "", "file holding the OAUTHBEARER token, read again at each connection")
 	root.AddCommand(newSendCommand(k), newWatchCommand(k))
-	cliconfig.New(&cliconfig.Config{EnvironFunc: environ, IgnoreEnv: []string{"PROMPTLINE_FAULT"}}).Install(root)
+	cliconfig.New(&cliconfig.Config{EnvironFunc: environ, IgnoreEnv: []string{"PROMPTLINE_FAULT"}, Program: "producer"}).Install(root)
 	return root
 }
 

@@ -2,6 +2,7 @@ package main
 
 import (
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -14,6 +15,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/promptline/promptline/envelope"
+	"github.com/promptline/promptline/internal/cliconfig"
 	"github.com/promptline/promptline/internal/kafkautil"
 	"github.com/promptline/promptline/internal/testkit"
 )
@@ -227,6 +229,25 @@ func TestSendFile(t *testing.T) {
 		}
 		require.Empty(t, testkit.ReadAll(t, addr, "prompts"), "nothing is sent when a line is bad")
 	})
+}
+
+// TestSharedEnvironment: the producer reads its settings from an
+// environment that also holds the consumer's (one ConfigMap for both), and
+// still refuses a typo. cliconfig.Programs, which tells the two apart, must
+// list every producer flag.
+func TestSharedEnvironment(t *testing.T) {
+	t.Parallel()
+	require.ElementsMatch(t, cliconfig.Settings(newRootCommandEnv(strings.NewReader(""), io.Discard, io.Discard, func() []string { return nil })),
+		cliconfig.Programs["producer"], "update cliconfig.Programs[\"producer\"] with the producer's flags")
+
+	// Validation comes before any connection: the delivery read from the
+	// environment is refused, which shows that the environment was read.
+	consumer := []string{"PROMPTLINE_DATABASE_URL=postgres://db/promptline", "PROMPTLINE_DB_MAX_CONNS=8", "PROMPTLINE_DELIVERY=x"}
+	res := runCLIEnv(t.Context(), consumer, "send", "--session", "s", "--text", "t")
+	require.ErrorContains(t, res.err, `--delivery: want queue or steer, got "x"`)
+
+	res = runCLIEnv(t.Context(), append(consumer, "PROMPTLINE_DATABSE_URL=postgres://db/promptline"), "send", "--session", "s", "--text", "t")
+	require.ErrorContains(t, res.err, "environment variable PROMPTLINE_DATABSE_URL: unknown setting")
 }
 
 func TestFlagErrors(t *testing.T) {

@@ -6,8 +6,10 @@
 //
 // Invariants:
 //   - A key of the file, or a prefixed environment variable, that names no
-//     flag of any command in the tree stops the program, naming it; so does
-//     a value that does not parse, naming the key and its source.
+//     flag of any command in the tree stops the program, naming it, unless
+//     it is a setting of the other promptline program (Programs): one
+//     environment or file may serve both. A value that does not parse
+//     stops it too, naming the key and its source.
 //   - A key applies to every command that has a flag of that name; a flag
 //     marked CommandLineOnly (its name means something else there) is
 //     never read from the environment or the file.

@@ -70,6 +70,10 @@ type Config struct {
 	// ConfigFlag names the flag that names the config file; its variable
 	// (PROMPTLINE_CONFIG) names it too. Defaults to "config".
 	ConfigFlag string
+	// Program names this program in Programs: a variable or a file key
+	// that is a setting of another program there is left alone instead
+	// of refused. Empty: every unknown key is refused.
+	Program string
 }
 
 // Loader applies the environment and the config file to a command tree's
@@ -136,6 +140,10 @@ func knownKeys(root *cobra.Command) map[string]bool {
 // config file.
 func (l *Loader) Apply(root, cmd *cobra.Command) error {
 	known := knownKeys(root)
+	sibling := siblingSettings(l.cfg.Program)
+	if l.cfg.Program == "" {
+		sibling = nil
+	}
 	environ := l.cfg.EnvironFunc()
 
 	// The environment, through koanf: names are recorded as seen, so that
@@ -152,7 +160,9 @@ func (l *Loader) Apply(root, cmd *cobra.Command) error {
 			}
 			key := strings.ToLower(strings.ReplaceAll(strings.TrimPrefix(k, l.cfg.EnvPrefix), "_", "-"))
 			if !known[key] || strings.Contains(key, ".") {
-				unknown = append(unknown, k)
+				if !sibling[key] {
+					unknown = append(unknown, k)
+				}
 				return "", nil
 			}
 			if v == "" {
@@ -210,7 +220,7 @@ func (l *Loader) Apply(root, cmd *cobra.Command) error {
 		}
 		var bad []string
 		for _, key := range kf.Keys() {
-			if !known[key] || key == l.cfg.ConfigFlag {
+			if (!known[key] && !sibling[key]) || key == l.cfg.ConfigFlag {
 				bad = append(bad, strconv.Quote(key))
 			}
 		}

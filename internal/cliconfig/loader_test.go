@@ -34,6 +34,12 @@ func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
 func setup(t *testing.T, env ...string) *testBundle {
 	t.Helper()
+	return setupProgram(t, "", env...)
+}
+
+// setupProgram is setup with the loader's Config.Program set.
+func setupProgram(t *testing.T, program string, env ...string) *testBundle {
+	t.Helper()
 	b := &testBundle{}
 	b.root = &cobra.Command{Use: "app", SilenceErrors: true, SilenceUsage: true,
 		RunE: func(*cobra.Command, []string) error { b.ran = "root"; return nil }}
@@ -55,6 +61,7 @@ func setup(t *testing.T, env ...string) *testBundle {
 		EnvironFunc: func() []string { return env },
 		EnvAliases:  map[string]string{"DATABASE_URL": "database-url"},
 		IgnoreEnv:   []string{"PROMPTLINE_FAULT"},
+		Program:     program,
 	})
 	b.loader.Install(b.root)
 	return b
@@ -122,6 +129,31 @@ func TestLoader(t *testing.T) {
 		b = setup(t, "PROMPTLINE_CONFIG="+path)
 		require.NoError(t, b.run())
 		require.Equal(t, int32(8), b.conns)
+	})
+
+	// One environment and one file for both programs: the producer's
+	// settings are left alone by the consumer, a typo is still refused,
+	// and without a program every unknown key is.
+	t.Run("SiblingSettings", func(t *testing.T) {
+		t.Parallel()
+		require.Contains(t, cliconfig.Programs["producer"], "message-id")
+		require.NotContains(t, cliconfig.Programs["consumer"], "message-id")
+		path := writeConfig(t, "lease: 1m\nmessage-id: m-1\ndelivery: steer\n")
+		env := []string{"PROMPTLINE_MESSAGE_ID=m-1", "PROMPTLINE_NO_RESUME=true", "PROMPTLINE_LEASE=2m"}
+
+		b := setupProgram(t, "consumer", env...)
+		require.NoError(t, b.run("--config", path))
+		require.Equal(t, 2*time.Minute, b.lease, "its own settings are still read")
+
+		b = setupProgram(t, "consumer", append(env, "PROMPTLINE_MESAGE_ID=m-1")...)
+		require.ErrorContains(t, b.run(), "environment variable PROMPTLINE_MESAGE_ID: unknown setting")
+		b = setupProgram(t, "consumer")
+		require.ErrorContains(t, b.run("--config", writeConfig(t, "message-id: m-1\nmesage-id: m-1\n")), `unknown key "mesage-id"`)
+
+		b = setupProgram(t, "", env...)
+		require.ErrorContains(t, b.run(), "environment variable PROMPTLINE_MESSAGE_ID, PROMPTLINE_NO_RESUME: unknown setting")
+		b = setupProgram(t, "")
+		require.ErrorContains(t, b.run("--config", path), `unknown key "delivery", "message-id"`)
 	})
 
 	t.Run("DatabaseURLAlias", func(t *testing.T) {

@@ -1,0 +1,66 @@
+package cliconfig
+
+import (
+	"slices"
+
+	"github.com/spf13/cobra"
+)
+
+// Programs lists the settings (flag names) of each promptline program.
+//
+// One environment or one config file often serves both programs (a
+// ConfigMap loaded into every container of a pod, say): a variable or a
+// key of the other program is then left alone, while one that no program
+// knows — a typo — still stops the program, naming it. The lists are
+// written out, not derived, because neither program can import the
+// other's command tree; each program's tests check its list against its
+// flags (Settings), so that a flag added without its entry fails there.
+var Programs = map[string][]string{
+	"consumer": {
+		"addr", "brokers", "config", "create-topics", "data-dir", "database-url",
+		"db-idle-in-transaction-timeout", "db-lock-timeout", "db-max-conns", "db-statement-timeout",
+		"dry-run", "embedded-kafka-addr", "events-topic", "from-offset", "from-time", "group",
+		"http-tool-endpoint", "json", "lease", "local-wakes", "log-level", "max-batch",
+		"max-rejections", "max-sessions", "max-value-bytes", "metrics-addr", "migrate", "note",
+		"openai-api-key-env", "openai-api-key-file", "openai-base-url", "openai-model", "operator",
+		"outbox-retention", "partitions", "permission-replies-topic", "progress-interval",
+		"prompts-topic", "provider", "provider-honours-idempotency-keys", "provider-url",
+		"publish-rejects", "rate", "recovery-batch", "recovery-interval", "redrive-after",
+		"rejects-topic", "replication-factor", "resume-file", "sandbox-dir", "sasl-mechanism",
+		"sasl-password-file", "sasl-token-file", "sasl-user", "shutdown-grace", "tls", "tls-ca-file",
+		"tls-cert-file", "tls-key-file", "tls-server-name", "to-offset", "to-time", "tool-permission",
+		"topic", "wake", "wakes-topic",
+	},
+	"producer": {
+		"brokers", "config", "count", "delivery", "file", "from-beginning", "json", "message-id",
+		"no-resume", "partitioner", "sasl-mechanism", "sasl-password-file", "sasl-token-file",
+		"sasl-user", "session", "text", "timeout", "tls", "tls-ca-file", "tls-cert-file",
+		"tls-key-file", "tls-server-name", "topic", "type",
+	},
+}
+
+// Settings lists, sorted, the flag names of every command of root's tree:
+// the keys its environment variables and config file may set.
+func Settings(root *cobra.Command) []string {
+	known := knownKeys(root)
+	out := make([]string, 0, len(known))
+	for k := range known {
+		out = append(out, k)
+	}
+	slices.Sort(out)
+	return out
+}
+
+// siblingSettings lists the settings of the programs other than program.
+func siblingSettings(program string) map[string]bool {
+	out := map[string]bool{}
+	for name, settings := range Programs {
+		if name == program {
+			continue
+		}
+		for _, s := range settings {
+			out[s] = true
+		}
+	}
+	return out
+}
