@@ -141,9 +141,6 @@ func knownKeys(root *cobra.Command) map[string]bool {
 func (l *Loader) Apply(root, cmd *cobra.Command) error {
 	known := knownKeys(root)
 	sibling := siblingSettings(l.cfg.Program)
-	if l.cfg.Program == "" {
-		sibling = nil
-	}
 	environ := l.cfg.EnvironFunc()
 
 	// The environment, through koanf: names are recorded as seen, so that

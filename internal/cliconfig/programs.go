@@ -51,8 +51,12 @@ func Settings(root *cobra.Command) []string {
 	return out
 }
 
-// siblingSettings lists the settings of the programs other than program.
+// siblingSettings lists the settings of the programs other than program;
+// none when program is empty (every unknown key is refused).
 func siblingSettings(program string) map[string]bool {
+	if program == "" {
+		return nil
+	}
 	out := map[string]bool{}
 	for name, settings := range Programs {
 		if name == program {
