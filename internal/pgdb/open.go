@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -18,6 +19,10 @@ import (
 // --database-url nor DATABASE_URL is set. The user is libpq's default
 // (PGUSER, else the OS user).
 const DefaultURL = "postgres://127.0.0.1:5432/promptline?sslmode=disable"
+
+// defaultURL is DefaultURL, replaced in this package's tests by a server
+// that answers and refuses.
+var defaultURL = DefaultURL
 
 // OpenOpts says how to find the database.
 type OpenOpts struct {
@@ -72,12 +77,14 @@ func Open(ctx context.Context, opts OpenOpts) (*DB, error) {
 	}
 	db := &DB{URL: opts.URL}
 	if db.URL == "" {
-		db.URL = DefaultURL
-		if err := ensureDatabase(ctx, DefaultURL); err != nil {
-			if !refused(err) {
-				return nil, fmt.Errorf("default database %s: %w (set --database-url or DATABASE_URL)", DefaultURL, err)
+		db.URL = defaultURL
+		if err := ensureDatabase(ctx, defaultURL); err != nil {
+			why := unusableDefault(err)
+			if why == "" {
+				return nil, fmt.Errorf("default database %s: %w (set --database-url or DATABASE_URL)", defaultURL, err)
 			}
-			log.InfoContext(ctx, "no PostgreSQL on the default address; starting a throwaway cluster", slog.String("default_url", DefaultURL))
+			log.InfoContext(ctx, why+"; starting a throwaway cluster (set --database-url or DATABASE_URL to use that server)",
+				slog.String("default_url", defaultURL), slog.Any("error", err))
 			c, err := StartCluster(ctx, opts.ClusterParent)
 			if err != nil {
 				return nil, err
@@ -169,9 +176,29 @@ func ensureDatabase(ctx context.Context, url string) error {
 
 func ms(d time.Duration) string { return fmt.Sprintf("%d", d.Milliseconds()) }
 
-func refused(err error) bool {
+// unusableDefault says why the default server cannot serve promptline
+// without settings, or "" when it can, or when the error is one a retry or
+// a setting of the server fixes (a full server, a timeout). Nothing
+// listening is the fresh machine's case. A server that answers and refuses
+// the OS user (SQLSTATE class 28: a stock Debian or Ubuntu cluster, which
+// knows only "postgres" and asks a password on TCP) or lets it in without
+// the right to create promptline's database (42501) is the newcomer's case:
+// neither is promptline's to fix, and `make demo` must still work there.
+func unusableDefault(err error) string {
 	var op *net.OpError
-	return errors.As(err, &op) && op.Op == "dial"
+	if errors.As(err, &op) && op.Op == "dial" {
+		return "no PostgreSQL on the default address"
+	}
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) {
+		switch {
+		case strings.HasPrefix(pgErr.Code, "28"):
+			return "the PostgreSQL on the default address refuses this user"
+		case pgErr.Code == "42501":
+			return "the PostgreSQL on the default address does not let this user create the promptline database"
+		}
+	}
+	return ""
 }
 
 func redact(c *pgx.ConnConfig) string {

@@ -1,7 +1,10 @@
 package pgdb_test
 
 import (
+	"bytes"
 	"context"
+	"fmt"
+	"log/slog"
 	"testing"
 	"time"
 
@@ -69,4 +72,32 @@ func TestTimeoutsAreSetPerConnection(t *testing.T) {
 	require.NoError(t, db.Pool.QueryRow(ctx, `SELECT current_setting('statement_timeout'), current_setting('lock_timeout'),
 		current_setting('idle_in_transaction_session_timeout')`).Scan(&stmt, &lock, &idle))
 	require.Equal(t, []string{"30s", "1500ms", "1min"}, []string{stmt, lock, idle})
+}
+
+// The newcomer's machine: a stock cluster answers on the default address
+// and refuses the OS user (it asks a password on TCP, as Debian's does).
+// Without a URL, Open falls back to a throwaway cluster and says why; with
+// that server's URL given explicitly, it reports the refusal.
+func TestDefaultServerThatRefusesFallsBack(t *testing.T) {
+	ctx := context.Background()
+	stock, err := pgdb.StartClusterWith(ctx, &pgdb.ClusterConfig{Files: map[string][]byte{
+		"pg_hba.conf": []byte("local all all trust\nhost all all 127.0.0.1/32 scram-sha-256\n"),
+	}})
+	require.NoError(t, err)
+	t.Cleanup(func() { require.NoError(t, stock.Stop()) })
+	refusing := fmt.Sprintf("postgres://127.0.0.1:%d/promptline?sslmode=disable", stock.Port)
+
+	_, err = pgdb.Open(ctx, pgdb.OpenOpts{URL: refusing})
+	require.ErrorContains(t, err, "28P01", "an explicit URL is used as given")
+
+	defer pgdb.SetDefaultURL(refusing)()
+	var logs bytes.Buffer
+	db, err := pgdb.Open(ctx, pgdb.OpenOpts{Logger: slog.New(slog.NewTextHandler(&logs, nil))})
+	require.NoError(t, err)
+	require.NotEqual(t, refusing, db.URL)
+	var n int
+	require.NoError(t, db.Pool.QueryRow(ctx, "SELECT count(*) FROM inputs").Scan(&n))
+	require.NoError(t, db.Close())
+	require.Contains(t, logs.String(), "refuses this user")
+	require.Contains(t, logs.String(), "--database-url")
 }
