@@ -31,6 +31,11 @@ examples/node/node_modules: examples/node/package.json examples/node/package-loc
 test/race: examples/node/node_modules ## the default suite under the race detector
 	$(GO) test -race -count=1 ./...
 
+.PHONY: test/crash-sweep
+test/crash-sweep: ## the whole crash sweep: SIGKILL before and after every commit of the workload (docs/testing.md)
+	CRASH_SWEEP=full $(GO) test -count=1 -timeout 80m -parallel 3 -run '^TestCrashSweep$$' -v ./cmd/consumer 2>&1 \
+	  | grep -E '^(=== RUN|--- FAIL|FAIL|ok|PASS)|crash sweep:|^ +FAIL ' ; exit $${PIPESTATUS[0]}
+
 .PHONY: lint
 lint: ## gofmt and go vet (also with the faults build tag)
 	@out=$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go')); \

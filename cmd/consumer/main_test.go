@@ -87,9 +87,15 @@ type proc struct {
 // SIGKILL), then copies its stderr into the test log.
 func startProc(t *testing.T, name, fault string, args ...string) *proc {
 	t.Helper()
+	return startProcEnv(t, name, []string{"PROMPTLINE_FAULT=" + fault}, args...)
+}
+
+// startProcEnv is startProc with variables added to the environment.
+func startProcEnv(t *testing.T, name string, env []string, args ...string) *proc {
+	t.Helper()
 	p := &proc{name: name, stderr: testkit.NewSyncBuffer(), exited: make(chan struct{})}
 	p.cmd = &exec.Cmd{Path: consumerBin, Args: append([]string{"consumer"}, args...)}
-	p.cmd.Env = append(os.Environ(), "PROMPTLINE_FAULT="+fault)
+	p.cmd.Env = append(os.Environ(), env...)
 	p.cmd.Stderr = p.stderr
 	p.cmd.Stdout = p.stderr
 	require.NoError(t, p.cmd.Start(), "starting %s", name)
@@ -220,10 +226,16 @@ func setup(t *testing.T) *testBundle {
 // extra flags.
 func (b *testBundle) start(t *testing.T, name, fault string, extra ...string) *proc {
 	t.Helper()
+	return b.startEnv(t, name, []string{"PROMPTLINE_FAULT=" + fault}, extra...)
+}
+
+// startEnv is start with variables added to the environment.
+func (b *testBundle) startEnv(t *testing.T, name string, env []string, extra ...string) *proc {
+	t.Helper()
 	args := []string{"--brokers", b.addr, "--database-url", b.dbURL,
 		"--metrics-addr", "127.0.0.1:0", "--partitions", fmt.Sprint(testPartitions), "--group", b.group,
 		"--log-level", "debug"}
-	return startProc(t, name, fault, append(args, extra...)...)
+	return startProcEnv(t, name, env, append(args, extra...)...)
 }
 
 func (b *testBundle) send(t *testing.T, p envelope.Prompt) {

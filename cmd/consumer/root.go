@@ -12,6 +12,7 @@ import (
 	"github.com/spf13/pflag"
 
 	"github.com/promptline/promptline/internal/cliconfig"
+	"github.com/promptline/promptline/internal/faults"
 	"github.com/promptline/promptline/internal/kafkautil"
 )
 
@@ -119,7 +120,7 @@ func newRootCommandEnv(environ func() []string) *cobra.Command {
 		// DATABASE_URL stays accepted, below PROMPTLINE_DATABASE_URL.
 		EnvAliases: map[string]string{"DATABASE_URL": "database-url"},
 		// The crash-point switch of fault builds (internal/faults), not a setting.
-		IgnoreEnv: []string{"PROMPTLINE_FAULT"},
+		IgnoreEnv: faults.EnvVars,
 		// The producer's settings in a shared environment are not typos.
 		Program: "consumer",
 	})

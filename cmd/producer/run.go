@@ -10,6 +10,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/promptline/promptline/internal/cliconfig"
+	"github.com/promptline/promptline/internal/faults"
 	"github.com/promptline/promptline/internal/kafkautil"
 )
 
@@ -73,7 +74,7 @@ events promptline publishes back. See docs/producers.md.`,
 	pf.StringVar(&k.security.SASLPasswordFile, "sasl-password-file", "", "file holding the SASL password (PLAIN, SCRAM)")
 	pf.StringVar(&k.security.SASLTokenFile, "sasl-token-file", "", "file holding the OAUTHBEARER token, read again at each connection")
 	root.AddCommand(newSendCommand(k), newWatchCommand(k))
-	cliconfig.New(&cliconfig.Config{EnvironFunc: environ, IgnoreEnv: []string{"PROMPTLINE_FAULT"}, Program: "producer"}).Install(root)
+	cliconfig.New(&cliconfig.Config{EnvironFunc: environ, IgnoreEnv: faults.EnvVars, Program: "producer"}).Install(root)
 	return root
 }
 

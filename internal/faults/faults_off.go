@@ -2,5 +2,15 @@
 
 package faults
 
+// Enabled is false without the faults build tag: callers compile their
+// fault hooks away.
+const Enabled = false
+
 // Hit does nothing without the faults build tag.
 func Hit(string) {}
+
+// BeforeCommit does nothing without the faults build tag.
+func BeforeCommit(string) int64 { return 0 }
+
+// AfterCommit does nothing without the faults build tag.
+func AfterCommit(int64, string) {}

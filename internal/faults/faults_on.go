@@ -3,9 +3,17 @@
 package faults
 
 import (
+	"fmt"
 	"os"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
 	"syscall"
 )
+
+// Enabled is true with the faults build tag.
+const Enabled = true
 
 // point is read once: fault points sit on hot paths.
 var point = os.Getenv("PROMPTLINE_FAULT")
@@ -14,7 +22,72 @@ var point = os.Getenv("PROMPTLINE_FAULT")
 // no deferred function, no flush, no goodbye, as in a real crash.
 func Hit(name string) {
 	if point == name {
-		_ = syscall.Kill(os.Getpid(), syscall.SIGKILL)
-		select {} // SIGKILL is delivered asynchronously; never run past the point.
+		die()
+	}
+}
+
+func die() {
+	_ = syscall.Kill(os.Getpid(), syscall.SIGKILL)
+	select {} // SIGKILL is delivered asynchronously; never run past the point.
+}
+
+// The commit boundary. PROMPTLINE_FAULT_COMMIT is "N:before" or "N:after"
+// (N counts from 1); PROMPTLINE_FAULT_COMMIT_LOG names a file that gets one
+// line per commit, "N LABEL", written before the commit is sent (so the
+// line of the commit a process died at is there too).
+var (
+	commitAt, commitWhen = parseCommit(os.Getenv("PROMPTLINE_FAULT_COMMIT"))
+	commitLog            = openCommitLog(os.Getenv("PROMPTLINE_FAULT_COMMIT_LOG"))
+	commits              atomic.Int64
+	logMu                sync.Mutex
+)
+
+func parseCommit(s string) (int64, string) {
+	if s == "" {
+		return 0, ""
+	}
+	n, when, _ := strings.Cut(s, ":")
+	at, err := strconv.ParseInt(n, 10, 64)
+	if err != nil || at < 1 || (when != "before" && when != "after") {
+		fmt.Fprintf(os.Stderr, "PROMPTLINE_FAULT_COMMIT=%q: want N:before or N:after (N >= 1)\n", s)
+		os.Exit(2)
+	}
+	return at, when
+}
+
+func openCommitLog(path string) *os.File {
+	if path == "" {
+		return nil
+	}
+	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o644)
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "PROMPTLINE_FAULT_COMMIT_LOG: %v\n", err)
+		os.Exit(2)
+	}
+	return f
+}
+
+// BeforeCommit counts a commit about to be sent and returns its number;
+// it kills the process when that is the commit PROMPTLINE_FAULT_COMMIT
+// names with "before": the commit is never sent.
+func BeforeCommit(label string) int64 {
+	n := commits.Add(1)
+	if commitLog != nil {
+		logMu.Lock()
+		fmt.Fprintf(commitLog, "%d %s\n", n, label)
+		logMu.Unlock()
+	}
+	if n == commitAt && commitWhen == "before" {
+		die()
+	}
+	return n
+}
+
+// AfterCommit kills the process when commit n, whose outcome the client
+// has just received, is the one PROMPTLINE_FAULT_COMMIT names with "after":
+// the commit is durable, nothing that follows it has run.
+func AfterCommit(n int64, _ string) {
+	if n == commitAt && commitWhen == "after" {
+		die()
 	}
 }

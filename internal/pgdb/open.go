@@ -13,6 +13,8 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/promptline/promptline/internal/faults"
 )
 
 // DefaultURL is where promptline looks for Postgres when neither
@@ -107,6 +109,9 @@ func Open(ctx context.Context, opts OpenOpts) (*DB, error) {
 	rp["statement_timeout"] = ms(cmp.Or(opts.StatementTimeout, 30*time.Second))
 	rp["lock_timeout"] = ms(cmp.Or(opts.LockTimeout, 10*time.Second))
 	rp["idle_in_transaction_session_timeout"] = ms(cmp.Or(opts.IdleInTxTimeout, 60*time.Second))
+	if faults.Enabled {
+		cfg.ConnConfig.Tracer = &commitTracer{wrote: map[*pgx.Conn]string{}}
+	}
 	db.Pool, err = pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
 		db.stopCluster()

@@ -4,7 +4,16 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"go/ast"
+	"go/parser"
+	"go/token"
+	"io/fs"
 	"log/slog"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -100,4 +109,85 @@ func TestDefaultServerThatRefusesFallsBack(t *testing.T) {
 	require.NoError(t, db.Close())
 	require.Contains(t, logs.String(), "refuses this user")
 	require.Contains(t, logs.String(), "--database-url")
+}
+
+// Every connection of the service comes from Open, so that the commit
+// tracer of the crash sweep (faults builds) sees every write: a package
+// that opened its own pool or connection would write past the sweep. This
+// test fails on any such call outside pgdb; the bench and the test kit,
+// which never run in the service, are the only exceptions.
+func TestEveryPoolIsOpenedByPgdb(t *testing.T) {
+	t.Parallel()
+	root := moduleRoot(t)
+	allowed := []string{"internal/pgdb/", "internal/testkit/", "cmd/bench/"}
+	opening := map[string][]string{
+		"github.com/jackc/pgx/v5/pgxpool": {"New", "NewWithConfig"},
+		"github.com/jackc/pgx/v5":         {"Connect", "ConnectConfig"},
+		"github.com/jackc/pgx/v5/pgconn":  {"Connect", "ConnectConfig"},
+		"database/sql":                    {"Open", "OpenDB"},
+	}
+	var found []string
+	require.NoError(t, filepath.WalkDir(root, func(path string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		rel, _ := filepath.Rel(root, path)
+		if d.IsDir() {
+			if strings.HasPrefix(d.Name(), ".") || d.Name() == "node_modules" {
+				return filepath.SkipDir
+			}
+			return nil
+		}
+		if !strings.HasSuffix(path, ".go") || strings.HasSuffix(path, "_test.go") {
+			return nil
+		}
+		for _, a := range allowed {
+			if strings.HasPrefix(filepath.ToSlash(rel), a) {
+				return nil
+			}
+		}
+		f, err := parser.ParseFile(token.NewFileSet(), path, nil, parser.SkipObjectResolution)
+		if err != nil {
+			return err
+		}
+		names := map[string][]string{} // local import name -> opening functions
+		for _, imp := range f.Imports {
+			p, _ := strconv.Unquote(imp.Path.Value)
+			if fns, ok := opening[p]; ok {
+				name := filepath.Base(p)
+				if p == "github.com/jackc/pgx/v5" {
+					name = "pgx"
+				}
+				if imp.Name != nil {
+					name = imp.Name.Name
+				}
+				names[name] = fns
+			}
+		}
+		ast.Inspect(f, func(n ast.Node) bool {
+			sel, ok := n.(*ast.SelectorExpr)
+			if !ok {
+				return true
+			}
+			if id, ok := sel.X.(*ast.Ident); ok && slices.Contains(names[id.Name], sel.Sel.Name) {
+				found = append(found, fmt.Sprintf("%s: %s.%s", rel, id.Name, sel.Sel.Name))
+			}
+			return true
+		})
+		return nil
+	}))
+	require.Empty(t, found, "open Postgres through pgdb.Open, so that every write passes the commit tracer")
+}
+
+func moduleRoot(t *testing.T) string {
+	dir, err := os.Getwd()
+	require.NoError(t, err)
+	for {
+		if _, err := os.Stat(filepath.Join(dir, "go.mod")); err == nil {
+			return dir
+		}
+		parent := filepath.Dir(dir)
+		require.NotEqual(t, dir, parent, "no go.mod above the test")
+		dir = parent
+	}
 }
