@@ -66,6 +66,10 @@ type Config struct {
 	Logger *slog.Logger
 	// OnDecisionFunc counts decisions (metrics). Defaults to nothing.
 	OnDecisionFunc func(decision string)
+	// OnTransientErrorFunc counts decisions that failed with a transient
+	// database error (pgdb.Transient) and were left for the next pass.
+	// Defaults to nothing.
+	OnTransientErrorFunc func()
 	// OnRedriveFunc counts re-woken sessions. Defaults to nothing.
 	OnRedriveFunc func(n int)
 	// OnQuarantinedFunc receives the quarantined row counts by kind after
@@ -144,7 +148,8 @@ func (r *Recoverer) Stop() {
 type Pass struct {
 	Decisions map[string]int
 	Skipped   int // taken over by another process first
-	Failed    int // decision failed; the row was quarantined
+	Failed    int // decision failed deterministically; the row was quarantined
+	Retried   int // decision failed transiently; the row is left for the next pass
 	Redriven  int
 }
 
@@ -165,15 +170,36 @@ func (r *Recoverer) RunOnce(ctx context.Context) (Pass, error) {
 			if ctx.Err() != nil {
 				return p, ctx.Err()
 			}
+			if pgdb.Transient(err) {
+				// A lost connection, a timeout, a deadlock: nothing about
+				// the claim (invariant 13). The transaction rolled back, so
+				// the claim is as it was; the next pass decides it.
+				p.Retried++
+				r.transientError(ctx, c, "recovery decision failed transiently; the claim is left for the next pass", err)
+				continue
+			}
 			// Isolate the failure: quarantine the row so it cannot consume
 			// every later batch, and go on.
-			p.Failed++
 			r.log.ErrorContext(ctx, "recovery decision failed; quarantining the claim",
 				slog.String("session_id", c.SessionID), slog.String("execution_id", c.ExecutionID), slog.Any("error", err))
-			if qerr := r.quarantineClaim(ctx, c, "decision failed: "+err.Error()); qerr != nil && !errors.Is(qerr, errSkipped) {
+			qerr := r.quarantineClaim(ctx, c, "decision failed: "+err.Error())
+			switch {
+			case qerr == nil:
+				p.Failed++
+				p.Decisions[DecisionQuarantined]++
+				if f := r.cfg.OnDecisionFunc; f != nil {
+					f(DecisionQuarantined)
+				}
+			case errors.Is(qerr, errSkipped):
+				p.Skipped++
+			case ctx.Err() != nil:
+				return p, ctx.Err()
+			case pgdb.Transient(qerr):
+				p.Retried++
+				r.transientError(ctx, c, "quarantining the claim failed transiently; it is left for the next pass", qerr)
+			default:
 				r.log.ErrorContext(ctx, "quarantining failed", slog.String("session_id", c.SessionID), slog.Any("error", qerr))
 			}
-			p.Decisions[DecisionQuarantined]++
 		default:
 			wrote = true
 			p.Decisions[decision]++
@@ -201,6 +227,13 @@ func (r *Recoverer) RunOnce(ctx context.Context) (Pass, error) {
 		f(counts)
 	}
 	return p, nil
+}
+
+func (r *Recoverer) transientError(ctx context.Context, c ledger.Claim, msg string, err error) {
+	r.log.WarnContext(ctx, msg, slog.String("session_id", c.SessionID), slog.String("execution_id", c.ExecutionID), slog.Any("error", err))
+	if f := r.cfg.OnTransientErrorFunc; f != nil {
+		f()
+	}
 }
 
 var errSkipped = errors.New("claim changed or taken over by another process")

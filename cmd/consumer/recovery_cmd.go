@@ -60,8 +60,8 @@ func newRecoverCommand(o *options) *cobra.Command {
 			if asJSON {
 				return json.NewEncoder(cmd.OutOrStdout()).Encode(p)
 			}
-			fmt.Fprintf(cmd.OutOrStdout(), "decisions: %v; skipped (taken over elsewhere): %d; failed and quarantined: %d; sessions re-woken: %d\n",
-				p.Decisions, p.Skipped, p.Failed, p.Redriven)
+			fmt.Fprintf(cmd.OutOrStdout(), "decisions: %v; skipped (taken over elsewhere): %d; failed and quarantined: %d; failed transiently, left for the next pass: %d; sessions re-woken: %d\n",
+				p.Decisions, p.Skipped, p.Failed, p.Retried, p.Redriven)
 			return nil
 		},
 	}
