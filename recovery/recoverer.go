@@ -642,13 +642,23 @@ SELECT session_id, execution_id, owner_id, fencing_token, phase, coalesce(assist
 FROM claims WHERE quarantine_reason IS NULL AND expires_at <= now()
 ORDER BY expires_at, session_id LIMIT $1`
 
+// The filters (no claim, not redriven within the interval) apply before the
+// limit: a session that cannot be redriven — a quarantined or long-running
+// claim, a recent redrive — never takes a place in the batch, so however
+// many there are, a lost wake behind them is found (invariant 10). The old
+// waiting inputs are read through their partial index, as before
+// (TestRedriveScanUsesTheRedriveIndex). The outer filters are checked again
+// on the locked row (a concurrent pass may have redriven it meanwhile).
 // Sessions are locked in sorted order (as admission does) and skipped when
 // busy: a concurrent pass or admission is handling them.
 const redriveSQL = `
 SELECT s.session_id FROM sessions s
 WHERE s.session_id IN (
     SELECT i.session_id FROM waiting_inputs i
+    JOIN sessions r ON r.session_id = i.session_id
     WHERE i.admitted_at < now() - $1 * interval '1 millisecond'
+      AND (r.redriven_at IS NULL OR r.redriven_at < now() - $1 * interval '1 millisecond')
+      AND NOT EXISTS (SELECT 1 FROM claims c WHERE c.session_id = i.session_id)
     GROUP BY i.session_id
     ORDER BY min(i.admitted_at), i.session_id
     LIMIT $2)
