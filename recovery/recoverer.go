@@ -303,7 +303,7 @@ func (r *Recoverer) recover(ctx context.Context, old ledger.Claim) (string, erro
 		if _, err := tx.Exec(ctx, `SELECT 1 FROM sessions WHERE session_id = $1 FOR UPDATE`, old.SessionID); err != nil {
 			return fmt.Errorf("locking session: %w", err)
 		}
-		ev, err := r.gather(ctx, tx, old)
+		ev, err := gather(ctx, tx, old)
 		if err != nil {
 			return err
 		}
@@ -339,7 +339,7 @@ func (r *Recoverer) recover(ctx context.Context, old ledger.Claim) (string, erro
 	return decision, nil
 }
 
-func (r *Recoverer) gather(ctx context.Context, tx pgx.Tx, c ledger.Claim) (Evidence, error) {
+func gather(ctx context.Context, tx pgx.Tx, c ledger.Claim) (Evidence, error) {
 	ev := Evidence{Phase: string(c.Phase), AssistantMessageID: c.AssistantMessageID, Owner: c.OwnerID, ExpiredAt: c.ExpiresAt,
 		Attempts: []AttemptFact{}, ToolCalls: []ToolCallFact{}}
 	if c.AssistantMessageID != "" {

@@ -148,7 +148,7 @@ func newQuarantineCommand(o *options) *cobra.Command {
 				return err
 			}
 			defer db.Close()
-			if err := recovery.Release(cmd.Context(), db.Pool, args[0], args[1], operator, note); err != nil {
+			if err := recovery.Release(cmd.Context(), db.Pool, args[0], args[1], &recovery.ReleaseOpts{Operator: operator, Note: note, Topics: o.topics}); err != nil {
 				return err
 			}
 			fmt.Fprintf(cmd.OutOrStdout(), "released %s %s\n", args[0], args[1])
