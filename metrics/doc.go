@@ -17,6 +17,7 @@
 //	promptline_claims_total{event}                claim events: acquired | renewed | released | lost
 //	promptline_fenced_writes_total                execution writes refused by the fence: a sign of split ownership
 //	promptline_recovery_decisions_total{decision} recovery decisions: cleared | superseded | rewoken | continued | reconciled | quarantined
+//	promptline_recovery_transient_errors_total    recovery decisions that failed with a transient database error (lost connection, lock or statement timeout, deadlock, serialization failure): the claim is left as it was for the next pass, never quarantined
 //	promptline_redriven_wakes_total               sessions re-woken because their wake was lost
 //	promptline_quarantined_rows{kind}             quarantined rows (claim | input | outbox), from the database, refreshed every recovery pass
 //	promptline_outbox_publish_delay_seconds       histogram, per published batch: the age of its oldest row when marked published (commit-to-publish latency, upper bound)

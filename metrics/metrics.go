@@ -29,6 +29,7 @@ type Metrics struct {
 	Claims             *prometheus.CounterVec
 	FencedWrites       prometheus.Counter
 	RecoveryDecisions  *prometheus.CounterVec
+	RecoveryTransient  prometheus.Counter
 	RedrivenWakes      prometheus.Counter
 	QuarantinedRows    *prometheus.GaugeVec
 	OutboxPublishDelay prometheus.Histogram
@@ -90,6 +91,9 @@ func New(reg prometheus.Registerer) *Metrics {
 		RecoveryDecisions: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "promptline_recovery_decisions_total", Help: "Recovery decisions, by decision.",
 		}, []string{"decision"}),
+		RecoveryTransient: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "promptline_recovery_transient_errors_total", Help: "Recovery decisions that failed with a transient database error and were left for the next pass.",
+		}),
 		RedrivenWakes: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "promptline_redriven_wakes_total", Help: "Sessions re-woken because their wake was lost.",
 		}),
@@ -123,7 +127,7 @@ func New(reg prometheus.Registerer) *Metrics {
 		}, []string{"topic", "partition"}),
 	}
 	reg.MustRegister(m.OutboxPublishDelay, m.WakeToStart, m.ProviderAttempts, m.ProviderSeconds, m.ToolCalls, m.ToolCallSeconds, m.ConsumerLag)
-	reg.MustRegister(m.RecoveryDecisions, m.RedrivenWakes, m.QuarantinedRows, m.Claims, m.FencedWrites, m.Admissions, m.AdmissionBatchSize, m.AdmissionSeconds, m.Turns,
+	reg.MustRegister(m.RecoveryDecisions, m.RecoveryTransient, m.RedrivenWakes, m.QuarantinedRows, m.Claims, m.FencedWrites, m.Admissions, m.AdmissionBatchSize, m.AdmissionSeconds, m.Turns,
 		m.TurnSeconds, m.ActiveExecutions, m.OutboxPublished, m.OutboxPruned, m.Wakes)
 	return m
 }

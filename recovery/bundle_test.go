@@ -25,6 +25,7 @@ import (
 // would leave them, and runs recovery passes over them.
 type testBundle struct {
 	pool     *pgxpool.Pool
+	url      string // the test database, for pools of other settings
 	admitter *pipeline.Admitter
 	claims   *ledger.Claims
 	rec      *recovery.Recoverer
@@ -32,9 +33,10 @@ type testBundle struct {
 
 func setup(t *testing.T) *testBundle {
 	t.Helper()
-	pool, _ := testkit.Pool(t)
+	pool, url := testkit.Pool(t)
 	return &testBundle{
 		pool:     pool,
+		url:      url,
 		admitter: pipeline.NewAdmitter(pool, &pipeline.AdmitterConfig{}),
 		claims:   ledger.NewClaims(pool, &ledger.ClaimsConfig{Lease: time.Minute, OwnerID: "dead-process"}),
 		rec:      recovery.New(pool, &recovery.Config{Batch: 100, OwnerID: "recovery-test", RedriveAfter: time.Hour}),

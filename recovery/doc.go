@@ -24,8 +24,12 @@
 //   - 7. Every decision that clears a claim writes a wake when inputs wait.
 //   - 10. Scans are bounded by the batch size, ordered (expiry, session),
 //     and isolate per-row failures: a row that fails validation, or whose
-//     decision fails, is quarantined with its reason and skipped by later
-//     scans until an operator releases it.
+//     decision fails deterministically, is quarantined with its reason and
+//     skipped by later scans until an operator releases it.
+//   - 13. A decision that fails with a transient database error (a lost
+//     connection, a lock or statement timeout, a deadlock, a serialization
+//     failure: pgdb.Transient) rolls back and leaves the claim as it was for
+//     the next pass; it is logged and counted, never quarantined.
 //
 // Decisions: cleared (phase safe), superseded (the claim's assistant
 // message is not the session's newest), rewoken (phase ready), continued

@@ -9,7 +9,10 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/promptline/promptline/internal/kafkautil"
 	"github.com/promptline/promptline/internal/pgdb"
+	"github.com/promptline/promptline/ledger"
+	"github.com/promptline/promptline/outbox"
 )
 
 // Kinds of quarantined rows (the kind label of promptline_quarantined_rows).
@@ -60,10 +63,33 @@ func ListQuarantined(ctx context.Context, pool *pgxpool.Pool) ([]QuarantinedRow,
 	return pgx.CollectRows(rows, pgx.RowToStructByPos[QuarantinedRow])
 }
 
+// ErrStillInvalid says that a quarantined row still fails the validation
+// that quarantined it: releasing it would only have it quarantined again.
+var ErrStillInvalid = errors.New("still fails validation")
+
+// ReleaseOpts describes one release.
+type ReleaseOpts struct {
+	// Operator names who releases the row, recorded in the audit.
+	Operator string
+	// Note says what was repaired, recorded in the audit. Defaults to none.
+	Note string
+	// Topics names the outbox targets of a released input's wake. Defaults
+	// to kafkautil's defaults.
+	Topics kafkautil.Topics
+}
+
 // Release lifts the quarantine of one row after an operator repaired it,
-// and audits the release. A released claim is scanned again by the next
-// recovery pass; a released input waits again.
-func Release(ctx context.Context, pool *pgxpool.Pool, kind, id, operator, note string) error {
+// and audits the release.
+//
+// A claim is checked first: one that still fails recovery's validation is
+// not released (ErrStillInvalid, naming the reason); a released claim is
+// decided by the next recovery pass, which wakes the session as any
+// decision does. A released input waits again, and the release wakes its
+// session in the same transaction when nothing else will (no claim holds
+// the session; a claim's holder, or recovery, sees the input when it
+// releases or decides: invariant 7). Claims and inputs are released under
+// their session's row lock, taken first, as admission and recovery take it.
+func Release(ctx context.Context, pool *pgxpool.Pool, kind, id string, opts *ReleaseOpts) error {
 	var table, key string
 	switch kind {
 	case KindClaim:
@@ -77,22 +103,98 @@ func Release(ctx context.Context, pool *pgxpool.Pool, kind, id, operator, note s
 	default:
 		return fmt.Errorf("unknown kind %q: want %s, %s or %s", kind, KindClaim, KindInput, KindOutbox)
 	}
+	topics := opts.Topics.WithDefaults()
 	return pgdb.InTx(ctx, pool, func(tx pgx.Tx) error {
-		var reason string
+		session, err := lockSessionOf(ctx, tx, kind, id)
+		if err != nil {
+			return fmt.Errorf("releasing %s %s: %w", kind, id, err)
+		}
+		var reason, rowSession string
 		// table and key come from the switch above, never from input.
-		err := tx.QueryRow(ctx, `SELECT quarantine_reason FROM `+table+`
-			WHERE `+key+` = $1 AND quarantine_reason IS NOT NULL FOR UPDATE`, id).Scan(&reason)
+		err = tx.QueryRow(ctx, `SELECT quarantine_reason, coalesce(`+sessionColumn(kind)+`, '') FROM `+table+`
+			WHERE `+key+` = $1 AND quarantine_reason IS NOT NULL FOR UPDATE`, id).Scan(&reason, &rowSession)
 		if errors.Is(err, pgx.ErrNoRows) {
 			return fmt.Errorf("%s %s: %w", kind, id, ErrNotQuarantined)
 		}
 		if err != nil {
 			return fmt.Errorf("releasing %s %s: %w", kind, id, err)
 		}
+		if kind != KindOutbox && rowSession != session {
+			return fmt.Errorf("releasing %s %s: it moved from session %s to %s meanwhile; try again", kind, id, session, rowSession)
+		}
+		if kind == KindClaim {
+			if still, err := stillInvalid(ctx, tx, session); err != nil {
+				return fmt.Errorf("releasing %s %s: %w", kind, id, err)
+			} else if still != "" {
+				return fmt.Errorf("%s %s: %w: %s; repair it, then release it", kind, id, ErrStillInvalid, still)
+			}
+		}
 		if _, err := tx.Exec(ctx, `UPDATE `+table+` SET quarantine_reason = NULL, quarantined_at = NULL WHERE `+key+` = $1`, id); err != nil {
 			return fmt.Errorf("releasing %s %s: %w", kind, id, err)
 		}
-		_, err = tx.Exec(ctx, `INSERT INTO quarantine_releases (kind, ref, reason, released_by, note) VALUES ($1, $2, $3, $4, nullif($5, ''))`,
-			kind, id, reason, operator, note)
-		return err
+		if _, err := tx.Exec(ctx, `INSERT INTO quarantine_releases (kind, ref, reason, released_by, note) VALUES ($1, $2, $3, $4, nullif($5, ''))`,
+			kind, id, reason, opts.Operator, opts.Note); err != nil {
+			return fmt.Errorf("auditing the release of %s %s: %w", kind, id, err)
+		}
+		if kind != KindInput {
+			return nil
+		}
+		var wake bool
+		if err := tx.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM waiting_inputs WHERE message_id = $1)
+			AND NOT EXISTS (SELECT 1 FROM claims WHERE session_id = $2)`, id, session).Scan(&wake); err != nil {
+			return fmt.Errorf("releasing %s %s: %w", kind, id, err)
+		}
+		if !wake {
+			return nil
+		}
+		return outbox.Insert(ctx, tx, outbox.WakeRow(topics.Wakes, session, "release", time.Now().UTC()))
 	})
+}
+
+func sessionColumn(kind string) string {
+	if kind == KindOutbox {
+		return "key"
+	}
+	return "session_id"
+}
+
+// lockSessionOf locks the session row of a claim or an input (the first
+// lock of every writer of a session, DESIGN.md invariant 7) and returns the
+// session; an outbox row locks none ("").
+func lockSessionOf(ctx context.Context, tx pgx.Tx, kind, id string) (string, error) {
+	session := id
+	switch kind {
+	case KindOutbox:
+		return "", nil
+	case KindInput:
+		err := tx.QueryRow(ctx, `SELECT session_id FROM inputs WHERE message_id = $1`, id).Scan(&session)
+		if errors.Is(err, pgx.ErrNoRows) {
+			return "", fmt.Errorf("%w", ErrNotQuarantined)
+		}
+		if err != nil {
+			return "", fmt.Errorf("reading the input's session: %w", err)
+		}
+	}
+	if _, err := tx.Exec(ctx, `SELECT 1 FROM sessions WHERE session_id = $1 FOR UPDATE`, session); err != nil {
+		return "", fmt.Errorf("locking session: %w", err)
+	}
+	return session, nil
+}
+
+// stillInvalid runs recovery's validation over a quarantined claim, on
+// the evidence a decision would read, and returns why it still fails, or "".
+func stillInvalid(ctx context.Context, tx pgx.Tx, session string) (string, error) {
+	var c ledger.Claim
+	var phase string
+	err := tx.QueryRow(ctx, `SELECT session_id, execution_id, owner_id, fencing_token, phase, coalesce(assistant_message_id, ''), expires_at
+		FROM claims WHERE session_id = $1`, session).Scan(&c.SessionID, &c.ExecutionID, &c.OwnerID, &c.Token, &phase, &c.AssistantMessageID, &c.ExpiresAt)
+	if err != nil {
+		return "", fmt.Errorf("reading the claim: %w", err)
+	}
+	c.Phase = ledger.Phase(phase)
+	ev, err := gather(ctx, tx, c)
+	if err != nil {
+		return "", err
+	}
+	return validate(c, ev), nil
 }

@@ -66,6 +66,10 @@ type Config struct {
 	Logger *slog.Logger
 	// OnDecisionFunc counts decisions (metrics). Defaults to nothing.
 	OnDecisionFunc func(decision string)
+	// OnTransientErrorFunc counts decisions that failed with a transient
+	// database error (pgdb.Transient) and were left for the next pass.
+	// Defaults to nothing.
+	OnTransientErrorFunc func()
 	// OnRedriveFunc counts re-woken sessions. Defaults to nothing.
 	OnRedriveFunc func(n int)
 	// OnQuarantinedFunc receives the quarantined row counts by kind after
@@ -144,7 +148,8 @@ func (r *Recoverer) Stop() {
 type Pass struct {
 	Decisions map[string]int
 	Skipped   int // taken over by another process first
-	Failed    int // decision failed; the row was quarantined
+	Failed    int // decision failed deterministically; the row was quarantined
+	Retried   int // decision failed transiently; the row is left for the next pass
 	Redriven  int
 }
 
@@ -165,15 +170,36 @@ func (r *Recoverer) RunOnce(ctx context.Context) (Pass, error) {
 			if ctx.Err() != nil {
 				return p, ctx.Err()
 			}
+			if pgdb.Transient(err) {
+				// A lost connection, a timeout, a deadlock: nothing about
+				// the claim (invariant 13). The transaction rolled back, so
+				// the claim is as it was; the next pass decides it.
+				p.Retried++
+				r.transientError(ctx, c, "recovery decision failed transiently; the claim is left for the next pass", err)
+				continue
+			}
 			// Isolate the failure: quarantine the row so it cannot consume
 			// every later batch, and go on.
-			p.Failed++
 			r.log.ErrorContext(ctx, "recovery decision failed; quarantining the claim",
 				slog.String("session_id", c.SessionID), slog.String("execution_id", c.ExecutionID), slog.Any("error", err))
-			if qerr := r.quarantineClaim(ctx, c, "decision failed: "+err.Error()); qerr != nil && !errors.Is(qerr, errSkipped) {
+			qerr := r.quarantineClaim(ctx, c, "decision failed: "+err.Error())
+			switch {
+			case qerr == nil:
+				p.Failed++
+				p.Decisions[DecisionQuarantined]++
+				if f := r.cfg.OnDecisionFunc; f != nil {
+					f(DecisionQuarantined)
+				}
+			case errors.Is(qerr, errSkipped):
+				p.Skipped++
+			case ctx.Err() != nil:
+				return p, ctx.Err()
+			case pgdb.Transient(qerr):
+				p.Retried++
+				r.transientError(ctx, c, "quarantining the claim failed transiently; it is left for the next pass", qerr)
+			default:
 				r.log.ErrorContext(ctx, "quarantining failed", slog.String("session_id", c.SessionID), slog.Any("error", qerr))
 			}
-			p.Decisions[DecisionQuarantined]++
 		default:
 			wrote = true
 			p.Decisions[decision]++
@@ -201,6 +227,13 @@ func (r *Recoverer) RunOnce(ctx context.Context) (Pass, error) {
 		f(counts)
 	}
 	return p, nil
+}
+
+func (r *Recoverer) transientError(ctx context.Context, c ledger.Claim, msg string, err error) {
+	r.log.WarnContext(ctx, msg, slog.String("session_id", c.SessionID), slog.String("execution_id", c.ExecutionID), slog.Any("error", err))
+	if f := r.cfg.OnTransientErrorFunc; f != nil {
+		f()
+	}
 }
 
 var errSkipped = errors.New("claim changed or taken over by another process")
@@ -270,7 +303,7 @@ func (r *Recoverer) recover(ctx context.Context, old ledger.Claim) (string, erro
 		if _, err := tx.Exec(ctx, `SELECT 1 FROM sessions WHERE session_id = $1 FOR UPDATE`, old.SessionID); err != nil {
 			return fmt.Errorf("locking session: %w", err)
 		}
-		ev, err := r.gather(ctx, tx, old)
+		ev, err := gather(ctx, tx, old)
 		if err != nil {
 			return err
 		}
@@ -306,7 +339,7 @@ func (r *Recoverer) recover(ctx context.Context, old ledger.Claim) (string, erro
 	return decision, nil
 }
 
-func (r *Recoverer) gather(ctx context.Context, tx pgx.Tx, c ledger.Claim) (Evidence, error) {
+func gather(ctx context.Context, tx pgx.Tx, c ledger.Claim) (Evidence, error) {
 	ev := Evidence{Phase: string(c.Phase), AssistantMessageID: c.AssistantMessageID, Owner: c.OwnerID, ExpiredAt: c.ExpiresAt,
 		Attempts: []AttemptFact{}, ToolCalls: []ToolCallFact{}}
 	if c.AssistantMessageID != "" {
@@ -609,13 +642,23 @@ SELECT session_id, execution_id, owner_id, fencing_token, phase, coalesce(assist
 FROM claims WHERE quarantine_reason IS NULL AND expires_at <= now()
 ORDER BY expires_at, session_id LIMIT $1`
 
+// The filters (no claim, not redriven within the interval) apply before the
+// limit: a session that cannot be redriven — a quarantined or long-running
+// claim, a recent redrive — never takes a place in the batch, so however
+// many there are, a lost wake behind them is found (invariant 10). The old
+// waiting inputs are read through their partial index, as before
+// (TestRedriveScanUsesTheRedriveIndex). The outer filters are checked again
+// on the locked row (a concurrent pass may have redriven it meanwhile).
 // Sessions are locked in sorted order (as admission does) and skipped when
 // busy: a concurrent pass or admission is handling them.
 const redriveSQL = `
 SELECT s.session_id FROM sessions s
 WHERE s.session_id IN (
     SELECT i.session_id FROM waiting_inputs i
+    JOIN sessions r ON r.session_id = i.session_id
     WHERE i.admitted_at < now() - $1 * interval '1 millisecond'
+      AND (r.redriven_at IS NULL OR r.redriven_at < now() - $1 * interval '1 millisecond')
+      AND NOT EXISTS (SELECT 1 FROM claims c WHERE c.session_id = i.session_id)
     GROUP BY i.session_id
     ORDER BY min(i.admitted_at), i.session_id
     LIMIT $2)

@@ -248,17 +248,21 @@ func TestRecovery(t *testing.T) {
 		require.Equal(t, 101, counts[recovery.KindClaim])
 		require.Empty(t, b.pass(t).Decisions, "quarantined rows are skipped by later scans")
 
-		// Release, audited; the released row is scanned again (still bad:
-		// quarantined again).
-		require.NoError(t, recovery.Release(ctx, b.pool, recovery.KindClaim, "poison-000", "op", "looked at it"))
-		require.ErrorIs(t, recovery.Release(ctx, b.pool, recovery.KindClaim, "poison-000", "op", ""), recovery.ErrNotQuarantined)
-		require.Equal(t, 1, b.count(t, `SELECT count(*) FROM quarantine_releases WHERE ref = 'poison-000' AND released_by = 'op'`))
-		require.Equal(t, 1, b.pass(t).Decisions[recovery.DecisionQuarantined])
+		// An unrepaired release is refused with the reason: it would only
+		// be quarantined again.
+		err = recovery.Release(ctx, b.pool, recovery.KindClaim, "poison-000", &recovery.ReleaseOpts{Operator: "op", Note: "looked at it"})
+		require.ErrorIs(t, err, recovery.ErrStillInvalid)
+		require.ErrorContains(t, err, `unknown phase "bogus"`)
+		require.Zero(t, b.count(t, `SELECT count(*) FROM quarantine_releases WHERE ref = 'poison-000'`))
+		require.ErrorIs(t, recovery.Release(ctx, b.pool, recovery.KindClaim, "no-such-session", &recovery.ReleaseOpts{Operator: "op"}), recovery.ErrNotQuarantined)
+		require.Empty(t, b.pass(t).Decisions)
 
 		// Repaired (the turn had in fact completed) and released: the next
 		// pass decides, in place of the quarantine record.
 		b.exec(t, `UPDATE claims SET phase = 'safe' WHERE session_id = 'poison-001'`)
-		require.NoError(t, recovery.Release(ctx, b.pool, recovery.KindClaim, "poison-001", "op", "phase was safe"))
+		require.NoError(t, recovery.Release(ctx, b.pool, recovery.KindClaim, "poison-001", &recovery.ReleaseOpts{Operator: "op", Note: "phase was safe"}))
+		require.ErrorIs(t, recovery.Release(ctx, b.pool, recovery.KindClaim, "poison-001", &recovery.ReleaseOpts{Operator: "op"}), recovery.ErrNotQuarantined)
+		require.Equal(t, 1, b.count(t, `SELECT count(*) FROM quarantine_releases WHERE ref = 'poison-001' AND released_by = 'op'`))
 		require.Equal(t, 1, b.pass(t).Decisions[recovery.DecisionCleared])
 		recs := b.records(t, "poison-001")
 		require.Len(t, recs, 1)

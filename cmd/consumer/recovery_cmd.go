@@ -60,8 +60,8 @@ func newRecoverCommand(o *options) *cobra.Command {
 			if asJSON {
 				return json.NewEncoder(cmd.OutOrStdout()).Encode(p)
 			}
-			fmt.Fprintf(cmd.OutOrStdout(), "decisions: %v; skipped (taken over elsewhere): %d; failed and quarantined: %d; sessions re-woken: %d\n",
-				p.Decisions, p.Skipped, p.Failed, p.Redriven)
+			fmt.Fprintf(cmd.OutOrStdout(), "decisions: %v; skipped (taken over elsewhere): %d; failed and quarantined: %d; failed transiently, left for the next pass: %d; sessions re-woken: %d\n",
+				p.Decisions, p.Skipped, p.Failed, p.Retried, p.Redriven)
 			return nil
 		},
 	}
@@ -148,7 +148,7 @@ func newQuarantineCommand(o *options) *cobra.Command {
 				return err
 			}
 			defer db.Close()
-			if err := recovery.Release(cmd.Context(), db.Pool, args[0], args[1], operator, note); err != nil {
+			if err := recovery.Release(cmd.Context(), db.Pool, args[0], args[1], &recovery.ReleaseOpts{Operator: operator, Note: note, Topics: o.topics}); err != nil {
 				return err
 			}
 			fmt.Fprintf(cmd.OutOrStdout(), "released %s %s\n", args[0], args[1])

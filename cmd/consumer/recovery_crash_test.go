@@ -333,8 +333,9 @@ func TestConcurrentRecoveryDecidesOnce(t *testing.T) {
 //
 // It catches: an explanation that does not name the decision, a poison
 // claim (unknown phase) that recovery neither quarantines nor skips, a
-// quarantined row missing from the list, and a release that does not lift
-// the quarantine or leaves no audit row.
+// quarantined row missing from the list, a release that does not lift
+// the quarantine or leaves no audit row, and a release of an unrepaired
+// claim that goes through (it would be quarantined again, in silence).
 func TestRecoveryOperatorCommands(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
@@ -384,6 +385,15 @@ func TestRecoveryOperatorCommands(t *testing.T) {
 	require.Contains(t, listed, `unknown phase "bogus"`)
 	require.NotContains(t, out, session+" ", "A's claim was decided, not quarantined")
 
+	// Unrepaired, the release is refused and says why (it would only be
+	// quarantined again by the next pass).
+	_, stderr, code = runOnce(t, append([]string{"quarantine", "release", "claim", bogus, "--operator", "test"}, db...)...)
+	require.Equal(t, 1, code, "an unrepaired release must fail")
+	require.Contains(t, stderr, `still fails validation: unknown phase "bogus"`)
+	require.Zero(t, b.count(t, `SELECT count(*) FROM quarantine_releases WHERE ref = $1`, bogus), "nothing was released")
+	// Repaired as the runbook says (the turn is complete: phase safe).
+	_, err = b.pool.Exec(t.Context(), `UPDATE claims SET phase = 'safe' WHERE session_id = $1`, bogus)
+	require.NoError(t, err)
 	out, stderr, code = runOnce(t, append([]string{"quarantine", "release", "claim", bogus, "--operator", "test"}, db...)...)
 	require.Zero(t, code, "consumer quarantine release: %s", stderr)
 	require.Contains(t, out, "released claim "+bogus)

@@ -154,6 +154,8 @@ func run(ctx context.Context, o *options, stderr io.Writer) error {
 		OnRedriveFunc:       func(n int) { m.RedrivenWakes.Add(float64(n)) },
 		OnQuarantinedFunc:   func(c map[string]int) { setQuarantined(m, c) },
 		OnCommitFunc:        relay.Nudge,
+
+		OnTransientErrorFunc: m.RecoveryTransient.Inc,
 	})
 	if err := rec.Start(ctx); err != nil {
 		return err
