@@ -94,7 +94,17 @@ type existing struct {
 	hash     []byte
 	armed    bool
 	promoted bool
+	kind     string
 }
+
+// The kinds of input (inputs.kind). Internal inputs are told apart from
+// prompts by their kind, never by their message ID, which a sender
+// chooses (DESIGN.md invariant 14): a prompt is a prompt whatever its ID.
+const (
+	KindPrompt          = "prompt"
+	KindPermissionReply = "permission_reply"
+	KindContinuation    = "continuation"
+)
 
 // Admit admits a batch in one transaction and returns each prompt's
 // outcome, in order. Every copy of a message ID is classified as if each
@@ -221,7 +231,7 @@ func (a *Admitter) admit(ctx context.Context, batch []Incoming, afterCommit func
 				}
 				var id string
 				var e existing
-				_, err = pgx.ForEachRow(r, []any{&id, &e.hash, &e.armed, &e.promoted}, func() error {
+				_, err = pgx.ForEachRow(r, []any{&id, &e.hash, &e.armed, &e.promoted, &e.kind}, func() error {
 					prior[id] = e
 					return nil
 				})
@@ -255,7 +265,7 @@ func (a *Admitter) admit(ctx context.Context, batch []Incoming, afterCommit func
 					continue
 				}
 				e := prior[id]
-				if !bytes.Equal(e.hash, hashes[i]) {
+				if e.kind != KindPrompt || !bytes.Equal(e.hash, hashes[i]) {
 					outcomes[i] = Conflict // invariant 2: nothing changes
 					continue
 				}
@@ -327,18 +337,18 @@ func newID() string { return uuid.Must(uuid.NewV7()).String() }
 
 // lockSessionsSQL returns the IDs stored at its snapshot, and upserts the
 // sessions of the copies that may write: a new ID's first copy, and a
-// copy equal to the stored row (same hash: same session). A row admitted
+// copy equal to the stored prompt (same hash: same session). A row admitted
 // after the snapshot shows as an ID neither stored nor inserted
 // (errAdmissionRaced).
 const lockSessionsSQL = `
 WITH c AS (
     SELECT * FROM unnest($1::text[], $2::text[], $3::bytea[], $4::bool[]) AS c(id, s, h, first)
 ), stored AS (
-    SELECT message_id, payload_hash FROM inputs WHERE message_id IN (SELECT id FROM c)
+    SELECT message_id, payload_hash, kind FROM inputs WHERE message_id IN (SELECT id FROM c)
 ), upserted AS (
     INSERT INTO sessions (session_id)
     SELECT DISTINCT c.s FROM c LEFT JOIN stored ON stored.message_id = c.id
-    WHERE CASE WHEN stored.message_id IS NULL THEN c.first ELSE stored.payload_hash = c.h END
+    WHERE CASE WHEN stored.message_id IS NULL THEN c.first ELSE stored.kind = 'prompt' AND stored.payload_hash = c.h END
     ORDER BY 1
     ON CONFLICT (session_id) DO UPDATE SET last_admitted_at = now()
 )
@@ -347,8 +357,8 @@ SELECT message_id FROM stored`
 // WITH ORDINALITY keeps the batch order in admission_seq.
 const insertInputsSQL = `
 INSERT INTO inputs (message_id, session_id, text, payload_hash, delivery, wake_pending,
-                    source_topic, source_partition, source_offset)
-SELECT id, s, t, h, d, w, st, sp, so
+                    source_topic, source_partition, source_offset, kind)
+SELECT id, s, t, h, d, w, st, sp, so, 'prompt'
 FROM unnest($1::text[], $2::text[], $3::text[], $4::bytea[], $5::text[], $6::bool[],
             $7::text[], $8::int[], $9::bigint[]) WITH ORDINALITY AS r(id, s, t, h, d, w, st, sp, so, n)
 ORDER BY n
@@ -357,7 +367,7 @@ RETURNING message_id`
 
 // FOR UPDATE: a concurrent batch arming the same input waits for us.
 const selectExistingSQL = `
-SELECT message_id, payload_hash, wake_pending, promotion_seq IS NOT NULL
+SELECT message_id, payload_hash, wake_pending, promotion_seq IS NOT NULL, kind
 FROM inputs WHERE message_id = ANY($1) ORDER BY message_id FOR UPDATE`
 
 const armSQL = `UPDATE inputs SET wake_pending = true WHERE message_id = ANY($1)`
