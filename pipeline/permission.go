@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -21,8 +22,27 @@ import (
 
 // ReplyPrefix starts the message ID of the input that a permission reply
 // admits: permission-reply-<request ID>. Promoting it resumes the parked
-// turn.
-const ReplyPrefix = "permission-reply-"
+// turn. The ID only names the input: what it is says its kind
+// (KindPermissionReply), and a prompt may carry any ID, this one included.
+// When a prompt holds it, the reply's input takes ReplyTakenPrefix
+// instead, which no prompt can hold: a prompt's message ID has no space
+// (envelope.Decode).
+const (
+	ReplyPrefix      = "permission-reply-"
+	ReplyTakenPrefix = "permission-reply "
+)
+
+// errInputIDTaken: every ID an internal input may take is held by another
+// input (of another kind, or the same kind with another payload).
+var errInputIDTaken = errors.New("input ID taken by another input")
+
+// replyRequestID is the request a reply's input resumes.
+func replyRequestID(inputID string) string {
+	if id, ok := strings.CutPrefix(inputID, ReplyPrefix); ok {
+		return id
+	}
+	return strings.TrimPrefix(inputID, ReplyTakenPrefix)
+}
 
 var (
 	// errParked: a tool call waits for permission; the session is parked
@@ -106,7 +126,7 @@ func (ex *execution) park(ctx context.Context, p ledger.CallParams, c ToolCall) 
 // resume promotes a permission reply's input: it continues the parked turn,
 // whose call (still requested) is then checked again against the reply.
 func (ex *execution) resume(ctx context.Context, tx pgx.Tx, inputID string) (*turn, error) {
-	requestID := inputID[len(ReplyPrefix):]
+	requestID := replyRequestID(inputID)
 	var assistant string
 	err := tx.QueryRow(ctx, `SELECT a.assistant_message_id FROM permission_requests r
 		JOIN tool_calls c ON c.call_id = r.call_id JOIN attempts a ON a.attempt_id = c.attempt_id
@@ -200,12 +220,11 @@ func (a *Admitter) AdmitReply(ctx context.Context, key []byte, r envelope.Permis
 				return fmt.Errorf("recording grant: %w", err)
 			}
 		}
-		inputHash := sha256.Sum256([]byte("permission-reply:" + r.RequestID))
-		if _, err := tx.Exec(ctx, `INSERT INTO inputs (message_id, session_id, text, payload_hash, delivery, wake_pending,
-				source_topic, source_partition, source_offset)
-			VALUES ($1, $2, '', $3, 'steer', true, $4, $5, $6) ON CONFLICT (message_id) DO NOTHING`,
-			ReplyPrefix+r.RequestID, session, inputHash[:], src.Topic, src.Partition, src.Offset); err != nil {
-			return fmt.Errorf("admitting the reply's input: %w", err)
+		if err := a.insertReplyInput(ctx, tx, r.RequestID, session, src); err != nil {
+			if errors.Is(err, errInputIDTaken) {
+				out = ReplyOutcome{Outcome: Conflict, Reason: envelope.ReasonConflict, Detail: fmt.Sprintf("the input of the reply to %q: %v", r.RequestID, err)}
+			}
+			return err
 		}
 		out = ReplyOutcome{Outcome: Admitted}
 		wrote = true
@@ -215,6 +234,9 @@ func (a *Admitter) AdmitReply(ctx context.Context, key []byte, r envelope.Permis
 				SessionID: session, At: now, RequestID: r.RequestID, Reply: r.Reply}),
 			wakeRow(a.cfg.Topics.Wakes, session, "permission-reply", now))
 	})
+	if errors.Is(err, errInputIDTaken) {
+		return out, nil // rolled back: the request stays pending
+	}
 	if err != nil {
 		return ReplyOutcome{}, fmt.Errorf("admitting reply to %s: %w", r.RequestID, err)
 	}
@@ -222,4 +244,34 @@ func (a *Admitter) AdmitReply(ctx context.Context, key []byte, r envelope.Permis
 		a.cfg.OnCommitFunc()
 	}
 	return out, nil
+}
+
+// insertReplyInput admits the input that resumes request requestID's turn,
+// of kind permission_reply, under ReplyPrefix+requestID, or under
+// ReplyTakenPrefix+requestID when a prompt (or anything but this reply's
+// input) holds that ID: the reply reaches its request whatever a sender
+// sent before it. An ID held by this very input (same kind, session and
+// payload) is an exact retry. errInputIDTaken when both are held by
+// others, which no sender can cause.
+func (a *Admitter) insertReplyInput(ctx context.Context, tx pgx.Tx, requestID, session string, src Source) error {
+	h := sha256.Sum256([]byte("permission-reply:" + requestID))
+	for _, id := range []string{ReplyPrefix + requestID, ReplyTakenPrefix + requestID} {
+		var kind, held string
+		var hash []byte
+		err := tx.QueryRow(ctx, `WITH ins AS (
+				INSERT INTO inputs (message_id, session_id, text, payload_hash, delivery, wake_pending,
+				                    source_topic, source_partition, source_offset, kind)
+				VALUES ($1, $2, '', $3, 'steer', true, $4, $5, $6, 'permission_reply')
+				ON CONFLICT (message_id) DO NOTHING RETURNING kind, session_id, payload_hash)
+			SELECT kind, session_id, payload_hash FROM ins
+			UNION ALL SELECT kind, session_id, payload_hash FROM inputs WHERE message_id = $1 AND NOT EXISTS (SELECT 1 FROM ins)`,
+			id, session, h[:], src.Topic, src.Partition, src.Offset).Scan(&kind, &held, &hash)
+		if err != nil {
+			return fmt.Errorf("admitting the reply's input %s: %w", id, err)
+		}
+		if kind == KindPermissionReply && held == session && bytes.Equal(hash, h[:]) {
+			return nil
+		}
+	}
+	return fmt.Errorf("reply to %s: %w", requestID, errInputIDTaken)
 }

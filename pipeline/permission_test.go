@@ -2,6 +2,7 @@ package pipeline_test
 
 import (
 	"context"
+	"slices"
 	"testing"
 	"time"
 
@@ -11,6 +12,7 @@ import (
 	"github.com/promptline/promptline/envelope"
 	"github.com/promptline/promptline/ledger"
 	"github.com/promptline/promptline/pipeline"
+	"github.com/promptline/promptline/recovery"
 	"github.com/promptline/promptline/tools"
 )
 
@@ -166,6 +168,93 @@ func TestPermissions(t *testing.T) {
 		require.NoError(t, err)
 		require.Equal(t, envelope.ReasonKeyMismatch, out.Reason)
 		require.Equal(t, 1, b.count(t, `SELECT count(*) FROM permission_requests WHERE status = 'pending'`), "nothing changed")
+	})
+
+	// Invariant 14: a prompt whose message ID reads like an internal
+	// input's is an ordinary prompt, and the real internal input still
+	// reaches its request.
+	t.Run("PromptTakingTheReplysIDIsAnOrdinaryPrompt", func(t *testing.T) {
+		for _, tc := range []struct {
+			name, session, reply string
+		}{
+			{"OtherSessionThenApproval", "x", envelope.ReplyOnce},
+			{"SameSessionThenDecline", "s", envelope.ReplyReject},
+		} {
+			t.Run(tc.name, func(t *testing.T) {
+				t.Parallel()
+				b := setupPerm(t)
+				b.admit(t, "s", "m1", `/tool echo {"text": "hi"}`)
+				runOnce(t, b.exec(), "s")
+				id := requestID(t, b)
+				hostile := "permission-reply-" + id // the request ID is public in permission.asked
+				b.admit(t, tc.session, hostile, "not a reply")
+				runOnce(t, b.exec(), tc.session)
+
+				require.Equal(t, pipeline.Admitted, reply(t, b, id, tc.reply, "").Outcome)
+				runOnce(t, b.exec(), "s")
+				if tc.session != "s" {
+					runOnce(t, b.exec(), tc.session)
+				}
+				if tc.reply == envelope.ReplyOnce {
+					require.Len(t, b.runs, 1, "the tool ran")
+					var texts []string
+					for _, e := range events(t, b, envelope.EventTurnCompleted) {
+						if slices.Equal(e.MessageIDs, []string{"m1"}) {
+							texts = append(texts, e.Text)
+						}
+					}
+					require.Equal(t, []string{"tool results: echo: hi"}, texts, "the resumed turn completed")
+				} else {
+					require.Empty(t, b.runs)
+					failed := events(t, b, envelope.EventTurnFailed)
+					require.Len(t, failed, 1)
+					require.Equal(t, envelope.FailDeclined, failed[0].Reason)
+				}
+				require.Equal(t, 1, b.answered(t, hostile), "the prompt ran as a prompt")
+				require.Zero(t, b.count(t, `SELECT count(*) FROM inputs WHERE quarantine_reason IS NOT NULL`), "nothing quarantined")
+				require.Zero(t, b.count(t, `SELECT count(*) FROM inputs WHERE promotion_seq IS NULL`), "nothing left waiting")
+				require.Equal(t, 1, b.count(t, `SELECT count(*) FROM inputs WHERE message_id = $1 AND kind = 'permission_reply' AND session_id = 's'`,
+					pipeline.ReplyTakenPrefix+id), "the reply's input took the ID no prompt can hold")
+			})
+		}
+	})
+
+	t.Run("ReplyWhoseInputIDsAreHeldIsAConflictNotASilentSuccess", func(t *testing.T) {
+		t.Parallel()
+		b := setupPerm(t)
+		b.admit(t, "s", "m1", `/tool echo {"text": "hi"}`)
+		runOnce(t, b.exec(), "s")
+		id := requestID(t, b)
+		// Neither a prompt (that one) nor anything a sender can write (the
+		// other): only a bug could hold both.
+		b.admit(t, "s", pipeline.ReplyPrefix+id, "a prompt")
+		_, err := b.pool.Exec(ctx, `INSERT INTO inputs (message_id, session_id, text, payload_hash, delivery, wake_pending, kind)
+			VALUES ($1, 's', '', '\x00', 'steer', false, 'continuation')`, pipeline.ReplyTakenPrefix+id)
+		require.NoError(t, err)
+		out := reply(t, b, id, envelope.ReplyOnce, "")
+		require.Equal(t, pipeline.Conflict, out.Outcome)
+		require.Equal(t, envelope.ReasonConflict, out.Reason)
+		require.Equal(t, 1, b.count(t, `SELECT count(*) FROM permission_requests WHERE status = 'pending'`), "rolled back: the request still waits")
+		require.Empty(t, events(t, b, envelope.EventPermissionReplied))
+	})
+
+	t.Run("NoPromptCanHoldTheTakenIDs", func(t *testing.T) {
+		t.Parallel()
+		for _, id := range []string{pipeline.ReplyTakenPrefix + "r", recovery.ContinuationTakenID("e")} {
+			_, err := envelope.Decode([]byte("s"), mustJSON(map[string]string{"message_id": id, "session_id": "s", "text": "x"}), envelope.Limits{})
+			var rej *envelope.RejectError
+			require.ErrorAs(t, err, &rej, id)
+			require.Equal(t, envelope.ReasonInvalidField, rej.Reason)
+		}
+	})
+
+	t.Run("PromptTakingAContinuationsIDIsAnOrdinaryPrompt", func(t *testing.T) {
+		t.Parallel()
+		b := setupPerm(t)
+		b.admit(t, "s", "recovery-continue-some-execution", "not a continuation")
+		runOnce(t, b.exec(), "s")
+		require.Equal(t, 1, b.answered(t, "recovery-continue-some-execution"), "the prompt ran as a prompt")
+		require.Zero(t, b.count(t, `SELECT count(*) FROM inputs WHERE quarantine_reason IS NOT NULL`), "nothing quarantined")
 	})
 
 	t.Run("ReplyToUnknownRequestIsRejected", func(t *testing.T) {

@@ -2,6 +2,7 @@ package pipeline_test
 
 import (
 	"context"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -65,24 +66,39 @@ func TestStraightPath(t *testing.T) {
 	t.Run("ConflictingReuseIsRejectedAndChangesNothing", func(t *testing.T) {
 		t.Parallel()
 		b := setup(t, setupOpts{})
-		sess, msg := id(t, "s"), id(t, "m")
-		b.send(t, envelope.Prompt{MessageID: msg, SessionID: sess, Text: "original"})
-		b.waitTurn(t, msg)
+		sess, other, msg := id(t, "s"), id(t, "other"), id(t, "m")
+		// The original waits unpromoted, without a wake (resume false): a
+		// conflict that armed it, or changed it, would show.
+		no := false
+		b.send(t, envelope.Prompt{MessageID: msg, SessionID: sess, Text: "original", Resume: &no})
+		require.Eventually(t, func() bool {
+			return b.count(t, `SELECT count(*) FROM inputs WHERE message_id = $1`, msg) == 1
+		}, 20*time.Second, 10*time.Millisecond)
 		b.send(t, envelope.Prompt{MessageID: msg, SessionID: sess, Text: "impostor"})
+		b.send(t, envelope.Prompt{MessageID: msg, SessionID: other, Text: "original"}) // another session's reuse
 
-		require.Eventually(t, func() bool { return len(b.rejects.all()) == 1 }, 20*time.Second, 10*time.Millisecond)
-		r := b.rejects.all()[0]
-		require.Equal(t, envelope.ReasonConflict, header(r, "reason"))
-		require.Equal(t, "prompts", header(r, "source_topic"))
-		require.Contains(t, string(r.Value), "impostor")
+		require.Eventually(t, func() bool { return len(b.rejects.all()) == 2 }, 20*time.Second, 10*time.Millisecond)
+		var keys []string
+		for _, r := range b.rejects.all() {
+			require.Equal(t, envelope.ReasonConflict, header(r, "reason"))
+			require.Equal(t, "prompts", header(r, "source_topic"))
+			keys = append(keys, string(r.Key))
+		}
+		require.ElementsMatch(t, []string{sess, other}, keys)
+		require.Contains(t, string(b.rejects.all()[slices.Index(keys, sess)].Value), "impostor")
 
 		var text string
-		require.NoError(t, b.pool.QueryRow(context.Background(), `SELECT text FROM inputs WHERE message_id = $1`, msg).Scan(&text))
-		require.Equal(t, "original", text)
+		var armed, promoted bool
+		require.NoError(t, b.pool.QueryRow(context.Background(), `SELECT text, wake_pending, promotion_seq IS NOT NULL FROM inputs WHERE message_id = $1`, msg).
+			Scan(&text, &armed, &promoted))
+		require.Equal(t, []any{"original", false, false}, []any{text, armed, promoted}, "invariant 2: no payload change, no wake armed")
+		require.Zero(t, b.count(t, `SELECT count(*) FROM outbox WHERE topic = 'wakes'`), "no wake written")
+		require.Zero(t, b.count(t, `SELECT count(*) FROM sessions WHERE session_id = $1`, other), "the other session's row is not created")
+
+		// The original is intact: its exact retry asking to resume runs it.
+		b.send(t, envelope.Prompt{MessageID: msg, SessionID: sess, Text: "original"})
+		require.Equal(t, "echo: original", b.waitTurn(t, msg).Text)
 		require.Equal(t, 1, b.turnsFor(t, msg))
-		// Invariant 2: no wake armed by the conflict. The first admission
-		// wrote one wake; nothing since.
-		require.Equal(t, 1, b.count(t, `SELECT count(*) FROM outbox WHERE topic = 'wakes' AND key = $1`, sess))
 	})
 
 	t.Run("ResumeFalseThenExactRetryRunsOnce", func(t *testing.T) {

@@ -3,7 +3,6 @@ package pipeline
 import (
 	"context"
 	"fmt"
-	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -32,7 +31,9 @@ type sessionView struct {
 	history []TranscriptMessage
 }
 
-type waitingInput struct{ id, text, delivery string }
+// kind is the input's (KindPrompt, KindPermissionReply, KindContinuation):
+// what the input is, whatever its ID says.
+type waitingInput struct{ id, text, delivery, kind string }
 
 // queue adds the view's reads to b, filling v when b's results are read.
 // The callbacks may run twice (a combined transaction that failed is sent
@@ -52,7 +53,7 @@ func (v *sessionView) queue(b *pgx.Batch, sessionID string) {
 // or permission reply, which take the transactional path.
 func (v *sessionView) plain() bool {
 	for _, w := range v.waiting {
-		if strings.HasPrefix(w.id, ledger.ContinuationPrefix) || strings.HasPrefix(w.id, ReplyPrefix) {
+		if w.kind != KindPrompt {
 			return false
 		}
 	}
@@ -138,7 +139,7 @@ func (ex *execution) queueFirstStep(b *pgx.Batch, t *turn, v *sessionView) Provi
 func scanWaiting(rows pgx.Rows) ([]waitingInput, error) {
 	var all []waitingInput
 	var w waitingInput
-	if _, err := pgx.ForEachRow(rows, []any{&w.id, &w.text, &w.delivery}, func() error {
+	if _, err := pgx.ForEachRow(rows, []any{&w.id, &w.text, &w.delivery, &w.kind}, func() error {
 		all = append(all, w)
 		return nil
 	}); err != nil {

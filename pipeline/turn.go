@@ -8,7 +8,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -105,9 +104,9 @@ func (ex *execution) selectTurn(ctx context.Context, tx pgx.Tx) (*turn, error) {
 	}
 	for _, w := range all {
 		switch {
-		case strings.HasPrefix(w.id, ledger.ContinuationPrefix):
+		case w.kind == KindContinuation:
 			return ex.continuation(ctx, tx, w.id)
-		case strings.HasPrefix(w.id, ReplyPrefix):
+		case w.kind == KindPermissionReply:
 			return ex.resume(ctx, tx, w.id)
 		}
 	}
@@ -606,7 +605,7 @@ func requestHash(req ProviderRequest) []byte {
 }
 
 const waitingSQL = `
-SELECT message_id, text, delivery FROM waiting_inputs WHERE session_id = $1 ORDER BY admission_seq`
+SELECT message_id, text, delivery, kind FROM waiting_inputs WHERE session_id = $1 ORDER BY admission_seq`
 
 const promoteSQL = `
 WITH p AS (

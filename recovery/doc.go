@@ -19,7 +19,9 @@
 //     idempotency key (idempotent_tool_retry); a started provider attempt
 //     of a provider that honours idempotency keys is sent again with its
 //     key (idempotent_provider_retry).
-//   - P5. A continuation input's ID is recovery-continue-<execution ID>:
+//   - P5. A continuation input's ID is recovery-continue-<execution ID>
+//     (recovery-continue <execution ID> when a prompt holds that one; the
+//     input's kind, continuation, says what it is, invariant 14):
 //     admitting it twice is an exact retry, a no-op.
 //   - 7. Every decision that clears a claim writes a wake when inputs wait.
 //   - 10. Scans are bounded by the batch size, ordered (expiry, session),

@@ -1,6 +1,7 @@
 package recovery
 
 import (
+	"bytes"
 	"cmp"
 	"context"
 	"crypto/sha256"
@@ -41,6 +42,11 @@ const (
 
 // ContinuationID is the deterministic continuation input of an execution.
 var ContinuationID = ledger.ContinuationID
+
+// ContinuationTakenID is the continuation input's ID when a prompt holds
+// ContinuationID: "recovery-continue <execution ID>", which no prompt can
+// hold (a prompt's message ID has no space, envelope.Decode).
+func ContinuationTakenID(executionID string) string { return "recovery-continue " + executionID }
 
 // OutcomeUnknownText marks an assistant message reconciled after a restart.
 const OutcomeUnknownText = "outcome unknown after restart"
@@ -449,10 +455,11 @@ func (r *Recoverer) decide(ctx context.Context, tx pgx.Tx, old, nc ledger.Claim,
 			WHERE execution_id = $1 AND state = 'retry_wait'`, old.ExecutionID); err != nil {
 			return d, fmt.Errorf("settling deferred attempts: %w", err)
 		}
-		d.continuationID = ContinuationID(old.ExecutionID)
-		if err := r.admitContinuation(ctx, tx, old, d.continuationID); err != nil {
+		id, err := r.admitContinuation(ctx, tx, old)
+		if err != nil {
 			return d, err
 		}
+		d.continuationID = id
 	}
 	if d.decision == DecisionReconciled {
 		if err := r.reconcile(ctx, tx, old, ev); err != nil {
@@ -524,23 +531,33 @@ func (r *Recoverer) reconcile(ctx context.Context, tx pgx.Tx, old ledger.Claim, 
 	}))
 }
 
-// admitContinuation admits the deterministic continuation input: a steer,
-// so that it runs before queued prompts. A second admission is an exact
-// retry; an input with that ID in another session is poison.
-func (r *Recoverer) admitContinuation(ctx context.Context, tx pgx.Tx, old ledger.Claim, id string) error {
+// admitContinuation admits the deterministic continuation input, of kind
+// continuation: a steer, so that it runs before queued prompts, and
+// returns its ID: ContinuationID, or ContinuationTakenID when a prompt
+// holds that one (a message ID is the sender's to choose; what an input is
+// says its kind, DESIGN.md invariant 14). A second admission is an exact
+// retry; an ID held by an input of another session, kind or payload is
+// never taken for this one.
+func (r *Recoverer) admitContinuation(ctx context.Context, tx pgx.Tx, old ledger.Claim) (string, error) {
 	h := sha256.Sum256([]byte("continuation:" + old.SessionID + ":" + old.ExecutionID))
-	var session string
-	err := tx.QueryRow(ctx, `INSERT INTO inputs (message_id, session_id, text, payload_hash, delivery, wake_pending)
-		VALUES ($1, $2, '', $3, 'steer', true)
-		ON CONFLICT (message_id) DO UPDATE SET message_id = excluded.message_id
-		RETURNING session_id`, id, old.SessionID, h[:]).Scan(&session)
-	if err != nil {
-		return fmt.Errorf("admitting continuation %s: %w", id, err)
+	for _, id := range []string{ContinuationID(old.ExecutionID), ContinuationTakenID(old.ExecutionID)} {
+		var session, kind string
+		var hash []byte
+		err := tx.QueryRow(ctx, `INSERT INTO inputs (message_id, session_id, text, payload_hash, delivery, wake_pending, kind)
+			VALUES ($1, $2, '', $3, 'steer', true, 'continuation')
+			ON CONFLICT (message_id) DO UPDATE SET message_id = excluded.message_id
+			RETURNING session_id, kind, payload_hash`, id, old.SessionID, h[:]).Scan(&session, &kind, &hash)
+		if err != nil {
+			return "", fmt.Errorf("admitting continuation %s: %w", id, err)
+		}
+		if kind == "continuation" && session == old.SessionID && bytes.Equal(hash, h[:]) {
+			return id, nil
+		}
+		if kind == "continuation" && session != old.SessionID {
+			return "", fmt.Errorf("continuation input %s belongs to session %s, not %s", id, session, old.SessionID)
+		}
 	}
-	if session != old.SessionID {
-		return fmt.Errorf("continuation input %s belongs to session %s, not %s", id, session, old.SessionID)
-	}
-	return nil
+	return "", fmt.Errorf("continuation input of %s: both IDs are held by other inputs", old.ExecutionID)
 }
 
 func (r *Recoverer) record(ctx context.Context, tx pgx.Tx, old, nc ledger.Claim, ev Evidence, d decision) error {

@@ -80,7 +80,8 @@ ALTER DEFAULT PRIVILEGES FOR ROLE :"owner_role" IN SCHEMA :"schema"
   GRANT SELECT, INSERT, UPDATE, DELETE ON TABLES TO :"runtime_role";
 ALTER DEFAULT PRIVILEGES FOR ROLE :"owner_role" IN SCHEMA :"schema"
   GRANT USAGE, SELECT ON SEQUENCES TO :"runtime_role";
--- Functions (promptline_fence, promptline_claim_as_read): PUBLIC may execute them by default, but a
+-- Functions (promptline_fence, promptline_claim_as_read, and the trigger function
+-- promptline_legacy_input_kind): PUBLIC may execute them by default, but a
 -- cluster hardened against that must still let the runtime role.
 ALTER DEFAULT PRIVILEGES FOR ROLE :"owner_role" IN SCHEMA :"schema"
   GRANT EXECUTE ON FUNCTIONS TO :"runtime_role";

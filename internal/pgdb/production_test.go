@@ -101,6 +101,13 @@ INSERT INTO inputs (message_id, session_id, text, payload_hash, delivery, promot
                     source_topic, source_partition, source_offset, promoted_at)
 VALUES ('m-done', 's-old', 'hello', '\x01', 'queue', nextval('promotion_seq'), false, 'prompts', 0, 41, now()),
        ('m-wait', 's-waiting', 'later', '\x02', 'steer', NULL, true, 'prompts', 1, 7, NULL);
+-- Internal inputs as the old code wrote them, and prompts only named like
+-- them (migration 11 tells them apart by their payload hash).
+INSERT INTO inputs (message_id, session_id, text, payload_hash, delivery, promotion_seq, wake_pending, promoted_at)
+VALUES ('permission-reply-call-0', 's-old', '', sha256('permission-reply:call-0'), 'steer', nextval('promotion_seq'), true, now()),
+       ('recovery-continue-e-0', 's-old', '', sha256('continuation:s-old:e-0'), 'steer', nextval('promotion_seq'), true, now()),
+       ('permission-reply-call-9', 's-old', 'a prompt', '\x05', 'queue', nextval('promotion_seq'), true, now()),
+       ('recovery-continue-e-9', 's-old', 'a prompt', '\x06', 'queue', nextval('promotion_seq'), true, now());
 INSERT INTO outbox (topic, key, payload, published_at)
 VALUES ('session-events', 's-old', '{"type":"turn.completed"}', now()), ('wakes', 's-waiting', '{}', NULL);
 INSERT INTO messages (message_id, session_id, role, status, execution_id, fencing_token, turn_id, tool_call_id, completed_at)
@@ -208,10 +215,28 @@ func TestMigrateFromPreviousRelease(t *testing.T) {
 		require.Equal(t, "{}", metadata)
 		require.WithinDuration(t, time.Now(), askedAt, time.Minute)
 		require.Empty(t, waiting())
+		// As a consumer of the previous release admits a reply's input
+		// (no kind): the trigger classifies it.
 		_, err = db.ExecContext(ctx, `INSERT INTO inputs (message_id, session_id, text, payload_hash, delivery, wake_pending)
-			VALUES ('permission-reply-call-1', 's-waiting', 'once', '\x04', 'queue', true)`)
+			VALUES ('permission-reply-call-1', 's-waiting', '', sha256('permission-reply:call-1'), 'steer', true)`)
 		require.NoError(t, err)
 		require.Equal(t, []string{"permission-reply-call-1"}, waiting())
+
+		kinds := map[string]string{}
+		rows, err := db.QueryContext(ctx, `SELECT message_id, kind FROM inputs`)
+		require.NoError(t, err)
+		for rows.Next() {
+			var id, kind string
+			require.NoError(t, rows.Scan(&id, &kind))
+			kinds[id] = kind
+		}
+		require.NoError(t, rows.Err())
+		require.Equal(t, map[string]string{"m-done": "prompt", "m-wait": "prompt",
+			"permission-reply-call-0": "permission_reply", "recovery-continue-e-0": "continuation",
+			"permission-reply-call-9": "prompt", "recovery-continue-e-9": "prompt",
+			"permission-reply-call-1": "permission_reply"}, kinds, "internal inputs told by their hash, not their name")
+		_, err = db.ExecContext(ctx, `UPDATE inputs SET kind = 'other' WHERE message_id = 'm-done'`)
+		require.ErrorContains(t, err, "inputs_kind", "the kinds are closed")
 
 		// Identity columns and promotion_seq continue after the old rows.
 		var newer bool
