@@ -12,4 +12,6 @@ const (
 	FinishAttemptSQL = finishAttemptSQL
 	SettleCallSQL    = settleCallSQL
 	StartCallSQL     = startCallSQL
+	PruneSQL         = pruneSQL
+	PruneSettingsSQL = pruneSettingsSQL
 )

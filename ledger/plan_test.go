@@ -70,6 +70,12 @@ var ledgerStatements = []struct{ name, sql, args string }{
 	{"ledger: finish attempt", ledger.FinishAttemptSQL, `('e42/step-1', 'failed', 'x', 0, 0)`},
 	{"ledger: settle call", ledger.SettleCallSQL, `('c42', 'succeeded', 'x', false)`},
 	{"ledger: start call", ledger.StartCallSQL, `('c42')`},
+	{"ledger: prune a batch", ledger.PruneSQL, fmt.Sprintf(`('e42', 500, 86400000, %d)`, ledger.PruneLockKey)},
+}
+
+// ledgerSettings are the settings a statement's transaction plans it with.
+var ledgerSettings = map[string]string{
+	"ledger: prune a batch": strings.Replace(ledger.PruneSettingsSQL, "SET LOCAL", "SET", 1),
 }
 
 var seqScanOfLedger = regexp.MustCompile(`Seq Scan on (attempts|tool_calls|permission_requests)\b`)
@@ -102,18 +108,32 @@ func TestLedgerStatementsUseIndexes(t *testing.T) {
 		require.NoError(t, err)
 		return strings.Join(lines, "\n") + "\n"
 	}
-	check := func(stage, name string, i int) {
+	// with runs fn under the statement's settings, if any.
+	with := func(i int, fn func()) {
+		t.Helper()
+		if s := ledgerSettings[ledgerStatements[i].name]; s != "" {
+			exec(s)
+			defer exec(`RESET ALL`)
+		}
+		fn()
+	}
+	check := func(stage, name string, i int, mode string) {
 		t.Helper()
 		s := ledgerStatements[i]
-		if plan := explain(name, s.args); seqScanOfLedger.MatchString(plan) {
-			t.Errorf("%s, %s: the plan scans a ledger table:\n%s", stage, s.name, plan)
-		}
+		with(i, func() {
+			exec(`SET plan_cache_mode = ` + mode)
+			if plan := explain(name, s.args); seqScanOfLedger.MatchString(plan) {
+				t.Errorf("%s, %s: the plan scans a ledger table:\n%s", stage, s.name, plan)
+			}
+		})
 	}
 
-	exec(`SET plan_cache_mode = force_generic_plan`)
 	for i, s := range ledgerStatements {
 		exec(fmt.Sprintf(`PREPARE cached%d AS %s`, i, s.sql))
-		explain(fmt.Sprintf("cached%d", i), s.args)
+		with(i, func() {
+			exec(`SET plan_cache_mode = force_generic_plan`)
+			explain(fmt.Sprintf("cached%d", i), s.args)
+		})
 	}
 	// 2,000 sessions, 100,000 attempts of 20,000 executions, 200,000 tool
 	// calls, 2,000 permission requests.
@@ -132,17 +152,16 @@ func TestLedgerStatementsUseIndexes(t *testing.T) {
 
 	fresh := func(stage string) {
 		for _, mode := range []string{"force_generic_plan", "force_custom_plan"} {
-			exec(`SET plan_cache_mode = ` + mode)
 			for i, s := range ledgerStatements {
 				name := fmt.Sprintf("p%d_%s", i, mode)
 				exec(`PREPARE ` + name + ` AS ` + s.sql)
-				check(stage+", "+mode, name, i)
+				check(stage+", "+mode, name, i, mode)
 				exec(`DEALLOCATE ` + name)
 			}
 		}
 	}
 	for i := range ledgerStatements {
-		check("plan cached on empty tables", fmt.Sprintf("cached%d", i), i)
+		check("plan cached on empty tables", fmt.Sprintf("cached%d", i), i, "force_generic_plan")
 	}
 	fresh("without statistics")
 	exec(`ANALYZE sessions, attempts, tool_calls, permission_requests, claims, inputs, recoveries`)
