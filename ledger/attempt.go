@@ -149,7 +149,7 @@ func (x *Execution) SettleCall(ctx context.Context, tx pgx.Tx, callID, attemptID
 		return false, fmt.Errorf("settling tool call %s: %w", callID, err)
 	}
 	var open int
-	if err := tx.QueryRow(ctx, `SELECT count(*) FROM tool_calls WHERE attempt_id = $1 AND state IN ('requested', 'started')`, attemptID).Scan(&open); err != nil {
+	if err := tx.QueryRow(ctx, openCallsSQL, attemptID).Scan(&open); err != nil {
 		return false, fmt.Errorf("counting open tool calls: %w", err)
 	}
 	if open > 0 {
@@ -177,6 +177,8 @@ const requestCallSQL = `
 INSERT INTO tool_calls (call_id, attempt_id, session_id, execution_id, idx, model_call_id, tool, class,
                         input, idempotency_key, fencing_token, state)
 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, 'requested')`
+
+const openCallsSQL = `SELECT count(*) FROM tool_calls WHERE attempt_id = $1 AND state IN ('requested', 'started')`
 
 const startCallSQL = `UPDATE tool_calls SET state = 'started', started_at = now() WHERE call_id = $1 AND state = 'requested'`
 

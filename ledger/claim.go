@@ -388,7 +388,7 @@ const lockSessionSQL = `SELECT fencing_token FROM sessions WHERE session_id = $1
 
 const acquireSQL = `
 INSERT INTO claims (session_id, execution_id, owner_id, fencing_token, phase, expires_at)
-VALUES ($1, $2, $3, $4, 'ready', now() + $5 * interval '1 millisecond')
+VALUES ($1, $2, $3, $4, 'ready', clock_timestamp() + $5 * interval '1 millisecond')
 ON CONFLICT (session_id) DO NOTHING
 RETURNING expires_at`
 
@@ -403,11 +403,14 @@ const waitingCountSQL = `SELECT count(*) FROM waiting_inputs WHERE session_id = 
 
 const releaseSQL = `DELETE FROM claims WHERE session_id = $1 AND fencing_token = $2`
 
+// takeoverSQL judges expiry by the clock at the statement (as the fence
+// does, migration 00009), not at the transaction's start, which may lie
+// before the wait for the session's lock; the new lease counts from it.
 const takeoverSQL = `
 UPDATE claims SET execution_id = $5, owner_id = $6, fencing_token = $7,
-       expires_at = now() + $8 * interval '1 millisecond', renewed_at = now(), acquired_at = now()
+       expires_at = clock_timestamp() + $8 * interval '1 millisecond', renewed_at = clock_timestamp(), acquired_at = clock_timestamp()
 WHERE session_id = $1 AND execution_id = $2 AND owner_id = $3 AND expires_at = $4
-  AND expires_at <= now() AND quarantine_reason IS NULL
+  AND expires_at <= clock_timestamp() AND quarantine_reason IS NULL
 RETURNING expires_at`
 
 const getClaimSQL = `

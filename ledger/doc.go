@@ -11,10 +11,13 @@
 //     quarantined) replaces an expired one, and it bumps the token.
 //   - 5. Every write of an execution goes through Execution.Write, whose
 //     transaction opens with one conditional statement on the claim: the
-//     token matches and expires_at > now() (the database clock), which also
-//     renews the lease. Zero rows means fenced: the transaction rolls back,
-//     the execution's context is cancelled and every later Write fails with
-//     ErrFenced at once, without touching the database.
+//     token matches and expires_at > clock_timestamp() (the database
+//     clock when the fence runs, not the transaction's start, which may lie
+//     before a wait for a lock inside the transaction), which also renews
+//     the lease, counted from that same clock. Zero rows means fenced: the
+//     transaction rolls back, the execution's context is cancelled and
+//     every later Write fails with ErrFenced at once, without touching the
+//     database.
 //   - 6. An expired claim never renews itself: renewal is that same
 //     statement, which requires a live lease.
 //   - 7. Release locks the session row first (admission upserts it, so the

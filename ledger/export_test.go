@@ -5,3 +5,13 @@ package ledger
 func GroupCommitCounts(c *Claims) (combined, separated int64) {
 	return c.group.combined.Load(), c.group.separated.Load()
 }
+
+// The ledger's statements on attempts and tool_calls, for the plan test.
+const (
+	OpenCallsSQL     = openCallsSQL
+	FinishAttemptSQL = finishAttemptSQL
+	SettleCallSQL    = settleCallSQL
+	StartCallSQL     = startCallSQL
+	PruneSQL         = pruneSQL
+	PruneSettingsSQL = pruneSettingsSQL
+)

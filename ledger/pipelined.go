@@ -186,7 +186,7 @@ WITH s AS (
     FROM sessions WHERE session_id = $1 FOR UPDATE
 ), c AS (
     INSERT INTO claims (session_id, execution_id, owner_id, fencing_token, phase, expires_at)
-    SELECT session_id, $2, $3, fencing_token + 1, 'ready', now() + $4 * interval '1 millisecond'
+    SELECT session_id, $2, $3, fencing_token + 1, 'ready', clock_timestamp() + $4 * interval '1 millisecond'
     FROM s WHERE waiting
     ON CONFLICT (session_id) DO NOTHING
     RETURNING fencing_token, expires_at

@@ -58,6 +58,7 @@ func TestFlags(t *testing.T) {
 		{"ShutdownGraceUnparsable", []string{"--shutdown-grace", "x"}, "--shutdown-grace"},
 		{"LeaseTooShort", []string{"--lease", "1ms"}, "--lease"},
 		{"OutboxRetentionTooShort", []string{"--outbox-retention", "10ms"}, "--outbox-retention"},
+		{"LedgerRetentionTooShort", []string{"--ledger-retention", "10ms"}, "--ledger-retention"},
 		{"UnknownFlag", []string{"--no-such-flag"}, "--no-such-flag"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

@@ -36,6 +36,7 @@ type options struct {
 	recoveryBatch     int
 	redriveAfter      time.Duration
 	outboxRetention   time.Duration
+	ledgerRetention   time.Duration
 	dbMaxConns        int32
 	dbTimeouts        [3]time.Duration // statement, lock, idle in transaction
 	migrate           bool             // apply migrations at start; false: only check the schema version
@@ -82,6 +83,7 @@ func newRootCommandEnv(environ func() []string) *cobra.Command {
 	f.DurationVar(&o.recoveryInterval, "recovery-interval", 10*time.Second, "time between recovery passes")
 	f.IntVar(&o.recoveryBatch, "recovery-batch", 100, "expired claims and lost wakes handled per recovery pass")
 	f.DurationVar(&o.outboxRetention, "outbox-retention", time.Hour, "how long published outbox rows are kept before they are deleted (Kafka keeps what was published); 0 keeps them forever")
+	f.DurationVar(&o.ledgerRetention, "ledger-retention", 7*24*time.Hour, "how long the ledger rows (provider attempts, tool calls) of a settled execution of an idle session are kept before they are deleted; rows recovery may still need are never deleted; 0 keeps them forever")
 	f.DurationVar(&o.redriveAfter, "redrive-after", 30*time.Second, "age of a waiting input without a claim before its session is woken again")
 	f.Int32Var(&o.partitions, "partitions", 16, "partitions of topics created at start")
 	f.BoolVar(&o.createTopics, "create-topics", true, "create missing topics at start (with --partitions and --replication-factor)")
@@ -194,6 +196,8 @@ func (o *options) validate() error {
 		return fmt.Errorf("--recovery-batch: must be at least 1, got %d", o.recoveryBatch)
 	case o.outboxRetention != 0 && o.outboxRetention < time.Second:
 		return fmt.Errorf("--outbox-retention: must be 0 (keep forever) or at least 1s, got %s", o.outboxRetention)
+	case o.ledgerRetention != 0 && o.ledgerRetention < time.Second:
+		return fmt.Errorf("--ledger-retention: must be 0 (keep forever) or at least 1s, got %s", o.ledgerRetention)
 	case o.redriveAfter < 0:
 		return fmt.Errorf("--redrive-after: must not be negative, got %s", o.redriveAfter)
 	case o.shutdownGrace < 0:

@@ -124,6 +124,15 @@ func run(ctx context.Context, o *options, stderr io.Writer) error {
 		go func() { defer close(pruned); pruner.Run(pctx) }()
 		defer func() { stopPruner(); <-pruned }()
 	}
+	if o.ledgerRetention > 0 {
+		pruner := ledger.NewPruner(db.Pool, &ledger.PrunerConfig{
+			Retention: o.ledgerRetention, Logger: log.With(slog.String("component", "ledger-pruner")),
+		})
+		lctx, stopPruner := context.WithCancel(ctx)
+		pruned := make(chan struct{})
+		go func() { defer close(pruned); pruner.Run(lctx) }()
+		defer func() { stopPruner(); <-pruned }()
+	}
 
 	admitter := pipeline.NewAdmitter(db.Pool, &pipeline.AdmitterConfig{
 		Topics: topics, Logger: log, Metrics: m, OnCommitFunc: relay.Nudge,

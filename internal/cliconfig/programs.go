@@ -20,7 +20,7 @@ var Programs = map[string][]string{
 		"addr", "brokers", "config", "create-topics", "data-dir", "database-url",
 		"db-idle-in-transaction-timeout", "db-lock-timeout", "db-max-conns", "db-statement-timeout",
 		"dry-run", "embedded-kafka-addr", "events-topic", "from-offset", "from-time", "group",
-		"http-tool-endpoint", "json", "lease", "local-wakes", "log-level", "max-batch",
+		"http-tool-endpoint", "json", "lease", "ledger-retention", "local-wakes", "log-level", "max-batch",
 		"max-rejections", "max-sessions", "max-value-bytes", "metrics-addr", "migrate", "note",
 		"openai-api-key-env", "openai-api-key-file", "openai-base-url", "openai-model", "operator",
 		"outbox-retention", "partitions", "permission-replies-topic", "progress-interval",

@@ -555,7 +555,7 @@ FROM attempts WHERE session_id = $1 ORDER BY started_at, step, attempt_id`
 const toolCallsSQL = `
 SELECT c.call_id, c.attempt_id, c.execution_id, c.idx, c.model_call_id, c.tool, c.class, c.state, c.idempotency_key,
        c.fencing_token, c.is_error, c.output, c.requested_at, c.started_at, c.finished_at
-FROM tool_calls c JOIN attempts a ON a.attempt_id = c.attempt_id
+FROM tool_calls c JOIN attempts a ON a.attempt_id = c.attempt_id AND a.session_id = c.session_id
 WHERE c.session_id = $1 ORDER BY a.started_at, a.step, c.attempt_id, c.idx`
 
 const recoveriesSQL = `

@@ -43,8 +43,8 @@ func TestPerSessionStatementsUseSessionIndexes(t *testing.T) {
 		{"waiting list", `SELECT message_id FROM waiting_inputs WHERE session_id = $1 ORDER BY admission_seq`, `('s42')`,
 			[]string{"inputs_waiting_session"}},
 		// The statement inside promptline_fence.
-		{"fence", `UPDATE claims SET expires_at = now() + $4 * interval '1 millisecond', renewed_at = now()
-			WHERE session_id = $1 AND execution_id = $2 AND fencing_token = $3 AND expires_at > now() AND quarantine_reason IS NULL`,
+		{"fence", `UPDATE claims SET expires_at = clock_timestamp() + $4 * interval '1 millisecond', renewed_at = clock_timestamp()
+			WHERE session_id = $1 AND execution_id = $2 AND fencing_token = $3 AND expires_at > clock_timestamp() AND quarantine_reason IS NULL`,
 			`('s42', 'e42', 1, 1000)`, []string{"claims_pkey", "claims_execution_id_key"}},
 		// pipeline's historySQL, read at every promotion.
 		{"transcript", `SELECT m.message_id, p.body FROM messages m LEFT JOIN message_parts p ON p.message_id = m.message_id

@@ -1,0 +1,169 @@
+package ledger_test
+
+import (
+	"context"
+	"fmt"
+	"regexp"
+	"strings"
+	"testing"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/stretchr/testify/require"
+
+	"github.com/promptline/promptline/internal/testkit"
+	"github.com/promptline/promptline/ledger"
+)
+
+// ledgerStatements are the statements on attempts and tool_calls, wherever
+// they live (ledger, recovery, pipeline, inspect): each must reach its rows
+// through an index, never by scanning the table. At 1 M ledger rows a scan
+// costs 177-245 ms (migration 00010, docs/benchmarks.md); recovery runs
+// several per claim, and a failed turn one while it holds the session lock.
+// The SQL of other packages is copied here (they keep it unexported); a
+// change there should change it here.
+var ledgerStatements = []struct{ name, sql, args string }{
+	// recovery.gather
+	{"recovery: attempts of the execution",
+		`SELECT attempt_id, step, provider, state FROM attempts WHERE execution_id = $1 ORDER BY step`, `('e42')`},
+	{"recovery: unsettled calls of the session",
+		`SELECT call_id, attempt_id, tool, class, state FROM tool_calls
+		WHERE session_id = $1 AND state IN ('requested', 'started') ORDER BY requested_at, call_id`, `('s42')`},
+	// recovery.decide and reconcile
+	{"recovery: re-arm idempotent calls",
+		`UPDATE tool_calls SET state = 'requested', started_at = NULL
+		WHERE session_id = $1 AND state = 'started' AND class = 'idempotent'`, `('s42')`},
+	{"recovery: settle deferred attempts",
+		`UPDATE attempts SET state = 'failed', error = coalesce(error, '') || '; not sent: continued by recovery', finished_at = now()
+		WHERE execution_id = $1 AND state = 'retry_wait'`, `('e42')`},
+	{"recovery: reconcile attempts",
+		`UPDATE attempts SET state = 'unknown', error = $2, finished_at = now()
+		WHERE execution_id = $1 AND state IN ('started', 'retry_wait')`, `('e42', 'x')`},
+	{"recovery: reconcile calls",
+		`UPDATE tool_calls SET state = CASE state WHEN 'started' THEN 'unknown' ELSE 'interrupted' END,
+		output = CASE state WHEN 'started' THEN $2 ELSE 'interrupted: never dispatched' END, is_error = true, finished_at = now()
+		WHERE session_id = $1 AND state IN ('requested', 'started')`, `('s42', 'x')`},
+	// pipeline.failTurn and continueTurn
+	{"pipeline: interrupt calls of a failed turn",
+		`UPDATE tool_calls SET state = 'interrupted', output = $2, is_error = true, finished_at = now()
+		WHERE session_id = $1 AND state = 'requested'`, `('s42', 'x')`},
+	{"pipeline: requested calls of a continuation",
+		`SELECT call_id, attempt_id, idx, model_call_id, tool, class, input, idempotency_key
+		FROM tool_calls WHERE session_id = $1 AND state = 'requested' ORDER BY requested_at, attempt_id, idx`, `('s42')`},
+	{"pipeline: retry attempt's key",
+		`SELECT idempotency_key FROM attempts WHERE attempt_id = $1`, `('e42/step-1')`},
+	{"pipeline: permission resume",
+		`SELECT a.assistant_message_id FROM permission_requests r
+		JOIN tool_calls c ON c.call_id = r.call_id JOIN attempts a ON a.attempt_id = c.attempt_id
+		WHERE r.request_id = $1 AND r.session_id = $2`, `('r42', 's42')`},
+	// internal/inspect (session show)
+	{"inspect: attempts",
+		`SELECT attempt_id, execution_id, assistant_message_id, step, provider, state, tries, idempotency_key, fencing_token,
+		error, input_tokens, output_tokens, started_at, next_retry_at, finished_at
+		FROM attempts WHERE session_id = $1 ORDER BY started_at, step, attempt_id`, `('s42')`},
+	{"inspect: tool calls",
+		`SELECT c.call_id, c.attempt_id, c.execution_id, c.idx, c.model_call_id, c.tool, c.class, c.state, c.idempotency_key,
+		c.fencing_token, c.is_error, c.output, c.requested_at, c.started_at, c.finished_at
+		FROM tool_calls c JOIN attempts a ON a.attempt_id = c.attempt_id AND a.session_id = c.session_id
+		WHERE c.session_id = $1 ORDER BY a.started_at, a.step, c.attempt_id, c.idx`, `('s42')`},
+	// ledger
+	{"ledger: open calls of an attempt", ledger.OpenCallsSQL, `('e42/step-1')`},
+	{"ledger: finish attempt", ledger.FinishAttemptSQL, `('e42/step-1', 'failed', 'x', 0, 0)`},
+	{"ledger: settle call", ledger.SettleCallSQL, `('c42', 'succeeded', 'x', false)`},
+	{"ledger: start call", ledger.StartCallSQL, `('c42')`},
+	{"ledger: prune a batch", ledger.PruneSQL, fmt.Sprintf(`('e42', 500, 86400000, %d)`, ledger.PruneLockKey)},
+}
+
+// ledgerSettings are the settings a statement's transaction plans it with.
+var ledgerSettings = map[string]string{
+	"ledger: prune a batch": strings.Replace(ledger.PruneSettingsSQL, "SET LOCAL", "SET", 1),
+}
+
+var seqScanOfLedger = regexp.MustCompile(`Seq Scan on (attempts|tool_calls|permission_requests)\b`)
+
+// TestLedgerStatementsUseIndexes fails when a statement on the ledger
+// scans a ledger table. Plans are checked before and after ANALYZE,
+// generic (as prepared statements end up) and custom, and as cached on
+// empty tables, as TestPerSessionStatementsUseSessionIndexes does for the
+// executor's hot path.
+func TestLedgerStatementsUseIndexes(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool, _ := testkit.Pool(t)
+	conn, err := pool.Acquire(ctx)
+	require.NoError(t, err)
+	defer conn.Release()
+	exec := func(sql string) {
+		t.Helper()
+		_, err := conn.Exec(ctx, sql)
+		require.NoError(t, err, sql)
+	}
+	for _, table := range []string{"sessions", "attempts", "tool_calls", "permission_requests", "claims", "inputs", "recoveries"} {
+		exec(`ALTER TABLE ` + table + ` SET (autovacuum_enabled = false)`)
+	}
+	explain := func(name, args string) string {
+		t.Helper()
+		rows, err := conn.Query(ctx, `EXPLAIN (COSTS OFF) EXECUTE `+name+args)
+		require.NoError(t, err)
+		lines, err := pgx.CollectRows(rows, pgx.RowTo[string])
+		require.NoError(t, err)
+		return strings.Join(lines, "\n") + "\n"
+	}
+	// with runs fn under the statement's settings, if any.
+	with := func(i int, fn func()) {
+		t.Helper()
+		if s := ledgerSettings[ledgerStatements[i].name]; s != "" {
+			exec(s)
+			defer exec(`RESET ALL`)
+		}
+		fn()
+	}
+	check := func(stage, name string, i int, mode string) {
+		t.Helper()
+		s := ledgerStatements[i]
+		with(i, func() {
+			exec(`SET plan_cache_mode = ` + mode)
+			if plan := explain(name, s.args); seqScanOfLedger.MatchString(plan) {
+				t.Errorf("%s, %s: the plan scans a ledger table:\n%s", stage, s.name, plan)
+			}
+		})
+	}
+
+	for i, s := range ledgerStatements {
+		exec(fmt.Sprintf(`PREPARE cached%d AS %s`, i, s.sql))
+		with(i, func() {
+			exec(`SET plan_cache_mode = force_generic_plan`)
+			explain(fmt.Sprintf("cached%d", i), s.args)
+		})
+	}
+	// 2,000 sessions, 100,000 attempts of 20,000 executions, 200,000 tool
+	// calls, 2,000 permission requests.
+	exec(`INSERT INTO sessions (session_id) SELECT 's' || g FROM generate_series(1, 2000) g`)
+	exec(`INSERT INTO attempts (attempt_id, session_id, execution_id, assistant_message_id, step, provider,
+			idempotency_key, fencing_token, request_hash, state, finished_at)
+		SELECT 'e' || (g % 20000) || '/step-' || g, 's' || (g % 2000 + 1), 'e' || (g % 20000), 'a' || g, g, 'p',
+			'k' || g, 1, '\x00', 'succeeded', now() FROM generate_series(1, 100000) g`)
+	exec(`INSERT INTO tool_calls (call_id, attempt_id, session_id, execution_id, idx, model_call_id, tool, class,
+			input, idempotency_key, fencing_token, state, finished_at)
+		SELECT 'c' || g || '-' || i, 'e' || (g % 20000) || '/step-' || g, 's' || (g % 2000 + 1), 'e' || (g % 20000), i,
+			'm', 't', 'idempotent', '{}', 'k', 1, 'succeeded', now()
+		FROM generate_series(1, 100000) g, generate_series(0, 1) i`)
+	exec(`INSERT INTO permission_requests (request_id, session_id, call_id, tool, pattern, status)
+		SELECT 'r' || g, 's' || (g % 2000 + 1), 'c' || g || '-0', 't', '*', 'approved' FROM generate_series(1, 2000) g`)
+
+	fresh := func(stage string) {
+		for _, mode := range []string{"force_generic_plan", "force_custom_plan"} {
+			for i, s := range ledgerStatements {
+				name := fmt.Sprintf("p%d_%s", i, mode)
+				exec(`PREPARE ` + name + ` AS ` + s.sql)
+				check(stage+", "+mode, name, i, mode)
+				exec(`DEALLOCATE ` + name)
+			}
+		}
+	}
+	for i := range ledgerStatements {
+		check("plan cached on empty tables", fmt.Sprintf("cached%d", i), i, "force_generic_plan")
+	}
+	fresh("without statistics")
+	exec(`ANALYZE sessions, attempts, tool_calls, permission_requests, claims, inputs, recoveries`)
+	fresh("after ANALYZE")
+}
