@@ -172,9 +172,11 @@ func TestRecoveryDecisionFailureQuarantineIsCounted(t *testing.T) {
 	attempt := b.beginAttempt(t, c, 1, "scripted")
 	calls := b.toolStep(t, c, attempt, map[string]string{"echo": "idempotent"}, map[string]string{"echo": `{}`})
 	b.settleCall(t, c, calls[0], "x") // phase continue
-	// Poison: the continuation's ID is taken by an input of session b.
-	b.exec(t, `INSERT INTO inputs (message_id, session_id, text, payload_hash, delivery, wake_pending, promotion_seq)
-		VALUES ($1, 'b', '', '\x00', 'steer', false, nextval('promotion_seq'))`, recovery.ContinuationID("exec-a"))
+	// Poison: the continuation's ID is taken by a continuation input of
+	// session b (a prompt holding it would only move the continuation to
+	// its other ID).
+	b.exec(t, `INSERT INTO inputs (message_id, session_id, text, payload_hash, delivery, wake_pending, promotion_seq, kind)
+		VALUES ($1, 'b', '', '\x00', 'steer', false, nextval('promotion_seq'), 'continuation')`, recovery.ContinuationID("exec-a"))
 	b.die(t, "a")
 	seen := &decisions{}
 	rec := recovery.New(b.pool, &recovery.Config{OwnerID: "r", RedriveAfter: time.Hour, OnDecisionFunc: seen.add})
