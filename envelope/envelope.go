@@ -78,6 +78,9 @@ const (
 	ReasonTooManyHeaders = "too_many_headers"
 	// ReasonHeadersTooLarge: the headers exceed Limits.MaxHeaderBytes.
 	ReasonHeadersTooLarge = "headers_too_large"
+	// ReasonDataError: Postgres refused a decoded message with a data error
+	// that no retry fixes (SQLSTATE class 22 or 23); the detail names it.
+	ReasonDataError = "data_error"
 )
 
 // RejectError says why a message is not a valid prompt.

@@ -30,6 +30,7 @@ var allReasons = []string{
 	envelope.ReasonUnknownRequest,
 	envelope.ReasonTooManyHeaders,
 	envelope.ReasonHeadersTooLarge,
+	envelope.ReasonDataError,
 }
 
 func TestDecode(t *testing.T) {
@@ -263,7 +264,7 @@ func TestDecode(t *testing.T) {
 		}
 		for _, r := range allReasons {
 			switch r {
-			case envelope.ReasonConflict, envelope.ReasonUnknownRequest: // decided by admission, not by Decode
+			case envelope.ReasonConflict, envelope.ReasonUnknownRequest, envelope.ReasonDataError: // decided by admission, not by Decode
 				continue
 			case envelope.ReasonTooManyHeaders, envelope.ReasonHeadersTooLarge: // CheckHeaders, tested below
 				continue

@@ -64,8 +64,8 @@ func FuzzDecode(f *testing.F) {
 			if rej.Reason == "" || !slices.Contains(allReasons, rej.Reason) {
 				t.Fatalf("unknown reason %q (detail %q)", rej.Reason, rej.Detail)
 			}
-			if rej.Reason == envelope.ReasonConflict {
-				t.Fatalf("Decode cannot know of a conflict: %v", err)
+			if rej.Reason == envelope.ReasonConflict || rej.Reason == envelope.ReasonDataError {
+				t.Fatalf("Decode cannot know of %s: %v", rej.Reason, err)
 			}
 			if rej.Detail == "" {
 				t.Fatalf("reason %q without detail", rej.Reason)
@@ -168,7 +168,7 @@ func FuzzDecodeReply(f *testing.F) {
 			if !errors.As(err, &rej) {
 				t.Fatalf("error %v (%T) is not a *RejectError", err, err)
 			}
-			if !slices.Contains(allReasons, rej.Reason) || rej.Reason == envelope.ReasonConflict || rej.Reason == envelope.ReasonUnknownRequest {
+			if !slices.Contains(allReasons, rej.Reason) || rej.Reason == envelope.ReasonConflict || rej.Reason == envelope.ReasonUnknownRequest || rej.Reason == envelope.ReasonDataError {
 				t.Fatalf("reason %q (detail %q) is not one DecodeReply may give", rej.Reason, rej.Detail)
 			}
 			if rej.Detail == "" {

@@ -58,6 +58,8 @@ func TestFlags(t *testing.T) {
 		{"ShutdownGraceUnparsable", []string{"--shutdown-grace", "x"}, "--shutdown-grace"},
 		{"LeaseTooShort", []string{"--lease", "1ms"}, "--lease"},
 		{"OutboxRetentionTooShort", []string{"--outbox-retention", "10ms"}, "--outbox-retention"},
+		{"MaxMessageBytesTooSmall", []string{"--max-message-bytes", "100"}, "--max-message-bytes"},
+		{"MaxMessageBytesAboveRequestSize", []string{"--max-message-bytes", "104857600"}, "--max-message-bytes"},
 		{"UnknownFlag", []string{"--no-such-flag"}, "--no-such-flag"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
