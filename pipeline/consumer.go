@@ -476,14 +476,17 @@ func (p *pendingReject) message() *sarama.ProducerMessage {
 		sarama.RecordHeader{Key: []byte(headerOriginalValueSHA256), Value: []byte(hex.EncodeToString(sum[:]))})
 	m.Value = sarama.ByteEncoder(nil)
 	if m.ByteSize(recordVersion) > p.budget && m.Key != nil {
-		// A key as large as the budget (the key is the sender's to choose):
-		// it goes too, its size and hash kept.
+		// A key too large for the budget (the key is the sender's to
+		// choose): it goes too, its size and hash kept, when that makes
+		// the reject smaller.
 		key := encoded(m.Key)
 		sum := sha256.Sum256(key)
-		m.Headers = append(m.Headers,
+		alt := &sarama.ProducerMessage{Topic: m.Topic, Value: m.Value, Headers: append(slices.Clip(m.Headers),
 			sarama.RecordHeader{Key: []byte(headerOriginalKeyBytes), Value: []byte(strconv.Itoa(len(key)))},
-			sarama.RecordHeader{Key: []byte(headerOriginalKeySHA256), Value: []byte(hex.EncodeToString(sum[:]))})
-		m.Key = nil
+			sarama.RecordHeader{Key: []byte(headerOriginalKeySHA256), Value: []byte(hex.EncodeToString(sum[:]))})}
+		if alt.ByteSize(recordVersion) < m.ByteSize(recordVersion) {
+			m = alt
+		}
 	}
 	if room := p.budget - m.ByteSize(recordVersion); room > 0 {
 		m.Value = sarama.ByteEncoder(value[:min(room, len(value))])
@@ -492,9 +495,10 @@ func (p *pendingReject) message() *sarama.ProducerMessage {
 }
 
 // shrink halves the budget of p after sent, its last message, was refused
-// for its size; false when sent had nothing left to cut.
+// for its size; false when sent had nothing left to cut: no value (the key
+// is gone too by then, unless dropping it would not make it smaller).
 func (p *pendingReject) shrink(sent *sarama.ProducerMessage) bool {
-	if (sent.Value == nil || sent.Value.Length() == 0) && sent.Key == nil {
+	if sent.Value == nil || sent.Value.Length() == 0 {
 		return false
 	}
 	p.budget = min(p.budget, sent.ByteSize(recordVersion)) / 2
