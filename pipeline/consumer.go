@@ -371,7 +371,8 @@ const (
 // larger than its original: the key and value plus the headers), is
 // published truncated instead: first to the producer's limit, then, each
 // time the broker refuses it again (a topic max.message.bytes below the
-// producer's), to half of that. Only one that cannot be published even
+// producer's), to half of that; a reject refused together with others is
+// sent alone first, since the broker's limit applies to a record batch. Only one that cannot be published even
 // without value and key is dropped, logged at error level with its source
 // and counted (outcome reject_unpublished): its original stays in the
 // source topic.
@@ -382,50 +383,40 @@ func (c *Consumer) publishRejects(ctx context.Context, rejects []*sarama.Produce
 	}
 	backoff := 100 * time.Millisecond
 	for len(pending) > 0 {
-		msgs := make([]*sarama.ProducerMessage, len(pending))
-		for i, p := range pending {
-			msgs[i] = p.message()
-		}
-		err := c.rejects.SendMessages(msgs)
-		failed := map[*sarama.ProducerMessage]error{}
-		var perrs sarama.ProducerErrors
-		switch {
-		case err == nil:
-		case errors.As(err, &perrs):
-			for _, pe := range perrs {
-				failed[pe.Msg] = pe.Err
-			}
-		default: // the whole call failed: every message again
-			for _, m := range msgs {
-				failed[m] = err
-			}
-		}
 		var again []*pendingReject
-		transient := false
-		for i, p := range pending {
-			perr, ok := failed[msgs[i]]
-			switch {
-			case !ok:
-				c.countReject(p.orig, "rejected")
-			case !tooLarge(perr):
-				transient = true
-				again = append(again, p)
-			case p.shrink(msgs[i]):
-				c.log.WarnContext(ctx, "reject refused for its size; publishing it truncated", slog.Any("error", perr),
-					slog.Int("limit", p.budget), slog.String("reason", header(p.orig, "reason")))
-				again = append(again, p)
-			default:
-				c.log.ErrorContext(ctx, "reject refused for its size even without its value; dropped (the original stays in its topic)",
-					slog.Any("error", perr), slog.String("reason", header(p.orig, "reason")),
-					slog.String("source_topic", header(p.orig, "source_topic")),
-					slog.String("source_partition", header(p.orig, "source_partition")),
-					slog.String("source_offset", header(p.orig, "source_offset")))
-				c.countReject(p.orig, "reject_unpublished")
+		var transient error
+		for _, call := range sendCalls(pending) {
+			msgs, failed := c.send(call)
+			for i, p := range call {
+				perr, ok := failed[msgs[i]]
+				switch {
+				case !ok:
+					c.countReject(p.orig, "rejected")
+				case !tooLarge(perr):
+					transient = perr
+					again = append(again, p)
+				case len(call) > 1:
+					// The broker's limit is on a record batch: refused
+					// together, it may fit alone.
+					p.alone = true
+					again = append(again, p)
+				case p.shrink(msgs[i]):
+					c.log.WarnContext(ctx, "reject refused for its size; publishing it truncated", slog.Any("error", perr),
+						slog.Int("limit", p.budget), slog.String("reason", header(p.orig, "reason")))
+					again = append(again, p)
+				default:
+					c.log.ErrorContext(ctx, "reject refused for its size even without its value; dropped (the original stays in its topic)",
+						slog.Any("error", perr), slog.String("reason", header(p.orig, "reason")),
+						slog.String("source_topic", header(p.orig, "source_topic")),
+						slog.String("source_partition", header(p.orig, "source_partition")),
+						slog.String("source_offset", header(p.orig, "source_offset")))
+					c.countReject(p.orig, "reject_unpublished")
+				}
 			}
 		}
 		pending = again
-		if transient {
-			c.log.WarnContext(ctx, "publishing rejects failed; retrying", slog.Any("error", err), slog.Duration("backoff", backoff))
+		if transient != nil {
+			c.log.WarnContext(ctx, "publishing rejects failed; retrying", slog.Any("error", transient), slog.Duration("backoff", backoff))
 			if !sleep(ctx, backoff) {
 				return ctx.Err()
 			}
@@ -433,6 +424,44 @@ func (c *Consumer) publishRejects(ctx context.Context, rejects []*sarama.Produce
 		}
 	}
 	return nil
+}
+
+// sendCalls splits pending, in order, into the calls to send: each run of
+// rejects sent together, each reject to be sent alone by itself.
+func sendCalls(pending []*pendingReject) [][]*pendingReject {
+	var calls [][]*pendingReject
+	for i, p := range pending {
+		if p.alone || i == 0 || calls[len(calls)-1][0].alone {
+			calls = append(calls, []*pendingReject{p})
+			continue
+		}
+		calls[len(calls)-1] = append(calls[len(calls)-1], p)
+	}
+	return calls
+}
+
+// send publishes the messages of call and returns them with the error of
+// each one that failed.
+func (c *Consumer) send(call []*pendingReject) ([]*sarama.ProducerMessage, map[*sarama.ProducerMessage]error) {
+	msgs := make([]*sarama.ProducerMessage, len(call))
+	for i, p := range call {
+		msgs[i] = p.message()
+	}
+	err := c.rejects.SendMessages(msgs)
+	failed := map[*sarama.ProducerMessage]error{}
+	var perrs sarama.ProducerErrors
+	switch {
+	case err == nil:
+	case errors.As(err, &perrs):
+		for _, pe := range perrs {
+			failed[pe.Msg] = pe.Err
+		}
+	default: // the whole call failed: every message again
+		for _, m := range msgs {
+			failed[m] = err
+		}
+	}
+	return msgs, failed
 }
 
 func (c *Consumer) countReject(r *sarama.ProducerMessage, outcome string) {
@@ -455,6 +484,7 @@ func tooLarge(err error) bool {
 type pendingReject struct {
 	orig   *sarama.ProducerMessage
 	budget int
+	alone  bool // refused for its size with others: sent by itself
 }
 
 // recordVersion is the record format promptline produces (Kafka >= 0.11,

@@ -81,6 +81,37 @@ func TestRejectTooLargeToPublishWhole(t *testing.T) {
 	})
 }
 
+// TestRejectsRefusedTogetherAreSentAlone: the broker checks its limit on
+// a whole record batch, so rejects that each fit may be refused together;
+// each is then sent alone, whole, before anything is truncated.
+func TestRejectsRefusedTogetherAreSentAlone(t *testing.T) {
+	t.Parallel()
+	b := setup(t, setupOpts{})
+	const topicLimit = 20_000
+	admin, err := sarama.NewClusterAdmin(b.brokers, kafkautil.NewConfig(t.Name()+"-admin"))
+	require.NoError(t, err)
+	defer admin.Close()
+	limit := strconv.Itoa(topicLimit)
+	require.NoError(t, admin.AlterConfig(sarama.TopicResource, "prompts.rejects", map[string]*string{"max.message.bytes": &limit}, false))
+
+	sess := id(t, "s")
+	var originals [][]byte
+	var msgs []*sarama.ProducerMessage
+	for i := range 3 {
+		v := []byte(fmt.Sprintf(`{"message_id":"m%d","session_id":"%s","text":"%s`, i, sess, strings.Repeat("z", 8_000)))
+		originals = append(originals, v)
+		msgs = append(msgs, &sarama.ProducerMessage{Topic: "prompts", Key: sarama.StringEncoder(sess), Value: sarama.ByteEncoder(v)})
+	}
+	require.NoError(t, b.producer.SendMessages(msgs)) // one batch of rejects, most likely
+	b.send(t, envelope.Prompt{MessageID: id(t, "after"), SessionID: sess, Text: "behind them"})
+	b.waitTurn(t, id(t, "after"))
+	require.Eventually(t, func() bool { return len(b.rejects.all()) == len(originals) }, 20*time.Second, 10*time.Millisecond)
+	for _, r := range b.rejects.all() {
+		require.Empty(t, header(r, "original_value_bytes"), "a reject that fits alone is not truncated")
+		require.Contains(t, originals, r.Value)
+	}
+}
+
 // TestRejectPublishRetriedWhileTopicUnavailable: a transient failure to
 // publish a reject (here: the rejects topic does not exist yet) is retried
 // and never drops or truncates the reject; the partition waits meanwhile,
