@@ -78,6 +78,9 @@ const (
 	ReasonTooManyHeaders = "too_many_headers"
 	// ReasonHeadersTooLarge: the headers exceed Limits.MaxHeaderBytes.
 	ReasonHeadersTooLarge = "headers_too_large"
+	// ReasonDataError: Postgres refused a decoded message with a data error
+	// that no retry fixes (SQLSTATE class 22 or 23); the detail names it.
+	ReasonDataError = "data_error"
 )
 
 // RejectError says why a message is not a valid prompt.
@@ -182,16 +185,7 @@ func depth(value []byte, max int) int {
 // *RejectError.
 func Decode(key, value []byte, limits Limits) (Prompt, error) {
 	limits = limits.withDefaults()
-	if len(value) > limits.MaxValueBytes {
-		return Prompt{}, reject(ReasonTooLarge, "value is %d bytes, limit %d", len(value), limits.MaxValueBytes)
-	}
-	if !utf8.Valid(value) {
-		return Prompt{}, reject(ReasonInvalidUTF8, "value is not valid UTF-8")
-	}
-	if d := depth(value, limits.MaxDepth); d > limits.MaxDepth {
-		return Prompt{}, reject(ReasonTooDeep, "JSON nests deeper than %d", limits.MaxDepth)
-	}
-	fields, err := decodeMembers(value)
+	fields, err := decodeObject(value, promptFields, limits)
 	if err != nil {
 		return Prompt{}, err
 	}
@@ -255,6 +249,24 @@ func Decode(key, value []byte, limits Limits) (Prompt, error) {
 // promptFields are the members of a prompt envelope, spelled exactly.
 var promptFields = map[string]bool{"message_id": true, "session_id": true, "text": true, "delivery": true, "resume": true}
 
+// decodeObject is the discipline every decoder of outside input shares
+// (prompts, permission replies): the size limit, valid UTF-8, the depth
+// limit before any decoding, then exactly one JSON object whose member
+// names are among allowed, spelled exactly, none repeated. limits has its
+// defaults already.
+func decodeObject(value []byte, allowed map[string]bool, limits Limits) (map[string]json.RawMessage, error) {
+	if len(value) > limits.MaxValueBytes {
+		return nil, reject(ReasonTooLarge, "value is %d bytes, limit %d", len(value), limits.MaxValueBytes)
+	}
+	if !utf8.Valid(value) {
+		return nil, reject(ReasonInvalidUTF8, "value is not valid UTF-8")
+	}
+	if d := depth(value, limits.MaxDepth); d > limits.MaxDepth {
+		return nil, reject(ReasonTooDeep, "JSON nests deeper than %d", limits.MaxDepth)
+	}
+	return decodeMembers(value, allowed)
+}
+
 // decodeMembers splits value, which must be exactly one JSON object, into
 // the raw values of its members. It does not unmarshal into a struct
 // because encoding/json matches member names without regard to case and
@@ -262,7 +274,7 @@ var promptFields = map[string]bool{"message_id": true, "session_id": true, "text
 // would be message "b" to encoding/json, message "a" (or a rejection) to a
 // consumer in another language, and invalid to the JSON Schema. Here names
 // match exactly and a repeated name is rejected.
-func decodeMembers(value []byte) (map[string]json.RawMessage, error) {
+func decodeMembers(value []byte, allowed map[string]bool) (map[string]json.RawMessage, error) {
 	dec := json.NewDecoder(bytes.NewReader(value))
 	tok, err := dec.Token()
 	switch {
@@ -273,7 +285,7 @@ func decodeMembers(value []byte) (map[string]json.RawMessage, error) {
 	case tok != json.Delim('{'):
 		return nil, reject(ReasonInvalidJSON, "value is not a JSON object")
 	}
-	fields := make(map[string]json.RawMessage, len(promptFields))
+	fields := make(map[string]json.RawMessage, len(allowed))
 	var unknown, repeated string
 	for dec.More() {
 		tok, err := dec.Token()
@@ -286,7 +298,7 @@ func decodeMembers(value []byte) (map[string]json.RawMessage, error) {
 			return nil, reject(ReasonInvalidJSON, "%v", err)
 		}
 		switch _, seen := fields[name]; {
-		case !promptFields[name]:
+		case !allowed[name]:
 			unknown = cmp.Or(unknown, name)
 		case seen:
 			repeated = cmp.Or(repeated, name)

@@ -30,6 +30,7 @@ var allReasons = []string{
 	envelope.ReasonUnknownRequest,
 	envelope.ReasonTooManyHeaders,
 	envelope.ReasonHeadersTooLarge,
+	envelope.ReasonDataError,
 }
 
 func TestDecode(t *testing.T) {
@@ -263,7 +264,7 @@ func TestDecode(t *testing.T) {
 		}
 		for _, r := range allReasons {
 			switch r {
-			case envelope.ReasonConflict, envelope.ReasonUnknownRequest: // decided by admission, not by Decode
+			case envelope.ReasonConflict, envelope.ReasonUnknownRequest, envelope.ReasonDataError: // decided by admission, not by Decode
 				continue
 			case envelope.ReasonTooManyHeaders, envelope.ReasonHeadersTooLarge: // CheckHeaders, tested below
 				continue
@@ -458,13 +459,25 @@ func TestLimitsBeyondDecode(t *testing.T) {
 		require.NoError(t, err)
 		require.Equal(t, envelope.PermissionReply{RequestID: "r1", Reply: "reject", Message: "no"}, r)
 		for value, reason := range map[string]string{
-			`{"request_id":1,"reply":"once"}`:                  envelope.ReasonInvalidJSON,
+			`{"request_id":1,"reply":"once"}`:                  envelope.ReasonInvalidField,
 			`{"reply":"once"}`:                                 envelope.ReasonMissingField,
 			`{"request_id":"r1"}`:                              envelope.ReasonMissingField,
 			`{"request_id":"r1","reply":"maybe"}`:              envelope.ReasonInvalidField,
 			`{"request_id":"r1","reply":"once","message":"x"}`: envelope.ReasonInvalidField,
 			`{"request_id":"r1","reply":"once","extra":1}`:     envelope.ReasonUnknownField,
 			"\xff": envelope.ReasonInvalidUTF8,
+			// The prompt decoder's discipline (issue 15, items 4 and 14):
+			// encoding/json took these as approvals.
+			`{"request_id":"r1","reply":"reject","message":"a\u0000b"}`:                                              envelope.ReasonInvalidField,
+			`{"Request_ID":"r1","REPLY":"once"}`:                                                                     envelope.ReasonUnknownField,
+			`{"request_id":"r1","reply":"reject","Reply":"once"}`:                                                    envelope.ReasonUnknownField,
+			`{"request_id":"r1","reply":"reject","reply":"once"}`:                                                    envelope.ReasonInvalidJSON,
+			`{"request_id":"r1","request_id":"r2","reply":"once"}`:                                                   envelope.ReasonInvalidJSON,
+			`{"request_id":"r1","reply":"once","message":null}`:                                                      envelope.ReasonInvalidField,
+			`{"request_id":"r1","reply":null}`:                                                                       envelope.ReasonInvalidField,
+			`{"request_id":"r1","reply":"reject","message":"\udc00"}`:                                                envelope.ReasonInvalidUTF8,
+			`{"request_id":"r1","reply":"once"} {}`:                                                                  envelope.ReasonTrailingBytes,
+			`{"request_id":"r1","reply":"once","message":` + strings.Repeat("[", 17) + strings.Repeat("]", 17) + `}`: envelope.ReasonTooDeep,
 		} {
 			_, err := envelope.DecodeReply([]byte(value), envelope.Limits{})
 			var rej *envelope.RejectError

@@ -1,11 +1,9 @@
 package envelope
 
 import (
-	"bytes"
 	"encoding/json"
 	"strings"
 	"time"
-	"unicode/utf8"
 )
 
 // Event types on the session-events topic.
@@ -102,43 +100,52 @@ type PermissionReply struct {
 	Message   string `json:"message,omitempty"`
 }
 
-// DecodeReply parses and validates a permission reply; every error is a
-// *RejectError.
+// replyFields are the members of a permission reply, spelled exactly.
+var replyFields = map[string]bool{"request_id": true, "reply": true, "message": true}
+
+// DecodeReply parses and validates a permission reply with the discipline
+// of Decode: the same size, UTF-8 and depth limits, member names matched
+// exactly and never repeated ({"reply":"reject","Reply":"once"} is not an
+// approval to anyone), no U+0000 (Postgres text cannot hold it: the reply
+// would fail its admission on every retry). Every error is a *RejectError.
 func DecodeReply(value []byte, limits Limits) (PermissionReply, error) {
 	limits = limits.withDefaults()
-	if len(value) > limits.MaxValueBytes {
-		return PermissionReply{}, reject(ReasonTooLarge, "value is %d bytes, limit %d", len(value), limits.MaxValueBytes)
-	}
-	if !utf8.Valid(value) {
-		return PermissionReply{}, reject(ReasonInvalidUTF8, "value is not valid UTF-8")
+	fields, err := decodeObject(value, replyFields, limits)
+	if err != nil {
+		return PermissionReply{}, err
 	}
 	var r PermissionReply
-	dec := json.NewDecoder(bytes.NewReader(value))
-	dec.DisallowUnknownFields()
-	if err := dec.Decode(&r); err != nil {
-		if strings.HasPrefix(err.Error(), "json: unknown field") {
-			return PermissionReply{}, reject(ReasonUnknownField, "%s", strings.TrimPrefix(err.Error(), "json: "))
+	for _, f := range []struct {
+		name     string
+		dst      *string
+		required bool
+	}{{"request_id", &r.RequestID, true}, {"reply", &r.Reply, true}, {"message", &r.Message, false}} {
+		raw, ok := fields[f.name]
+		if !ok {
+			if f.required {
+				return PermissionReply{}, reject(ReasonMissingField, "%s is required", f.name)
+			}
+			continue
 		}
-		return PermissionReply{}, reject(ReasonInvalidJSON, "%v", err)
-	}
-	if dec.More() {
-		return PermissionReply{}, reject(ReasonTrailingBytes, "data after the JSON object")
-	}
-	if r.RequestID == "" {
-		return PermissionReply{}, reject(ReasonMissingField, "request_id is required")
+		if err := decodeString(f.name, raw, f.dst); err != nil {
+			return PermissionReply{}, err
+		}
 	}
 	if err := validID("request_id", r.RequestID, 4*limits.MaxIDLength); err != nil {
 		return PermissionReply{}, err
 	}
 	switch r.Reply {
 	case ReplyOnce, ReplyAlways, ReplyReject:
-	case "":
-		return PermissionReply{}, reject(ReasonMissingField, "reply is required")
 	default:
-		return PermissionReply{}, reject(ReasonInvalidField, "reply %q: want once, always or reject", r.Reply)
+		return PermissionReply{}, reject(ReasonInvalidField, "reply %q: want once, always or reject", truncate([]byte(r.Reply), 64))
 	}
-	if r.Message != "" && r.Reply != ReplyReject {
+	switch {
+	case r.Message != "" && r.Reply != ReplyReject:
 		return PermissionReply{}, reject(ReasonInvalidField, "message goes only with reply reject")
+	case len(r.Message) > limits.MaxTextBytes:
+		return PermissionReply{}, reject(ReasonTooLarge, "message is %d bytes, limit %d", len(r.Message), limits.MaxTextBytes)
+	case strings.IndexByte(r.Message, 0) >= 0:
+		return PermissionReply{}, reject(ReasonInvalidField, "message must not contain U+0000")
 	}
 	return r, nil
 }

@@ -2,6 +2,7 @@ package envelope_test
 
 import (
 	"bytes"
+	"encoding/json"
 	"errors"
 	"slices"
 	"testing"
@@ -63,8 +64,8 @@ func FuzzDecode(f *testing.F) {
 			if rej.Reason == "" || !slices.Contains(allReasons, rej.Reason) {
 				t.Fatalf("unknown reason %q (detail %q)", rej.Reason, rej.Detail)
 			}
-			if rej.Reason == envelope.ReasonConflict {
-				t.Fatalf("Decode cannot know of a conflict: %v", err)
+			if rej.Reason == envelope.ReasonConflict || rej.Reason == envelope.ReasonDataError {
+				t.Fatalf("Decode cannot know of %s: %v", rej.Reason, err)
 			}
 			if rej.Detail == "" {
 				t.Fatalf("reason %q without detail", rej.Reason)
@@ -129,4 +130,87 @@ func promptsEqual(a, b envelope.Prompt) bool {
 		return false
 	}
 	return a.Resume == nil || *a.Resume == *b.Resume
+}
+
+// FuzzDecodeReply checks DecodeReply on arbitrary input: it never panics;
+// what it accepts is a valid reply (member names exact and unrepeated, no
+// U+0000, a known reply, a message only with reject) that survives
+// json.Marshal and DecodeReply unchanged; what it refuses is a
+// *RejectError with a known reason. Seeds: the f.Add calls below and
+// testdata/fuzz/FuzzDecodeReply.
+func FuzzDecodeReply(f *testing.F) {
+	for _, s := range []string{
+		`{"request_id":"r1","reply":"once"}`,
+		`{"request_id":"r1","reply":"always"}`,
+		`{"request_id":"r1","reply":"reject","message":"use something else"}`,
+		`{"reply":"reject","message":"h\u00e9 \ud83d\ude00 <&>","request_id":"r1"}`,
+		`{"request_id":"r1","reply":"reject","message":"a\u0000b"}`,
+		`{"Request_ID":"r1","REPLY":"once"}`,
+		`{"request_id":"r1","reply":"reject","Reply":"once"}`,
+		`{"request_id":"r1","reply":"reject","reply":"once"}`,
+		`{"request_id":"r1","reply":"once","message":"x"}`,
+		`{"request_id":"r1","reply":"once","message":null}`,
+		`{"request_id":"r\u0031","reply":"once"}`,
+		`{"request_id":"r1","reply":"reject","message":"\ud800"}`,
+		`{"request_id":"r1","reply":"once","extra":[[[[[[[[[[[[[[[[[[]]]]]]]]]]]]]]]]]]}`,
+		`{"request_id":"r1","reply":"once"} {}`,
+		`{"request_id":1,"reply":"once"}`,
+		"{\"request_id\":\"r1\",\"reply\":\"reject\",\"message\":\"\xff\"}",
+		`{}`, `[]`, `null`, ``,
+	} {
+		f.Add([]byte(s))
+	}
+
+	f.Fuzz(func(t *testing.T, value []byte) {
+		r, err := envelope.DecodeReply(value, envelope.Limits{})
+		if err != nil {
+			var rej *envelope.RejectError
+			if !errors.As(err, &rej) {
+				t.Fatalf("error %v (%T) is not a *RejectError", err, err)
+			}
+			if !slices.Contains(allReasons, rej.Reason) || rej.Reason == envelope.ReasonConflict || rej.Reason == envelope.ReasonUnknownRequest || rej.Reason == envelope.ReasonDataError {
+				t.Fatalf("reason %q (detail %q) is not one DecodeReply may give", rej.Reason, rej.Detail)
+			}
+			if rej.Detail == "" {
+				t.Fatalf("reason %q without detail", rej.Reason)
+			}
+			if r != (envelope.PermissionReply{}) {
+				t.Fatalf("rejected, yet returned %+v", r)
+			}
+			return
+		}
+		if r.RequestID == "" || len(r.RequestID) > 4*128 {
+			t.Fatalf("accepted request ID %q", r.RequestID)
+		}
+		for i := 0; i < len(r.RequestID); i++ {
+			if r.RequestID[i] < 0x21 || r.RequestID[i] > 0x7e {
+				t.Fatalf("accepted request ID %q with byte %#x", r.RequestID, r.RequestID[i])
+			}
+		}
+		if !slices.Contains([]string{envelope.ReplyOnce, envelope.ReplyAlways, envelope.ReplyReject}, r.Reply) {
+			t.Fatalf("accepted reply %q", r.Reply)
+		}
+		if !utf8.ValidString(r.Message) || bytes.IndexByte([]byte(r.Message), 0) >= 0 || (r.Message != "" && r.Reply != envelope.ReplyReject) {
+			t.Fatalf("accepted message %q with reply %q", r.Message, r.Reply)
+		}
+		// Exactly the accepted member names: a decoder in another language
+		// reading the same bytes sees the same reply.
+		var members map[string]json.RawMessage
+		if err := json.Unmarshal(value, &members); err != nil {
+			t.Fatalf("accepted %q, which is no JSON object: %v", value, err)
+		}
+		for name := range members {
+			if name != "request_id" && name != "reply" && name != "message" {
+				t.Fatalf("accepted member %q", name)
+			}
+		}
+		b, err := json.Marshal(r)
+		if err != nil {
+			t.Fatalf("Marshal(%+v): %v", r, err)
+		}
+		again, err := envelope.DecodeReply(b, envelope.Limits{MaxValueBytes: len(b)})
+		if err != nil || again != r {
+			t.Fatalf("round trip of %+v via %s: %+v, %v", r, b, again, err)
+		}
+	})
 }

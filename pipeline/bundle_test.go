@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
 	"log/slog"
 	"strings"
 	"sync"
@@ -31,6 +32,7 @@ const testPartitions = 4
 // the embedded broker over TCP.
 type testBundle struct {
 	pool     *pgxpool.Pool
+	dbURL    string
 	brokers  []string
 	producer sarama.SyncProducer
 	events   *topicReader
@@ -47,22 +49,37 @@ type setupOpts struct {
 	// noLocalWakes leaves out the consumer's WakesPartitions: every
 	// prompt waits for its wake from Kafka.
 	noLocalWakes bool
+	// rejectsTopic names the rejects topic (default: prompts.rejects).
+	rejectsTopic string
+	// maxMessageBytes is the producer's limit (default: kafkautil's).
+	maxMessageBytes int
+	// logs receives the log lines too (default: only the test's log).
+	logs io.Writer
+	// replies makes the consumer group consume permission-replies too.
+	replies bool
 }
 
 func setup(t *testing.T, opts setupOpts) *testBundle {
 	t.Helper()
-	pool, _ := testkit.Pool(t)
+	pool, dbURL := testkit.Pool(t)
 	broker := testkit.Broker(t, testPartitions)
 	brokers := []string{broker.Addr()}
 	ctx, cancel := context.WithCancel(context.Background())
 
 	cfg := kafkautil.NewConfig(t.Name())
+	if opts.maxMessageBytes > 0 {
+		cfg.Producer.MaxMessageBytes = opts.maxMessageBytes
+	}
 	client, err := sarama.NewClient(brokers, cfg)
 	require.NoError(t, err)
 	producer, err := sarama.NewSyncProducerFromClient(client)
 	require.NoError(t, err)
 
-	log := slog.New(slog.NewTextHandler(testWriter{t}, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	var logw io.Writer = testWriter{t}
+	if opts.logs != nil {
+		logw = io.MultiWriter(logw, opts.logs)
+	}
+	log := slog.New(slog.NewTextHandler(logw, &slog.HandlerOptions{Level: slog.LevelDebug}))
 	relay := outbox.NewRelay(pool, producer, &outbox.RelayConfig{PollInterval: 20 * time.Millisecond, Logger: log})
 	require.NoError(t, relay.Start(ctx))
 	admitter := pipeline.NewAdmitter(pool, &pipeline.AdmitterConfig{OnCommitFunc: relay.Nudge, Logger: log})
@@ -70,7 +87,8 @@ func setup(t *testing.T, opts setupOpts) *testBundle {
 	exec := pipeline.NewExecutor(pool, &pipeline.ExecutorConfig{
 		Claims: claims, Provider: opts.provider, OnCommitFunc: relay.Nudge, Logger: log, Metrics: opts.metrics, MaxSessions: opts.maxSessions,
 	})
-	ccfg := &pipeline.ConsumerConfig{Limits: opts.limits, Logger: log, Metrics: opts.metrics}
+	ccfg := &pipeline.ConsumerConfig{Limits: opts.limits, Logger: log, Metrics: opts.metrics, MaxMessageBytes: opts.maxMessageBytes,
+		Topics: kafkautil.Topics{Rejects: opts.rejectsTopic}}
 	if !opts.noLocalWakes {
 		ccfg.WakesPartitions = kafkautil.PartitionCount(client, "wakes")
 	}
@@ -78,18 +96,24 @@ func setup(t *testing.T, opts setupOpts) *testBundle {
 
 	group, err := sarama.NewConsumerGroup(brokers, "test", cfg)
 	require.NoError(t, err)
+	topics := []string{"prompts", "wakes"}
+	if opts.replies {
+		topics = append(topics, "permission-replies")
+	}
 	var wg sync.WaitGroup
 	wg.Add(1)
 	go func() {
 		defer wg.Done()
 		for ctx.Err() == nil {
-			_ = group.Consume(ctx, []string{"prompts", "wakes"}, handler)
+			_ = group.Consume(ctx, topics, handler)
 		}
 	}()
 
-	b := &testBundle{pool: pool, brokers: brokers, producer: producer}
+	b := &testBundle{pool: pool, dbURL: dbURL, brokers: brokers, producer: producer}
 	b.events = readTopic(t, brokers, "session-events")
-	b.rejects = readTopic(t, brokers, "prompts.rejects")
+	if opts.rejectsTopic == "" { // a test naming one creates it when it wants
+		b.rejects = readTopic(t, brokers, "prompts.rejects")
+	}
 	t.Cleanup(func() {
 		cancel()
 		wg.Wait()

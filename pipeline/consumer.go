@@ -3,15 +3,20 @@ package pipeline
 import (
 	"cmp"
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"strconv"
+	"strings"
 	"sync/atomic"
 	"time"
 
 	"github.com/IBM/sarama"
+	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/promptline/promptline/envelope"
 	"github.com/promptline/promptline/internal/faults"
@@ -28,6 +33,10 @@ type ConsumerConfig struct {
 	Limits envelope.Limits
 	// MaxBatch is the most prompts admitted in one transaction. Defaults to 500.
 	MaxBatch int
+	// MaxMessageBytes is the largest message the rejects producer sends
+	// (its Sarama Producer.MaxMessageBytes): a reject that would be larger
+	// is published truncated. Defaults to kafkautil.MaxMessageBytesDefault.
+	MaxMessageBytes int
 	// Logger defaults to discarding.
 	Logger *slog.Logger
 	// Metrics defaults to none.
@@ -73,6 +82,7 @@ func NewConsumer(admitter *Admitter, exec *Executor, rejects sarama.SyncProducer
 	cfg := *config
 	cfg.Topics = cfg.Topics.WithDefaults()
 	cfg.MaxBatch = cmp.Or(cfg.MaxBatch, maxBatchDefault)
+	cfg.MaxMessageBytes = cmp.Or(cfg.MaxMessageBytes, kafkautil.MaxMessageBytesDefault)
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
@@ -199,73 +209,338 @@ func (c *Consumer) consumePrompts(s sarama.ConsumerGroupSession, claim sarama.Co
 
 // handlePrompts decodes, admits and rejects one batch, retrying while
 // Postgres or the rejects topic is unavailable: the offset must not move
-// before every message of the batch is durable somewhere.
+// before every message of the batch is durable somewhere. What no retry
+// can fix becomes a reject instead (DESIGN.md invariant 13): a data error
+// of Postgres for one prompt, a reject too large to publish whole.
 func (c *Consumer) handlePrompts(ctx context.Context, batch []*sarama.ConsumerMessage) error {
 	var good []Incoming
 	var goodMsgs []*sarama.ConsumerMessage
 	var rejects []*sarama.ProducerMessage
 	for _, m := range batch {
-		hbytes := 0
-		for _, h := range m.Headers {
-			hbytes += len(h.Key) + len(h.Value)
-		}
-		err := envelope.CheckHeaders(len(m.Headers), hbytes, c.cfg.Limits)
 		var p envelope.Prompt
+		err := checkHeaders(m, c.cfg.Limits)
 		if err == nil {
 			p, err = envelope.Decode(m.Key, m.Value, c.cfg.Limits)
 		}
 		if err != nil {
-			var re *envelope.RejectError
-			if !errors.As(err, &re) {
-				re = &envelope.RejectError{Reason: envelope.ReasonInvalidJSON, Detail: err.Error()}
-			}
-			rejects = append(rejects, c.reject(m, re))
+			rejects = append(rejects, c.reject(m, asReject(err)))
 			continue
 		}
 		good = append(good, Incoming{Prompt: p, Source: Source{Topic: m.Topic, Partition: m.Partition, Offset: m.Offset}})
 		goodMsgs = append(goodMsgs, m)
 	}
-	backoff := 100 * time.Millisecond
-	for {
-		outcomes, err := c.admissions.admit(ctx, good)
-		if err == nil {
-			for i, o := range outcomes {
-				if o == Conflict {
-					p := good[i].Prompt
-					rejects = append(rejects, c.reject(goodMsgs[i], &envelope.RejectError{
-						Reason: envelope.ReasonConflict,
-						Detail: fmt.Sprintf("message_id %q was admitted before with another payload", p.MessageID),
-					}))
+	outcomes, err := c.admitRetrying(ctx, good, c.admissions.admit)
+	if isDataError(err) {
+		// A data error fails the whole transaction, which may have held the
+		// batches of other partitions too (admitGroup): first this batch
+		// alone, then, if it is this batch, its prompts one by one, so that
+		// only the prompts Postgres refuses are rejected. One by one is the
+		// batch's order, and a later copy of an ID is then classified
+		// against the stored first one, as the batch would have.
+		outcomes, err = c.admitRetrying(ctx, good, c.admitAlone)
+		if isDataError(err) {
+			outcomes = make([]Outcome, len(good))
+			for i := range good {
+				o, err := c.admitRetrying(ctx, good[i:i+1], c.admitAlone)
+				switch {
+				case isDataError(err):
+					rejects = append(rejects, c.reject(goodMsgs[i], dataReject(err)))
+				case err != nil:
+					return err
+				default:
+					outcomes[i] = o[0]
 				}
 			}
-			break
+			err = nil
 		}
-		if ctx.Err() != nil {
-			return ctx.Err()
+	}
+	if err != nil {
+		return err
+	}
+	for i, o := range outcomes {
+		if o == Conflict {
+			p := good[i].Prompt
+			rejects = append(rejects, c.reject(goodMsgs[i], &envelope.RejectError{
+				Reason: envelope.ReasonConflict,
+				Detail: fmt.Sprintf("message_id %q was admitted before with another payload", p.MessageID),
+			}))
+		}
+	}
+	return c.publishRejects(ctx, rejects)
+}
+
+// admitAlone admits batch in a transaction of its own.
+func (c *Consumer) admitAlone(ctx context.Context, batch []Incoming) ([]Outcome, error) {
+	return c.admitter.admit(ctx, batch, c.afterAdmission)
+}
+
+// admitRetrying runs admit until it succeeds, retrying with a bounded
+// backoff every error but a data error (isDataError), which it returns
+// with the outcomes of nothing; it also returns when ctx ends.
+func (c *Consumer) admitRetrying(ctx context.Context, batch []Incoming,
+	admit func(context.Context, []Incoming) ([]Outcome, error),
+) ([]Outcome, error) {
+	backoff := 100 * time.Millisecond
+	for {
+		outcomes, err := admit(ctx, batch)
+		switch {
+		case err == nil:
+			return outcomes, nil
+		case ctx.Err() != nil:
+			return nil, ctx.Err()
+		case isDataError(err):
+			c.log.WarnContext(ctx, "admission refused by Postgres with a data error", slog.Int("prompts", len(batch)), slog.Any("error", err))
+			return nil, err
 		}
 		c.log.WarnContext(ctx, "admission failed; retrying", slog.Any("error", err), slog.Duration("backoff", backoff))
 		if !sleep(ctx, backoff) {
-			return ctx.Err()
+			return nil, ctx.Err()
 		}
 		backoff = min(2*backoff, 5*time.Second)
 	}
-	for len(rejects) > 0 {
-		err := c.rejects.SendMessages(rejects)
-		if err == nil {
-			if m := c.cfg.Metrics; m != nil {
-				for _, r := range rejects {
-					m.Admissions.WithLabelValues("rejected", header(r, "reason")).Inc()
+}
+
+// isDataError reports whether err carries a deterministic data error of
+// Postgres, one that the same statement on the same data gives again on
+// every retry: SQLSTATE class 22 (data exception: a character Postgres
+// cannot store, a value out of range) or 23 (integrity constraint
+// violation). Everything else is retried: lost connections, serialization
+// failures (40001), deadlocks (40P01), lock timeouts (55P03), cancelled
+// statements (57014), terminated backends (57P01), and errors an operator
+// can fix (a privilege, a full disk) without the message changing.
+func isDataError(err error) bool {
+	var pe *pgconn.PgError
+	if !errors.As(err, &pe) {
+		return false
+	}
+	class := pe.Code[:min(2, len(pe.Code))]
+	return class == "22" || class == "23"
+}
+
+// dataReject is the reject of a message that Postgres refused with err, a
+// data error.
+func dataReject(err error) *envelope.RejectError {
+	var pe *pgconn.PgError
+	errors.As(err, &pe)
+	return &envelope.RejectError{Reason: envelope.ReasonDataError,
+		Detail: truncateDetail(fmt.Sprintf("Postgres refused it: SQLSTATE %s: %s", pe.Code, pe.Message))}
+}
+
+// truncateDetail bounds a detail header built from an error's text.
+func truncateDetail(s string) string {
+	const maxDetail = 256
+	if len(s) <= maxDetail {
+		return s
+	}
+	return strings.ToValidUTF8(s[:maxDetail], "")
+}
+
+// checkHeaders enforces the header limits on m, before its value is
+// decoded: prompts and permission replies alike.
+func checkHeaders(m *sarama.ConsumerMessage, limits envelope.Limits) error {
+	n := 0
+	for _, h := range m.Headers {
+		n += len(h.Key) + len(h.Value)
+	}
+	return envelope.CheckHeaders(len(m.Headers), n, limits)
+}
+
+// asReject returns the *RejectError of a decoder's error.
+func asReject(err error) *envelope.RejectError {
+	var re *envelope.RejectError
+	if !errors.As(err, &re) {
+		re = &envelope.RejectError{Reason: envelope.ReasonInvalidJSON, Detail: err.Error()}
+	}
+	return re
+}
+
+// Headers of a reject published truncated (docs/session-events.md): the
+// original value's size and SHA-256, and, when the key had to go too, the
+// key's.
+const (
+	headerOriginalValueBytes  = "original_value_bytes"
+	headerOriginalValueSHA256 = "original_value_sha256"
+	headerOriginalKeyBytes    = "original_key_bytes"
+	headerOriginalKeySHA256   = "original_key_sha256"
+)
+
+// publishRejects publishes rejects, retrying with a bounded backoff while
+// the rejects topic is unavailable (a broker down, a leader moving, a
+// topic missing or an ACL not yet granted): a transient error never drops
+// a reject. A reject refused for its size, which no retry fixes (it is
+// larger than its original: the key and value plus the headers), is
+// published truncated instead: first to the producer's limit, then, each
+// time the broker refuses it again (a topic max.message.bytes below the
+// producer's), to half of that; a reject refused together with others is
+// sent alone first, since the broker's limit applies to a record batch. Only one that cannot be published even
+// without value and key is dropped, logged at error level with its source
+// and counted (outcome reject_unpublished): its original stays in the
+// source topic.
+func (c *Consumer) publishRejects(ctx context.Context, rejects []*sarama.ProducerMessage) error {
+	pending := make([]*pendingReject, len(rejects))
+	for i, r := range rejects {
+		pending[i] = &pendingReject{orig: r, budget: c.cfg.MaxMessageBytes}
+	}
+	backoff := 100 * time.Millisecond
+	for len(pending) > 0 {
+		var again []*pendingReject
+		var transient error
+		for _, call := range sendCalls(pending) {
+			msgs, failed := c.send(call)
+			for i, p := range call {
+				perr, ok := failed[msgs[i]]
+				switch {
+				case !ok:
+					c.countReject(p.orig, "rejected")
+				case !tooLarge(perr):
+					transient = perr
+					again = append(again, p)
+				case len(call) > 1:
+					// The broker's limit is on a record batch: refused
+					// together, it may fit alone.
+					p.alone = true
+					again = append(again, p)
+				case p.shrink(msgs[i]):
+					c.log.WarnContext(ctx, "reject refused for its size; publishing it truncated", slog.Any("error", perr),
+						slog.Int("limit", p.budget), slog.String("reason", header(p.orig, "reason")))
+					again = append(again, p)
+				default:
+					c.log.ErrorContext(ctx, "reject refused for its size even without its value; dropped (the original stays in its topic)",
+						slog.Any("error", perr), slog.String("reason", header(p.orig, "reason")),
+						slog.String("source_topic", header(p.orig, "source_topic")),
+						slog.String("source_partition", header(p.orig, "source_partition")),
+						slog.String("source_offset", header(p.orig, "source_offset")))
+					c.countReject(p.orig, "reject_unpublished")
 				}
 			}
-			break
 		}
-		c.log.WarnContext(ctx, "publishing rejects failed; retrying", slog.Any("error", err))
-		if !sleep(ctx, backoff) {
-			return ctx.Err()
+		pending = again
+		if transient != nil {
+			c.log.WarnContext(ctx, "publishing rejects failed; retrying", slog.Any("error", transient), slog.Duration("backoff", backoff))
+			if !sleep(ctx, backoff) {
+				return ctx.Err()
+			}
+			backoff = min(2*backoff, 5*time.Second)
 		}
-		backoff = min(2*backoff, 5*time.Second)
 	}
 	return nil
+}
+
+// sendCalls splits pending, in order, into the calls to send: each run of
+// rejects sent together, each reject to be sent alone by itself.
+func sendCalls(pending []*pendingReject) [][]*pendingReject {
+	var calls [][]*pendingReject
+	for i, p := range pending {
+		if p.alone || i == 0 || calls[len(calls)-1][0].alone {
+			calls = append(calls, []*pendingReject{p})
+			continue
+		}
+		calls[len(calls)-1] = append(calls[len(calls)-1], p)
+	}
+	return calls
+}
+
+// send publishes the messages of call and returns them with the error of
+// each one that failed.
+func (c *Consumer) send(call []*pendingReject) ([]*sarama.ProducerMessage, map[*sarama.ProducerMessage]error) {
+	msgs := make([]*sarama.ProducerMessage, len(call))
+	for i, p := range call {
+		msgs[i] = p.message()
+	}
+	err := c.rejects.SendMessages(msgs)
+	failed := map[*sarama.ProducerMessage]error{}
+	var perrs sarama.ProducerErrors
+	switch {
+	case err == nil:
+	case errors.As(err, &perrs):
+		for _, pe := range perrs {
+			failed[pe.Msg] = pe.Err
+		}
+	default: // the whole call failed: every message again
+		for _, m := range msgs {
+			failed[m] = err
+		}
+	}
+	return msgs, failed
+}
+
+func (c *Consumer) countReject(r *sarama.ProducerMessage, outcome string) {
+	if m := c.cfg.Metrics; m != nil {
+		m.Admissions.WithLabelValues(outcome, header(r, "reason")).Inc()
+	}
+}
+
+// tooLarge reports whether a publish failed for the message's size: Sarama
+// refuses one above its own Producer.MaxMessageBytes with a
+// ConfigurationError, the broker one above the topic's max.message.bytes
+// with ErrMessageSizeTooLarge.
+func tooLarge(err error) bool {
+	var ce sarama.ConfigurationError
+	return errors.As(err, &ce) || errors.Is(err, sarama.ErrMessageSizeTooLarge)
+}
+
+// pendingReject is a reject on its way to the rejects topic: the whole
+// message, and the size it must now fit in.
+type pendingReject struct {
+	orig   *sarama.ProducerMessage
+	budget int
+	alone  bool // refused for its size with others: sent by itself
+}
+
+// recordVersion is the record format promptline produces (Kafka >= 0.11,
+// kafkautil.Version): the one Sarama measures messages by.
+const recordVersion = 2
+
+// message returns a new message (Sarama keeps state in the ones it sent)
+// for p: the whole reject when it fits its budget, else truncated to it.
+func (p *pendingReject) message() *sarama.ProducerMessage {
+	m := &sarama.ProducerMessage{Topic: p.orig.Topic, Key: p.orig.Key, Value: p.orig.Value,
+		Headers: slices.Clone(p.orig.Headers)}
+	if m.ByteSize(recordVersion) <= p.budget {
+		return m
+	}
+	value := encoded(p.orig.Value)
+	sum := sha256.Sum256(value)
+	m.Headers = append(m.Headers,
+		sarama.RecordHeader{Key: []byte(headerOriginalValueBytes), Value: []byte(strconv.Itoa(len(value)))},
+		sarama.RecordHeader{Key: []byte(headerOriginalValueSHA256), Value: []byte(hex.EncodeToString(sum[:]))})
+	m.Value = sarama.ByteEncoder(nil)
+	if m.ByteSize(recordVersion) > p.budget && m.Key != nil {
+		// A key too large for the budget (the key is the sender's to
+		// choose): it goes too, its size and hash kept, when that makes
+		// the reject smaller.
+		key := encoded(m.Key)
+		sum := sha256.Sum256(key)
+		alt := &sarama.ProducerMessage{Topic: m.Topic, Value: m.Value, Headers: append(slices.Clip(m.Headers),
+			sarama.RecordHeader{Key: []byte(headerOriginalKeyBytes), Value: []byte(strconv.Itoa(len(key)))},
+			sarama.RecordHeader{Key: []byte(headerOriginalKeySHA256), Value: []byte(hex.EncodeToString(sum[:]))})}
+		if alt.ByteSize(recordVersion) < m.ByteSize(recordVersion) {
+			m = alt
+		}
+	}
+	if room := p.budget - m.ByteSize(recordVersion); room > 0 {
+		m.Value = sarama.ByteEncoder(value[:min(room, len(value))])
+	}
+	return m
+}
+
+// shrink halves the budget of p after sent, its last message, was refused
+// for its size; false when sent had nothing left to cut: no value (the key
+// is gone too by then, unless dropping it would not make it smaller).
+func (p *pendingReject) shrink(sent *sarama.ProducerMessage) bool {
+	if sent.Value == nil || sent.Value.Length() == 0 {
+		return false
+	}
+	p.budget = min(p.budget, sent.ByteSize(recordVersion)) / 2
+	return true
+}
+
+func encoded(e sarama.Encoder) []byte {
+	if e == nil {
+		return nil
+	}
+	b, _ := e.Encode()
+	return b
 }
 
 // reject builds the rejects-topic message for m: the original bytes and
@@ -396,40 +671,49 @@ func (c *Consumer) consumeReplies(s sarama.ConsumerGroupSession, claim sarama.Co
 		case <-ctx.Done():
 			return nil
 		}
-		var rejects []*sarama.ProducerMessage
-		r, err := envelope.DecodeReply(m.Value, c.cfg.Limits)
+		rejects, err := c.handleReply(ctx, m)
 		if err != nil {
-			var re *envelope.RejectError
-			if !errors.As(err, &re) {
-				re = &envelope.RejectError{Reason: envelope.ReasonInvalidJSON, Detail: err.Error()}
-			}
-			rejects = append(rejects, c.reject(m, re))
-		} else {
-			backoff := 100 * time.Millisecond
-			for {
-				out, err := c.admitter.AdmitReply(ctx, m.Key, r, Source{Topic: m.Topic, Partition: m.Partition, Offset: m.Offset})
-				if err == nil {
-					if out.Reason != "" {
-						rejects = append(rejects, c.reject(m, &envelope.RejectError{Reason: out.Reason, Detail: out.Detail}))
-					}
-					break
-				}
-				c.log.WarnContext(ctx, "admitting permission reply failed; retrying", slog.Any("error", err))
-				if !sleep(ctx, backoff) {
-					return nil
-				}
-				backoff = min(2*backoff, 5*time.Second)
-			}
+			return nil // shutting down or rebalancing; the reply is redelivered
 		}
-		for len(rejects) > 0 {
-			if err := c.rejects.SendMessages(rejects); err == nil {
-				break
-			}
-			if !sleep(ctx, time.Second) {
-				return nil
-			}
+		if err := c.publishRejects(ctx, rejects); err != nil {
+			return nil
 		}
 		s.MarkMessage(m, "")
+	}
+}
+
+// handleReply decodes and admits one permission reply, retrying while
+// Postgres is unavailable, and returns its reject, if any: a malformed
+// reply, one admission refuses (unknown request, conflict), or one Postgres
+// refuses with a data error. It fails only when ctx ends.
+func (c *Consumer) handleReply(ctx context.Context, m *sarama.ConsumerMessage) ([]*sarama.ProducerMessage, error) {
+	var r envelope.PermissionReply
+	err := checkHeaders(m, c.cfg.Limits)
+	if err == nil {
+		r, err = envelope.DecodeReply(m.Value, c.cfg.Limits)
+	}
+	if err != nil {
+		return []*sarama.ProducerMessage{c.reject(m, asReject(err))}, nil
+	}
+	backoff := 100 * time.Millisecond
+	for {
+		out, err := c.admitter.AdmitReply(ctx, m.Key, r, Source{Topic: m.Topic, Partition: m.Partition, Offset: m.Offset})
+		switch {
+		case err == nil && out.Reason != "":
+			return []*sarama.ProducerMessage{c.reject(m, &envelope.RejectError{Reason: out.Reason, Detail: out.Detail})}, nil
+		case err == nil:
+			return nil, nil
+		case ctx.Err() != nil:
+			return nil, ctx.Err()
+		case isDataError(err):
+			c.log.WarnContext(ctx, "permission reply refused by Postgres with a data error", slog.Any("error", err))
+			return []*sarama.ProducerMessage{c.reject(m, dataReject(err))}, nil
+		}
+		c.log.WarnContext(ctx, "admitting permission reply failed; retrying", slog.Any("error", err), slog.Duration("backoff", backoff))
+		if !sleep(ctx, backoff) {
+			return nil, ctx.Err()
+		}
+		backoff = min(2*backoff, 5*time.Second)
 	}
 }
 

@@ -59,6 +59,8 @@ func TestFlags(t *testing.T) {
 		{"LeaseTooShort", []string{"--lease", "1ms"}, "--lease"},
 		{"OutboxRetentionTooShort", []string{"--outbox-retention", "10ms"}, "--outbox-retention"},
 		{"LedgerRetentionTooShort", []string{"--ledger-retention", "10ms"}, "--ledger-retention"},
+		{"MaxMessageBytesTooSmall", []string{"--max-message-bytes", "100"}, "--max-message-bytes"},
+		{"MaxMessageBytesAboveRequestSize", []string{"--max-message-bytes", "104857600"}, "--max-message-bytes"},
 		{"UnknownFlag", []string{"--no-such-flag"}, "--no-such-flag"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

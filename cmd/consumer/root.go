@@ -8,6 +8,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/IBM/sarama"
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
 
@@ -30,6 +31,7 @@ type options struct {
 	maxBatch          int
 	localWakes        bool
 	maxValueBytes     int
+	maxMessageBytes   int
 	shutdownGrace     time.Duration
 	lease             time.Duration
 	recoveryInterval  time.Duration
@@ -93,6 +95,7 @@ func newRootCommandEnv(environ func() []string) *cobra.Command {
 	f.IntVar(&o.maxBatch, "max-batch", 500, "most prompts admitted in one transaction")
 	f.BoolVar(&o.localWakes, "local-wakes", true, "start a session at once when a prompt admitted here belongs to a wakes partition this process owns (its wake, arriving from Kafka, then waits for that run)")
 	f.IntVar(&o.maxValueBytes, "max-value-bytes", 1<<20, "largest accepted prompt value in bytes")
+	f.IntVar(&o.maxMessageBytes, "max-message-bytes", kafkautil.MaxMessageBytesDefault, "largest message the Kafka producer sends (rejects, events, wakes), at most the topics' max.message.bytes; a larger reject is published truncated")
 	f.StringVar(&o.provider.kind, "provider", "scripted", "model provider: scripted (no model; demos and tests), http, openai")
 	f.StringVar(&o.provider.url, "provider-url", "", "URL the http provider POSTs turns to (docs/providers.md)")
 	f.BoolVar(&o.provider.idempotent, "provider-honours-idempotency-keys", false, "declare that the provider deduplicates by Idempotency-Key: uncertain attempts are then sent again with the same key")
@@ -188,6 +191,8 @@ func (o *options) validate() error {
 		return fmt.Errorf("--max-batch: must be at least 1, got %d", o.maxBatch)
 	case o.maxValueBytes < 1:
 		return fmt.Errorf("--max-value-bytes: must be at least 1, got %d", o.maxValueBytes)
+	case o.maxMessageBytes < minMessageBytes || o.maxMessageBytes >= int(sarama.MaxRequestSize):
+		return fmt.Errorf("--max-message-bytes: must be from %d to %d, got %d", minMessageBytes, sarama.MaxRequestSize-1, o.maxMessageBytes)
 	case o.lease < 300*time.Millisecond:
 		return fmt.Errorf("--lease: must be at least 300ms, got %s", o.lease)
 	case o.recoveryInterval < 100*time.Millisecond:
@@ -236,6 +241,10 @@ func (o *options) validate() error {
 	}
 	return nil
 }
+
+// minMessageBytes is the smallest --max-message-bytes: room for a
+// truncated reject's headers, and for the events and wakes the relay sends.
+const minMessageBytes = 4096
 
 func parseLevel(s string) (slog.Level, error) {
 	var l slog.Level

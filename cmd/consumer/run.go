@@ -47,6 +47,7 @@ func run(ctx context.Context, o *options, stderr io.Writer) error {
 	// SASL applied (validate checked the settings already).
 	owner := "consumer-" + uuid.Must(uuid.NewV7()).String()
 	cfg := kafkautil.NewConfig(owner)
+	cfg.Producer.MaxMessageBytes = o.maxMessageBytes
 	if err := o.security.Apply(cfg); err != nil {
 		return err
 	}
@@ -171,7 +172,7 @@ func run(ctx context.Context, o *options, stderr io.Writer) error {
 	}
 	defer rec.Stop()
 	ccfg := &pipeline.ConsumerConfig{
-		Topics: topics, MaxBatch: o.maxBatch, Logger: log, Metrics: m,
+		Topics: topics, MaxBatch: o.maxBatch, MaxMessageBytes: o.maxMessageBytes, Logger: log, Metrics: m,
 		Limits: envelope.Limits{MaxValueBytes: o.maxValueBytes},
 	}
 	if o.localWakes {

@@ -21,7 +21,7 @@ var Programs = map[string][]string{
 		"db-idle-in-transaction-timeout", "db-lock-timeout", "db-max-conns", "db-statement-timeout",
 		"dry-run", "embedded-kafka-addr", "events-topic", "from-offset", "from-time", "group",
 		"http-tool-endpoint", "json", "lease", "ledger-retention", "local-wakes", "log-level", "max-batch",
-		"max-rejections", "max-sessions", "max-value-bytes", "metrics-addr", "migrate", "note",
+		"max-message-bytes", "max-rejections", "max-sessions", "max-value-bytes", "metrics-addr", "migrate", "note",
 		"openai-api-key-env", "openai-api-key-file", "openai-base-url", "openai-model", "operator",
 		"outbox-retention", "partitions", "permission-replies-topic", "progress-interval",
 		"prompts-topic", "provider", "provider-honours-idempotency-keys", "provider-url",

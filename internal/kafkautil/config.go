@@ -17,6 +17,11 @@ var disableGoMetrics = sync.OnceFunc(func() { gometrics.UseNilMetrics = true })
 // kfake and Apache Kafka 3.x/4.x accept it.
 var Version = sarama.V3_6_0_0
 
+// MaxMessageBytesDefault is the largest message a promptline producer
+// sends unless told otherwise (consumer --max-message-bytes): Sarama's own
+// default, 1 MiB. It should not exceed the topics' max.message.bytes.
+const MaxMessageBytesDefault = 1 << 20
+
 // NewConfig returns the Sarama configuration shared by every promptline
 // client: the idempotent producer with acks=all and the murmur2 partitioner.
 func NewConfig(clientID string) *sarama.Config {
@@ -35,6 +40,7 @@ func NewConfig(clientID string) *sarama.Config {
 	c.Producer.Return.Errors = true
 	c.Producer.Partitioner = NewMurmur2Partitioner
 	c.Producer.Flush.Frequency = time.Millisecond
+	c.Producer.MaxMessageBytes = MaxMessageBytesDefault
 
 	c.Consumer.Return.Errors = true
 	c.Consumer.Offsets.Initial = sarama.OffsetOldest

@@ -1,0 +1,339 @@
+package pipeline_test
+
+import (
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"fmt"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/IBM/sarama"
+	"github.com/jackc/pgx/v5"
+	"github.com/stretchr/testify/require"
+
+	"github.com/promptline/promptline/envelope"
+	"github.com/promptline/promptline/internal/kafkautil"
+	"github.com/promptline/promptline/internal/testkit"
+)
+
+// TestRejectTooLargeToPublishWhole: a reject is larger than its original
+// (the headers), so an original close to the producer's limit, or above a
+// rejects topic's max.message.bytes, makes a reject no retry can publish.
+// It is published truncated, with the original's size and SHA-256, and the
+// partition moves on (issue 15, item 1).
+func TestRejectTooLargeToPublishWhole(t *testing.T) {
+	t.Parallel()
+
+	check := func(t *testing.T, b *testBundle, original []byte, limit int) {
+		t.Helper()
+		require.Eventually(t, func() bool { return len(b.rejects.all()) == 1 }, 20*time.Second, 10*time.Millisecond)
+		r := b.rejects.all()[0]
+		require.Equal(t, envelope.ReasonInvalidJSON, header(r, "reason"))
+		require.Equal(t, strconv.Itoa(len(original)), header(r, "original_value_bytes"))
+		sum := sha256.Sum256(original)
+		require.Equal(t, hex.EncodeToString(sum[:]), header(r, "original_value_sha256"))
+		require.NotEmpty(t, r.Value, "as much of the original as fits")
+		require.Less(t, len(r.Value), len(original))
+		require.True(t, bytes.HasPrefix(original, r.Value), "a prefix of the original")
+		require.NotEmpty(t, header(r, "source_offset"), "the source is named")
+		pm := &sarama.ProducerMessage{Key: sarama.ByteEncoder(r.Key), Value: sarama.ByteEncoder(r.Value)}
+		for _, h := range r.Headers {
+			pm.Headers = append(pm.Headers, *h)
+		}
+		require.LessOrEqual(t, pm.ByteSize(2), limit)
+	}
+
+	t.Run("ProducerLimit", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t, setupOpts{})
+		sess := id(t, "s")
+		// Invalid JSON the broker and the producer accept (1 MiB limits),
+		// below --max-value-bytes: its reject is not.
+		value := bytes.Repeat([]byte("x"), 1_048_400)
+		b.sendRaw(t, []byte(sess), value)
+		b.send(t, envelope.Prompt{MessageID: id(t, "after"), SessionID: sess, Text: "behind it"})
+		require.Equal(t, "echo: behind it", b.waitTurn(t, id(t, "after")).Text, "the partition moved on")
+		check(t, b, value, kafkautil.MaxMessageBytesDefault)
+	})
+
+	t.Run("BrokerLimit", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t, setupOpts{})
+		// The rejects topic takes less than the producer sends: the broker
+		// refuses the reject, which is then cut further.
+		const topicLimit = 20_000
+		admin, err := sarama.NewClusterAdmin(b.brokers, kafkautil.NewConfig(t.Name()+"-admin"))
+		require.NoError(t, err)
+		defer admin.Close()
+		limit := strconv.Itoa(topicLimit)
+		require.NoError(t, admin.AlterConfig(sarama.TopicResource, "prompts.rejects", map[string]*string{"max.message.bytes": &limit}, false))
+
+		sess := id(t, "s")
+		value := []byte(`{"message_id":"m","session_id":"` + sess + `","text":"` + strings.Repeat("y", 100_000))
+		b.sendRaw(t, []byte(sess), value)
+		b.send(t, envelope.Prompt{MessageID: id(t, "after"), SessionID: sess, Text: "behind it"})
+		require.Equal(t, "echo: behind it", b.waitTurn(t, id(t, "after")).Text, "the partition moved on")
+		check(t, b, value, topicLimit)
+	})
+}
+
+// TestRejectsRefusedTogetherAreSentAlone: the broker checks its limit on
+// a whole record batch, so rejects that each fit may be refused together;
+// each is then sent alone, whole, before anything is truncated.
+func TestRejectsRefusedTogetherAreSentAlone(t *testing.T) {
+	t.Parallel()
+	b := setup(t, setupOpts{})
+	const topicLimit = 20_000
+	admin, err := sarama.NewClusterAdmin(b.brokers, kafkautil.NewConfig(t.Name()+"-admin"))
+	require.NoError(t, err)
+	defer admin.Close()
+	limit := strconv.Itoa(topicLimit)
+	require.NoError(t, admin.AlterConfig(sarama.TopicResource, "prompts.rejects", map[string]*string{"max.message.bytes": &limit}, false))
+
+	sess := id(t, "s")
+	var originals [][]byte
+	var msgs []*sarama.ProducerMessage
+	for i := range 3 {
+		v := []byte(fmt.Sprintf(`{"message_id":"m%d","session_id":"%s","text":"%s`, i, sess, strings.Repeat("z", 8_000)))
+		originals = append(originals, v)
+		msgs = append(msgs, &sarama.ProducerMessage{Topic: "prompts", Key: sarama.StringEncoder(sess), Value: sarama.ByteEncoder(v)})
+	}
+	require.NoError(t, b.producer.SendMessages(msgs)) // one batch of rejects, most likely
+	b.send(t, envelope.Prompt{MessageID: id(t, "after"), SessionID: sess, Text: "behind them"})
+	b.waitTurn(t, id(t, "after"))
+	require.Eventually(t, func() bool { return len(b.rejects.all()) == len(originals) }, 20*time.Second, 10*time.Millisecond)
+	for _, r := range b.rejects.all() {
+		require.Empty(t, header(r, "original_value_bytes"), "a reject that fits alone is not truncated")
+		require.Contains(t, originals, r.Value)
+	}
+}
+
+// TestRejectPublishRetriedWhileTopicUnavailable: a transient failure to
+// publish a reject (here: the rejects topic does not exist yet) is retried
+// and never drops or truncates the reject; the partition waits meanwhile,
+// and goes on once the reject is out.
+func TestRejectPublishRetriedWhileTopicUnavailable(t *testing.T) {
+	t.Parallel()
+	logs := testkit.NewSyncBuffer()
+	b := setup(t, setupOpts{rejectsTopic: "late.rejects", logs: logs})
+	sess := id(t, "s")
+	bad := []byte(`{"message_id":"m","session_id":"` + sess + `"`)
+	b.sendRaw(t, []byte(sess), bad)
+	const retrying = "publishing rejects failed; retrying"
+	n := waitCount(t, logs, retrying, 1)
+
+	// A prompt behind it waits: its partition's offset has not moved.
+	b.send(t, envelope.Prompt{MessageID: id(t, "after"), SessionID: sess, Text: "behind it"})
+	waitCount(t, logs, retrying, n+1)
+	require.Zero(t, b.count(t, `SELECT count(*) FROM inputs WHERE message_id = $1`, id(t, "after")),
+		"the prompt behind an unpublished reject is not admitted")
+
+	admin, err := sarama.NewClusterAdmin(b.brokers, kafkautil.NewConfig(t.Name()+"-admin"))
+	require.NoError(t, err)
+	defer admin.Close()
+	require.NoError(t, admin.CreateTopic("late.rejects", &sarama.TopicDetail{NumPartitions: testPartitions, ReplicationFactor: 1}, false))
+	rejects := readTopic(t, b.brokers, "late.rejects")
+
+	require.Equal(t, "echo: behind it", b.waitTurn(t, id(t, "after")).Text, "the partition moved on")
+	require.Eventually(t, func() bool { return len(rejects.all()) == 1 }, 20*time.Second, 10*time.Millisecond)
+	r := rejects.all()[0]
+	require.Equal(t, envelope.ReasonInvalidJSON, header(r, "reason"))
+	require.Equal(t, bad, r.Value, "whole: a transient error truncates nothing")
+	require.Empty(t, header(r, "original_value_bytes"))
+}
+
+// TestAdmissionRetriedAfterTransientFailure: an admission transaction that
+// fails for a reason a retry fixes (its backend terminated, as a failover
+// or a pooler restart does) is retried until it commits; the prompt is
+// admitted once, and its offset is committed only after.
+func TestAdmissionRetriedAfterTransientFailure(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	logs := testkit.NewSyncBuffer()
+	b := setup(t, setupOpts{logs: logs})
+	sess := id(t, "s")
+	part := kafkautil.Murmur2Partition([]byte(sess), testPartitions)
+	probe := ""
+	for i := 0; probe == ""; i++ {
+		if s := id(t, fmt.Sprintf("probe%d", i)); kafkautil.Murmur2Partition([]byte(s), testPartitions) != part {
+			probe = s
+		}
+	}
+
+	// Hold the session's row: admission upserts it, so it waits for us.
+	_, err := b.pool.Exec(ctx, `INSERT INTO sessions (session_id) VALUES ($1)`, sess)
+	require.NoError(t, err)
+	locker, err := pgx.Connect(ctx, b.dbURL)
+	require.NoError(t, err)
+	defer locker.Close(ctx)
+	lock, err := locker.Begin(ctx)
+	require.NoError(t, err)
+	_, err = lock.Exec(ctx, `SELECT 1 FROM sessions WHERE session_id = $1 FOR UPDATE`, sess)
+	require.NoError(t, err)
+	blocked := func(not int32) int32 {
+		var pid int32
+		require.Eventually(t, func() bool {
+			err := b.pool.QueryRow(ctx, `SELECT pid FROM pg_stat_activity WHERE $1 = ANY (pg_blocking_pids(pid)) AND pid <> $2`,
+				locker.PgConn().PID(), not).Scan(&pid)
+			return err == nil
+		}, 20*time.Second, 10*time.Millisecond, "no admission waits for the session row")
+		return pid
+	}
+
+	msgID := id(t, "m")
+	v, err := envelope.Marshal(envelope.Prompt{MessageID: msgID, SessionID: sess, Text: "retried"})
+	require.NoError(t, err)
+	_, offset, err := b.producer.SendMessage(&sarama.ProducerMessage{Topic: "prompts", Key: sarama.StringEncoder(sess), Value: sarama.ByteEncoder(v)})
+	require.NoError(t, err)
+
+	first := blocked(0)
+	var terminated bool
+	require.NoError(t, b.pool.QueryRow(ctx, `SELECT pg_terminate_backend($1)`, first).Scan(&terminated))
+	require.True(t, terminated)
+	waitCount(t, logs, "admission failed; retrying", 1)
+	blocked(first) // the retry, on another connection, waits again
+
+	// Another partition's prompt is admitted and its offset committed; the
+	// consumer commits every partition's marked offset together, so ours
+	// would be committed by now had it been marked.
+	admin, err := sarama.NewClusterAdmin(b.brokers, kafkautil.NewConfig(t.Name()+"-admin"))
+	require.NoError(t, err)
+	defer admin.Close()
+	committed := func(p int32) int64 {
+		resp, err := admin.ListConsumerGroupOffsets("test", map[string][]int32{"prompts": {p}})
+		require.NoError(t, err)
+		blk := resp.GetBlock("prompts", p)
+		require.NotNil(t, blk)
+		return blk.Offset
+	}
+	pv, err := envelope.Marshal(envelope.Prompt{MessageID: id(t, "probe"), SessionID: probe, Text: "probe"})
+	require.NoError(t, err)
+	probePart, probeOffset, err := b.producer.SendMessage(&sarama.ProducerMessage{Topic: "prompts", Key: sarama.StringEncoder(probe), Value: sarama.ByteEncoder(pv)})
+	require.NoError(t, err)
+	b.waitTurn(t, id(t, "probe"))
+	require.Eventually(t, func() bool { return committed(probePart) > probeOffset }, 20*time.Second, 20*time.Millisecond)
+	require.LessOrEqual(t, committed(part), offset, "the offset of a prompt not yet admitted was committed")
+	require.Zero(t, b.count(t, `SELECT count(*) FROM inputs WHERE message_id = $1`, msgID))
+
+	require.NoError(t, lock.Rollback(ctx))
+	require.Equal(t, "echo: retried", b.waitTurn(t, msgID).Text)
+	require.Eventually(t, func() bool { return committed(part) == offset+1 }, 20*time.Second, 20*time.Millisecond)
+	require.Equal(t, 1, b.count(t, `SELECT count(*) FROM inputs WHERE message_id = $1`, msgID))
+	require.Equal(t, 1, b.turnsFor(t, msgID), "admitted and run once")
+}
+
+// TestDataErrorRejectsOnlyItsPrompt: a prompt Postgres refuses with a data
+// error (SQLSTATE class 23 here, a check constraint) fails on every retry;
+// it becomes a reject, the good prompts of its batch are admitted, and the
+// partition moves on (issue 15, item 4).
+func TestDataErrorRejectsOnlyItsPrompt(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	b := setup(t, setupOpts{})
+	_, err := b.pool.Exec(ctx, `ALTER TABLE inputs ADD CONSTRAINT test_poison CHECK (text <> 'poison')`)
+	require.NoError(t, err)
+	sess := id(t, "s")
+	var msgs []*sarama.ProducerMessage
+	for _, p := range []envelope.Prompt{
+		{MessageID: id(t, "good1"), SessionID: sess, Text: "one"},
+		{MessageID: id(t, "bad"), SessionID: sess, Text: "poison"},
+		{MessageID: id(t, "good2"), SessionID: sess, Text: "two"},
+	} {
+		v, err := envelope.Marshal(p)
+		require.NoError(t, err)
+		msgs = append(msgs, &sarama.ProducerMessage{Topic: "prompts", Key: sarama.StringEncoder(sess), Value: sarama.ByteEncoder(v)})
+	}
+	require.NoError(t, b.producer.SendMessages(msgs)) // one batch, most likely
+	require.Equal(t, "echo: one", b.waitTurn(t, id(t, "good1")).Text)
+	require.Equal(t, "echo: two", b.waitTurn(t, id(t, "good2")).Text)
+	require.Eventually(t, func() bool { return len(b.rejects.all()) == 1 }, 20*time.Second, 10*time.Millisecond)
+	r := b.rejects.all()[0]
+	require.Equal(t, envelope.ReasonDataError, header(r, "reason"))
+	require.Contains(t, header(r, "detail"), "23514")
+	require.Contains(t, string(r.Value), id(t, "bad"))
+	require.Zero(t, b.count(t, `SELECT count(*) FROM inputs WHERE message_id = $1`, id(t, "bad")))
+
+	b.send(t, envelope.Prompt{MessageID: id(t, "after"), SessionID: sess, Text: "after"})
+	b.waitTurn(t, id(t, "after"))
+}
+
+// TestPermissionRepliesOnePartition: hostile permission replies on one
+// partition each become a reject, with the prompts' reasons, and change
+// no request; a valid reply behind them is applied (issue 15, items 4 and
+// 14). Before: the NUL reply stopped the partition (SQLSTATE 22021 on
+// every retry), and wrongly-cased or repeated names approved.
+func TestPermissionRepliesOnePartition(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	b := setup(t, setupOpts{replies: true})
+	sess := id(t, "s")
+
+	// Pending requests without the turn that would have asked them: the
+	// tool call they point to is not under test, so its foreign key goes.
+	_, err := b.pool.Exec(ctx, `ALTER TABLE permission_requests DROP CONSTRAINT permission_requests_call_id_fkey`)
+	require.NoError(t, err)
+	_, err = b.pool.Exec(ctx, `INSERT INTO sessions (session_id) VALUES ($1)`, sess)
+	require.NoError(t, err)
+	requests := []string{"r-nul", "r-case", "r-repeat", "r-upper", "r-headers", "r-poison", "r-last"}
+	for _, r := range requests {
+		_, err = b.pool.Exec(ctx, `INSERT INTO permission_requests (request_id, session_id, call_id, tool, pattern, status)
+			VALUES ($1, $2, $1, 'echo', 'echo', 'pending')`, r, sess)
+		require.NoError(t, err)
+	}
+	_, err = b.pool.Exec(ctx, `ALTER TABLE permission_requests ADD CONSTRAINT test_poison CHECK (message IS DISTINCT FROM 'poison')`)
+	require.NoError(t, err)
+
+	cases := []struct {
+		value   string
+		headers []sarama.RecordHeader
+		reason  string
+	}{
+		{`{"request_id":"r-nul","reply":"reject","message":"a\u0000b"}`, nil, envelope.ReasonInvalidField},
+		{`{"request_id":"r-case","reply":"reject","Reply":"once"}`, nil, envelope.ReasonUnknownField},
+		{`{"request_id":"r-repeat","reply":"reject","reply":"once"}`, nil, envelope.ReasonInvalidJSON},
+		{`{"Request_ID":"r-upper","REPLY":"once"}`, nil, envelope.ReasonUnknownField},
+		{`{"request_id":"r-headers","reply":"once"}`, manyHeaders(40, 1), envelope.ReasonTooManyHeaders},
+		{`{"request_id":"r-poison","reply":"reject","message":"poison"}`, nil, envelope.ReasonDataError},
+	}
+	for _, c := range cases {
+		_, _, err := b.producer.SendMessage(&sarama.ProducerMessage{Topic: "permission-replies", Key: sarama.StringEncoder(sess),
+			Value: sarama.StringEncoder(c.value), Headers: c.headers})
+		require.NoError(t, err)
+	}
+	_, _, err = b.producer.SendMessage(&sarama.ProducerMessage{Topic: "permission-replies", Key: sarama.StringEncoder(sess),
+		Value: sarama.StringEncoder(`{"request_id":"r-last","reply":"once"}`)})
+	require.NoError(t, err)
+
+	require.Eventually(t, func() bool {
+		return b.count(t, `SELECT count(*) FROM permission_requests WHERE request_id = 'r-last' AND status = 'approved'`) == 1
+	}, 20*time.Second, 10*time.Millisecond, "the reply behind them was applied")
+	require.Eventually(t, func() bool { return len(b.rejects.all()) == len(cases) }, 20*time.Second, 10*time.Millisecond)
+	for i, r := range b.rejects.all() {
+		require.Equal(t, cases[i].reason, header(r, "reason"), "%s: %s", cases[i].value, header(r, "detail"))
+		require.Equal(t, cases[i].value, string(r.Value))
+	}
+	require.Equal(t, len(requests)-1, b.count(t, `SELECT count(*) FROM permission_requests WHERE status = 'pending'`),
+		"no hostile reply changed its request")
+}
+
+// waitCount waits until s occurs at least n times in buf and returns how
+// many times it does.
+func waitCount(t *testing.T, buf *testkit.SyncBuffer, s string, n int) int {
+	t.Helper()
+	deadline := time.NewTimer(30 * time.Second)
+	defer deadline.Stop()
+	for {
+		if c := strings.Count(buf.String(), s); c >= n {
+			return c
+		}
+		select {
+		case <-buf.Changed():
+		case <-deadline.C:
+			t.Fatalf("waiting for %d times %q", n, s)
+		}
+	}
+}
