@@ -315,7 +315,23 @@ func (r *Replayer) process(ctx, work context.Context, topic string, batch []*sar
 				continue
 			}
 		}
-		p, err := envelope.Decode(m.Key, m.Value, r.cfg.Limits)
+		// The header limits of live admission, over the headers the
+		// producer sent (in a reject, those after promptline's).
+		headers := m.Headers
+		if fromRejects {
+			headers = kafkautil.OriginalHeaders(headers)
+		}
+		hbytes := 0
+		for _, h := range headers {
+			if h != nil {
+				hbytes += len(h.Key) + len(h.Value)
+			}
+		}
+		err := envelope.CheckHeaders(len(headers), hbytes, r.cfg.Limits)
+		var p envelope.Prompt
+		if err == nil {
+			p, err = envelope.Decode(m.Key, m.Value, r.cfg.Limits)
+		}
 		if err != nil {
 			var re *envelope.RejectError
 			if !errors.As(err, &re) {
@@ -477,7 +493,8 @@ func (r *Replayer) commit(st *PartitionReport, batch []*sarama.ConsumerMessage, 
 }
 
 // publishRejects sends the batch's rejected messages to the rejects topic
-// with the headers the live consumer writes.
+// with promptline's reject headers followed by the original's
+// (kafkautil.RejectHeaders).
 func (r *Replayer) publishRejects(ctx context.Context, batch []*sarama.ConsumerMessage, rejs []Rejection) error {
 	if len(rejs) == 0 {
 		return nil
@@ -490,15 +507,9 @@ func (r *Replayer) publishRejects(ctx context.Context, batch []*sarama.ConsumerM
 	for _, j := range rejs {
 		m := byOffset[j.Offset]
 		pm := &sarama.ProducerMessage{
-			Topic: r.cfg.Topics.Rejects,
-			Value: sarama.ByteEncoder(m.Value),
-			Headers: []sarama.RecordHeader{
-				{Key: []byte("reason"), Value: []byte(j.Reason)},
-				{Key: []byte("detail"), Value: []byte(j.Detail)},
-				{Key: []byte("source_topic"), Value: []byte(m.Topic)},
-				{Key: []byte("source_partition"), Value: []byte(strconv.Itoa(int(m.Partition)))},
-				{Key: []byte("source_offset"), Value: []byte(strconv.FormatInt(m.Offset, 10))},
-			},
+			Topic:   r.cfg.Topics.Rejects,
+			Value:   sarama.ByteEncoder(m.Value),
+			Headers: kafkautil.RejectHeaders(m, j.Reason, j.Detail),
 		}
 		if m.Key != nil {
 			pm.Key = sarama.ByteEncoder(m.Key)
