@@ -3,6 +3,7 @@ package replay_test
 import (
 	"context"
 	"fmt"
+	"slices"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -480,6 +481,62 @@ func TestReplayHeaders(t *testing.T) {
 		require.Equal(t, int64(1), rep.Totals.Admitted)
 		require.Equal(t, 1, count(t, b.pool, "SELECT count(*) FROM inputs WHERE message_id = $1 AND source_offset = 9", p.MessageID))
 	})
+}
+
+// Transactional producers: replay reads committed data only, and a range
+// whose last offsets are a transaction marker or aborted records (never
+// delivered to a consumer) still finishes.
+func TestReplayTransactions(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	cfg := kafkautil.NewConfig("replay-txn")
+	cfg.Producer.Transaction.ID = "txn-" + t.Name()
+	producer, err := sarama.NewSyncProducer([]string{b.addr}, cfg)
+	require.NoError(t, err)
+	t.Cleanup(func() { require.NoError(t, producer.Close()) })
+
+	inTxn := func(commit bool, ps ...envelope.Prompt) {
+		t.Helper()
+		require.NoError(t, producer.BeginTxn())
+		for _, p := range ps {
+			_, _, err := producer.SendMessage(&sarama.ProducerMessage{Topic: "prompts", Key: sarama.StringEncoder(p.SessionID), Value: sarama.ByteEncoder(value(t, p))})
+			require.NoError(t, err)
+		}
+		if commit {
+			require.NoError(t, producer.CommitTxn())
+		} else {
+			require.NoError(t, producer.AbortTxn())
+		}
+	}
+	// One session: one partition, whose log ends on markers.
+	committed := []envelope.Prompt{prompt("s-t", "one"), prompt("s-t", "two")}
+	inTxn(true, committed...)
+	aborted := prompt("s-t", "aborted")
+	inTxn(false, aborted)
+
+	ranges, err := replay.Resolve(b.client, "prompts", replay.Bounds{})
+	require.NoError(t, err)
+	ctx, cancel := context.WithTimeout(t.Context(), 20*time.Second)
+	defer cancel()
+	rep, err := b.replayer(t, b.pool, replay.Config{}).Run(ctx, "prompts", ranges)
+	require.NoError(t, err)
+	require.True(t, rep.Complete, "the range ends on a transaction marker: the replay finishes")
+	require.False(t, rep.Interrupted)
+	require.Equal(t, int64(2), rep.Totals.Admitted)
+	require.Equal(t, int64(2), rep.Totals.Messages)
+	require.Zero(t, count(t, b.pool, "SELECT count(*) FROM inputs WHERE message_id = $1", aborted.MessageID))
+	for _, p := range rep.Partitions {
+		require.Equal(t, p.To, p.Next)
+	}
+
+	// A range that ends right after a commit marker finishes too.
+	rep, err = b.replayer(t, newPool(t), replay.Config{}).Run(ctx, "prompts", []replay.Range{{
+		Partition: rep.Partitions[slices.IndexFunc(rep.Partitions, func(p replay.PartitionReport) bool { return p.Messages > 0 })].Partition,
+		From:      0, To: 3,
+	}})
+	require.NoError(t, err)
+	require.True(t, rep.Complete)
+	require.Equal(t, int64(2), rep.Totals.Admitted)
 }
 
 func TestParseOffsetSpec(t *testing.T) {
