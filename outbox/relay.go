@@ -84,9 +84,12 @@ type RelayConfig struct {
 	// or the connection (a topic that does not exist, an ACL revoked on one
 	// topic, CORRUPT_MESSAGE) is retried before it is quarantined: it must
 	// have failed on at least 3 passes and for this long, as seen by one
-	// relay. Meanwhile only the later rows of its key wait behind it. Errors
-	// about the cluster or the connection (no broker, no leader, timeouts)
-	// never quarantine a row. Defaults to 2 minutes.
+	// relay. Meanwhile only the later rows of its key wait behind it. Once
+	// a topic has refused rows so (on 3 passes over this long, none of its
+	// rows delivered), a new row for it is quarantined at its first
+	// refusal, so that a missing topic costs each key one window, not one
+	// per row. Errors about the cluster or the connection (no broker, no
+	// leader, timeouts) never quarantine a row. Defaults to 2 minutes.
 	FailingRowQuarantineAfter time.Duration
 	// MaxMessageBytes is the largest message the producer sends (Sarama's
 	// Producer.MaxMessageBytes). A row that cannot fit is quarantined, not
@@ -131,6 +134,11 @@ type Relay struct {
 	failMu      sync.Mutex
 	failing     map[int64]*failingRow
 	suspectKeys map[string]struct{}
+	// topics holds, per topic, the streak of passes on which its rows
+	// failed by their own fault and none was delivered: once a topic has
+	// refused rows for the whole window, a new row for it is quarantined
+	// at its first refusal.
+	topics map[string]*failingRow
 	// deliveries counts the messages this relay's producer delivered: the
 	// evidence that Kafka is up when an error does not say whose fault it
 	// is.
@@ -166,6 +174,7 @@ func NewRelay(pool *pgxpool.Pool, producer sarama.SyncProducer, config *RelayCon
 		nudge:       make(chan struct{}, 1),
 		failing:     map[int64]*failingRow{},
 		suspectKeys: map[string]struct{}{},
+		topics:      map[string]*failingRow{},
 	}
 }
 
@@ -342,7 +351,8 @@ func (r *Relay) publishBatch(ctx context.Context, wait bool) (n int, locked bool
 		return 0, false, nil
 	}
 
-	rows, err := tx.Query(ctx, selectSQL, r.config.BatchSize)
+	failingIDs, suspectKeys := r.failingSnapshot()
+	rows, err := tx.Query(ctx, selectSQL, r.config.BatchSize, failingIDs, suspectKeys)
 	if err != nil {
 		return 0, true, fmt.Errorf("outbox relay: selecting unpublished rows: %w", err)
 	}
@@ -433,6 +443,8 @@ type failingRow struct {
 	passes int
 	// deliveries is Relay.deliveries when the row last failed.
 	deliveries int64
+	// last is when a topic's streak was last extended.
+	last time.Time
 }
 
 // send publishes the rows of a pass and sorts them: ids were delivered and
@@ -448,7 +460,8 @@ type failingRow struct {
 func (r *Relay) send(pass []passRow, quarantine map[int64]string) (ids []int64, held int, failed error) {
 	// A key whose first row in this pass failed on the previous pass sends
 	// only that row: its later rows wait for the outcome instead of being
-	// sent again (as duplicates) on every pass while it fails.
+	// sent again (as duplicates) on every pass while it fails. (selectSQL
+	// already leaves them out; this keeps send right on its own.)
 	r.failMu.Lock()
 	seen := map[string]bool{}
 	var msgs []*sarama.ProducerMessage
@@ -517,6 +530,13 @@ func (r *Relay) send(pass []passRow, quarantine map[int64]string) (ids []int64, 
 			r.deliveries++
 		}
 	}
+	// A topic Kafka took a row for is not refusing rows.
+	for _, p := range pass {
+		if err, ok := outcome[p.id]; ok && err == nil {
+			delete(r.topics, p.topic)
+		}
+	}
+	counted := map[string]bool{} // topics whose streak this pass extended
 	blocked := map[string]bool{}
 	selected := make(map[int64]bool, len(pass))
 	for _, p := range pass {
@@ -546,13 +566,31 @@ func (r *Relay) send(pass []passRow, quarantine map[int64]string) (ids []int64, 
 				f = &failingRow{key: p.key, since: now, deliveries: before}
 				r.failing[p.id] = f
 			}
-			if rowsFault(err, r.deliveries > f.deliveries) {
+			fault := rowsFault(err, r.deliveries > f.deliveries)
+			if fault {
 				f.passes++
 			}
 			f.deliveries = r.deliveries
-			if f.passes >= failingRowMinPasses && now.Sub(f.since) >= r.config.FailingRowQuarantineAfter {
+			after := r.config.FailingRowQuarantineAfter
+			ts := r.topics[p.topic]
+			if fault && !counted[p.topic] {
+				counted[p.topic] = true
+				if ts == nil || now.Sub(ts.last) > after {
+					// A streak with a window's gap in it is over.
+					ts = &failingRow{since: now}
+					r.topics[p.topic] = ts
+				}
+				ts.passes++
+				ts.last = now
+			}
+			switch {
+			case f.passes >= failingRowMinPasses && now.Sub(f.since) >= after:
 				quarantine[p.id] = fmt.Sprintf("refused by the producer or the broker on %d passes over %s (topic %s): %s",
 					f.passes, now.Sub(f.since).Round(time.Millisecond), p.topic, err)
+				continue
+			case fault && ts != nil && ts.passes >= failingRowMinPasses && now.Sub(ts.since) >= after:
+				quarantine[p.id] = fmt.Sprintf("refused by the producer or the broker (topic %s has refused rows on %d passes over %s): %s",
+					p.topic, ts.passes, now.Sub(ts.since).Round(time.Millisecond), err)
 				continue
 			}
 			held++
@@ -603,6 +641,22 @@ func (r *Relay) produce(msgs []*sarama.ProducerMessage, outcome map[int64]error)
 			outcome[fid] = pe.Err
 		}
 	}
+}
+
+// failingSnapshot returns the rows that failed on the last pass of this
+// relay and their keys, for selectSQL.
+func (r *Relay) failingSnapshot() (ids []int64, keys []string) {
+	r.failMu.Lock()
+	defer r.failMu.Unlock()
+	ids = make([]int64, 0, len(r.failing))
+	for id := range r.failing {
+		ids = append(ids, id)
+	}
+	keys = make([]string, 0, len(r.suspectKeys))
+	for k := range r.suspectKeys {
+		keys = append(keys, k)
+	}
+	return ids, keys
 }
 
 // forget drops what the relay remembers of row id.
@@ -681,12 +735,20 @@ const (
 	quarantineSQL = `UPDATE outbox SET quarantine_reason = $2, quarantined_at = now() WHERE id = $1 AND published_at IS NULL`
 	lockSQL       = `SELECT pg_advisory_xact_lock($1)`
 	tryLockSQL    = `SELECT pg_try_advisory_xact_lock($1)`
-	// Served by the partial index outbox_unpublished.
+	// Served by the partial index outbox_unpublished. The rows that failed
+	// on this relay's last pass ($2, at most one per key: its first), then
+	// a batch of the others, leaving out the later rows of those keys ($3),
+	// which wait for them: rows Kafka refuses never fill every batch.
 	selectSQL = `
-SELECT id, topic, key, payload FROM outbox
-WHERE published_at IS NULL AND quarantine_reason IS NULL
-ORDER BY id
-LIMIT $1`
+(SELECT id, topic, key, payload FROM outbox
+ WHERE published_at IS NULL AND quarantine_reason IS NULL AND id = ANY($2::bigint[])
+ ORDER BY id LIMIT $1)
+UNION ALL
+(SELECT id, topic, key, payload FROM outbox
+ WHERE published_at IS NULL AND quarantine_reason IS NULL
+   AND id <> ALL($2::bigint[]) AND key <> ALL($3::text[])
+ ORDER BY id LIMIT $1)
+ORDER BY id`
 	// now() is this transaction's start, the same for the whole batch; the
 	// age reported to OnPublished uses the clock at marking time.
 	markSQL = `

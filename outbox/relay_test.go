@@ -654,6 +654,59 @@ func TestRelayPartialFailure(t *testing.T) {
 		require.Equal(t, 1, unpublished(t, b.pool))
 	})
 
+	// More refused rows than a batch holds must not keep the rows of other
+	// keys out of every pass.
+	t.Run("RefusedRowsDoNotFillEveryBatch", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t)
+		relay := b.newRelay(&RelayConfig{BatchSize: 2, FailingRowQuarantineAfter: time.Hour})
+		bad := func(key string) Row { return Row{Topic: "no-such-topic", Key: key, Payload: []byte(key)} }
+		commit(t, b.pool, bad("k1"), bad("k2"), bad("k3"), row("k1", 2), row("good", 1)) // ids 1..5
+		require.Eventually(t, func() bool {
+			_ = relay.Flush(ctx) // passes that settle nothing report their error
+			_, published := quarantineReason(t, b.pool, 5)
+			return published
+		}, waitFor, 10*time.Millisecond, "the row of another key went out")
+		for _, id := range []int64{1, 2, 3, 4} {
+			reason, published := quarantineReason(t, b.pool, id)
+			require.False(t, published, "row %d", id)
+			require.Empty(t, reason, "row %d: an hour has not passed", id)
+		}
+	})
+
+	// Once a topic has refused rows for the whole window, a new row for it
+	// is set aside at its first refusal instead of holding its key back for
+	// another window: a missing events topic must not slow every session
+	// down by one window per event.
+	t.Run("RowForATopicRefusedForTheWholeWindowIsQuarantinedAtOnce", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t)
+		relay := b.newRelay(&RelayConfig{FailingRowQuarantineAfter: time.Second})
+		others := 0
+		other := func() Row {
+			others++
+			return row(fmt.Sprintf("other-%d", others), 1)
+		}
+		commit(t, b.pool, Row{Topic: "no-such-topic", Key: "k1", Payload: []byte("1")}, other()) // ids 1, 2
+		require.Eventually(t, func() bool {
+			commit(t, b.pool, other())
+			require.NoError(t, relay.Flush(ctx))
+			reason, _ := quarantineReason(t, b.pool, 1)
+			return reason != ""
+		}, waitFor, 10*time.Millisecond)
+
+		var id int64
+		require.NoError(t, b.pool.QueryRow(ctx, `INSERT INTO outbox (topic, key, payload) VALUES ('no-such-topic', 'k2', '2') RETURNING id`).Scan(&id))
+		commit(t, b.pool, row("k2", 2))
+		require.NoError(t, relay.Flush(ctx))
+		reason, published := quarantineReason(t, b.pool, id)
+		require.False(t, published)
+		require.Contains(t, reason, "topic no-such-topic")
+		require.NoError(t, relay.Flush(ctx))
+		_, published = quarantineReason(t, b.pool, id+1)
+		require.True(t, published, "its key goes on")
+	})
+
 	// The broker refuses a produce set for size when one of its messages
 	// is over the topic's limit (below the producer's): the set is sent
 	// again one by one, and only the message that fails alone is
