@@ -5,10 +5,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
+	"net"
 	"slices"
 	"strconv"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/IBM/sarama"
@@ -46,9 +49,14 @@ const (
 	// stopFlushTimeout bounds the last pass Stop makes.
 	stopFlushTimeout = 5 * time.Second
 	// markTimeout bounds marking a sent batch, which outlives cancellation.
-	markTimeout     = 5 * time.Second
-	retryBackoffMin = 100 * time.Millisecond
-	retryBackoffMax = 5 * time.Second
+	markTimeout = 5 * time.Second
+	// failingRowQuarantineAfterDefault gives an operator time to create a
+	// missing topic or restore an ACL before the rows waiting for it are
+	// set aside; the later rows of their keys wait that long at most.
+	failingRowQuarantineAfterDefault = 2 * time.Minute
+	failingRowMinPasses              = 3
+	retryBackoffMin                  = 100 * time.Millisecond
+	retryBackoffMax                  = 5 * time.Second
 )
 
 // RelayConfig configures a Relay.
@@ -71,6 +79,18 @@ type RelayConfig struct {
 	// It may be called from the loop and from Flush at once. Defaults to
 	// nil (not called).
 	OnPublished func(n int, oldest time.Duration)
+	// FailingRowQuarantineAfter is how long a row Kafka keeps refusing
+	// with an error that is neither about its size nor about the cluster
+	// or the connection (a topic that does not exist, an ACL revoked on one
+	// topic, CORRUPT_MESSAGE) is retried before it is quarantined: it must
+	// have failed on at least 3 passes and for this long, as seen by one
+	// relay. Meanwhile only the later rows of its key wait behind it. Once
+	// a topic has refused rows so (on 3 passes over this long, none of its
+	// rows delivered), a new row for it is quarantined at its first
+	// refusal, so that a missing topic costs each key one window, not one
+	// per row. Errors about the cluster or the connection (no broker, no
+	// leader, timeouts) never quarantine a row. Defaults to 2 minutes.
+	FailingRowQuarantineAfter time.Duration
 	// MaxMessageBytes is the largest message the producer sends (Sarama's
 	// Producer.MaxMessageBytes). A row that cannot fit is quarantined, not
 	// sent: it would fail every pass and block the rows behind it.
@@ -84,8 +104,16 @@ type RelayConfig struct {
 // Each pass is one transaction: take RelayLockKey, select the oldest
 // unpublished rows by ID, send them in one SendMessages call, mark them,
 // commit. A crash between the send and the commit publishes the batch
-// again (a harmless duplicate, DESIGN.md crash windows); a failed send rolls
-// back and leaves every row for the next pass.
+// again (a harmless duplicate, DESIGN.md crash windows).
+//
+// A pass marks what Kafka took even when it refused some rows: a refused
+// row, and the later rows of its key (order per key), stay for the next
+// pass; on the passes after, the later rows are not sent again until the
+// refused one is settled. A row refused for size is quarantined once it
+// fails alone (see send); one refused for another reason of its own is
+// quarantined after RelayConfig.FailingRowQuarantineAfter; cluster and
+// connection errors never quarantine anything. A pass that settles no row
+// rolls back and returns its error.
 //
 // Rows are found by "published_at IS NULL" (a partial index), never by an
 // ID cursor: identity values are taken at insert, transactions commit in
@@ -99,6 +127,22 @@ type Relay struct {
 	config   RelayConfig
 	logger   *slog.Logger
 	nudge    chan struct{}
+
+	// failMu guards failing, the rows refused on earlier passes of this
+	// relay (by ID), and suspectKeys, the keys whose first unpublished row
+	// is one of them. Passes of the loop and of Flush may run at once.
+	failMu      sync.Mutex
+	failing     map[int64]*failingRow
+	suspectKeys map[string]struct{}
+	// topics holds, per topic, the streak of passes on which its rows
+	// failed by their own fault and none was delivered: once a topic has
+	// refused rows for the whole window, a new row for it is quarantined
+	// at its first refusal.
+	topics map[string]*failingRow
+	// deliveries counts the messages this relay's producer delivered: the
+	// evidence that Kafka is up when an error does not say whose fault it
+	// is.
+	deliveries int64
 
 	mu     sync.Mutex
 	cancel context.CancelFunc
@@ -121,12 +165,16 @@ func NewRelay(pool *pgxpool.Pool, producer sarama.SyncProducer, config *RelayCon
 	c.BatchSize = cmp.Or(c.BatchSize, batchSizeDefault)
 	c.PollInterval = cmp.Or(c.PollInterval, pollIntervalDefault)
 	c.Logger = cmp.Or(c.Logger, slog.New(slog.DiscardHandler))
+	c.FailingRowQuarantineAfter = cmp.Or(c.FailingRowQuarantineAfter, failingRowQuarantineAfterDefault)
 	return &Relay{
-		pool:     pool,
-		producer: producer,
-		config:   c,
-		logger:   c.Logger,
-		nudge:    make(chan struct{}, 1),
+		pool:        pool,
+		producer:    producer,
+		config:      c,
+		logger:      c.Logger,
+		nudge:       make(chan struct{}, 1),
+		failing:     map[int64]*failingRow{},
+		suspectKeys: map[string]struct{}{},
+		topics:      map[string]*failingRow{},
 	}
 }
 
@@ -303,15 +351,13 @@ func (r *Relay) publishBatch(ctx context.Context, wait bool) (n int, locked bool
 		return 0, false, nil
 	}
 
-	rows, err := tx.Query(ctx, selectSQL, r.config.BatchSize)
+	failingIDs, suspectKeys := r.failingSnapshot()
+	rows, err := tx.Query(ctx, selectSQL, r.config.BatchSize, failingIDs, suspectKeys)
 	if err != nil {
 		return 0, true, fmt.Errorf("outbox relay: selecting unpublished rows: %w", err)
 	}
 	var (
-		ids  []int64
-		msgs []*sarama.ProducerMessage
-	)
-	var (
+		pass       []passRow
 		id         int64
 		topic, key string
 		payload    []byte
@@ -322,47 +368,27 @@ func (r *Relay) publishBatch(ctx context.Context, wait bool) (n int, locked bool
 			quarantine[id] = fmt.Sprintf("message of about %d bytes exceeds the producer's limit of %d", size, r.maxMessageBytes())
 			return nil
 		}
-		ids = append(ids, id)
-		msgs = append(msgs, &sarama.ProducerMessage{
-			Topic: topic,
-			Key:   sarama.StringEncoder(key),
-			Value: sarama.ByteEncoder(payload),
-			Headers: []sarama.RecordHeader{
-				{Key: []byte(HeaderOutboxID), Value: strconv.AppendInt(nil, id, 10)},
-			},
-			Metadata: id,
-		})
+		pass = append(pass, passRow{id: id, topic: topic, key: key, payload: slices.Clone(payload)})
 		return nil
 	})
 	if err != nil {
 		return 0, true, fmt.Errorf("outbox relay: reading unpublished rows: %w", err)
 	}
-	if len(ids) == 0 && len(quarantine) == 0 {
+	if len(pass) == 0 && len(quarantine) == 0 {
 		return 0, true, nil
 	}
 
-	// One call, in ID order: the producer keeps the order of messages of
-	// one partition, and a key always maps to one partition.
-	if len(msgs) > 0 {
-		if err := r.producer.SendMessages(msgs); err != nil {
-			// Messages the broker refuses for good are quarantined, and the
-			// others of the batch, which were sent, are marked; anything
-			// else leaves the whole batch for the next pass.
-			var perrs sarama.ProducerErrors
-			if !errors.As(err, &perrs) || !allPermanent(perrs) {
-				return 0, true, fmt.Errorf("outbox relay: publishing %d rows (ids %d..%d): %w", len(ids), ids[0], ids[len(ids)-1], err)
-			}
-			failed := map[int64]bool{}
-			for _, pe := range perrs {
-				if fid, ok := pe.Msg.Metadata.(int64); ok {
-					failed[fid] = true
-					quarantine[fid] = "refused by the producer or the broker: " + pe.Err.Error()
-				}
-			}
-			ids = slices.DeleteFunc(ids, func(id int64) bool { return failed[id] })
-		}
-	}
+	ids, held, failed := r.send(pass, quarantine)
 	faults.Hit(faults.RelayAfterPublish)
+	if len(ids) == 0 && len(quarantine) == 0 {
+		// Nothing went out and nothing is settled: the loop backs off.
+		return 0, true, fmt.Errorf("outbox relay: publishing %d rows (ids %d..%d): %w",
+			len(pass), pass[0].id, pass[len(pass)-1].id, failed)
+	}
+	if held > 0 {
+		r.logger.WarnContext(ctx, "outbox relay: rows refused; they and the later rows of their keys are retried, the rest are marked",
+			slog.Int("held", held), slog.Int("published", len(ids)), slog.Any("error", failed))
+	}
 
 	// The rows are in Kafka now: finish marking them even if ctx was
 	// cancelled meanwhile (Stop), or the last pass would send them again.
@@ -381,39 +407,348 @@ func (r *Relay) publishBatch(ctx context.Context, wait bool) (n int, locked bool
 	if err := tx.Commit(ctx); err != nil {
 		return 0, true, fmt.Errorf("outbox relay: committing %d published rows: %w", len(ids), err)
 	}
-	if r.config.OnPublished != nil {
+	for qid := range quarantine {
+		r.forget(qid)
+	}
+	if r.config.OnPublished != nil && len(ids) > 0 {
 		r.config.OnPublished(len(ids), time.Duration(oldestSeconds*float64(time.Second)))
 	}
 	return len(ids), true, nil
 }
 
+// passRow is one selected row of a pass.
+type passRow struct {
+	id         int64
+	topic, key string
+	payload    []byte
+}
+
+func (p passRow) message() *sarama.ProducerMessage {
+	return &sarama.ProducerMessage{
+		Topic: p.topic,
+		Key:   sarama.StringEncoder(p.key),
+		Value: sarama.ByteEncoder(p.payload),
+		Headers: []sarama.RecordHeader{
+			{Key: []byte(HeaderOutboxID), Value: strconv.AppendInt(nil, p.id, 10)},
+		},
+		Metadata: p.id,
+	}
+}
+
+// failingRow is what a relay remembers of a row Kafka refused on its
+// earlier passes.
+type failingRow struct {
+	key    string
+	since  time.Time
+	passes int
+	// deliveries is Relay.deliveries when the row last failed.
+	deliveries int64
+	// last is when a topic's streak was last extended.
+	last time.Time
+}
+
+// send publishes the rows of a pass and sorts them: ids were delivered and
+// are to be marked; rows refused for good are added to quarantine; the
+// other refused rows, and the later rows of their keys, are held (left
+// unpublished for the next pass, so that a key's rows reach Kafka in ID
+// order). failed is one of the errors of the held rows.
+//
+// Kafka reports errors per partition set: one message over a topic's
+// max.message.bytes makes the broker refuse every message batched with
+// it. Rows refused for size are therefore sent again one by one, and only
+// a row refused alone is quarantined.
+func (r *Relay) send(pass []passRow, quarantine map[int64]string) (ids []int64, held int, failed error) {
+	// A key whose first row in this pass failed on the previous pass sends
+	// only that row: its later rows wait for the outcome instead of being
+	// sent again (as duplicates) on every pass while it fails. (selectSQL
+	// already leaves them out; this keeps send right on its own.)
+	r.failMu.Lock()
+	seen := map[string]bool{}
+	var msgs []*sarama.ProducerMessage
+	for _, p := range pass {
+		if _, suspect := r.suspectKeys[p.key]; suspect && seen[p.key] {
+			continue
+		}
+		seen[p.key] = true
+		msgs = append(msgs, p.message())
+	}
+	r.failMu.Unlock()
+
+	outcome := make(map[int64]error, len(pass))
+	sent := make(map[int64]bool, len(msgs))
+	for _, m := range msgs {
+		sent[m.Metadata.(int64)] = true
+	}
+	if len(msgs) > 0 {
+		r.produce(msgs, outcome)
+	}
+
+	// Split what the broker refused for size.
+	var bySize []passRow
+	for _, p := range pass {
+		if err, ok := outcome[p.id]; ok && sizeError(err) {
+			bySize = append(bySize, p)
+		}
+	}
+	// alone marks the rows whose outcome is that of a send by themselves.
+	alone := map[int64]bool{}
+	if len(bySize) == 1 {
+		alone[bySize[0].id] = true
+	}
+	if len(bySize) > 1 {
+		blocked := map[string]bool{}
+		for _, p := range pass {
+			if !sent[p.id] {
+				continue
+			}
+			err := outcome[p.id]
+			if blocked[p.key] {
+				continue
+			}
+			if err != nil && !sizeError(err) {
+				blocked[p.key] = true
+				continue
+			}
+			if err == nil {
+				continue
+			}
+			_, _, err = r.producer.SendMessage(p.message())
+			outcome[p.id] = err
+			alone[p.id] = true
+			if err != nil && !permanent(err) {
+				blocked[p.key] = true
+			}
+		}
+	}
+
+	now := time.Now()
+	r.failMu.Lock()
+	defer r.failMu.Unlock()
+	before := r.deliveries
+	for _, err := range outcome {
+		if err == nil {
+			r.deliveries++
+		}
+	}
+	// A topic Kafka took a row for is not refusing rows.
+	for _, p := range pass {
+		if err, ok := outcome[p.id]; ok && err == nil {
+			delete(r.topics, p.topic)
+		}
+	}
+	counted := map[string]bool{} // topics whose streak this pass extended
+	blocked := map[string]bool{}
+	selected := make(map[int64]bool, len(pass))
+	for _, p := range pass {
+		selected[p.id] = true
+		if blocked[p.key] || !sent[p.id] {
+			held++
+			blocked[p.key] = true
+			continue
+		}
+		err := outcome[p.id]
+		switch {
+		case err == nil:
+			ids = append(ids, p.id)
+			delete(r.failing, p.id)
+		case permanent(err) && alone[p.id]:
+			quarantine[p.id] = "refused by the producer or the broker: " + err.Error()
+		case sizeError(err):
+			// Refused with its set and not yet sent alone (an earlier row
+			// of its key failed): the next pass tells.
+			failed = err
+			held++
+			blocked[p.key] = true
+		default:
+			failed = err
+			f := r.failing[p.id]
+			if f == nil || f.key != p.key {
+				f = &failingRow{key: p.key, since: now, deliveries: before}
+				r.failing[p.id] = f
+			}
+			fault := rowsFault(err, r.deliveries > f.deliveries)
+			if fault {
+				f.passes++
+			}
+			f.deliveries = r.deliveries
+			after := r.config.FailingRowQuarantineAfter
+			ts := r.topics[p.topic]
+			if fault && !counted[p.topic] {
+				counted[p.topic] = true
+				if ts == nil || now.Sub(ts.last) > after {
+					// A streak with a window's gap in it is over.
+					ts = &failingRow{since: now}
+					r.topics[p.topic] = ts
+				}
+				ts.passes++
+				ts.last = now
+			}
+			switch {
+			case f.passes >= failingRowMinPasses && now.Sub(f.since) >= after:
+				quarantine[p.id] = fmt.Sprintf("refused by the producer or the broker on %d passes over %s (topic %s): %s",
+					f.passes, now.Sub(f.since).Round(time.Millisecond), p.topic, err)
+				continue
+			case fault && ts != nil && ts.passes >= failingRowMinPasses && now.Sub(ts.since) >= after:
+				quarantine[p.id] = fmt.Sprintf("refused by the producer or the broker (topic %s has refused rows on %d passes over %s): %s",
+					p.topic, ts.passes, now.Sub(ts.since).Round(time.Millisecond), err)
+				continue
+			}
+			held++
+			blocked[p.key] = true
+		}
+	}
+	// Forget rows this pass did not see (published or quarantined by
+	// another relay), and remember which keys wait on a failing row.
+	clear(r.suspectKeys)
+	for fid, f := range r.failing {
+		if !selected[fid] {
+			delete(r.failing, fid)
+			continue
+		}
+		if _, q := quarantine[fid]; !q {
+			r.suspectKeys[f.key] = struct{}{}
+		}
+	}
+	if failed == nil && held > 0 {
+		failed = errors.New("an earlier row of the same key was refused")
+	}
+	return ids, held, failed
+}
+
+// produce sends msgs in one call, in ID order (the producer keeps the
+// order of messages of one partition, and a key always maps to one
+// partition), and records each message's error in outcome (nil when
+// delivered).
+func (r *Relay) produce(msgs []*sarama.ProducerMessage, outcome map[int64]error) {
+	for _, m := range msgs {
+		outcome[m.Metadata.(int64)] = nil
+	}
+	err := r.producer.SendMessages(msgs)
+	if err == nil {
+		return
+	}
+	var perrs sarama.ProducerErrors
+	if !errors.As(err, &perrs) {
+		// The producer refused the whole call (closed, say): nothing was
+		// delivered as far as we know.
+		for _, m := range msgs {
+			outcome[m.Metadata.(int64)] = err
+		}
+		return
+	}
+	for _, pe := range perrs {
+		if fid, ok := pe.Msg.Metadata.(int64); ok {
+			outcome[fid] = pe.Err
+		}
+	}
+}
+
+// failingSnapshot returns the rows that failed on the last pass of this
+// relay and their keys, for selectSQL.
+func (r *Relay) failingSnapshot() (ids []int64, keys []string) {
+	r.failMu.Lock()
+	defer r.failMu.Unlock()
+	ids = make([]int64, 0, len(r.failing))
+	for id := range r.failing {
+		ids = append(ids, id)
+	}
+	keys = make([]string, 0, len(r.suspectKeys))
+	for k := range r.suspectKeys {
+		keys = append(keys, k)
+	}
+	return ids, keys
+}
+
+// forget drops what the relay remembers of row id.
+func (r *Relay) forget(id int64) {
+	r.failMu.Lock()
+	defer r.failMu.Unlock()
+	delete(r.failing, id)
+}
+
 // maxMessageBytes is RelayConfig.MaxMessageBytes with its default.
 func (r *Relay) maxMessageBytes() int { return cmp.Or(r.config.MaxMessageBytes, 1_000_000) }
 
-// allPermanent reports whether every failure is one that no retry fixes.
-func allPermanent(perrs sarama.ProducerErrors) bool {
-	for _, pe := range perrs {
-		// Sarama refuses an oversize message itself with a ConfigurationError
-		// (its own limit), the broker with ErrMessageSizeTooLarge (its limit).
-		var ce sarama.ConfigurationError
-		if !errors.As(pe.Err, &ce) && !errors.Is(pe.Err, sarama.ErrMessageSizeTooLarge) &&
-			!errors.Is(pe.Err, sarama.ErrInvalidMessage) && !errors.Is(pe.Err, sarama.ErrInvalidMessageSize) {
-			return false
+// sizeError reports whether err says the message, or the produce set it
+// was batched in, is over a limit: the broker refuses the whole set, so a
+// set is split before anything in it is quarantined.
+func sizeError(err error) bool {
+	var ce sarama.ConfigurationError
+	return errors.As(err, &ce) || errors.Is(err, sarama.ErrMessageSizeTooLarge) ||
+		errors.Is(err, sarama.ErrInvalidMessageSize) || errors.Is(err, sarama.ErrMessageSetSizeTooLarge)
+}
+
+// permanent reports whether err, for a message sent alone, is one no retry
+// fixes. Sarama refuses an oversize message itself with a
+// ConfigurationError (its own limit, checked per message); the broker
+// answers ErrMessageSizeTooLarge (the topic's limit, for the whole set).
+// ErrInvalidMessage (CORRUPT_MESSAGE) is not among them: Sarama retries it.
+func permanent(err error) bool {
+	return sizeError(err)
+}
+
+// transient reports whether err is about the cluster or the connection,
+// not the row: such failures are retried for as long as they last and never
+// count toward quarantining a row (DESIGN.md invariant 13).
+func transient(err error) bool {
+	var ne net.Error
+	if errors.As(err, &ne) || errors.Is(err, io.EOF) || errors.Is(err, syscall.ECONNREFUSED) ||
+		errors.Is(err, syscall.ECONNRESET) || errors.Is(err, syscall.EPIPE) ||
+		errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled) {
+		return true
+	}
+	for _, t := range transientErrors {
+		if errors.Is(err, t) {
+			return true
 		}
 	}
-	return len(perrs) > 0
+	return false
+}
+
+// rowsFault reports whether a failure of a row counts toward quarantining
+// it: not when it is about the cluster or the connection; yes when a broker
+// answered with an error of its own (a topic that does not exist, an ACL);
+// for any other error (the producer's circuit breaker, opened by failed
+// metadata lookups, says nothing about why), only when this relay delivered
+// other messages since the row last failed, so Kafka was up meanwhile.
+func rowsFault(err error, othersDelivered bool) bool {
+	if transient(err) {
+		return false
+	}
+	var ke sarama.KError
+	return errors.As(err, &ke) || othersDelivered
+}
+
+var transientErrors = []error{
+	sarama.ErrOutOfBrokers, sarama.ErrNotConnected, sarama.ErrClosedClient, sarama.ErrShuttingDown,
+	sarama.ErrIncompleteResponse, sarama.ErrProducerRetryBufferOverflow,
+	sarama.ErrLeaderNotAvailable, sarama.ErrNotLeaderForPartition, sarama.ErrRequestTimedOut,
+	sarama.ErrBrokerNotAvailable, sarama.ErrReplicaNotAvailable, sarama.ErrNetworkException,
+	sarama.ErrNotEnoughReplicas, sarama.ErrNotEnoughReplicasAfterAppend, sarama.ErrKafkaStorageError,
+	sarama.ErrNotController, sarama.ErrFencedLeaderEpoch, sarama.ErrUnknownLeaderEpoch,
+	sarama.ErrOutOfOrderSequenceNumber, sarama.ErrDuplicateSequenceNumber, sarama.ErrInvalidProducerEpoch,
+	sarama.ErrUnknownProducerID, sarama.ErrConcurrentTransactions, sarama.ErrThrottlingQuotaExceeded,
+	sarama.ErrConsumerCoordinatorNotAvailable, sarama.ErrNotCoordinatorForConsumer,
 }
 
 const (
 	quarantineSQL = `UPDATE outbox SET quarantine_reason = $2, quarantined_at = now() WHERE id = $1 AND published_at IS NULL`
 	lockSQL       = `SELECT pg_advisory_xact_lock($1)`
 	tryLockSQL    = `SELECT pg_try_advisory_xact_lock($1)`
-	// Served by the partial index outbox_unpublished.
+	// Served by the partial index outbox_unpublished. The rows that failed
+	// on this relay's last pass ($2, at most one per key: its first), then
+	// a batch of the others, leaving out the later rows of those keys ($3),
+	// which wait for them: rows Kafka refuses never fill every batch.
 	selectSQL = `
-SELECT id, topic, key, payload FROM outbox
-WHERE published_at IS NULL AND quarantine_reason IS NULL
-ORDER BY id
-LIMIT $1`
+(SELECT id, topic, key, payload FROM outbox
+ WHERE published_at IS NULL AND quarantine_reason IS NULL AND id = ANY($2::bigint[])
+ ORDER BY id LIMIT $1)
+UNION ALL
+(SELECT id, topic, key, payload FROM outbox
+ WHERE published_at IS NULL AND quarantine_reason IS NULL
+   AND id <> ALL($2::bigint[]) AND key <> ALL($3::text[])
+ ORDER BY id LIMIT $1)
+ORDER BY id`
 	// now() is this transaction's start, the same for the whole batch; the
 	// age reported to OnPublished uses the clock at marking time.
 	markSQL = `

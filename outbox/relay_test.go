@@ -570,3 +570,204 @@ func TestRelay(t *testing.T) {
 		}
 	})
 }
+
+// quarantineReason is the reason of outbox row id ("" when not quarantined)
+// and whether it is published.
+func quarantineReason(t *testing.T, pool *pgxpool.Pool, id int64) (reason string, published bool) {
+	t.Helper()
+	var r *string
+	require.NoError(t, pool.QueryRow(context.Background(),
+		`SELECT quarantine_reason, published_at IS NOT NULL FROM outbox WHERE id = $1`, id).Scan(&r, &published))
+	if r != nil {
+		reason = *r
+	}
+	return reason, published
+}
+
+// createTopic creates topic on the broker at addr with the given configs.
+func createTopic(t *testing.T, addr, topic string, partitions int32, configs map[string]*string) {
+	t.Helper()
+	admin, err := sarama.NewClusterAdmin([]string{addr}, kafkautil.NewConfig("outbox-test-admin"))
+	require.NoError(t, err)
+	defer admin.Close()
+	require.NoError(t, admin.CreateTopic(topic, &sarama.TopicDetail{
+		NumPartitions: partitions, ReplicationFactor: 1, ConfigEntries: configs,
+	}, false))
+}
+
+// Partial failures of a publish: what Kafka took is marked, what it
+// refused waits, in order per key, or is quarantined, and nothing blocks
+// the relay (P6, invariant 13).
+func TestRelayPartialFailure(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+
+	// A row for a topic that does not exist (the broker creates no topic
+	// by itself): Sarama calls the error retriable, so it is retried, but
+	// it must neither hold back the rows of other keys nor stay for ever.
+	t.Run("RowForAMissingTopicHoldsBackOnlyItsKeyThenIsQuarantined", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t)
+		relay := b.newRelay(&RelayConfig{FailingRowQuarantineAfter: 2 * time.Second})
+		commit(t, b.pool,
+			Row{Topic: "no-such-topic", Key: "bad", Payload: []byte("lost")}, // id 1
+			row("good", 1), // id 2
+			row("bad", 2),  // id 3: behind id 1 in its key
+		)
+		require.NoError(t, relay.Flush(ctx))
+		_, published := quarantineReason(t, b.pool, 2)
+		require.True(t, published, "the row of another key went out and is marked")
+		reason, published := quarantineReason(t, b.pool, 1)
+		require.False(t, published)
+		require.Empty(t, reason, "one failed pass quarantines nothing")
+		_, published = quarantineReason(t, b.pool, 3)
+		require.False(t, published, "a later row of the failed row's key waits for it")
+
+		// Kafka keeps taking other rows meanwhile: the refusal is the
+		// row's, not the cluster's.
+		others := 0
+		require.Eventually(t, func() bool {
+			others++
+			commit(t, b.pool, row(fmt.Sprintf("other-%d", others), 1))
+			require.NoError(t, relay.Flush(ctx))
+			reason, _ := quarantineReason(t, b.pool, 1)
+			return reason != ""
+		}, waitFor, 10*time.Millisecond)
+		reason, _ = quarantineReason(t, b.pool, 1)
+		require.Contains(t, reason, "topic no-such-topic")
+
+		require.NoError(t, relay.Flush(ctx))
+		_, published = quarantineReason(t, b.pool, 3)
+		require.True(t, published, "once the failed row is quarantined, its key goes on")
+		// Row 3 went out with row 1 on the first pass but was not marked;
+		// while row 1 kept failing it was not sent again, and once row 1
+		// was set aside it was: one duplicate, published after row 1's
+		// fate was decided.
+		got := readTopic(t, b.broker.Addr(), testTopic, 3+others)
+		var bad []int64
+		for _, r := range got {
+			if r.Key == "bad" {
+				bad = append(bad, r.ID)
+			}
+		}
+		require.Equal(t, []int64{3, 3}, bad)
+		require.Equal(t, 1, unpublished(t, b.pool))
+	})
+
+	// More refused rows than a batch holds must not keep the rows of other
+	// keys out of every pass.
+	t.Run("RefusedRowsDoNotFillEveryBatch", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t)
+		relay := b.newRelay(&RelayConfig{BatchSize: 2, FailingRowQuarantineAfter: time.Hour})
+		bad := func(key string) Row { return Row{Topic: "no-such-topic", Key: key, Payload: []byte(key)} }
+		commit(t, b.pool, bad("k1"), bad("k2"), bad("k3"), row("k1", 2), row("good", 1)) // ids 1..5
+		require.Eventually(t, func() bool {
+			_ = relay.Flush(ctx) // passes that settle nothing report their error
+			_, published := quarantineReason(t, b.pool, 5)
+			return published
+		}, waitFor, 10*time.Millisecond, "the row of another key went out")
+		for _, id := range []int64{1, 2, 3, 4} {
+			reason, published := quarantineReason(t, b.pool, id)
+			require.False(t, published, "row %d", id)
+			require.Empty(t, reason, "row %d: an hour has not passed", id)
+		}
+	})
+
+	// Once a topic has refused rows for the whole window, a new row for it
+	// is set aside at its first refusal instead of holding its key back for
+	// another window: a missing events topic must not slow every session
+	// down by one window per event.
+	t.Run("RowForATopicRefusedForTheWholeWindowIsQuarantinedAtOnce", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t)
+		relay := b.newRelay(&RelayConfig{FailingRowQuarantineAfter: time.Second})
+		others := 0
+		other := func() Row {
+			others++
+			return row(fmt.Sprintf("other-%d", others), 1)
+		}
+		commit(t, b.pool, Row{Topic: "no-such-topic", Key: "k1", Payload: []byte("1")}, other()) // ids 1, 2
+		require.Eventually(t, func() bool {
+			commit(t, b.pool, other())
+			require.NoError(t, relay.Flush(ctx))
+			reason, _ := quarantineReason(t, b.pool, 1)
+			return reason != ""
+		}, waitFor, 10*time.Millisecond)
+
+		var id int64
+		require.NoError(t, b.pool.QueryRow(ctx, `INSERT INTO outbox (topic, key, payload) VALUES ('no-such-topic', 'k2', '2') RETURNING id`).Scan(&id))
+		commit(t, b.pool, row("k2", 2))
+		require.NoError(t, relay.Flush(ctx))
+		reason, published := quarantineReason(t, b.pool, id)
+		require.False(t, published)
+		require.Contains(t, reason, "topic no-such-topic")
+		require.NoError(t, relay.Flush(ctx))
+		_, published = quarantineReason(t, b.pool, id+1)
+		require.True(t, published, "its key goes on")
+	})
+
+	// The broker refuses a produce set for size when one of its messages
+	// is over the topic's limit (below the producer's): the set is sent
+	// again one by one, and only the message that fails alone is
+	// quarantined.
+	t.Run("OversizeForTheTopicQuarantinesOnlyTheLargeRow", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t)
+		limit := "2000"
+		createTopic(t, b.broker.Addr(), "small-events", 1, map[string]*string{"max.message.bytes": &limit})
+		// Batch generously, so that one produce request carries the whole
+		// pass, as it does under load.
+		cfg := kafkautil.NewConfig("outbox-test-batching")
+		cfg.Producer.Flush.Frequency = 100 * time.Millisecond
+		producer, err := sarama.NewSyncProducer([]string{b.broker.Addr()}, cfg)
+		require.NoError(t, err)
+		t.Cleanup(func() { _ = producer.Close() })
+		relay := NewRelay(b.pool, producer, &RelayConfig{Logger: slog.New(b.logs)})
+
+		ev := func(key string, n int) Row {
+			return Row{Topic: "small-events", Key: key, Payload: fmt.Appendf(nil, "%s/%d", key, n)}
+		}
+		commit(t, b.pool,
+			ev("s1", 1), // id 1
+			Row{Topic: "small-events", Key: "s2", Payload: make([]byte, 5000)}, // id 2
+			ev("s3", 1), // id 3
+			ev("s2", 2), // id 4
+			ev("s4", 1), // id 5
+		)
+		require.NoError(t, relay.Flush(ctx))
+		require.NoError(t, relay.Flush(ctx))
+
+		reason, published := quarantineReason(t, b.pool, 2)
+		require.False(t, published)
+		require.Contains(t, reason, "refused by the producer or the broker")
+		for _, id := range []int64{1, 3, 4, 5} {
+			reason, published := quarantineReason(t, b.pool, id)
+			require.Empty(t, reason, "row %d", id)
+			require.True(t, published, "row %d", id)
+		}
+		got := readTopicAll(t, b.broker.Addr(), "small-events", 4)
+		require.Equal(t, []int64{1, 3, 4, 5}, ids(got), "one partition: ID order")
+	})
+
+	// CORRUPT_MESSAGE is retriable: a pass that ends on it quarantines
+	// nothing.
+	t.Run("InvalidMessageIsNotPermanent", func(t *testing.T) {
+		t.Parallel()
+		require.False(t, permanent(sarama.ErrInvalidMessage))
+		require.True(t, permanent(sarama.ErrMessageSizeTooLarge))
+		require.False(t, permanent(sarama.ErrUnknownTopicOrPartition))
+	})
+}
+
+// readTopicAll is readTopic for a topic of any partition count, without
+// the murmur2 check.
+func readTopicAll(t *testing.T, addr, topic string, want int) []received {
+	t.Helper()
+	var out []received
+	for _, m := range testkit.ReadAll(t, addr, topic) {
+		out = append(out, toReceived(t, m))
+	}
+	require.Len(t, out, want, "records on %s", topic)
+	return out
+}

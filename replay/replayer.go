@@ -202,8 +202,9 @@ func (r *Replayer) runPartition(ctx context.Context, consumer sarama.Consumer, t
 	// Work that was started finishes even when ctx ends: a batch is
 	// committed whole or not counted.
 	work := context.WithoutCancel(ctx)
+	next := rg.From
 	for {
-		batch, end, err := r.nextBatch(ctx, pc, rg.To)
+		batch, end, err := r.nextBatch(ctx, pc, topic, rg.Partition, next, rg.To)
 		if err != nil {
 			return err
 		}
@@ -222,6 +223,7 @@ func (r *Replayer) runPartition(ctx context.Context, consumer sarama.Consumer, t
 				return err
 			}
 			r.commit(st, batch, res)
+			next = batch[len(batch)-1].Offset + 1
 		}
 		if end {
 			r.mu.Lock()
@@ -237,10 +239,12 @@ func (r *Replayer) runPartition(ctx context.Context, consumer sarama.Consumer, t
 	}
 }
 
-// nextBatch collects up to MaxBatch messages before offset to. end reports
-// that the range is exhausted (the last message is the one before to, or
-// the log skipped past it).
-func (r *Replayer) nextBatch(ctx context.Context, pc sarama.PartitionConsumer, to int64) (batch []*sarama.ConsumerMessage, end bool, err error) {
+// nextBatch collects up to MaxBatch messages before offset to, next being
+// the first offset not yet replayed. end reports that the range is
+// exhausted: the last message is the one before to, the log skipped past
+// it, or nothing left before to is ever delivered (transaction markers,
+// records of aborted transactions: see invisibleUpTo).
+func (r *Replayer) nextBatch(ctx context.Context, pc sarama.PartitionConsumer, topic string, partition int32, next, to int64) (batch []*sarama.ConsumerMessage, end bool, err error) {
 	take := func(m *sarama.ConsumerMessage) (done bool) {
 		if m.Offset >= to {
 			return true
@@ -248,15 +252,33 @@ func (r *Replayer) nextBatch(ctx context.Context, pc sarama.PartitionConsumer, t
 		batch = append(batch, m)
 		return m.Offset >= to-1
 	}
-	select {
-	case m := <-pc.Messages():
-		if take(m) {
-			return batch, true, nil
+	probe := time.NewTicker(probeInterval)
+	defer probe.Stop()
+wait:
+	for {
+		select {
+		case m := <-pc.Messages():
+			if take(m) {
+				return batch, true, nil
+			}
+			break wait
+		case cerr := <-pc.Errors():
+			return nil, false, cerr
+		case <-probe.C:
+			// Nothing came: the rest of the range may be records no
+			// consumer is ever given.
+			n, err := invisibleUpTo(r.client, topic, partition, next, to)
+			if err != nil {
+				r.log.WarnContext(ctx, "replay: looking past transaction markers failed; waiting for messages",
+					slog.String("topic", topic), slog.Int("partition", int(partition)), slog.Any("error", err))
+				continue
+			}
+			if n >= to {
+				return nil, true, nil
+			}
+		case <-ctx.Done():
+			return nil, false, nil
 		}
-	case cerr := <-pc.Errors():
-		return nil, false, cerr
-	case <-ctx.Done():
-		return nil, false, nil
 	}
 	linger := time.NewTimer(r.cfg.Linger)
 	defer linger.Stop()
@@ -315,7 +337,23 @@ func (r *Replayer) process(ctx, work context.Context, topic string, batch []*sar
 				continue
 			}
 		}
-		p, err := envelope.Decode(m.Key, m.Value, r.cfg.Limits)
+		// The header limits of live admission, over the headers the
+		// producer sent (in a reject, those after promptline's).
+		headers := m.Headers
+		if fromRejects {
+			headers = kafkautil.OriginalHeaders(headers)
+		}
+		hbytes := 0
+		for _, h := range headers {
+			if h != nil {
+				hbytes += len(h.Key) + len(h.Value)
+			}
+		}
+		err := envelope.CheckHeaders(len(headers), hbytes, r.cfg.Limits)
+		var p envelope.Prompt
+		if err == nil {
+			p, err = envelope.Decode(m.Key, m.Value, r.cfg.Limits)
+		}
 		if err != nil {
 			var re *envelope.RejectError
 			if !errors.As(err, &re) {
@@ -477,7 +515,8 @@ func (r *Replayer) commit(st *PartitionReport, batch []*sarama.ConsumerMessage, 
 }
 
 // publishRejects sends the batch's rejected messages to the rejects topic
-// with the headers the live consumer writes.
+// with promptline's reject headers followed by the original's
+// (kafkautil.RejectHeaders).
 func (r *Replayer) publishRejects(ctx context.Context, batch []*sarama.ConsumerMessage, rejs []Rejection) error {
 	if len(rejs) == 0 {
 		return nil
@@ -490,15 +529,9 @@ func (r *Replayer) publishRejects(ctx context.Context, batch []*sarama.ConsumerM
 	for _, j := range rejs {
 		m := byOffset[j.Offset]
 		pm := &sarama.ProducerMessage{
-			Topic: r.cfg.Topics.Rejects,
-			Value: sarama.ByteEncoder(m.Value),
-			Headers: []sarama.RecordHeader{
-				{Key: []byte("reason"), Value: []byte(j.Reason)},
-				{Key: []byte("detail"), Value: []byte(j.Detail)},
-				{Key: []byte("source_topic"), Value: []byte(m.Topic)},
-				{Key: []byte("source_partition"), Value: []byte(strconv.Itoa(int(m.Partition)))},
-				{Key: []byte("source_offset"), Value: []byte(strconv.FormatInt(m.Offset, 10))},
-			},
+			Topic:   r.cfg.Topics.Rejects,
+			Value:   sarama.ByteEncoder(m.Value),
+			Headers: kafkautil.RejectHeaders(m, j.Reason, j.Detail),
 		}
 		if m.Key != nil {
 			pm.Key = sarama.ByteEncoder(m.Key)

@@ -3,6 +3,7 @@ package replay_test
 import (
 	"context"
 	"fmt"
+	"slices"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -398,6 +399,144 @@ func TestReplay(t *testing.T) {
 		require.Equal(t, int64(1), rep.Totals.Malformed)
 		require.Equal(t, "invalid_json", rep.Rejections[0].OriginalReason)
 	})
+}
+
+// manyHeaders returns n small headers.
+func manyHeaders(n int) []sarama.RecordHeader {
+	out := make([]sarama.RecordHeader, n)
+	for i := range out {
+		out[i] = sarama.RecordHeader{Key: fmt.Appendf(nil, "h-%d", i), Value: []byte("v")}
+	}
+	return out
+}
+
+// Replay applies the header limits live admission applies, and its rejects
+// keep what live admission would have kept.
+func TestReplayHeaders(t *testing.T) {
+	t.Parallel()
+
+	t.Run("TooManyHeadersIsMalformedAsLive", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t)
+		crowded := prompt("s-h", "forty headers")
+		b.sendRaw(t, "prompts", crowded.SessionID, value(t, crowded), time.Time{}, manyHeaders(40)...)
+		heavy := prompt("s-h", "seventeen KiB of headers")
+		b.sendRaw(t, "prompts", heavy.SessionID, value(t, heavy), time.Time{},
+			sarama.RecordHeader{Key: []byte("big"), Value: make([]byte, 17<<10)})
+		fine := prompt("s-h", "a few headers")
+		b.sendRaw(t, "prompts", fine.SessionID, value(t, fine), time.Time{}, manyHeaders(3)...)
+
+		rep := b.run(t, b.pool, "prompts", replay.Config{}, replay.Bounds{})
+		require.Equal(t, int64(1), rep.Totals.Admitted)
+		require.Equal(t, int64(2), rep.Totals.Malformed)
+		require.Equal(t, map[string]int64{envelope.ReasonTooManyHeaders: 1, envelope.ReasonHeadersTooLarge: 1}, rep.Reasons)
+		require.Equal(t, 1, count(t, b.pool, "SELECT count(*) FROM inputs"))
+		require.Equal(t, 1, count(t, b.pool, "SELECT count(*) FROM inputs WHERE message_id = $1", fine.MessageID))
+	})
+
+	t.Run("RejectKeepsTheOriginalHeaders", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t)
+		orig := []sarama.RecordHeader{{Key: []byte("trace-id"), Value: []byte("abc")}, {Key: []byte("reason"), Value: []byte("forged")}}
+		b.sendRaw(t, "prompts", "s-x", []byte(`[]`), time.Time{}, orig...)
+		b.run(t, b.pool, "prompts", replay.Config{PublishRejects: true}, replay.Bounds{})
+
+		got := testkit.ReadAll(t, b.addr, "prompts.rejects")
+		require.Len(t, got, 1)
+		var keys, values []string
+		for _, h := range got[0].Headers {
+			keys, values = append(keys, string(h.Key)), append(values, string(h.Value))
+		}
+		require.Equal(t, []string{"reason", "detail", "source_topic", "source_partition", "source_offset", "trace-id", "reason"}, keys,
+			"promptline's headers first, then the original's, unchanged")
+		require.Equal(t, "invalid_json", values[0])
+		require.Equal(t, []string{"abc", "forged"}, values[5:])
+
+		// Replayed from the rejects topic, the first reason is promptline's.
+		rep := b.run(t, b.pool, "prompts.rejects", replay.Config{DryRun: true}, replay.Bounds{})
+		require.Equal(t, "invalid_json", rep.Rejections[0].OriginalReason)
+	})
+
+	// Re-admitting a too_many_headers reject after raising the limit:
+	// only the original's headers count, not the ones promptline added.
+	t.Run("RejectsReplayCountsOnlyTheOriginalHeaders", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t)
+		p := prompt("s-r", "thirty-three headers")
+		hdr := append([]sarama.RecordHeader{
+			{Key: []byte("reason"), Value: []byte(envelope.ReasonTooManyHeaders)},
+			{Key: []byte("detail"), Value: []byte("33 headers, limit 32")},
+			{Key: []byte("source_topic"), Value: []byte("prompts")},
+			{Key: []byte("source_partition"), Value: []byte("0")},
+			{Key: []byte("source_offset"), Value: []byte("9")},
+		}, manyHeaders(33)...)
+		b.sendRaw(t, "prompts.rejects", p.SessionID, value(t, p), time.Time{}, hdr...)
+
+		rep := b.run(t, b.pool, "prompts.rejects", replay.Config{}, replay.Bounds{})
+		require.Zero(t, rep.Totals.Admitted)
+		require.Equal(t, map[string]int64{envelope.ReasonTooManyHeaders: 1}, rep.Reasons)
+		require.Equal(t, envelope.ReasonTooManyHeaders, rep.Rejections[0].OriginalReason)
+
+		rep = b.run(t, b.pool, "prompts.rejects", replay.Config{Limits: envelope.Limits{MaxHeaders: 33}}, replay.Bounds{})
+		require.Equal(t, int64(1), rep.Totals.Admitted)
+		require.Equal(t, 1, count(t, b.pool, "SELECT count(*) FROM inputs WHERE message_id = $1 AND source_offset = 9", p.MessageID))
+	})
+}
+
+// Transactional producers: replay reads committed data only, and a range
+// whose last offsets are a transaction marker or aborted records (never
+// delivered to a consumer) still finishes.
+func TestReplayTransactions(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	cfg := kafkautil.NewConfig("replay-txn")
+	cfg.Producer.Transaction.ID = "txn-" + t.Name()
+	producer, err := sarama.NewSyncProducer([]string{b.addr}, cfg)
+	require.NoError(t, err)
+	t.Cleanup(func() { require.NoError(t, producer.Close()) })
+
+	inTxn := func(commit bool, ps ...envelope.Prompt) {
+		t.Helper()
+		require.NoError(t, producer.BeginTxn())
+		for _, p := range ps {
+			_, _, err := producer.SendMessage(&sarama.ProducerMessage{Topic: "prompts", Key: sarama.StringEncoder(p.SessionID), Value: sarama.ByteEncoder(value(t, p))})
+			require.NoError(t, err)
+		}
+		if commit {
+			require.NoError(t, producer.CommitTxn())
+		} else {
+			require.NoError(t, producer.AbortTxn())
+		}
+	}
+	// One session: one partition, whose log ends on markers.
+	committed := []envelope.Prompt{prompt("s-t", "one"), prompt("s-t", "two")}
+	inTxn(true, committed...)
+	aborted := prompt("s-t", "aborted")
+	inTxn(false, aborted)
+
+	ranges, err := replay.Resolve(b.client, "prompts", replay.Bounds{})
+	require.NoError(t, err)
+	ctx, cancel := context.WithTimeout(t.Context(), 20*time.Second)
+	defer cancel()
+	rep, err := b.replayer(t, b.pool, replay.Config{}).Run(ctx, "prompts", ranges)
+	require.NoError(t, err)
+	require.True(t, rep.Complete, "the range ends on a transaction marker: the replay finishes")
+	require.False(t, rep.Interrupted)
+	require.Equal(t, int64(2), rep.Totals.Admitted)
+	require.Equal(t, int64(2), rep.Totals.Messages)
+	require.Zero(t, count(t, b.pool, "SELECT count(*) FROM inputs WHERE message_id = $1", aborted.MessageID))
+	for _, p := range rep.Partitions {
+		require.Equal(t, p.To, p.Next)
+	}
+
+	// A range that ends right after a commit marker finishes too.
+	rep, err = b.replayer(t, newPool(t), replay.Config{}).Run(ctx, "prompts", []replay.Range{{
+		Partition: rep.Partitions[slices.IndexFunc(rep.Partitions, func(p replay.PartitionReport) bool { return p.Messages > 0 })].Partition,
+		From:      0, To: 3,
+	}})
+	require.NoError(t, err)
+	require.True(t, rep.Complete)
+	require.Equal(t, int64(2), rep.Totals.Admitted)
 }
 
 func TestParseOffsetSpec(t *testing.T) {

@@ -81,7 +81,7 @@ providers. See docs/replay.md.`,
 	f.Float64Var(&r.rate, "rate", 0, "cap on messages per second over all partitions, so replay does not starve live admission (0: no cap)")
 	f.BoolVar(&r.wake, "wake", false, "admit prompts with their own resume flag, waking their sessions: RE-EXECUTES the prompts against providers")
 	f.BoolVar(&r.asJSON, "json", false, "print the final report as JSON")
-	f.StringVar(&r.resumeFile, "resume-file", "", "file that keeps the offsets to resume from: read at start when it exists, written at the end (also when interrupted)")
+	f.StringVar(&r.resumeFile, "resume-file", "", "file that keeps the offsets to resume from: read at start when it exists, written at the end (also when interrupted; never by --dry-run)")
 	f.BoolVar(&r.publishRejects, "publish-rejects", false, "also publish malformed and conflicting messages to the rejects topic, as the live consumer does")
 	f.IntVar(&r.maxBatch, "max-batch", 1000, "most messages of a partition admitted in one transaction")
 	f.IntVar(&r.maxValueBytes, "max-value-bytes", 1<<20, "largest accepted prompt value in bytes (raise it to re-admit too_large rejects)")
@@ -235,7 +235,9 @@ func (r *replayOptions) run(cmd *cobra.Command, o *options) (err error) {
 	rep, runErr := rp.Run(ctx, r.topic, ranges)
 	stopProgress()
 
-	if r.resumeFile != "" {
+	// A dry run admitted nothing: moving the resume file past what it read
+	// would make the real run after it replay nothing.
+	if r.resumeFile != "" && !r.dryRun {
 		if err := replay.SaveResume(r.resumeFile, rep.Resume()); err != nil {
 			return errors.Join(runErr, err)
 		}
@@ -254,7 +256,7 @@ func (r *replayOptions) run(cmd *cobra.Command, o *options) (err error) {
 	if !rep.Complete {
 		next := replay.FormatOffsets(rep.NextOffsets())
 		fmt.Fprintf(stderr, "replay: stopped before the end; resume from offsets %s (range ends %s)\n", next, replay.FormatOffsets(rep.EndOffsets()))
-		if r.resumeFile != "" {
+		if r.resumeFile != "" && !r.dryRun {
 			fmt.Fprintf(stderr, "replay: resume state written to %s; run the command again with --resume-file %s to continue\n", r.resumeFile, r.resumeFile)
 		} else {
 			fmt.Fprintf(stderr, "replay: to continue: consumer replay --topic %s --from-offset %s --to-offset %s\n",

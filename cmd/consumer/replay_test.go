@@ -17,6 +17,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/promptline/promptline/envelope"
+	"github.com/promptline/promptline/internal/kafkautil"
 	"github.com/promptline/promptline/internal/testkit"
 	"github.com/promptline/promptline/pipeline"
 	"github.com/promptline/promptline/replay"
@@ -164,6 +165,41 @@ func TestReplayCommand(t *testing.T) {
 		r := b.startReplay(t, "--partitions", "0,1,2,3")
 		require.NoError(t, r.wait(t))
 		require.Contains(t, r.stdout.String(), "admitted 0, duplicate 8, conflict 1, malformed 2")
+	})
+
+	// A dry run admits nothing, so it must not move a resume file: the real
+	// run after it would start at the end and replay nothing.
+	t.Run("DryRunLeavesTheResumeFileAlone", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t)
+		for i := range 6 {
+			b.send(t, queued(fmt.Sprintf("s-%d", i%3), fmt.Sprintf("prompt %d", i)))
+		}
+		resume := filepath.Join(t.TempDir(), "resume.json")
+		dry := b.replayJSON(t, "--dry-run", "--resume-file", resume)
+		require.Equal(t, int64(6), dry.Totals.Admitted)
+		_, err := os.Stat(resume)
+		require.ErrorIs(t, err, os.ErrNotExist, "a dry run writes no resume file")
+		require.Zero(t, b.count(t, "SELECT count(*) FROM inputs"))
+
+		// An existing one is read, and left as it was.
+		client, err := sarama.NewClient([]string{b.addr}, kafkautil.NewConfig("replay-test"))
+		require.NoError(t, err)
+		defer client.Close()
+		ranges, err := replay.Resolve(client, "prompts", replay.Bounds{})
+		require.NoError(t, err)
+		require.NoError(t, replay.SaveResume(resume, replay.ResumeState{Topic: "prompts", Ranges: ranges}))
+		before, err := os.ReadFile(resume)
+		require.NoError(t, err)
+		dry = b.replayJSON(t, "--dry-run", "--resume-file", resume)
+		require.Equal(t, int64(6), dry.Totals.Admitted)
+		after, err := os.ReadFile(resume)
+		require.NoError(t, err)
+		require.Equal(t, string(before), string(after))
+
+		real := b.replayJSON(t, "--resume-file", resume)
+		require.Equal(t, int64(6), real.Totals.Admitted, "the real run replays the whole range")
+		require.Equal(t, 6, b.count(t, "SELECT count(*) FROM inputs"))
 	})
 
 	t.Run("InterruptAndResume", func(t *testing.T) {

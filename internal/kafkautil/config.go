@@ -23,7 +23,8 @@ var Version = sarama.V3_6_0_0
 const MaxMessageBytesDefault = 1 << 20
 
 // NewConfig returns the Sarama configuration shared by every promptline
-// client: the idempotent producer with acks=all and the murmur2 partitioner.
+// client: the idempotent producer with acks=all and the murmur2 partitioner;
+// consumers read committed data only.
 func NewConfig(clientID string) *sarama.Config {
 	disableGoMetrics()
 	c := sarama.NewConfig()
@@ -43,6 +44,10 @@ func NewConfig(clientID string) *sarama.Config {
 	c.Producer.MaxMessageBytes = MaxMessageBytesDefault
 
 	c.Consumer.Return.Errors = true
+	// Only committed data: a prompt of an aborted transaction never ran
+	// for its producer and must not run here, and records of a transaction
+	// still open are delivered once it commits.
+	c.Consumer.IsolationLevel = sarama.ReadCommitted
 	c.Consumer.Offsets.Initial = sarama.OffsetOldest
 	c.Consumer.Offsets.AutoCommit.Interval = 200 * time.Millisecond
 	c.Consumer.Group.Rebalance.GroupStrategies = []sarama.BalanceStrategy{sarama.NewBalanceStrategyRange()}

@@ -54,6 +54,10 @@ func LeakOptions() []goleak.Option {
 		// database/sql's connection opener exits when the DB is closed, a
 		// moment later.
 		goleak.IgnoreTopFunction("database/sql.(*DB).connectionOpener"),
+		// Sarama's per-topic circuit breaker, opened by failed metadata
+		// lookups (a topic that does not exist), closes itself after 10s
+		// in a goroutine nobody can stop.
+		goleak.IgnoreAnyFunction("github.com/eapache/go-resiliency/breaker.(*Breaker).timer"),
 	}
 }
 
