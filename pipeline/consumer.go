@@ -3,14 +3,10 @@ package pipeline
 import (
 	"cmp"
 	"context"
-	"crypto/sha256"
-	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
-	"slices"
-	"strconv"
 	"strings"
 	"sync/atomic"
 	"time"
@@ -65,12 +61,12 @@ type localRoute struct {
 // admission committed (or its reject was published), a wake's after the
 // session it woke went idle.
 type Consumer struct {
-	admitter *Admitter
-	exec     *Executor
-	rejects  sarama.SyncProducer
-	cfg      ConsumerConfig
-	log      *slog.Logger
-	route    atomic.Pointer[localRoute] // nil: no local wakes
+	admitter  *Admitter
+	exec      *Executor
+	rejectPub *kafkautil.RejectPublisher
+	cfg       ConsumerConfig
+	log       *slog.Logger
+	route     atomic.Pointer[localRoute] // nil: no local wakes
 
 	admissions *admitGroup
 }
@@ -86,7 +82,13 @@ func NewConsumer(admitter *Admitter, exec *Executor, rejects sarama.SyncProducer
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
-	c := &Consumer{admitter: admitter, exec: exec, rejects: rejects, cfg: cfg, log: cfg.Logger}
+	c := &Consumer{admitter: admitter, exec: exec, cfg: cfg, log: cfg.Logger}
+	c.rejectPub = &kafkautil.RejectPublisher{Producer: rejects, MaxMessageBytes: cfg.MaxMessageBytes, Logger: cfg.Logger,
+		OnPublishedFunc: func(reason, outcome string) {
+			if m := cfg.Metrics; m != nil {
+				m.Admissions.WithLabelValues(outcome, reason).Inc()
+			}
+		}}
 	c.admissions = newAdmitGroup(admitter, cfg.MaxBatch, c.afterAdmission)
 	return c
 }
@@ -266,7 +268,7 @@ func (c *Consumer) handlePrompts(ctx context.Context, batch []*sarama.ConsumerMe
 			}))
 		}
 	}
-	return c.publishRejects(ctx, rejects)
+	return c.rejectPub.Publish(ctx, rejects)
 }
 
 // admitAlone admits batch in a transaction of its own.
@@ -354,224 +356,13 @@ func asReject(err error) *envelope.RejectError {
 	return re
 }
 
-// Headers of a reject published truncated (docs/session-events.md): the
-// original value's size and SHA-256, and, when the key had to go too, the
-// key's.
-const (
-	headerOriginalValueBytes  = "original_value_bytes"
-	headerOriginalValueSHA256 = "original_value_sha256"
-	headerOriginalKeyBytes    = "original_key_bytes"
-	headerOriginalKeySHA256   = "original_key_sha256"
-)
-
-// publishRejects publishes rejects, retrying with a bounded backoff while
-// the rejects topic is unavailable (a broker down, a leader moving, a
-// topic missing or an ACL not yet granted): a transient error never drops
-// a reject. A reject refused for its size, which no retry fixes (it is
-// larger than its original: the key and value plus the headers), is
-// published truncated instead: first to the producer's limit, then, each
-// time the broker refuses it again (a topic max.message.bytes below the
-// producer's), to half of that; a reject refused together with others is
-// sent alone first, since the broker's limit applies to a record batch. Only one that cannot be published even
-// without value and key is dropped, logged at error level with its source
-// and counted (outcome reject_unpublished): its original stays in the
-// source topic.
-func (c *Consumer) publishRejects(ctx context.Context, rejects []*sarama.ProducerMessage) error {
-	pending := make([]*pendingReject, len(rejects))
-	for i, r := range rejects {
-		pending[i] = &pendingReject{orig: r, budget: c.cfg.MaxMessageBytes}
-	}
-	backoff := 100 * time.Millisecond
-	for len(pending) > 0 {
-		var again []*pendingReject
-		var transient error
-		for _, call := range sendCalls(pending) {
-			msgs, failed := c.send(call)
-			for i, p := range call {
-				perr, ok := failed[msgs[i]]
-				switch {
-				case !ok:
-					c.countReject(p.orig, "rejected")
-				case !tooLarge(perr):
-					transient = perr
-					again = append(again, p)
-				case len(call) > 1:
-					// The broker's limit is on a record batch: refused
-					// together, it may fit alone.
-					p.alone = true
-					again = append(again, p)
-				case p.shrink(msgs[i]):
-					c.log.WarnContext(ctx, "reject refused for its size; publishing it truncated", slog.Any("error", perr),
-						slog.Int("limit", p.budget), slog.String("reason", header(p.orig, "reason")))
-					again = append(again, p)
-				default:
-					c.log.ErrorContext(ctx, "reject refused for its size even without its value; dropped (the original stays in its topic)",
-						slog.Any("error", perr), slog.String("reason", header(p.orig, "reason")),
-						slog.String("source_topic", header(p.orig, "source_topic")),
-						slog.String("source_partition", header(p.orig, "source_partition")),
-						slog.String("source_offset", header(p.orig, "source_offset")))
-					c.countReject(p.orig, "reject_unpublished")
-				}
-			}
-		}
-		pending = again
-		if transient != nil {
-			c.log.WarnContext(ctx, "publishing rejects failed; retrying", slog.Any("error", transient), slog.Duration("backoff", backoff))
-			if !sleep(ctx, backoff) {
-				return ctx.Err()
-			}
-			backoff = min(2*backoff, 5*time.Second)
-		}
-	}
-	return nil
-}
-
-// sendCalls splits pending, in order, into the calls to send: each run of
-// rejects sent together, each reject to be sent alone by itself.
-func sendCalls(pending []*pendingReject) [][]*pendingReject {
-	var calls [][]*pendingReject
-	for i, p := range pending {
-		if p.alone || i == 0 || calls[len(calls)-1][0].alone {
-			calls = append(calls, []*pendingReject{p})
-			continue
-		}
-		calls[len(calls)-1] = append(calls[len(calls)-1], p)
-	}
-	return calls
-}
-
-// send publishes the messages of call and returns them with the error of
-// each one that failed.
-func (c *Consumer) send(call []*pendingReject) ([]*sarama.ProducerMessage, map[*sarama.ProducerMessage]error) {
-	msgs := make([]*sarama.ProducerMessage, len(call))
-	for i, p := range call {
-		msgs[i] = p.message()
-	}
-	err := c.rejects.SendMessages(msgs)
-	failed := map[*sarama.ProducerMessage]error{}
-	var perrs sarama.ProducerErrors
-	switch {
-	case err == nil:
-	case errors.As(err, &perrs):
-		for _, pe := range perrs {
-			failed[pe.Msg] = pe.Err
-		}
-	default: // the whole call failed: every message again
-		for _, m := range msgs {
-			failed[m] = err
-		}
-	}
-	return msgs, failed
-}
-
-func (c *Consumer) countReject(r *sarama.ProducerMessage, outcome string) {
-	if m := c.cfg.Metrics; m != nil {
-		m.Admissions.WithLabelValues(outcome, header(r, "reason")).Inc()
-	}
-}
-
-// tooLarge reports whether a publish failed for the message's size: Sarama
-// refuses one above its own Producer.MaxMessageBytes with a
-// ConfigurationError, the broker one above the topic's max.message.bytes
-// with ErrMessageSizeTooLarge.
-func tooLarge(err error) bool {
-	var ce sarama.ConfigurationError
-	return errors.As(err, &ce) || errors.Is(err, sarama.ErrMessageSizeTooLarge)
-}
-
-// pendingReject is a reject on its way to the rejects topic: the whole
-// message, and the size it must now fit in.
-type pendingReject struct {
-	orig   *sarama.ProducerMessage
-	budget int
-	alone  bool // refused for its size with others: sent by itself
-}
-
-// recordVersion is the record format promptline produces (Kafka >= 0.11,
-// kafkautil.Version): the one Sarama measures messages by.
-const recordVersion = 2
-
-// message returns a new message (Sarama keeps state in the ones it sent)
-// for p: the whole reject when it fits its budget, else truncated to it.
-func (p *pendingReject) message() *sarama.ProducerMessage {
-	m := &sarama.ProducerMessage{Topic: p.orig.Topic, Key: p.orig.Key, Value: p.orig.Value,
-		Headers: slices.Clone(p.orig.Headers)}
-	if m.ByteSize(recordVersion) <= p.budget {
-		return m
-	}
-	value := encoded(p.orig.Value)
-	sum := sha256.Sum256(value)
-	m.Headers = append(m.Headers,
-		sarama.RecordHeader{Key: []byte(headerOriginalValueBytes), Value: []byte(strconv.Itoa(len(value)))},
-		sarama.RecordHeader{Key: []byte(headerOriginalValueSHA256), Value: []byte(hex.EncodeToString(sum[:]))})
-	m.Value = sarama.ByteEncoder(nil)
-	if m.ByteSize(recordVersion) > p.budget && m.Key != nil {
-		// A key too large for the budget (the key is the sender's to
-		// choose): it goes too, its size and hash kept, when that makes
-		// the reject smaller.
-		key := encoded(m.Key)
-		sum := sha256.Sum256(key)
-		alt := &sarama.ProducerMessage{Topic: m.Topic, Value: m.Value, Headers: append(slices.Clip(m.Headers),
-			sarama.RecordHeader{Key: []byte(headerOriginalKeyBytes), Value: []byte(strconv.Itoa(len(key)))},
-			sarama.RecordHeader{Key: []byte(headerOriginalKeySHA256), Value: []byte(hex.EncodeToString(sum[:]))})}
-		if alt.ByteSize(recordVersion) < m.ByteSize(recordVersion) {
-			m = alt
-		}
-	}
-	if room := p.budget - m.ByteSize(recordVersion); room > 0 {
-		m.Value = sarama.ByteEncoder(value[:min(room, len(value))])
-	}
-	return m
-}
-
-// shrink halves the budget of p after sent, its last message, was refused
-// for its size; false when sent had nothing left to cut: no value (the key
-// is gone too by then, unless dropping it would not make it smaller).
-func (p *pendingReject) shrink(sent *sarama.ProducerMessage) bool {
-	if sent.Value == nil || sent.Value.Length() == 0 {
-		return false
-	}
-	p.budget = min(p.budget, sent.ByteSize(recordVersion)) / 2
-	return true
-}
-
-func encoded(e sarama.Encoder) []byte {
-	if e == nil {
-		return nil
-	}
-	b, _ := e.Encode()
-	return b
-}
-
-// reject builds the rejects-topic message for m: the original bytes and
-// key, the reason and where it came from in headers.
+// reject builds the rejects-topic message for m (kafkautil.RejectMessage:
+// the original bytes, key and headers, the reason and where it came from
+// in headers) and logs it.
 func (c *Consumer) reject(m *sarama.ConsumerMessage, re *envelope.RejectError) *sarama.ProducerMessage {
 	c.log.Info("prompt rejected", slog.String("reason", re.Reason), slog.String("detail", re.Detail),
 		slog.String("source_topic", m.Topic), slog.Int("source_partition", int(m.Partition)), slog.Int64("source_offset", m.Offset))
-	pm := &sarama.ProducerMessage{
-		Topic: c.cfg.Topics.Rejects,
-		Value: sarama.ByteEncoder(m.Value),
-		Headers: []sarama.RecordHeader{
-			{Key: []byte("reason"), Value: []byte(re.Reason)},
-			{Key: []byte("detail"), Value: []byte(re.Detail)},
-			{Key: []byte("source_topic"), Value: []byte(m.Topic)},
-			{Key: []byte("source_partition"), Value: []byte(strconv.Itoa(int(m.Partition)))},
-			{Key: []byte("source_offset"), Value: []byte(strconv.FormatInt(m.Offset, 10))},
-		},
-	}
-	if m.Key != nil {
-		pm.Key = sarama.ByteEncoder(m.Key)
-	}
-	return pm
-}
-
-func header(m *sarama.ProducerMessage, key string) string {
-	for _, h := range m.Headers {
-		if string(h.Key) == key {
-			return string(h.Value)
-		}
-	}
-	return ""
+	return kafkautil.RejectMessage(c.cfg.Topics.Rejects, m, re.Reason, re.Detail)
 }
 
 type pendingWake struct {
@@ -675,7 +466,7 @@ func (c *Consumer) consumeReplies(s sarama.ConsumerGroupSession, claim sarama.Co
 		if err != nil {
 			return nil // shutting down or rebalancing; the reply is redelivered
 		}
-		if err := c.publishRejects(ctx, rejects); err != nil {
+		if err := c.rejectPub.Publish(ctx, rejects); err != nil {
 			return nil
 		}
 		s.MarkMessage(m, "")

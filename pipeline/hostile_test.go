@@ -54,6 +54,10 @@ func TestHostileInputs(t *testing.T) {
 		require.Equal(t, corpus[i].reason, header(r, "reason"), "%s: %s", corpus[i].name, header(r, "detail"))
 		require.Equal(t, string(corpus[i].value), string(r.Value), "%s: the original bytes", corpus[i].name)
 		require.LessOrEqual(t, len(header(r, "detail")), 512, "%s: a bounded detail", corpus[i].name)
+		require.Len(t, r.Headers, 5+len(corpus[i].headers), "%s: promptline's five headers, then the original's", corpus[i].name)
+		for j, h := range corpus[i].headers {
+			require.Equal(t, string(h.Key), string(r.Headers[5+j].Key), "%s: the original's headers, in order", corpus[i].name)
+		}
 	}
 	require.Equal(t, 1, b.count(t, `SELECT count(*) FROM inputs`), "only the valid prompt was admitted")
 }

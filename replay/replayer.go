@@ -49,6 +49,10 @@ type Config struct {
 	// rejects topic, as the live consumer does. Defaults to false: replay
 	// is an operator tool and reports them instead.
 	PublishRejects bool
+	// MaxMessageBytes is the rejects producer's Producer.MaxMessageBytes:
+	// a larger reject is published truncated, as live admission does.
+	// Defaults to kafkautil.MaxMessageBytesDefault.
+	MaxMessageBytes int
 	// MaxRejections is how many rejected messages the report lists (all
 	// are counted). Defaults to 1000; negative lists none.
 	MaxRejections int
@@ -58,6 +62,11 @@ type Config struct {
 	// offset. Defaults to nothing.
 	OnBatchFunc func(partition int32, next int64)
 }
+
+// ReasonTruncated is the replay reason of a rejects-topic message that
+// was published truncated (kafkautil.Truncated): it is not the message
+// that was sent, so it is never admitted from the rejects topic.
+const ReasonTruncated = "truncated"
 
 const (
 	maxBatchDefault      = 1000
@@ -69,7 +78,7 @@ const (
 type Replayer struct {
 	pool     *pgxpool.Pool
 	client   sarama.Client
-	rejects  sarama.SyncProducer
+	rejects  *kafkautil.RejectPublisher
 	admitter *pipeline.Admitter
 	cfg      Config
 	log      *slog.Logger
@@ -107,7 +116,8 @@ func New(pool *pgxpool.Pool, client sarama.Client, rejects sarama.SyncProducer, 
 		cfg.MaxBatch = max(1, min(cfg.MaxBatch, int(cfg.Rate/10)))
 	}
 	return &Replayer{
-		pool: pool, client: client, rejects: rejects, cfg: cfg, log: cfg.Logger,
+		pool: pool, client: client, cfg: cfg, log: cfg.Logger,
+		rejects:    &kafkautil.RejectPublisher{Producer: rejects, MaxMessageBytes: cfg.MaxMessageBytes, Logger: cfg.Logger},
 		admitter:   pipeline.NewAdmitter(pool, &pipeline.AdmitterConfig{Topics: cfg.Topics, Logger: cfg.Logger}),
 		limiter:    newLimiter(cfg.Rate),
 		reasons:    map[string]int64{},
@@ -337,6 +347,16 @@ func (r *Replayer) process(ctx, work context.Context, topic string, batch []*sar
 				continue
 			}
 		}
+		if fromRejects && kafkautil.Truncated(m.Headers) {
+			// Only a prefix of what was sent (or without its key): never
+			// admitted from here, whatever the limits; the original is at
+			// its source offset.
+			res.outcomes[i] = Malformed
+			rejs[i] = Rejection{Outcome: Malformed.String(), Reason: ReasonTruncated,
+				Detail:         "a truncated reject holds a prefix of the original; replay the source topic at " + source,
+				OriginalReason: orig, Source: source}
+			continue
+		}
 		// The header limits of live admission, over the headers the
 		// producer sent (in a reject, those after promptline's).
 		headers := m.Headers
@@ -527,18 +547,11 @@ func (r *Replayer) publishRejects(ctx context.Context, batch []*sarama.ConsumerM
 	}
 	msgs := make([]*sarama.ProducerMessage, 0, len(rejs))
 	for _, j := range rejs {
-		m := byOffset[j.Offset]
-		pm := &sarama.ProducerMessage{
-			Topic:   r.cfg.Topics.Rejects,
-			Value:   sarama.ByteEncoder(m.Value),
-			Headers: kafkautil.RejectHeaders(m, j.Reason, j.Detail),
-		}
-		if m.Key != nil {
-			pm.Key = sarama.ByteEncoder(m.Key)
-		}
-		msgs = append(msgs, pm)
+		msgs = append(msgs, kafkautil.RejectMessage(r.cfg.Topics.Rejects, byOffset[j.Offset], j.Reason, j.Detail))
 	}
-	return retry(ctx, r.log, "publishing rejects", func() error { return r.rejects.SendMessages(msgs) })
+	// Transient errors are retried until they pass or the replay is
+	// stopped; a reject too large to publish whole goes out truncated.
+	return r.rejects.Publish(ctx, msgs)
 }
 
 func header(m *sarama.ConsumerMessage, key string) string {

@@ -457,6 +457,27 @@ func TestReplayHeaders(t *testing.T) {
 		require.Equal(t, "invalid_json", rep.Rejections[0].OriginalReason)
 	})
 
+	// A reject that live admission published truncated holds a prefix of
+	// the original: here a prefix that is itself a valid prompt. Replayed
+	// from the rejects topic it is never admitted, whatever the limits.
+	t.Run("TruncatedRejectIsNeverAdmitted", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t)
+		p := prompt("s-t", "looks whole")
+		b.sendRaw(t, "prompts.rejects", p.SessionID, value(t, p), time.Time{},
+			sarama.RecordHeader{Key: []byte("reason"), Value: []byte(envelope.ReasonTooLarge)},
+			sarama.RecordHeader{Key: []byte("source_topic"), Value: []byte("prompts")},
+			sarama.RecordHeader{Key: []byte("source_partition"), Value: []byte("0")},
+			sarama.RecordHeader{Key: []byte("source_offset"), Value: []byte("7")},
+			sarama.RecordHeader{Key: []byte("original_value_bytes"), Value: []byte("2000000")},
+			sarama.RecordHeader{Key: []byte("original_value_sha256"), Value: []byte("00")})
+
+		rep := b.run(t, b.pool, "prompts.rejects", replay.Config{Limits: envelope.Limits{MaxValueBytes: 4 << 20}}, replay.Bounds{})
+		require.Zero(t, rep.Totals.Admitted)
+		require.Equal(t, map[string]int64{replay.ReasonTruncated: 1}, rep.Reasons)
+		require.Zero(t, count(t, b.pool, "SELECT count(*) FROM inputs"))
+	})
+
 	// Re-admitting a too_many_headers reject after raising the limit:
 	// only the original's headers count, not the ones promptline added.
 	t.Run("RejectsReplayCountsOnlyTheOriginalHeaders", func(t *testing.T) {

@@ -225,7 +225,7 @@ func (r *replayOptions) run(cmd *cobra.Command, o *options) (err error) {
 	rp, err := replay.New(db.Pool, client, rejects, &replay.Config{
 		Topics: r.topics, Limits: envelope.Limits{MaxValueBytes: r.maxValueBytes}, MaxBatch: r.maxBatch,
 		Rate: r.rate, Wake: r.wake, DryRun: r.dryRun, PublishRejects: r.publishRejects,
-		MaxRejections: maxRej, Logger: log,
+		MaxRejections: maxRej, Logger: log, MaxMessageBytes: client.Config().Producer.MaxMessageBytes,
 	})
 	if err != nil {
 		return err

@@ -1,0 +1,239 @@
+package kafkautil
+
+import (
+	"cmp"
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"log/slog"
+	"slices"
+	"strconv"
+	"time"
+
+	"github.com/IBM/sarama"
+)
+
+// RejectPublisher sends rejects to the rejects topic for live admission
+// and for replay alike, so that both keep the same promise: a reject is
+// never dropped for a transient error, and one too large to publish whole
+// is published truncated instead of stopping its partition
+// (docs/session-events.md, prompts.rejects).
+type RejectPublisher struct {
+	Producer sarama.SyncProducer
+	// MaxMessageBytes is the producer's Producer.MaxMessageBytes: the
+	// budget a reject is first cut to. Defaults to MaxMessageBytesDefault.
+	MaxMessageBytes int
+	// Logger logs retries, truncations and drops. Defaults to none.
+	Logger *slog.Logger
+	// OnPublishedFunc is called once per reject with its reason and its
+	// outcome: "rejected" when published (whole or truncated),
+	// "reject_unpublished" when dropped. Defaults to none.
+	OnPublishedFunc func(reason, outcome string)
+}
+
+// Publish publishes rejects, retrying with a bounded backoff while
+// the rejects topic is unavailable (a broker down, a leader moving, a
+// topic missing or an ACL not yet granted): a transient error never drops
+// a reject. A reject refused for its size, which no retry fixes (it is
+// larger than its original: the key and value plus the headers), is
+// published truncated instead: first to the producer's limit, then, each
+// time the broker refuses it again (a topic max.message.bytes below the
+// producer's), to half of that; a reject refused together with others is
+// sent alone first, since the broker's limit applies to a record batch. Only one that cannot be published even
+// without value and key is dropped, logged at error level with its source
+// and counted (outcome reject_unpublished): its original stays in the
+// source topic.
+func (rp *RejectPublisher) Publish(ctx context.Context, rejects []*sarama.ProducerMessage) error {
+	pending := make([]*pendingReject, len(rejects))
+	for i, r := range rejects {
+		pending[i] = &pendingReject{orig: r, budget: cmp.Or(rp.MaxMessageBytes, MaxMessageBytesDefault)}
+	}
+	backoff := 100 * time.Millisecond
+	for len(pending) > 0 {
+		var again []*pendingReject
+		var transient error
+		for _, call := range sendCalls(pending) {
+			msgs, failed := rp.send(call)
+			for i, p := range call {
+				perr, ok := failed[msgs[i]]
+				switch {
+				case !ok:
+					rp.count(p.orig, "rejected")
+				case !tooLarge(perr):
+					transient = perr
+					again = append(again, p)
+				case len(call) > 1:
+					// The broker's limit is on a record batch: refused
+					// together, it may fit alone.
+					p.alone = true
+					again = append(again, p)
+				case p.shrink(msgs[i]):
+					rp.log().WarnContext(ctx, "reject refused for its size; publishing it truncated", slog.Any("error", perr),
+						slog.Int("limit", p.budget), slog.String("reason", header(p.orig, "reason")))
+					again = append(again, p)
+				default:
+					rp.log().ErrorContext(ctx, "reject refused for its size even without its value; dropped (the original stays in its topic)",
+						slog.Any("error", perr), slog.String("reason", header(p.orig, "reason")),
+						slog.String("source_topic", header(p.orig, "source_topic")),
+						slog.String("source_partition", header(p.orig, "source_partition")),
+						slog.String("source_offset", header(p.orig, "source_offset")))
+					rp.count(p.orig, "reject_unpublished")
+				}
+			}
+		}
+		pending = again
+		if transient != nil {
+			rp.log().WarnContext(ctx, "publishing rejects failed; retrying", slog.Any("error", transient), slog.Duration("backoff", backoff))
+			if !sleep(ctx, backoff) {
+				return ctx.Err()
+			}
+			backoff = min(2*backoff, 5*time.Second)
+		}
+	}
+	return nil
+}
+
+// sendCalls splits pending, in order, into the calls to send: each run of
+// rejects sent together, each reject to be sent alone by itself.
+func sendCalls(pending []*pendingReject) [][]*pendingReject {
+	var calls [][]*pendingReject
+	for i, p := range pending {
+		if p.alone || i == 0 || calls[len(calls)-1][0].alone {
+			calls = append(calls, []*pendingReject{p})
+			continue
+		}
+		calls[len(calls)-1] = append(calls[len(calls)-1], p)
+	}
+	return calls
+}
+
+// send publishes the messages of call and returns them with the error of
+// each one that failed.
+func (rp *RejectPublisher) send(call []*pendingReject) ([]*sarama.ProducerMessage, map[*sarama.ProducerMessage]error) {
+	msgs := make([]*sarama.ProducerMessage, len(call))
+	for i, p := range call {
+		msgs[i] = p.message()
+	}
+	err := rp.Producer.SendMessages(msgs)
+	failed := map[*sarama.ProducerMessage]error{}
+	var perrs sarama.ProducerErrors
+	switch {
+	case err == nil:
+	case errors.As(err, &perrs):
+		for _, pe := range perrs {
+			failed[pe.Msg] = pe.Err
+		}
+	default: // the whole call failed: every message again
+		for _, m := range msgs {
+			failed[m] = err
+		}
+	}
+	return msgs, failed
+}
+
+func (rp *RejectPublisher) count(r *sarama.ProducerMessage, outcome string) {
+	if rp.OnPublishedFunc != nil {
+		rp.OnPublishedFunc(header(r, RejectHeaderReason), outcome)
+	}
+}
+
+func (rp *RejectPublisher) log() *slog.Logger {
+	if rp.Logger == nil {
+		return slog.New(slog.DiscardHandler)
+	}
+	return rp.Logger
+}
+
+func sleep(ctx context.Context, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return true
+	case <-ctx.Done():
+		return false
+	}
+}
+
+func header(m *sarama.ProducerMessage, key string) string {
+	for _, h := range m.Headers {
+		if string(h.Key) == key {
+			return string(h.Value)
+		}
+	}
+	return ""
+}
+
+// tooLarge reports whether a publish failed for the message's size: Sarama
+// refuses one above its own Producer.MaxMessageBytes with a
+// ConfigurationError, the broker one above the topic's max.message.bytes
+// with ErrMessageSizeTooLarge.
+func tooLarge(err error) bool {
+	var ce sarama.ConfigurationError
+	return errors.As(err, &ce) || errors.Is(err, sarama.ErrMessageSizeTooLarge)
+}
+
+// pendingReject is a reject on its way to the rejects topic: the whole
+// message, and the size it must now fit in.
+type pendingReject struct {
+	orig   *sarama.ProducerMessage
+	budget int
+	alone  bool // refused for its size with others: sent by itself
+}
+
+// recordVersion is the record format promptline produces (Kafka >= 0.11,
+// Version): the one Sarama measures messages by.
+const recordVersion = 2
+
+// message returns a new message (Sarama keeps state in the ones it sent)
+// for p: the whole reject when it fits its budget, else truncated to it.
+func (p *pendingReject) message() *sarama.ProducerMessage {
+	m := &sarama.ProducerMessage{Topic: p.orig.Topic, Key: p.orig.Key, Value: p.orig.Value,
+		Headers: slices.Clone(p.orig.Headers)}
+	if m.ByteSize(recordVersion) <= p.budget {
+		return m
+	}
+	value := encoded(p.orig.Value)
+	sum := sha256.Sum256(value)
+	m.Headers = withRejectHeaders(m.Headers,
+		sarama.RecordHeader{Key: []byte(RejectHeaderOriginalValueBytes), Value: []byte(strconv.Itoa(len(value)))},
+		sarama.RecordHeader{Key: []byte(RejectHeaderOriginalValueSHA256), Value: []byte(hex.EncodeToString(sum[:]))})
+	m.Value = sarama.ByteEncoder(nil)
+	if m.ByteSize(recordVersion) > p.budget && m.Key != nil {
+		// A key too large for the budget (the key is the sender's to
+		// choose): it goes too, its size and hash kept, when that makes
+		// the reject smaller.
+		key := encoded(m.Key)
+		sum := sha256.Sum256(key)
+		alt := &sarama.ProducerMessage{Topic: m.Topic, Value: m.Value, Headers: withRejectHeaders(m.Headers,
+			sarama.RecordHeader{Key: []byte(RejectHeaderOriginalKeyBytes), Value: []byte(strconv.Itoa(len(key)))},
+			sarama.RecordHeader{Key: []byte(RejectHeaderOriginalKeySHA256), Value: []byte(hex.EncodeToString(sum[:]))})}
+		if alt.ByteSize(recordVersion) < m.ByteSize(recordVersion) {
+			m = alt
+		}
+	}
+	if room := p.budget - m.ByteSize(recordVersion); room > 0 {
+		m.Value = sarama.ByteEncoder(value[:min(room, len(value))])
+	}
+	return m
+}
+
+// shrink halves the budget of p after sent, its last message, was refused
+// for its size; false when sent had nothing left to cut: no value (the key
+// is gone too by then, unless dropping it would not make it smaller).
+func (p *pendingReject) shrink(sent *sarama.ProducerMessage) bool {
+	if sent.Value == nil || sent.Value.Length() == 0 {
+		return false
+	}
+	p.budget = min(p.budget, sent.ByteSize(recordVersion)) / 2
+	return true
+}
+
+func encoded(e sarama.Encoder) []byte {
+	if e == nil {
+		return nil
+	}
+	b, _ := e.Encode()
+	return b
+}
