@@ -64,7 +64,7 @@ resume flag, so their sessions run: that re-executes the prompts against the
 providers. See docs/replay.md.`,
 		Example: `  consumer replay --from-time 2026-03-01T00:00:00Z --to-time 2026-03-02T00:00:00Z
   consumer replay --partitions 0,3 --from-offset 0:1200,3:880 --dry-run
-  consumer replay --topic prompts.rejects --max-value-bytes 4194304
+  consumer replay --partitions 2 --from-offset 2:4711 --to-offset 2:4712 --max-value-bytes 4194304
   consumer replay --rate 2000 --resume-file replay.json --json`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error { return r.run(cmd, o) },
@@ -84,7 +84,7 @@ providers. See docs/replay.md.`,
 	f.StringVar(&r.resumeFile, "resume-file", "", "file that keeps the offsets to resume from: read at start when it exists, written at the end (also when interrupted; never by --dry-run)")
 	f.BoolVar(&r.publishRejects, "publish-rejects", false, "also publish malformed and conflicting messages to the rejects topic, as the live consumer does")
 	f.IntVar(&r.maxBatch, "max-batch", 1000, "most messages of a partition admitted in one transaction")
-	f.IntVar(&r.maxValueBytes, "max-value-bytes", 1<<20, "largest accepted prompt value in bytes (raise it to re-admit too_large rejects)")
+	f.IntVar(&r.maxValueBytes, "max-value-bytes", 1<<20, "largest accepted prompt value in bytes (raise it to re-admit too_large prompts from their source topic; truncated rejects are never admitted)")
 	f.IntVar(&r.maxRejections, "max-rejections", 1000, "rejected messages listed in the report (all are counted)")
 	f.Int32Var(&r.dbMaxConns, "db-max-conns", 16, "Postgres connections (one admission transaction per partition at a time)")
 	f.DurationVar(&r.progressInterval, "progress-interval", 2*time.Second, "interval of the plain progress lines (when stderr is not a terminal)")
