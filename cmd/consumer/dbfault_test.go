@@ -287,3 +287,26 @@ func TestReadyzReflectsDatabaseOutage(t *testing.T) {
 	require.NoError(t, r.quiesce(t, p.running))
 	require.Empty(t, r.violations(t))
 }
+
+// TestParkedTurnContinuedOnce: a turn parks on a permission ask, and the
+// release of its claim is lost (the connection is cut before its commit
+// is sent: a failover, or a crash right after the ask). The reply arrives
+// while the claim has not yet expired; recovery then takes the claim over.
+// The turn must be continued once, by the reply: one final answer, one
+// ask.
+func TestParkedTurnContinuedOnce(t *testing.T) {
+	t.Parallel()
+	r, proxy := proxiedRun(t)
+	proxy.CutBeforeCommit(func(label string) bool { return strings.Contains(label, "DELETE FROM claims") })
+	p := r.b.start(t, "consumer", "", sweepFlags(r.sandbox, r.toolURL)...)
+	ask := prompt(r.session("approve"), `/tool echo {"text":"may I?"}`)
+	r.prompts = []envelope.Prompt{ask}
+	r.b.send(t, ask)
+	require.NoError(t, r.quiesce(t, p.running))
+	require.Equal(t, 1, proxy.Stats().CutsBefore, "the release after the ask was lost")
+	require.Positive(t, r.b.count(t, `SELECT count(*) FROM recoveries WHERE session_id = $1`, ask.SessionID),
+		"recovery took the parked claim over")
+	require.Empty(t, r.violations(t))
+	require.Equal(t, 1, r.b.count(t, `SELECT count(*) FROM permission_requests WHERE session_id = $1`, ask.SessionID),
+		"the tool is asked for once")
+}
