@@ -87,13 +87,7 @@ func TestAmbiguousCommitSweep(t *testing.T) {
 				proxy.CutAtCommit(c.n)
 				steps := r.steps()
 				p := r.b.start(t, "consumer", "", sweepFlags(r.sandbox, r.toolURL)...)
-				cutAt := -1
-				at := r.drive(t, steps, 0, false, func() bool {
-					if cutAt < 0 && proxy.Stats().AmbiguousCuts > 0 {
-						cutAt = len(proxy.Commits())
-					}
-					return p.running()
-				})
+				at := r.drive(t, steps, 0, false, p.running)
 				res := result{c: c, step: "after the last step"}
 				if at < len(steps) {
 					res.violations = append(res.violations, fmt.Sprintf("the consumer died during step %q: %s", steps[at].name, p.state))
