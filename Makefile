@@ -36,6 +36,11 @@ test/crash-sweep: ## the whole crash sweep: SIGKILL before and after every commi
 	CRASH_SWEEP=full $(GO) test -count=1 -timeout 80m -parallel 3 -run '^TestCrashSweep$$' -v ./cmd/consumer 2>&1 \
 	  | grep -E '^(=== RUN|--- FAIL|FAIL|ok|PASS)|crash sweep:|^ +FAIL ' ; exit $${PIPESTATUS[0]}
 
+.PHONY: test/db-faults
+test/db-faults: ## database faults through a proxy: every ambiguous commit of the workload, cuts, stalls, terminated backends (docs/testing.md)
+	DB_FAULTS=full $(GO) test -count=1 -timeout 60m -parallel 3 -run '^(TestAmbiguousCommitSweep|TestRandomConnectionCuts|TestTerminateBackendsDuringRecovery|TestReadyzReflectsDatabaseOutage|TestParkedTurnContinuedOnce)$$' -v ./cmd/consumer 2>&1 \
+	  | grep -E '^(=== RUN|--- FAIL|FAIL|ok|PASS)|ambiguous-commit sweep:|random connection cuts|pg_terminate_backend during|database outage:|^ +FAIL ' ; exit $${PIPESTATUS[0]}
+
 .PHONY: lint
 lint: ## gofmt and go vet (also with the faults build tag)
 	@out=$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go')); \

@@ -94,14 +94,25 @@ func (ex *execution) checkPermission(ctx context.Context, p ledger.CallParams, c
 	case status == "rejected":
 		return "", errDeclined
 	}
-	return "", errParked // still pending
+	return "", ex.park(ctx, p, c) // still pending: parked again
 }
 
 // park persists the permission request and announces it, in one fenced
 // transaction, and returns errParked: the executor then releases the claim.
+//
+// The same transaction sets the claim's phase to safe: from here on the
+// turn is continued by the reply's input, never by recovery. Left at
+// continue, a claim whose release is lost (a crash or a cut connection
+// right after the ask) is continued by recovery as well as by the reply
+// when the reply arrives first: the turn is continued twice, answered
+// twice, and the tool asked for again. Safe makes recovery clear the claim
+// and wake the session when the reply waits (invariant 7).
 func (ex *execution) park(ctx context.Context, p ledger.CallParams, c ToolCall) error {
 	meta, _ := json.Marshal(map[string]any{"input": jsonOrString(c.Input), "model_call_id": c.ID})
 	err := ex.write(ctx, func(tx pgx.Tx) error {
+		if err := ex.x.SetPhase(ctx, tx, ledger.PhaseSafe, ""); err != nil {
+			return err
+		}
 		tag, err := tx.Exec(ctx, `INSERT INTO permission_requests (request_id, session_id, call_id, tool, pattern, metadata, status)
 			VALUES ($1, $2, $3, $4, $4, $5, 'pending') ON CONFLICT (request_id) DO NOTHING`, p.ID, ex.sessionID, p.ID, c.Name, meta)
 		if err != nil {

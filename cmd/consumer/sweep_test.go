@@ -404,17 +404,26 @@ func (c sweepCase) String() string { return fmt.Sprintf("%s-%03d", c.when, c.n) 
 
 // sweepCases picks the runs: see the comment at the top of this file.
 func sweepCases(t *testing.T, k int) ([]sweepCase, string) {
+	return pickCases(t, k, "CRASH_SWEEP", []string{"before", "after"}, 6)
+}
+
+// pickCases picks the runs of a sweep over k commits, each commit once per
+// side, as the variable env says (sample, full or every:K; env+"_RUNS" is
+// the sample's size, default runs; env+"_SEED" its seed).
+func pickCases(t *testing.T, k int, env string, sides []string, runs int) ([]sweepCase, string) {
 	var all []sweepCase
 	for n := 1; n <= k; n++ {
-		all = append(all, sweepCase{n, "before"}, sweepCase{n, "after"})
+		for _, side := range sides {
+			all = append(all, sweepCase{n, side})
+		}
 	}
-	mode := cmp.Or(os.Getenv("CRASH_SWEEP"), "sample")
+	mode := cmp.Or(os.Getenv(env), "sample")
 	switch {
 	case mode == "full":
 		return all, "full"
 	case strings.HasPrefix(mode, "every:"):
 		every, err := strconv.Atoi(strings.TrimPrefix(mode, "every:"))
-		require.NoError(t, err, "CRASH_SWEEP=%s", mode)
+		require.NoError(t, err, "%s=%s", env, mode)
 		var out []sweepCase
 		for _, c := range all {
 			if c.n%every == 1 || every == 1 {
@@ -423,25 +432,24 @@ func sweepCases(t *testing.T, k int) ([]sweepCase, string) {
 		}
 		return out, mode
 	case mode == "sample":
-		runs := 6
-		if s := os.Getenv("CRASH_SWEEP_RUNS"); s != "" {
+		if s := os.Getenv(env + "_RUNS"); s != "" {
 			var err error
 			runs, err = strconv.Atoi(s)
-			require.NoError(t, err, "CRASH_SWEEP_RUNS")
+			require.NoError(t, err, env+"_RUNS")
 		}
 		seed := uint64(time.Now().UnixNano())
-		if s := os.Getenv("CRASH_SWEEP_SEED"); s != "" {
+		if s := os.Getenv(env + "_SEED"); s != "" {
 			var err error
 			seed, err = strconv.ParseUint(s, 10, 64)
-			require.NoError(t, err, "CRASH_SWEEP_SEED")
+			require.NoError(t, err, env+"_SEED")
 		}
 		rng := rand.New(rand.NewPCG(seed, seed))
 		rng.Shuffle(len(all), func(i, j int) { all[i], all[j] = all[j], all[i] })
 		out := all[:min(runs, len(all))]
 		slices.SortFunc(out, func(a, b sweepCase) int { return cmp.Or(cmp.Compare(a.n, b.n), cmp.Compare(a.when, b.when)) })
-		return out, fmt.Sprintf("sample of %d, CRASH_SWEEP_SEED=%d", len(out), seed)
+		return out, fmt.Sprintf("sample of %d, %s_SEED=%d", len(out), env, seed)
 	default:
-		require.FailNow(t, "CRASH_SWEEP: want sample, full or every:K", "got %q", mode)
+		require.FailNow(t, env+": want sample, full or every:K", "got %q", mode)
 		return nil, ""
 	}
 }
