@@ -197,8 +197,14 @@ func TestClaims(t *testing.T) {
 		kctx, cancel := context.WithCancel(ctx)
 		done := make(chan struct{})
 		go func() { defer close(done); x.KeepAlive(kctx) }()
-		for range 8 { // 8 renewals at lease/3: about 1.6 s, well over two leases
-			<-renewed
+		deadline := time.NewTimer(20 * time.Second)
+		defer deadline.Stop()
+		for i := range 8 { // 8 renewals at lease/3: about 1.6 s, well over two leases
+			select {
+			case <-renewed:
+			case <-deadline.C:
+				require.FailNow(t, "renewals stopped", "%d of 8 renewals; fenced: %v", i, x.Fenced())
+			}
 		}
 		cancel()
 		<-done
