@@ -295,8 +295,16 @@ func (r *sweepRun) violations(t *testing.T) []string {
 		if n := distinctIDs(r.b.events.turnEvents(t, p.MessageID)); n != 1 {
 			bad("prompt %s (%s) has %d distinct turn events, want 1", p.MessageID, p.SessionID, n)
 		}
-		if n := r.b.count(t, finalAnswers, p.MessageID); n != 1 {
-			bad("prompt %s (%s) has %d final assistant messages, want 1", p.MessageID, p.SessionID, n)
+		// A turn reconciled while a tool call was in flight ends on that
+		// step's message, completed with its tool calls: no final answer.
+		if n := r.b.count(t, finalAnswers, p.MessageID); n > 1 {
+			bad("prompt %s (%s) is answered %d times (final assistant messages)", p.MessageID, p.SessionID, n)
+		}
+		for _, e := range r.b.events.turnEvents(t, p.MessageID) {
+			if r.b.count(t, `SELECT count(*) FROM messages WHERE message_id = $1 AND role = 'assistant' AND $2 = ANY(answers)`,
+				e.AssistantMessageID, p.MessageID) != 1 {
+				bad("%s event %s of prompt %s names %q, not an assistant message answering it", e.Type, e.ID, p.MessageID, e.AssistantMessageID)
+			}
 		}
 	}
 	// An event names only messages that exist.
