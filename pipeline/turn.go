@@ -393,7 +393,7 @@ func (ex *execution) runCall(ctx context.Context, p ledger.CallParams, c ToolCal
 		faults.Hit(faults.IdempotentToolAfterIntent)
 	}
 	started := time.Now()
-	res, err := tool.Run(ctx, tools.Call{
+	res, err := ex.runTool(ctx, tool, tools.Call{
 		ID: c.ID, Name: c.Name, Input: c.Input, SessionID: ex.sessionID,
 		IdempotencyKey: p.IdempotencyKey, FencingToken: ex.x.Claim().Token,
 	})
@@ -416,6 +416,52 @@ func (ex *execution) runCall(ctx context.Context, p ledger.CallParams, c ToolCal
 	default:
 		return ex.settleCall(ctx, p, c, ledger.CallSucceeded, res.Output, false)
 	}
+}
+
+// errToolTimeout is the cause of a tool call's context when ToolTimeout
+// passed.
+var errToolTimeout = errors.New("tool timeout")
+
+// toolAbandonAfter is how long a tool gets to answer once its context
+// ended (deadline or shutdown): one that honours its context answers at
+// once and may still say that it did not run (tools.ErrNotRun).
+const toolAbandonAfter = 500 * time.Millisecond
+
+// runTool runs one call under the tool deadline. A tool that ignores its
+// context (blocked in a system call, say) is abandoned toolAbandonAfter
+// past the deadline or the end of the shutdown grace, and its outcome is
+// unknown: no tool may keep a turn, or the process's stop, waiting. The
+// abandoned goroutine ends when the tool returns, or with the process.
+func (ex *execution) runTool(ctx context.Context, tool tools.Tool, call tools.Call) (tools.Result, error) {
+	d := ex.e.cfg.ToolTimeout
+	cctx, cancel := context.WithTimeoutCause(ctx, d, errToolTimeout)
+	defer cancel()
+	type outcome struct {
+		res tools.Result
+		err error
+	}
+	got := make(chan outcome, 1)
+	go func() {
+		faults.Stall(faults.ToolStall)
+		res, err := tool.Run(cctx, call)
+		got <- outcome{res, err}
+	}()
+	var o outcome
+	select {
+	case o = <-got:
+	case <-cctx.Done():
+		abandon := time.NewTimer(toolAbandonAfter)
+		defer abandon.Stop()
+		select {
+		case o = <-got:
+		case <-abandon.C:
+			o.err = fmt.Errorf("the tool did not return after its context ended: %w", context.Cause(cctx))
+		}
+	}
+	if o.err != nil && ctx.Err() == nil && errors.Is(context.Cause(cctx), errToolTimeout) {
+		o.err = fmt.Errorf("exceeded the tool timeout (%s): %w", d, o.err)
+	}
+	return o.res, o.err
 }
 
 // settleCall records a call's result and its tool message; the last call of

@@ -145,6 +145,7 @@ func run(ctx context.Context, o *options, stderr io.Writer) error {
 	exec := pipeline.NewExecutor(db.Pool, &pipeline.ExecutorConfig{
 		Claims: claims, Topics: topics, MaxSessions: o.maxSessions, Logger: log, Metrics: m, OnCommitFunc: relay.Nudge,
 		Provider: provider, ProviderName: providerName, Tools: toolbox, PermissionFunc: o.permissions.lookup,
+		ToolTimeout: o.toolTimeout,
 	})
 	rec := recovery.New(db.Pool, &recovery.Config{
 		Interval: o.recoveryInterval, Batch: o.recoveryBatch, RedriveAfter: o.redriveAfter,

@@ -4,3 +4,6 @@ package faults
 
 // Hit does nothing without the faults build tag.
 func Hit(string) {}
+
+// Stall does nothing without the faults build tag.
+func Stall(string) {}

@@ -18,3 +18,11 @@ func Hit(name string) {
 		select {} // SIGKILL is delivered asynchronously; never run past the point.
 	}
 }
+
+// Stall blocks the calling goroutine for good when PROMPTLINE_FAULT names
+// the point, whatever its context says: a call stuck in a system call.
+func Stall(name string) {
+	if point == name {
+		select {}
+	}
+}
