@@ -15,6 +15,7 @@ import (
 
 	"github.com/promptline/promptline/envelope"
 	"github.com/promptline/promptline/internal/faults"
+	"github.com/promptline/promptline/internal/redact"
 	"github.com/promptline/promptline/ledger"
 	"github.com/promptline/promptline/metrics"
 	"github.com/promptline/promptline/outbox"
@@ -403,14 +404,16 @@ func (ex *execution) runCall(ctx context.Context, p ledger.CallParams, c ToolCal
 	}
 	switch {
 	case errors.Is(err, tools.ErrNotRun):
-		return ex.settleCall(context.WithoutCancel(ctx), p, c, ledger.CallFailed, "not run: "+err.Error(), true)
+		return ex.settleCall(context.WithoutCancel(ctx), p, c, ledger.CallFailed, "not run: "+redact.Text(err.Error()), true)
 	case err != nil && ctx.Err() != nil:
 		return ex.settleCall(context.WithoutCancel(ctx), p, c, ledger.CallUnknown, "outcome unknown: interrupted by shutdown", true)
 	case err != nil:
 		// The tool could not say how it went: its outcome is unknown, and
 		// it is never run again automatically.
-		log.WarnContext(ctx, "tool call outcome unknown", slog.String("call_id", p.ID), slog.Any("error", err))
-		return ex.settleCall(ctx, p, c, ledger.CallUnknown, "outcome unknown: "+err.Error(), true)
+		// A tool's error text goes to the model, the transcript and the
+		// session events: no URL in it keeps its secrets.
+		log.WarnContext(ctx, "tool call outcome unknown", slog.String("call_id", p.ID), slog.Any("error", redact.Error(err)))
+		return ex.settleCall(ctx, p, c, ledger.CallUnknown, "outcome unknown: "+redact.Text(err.Error()), true)
 	case res.IsError:
 		return ex.settleCall(ctx, p, c, ledger.CallFailed, res.Output, true)
 	default:

@@ -12,6 +12,8 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
+
+	urlredact "github.com/promptline/promptline/internal/redact"
 )
 
 // DefaultURL is where promptline looks for Postgres when neither
@@ -91,7 +93,7 @@ func Open(ctx context.Context, opts OpenOpts) (*DB, error) {
 	cfg, err := pgxpool.ParseConfig(db.URL)
 	if err != nil {
 		db.stopCluster()
-		return nil, fmt.Errorf("--database-url: %w", err)
+		return nil, fmt.Errorf("--database-url: %w", urlredact.Error(err))
 	}
 	if opts.MaxConns > 0 {
 		cfg.MaxConns = opts.MaxConns

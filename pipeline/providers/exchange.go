@@ -13,6 +13,7 @@ import (
 	"strings"
 	"time"
 
+	urlredact "github.com/promptline/promptline/internal/redact"
 	"github.com/promptline/promptline/pipeline"
 )
 
@@ -98,6 +99,8 @@ func exchange(ctx context.Context, client *http.Client, opts exchangeOpts) ([]by
 
 	resp, err := client.Do(req)
 	if err != nil {
+		// The error names the URL; it is stored, published and logged.
+		err = urlredact.Error(err)
 		if notSent(err) {
 			return nil, fmt.Errorf("%w: %w", pipeline.ErrNotSent, err)
 		}
