@@ -226,8 +226,8 @@ func (ex *execution) runStep(ctx context.Context, t *turn, step int, log *slog.L
 				return false, false, err
 			}
 			if tries <= maxSendRetries {
-				log.WarnContext(ctx, "provider attempt will be retried", slog.String("attempt_id", attemptID),
-					slog.Int("tries", tries), slog.Duration("after", wait), slog.Any("error", perr))
+				log.WarnContext(ctx, "provider attempt will be retried", append([]any{slog.String("attempt_id", attemptID),
+					slog.Int("tries", tries), slog.Duration("after", wait)}, ex.errorAttrs(ctx, perr)...)...)
 				if !sleep(ctx, wait) {
 					released, err := ex.failTurn(ctx, t, envelope.FailInterrupted, perr, ledger.AttemptFailed, attemptID)
 					return true, released, err
@@ -528,8 +528,7 @@ func (ex *execution) failTurn(ctx context.Context, t *turn, reason string, cause
 	if err != nil {
 		return false, fmt.Errorf("settling failed turn %s: %w", t.id, err)
 	}
-	ex.e.log.WarnContext(ctx, "turn failed", slog.String("session_id", ex.sessionID), slog.String("turn_id", t.id),
-		slog.String("reason", reason), slog.Any("error", cause))
+	ex.logTurnFailed(ctx, t, reason, cause)
 	ex.turnMetric("failed", t)
 	return released, nil
 }

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
+	"net/http/httptest"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -40,4 +41,22 @@ func TestProviderErrorsHideURLSecrets(t *testing.T) {
 	require.Error(t, err)
 	require.NotContains(t, err.Error(), "hunter2")
 	require.NotContains(t, err.Error(), "t0ken")
+}
+
+// TestProviderStatusError: a non-2xx answer is a *pipeline.StatusError, so
+// that logs at the default level can name its status without its body
+// (which often echoes the prompt).
+func TestProviderStatusError(t *testing.T) {
+	t.Parallel()
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		http.Error(w, "bad request: the prompt was ...", http.StatusBadRequest)
+	}))
+	t.Cleanup(srv.Close)
+	cfg := &providers.HTTPConfig{URL: srv.URL}
+	require.NoError(t, cfg.Validate())
+	_, err := providers.NewHTTP(srv.Client(), cfg).Complete(context.Background(), pipeline.ProviderRequest{AttemptID: "a1", SessionID: "s"})
+	var se *pipeline.StatusError
+	require.ErrorAs(t, err, &se)
+	require.Equal(t, http.StatusBadRequest, se.Code)
+	require.ErrorIs(t, err, pipeline.ErrRejected)
 }
