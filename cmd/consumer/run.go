@@ -50,6 +50,7 @@ func run(ctx context.Context, o *options, stderr io.Writer) error {
 	if err := o.security.Apply(cfg); err != nil {
 		return err
 	}
+	o.security.WarnPlaintext(ctx, log, brokers)
 
 	db, err := pgdb.Open(ctx, pgdb.OpenOpts{URL: o.databaseURL, Logger: log, MaxConns: o.dbMaxConns,
 		StatementTimeout: o.dbTimeouts[0], LockTimeout: o.dbTimeouts[1], IdleInTxTimeout: o.dbTimeouts[2], NoMigrate: !o.migrate})
