@@ -6,6 +6,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/promptline/promptline/envelope"
 	"github.com/promptline/promptline/internal/faults"
 )
 
@@ -36,4 +37,20 @@ func TestStuckToolDoesNotOutliveTheGrace(t *testing.T) {
 	require.Less(t, took, grace+10*time.Second, "the stop waited for the stuck tool")
 	require.Equal(t, 1, b.count(t, `SELECT count(*) FROM tool_calls WHERE session_id = $1 AND state = 'unknown'`, session),
 		"the abandoned call is unknown")
+}
+
+// TestToolTimeoutFlag: with --tool-timeout, a call that never returns is
+// abandoned at the deadline, recorded unknown, and the turn goes on: the
+// model gets the unknown outcome and answers.
+func TestToolTimeoutFlag(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	const session = "s-tool-timeout"
+	first := prompt(session, `/tool append_line {"file":"log.txt","line":"late"}`)
+	b.start(t, "consumer-1", faults.ToolStall, "--tool-timeout", "500ms", "--sandbox-dir", t.TempDir())
+	b.send(t, first)
+	done := b.events.waitTurn(t, first.MessageID)
+	require.Equal(t, envelope.EventTurnCompleted, done.Type, "%+v", done)
+	require.Contains(t, done.Text, "outcome unknown: exceeded the tool timeout (500ms)")
+	require.Equal(t, 1, b.count(t, `SELECT count(*) FROM tool_calls WHERE session_id = $1 AND state = 'unknown'`, session))
 }
