@@ -45,9 +45,17 @@ type ExecutorConfig struct {
 	// OnCommitFunc runs after each commit that wrote outbox rows (the
 	// relay's Nudge). Defaults to nothing.
 	OnCommitFunc func()
+	// ToolTimeout bounds one tool call: when it passes, the call's context
+	// ends, and a tool that has not answered shortly after is abandoned;
+	// the call's outcome is then unknown (never run again automatically).
+	// Defaults to 30s.
+	ToolTimeout time.Duration
 }
 
-const maxSessionsDefault = 256
+const (
+	maxSessionsDefault = 256
+	toolTimeoutDefault = 30 * time.Second
+)
 
 // Executor runs sessions: for a woken session it acquires the session's
 // claim, promotes the waiting inputs turn by turn, calls the provider,
@@ -95,6 +103,7 @@ func NewExecutor(pool *pgxpool.Pool, config *ExecutorConfig) *Executor {
 	cfg.Topics = cfg.Topics.WithDefaults()
 	cfg.Provider = cmp.Or[Provider](cfg.Provider, ScriptedProvider{})
 	cfg.MaxSessions = cmp.Or(cfg.MaxSessions, maxSessionsDefault)
+	cfg.ToolTimeout = cmp.Or(cfg.ToolTimeout, toolTimeoutDefault)
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}

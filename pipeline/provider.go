@@ -138,3 +138,16 @@ func (e *RetryAfterError) Error() string {
 }
 
 func (e *RetryAfterError) Unwrap() error { return e.Err }
+
+// StatusError is a provider's answer with a non-2xx HTTP status. Its text
+// (Err) holds an excerpt of the answer's body, which often echoes the
+// request, prompt text included: logs at the default level name only the
+// Code (see logTurnFailed).
+type StatusError struct {
+	Code int
+	Err  error
+}
+
+func (e *StatusError) Error() string { return e.Err.Error() }
+
+func (e *StatusError) Unwrap() error { return e.Err }

@@ -14,6 +14,7 @@ import (
 
 	"github.com/promptline/promptline/envelope"
 	"github.com/promptline/promptline/internal/faults"
+	"github.com/promptline/promptline/internal/redact"
 	"github.com/promptline/promptline/ledger"
 	"github.com/promptline/promptline/metrics"
 	"github.com/promptline/promptline/outbox"
@@ -224,8 +225,8 @@ func (ex *execution) runStep(ctx context.Context, t *turn, step int, log *slog.L
 				return false, false, err
 			}
 			if tries <= maxSendRetries {
-				log.WarnContext(ctx, "provider attempt will be retried", slog.String("attempt_id", attemptID),
-					slog.Int("tries", tries), slog.Duration("after", wait), slog.Any("error", perr))
+				log.WarnContext(ctx, "provider attempt will be retried", append([]any{slog.String("attempt_id", attemptID),
+					slog.Int("tries", tries), slog.Duration("after", wait)}, ex.errorAttrs(ctx, perr)...)...)
 				if !sleep(ctx, wait) {
 					released, err := ex.failTurn(ctx, t, envelope.FailInterrupted, perr, ledger.AttemptFailed, attemptID)
 					return true, released, err
@@ -392,7 +393,7 @@ func (ex *execution) runCall(ctx context.Context, p ledger.CallParams, c ToolCal
 		faults.Hit(faults.IdempotentToolAfterIntent)
 	}
 	started := time.Now()
-	res, err := tool.Run(ctx, tools.Call{
+	res, err := ex.runTool(ctx, tool, tools.Call{
 		ID: c.ID, Name: c.Name, Input: c.Input, SessionID: ex.sessionID,
 		IdempotencyKey: p.IdempotencyKey, FencingToken: ex.x.Claim().Token,
 	})
@@ -402,19 +403,67 @@ func (ex *execution) runCall(ctx context.Context, p ledger.CallParams, c ToolCal
 	}
 	switch {
 	case errors.Is(err, tools.ErrNotRun):
-		return ex.settleCall(context.WithoutCancel(ctx), p, c, ledger.CallFailed, "not run: "+err.Error(), true)
+		return ex.settleCall(context.WithoutCancel(ctx), p, c, ledger.CallFailed, "not run: "+redact.Text(err.Error()), true)
 	case err != nil && ctx.Err() != nil:
 		return ex.settleCall(context.WithoutCancel(ctx), p, c, ledger.CallUnknown, "outcome unknown: interrupted by shutdown", true)
 	case err != nil:
 		// The tool could not say how it went: its outcome is unknown, and
 		// it is never run again automatically.
-		log.WarnContext(ctx, "tool call outcome unknown", slog.String("call_id", p.ID), slog.Any("error", err))
-		return ex.settleCall(ctx, p, c, ledger.CallUnknown, "outcome unknown: "+err.Error(), true)
+		// A tool's error text goes to the model, the transcript and the
+		// session events: no URL in it keeps its secrets.
+		log.WarnContext(ctx, "tool call outcome unknown", slog.String("call_id", p.ID), slog.Any("error", redact.Error(err)))
+		return ex.settleCall(ctx, p, c, ledger.CallUnknown, "outcome unknown: "+redact.Text(err.Error()), true)
 	case res.IsError:
 		return ex.settleCall(ctx, p, c, ledger.CallFailed, res.Output, true)
 	default:
 		return ex.settleCall(ctx, p, c, ledger.CallSucceeded, res.Output, false)
 	}
+}
+
+// errToolTimeout is the cause of a tool call's context when ToolTimeout
+// passed.
+var errToolTimeout = errors.New("tool timeout")
+
+// toolAbandonAfter is how long a tool gets to answer once its context
+// ended (deadline or shutdown): one that honours its context answers at
+// once and may still say that it did not run (tools.ErrNotRun).
+const toolAbandonAfter = 500 * time.Millisecond
+
+// runTool runs one call under the tool deadline. A tool that ignores its
+// context (blocked in a system call, say) is abandoned toolAbandonAfter
+// past the deadline or the end of the shutdown grace, and its outcome is
+// unknown: no tool may keep a turn, or the process's stop, waiting. The
+// abandoned goroutine ends when the tool returns, or with the process.
+func (ex *execution) runTool(ctx context.Context, tool tools.Tool, call tools.Call) (tools.Result, error) {
+	d := ex.e.cfg.ToolTimeout
+	cctx, cancel := context.WithTimeoutCause(ctx, d, errToolTimeout)
+	defer cancel()
+	type outcome struct {
+		res tools.Result
+		err error
+	}
+	got := make(chan outcome, 1)
+	go func() {
+		faults.Stall(faults.ToolStall)
+		res, err := tool.Run(cctx, call)
+		got <- outcome{res, err}
+	}()
+	var o outcome
+	select {
+	case o = <-got:
+	case <-cctx.Done():
+		abandon := time.NewTimer(toolAbandonAfter)
+		defer abandon.Stop()
+		select {
+		case o = <-got:
+		case <-abandon.C:
+			o.err = fmt.Errorf("the tool did not return after its context ended: %w", context.Cause(cctx))
+		}
+	}
+	if o.err != nil && ctx.Err() == nil && errors.Is(context.Cause(cctx), errToolTimeout) {
+		o.err = fmt.Errorf("exceeded the tool timeout (%s): %w", d, o.err)
+	}
+	return o.res, o.err
 }
 
 // settleCall records a call's result and its tool message; the last call of
@@ -478,8 +527,7 @@ func (ex *execution) failTurn(ctx context.Context, t *turn, reason string, cause
 	if err != nil {
 		return false, fmt.Errorf("settling failed turn %s: %w", t.id, err)
 	}
-	ex.e.log.WarnContext(ctx, "turn failed", slog.String("session_id", ex.sessionID), slog.String("turn_id", t.id),
-		slog.String("reason", reason), slog.Any("error", cause))
+	ex.logTurnFailed(ctx, t, reason, cause)
 	ex.turnMetric("failed", t)
 	return released, nil
 }

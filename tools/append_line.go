@@ -3,10 +3,12 @@ package tools
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"os"
 	"regexp"
 	"strings"
+	"syscall"
 )
 
 // maxLineBytes bounds one appended line, so that it is one write call.
@@ -50,7 +52,10 @@ type appendLine struct{ dir string }
 // dir is a sandbox. The file must be a plain name matching
 // ^[a-zA-Z0-9._-]{1,128}$ and not starting with '.': no absolute path, no
 // "..", no separator. The file is opened through an os.Root on dir, so a
-// symbolic link cannot lead out of it either. The line must not contain
+// symbolic link cannot lead out of it either; it is opened without
+// blocking (a FIFO cannot hang the call) and written only when the opened
+// descriptor is a regular file with a single link (a hard link planted in
+// the sandbox cannot lead out of it). The line must not contain
 // '\n' or '\r' and is at most 64 KiB. A refused input is a Result with
 // IsError, and nothing is written.
 func NewAppendLine(dir string) Tool { return appendLine{dir: dir} }
@@ -89,9 +94,16 @@ func (a appendLine) Run(ctx context.Context, call Call) (Result, error) {
 		return Result{}, fmt.Errorf("append_line: opening sandbox: %w: %w", ErrNotRun, err)
 	}
 	defer root.Close()
-	f, err := root.OpenFile(*in.File, os.O_WRONLY|os.O_APPEND|os.O_CREATE, 0o644)
+	// O_NONBLOCK: a FIFO (or a device) planted in the sandbox must not
+	// block the open; the check below then refuses it. On a regular file
+	// the flag changes nothing.
+	f, err := root.OpenFile(*in.File, os.O_WRONLY|os.O_APPEND|os.O_CREATE|syscall.O_NONBLOCK|syscall.O_NOCTTY, 0o644)
 	if err != nil {
 		return Result{}, fmt.Errorf("append_line: opening %s: %w: %w", *in.File, ErrNotRun, err)
+	}
+	if err := checkPlainFile(f); err != nil {
+		f.Close()
+		return Result{}, fmt.Errorf("append_line: %s: %w: %w", *in.File, ErrNotRun, err)
 	}
 	// From the write on, a failure leaves the outcome unclear: no ErrNotRun.
 	if _, err := f.Write([]byte(*in.Line + "\n")); err != nil {
@@ -106,6 +118,24 @@ func (a appendLine) Run(ctx context.Context, call Call) (Result, error) {
 		return Result{}, fmt.Errorf("append_line: closing %s: %w", *in.File, err)
 	}
 	return Result{Output: "appended"}, nil
+}
+
+// checkPlainFile accepts only a regular file with one link, asked of the
+// opened descriptor (not of the path, which could change in between): a
+// hard link planted in the sandbox names a file that lives elsewhere too,
+// and writing it would write outside the sandbox.
+func checkPlainFile(f *os.File) error {
+	var st syscall.Stat_t
+	if err := syscall.Fstat(int(f.Fd()), &st); err != nil {
+		return fmt.Errorf("fstat: %w", err)
+	}
+	switch {
+	case st.Mode&syscall.S_IFMT != syscall.S_IFREG:
+		return errors.New("not a regular file")
+	case st.Nlink != 1:
+		return fmt.Errorf("the file has %d hard links; only a file with one link is written", st.Nlink)
+	}
+	return nil
 }
 
 func refuse(reason string) Result { return Result{IsError: true, Output: reason} }

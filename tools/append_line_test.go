@@ -8,7 +8,9 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 
@@ -129,6 +131,65 @@ func TestAppendLine(t *testing.T) {
 		data, err := os.ReadFile(outside)
 		require.NoError(t, err)
 		require.Equal(t, "keep\n", string(data))
+	})
+
+	t.Run("HardLinkCannotEscape", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t)
+		outside := filepath.Join(filepath.Dir(b.dir), "outside.txt")
+		require.NoError(t, os.WriteFile(outside, []byte("keep\n"), 0o644))
+		require.NoError(t, os.Link(outside, filepath.Join(b.dir, "link")))
+		_, err := b.tool.Run(ctx, tools.Call{Input: appendInput(t, "link", "escaped")})
+		require.ErrorIs(t, err, tools.ErrNotRun)
+		require.ErrorContains(t, err, "link")
+		data, err := os.ReadFile(outside)
+		require.NoError(t, err)
+		require.Equal(t, "keep\n", string(data))
+	})
+
+	t.Run("FIFODoesNotBlock", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t)
+		require.NoError(t, syscall.Mkfifo(filepath.Join(b.dir, "fifo"), 0o644))
+		// With and without a reader on the other end: neither blocks,
+		// neither writes.
+		type outcome struct{ err error }
+		run := func() error {
+			got := make(chan outcome, 1)
+			go func() {
+				_, err := b.tool.Run(ctx, tools.Call{Input: appendInput(t, "fifo", "into a pipe")})
+				got <- outcome{err}
+			}()
+			select {
+			case o := <-got:
+				return o.err
+			case <-time.After(10 * time.Second):
+				// Unblock the stuck open, so that the test ends.
+				r, err := os.OpenFile(filepath.Join(b.dir, "fifo"), os.O_RDONLY|syscall.O_NONBLOCK, 0)
+				if err == nil {
+					defer r.Close()
+				}
+				<-got
+				t.Fatal("append_line blocked on a FIFO")
+				return nil
+			}
+		}
+		require.ErrorIs(t, run(), tools.ErrNotRun)
+		r, err := os.OpenFile(filepath.Join(b.dir, "fifo"), os.O_RDONLY|syscall.O_NONBLOCK, 0)
+		require.NoError(t, err)
+		defer r.Close()
+		require.ErrorIs(t, run(), tools.ErrNotRun)
+		buf := make([]byte, 64)
+		n, _ := r.Read(buf)
+		require.Zero(t, n, "the line went into the pipe")
+	})
+
+	t.Run("DirectoryRefused", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t)
+		require.NoError(t, os.Mkdir(filepath.Join(b.dir, "sub"), 0o755))
+		_, err := b.tool.Run(ctx, tools.Call{Input: appendInput(t, "sub", "l")})
+		require.ErrorIs(t, err, tools.ErrNotRun)
 	})
 
 	t.Run("MissingSandboxNotRun", func(t *testing.T) {

@@ -16,6 +16,8 @@ import (
 	"strconv"
 	"strings"
 	"sync/atomic"
+
+	"github.com/promptline/promptline/internal/redact"
 )
 
 // maxResponseBody bounds the response body returned to the model.
@@ -78,6 +80,9 @@ var _ ClassResolver = (*httpRequest)(nil)
 // "HTTP <status>: <body>" (bounded the same way). Redirects are not
 // followed: a 3xx is a non-2xx status. A transport error is an error from
 // Run; it wraps ErrNotRun when no connection was made, so nothing was sent.
+// Errors (from Run and from NewHTTPRequest) never carry the URL's password
+// or its secret query parameters (token, key, api_key, secret, password,
+// sig, ...): they reach the model, the transcript and the session events.
 //
 // Class: each endpoint has its own, so the tool implements ClassResolver and
 // its ClassOf returns the class of the endpoint named in the input.
@@ -112,7 +117,8 @@ func NewHTTPRequest(client *http.Client, endpoints []Endpoint) (Tool, error) {
 		ep.Method = cmp.Or(ep.Method, http.MethodPost)
 		ep.Class = cmp.Or(ep.Class, SideEffecting)
 		if err := checkEndpoint(ep); err != nil {
-			return nil, fmt.Errorf("http_request: endpoint %q: %w", ep.Name, err)
+			// Printed at start-up: never the URL's secrets.
+			return nil, redact.Error(fmt.Errorf("http_request: endpoint %q: %w", ep.Name, err))
 		}
 		if _, ok := byName[ep.Name]; ok {
 			return nil, fmt.Errorf("http_request: endpoint %q configured twice", ep.Name)
@@ -162,7 +168,7 @@ func checkEndpoint(ep Endpoint) error {
 		return fmt.Errorf("URL: %w", err)
 	}
 	if (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
-		return fmt.Errorf("URL %q: want an absolute http or https URL", ep.URL)
+		return fmt.Errorf("URL %q: want an absolute http or https URL", redact.URL(ep.URL))
 	}
 	if !isToken(ep.Method) {
 		return fmt.Errorf("bad method %q", ep.Method)
@@ -264,7 +270,7 @@ func (h *httpRequest) Run(ctx context.Context, call Call) (Result, error) {
 	})
 	req, err := http.NewRequestWithContext(ctx, ep.Method, ep.URL, body)
 	if err != nil {
-		return Result{}, fmt.Errorf("http_request %s: building request: %w: %w", ep.Name, ErrNotRun, err)
+		return Result{}, fmt.Errorf("http_request %s: building request: %w: %w", ep.Name, ErrNotRun, redact.Error(err))
 	}
 	req.ContentLength = int64(len(payload))
 	if payload != nil {
@@ -280,6 +286,9 @@ func (h *httpRequest) Run(ctx context.Context, call Call) (Result, error) {
 
 	resp, err := h.client.Do(req)
 	if err != nil {
+		// The error names the URL (a *url.Error); it goes to the model,
+		// the transcript and the session events: its secrets are masked.
+		err = redact.Error(err)
 		if !connected.Load() {
 			// No connection, so not a byte of the request went out.
 			return Result{}, fmt.Errorf("http_request %s: %w: %w", ep.Name, ErrNotRun, err)
@@ -292,7 +301,7 @@ func (h *httpRequest) Run(ctx context.Context, call Call) (Result, error) {
 	data, err := io.ReadAll(io.LimitReader(resp.Body, maxResponseBody+1))
 	text := string(data)
 	if err != nil {
-		text += fmt.Sprintf("\n[reading the response body failed: %v]", err)
+		text += fmt.Sprintf("\n[reading the response body failed: %v]", redact.Text(err.Error()))
 	}
 	if resp.StatusCode < 200 || resp.StatusCode > 299 {
 		return Result{IsError: true, Output: bound(fmt.Sprintf("HTTP %d: %s", resp.StatusCode, text), maxResponseBody)}, nil

@@ -347,3 +347,41 @@ func TestNewHTTPRequestConfig(t *testing.T) {
 		require.ErrorContains(t, err, tc.problem)
 	}
 }
+
+// TestHTTPRequestErrorsHideURLSecrets: the error of a failed call goes to
+// the model, the transcript and the session-events topic, and
+// NewHTTPRequest's to stderr: neither carries the URL's password or its
+// query secrets.
+func TestHTTPRequestErrorsHideURLSecrets(t *testing.T) {
+	t.Parallel()
+	secrets := []string{"hunter2", "t0ken", "k3y"}
+
+	t.Run("CallError", func(t *testing.T) {
+		t.Parallel()
+		// Nothing listens on port 1: the connection is refused.
+		tool, err := tools.NewHTTPRequest(nil, []tools.Endpoint{{Name: "hook", URL: "http://u:hunter2@127.0.0.1:1/x?token=t0ken&api_key=k3y"}})
+		require.NoError(t, err)
+		_, err = tool.Run(context.Background(), tools.Call{Input: json.RawMessage(`{"endpoint":"hook"}`)})
+		require.ErrorIs(t, err, tools.ErrNotRun)
+		for _, s := range secrets {
+			require.NotContains(t, err.Error(), s)
+		}
+		require.Contains(t, err.Error(), "127.0.0.1:1/x?token=****")
+	})
+
+	t.Run("ConfigErrors", func(t *testing.T) {
+		t.Parallel()
+		for _, ep := range []tools.Endpoint{
+			{Name: "x", URL: "ftp://u:hunter2@h/x?token=t0ken"},
+			{Name: "x", URL: "https://u:hu/nter2@h/x?token=t0ken"},
+			{Name: "x", URL: "https://h/x?api_key=k3y", Class: "sometimes"},
+			{Name: "x", URL: "http://u:hunter2@h/x\x7f?token=t0ken"},
+		} {
+			_, err := tools.NewHTTPRequest(nil, []tools.Endpoint{ep})
+			require.Error(t, err, ep.URL)
+			for _, s := range append(secrets, "nter2") {
+				require.NotContains(t, err.Error(), s, ep.URL)
+			}
+		}
+	})
+}

@@ -115,6 +115,23 @@ replication-factor: 3
 		require.Contains(t, out, "/run/secrets/kafka-password", "a secret's file is shown as a path")
 	})
 
+	// A password with an unescaped '/' is not a URL net/url parses; it is
+	// masked all the same, and so are the query secrets of every URL
+	// printed (a flag value holding one included).
+	t.Run("PrintRedactsUnparsableURLsAndQuerySecrets", func(t *testing.T) {
+		t.Parallel()
+		out, err := runInProcess(t, nil, "config", "print",
+			"--database-url", "postgres://app:pa/ss@db.internal:5432/promptline",
+			"--provider-url", "https://model.internal/v1/step?api_key=k3y",
+			"--http-tool-endpoint", "name=hook,url=https://u:pw0rd@hooks.internal/x?token=t0ken&sig=s1g")
+		require.NoError(t, err)
+		for _, secret := range []string{"pa/ss", "k3y", "pw0rd", "t0ken", "s1g"} {
+			require.NotContains(t, out, secret)
+		}
+		require.Contains(t, out, "postgres://app:****@db.internal:5432/promptline")
+		require.Contains(t, out, "https://model.internal/v1/step?api_key=****")
+	})
+
 	t.Run("DatabaseURLFromEnv", func(t *testing.T) {
 		t.Parallel()
 		p := configPrint(t, []string{"DATABASE_URL=postgres://old:pw1@h/db", "PROMPTLINE_DATABASE_URL=postgres://new:pw2@h/db"})

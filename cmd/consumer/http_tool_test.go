@@ -55,4 +55,19 @@ func TestHTTPToolEndpointFlag(t *testing.T) {
 		require.Equal(t, 1, code, v)
 		require.Contains(t, stderr, "--http-tool-endpoint", v)
 	}
+	// A refused endpoint names the flag, never its URL's secrets.
+	for _, v := range []string{
+		"name=x,url=https://u:hunter2@h.internal/x?token=t0ken,class=sometimes",
+		"name=x,url=ftp://u:hunter2@h.internal/x?token=t0ken",
+		"name=x,url=https://u:hunter2@h.internal/x?token=t0ken,colour=red",
+		"name=x,url=https://u:hu/nter2@h.internal/x?token=t0ken",
+		"name=bad name,url=https://u:hunter2@h.internal/x?token=t0ken",
+	} {
+		_, stderr, code := runOnce(t, "--http-tool-endpoint", v, "--database-url", "postgres://127.0.0.1:1/none", "--brokers", "127.0.0.1:1")
+		require.Equal(t, 1, code, v)
+		require.Contains(t, stderr, "--http-tool-endpoint", v)
+		for _, secret := range []string{"hunter2", "nter2", "t0ken"} {
+			require.NotContains(t, stderr, secret, v)
+		}
+	}
 }

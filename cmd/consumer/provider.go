@@ -8,6 +8,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/promptline/promptline/internal/redact"
 	"github.com/promptline/promptline/pipeline"
 	"github.com/promptline/promptline/pipeline/providers"
 	"github.com/promptline/promptline/tools"
@@ -137,13 +138,14 @@ func (p *providerOptions) registerHTTPTool(reg *tools.Registry) error {
 	for _, v := range p.httpEndpoints {
 		ep, err := parseEndpoint(v)
 		if err != nil {
-			return fmt.Errorf("--http-tool-endpoint %q: %w", v, err)
+			// The value holds the URL: never print its secrets.
+			return redact.Error(fmt.Errorf("--http-tool-endpoint %q: %w", v, err))
 		}
 		eps = append(eps, ep)
 	}
 	tool, err := tools.NewHTTPRequest(&http.Client{Timeout: 60 * time.Second}, eps)
 	if err != nil {
-		return fmt.Errorf("--http-tool-endpoint: %w", err)
+		return redact.Error(fmt.Errorf("--http-tool-endpoint: %w", err))
 	}
 	return reg.Register(tool)
 }

@@ -190,6 +190,7 @@ func (r *replayOptions) run(cmd *cobra.Command, o *options) (err error) {
 	if err := r.security.Apply(cfg); err != nil {
 		return err
 	}
+	r.security.WarnPlaintext(ctx, log, r.brokers)
 	client, err := sarama.NewClient(r.brokers, cfg)
 	if err != nil {
 		return fmt.Errorf("connecting to Kafka at %s: %w", strings.Join(r.brokers, ","), r.security.Explain(err))

@@ -33,6 +33,7 @@ type options struct {
 	maxValueBytes     int
 	maxMessageBytes   int
 	shutdownGrace     time.Duration
+	toolTimeout       time.Duration
 	lease             time.Duration
 	recoveryInterval  time.Duration
 	recoveryBatch     int
@@ -114,6 +115,7 @@ func newRootCommandEnv(environ func() []string) *cobra.Command {
 	f.Int32Var(&o.dbMaxConns, "db-max-conns", 32, "Postgres connections in this process's pool (admission per partition, executions, relay)")
 	f.DurationVar(&o.lease, "lease", 30*time.Second, "claim lease; a live execution renews it every lease/3 by the database clock")
 	f.DurationVar(&o.shutdownGrace, "shutdown-grace", 30*time.Second, "time running turns get to finish on SIGTERM")
+	f.DurationVar(&o.toolTimeout, "tool-timeout", 30*time.Second, "bound of one tool call: past it the call's outcome is unknown (never re-run automatically) and the turn goes on")
 	f.StringVar(&o.topics.Prompts, "prompts-topic", "prompts", "topic of incoming prompts")
 	f.StringVar(&o.topics.Wakes, "wakes-topic", "wakes", "topic of internal wakes")
 	f.StringVar(&o.topics.Events, "events-topic", "session-events", "topic of outgoing session events")
@@ -207,6 +209,8 @@ func (o *options) validate() error {
 		return fmt.Errorf("--redrive-after: must not be negative, got %s", o.redriveAfter)
 	case o.shutdownGrace < 0:
 		return fmt.Errorf("--shutdown-grace: must not be negative, got %s", o.shutdownGrace)
+	case o.toolTimeout <= 0:
+		return fmt.Errorf("--tool-timeout: must be positive, got %s", o.toolTimeout)
 	case o.group == "":
 		return fmt.Errorf("--group: must not be empty")
 	case o.replicationFactor < 1:

@@ -51,6 +51,7 @@ func run(ctx context.Context, o *options, stderr io.Writer) error {
 	if err := o.security.Apply(cfg); err != nil {
 		return err
 	}
+	o.security.WarnPlaintext(ctx, log, brokers)
 
 	db, err := pgdb.Open(ctx, pgdb.OpenOpts{URL: o.databaseURL, Logger: log, MaxConns: o.dbMaxConns,
 		StatementTimeout: o.dbTimeouts[0], LockTimeout: o.dbTimeouts[1], IdleInTxTimeout: o.dbTimeouts[2], NoMigrate: !o.migrate})
@@ -155,6 +156,7 @@ func run(ctx context.Context, o *options, stderr io.Writer) error {
 	exec := pipeline.NewExecutor(db.Pool, &pipeline.ExecutorConfig{
 		Claims: claims, Topics: topics, MaxSessions: o.maxSessions, Logger: log, Metrics: m, OnCommitFunc: relay.Nudge,
 		Provider: provider, ProviderName: providerName, Tools: toolbox, PermissionFunc: o.permissions.lookup,
+		ToolTimeout: o.toolTimeout,
 	})
 	rec := recovery.New(db.Pool, &recovery.Config{
 		Interval: o.recoveryInterval, Batch: o.recoveryBatch, RedriveAfter: o.redriveAfter,

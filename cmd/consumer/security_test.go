@@ -1,6 +1,9 @@
 package main
 
 import (
+	"os"
+	"path/filepath"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -140,4 +143,28 @@ func TestKafkaSecurity(t *testing.T) {
 		require.ErrorContains(t, err, "--sasl-mechanism")
 		require.ErrorContains(t, err, "set by env PROMPTLINE_SASL_MECHANISM")
 	})
+}
+
+// TestSASLWithoutTLSWarnsAtStart: SASL PLAIN without TLS to a broker off
+// this machine logs one warning at start, naming the mechanism and the
+// brokers (the database is unreachable, so the consumer stops right after).
+func TestSASLWithoutTLSWarnsAtStart(t *testing.T) {
+	t.Parallel()
+	pw := filepath.Join(t.TempDir(), "pw")
+	require.NoError(t, os.WriteFile(pw, []byte("s3cret\n"), 0o600))
+	common := []string{"--sasl-mechanism", "PLAIN", "--sasl-user", "app", "--sasl-password-file", pw,
+		"--database-url", "postgres://127.0.0.1:1/none", "--metrics-addr", "127.0.0.1:0"}
+	const msg = "SASL without TLS to brokers off this machine: the credentials and all traffic travel unencrypted; set --tls (docs/deploy.md)"
+
+	_, stderr, code := runOnce(t, append(common, "--brokers", "192.0.2.1:9092")...)
+	require.Equal(t, 1, code, stderr)
+	require.Equal(t, 1, strings.Count(stderr, msg), "one warning:\n%s", stderr)
+	line := findLog(stderr, msg)
+	require.Equal(t, "PLAIN", line["mechanism"])
+	require.Equal(t, []any{"192.0.2.1:9092"}, line["brokers"])
+	require.NotContains(t, stderr, "s3cret")
+
+	_, stderr, code = runOnce(t, append(common, "--brokers", "127.0.0.1:1")...)
+	require.Equal(t, 1, code, stderr)
+	require.NotContains(t, stderr, msg, "a loopback broker stays on the machine")
 }

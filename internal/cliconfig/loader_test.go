@@ -250,7 +250,9 @@ func TestRedactURL(t *testing.T) {
 	for in, want := range map[string]string{
 		"postgres://u:pw@h/db":                "postgres://u:****@h/db",
 		"postgres://u@h/db":                   "postgres://u@h/db",
-		"postgres://h/db?user=u&password=pw":  "postgres://h/db?password=****&user=u",
+		"postgres://h/db?user=u&password=pw":  "postgres://h/db?user=u&password=****",
+		"postgres://u:p/ss@h/db":              "postgres://u:****@h/db",
+		"https://h/x?Token=t&sig=s&k=v":       "https://h/x?Token=****&sig=****&k=v",
 		"postgres://u:p@ss@h/db":              "postgres://u:****@h/db",
 		"host=h user=u password=pw dbname=d":  "host=h user=u password=**** dbname=d",
 		"host=h password='p w' dbname=d":      "host=h password=**** dbname=d",

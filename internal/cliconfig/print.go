@@ -3,7 +3,6 @@ package cliconfig
 import (
 	"fmt"
 	"io"
-	"net/url"
 	"regexp"
 	"slices"
 	"strings"
@@ -13,6 +12,8 @@ import (
 	"github.com/knadh/koanf/v2"
 	"github.com/spf13/pflag"
 	"go.yaml.in/yaml/v3"
+
+	"github.com/promptline/promptline/internal/redact"
 )
 
 // Redacted replaces a secret in printed configuration.
@@ -44,7 +45,7 @@ func (l *Loader) Effective() ([]Setting, error) {
 	}
 	var out []Setting
 	for _, name := range k.Keys() {
-		out = append(out, Setting{Name: name, Value: redact(name, k.Get(name)), Source: l.sources[name]})
+		out = append(out, Setting{Name: name, Value: redactSetting(name, k.Get(name)), Source: l.sources[name]})
 	}
 	slices.SortFunc(out, func(a, b Setting) int { return strings.Compare(a.Name, b.Name) })
 	return out, nil
@@ -90,7 +91,7 @@ func WriteYAML(w io.Writer, settings []Setting) error {
 // names ending -file or -env hold where the secret is, not the secret.
 var secretName = regexp.MustCompile(`password|token|secret`)
 
-func redact(name string, v any) any {
+func redactSetting(name string, v any) any {
 	if s, ok := v.(string); ok {
 		if s != "" && secretName.MatchString(name) && !strings.HasSuffix(name, "-file") && !strings.HasSuffix(name, "-env") {
 			return Redacted
@@ -107,31 +108,6 @@ func redact(name string, v any) any {
 	return v
 }
 
-var urlUserinfo = regexp.MustCompile(`(://[^:/@]*:)[^/]*@`)
-
-var dsnPassword = regexp.MustCompile(`(?i)(\bpassword\s*=\s*)('(?:[^'\\]|\\.)*'|\S+)`)
-
-// RedactURL hides the password of a URL (user:password@host, or a
-// password query parameter) and of a key=value connection string.
-func RedactURL(s string) string {
-	if u, err := url.Parse(s); err == nil && u.Scheme != "" && u.Host != "" {
-		if _, has := u.User.Password(); has {
-			u.User = url.UserPassword(u.User.Username(), "REDACTED")
-		}
-		q, changed := u.Query(), false
-		for key := range q {
-			if secretName.MatchString(strings.ToLower(key)) {
-				q.Set(key, "REDACTED")
-				changed = true
-			}
-		}
-		if changed {
-			u.RawQuery = q.Encode()
-		}
-		return strings.ReplaceAll(u.String(), "REDACTED", Redacted)
-	}
-	// Not a URL url.Parse accepts (a password with an unescaped '@', say):
-	// hide whatever sits between "user:" and the last '@'.
-	s = urlUserinfo.ReplaceAllString(s, "${1}"+Redacted+"@")
-	return dsnPassword.ReplaceAllString(s, "${1}"+Redacted)
-}
+// RedactURL hides the secrets of a URL or a connection string
+// (redact.URL: the one function that knows them).
+func RedactURL(s string) string { return redact.URL(s) }

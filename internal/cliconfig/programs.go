@@ -28,7 +28,7 @@ var Programs = map[string][]string{
 		"publish-rejects", "rate", "recovery-batch", "recovery-interval", "redrive-after",
 		"rejects-topic", "replication-factor", "resume-file", "sandbox-dir", "sasl-mechanism",
 		"sasl-password-file", "sasl-token-file", "sasl-user", "shutdown-grace", "tls", "tls-ca-file",
-		"tls-cert-file", "tls-key-file", "tls-server-name", "to-offset", "to-time", "tool-permission",
+		"tls-cert-file", "tls-key-file", "tls-server-name", "to-offset", "to-time", "tool-permission", "tool-timeout",
 		"topic", "wake", "wakes-topic",
 	},
 	"producer": {

@@ -1,7 +1,7 @@
 // Package faults holds crash points for the crash tests. Hit(name) kills the
 // process with SIGKILL when the binary was built with the "faults" build tag
-// and PROMPTLINE_FAULT names that point; in normal builds it compiles to
-// nothing.
+// and PROMPTLINE_FAULT names that point; Stall(name) blocks the calling
+// goroutine for good instead. In normal builds both compile to nothing.
 //
 // Points: see the constants below.
 package faults
@@ -30,6 +30,10 @@ const (
 	// IdempotentToolAfterIntent: an idempotent tool call's intent committed,
 	// the tool not yet run.
 	IdempotentToolAfterIntent = "idempotent-tool.after-intent"
+	// ToolStall: not a crash point: the tool call's goroutine blocks for
+	// good, ignoring its context, right before the tool runs (Stall): a
+	// tool stuck in a system call.
+	ToolStall = "tool.stall"
 	// StepAfterSettle: the last tool result of a step committed with the
 	// phase continue, the next provider step not begun.
 	StepAfterSettle = "step.after-settle"

@@ -14,3 +14,6 @@ func BeforeCommit(string) int64 { return 0 }
 
 // AfterCommit does nothing without the faults build tag.
 func AfterCommit(int64, string) {}
+
+// Stall does nothing without the faults build tag.
+func Stall(string) {}

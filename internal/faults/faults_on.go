@@ -91,3 +91,11 @@ func AfterCommit(n int64, _ string) {
 		die()
 	}
 }
+
+// Stall blocks the calling goroutine for good when PROMPTLINE_FAULT names
+// the point, whatever its context says: a call stuck in a system call.
+func Stall(name string) {
+	if point == name {
+		select {}
+	}
+}

@@ -1,11 +1,15 @@
 package kafkautil
 
 import (
+	"context"
 	"crypto/tls"
 	"crypto/x509"
 	"errors"
 	"fmt"
+	"log/slog"
+	"net"
 	"os"
+	"slices"
 	"strings"
 
 	"github.com/IBM/sarama"
@@ -191,4 +195,35 @@ func (s Security) Explain(err error) error {
 		return err
 	}
 	return fmt.Errorf("%w (%s)", err, strings.Join(hints, "; "))
+}
+
+// WarnPlaintext logs one warning when SASL is on without TLS and a broker
+// is off this machine: PLAIN sends the password itself in clear, and every
+// mechanism leaves the session unencrypted (SCRAM's and OAUTHBEARER's
+// secrets, and every prompt and event, readable and alterable on the
+// way). Loopback addresses (and "localhost") stay on the machine. Called
+// once at start, as the Postgres connection's warning is.
+func (s Security) WarnPlaintext(ctx context.Context, log *slog.Logger, brokers []string) {
+	if s.SASLMechanism == "" || s.TLS {
+		return
+	}
+	if !slices.ContainsFunc(brokers, func(b string) bool { return !loopback(b) }) {
+		return
+	}
+	log.WarnContext(ctx, "SASL without TLS to brokers off this machine: the credentials and all traffic travel unencrypted; set --tls (docs/deploy.md)",
+		slog.String("mechanism", strings.ToUpper(s.SASLMechanism)), slog.Any("brokers", brokers))
+}
+
+// loopback reports whether a broker address host:port stays on this
+// machine.
+func loopback(addr string) bool {
+	host, _, err := net.SplitHostPort(addr)
+	if err != nil {
+		host = addr
+	}
+	if strings.EqualFold(host, "localhost") {
+		return true
+	}
+	ip := net.ParseIP(host)
+	return ip != nil && ip.IsLoopback()
 }

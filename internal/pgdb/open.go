@@ -15,6 +15,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/promptline/promptline/internal/faults"
+	urlredact "github.com/promptline/promptline/internal/redact"
 )
 
 // DefaultURL is where promptline looks for Postgres when neither
@@ -100,7 +101,7 @@ func Open(ctx context.Context, opts OpenOpts) (*DB, error) {
 	cfg, err := pgxpool.ParseConfig(db.URL)
 	if err != nil {
 		db.stopCluster()
-		return nil, fmt.Errorf("--database-url: %w", err)
+		return nil, fmt.Errorf("--database-url: %w", urlredact.Error(err))
 	}
 	if opts.MaxConns > 0 {
 		cfg.MaxConns = opts.MaxConns

@@ -13,6 +13,7 @@ import (
 	"strings"
 	"time"
 
+	urlredact "github.com/promptline/promptline/internal/redact"
 	"github.com/promptline/promptline/pipeline"
 )
 
@@ -98,6 +99,8 @@ func exchange(ctx context.Context, client *http.Client, opts exchangeOpts) ([]by
 
 	resp, err := client.Do(req)
 	if err != nil {
+		// The error names the URL; it is stored, published and logged.
+		err = urlredact.Error(err)
 		if notSent(err) {
 			return nil, fmt.Errorf("%w: %w", pipeline.ErrNotSent, err)
 		}
@@ -107,9 +110,10 @@ func exchange(ctx context.Context, client *http.Client, opts exchangeOpts) ([]by
 
 	if resp.StatusCode < 200 || resp.StatusCode > 299 {
 		excerpt := readExcerpt(resp.Body, opts.Secret)
-		statusErr := fmt.Errorf("status %s: %q", resp.Status, excerpt)
+		var statusErr error = &pipeline.StatusError{Code: resp.StatusCode, Err: fmt.Errorf("status %s: %q", resp.Status, excerpt)}
 		if resp.StatusCode >= 300 && resp.StatusCode <= 399 {
-			statusErr = fmt.Errorf("status %s (redirects are not followed; location %q)", resp.Status, resp.Header.Get("Location"))
+			statusErr = &pipeline.StatusError{Code: resp.StatusCode,
+				Err: fmt.Errorf("status %s (redirects are not followed; location %q)", resp.Status, urlredact.URL(resp.Header.Get("Location")))}
 		}
 		if resp.StatusCode == http.StatusTooManyRequests || resp.StatusCode == http.StatusServiceUnavailable {
 			return nil, &pipeline.RetryAfterError{

@@ -14,6 +14,7 @@ import (
 	"strings"
 	"time"
 
+	urlredact "github.com/promptline/promptline/internal/redact"
 	"github.com/promptline/promptline/pipeline"
 )
 
@@ -52,7 +53,7 @@ func (c *HTTPConfig) Validate() error {
 // String describes the config without the values of Headers.
 func (c HTTPConfig) String() string {
 	return fmt.Sprintf("HTTPConfig{URL: %q, Timeout: %s, HonoursIdempotencyKeys: %t, Headers: %s}",
-		c.URL, c.Timeout, c.HonoursIdempotencyKeys, headerNames(c.Headers))
+		urlredact.URL(c.URL), c.Timeout, c.HonoursIdempotencyKeys, headerNames(c.Headers))
 }
 
 // GoString is String, so that %#v cannot print header values either.
@@ -61,7 +62,7 @@ func (c HTTPConfig) GoString() string { return c.String() }
 // LogValue describes the config without the values of Headers.
 func (c HTTPConfig) LogValue() slog.Value {
 	return slog.GroupValue(
-		slog.String("url", c.URL),
+		slog.String("url", urlredact.URL(c.URL)),
 		slog.Duration("timeout", c.Timeout),
 		slog.Bool("honours_idempotency_keys", c.HonoursIdempotencyKeys),
 		slog.String("headers", headerNames(c.Headers)),
@@ -356,10 +357,10 @@ func validateURL(field, raw string) error {
 	}
 	u, err := url.Parse(raw)
 	if err != nil {
-		return fmt.Errorf("%s: %w", field, err)
+		return fmt.Errorf("%s: %w", field, urlredact.Error(err))
 	}
 	if (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
-		return fmt.Errorf("%s %q is not an absolute http or https URL", field, u.Redacted())
+		return fmt.Errorf("%s %q is not an absolute http or https URL", field, urlredact.URL(raw))
 	}
 	return nil
 }

@@ -1,0 +1,115 @@
+package redact
+
+import (
+	"net/url"
+	"regexp"
+	"strings"
+)
+
+// Mask replaces a secret.
+const Mask = "****"
+
+// placeholder stands for Mask while net/url encodes the URL (it would
+// escape nothing in it, but the intent is plainer this way).
+const placeholder = "REDACTEDREDACTED"
+
+// secretParam matches, case-insensitively, the names of query parameters
+// (and key=value settings) whose value is a secret. It matches inside
+// longer names too (access_token, X-Amz-Signature, client_secret): hiding
+// a harmless value costs nothing, showing a secret one does.
+var secretParam = regexp.MustCompile(`(?i)token|secret|passw|pwd|key|sig|auth|credential`)
+
+// SecretName reports whether a parameter or setting named name holds a
+// secret.
+func SecretName(name string) bool { return secretParam.MatchString(name) }
+
+// URL returns s with its secrets masked. A URL that net/url parses keeps
+// its shape (scheme, user name, host, path) with the password and the
+// values of secret query parameters masked; anything else (a password
+// with an unescaped '/' or '@', a key=value connection string, a flag
+// value holding a URL) is masked by pattern: whatever sits between
+// "scheme://user:" and the last '@', the values of secret parameters, and
+// password=... settings.
+func URL(s string) string {
+	u, err := url.Parse(s)
+	// An '@' after the host with "scheme://user:" before it: a password
+	// with an unescaped '/' that net/url took for the end of the host
+	// ("postgres://app:1/x@db" parses as host app, port 1).
+	misread := err == nil && strings.ContainsRune(u.EscapedPath()+u.RawQuery, '@') && userinfo.MatchString(s)
+	if err == nil && !misread && u.Scheme != "" && u.Host != "" && u.Opaque == "" {
+		if _, has := u.User.Password(); has {
+			u.User = url.UserPassword(u.User.Username(), placeholder)
+		}
+		u.RawQuery = maskQuery(u.RawQuery)
+		return strings.ReplaceAll(u.String(), placeholder, Mask)
+	}
+	return byPattern(s)
+}
+
+// maskQuery masks the values of secret parameters, keeping the order and
+// the encoding of the others.
+func maskQuery(q string) string {
+	if q == "" {
+		return q
+	}
+	parts := strings.Split(q, "&")
+	for i, p := range parts {
+		k, _, ok := strings.Cut(p, "=")
+		if !ok {
+			continue
+		}
+		name, err := url.QueryUnescape(k)
+		if err != nil {
+			name = k
+		}
+		if SecretName(name) {
+			parts[i] = k + "=" + placeholder
+		}
+	}
+	return strings.Join(parts, "&")
+}
+
+var (
+	// userinfo: from "scheme://user:" to the last '@' of the word.
+	userinfo = regexp.MustCompile(`(://[^:/@\s"'<>]*:)[^\s"'<>` + "`" + `]*@`)
+	// secretQuery: a secret parameter's value, in a query or a
+	// comma/semicolon separated list.
+	secretQuery = regexp.MustCompile(`(?i)([?&;,]\s*[a-z0-9_.\-]*(?:token|secret|passw|pwd|key|sig|auth|credential)[a-z0-9_.\-]*=)[^&;,\s"'<>#]*`)
+	// keyword: a key=value password (libpq connection strings).
+	keyword = regexp.MustCompile(`(?i)(\b(?:password|passwd|pwd)\s*=\s*)('(?:[^'\\]|\\.)*'|[^\s,;&]+)`)
+)
+
+func byPattern(s string) string {
+	s = userinfo.ReplaceAllString(s, "${1}"+Mask+"@")
+	s = secretQuery.ReplaceAllString(s, "${1}"+Mask)
+	return keyword.ReplaceAllString(s, "${1}"+Mask)
+}
+
+// urlInText finds what looks like a URL in free text: a scheme, "://",
+// and everything up to a space or a quote (net/http quotes the URL in its
+// errors).
+var urlInText = regexp.MustCompile(`[a-zA-Z][a-zA-Z0-9+.\-]*://[^\s"'<>` + "`" + `]+`)
+
+// Text returns s with the secrets of every URL in it masked, and of
+// key=value passwords: for error texts and log lines.
+func Text(s string) string {
+	s = urlInText.ReplaceAllStringFunc(s, URL)
+	return keyword.ReplaceAllString(s, "${1}"+Mask)
+}
+
+// Error returns err with its text redacted (Text); errors.Is and errors.As
+// still see the errors it wraps. Nil stays nil.
+func Error(err error) error {
+	if err == nil {
+		return nil
+	}
+	return &redacted{msg: Text(err.Error()), err: err}
+}
+
+type redacted struct {
+	msg string
+	err error
+}
+
+func (r *redacted) Error() string { return r.msg }
+func (r *redacted) Unwrap() error { return r.err }
