@@ -135,3 +135,55 @@ func TestCrashAfterProviderIntent(t *testing.T) {
 	require.Equal(t, 1, distinctIDs(b.events.turnEvents(t, first.MessageID)))
 	require.Equal(t, 1, b.count(t, `SELECT count(*) FROM recoveries WHERE session_id = $1 AND decision = 'reconciled'`, session))
 }
+
+// TestCrashAfterDeclinedTurnWithPromptWaiting: a parked turn resumed by a
+// reject reply fails (declined) before its step reached the provider, so
+// its step's assistant message had not been created; a prompt waits behind
+// it, so the claim is kept. Killed right after that failure committed, the
+// claim must name an assistant message that exists: recovery then clears
+// it with a wake and the waiting prompt runs, nothing quarantined.
+//
+// It catches: a failed turn that points the claim (and turn.failed) at a
+// message never inserted, which recovery quarantines ("claim points at
+// missing assistant message") and the waiting prompt never runs.
+func TestCrashAfterDeclinedTurnWithPromptWaiting(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	const session = "s-declined"
+	asking, queued := prompt(session, `/tool echo {"text":"no"}`), prompt(session, "queued behind the declined turn")
+	flags := []string{"--tool-permission", "echo=ask", "--lease", "1s"}
+
+	parking := b.start(t, "consumer-1", "", flags...)
+	b.send(t, asking)
+	asked := b.events.waitAsked(t, session)
+	b.send(t, queued)
+	require.Eventually(t, func() bool { return len(b.events.admittedEvents(t, queued.MessageID)) > 0 },
+		crashTimeout, 20*time.Millisecond, "the queued prompt is admitted")
+	require.True(t, parking.stop(t).Success(), "consumer-1 ends cleanly on SIGTERM")
+
+	crashing := b.start(t, "consumer-2", faults.TurnAfterFail, flags...)
+	sendReply(t, b, session, replyJSON(t, envelope.PermissionReply{RequestID: asked.RequestID, Reply: envelope.ReplyReject}))
+	requireKilled(t, crashing.waitExit(t, crashTimeout))
+	require.Equal(t, 1, b.count(t, `SELECT count(*) FROM claims WHERE session_id = $1 AND phase = 'safe'`, session),
+		"the failure committed with the claim kept for the waiting prompt")
+	require.Equal(t, 1, b.count(t, `SELECT count(*) FROM claims c JOIN messages m ON m.message_id = c.assistant_message_id
+		WHERE c.session_id = $1 AND m.role = 'assistant' AND m.status = 'errored'`, session),
+		"the kept claim names the failed turn's errored assistant message")
+	require.Zero(t, b.count(t, `SELECT count(*) FROM inputs WHERE message_id = $1 AND promotion_seq IS NOT NULL`, queued.MessageID),
+		"killed before the waiting prompt's promotion")
+
+	b.start(t, "consumer-3", "", append(flags, "--recovery-interval", "300ms")...)
+	next := b.events.waitTurn(t, queued.MessageID)
+	require.Equal(t, envelope.EventTurnCompleted, next.Type, "%+v", next)
+	require.Equal(t, "echo: queued behind the declined turn", next.Text)
+
+	failed := b.events.waitTurn(t, asking.MessageID)
+	require.Equal(t, envelope.EventTurnFailed, failed.Type)
+	require.Equal(t, envelope.FailDeclined, failed.Reason)
+	require.Equal(t, 1, b.count(t, `SELECT count(*) FROM messages WHERE message_id = $1 AND status = 'errored'`, failed.AssistantMessageID),
+		"turn.failed names a message of the transcript")
+	require.Zero(t, b.count(t, `SELECT count(*) FROM claims WHERE session_id = $1 AND quarantine_reason IS NOT NULL`, session), "no claim quarantined")
+	require.Zero(t, b.count(t, `SELECT count(*) FROM recoveries WHERE session_id = $1 AND decision = 'quarantined'`, session), "no quarantine decision")
+	require.Zero(t, b.count(t, `SELECT count(*) FROM inputs WHERE session_id = $1 AND quarantine_reason IS NOT NULL`, session), "no input quarantined")
+	require.Equal(t, 1, distinctIDs(b.events.turnEvents(t, asking.MessageID)), "one turn event for the declined prompt")
+}

@@ -33,6 +33,10 @@ const (
 	// StepAfterSettle: the last tool result of a step committed with the
 	// phase continue, the next provider step not begun.
 	StepAfterSettle = "step.after-settle"
+	// TurnAfterFail: a turn's failure committed (assistant message
+	// errored, phase safe, turn.failed) with the claim kept because inputs
+	// wait, the next promotion not begun.
+	TurnAfterFail = "turn.after-fail"
 	// RecoveryAfterTakeover: recovery took over an expired claim, its
 	// decision not yet committed (it commits in the same transaction, so
 	// the next pass finds the claim as it was).
