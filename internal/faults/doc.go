@@ -1,7 +1,9 @@
 // Package faults holds crash points for the crash tests. Hit(name) kills the
 // process with SIGKILL when the binary was built with the "faults" build tag
 // and PROMPTLINE_FAULT names that point; in normal builds it compiles to
-// nothing.
+// nothing. PROMPTLINE_FAULT=point@duration stops the goroutine that hits
+// the point for that long before the kill, while the rest of the process
+// runs on.
 //
 // Points: see the constants below.
 package faults
