@@ -492,8 +492,8 @@ func (ex *execution) settleCall(ctx context.Context, p ledger.CallParams, c Tool
 }
 
 // failTurn settles a turn that ends without an answer: the attempt's
-// outcome (unless empty), the assistant message errored, phase safe, and
-// turn.failed, in one transaction. After a cancellation it writes on a
+// outcome (unless empty), the assistant message errored (created if the
+// step never began), phase safe, and turn.failed, in one transaction. After a cancellation it writes on a
 // context that outlives it; the fence still applies.
 func (ex *execution) failTurn(ctx context.Context, t *turn, reason string, cause error, attemptState string, attemptID ...string) (released bool, err error) {
 	wctx := ctx
@@ -512,6 +512,15 @@ func (ex *execution) failTurn(ctx context.Context, t *turn, reason string, cause
 				return err
 			}
 		}
+		// The step's assistant message exists once its provider attempt
+		// began; a turn that fails before that (a permission declined when
+		// resumed or continued, the step limit after a tool step) creates
+		// it here, so that the claim and turn.failed name a message the
+		// transcript holds (invariant 12).
+		cl := ex.x.Claim()
+		if _, err := tx.Exec(wctx, insertAssistantSQL+` ON CONFLICT (message_id) DO NOTHING`, t.assistantID, ex.sessionID, ids(t.inputs), cl.ExecutionID, cl.Token, t.id); err != nil {
+			return fmt.Errorf("creating failed turn's assistant message: %w", err)
+		}
 		if _, err := tx.Exec(wctx, failAssistantSQL, t.assistantID, cause.Error()); err != nil {
 			return fmt.Errorf("storing failed turn: %w", err)
 		}
@@ -526,6 +535,9 @@ func (ex *execution) failTurn(ctx context.Context, t *turn, reason string, cause
 	})
 	if err != nil {
 		return false, fmt.Errorf("settling failed turn %s: %w", t.id, err)
+	}
+	if !released {
+		faults.Hit(faults.TurnAfterFail)
 	}
 	ex.logTurnFailed(ctx, t, reason, cause)
 	ex.turnMetric("failed", t)

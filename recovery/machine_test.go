@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"pgregory.net/rapid"
 
@@ -72,6 +73,13 @@ func (p *holdingProvider) Complete(ctx context.Context, req pipeline.ProviderReq
 			return pipeline.ProviderResponse{}, ctx.Err()
 		}
 	}
+	for _, m := range req.Turn {
+		if m.Text == "/loop" {
+			// A model that asks for a tool at every step: the turn ends at
+			// the step limit, after a tool step.
+			return pipeline.ProviderResponse{ToolCalls: []pipeline.ToolCall{{ID: "c", Name: "idem", Input: json.RawMessage(`{}`)}}}, nil
+		}
+	}
 	return pipeline.ScriptedProvider{}.Complete(ctx, req)
 }
 
@@ -79,9 +87,11 @@ func (p *holdingProvider) Complete(ctx context.Context, req pipeline.ProviderReq
 // points (a process that stops mid-call and whose lease lapses; when it
 // resumes it is a zombie), and recovery passes, against the real schema
 // and code, and checks after every step that no side-effecting call ran
-// twice, that at most one claim exists per session and that no
-// continuation was created twice; at the end, after recovery and clean
-// runs, that no admitted input was lost.
+// twice; that a claim and an event only name messages that exist; that
+// every provider attempt, tool call and assistant message, once in a
+// terminal state, stays in it (one intent, one outcome); and that every
+// continuation input has its recovery; at the end, after recovery and
+// clean runs, that no admitted input was lost and nothing was quarantined.
 type recoveryMachine struct {
 	t        *rapid.T
 	pool     *pgxpool.Pool
@@ -94,6 +104,11 @@ type recoveryMachine struct {
 	reg      *tools.Registry
 	rec      *recovery.Recoverer
 	seq      int
+	// terminal is the first terminal state seen of each attempt, tool
+	// call and assistant message ("attempt:ID", "call:ID", "message:ID").
+	terminal map[string]string
+	// lastEvent is the highest outbox ID whose events Check has seen.
+	lastEvent int64
 }
 
 var machineRuns atomic.Int64
@@ -105,6 +120,7 @@ func newRecoveryMachine(t *rapid.T, pool *pgxpool.Pool) *recoveryMachine {
 		side:     &runCounter{name: "side", class: tools.SideEffecting, runs: map[string]int{}},
 		idem:     &runCounter{name: "idem", class: tools.Idempotent, runs: map[string]int{}},
 		reg:      tools.NewRegistry(),
+		terminal: map[string]string{},
 	}
 	for i := range 2 {
 		m.sessions = append(m.sessions, fmt.Sprintf("%ss%d", m.prefix, i))
@@ -129,6 +145,11 @@ func (m *recoveryMachine) Admit(t *rapid.T) {
 	text := rapid.SampledFrom([]string{
 		"plain", "/tool side {}", "/tool idem {}", "/tool idem {}\n/tool side {}",
 	}).Draw(t, "text")
+	if rapid.IntRange(0, 7).Draw(t, "loop") == 0 {
+		// Rarer than the others: a turn to the step limit costs about
+		// fifty commits.
+		text = "/loop"
+	}
 	m.seq++
 	_, err := m.admitter.Admit(context.Background(), []pipeline.Incoming{{Prompt: envelope.Prompt{
 		MessageID: fmt.Sprintf("%sm%d", m.prefix, m.seq), SessionID: s, Text: text, Delivery: envelope.DeliveryQueue}}})
@@ -233,17 +254,68 @@ func (m *recoveryMachine) Check(t *rapid.T) {
 		}
 	}
 	m.side.mu.Unlock()
-	var dupContinuations, orphanContinuations int
-	err := m.pool.QueryRow(context.Background(), `SELECT
-		(SELECT count(*) FROM (SELECT execution_id FROM recoveries WHERE session_id LIKE $1 || '%' GROUP BY execution_id HAVING count(*) > 1) d),
-		(SELECT count(*) FROM inputs i WHERE i.session_id LIKE $1 || '%' AND i.message_id LIKE 'recovery-continue-%'
-			AND NOT EXISTS (SELECT 1 FROM recoveries r WHERE r.continuation_message_id = i.message_id))`, m.prefix).
-		Scan(&dupContinuations, &orphanContinuations)
+	ctx := context.Background()
+	// Events never change once written and messages are never deleted:
+	// each event is checked once, when first seen (the database is shared
+	// by every sequence of the run, and grows with it).
+	var orphanContinuations int
+	var lastEvent int64
+	var danglingClaims, danglingEvents []string
+	err := m.pool.QueryRow(ctx, `SELECT
+		(SELECT count(*) FROM inputs i WHERE i.session_id = ANY($1) AND i.message_id LIKE 'recovery-continue-%'
+			AND NOT EXISTS (SELECT 1 FROM recoveries r WHERE r.continuation_message_id = i.message_id)),
+		(SELECT coalesce(array_agg(c.session_id || ' -> ' || c.assistant_message_id), '{}') FROM claims c
+			WHERE c.session_id = ANY($1) AND coalesce(c.assistant_message_id, '') <> ''
+			AND NOT EXISTS (SELECT 1 FROM messages m WHERE m.message_id = c.assistant_message_id AND m.role = 'assistant')),
+		(SELECT coalesce(array_agg(e.id || ' -> ' || e.named), '{}') FROM (
+			SELECT convert_from(o.payload, 'UTF8')::jsonb ->> 'id' AS id, n.named
+			FROM outbox o, LATERAL (
+				SELECT convert_from(o.payload, 'UTF8')::jsonb ->> 'assistant_message_id' AS named
+				UNION ALL SELECT jsonb_array_elements_text(coalesce(convert_from(o.payload, 'UTF8')::jsonb -> 'message_ids', '[]'))
+			) n
+			WHERE o.id > $2 AND o.topic = 'session-events' AND o.key = ANY($1) AND coalesce(n.named, '') <> ''
+			AND NOT EXISTS (SELECT 1 FROM messages m WHERE m.message_id = n.named)) e),
+		(SELECT coalesce(max(id), $2) FROM outbox WHERE id > $2)`, m.sessions, m.lastEvent).
+		Scan(&orphanContinuations, &danglingClaims, &danglingEvents, &lastEvent)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if dupContinuations > 0 || orphanContinuations > 0 {
-		t.Fatalf("continuations: %d executions recovered twice, %d continuation inputs without their recovery", dupContinuations, orphanContinuations)
+	m.lastEvent = lastEvent
+	if orphanContinuations > 0 {
+		t.Fatalf("%d continuation inputs without their recovery", orphanContinuations)
+	}
+	if len(danglingClaims) > 0 {
+		t.Fatalf("claims name assistant messages that do not exist: %v", danglingClaims)
+	}
+	if len(danglingEvents) > 0 {
+		t.Fatalf("events name messages that do not exist: %v", danglingEvents)
+	}
+	rows, err := m.pool.Query(ctx, `
+		SELECT 'attempt:' || attempt_id, state FROM attempts WHERE session_id = ANY($1) AND state IN ('succeeded', 'failed', 'unknown')
+		UNION ALL
+		SELECT 'call:' || call_id, state FROM tool_calls
+		WHERE attempt_id IN (SELECT attempt_id FROM attempts WHERE session_id = ANY($1)) AND state IN ('succeeded', 'failed', 'interrupted', 'unknown')
+		UNION ALL
+		SELECT 'message:' || message_id, status FROM messages WHERE session_id = ANY($1) AND role = 'assistant' AND status <> 'pending'`, m.sessions)
+	if err != nil {
+		t.Fatal(err)
+	}
+	seen := map[string]bool{}
+	var id, state string
+	if _, err := pgx.ForEachRow(rows, []any{&id, &state}, func() error {
+		seen[id] = true
+		if first, ok := m.terminal[id]; ok && first != state {
+			return fmt.Errorf("%s ended %s, and later became %s", id, first, state)
+		}
+		m.terminal[id] = state
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	for id, first := range m.terminal {
+		if !seen[id] {
+			t.Fatalf("%s ended %s, and later left its terminal state", id, first)
+		}
 	}
 }
 

@@ -2,6 +2,8 @@
 // process with SIGKILL when the binary was built with the "faults" build tag
 // and PROMPTLINE_FAULT names that point; Stall(name) blocks the calling
 // goroutine for good instead. In normal builds both compile to nothing.
+// PROMPTLINE_FAULT=point@duration stops the goroutine that hits the point
+// for that long before the kill, while the rest of the process runs on.
 //
 // Points: see the constants below.
 package faults
@@ -37,6 +39,10 @@ const (
 	// StepAfterSettle: the last tool result of a step committed with the
 	// phase continue, the next provider step not begun.
 	StepAfterSettle = "step.after-settle"
+	// TurnAfterFail: a turn's failure committed (assistant message
+	// errored, phase safe, turn.failed) with the claim kept because inputs
+	// wait, the next promotion not begun.
+	TurnAfterFail = "turn.after-fail"
 	// RecoveryAfterTakeover: recovery took over an expired claim, its
 	// decision not yet committed (it commits in the same transaction, so
 	// the next pass finds the claim as it was).
