@@ -1,6 +1,7 @@
 package pipeline
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -17,6 +18,8 @@ import (
 //	/fail MESSAGE      fail the provider step with MESSAGE
 //	/tool NAME {json}  request a call of tool NAME with that input (several
 //	                   lines: several calls in one step)
+//	/loop NAME {json}  request that call at every step, after tool results
+//	                   too: the turn ends at the step limit (max_steps)
 //
 // After tool results it answers "tool results: NAME: OUTPUT; ..." (or the
 // /reply text), so a turn with tools takes two steps.
@@ -28,7 +31,7 @@ var _ Provider = ScriptedProvider{}
 func (ScriptedProvider) Complete(ctx context.Context, req ProviderRequest) (ProviderResponse, error) {
 	var reply *string
 	var echo []string
-	var calls []ToolCall
+	var calls, loop []ToolCall
 	afterTools := len(req.Messages) > 0 && req.Messages[len(req.Messages)-1].Role == "tool"
 	for _, m := range req.Turn {
 		for _, line := range strings.Split(m.Text, "\n") {
@@ -55,6 +58,9 @@ func (ScriptedProvider) Complete(ctx context.Context, req ProviderRequest) (Prov
 				if !afterTools {
 					return ProviderResponse{}, fmt.Errorf("scripted provider: %s", arg)
 				}
+			case "/loop":
+				name, input, _ := strings.Cut(strings.TrimSpace(arg), " ")
+				loop = append(loop, ToolCall{ID: fmt.Sprintf("loop-%d", len(loop)), Name: name, Input: json.RawMessage(cmp.Or(strings.TrimSpace(input), "{}"))})
 			case "/tool":
 				name, input, _ := strings.Cut(strings.TrimSpace(arg), " ")
 				input = strings.TrimSpace(input)
@@ -66,6 +72,9 @@ func (ScriptedProvider) Complete(ctx context.Context, req ProviderRequest) (Prov
 				echo = append(echo, line)
 			}
 		}
+	}
+	if len(loop) > 0 {
+		return ProviderResponse{ToolCalls: loop}, nil
 	}
 	if afterTools {
 		if reply != nil {

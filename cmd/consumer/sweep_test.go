@@ -43,7 +43,7 @@ import (
 func sweepFlags(sandbox, toolURL string) []string {
 	return []string{
 		"--lease", "2s", "--recovery-interval", "300ms", "--redrive-after", "2s",
-		"--sandbox-dir", sandbox, "--tool-permission", "echo=ask",
+		"--sandbox-dir", sandbox, "--tool-permission", "append_line=ask",
 		"--http-tool-endpoint", "name=side,url=" + toolURL + "/side,class=side_effecting",
 		"--http-tool-endpoint", "name=idem,url=" + toolURL + "/idem,class=idempotent",
 	}
@@ -177,9 +177,12 @@ func (r *sweepRun) steps() []sweepStep {
 		{"declined without a message", "decline"},
 		{"declined with feedback", "feedback"},
 	} {
-		p := queue(r.session(s.session), `/tool echo {"text":"may I?"}`)
+		p := queue(r.session(s.session), fmt.Sprintf(`/tool append_line {"file":"sweep.txt","line":"%s-%s"}`, s.session, r.tag))
 		add(s.name, func(t *testing.T) { r.b.send(t, p) }, turn(p))
 	}
+
+	limit := queue(r.session("limit"), `/loop echo {"text":"once more"}`)
+	add("a turn that reaches the step limit", func(t *testing.T) { r.b.send(t, limit) }, turn(limit))
 
 	fail := queue(r.session("fail"), "/fail the provider is down")
 	add("a provider failure", func(t *testing.T) { r.b.send(t, fail) }, turn(fail))

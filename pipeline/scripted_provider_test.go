@@ -1,0 +1,35 @@
+package pipeline_test
+
+import (
+	"context"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/promptline/promptline/pipeline"
+)
+
+// /loop asks for its call at every step, after tool results too, so a
+// turn driven by it ends at the step limit; /tool asks once.
+func TestScriptedProviderLoop(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	turn := []pipeline.TranscriptMessage{{Role: "user", Text: `/loop echo {"text":"again"}`}}
+	first, err := pipeline.ScriptedProvider{}.Complete(ctx, pipeline.ProviderRequest{Turn: turn, Messages: turn})
+	require.NoError(t, err)
+	require.Len(t, first.ToolCalls, 1)
+	require.Equal(t, "echo", first.ToolCalls[0].Name)
+	require.JSONEq(t, `{"text":"again"}`, string(first.ToolCalls[0].Input))
+
+	after := append(turn, pipeline.TranscriptMessage{Role: "assistant", ToolCalls: first.ToolCalls},
+		pipeline.TranscriptMessage{Role: "tool", ToolCallID: first.ToolCalls[0].ID, Text: "again"})
+	next, err := pipeline.ScriptedProvider{}.Complete(ctx, pipeline.ProviderRequest{Turn: turn, Messages: after})
+	require.NoError(t, err)
+	require.Len(t, next.ToolCalls, 1, "after tool results, /loop asks again")
+
+	once := []pipeline.TranscriptMessage{{Role: "user", Text: `/tool echo {"text":"once"}`}}
+	done, err := pipeline.ScriptedProvider{}.Complete(ctx, pipeline.ProviderRequest{Turn: once, Messages: append(once,
+		pipeline.TranscriptMessage{Role: "tool", Text: "once"})})
+	require.NoError(t, err)
+	require.Empty(t, done.ToolCalls, "/tool asks once")
+}
