@@ -50,7 +50,7 @@ func (c *commitTracer) TraceQueryStart(ctx context.Context, conn *pgx.Conn, data
 		if label := c.take(conn); label != "" {
 			return c.before(ctx, label)
 		}
-	case writes(sql):
+	case Writes(sql):
 		if !inTx {
 			return c.before(ctx, data.SQL)
 		}
@@ -74,8 +74,8 @@ func (c *commitTracer) TraceBatchStart(ctx context.Context, conn *pgx.Conn, data
 			open, label = true, ""
 		case sql == "commit":
 			open = false
-		case writes(sql):
-			label = telling(label, q.SQL)
+		case Writes(sql):
+			label = CommitLabel(label, q.SQL)
 		}
 	}
 	if open {
@@ -121,13 +121,15 @@ func (c *commitTracer) set(conn *pgx.Conn, label string) {
 func (c *commitTracer) note(conn *pgx.Conn, sql string) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	c.wrote[conn] = telling(c.wrote[conn], sql)
+	c.wrote[conn] = CommitLabel(c.wrote[conn], sql)
 }
 
-// telling picks the label of a commit: its first writing statement, or a
-// later one when the first is the fence that opens every write of an
-// execution (it says nothing of what the transaction writes).
-func telling(label, sql string) string {
+// CommitLabel picks the label of a commit: its first writing statement,
+// or a later one when the first is the fence that opens every write of an
+// execution (it says nothing of what the transaction writes). Exported for
+// the test proxy (internal/testkit/pgproxy), which finds the same commits
+// on the wire.
+func CommitLabel(label, sql string) string {
 	if label == "" || (strings.Contains(label, "promptline_fence") && !strings.Contains(sql, "promptline_fence")) {
 		return sql
 	}
@@ -142,9 +144,10 @@ func (c *commitTracer) take(conn *pgx.Conn) string {
 	return label
 }
 
-// writes reports whether a statement (lower case) changes durable state:
-// DML, or a call of one of promptline's writing functions.
-func writes(sql string) bool {
+// Writes reports whether a statement (lower case) changes durable state:
+// DML, or a call of one of promptline's writing functions: the commit
+// boundary's rule, shared by the commit tracer and the test proxy.
+func Writes(sql string) bool {
 	for _, p := range []string{"insert", "update", "delete", "merge"} {
 		if strings.HasPrefix(sql, p) {
 			return true

@@ -23,9 +23,9 @@ func TestCommitTracerClassifiesWrites(t *testing.T) {
 		"SELECT pg_try_advisory_xact_lock($1)":                        false,
 		"WITH w AS (SELECT session_id FROM inputs) SELECT * FROM w":   false,
 	} {
-		require.Equal(t, want, writes(strings.ToLower(sql)), sql)
+		require.Equal(t, want, Writes(strings.ToLower(sql)), sql)
 	}
-	require.Equal(t, "INSERT INTO messages", telling("SELECT promptline_fence($1)", "INSERT INTO messages"),
+	require.Equal(t, "INSERT INTO messages", CommitLabel("SELECT promptline_fence($1)", "INSERT INTO messages"),
 		"the fence opens every execution's write and labels nothing")
-	require.Equal(t, "INSERT INTO inputs", telling("INSERT INTO inputs", "INSERT INTO outbox"))
+	require.Equal(t, "INSERT INTO inputs", CommitLabel("INSERT INTO inputs", "INSERT INTO outbox"))
 }

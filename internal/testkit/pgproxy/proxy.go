@@ -37,6 +37,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/promptline/promptline/internal/pgdb"
 )
 
 // Proxy listens on a local port and forwards each connection to the
@@ -405,11 +407,11 @@ func (c *conn) commitOf(stmts []string) string {
 			open, c.wrote = false, ""
 		case strings.HasPrefix(sql, "rollback"):
 			open, c.wrote = false, ""
-		case writes(sql):
+		case pgdb.Writes(sql):
 			if open {
-				c.wrote = telling(c.wrote, s)
+				c.wrote = pgdb.CommitLabel(c.wrote, s)
 			} else {
-				implicit = telling(implicit, s)
+				implicit = pgdb.CommitLabel(implicit, s)
 			}
 		}
 	}
@@ -417,7 +419,7 @@ func (c *conn) commitOf(stmts []string) string {
 		commit = implicit
 	}
 	if open && implicit != "" {
-		c.wrote = telling(c.wrote, implicit)
+		c.wrote = pgdb.CommitLabel(c.wrote, implicit)
 	}
 	return commit
 }
@@ -580,30 +582,6 @@ func splitStatements(q string) []string {
 		out = append(out, q[start:])
 	}
 	return out
-}
-
-// writes reports whether a statement (lower case) changes durable state:
-// DML, or a call of one of promptline's writing functions. It is the
-// classification of internal/pgdb's commit tracer.
-func writes(sql string) bool {
-	for _, p := range []string{"insert", "update", "delete", "merge"} {
-		if strings.HasPrefix(sql, p) {
-			return true
-		}
-	}
-	if strings.HasPrefix(sql, "with") {
-		return strings.Contains(sql, "insert") || strings.Contains(sql, "update") || strings.Contains(sql, "delete")
-	}
-	return strings.Contains(sql, "promptline_")
-}
-
-// telling picks a commit's label: its first writing statement, or a later
-// one when the first is the fence that opens every write of an execution.
-func telling(label, sql string) string {
-	if label == "" || (strings.Contains(label, "promptline_fence") && !strings.Contains(sql, "promptline_fence")) {
-		return sql
-	}
-	return label
 }
 
 func oneLine(s string) string {
