@@ -119,6 +119,9 @@ type recoveryMachine struct {
 	lastEvent int64
 	// turnOf is the turn event that ended each input.
 	turnOf map[string]string
+	// firstOutbox is the highest outbox ID before the machine started:
+	// the outbox has no index by key, so its scans start past it.
+	firstOutbox int64
 }
 
 var machineRuns atomic.Int64
@@ -134,6 +137,10 @@ func newRecoveryMachine(t *rapid.T, pool, victim *pgxpool.Pool) *recoveryMachine
 		terminal: map[string]string{},
 		turnOf:   map[string]string{},
 	}
+	if err := pool.QueryRow(context.Background(), `SELECT coalesce(max(id), 0) FROM outbox`).Scan(&m.firstOutbox); err != nil {
+		t.Fatal(err)
+	}
+	m.lastEvent = m.firstOutbox
 	for i := range 2 {
 		m.sessions = append(m.sessions, fmt.Sprintf("%ss%d", m.prefix, i))
 	}
@@ -304,10 +311,10 @@ func (m *recoveryMachine) writes(t *rapid.T, s string) string {
 		(SELECT string_agg(attempt_id || '=' || state || '/' || tries, ',' ORDER BY attempt_id) FROM attempts WHERE session_id = $1),
 		(SELECT string_agg(call_id || '=' || state, ',' ORDER BY call_id) FROM tool_calls WHERE session_id = $1),
 		(SELECT string_agg(message_id || '=' || coalesce(promotion_seq::text, '-'), ',' ORDER BY message_id) FROM inputs WHERE session_id = $1),
-		(SELECT count(*)::text FROM outbox WHERE key = $1),
+		(SELECT count(*)::text FROM outbox WHERE id > $2 AND key = $1),
 		(SELECT string_agg(request_id || '=' || status, ',' ORDER BY request_id) FROM permission_requests WHERE session_id = $1),
 		(SELECT string_agg(execution_id || '/' || fencing_token || '/' || phase || '/' || coalesce(assistant_message_id, ''), ',') FROM claims WHERE session_id = $1),
-		(SELECT fencing_token::text FROM sessions WHERE session_id = $1))`, s).Scan(&out); err != nil {
+		(SELECT fencing_token::text FROM sessions WHERE session_id = $1))`, s, m.firstOutbox).Scan(&out); err != nil {
 		t.Fatal(err)
 	}
 	return out
@@ -375,7 +382,7 @@ func (m *recoveryMachine) Check(t *rapid.T) {
 			SELECT 'claim ' || session_id || ': ' || quarantine_reason AS q FROM claims WHERE session_id = ANY($1) AND quarantine_reason IS NOT NULL
 			UNION ALL SELECT 'input ' || message_id || ': ' || quarantine_reason FROM inputs WHERE session_id = ANY($1) AND quarantine_reason IS NOT NULL
 			UNION ALL SELECT 'recovery ' || execution_id || ': ' || quarantine_reason FROM recoveries WHERE session_id = ANY($1) AND quarantine_reason IS NOT NULL
-			UNION ALL SELECT 'outbox ' || id || ': ' || quarantine_reason FROM outbox WHERE key = ANY($1) AND quarantine_reason IS NOT NULL) q),
+			UNION ALL SELECT 'outbox ' || id || ': ' || quarantine_reason FROM outbox WHERE id > $4 AND key = ANY($1) AND quarantine_reason IS NOT NULL) q),
 		-- A claim whose phase says nothing was in flight is never
 		-- reconciled as unknown.
 		(SELECT coalesce(array_agg(execution_id || ' (' || phase_found || ')'), '{}') FROM recoveries
@@ -384,7 +391,7 @@ func (m *recoveryMachine) Check(t *rapid.T) {
 		(SELECT coalesce(jsonb_agg(jsonb_build_array(p ->> 'id') || coalesce(p -> 'message_ids', '[]')), '[]') FROM (
 			SELECT convert_from(o.payload, 'UTF8')::jsonb AS p FROM outbox o
 			WHERE o.id > $2 AND o.topic = 'session-events' AND o.key = ANY($1)) e
-			WHERE p ->> 'type' IN ('turn.completed', 'turn.failed'))`, m.sessions, m.lastEvent, asked).
+			WHERE p ->> 'type' IN ('turn.completed', 'turn.failed'))`, m.sessions, m.lastEvent, asked, m.firstOutbox).
 		Scan(&orphanContinuations, &danglingClaims, &danglingEvents, &lastEvent, &unpermitted, &answeredTwice, &quarantined, &misreconciled, &turnEvents)
 	if err != nil {
 		t.Fatal(err)
