@@ -296,7 +296,7 @@ func TestParkedTurnContinuedOnce(t *testing.T) {
 	r, proxy := proxiedRun(t)
 	proxy.CutBeforeCommit(func(label string) bool { return strings.Contains(label, "DELETE FROM claims") })
 	p := r.b.start(t, "consumer", "", sweepFlags(r.sandbox, r.toolURL)...)
-	ask := prompt(r.session("approve"), `/tool echo {"text":"may I?"}`)
+	ask := prompt(r.session("approve"), `/tool append_line {"file":"sweep.txt","line":"parked"}`) // under ask in sweepFlags
 	r.prompts = []envelope.Prompt{ask}
 	r.b.send(t, ask)
 	require.NoError(t, r.quiesce(t, p.running))

@@ -197,8 +197,11 @@ func TestHealthMetricsAndLogs(t *testing.T) {
 	require.Eventually(t, func() bool {
 		_, exposition = httpGet(t, base+"/metrics")
 		v, ok := metricValue(exposition, `promptline_provider_attempts_total{outcome="succeeded"}`)
-		return ok && v >= 1
-	}, 10*time.Second, 50*time.Millisecond, "a provider attempt is counted")
+		// The relay observes the publish delay once it has marked the
+		// rows, which may come after the turn.
+		d, dok := metricValue(exposition, "promptline_outbox_publish_delay_seconds_count")
+		return ok && v >= 1 && dok && d >= 1
+	}, 10*time.Second, 50*time.Millisecond, "a provider attempt and a publication are counted")
 	for series, atLeast := range map[string]float64{
 		"promptline_ready":             1,
 		"promptline_database_stats_up": 1,
