@@ -111,6 +111,17 @@ func TestDecode(t *testing.T) {
 			want:  envelope.Prompt{MessageID: "m1", SessionID: "s1", Text: `\ud800\\😀`, Delivery: envelope.DeliveryQueue},
 		},
 		{
+			// The lowest low surrogate completes a pair: U+10000.
+			name:  "SurrogatePairAtLowEdges",
+			value: `{"message_id":"m1","session_id":"s1","text":"\ud800\udc00"}`,
+			want:  envelope.Prompt{MessageID: "m1", SessionID: "s1", Text: "\U00010000", Delivery: envelope.DeliveryQueue},
+		},
+		{
+			name:  "SurrogatePairAtHighEdges",
+			value: `{"message_id":"m1","session_id":"s1","text":"\udbff\udfff"}`,
+			want:  envelope.Prompt{MessageID: "m1", SessionID: "s1", Text: "\U0010FFFF", Delivery: envelope.DeliveryQueue},
+		},
+		{
 			name:   "ExactlyAtSizeLimit",
 			value:  `{"message_id":"m1","session_id":"s1","text":"x"}`,
 			limits: envelope.Limits{MaxValueBytes: len(`{"message_id":"m1","session_id":"s1","text":"x"}`)},
@@ -153,6 +164,8 @@ func TestDecode(t *testing.T) {
 		{name: "UnpairedHighSurrogate", value: `{"message_id":"m1","session_id":"s1","text":"a\ud800b"}`, reason: envelope.ReasonInvalidUTF8},
 		{name: "UnpairedLowSurrogate", value: `{"message_id":"m1","session_id":"s1","text":"\udc00"}`, reason: envelope.ReasonInvalidUTF8},
 		{name: "ReversedSurrogatePair", value: `{"message_id":"m1","session_id":"s1","text":"\ude00\ud83d"}`, reason: envelope.ReasonInvalidUTF8},
+		{name: "HighSurrogateBeforeNonSurrogateEscape", value: `{"message_id":"m1","session_id":"s1","text":"\ud800\ue000"}`, reason: envelope.ReasonInvalidUTF8},
+		{name: "HighSurrogateBeforeHighSurrogate", value: `{"message_id":"m1","session_id":"s1","text":"\ud800\udbff"}`, reason: envelope.ReasonInvalidUTF8},
 		{name: "HighSurrogateAtEnd", value: `{"message_id":"m1","session_id":"s1","text":"x\ud83d"}`, reason: envelope.ReasonInvalidUTF8},
 
 		// invalid_json
@@ -182,6 +195,13 @@ func TestDecode(t *testing.T) {
 		// too_deep: checked before decoding, far below Go's 10,000.
 		{name: "DeepNesting10001", value: `{"message_id":"m1","session_id":"s1","text":"x","resume":` + strings.Repeat("[", 10001) + strings.Repeat("]", 10001) + `}`, reason: envelope.ReasonTooDeep},
 		{name: "DeepNesting17", value: `{"message_id":"m1","session_id":"s1","text":"x","resume":` + strings.Repeat("[", 16) + strings.Repeat("]", 16) + `}`, reason: envelope.ReasonTooDeep},
+		// Nesting exactly at the limit (16, the object included) is not
+		// too deep: resume is then only of the wrong type.
+		{name: "NestingAtLimit16", value: `{"message_id":"m1","session_id":"s1","text":"x","resume":` + strings.Repeat("[", 15) + strings.Repeat("]", 15) + `}`, reason: envelope.ReasonInvalidField},
+		// Closing brackets lower the depth: many shallow siblings are not deep.
+		{name: "ManyShallowSiblings", value: `{"message_id":"m1","session_id":"s1","text":"x","resume":[` + strings.Repeat("[],{},", 20) + `[]]}`, reason: envelope.ReasonInvalidField},
+		// Brackets inside strings do not nest, escaped quotes do not end them.
+		{name: "BracketsInStrings", value: `{"message_id":"m1","session_id":"s1","text":"\"` + strings.Repeat("[", 20) + `","resume":"` + strings.Repeat("{", 20) + `"}`, reason: envelope.ReasonInvalidField},
 		{name: "TextOverTextLimit", value: `{"message_id":"m1","session_id":"s1","text":"hello"}`, reason: envelope.ReasonTooLarge, limits: envelope.Limits{MaxTextBytes: 4}},
 
 		// missing_field
