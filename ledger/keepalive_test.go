@@ -71,3 +71,31 @@ func TestKeepAliveWarnsOnlyOnFailedRenewals(t *testing.T) {
 	require.Eventually(t, func() bool { return strings.Contains(logs.String(), "renewing claim failed") },
 		10*time.Second, 20*time.Millisecond)
 }
+
+// The pruner's Run logs what it pruned, and warns about a failed pass,
+// each only when it happened.
+func TestPrunerRunLogsWhatHappened(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	b := setup(t, 0)
+	b.session(t, "s", 0)
+	b.execution(t, "s", "e", 2, 1, 48*time.Hour)
+	logs := &syncBuffer{}
+	p := ledger.NewPruner(b.pool, &ledger.PrunerConfig{
+		Retention: 24 * time.Hour, Interval: 20 * time.Millisecond,
+		Logger: slog.New(slog.NewTextHandler(logs, nil)),
+	})
+	rctx, cancel := context.WithCancel(ctx)
+	done := make(chan struct{})
+	go func() { defer close(done); p.Run(rctx) }()
+	t.Cleanup(func() { cancel(); <-done })
+
+	// The info line follows the warning check of the same pass.
+	require.Eventually(t, func() bool { return strings.Contains(logs.String(), "ledger pruned") }, 10*time.Second, 20*time.Millisecond)
+	require.Contains(t, logs.String(), "attempts=2 tool_calls=2")
+	require.NotContains(t, logs.String(), "pruning failed", "a pass that pruned did not fail")
+
+	b.pool.Close() // every later pass fails
+	require.Eventually(t, func() bool { return strings.Contains(logs.String(), "pruning failed") }, 10*time.Second, 20*time.Millisecond)
+	require.Equal(t, 1, strings.Count(logs.String(), "ledger pruned"), "a pass that pruned nothing logs nothing pruned")
+}
