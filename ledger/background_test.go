@@ -99,3 +99,28 @@ func TestPrunerRunLogsWhatHappened(t *testing.T) {
 	require.Eventually(t, func() bool { return strings.Contains(logs.String(), "pruning failed") }, 10*time.Second, 20*time.Millisecond)
 	require.Equal(t, 1, strings.Count(logs.String(), "ledger pruned"), "a pass that pruned nothing logs nothing pruned")
 }
+
+// OnPruned (the pruned-rows metric) hears of each batch that deleted rows,
+// and of no other.
+func TestPrunerOnPrunedOnlyAfterDeletes(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	b := setup(t, 0)
+	b.session(t, "s", 0)
+	b.execution(t, "s", "young", 1, 1, time.Minute)
+	var got [][2]int
+	p := ledger.NewPruner(b.pool, &ledger.PrunerConfig{
+		Retention: 24 * time.Hour,
+		OnPruned:  func(a, c int) { got = append(got, [2]int{a, c}) },
+	})
+	a, c, err := p.Prune(ctx)
+	require.NoError(t, err)
+	require.Equal(t, [2]int{0, 0}, [2]int{a, c})
+	require.Empty(t, got, "a batch that deleted nothing")
+
+	b.execution(t, "s", "old", 2, 1, 48*time.Hour)
+	a, c, err = p.Prune(ctx)
+	require.NoError(t, err)
+	require.Equal(t, [2]int{2, 2}, [2]int{a, c})
+	require.Equal(t, [][2]int{{2, 2}}, got)
+}
