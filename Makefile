@@ -41,6 +41,10 @@ test/db-faults: ## database faults through a proxy: every ambiguous commit of th
 	DB_FAULTS=full $(GO) test -count=1 -timeout 60m -parallel 3 -run '^(TestAmbiguousCommitSweep|TestRandomConnectionCuts|TestTerminateBackendsDuringRecovery|TestReadyzReflectsDatabaseOutage|TestParkedTurnContinuedOnce)$$' -v ./cmd/consumer 2>&1 \
 	  | grep -E '^(=== RUN|--- FAIL|FAIL|ok|PASS)|ambiguous-commit sweep:|random connection cuts|pg_terminate_backend during|database outage:|^ +FAIL ' ; exit $${PIPESTATUS[0]}
 
+.PHONY: test/mutation
+test/mutation: ## mutation score of ledger, recovery, outbox, envelope and pipeline's admission and execution (docs/testing.md; MUTATION_PKGS chooses)
+	GO=$(GO) ./scripts/mutation.sh $(BIN)
+
 .PHONY: lint
 lint: ## gofmt and go vet (also with the faults build tag)
 	@out=$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go')); \

@@ -111,6 +111,29 @@ func TestDecode(t *testing.T) {
 			want:  envelope.Prompt{MessageID: "m1", SessionID: "s1", Text: `\ud800\\😀`, Delivery: envelope.DeliveryQueue},
 		},
 		{
+			// The lowest low surrogate completes a pair: U+10000.
+			name:  "SurrogatePairAtLowEdges",
+			value: `{"message_id":"m1","session_id":"s1","text":"\ud800\udc00"}`,
+			want:  envelope.Prompt{MessageID: "m1", SessionID: "s1", Text: "\U00010000", Delivery: envelope.DeliveryQueue},
+		},
+		{
+			name:  "SurrogatePairAtHighEdges",
+			value: `{"message_id":"m1","session_id":"s1","text":"\udbff\udfff"}`,
+			want:  envelope.Prompt{MessageID: "m1", SessionID: "s1", Text: "\U0010FFFF", Delivery: envelope.DeliveryQueue},
+		},
+		{
+			// U+E000 follows the surrogates: an escape of it is no half of a pair.
+			name:  "EscapeJustAboveSurrogates",
+			value: `{"message_id":"m1","session_id":"s1","text":"\ue000"}`,
+			want:  envelope.Prompt{MessageID: "m1", SessionID: "s1", Text: "\ue000", Delivery: envelope.DeliveryQueue},
+		},
+		{
+			name:   "TextExactlyAtTextLimit",
+			value:  `{"message_id":"m1","session_id":"s1","text":"hello"}`,
+			limits: envelope.Limits{MaxTextBytes: 5},
+			want:   envelope.Prompt{MessageID: "m1", SessionID: "s1", Text: "hello", Delivery: envelope.DeliveryQueue},
+		},
+		{
 			name:   "ExactlyAtSizeLimit",
 			value:  `{"message_id":"m1","session_id":"s1","text":"x"}`,
 			limits: envelope.Limits{MaxValueBytes: len(`{"message_id":"m1","session_id":"s1","text":"x"}`)},
@@ -153,6 +176,9 @@ func TestDecode(t *testing.T) {
 		{name: "UnpairedHighSurrogate", value: `{"message_id":"m1","session_id":"s1","text":"a\ud800b"}`, reason: envelope.ReasonInvalidUTF8},
 		{name: "UnpairedLowSurrogate", value: `{"message_id":"m1","session_id":"s1","text":"\udc00"}`, reason: envelope.ReasonInvalidUTF8},
 		{name: "ReversedSurrogatePair", value: `{"message_id":"m1","session_id":"s1","text":"\ude00\ud83d"}`, reason: envelope.ReasonInvalidUTF8},
+		{name: "HighSurrogateBeforeNonSurrogateEscape", value: `{"message_id":"m1","session_id":"s1","text":"\ud800\ue000"}`, reason: envelope.ReasonInvalidUTF8},
+		{name: "HighSurrogateBeforeHighSurrogate", value: `{"message_id":"m1","session_id":"s1","text":"\ud800\udbff"}`, reason: envelope.ReasonInvalidUTF8},
+		{name: "LowSurrogateBeforeLowSurrogate", value: `{"message_id":"m1","session_id":"s1","text":"\udc00\udc00"}`, reason: envelope.ReasonInvalidUTF8},
 		{name: "HighSurrogateAtEnd", value: `{"message_id":"m1","session_id":"s1","text":"x\ud83d"}`, reason: envelope.ReasonInvalidUTF8},
 
 		// invalid_json
@@ -182,6 +208,13 @@ func TestDecode(t *testing.T) {
 		// too_deep: checked before decoding, far below Go's 10,000.
 		{name: "DeepNesting10001", value: `{"message_id":"m1","session_id":"s1","text":"x","resume":` + strings.Repeat("[", 10001) + strings.Repeat("]", 10001) + `}`, reason: envelope.ReasonTooDeep},
 		{name: "DeepNesting17", value: `{"message_id":"m1","session_id":"s1","text":"x","resume":` + strings.Repeat("[", 16) + strings.Repeat("]", 16) + `}`, reason: envelope.ReasonTooDeep},
+		// Nesting exactly at the limit (16, the object included) is not
+		// too deep: resume is then only of the wrong type.
+		{name: "NestingAtLimit16", value: `{"message_id":"m1","session_id":"s1","text":"x","resume":` + strings.Repeat("[", 15) + strings.Repeat("]", 15) + `}`, reason: envelope.ReasonInvalidField},
+		// Closing brackets lower the depth: many shallow siblings are not deep.
+		{name: "ManyShallowSiblings", value: `{"message_id":"m1","session_id":"s1","text":"x","resume":[` + strings.Repeat("[],{},", 20) + `[]]}`, reason: envelope.ReasonInvalidField},
+		// Brackets inside strings do not nest, escaped quotes do not end them.
+		{name: "BracketsInStrings", value: `{"message_id":"m1","session_id":"s1","text":"\"` + strings.Repeat("[", 20) + `","resume":"` + strings.Repeat("{", 20) + `"}`, reason: envelope.ReasonInvalidField},
 		{name: "TextOverTextLimit", value: `{"message_id":"m1","session_id":"s1","text":"hello"}`, reason: envelope.ReasonTooLarge, limits: envelope.Limits{MaxTextBytes: 4}},
 
 		// missing_field
@@ -215,6 +248,7 @@ func TestDecode(t *testing.T) {
 		// invalid_field: values
 		{name: "EmptyText", value: `{"message_id":"m1","session_id":"s1","text":""}`, reason: envelope.ReasonInvalidField},
 		{name: "NULInText", value: `{"message_id":"m1","session_id":"s1","text":"a\u0000b"}`, reason: envelope.ReasonInvalidField},
+		{name: "NULStartsText", value: `{"message_id":"m1","session_id":"s1","text":"\u0000b"}`, reason: envelope.ReasonInvalidField},
 		{name: "EmptyMessageID", value: `{"message_id":"","session_id":"s1","text":"hello"}`, reason: envelope.ReasonInvalidField},
 		{name: "EmptySessionID", value: `{"message_id":"m1","session_id":"","text":"hello"}`, reason: envelope.ReasonInvalidField},
 		{name: "MessageIDLength129", value: `{"message_id":"` + id128 + `b","session_id":"s1","text":"hello"}`, reason: envelope.ReasonInvalidField},
@@ -458,6 +492,13 @@ func TestLimitsBeyondDecode(t *testing.T) {
 		r, err := envelope.DecodeReply([]byte(`{"request_id":"r1","reply":"reject","message":"no"}`), envelope.Limits{})
 		require.NoError(t, err)
 		require.Equal(t, envelope.PermissionReply{RequestID: "r1", Reply: "reject", Message: "no"}, r)
+		r, err = envelope.DecodeReply([]byte(`{"request_id":"r1","reply":"reject","message":"nope"}`), envelope.Limits{MaxTextBytes: 4})
+		require.NoError(t, err, "a message exactly at the text limit")
+		require.Equal(t, "nope", r.Message)
+		_, err = envelope.DecodeReply([]byte(`{"request_id":"r1","reply":"reject","message":"nope!"}`), envelope.Limits{MaxTextBytes: 4})
+		var tooLarge *envelope.RejectError
+		require.ErrorAs(t, err, &tooLarge)
+		require.Equal(t, envelope.ReasonTooLarge, tooLarge.Reason)
 		for value, reason := range map[string]string{
 			`{"request_id":1,"reply":"once"}`:                  envelope.ReasonInvalidField,
 			`{"reply":"once"}`:                                 envelope.ReasonMissingField,
@@ -469,6 +510,7 @@ func TestLimitsBeyondDecode(t *testing.T) {
 			// The prompt decoder's discipline (issue 15, items 4 and 14):
 			// encoding/json took these as approvals.
 			`{"request_id":"r1","reply":"reject","message":"a\u0000b"}`:                                              envelope.ReasonInvalidField,
+			`{"request_id":"r1","reply":"reject","message":"\u0000b"}`:                                               envelope.ReasonInvalidField,
 			`{"Request_ID":"r1","REPLY":"once"}`:                                                                     envelope.ReasonUnknownField,
 			`{"request_id":"r1","reply":"reject","Reply":"once"}`:                                                    envelope.ReasonUnknownField,
 			`{"request_id":"r1","reply":"reject","reply":"once"}`:                                                    envelope.ReasonInvalidJSON,

@@ -24,6 +24,15 @@ func TestHashIsStable(t *testing.T) {
 	} {
 		require.Equal(t, want, hex.EncodeToString(p.Hash()), "%+v", p)
 	}
+	// Fields far longer than the others: the hash's buffer is sized from
+	// their lengths, and no length may make that size negative.
+	for want, p := range map[string]envelope.Prompt{
+		"de1846f750b9dc073a00059b8f4220ec6315126112d944decedfe7559b682ab2": {SessionID: "s", Text: strings.Repeat("x", 200), Delivery: envelope.DeliveryQueue},
+		// Decode accepts only queue and steer, but Hash is total.
+		"b2b524409f19f970c6ff399911c13419452591c59fd38869f3d29d84c517ae76": {SessionID: "s", Text: "t", Delivery: envelope.Delivery(strings.Repeat("d", 100))},
+	} {
+		require.Equal(t, want, hex.EncodeToString(p.Hash()), "%+v", p)
+	}
 	// An unset delivery hashes as queue.
 	require.Equal(t, "9f7795b47f3fb3003ab8e3342c858741b16e1da24da7892beb8c43c33a3aa048",
 		hex.EncodeToString(envelope.Prompt{SessionID: "s-1", Text: "hello"}.Hash()))

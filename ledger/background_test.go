@@ -1,0 +1,126 @@
+package ledger_test
+
+import (
+	"bytes"
+	"context"
+	"log/slog"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/promptline/promptline/internal/testkit"
+	"github.com/promptline/promptline/ledger"
+)
+
+// syncBuffer is a log sink that KeepAlive's goroutine and the test share.
+type syncBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *syncBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *syncBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
+}
+
+// KeepAlive warns about a renewal that failed for a reason other than the
+// fence, and only then: an operator reads the warning as a database in
+// trouble.
+func TestKeepAliveWarnsOnlyOnFailedRenewals(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool, _ := testkit.Pool(t)
+	logs := &syncBuffer{}
+	renewed := make(chan struct{}, 16)
+	claims := ledger.NewClaims(pool, &ledger.ClaimsConfig{
+		Lease:         300 * time.Millisecond,
+		OwnerID:       "owner-a",
+		Logger:        slog.New(slog.NewTextHandler(logs, nil)),
+		OnRenewedFunc: func() { renewed <- struct{}{} },
+	})
+	_, err := pool.Exec(ctx, `INSERT INTO sessions (session_id) VALUES ('s')`)
+	require.NoError(t, err)
+	x, err := claims.Acquire(ctx, "s", "e1", nil)
+	require.NoError(t, err)
+
+	kctx, cancel := context.WithCancel(ctx)
+	done := make(chan struct{})
+	go func() { defer close(done); x.KeepAlive(kctx) }()
+	t.Cleanup(func() { cancel(); <-done })
+
+	for range 2 {
+		select {
+		case <-renewed:
+		case <-time.After(10 * time.Second):
+			t.Fatal("no renewal")
+		}
+	}
+	require.NotContains(t, logs.String(), "renewing claim failed", "a successful renewal is not a failure")
+
+	pool.Close() // every later renewal fails, and not because of the fence
+	require.Eventually(t, func() bool { return strings.Contains(logs.String(), "renewing claim failed") },
+		10*time.Second, 20*time.Millisecond)
+}
+
+// The pruner's Run logs what it pruned, and warns about a failed pass,
+// each only when it happened.
+func TestPrunerRunLogsWhatHappened(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	b := setup(t, 0)
+	b.session(t, "s", 0)
+	b.execution(t, "s", "e", 2, 1, 48*time.Hour)
+	logs := &syncBuffer{}
+	p := ledger.NewPruner(b.pool, &ledger.PrunerConfig{
+		Retention: 24 * time.Hour, Interval: 20 * time.Millisecond,
+		Logger: slog.New(slog.NewTextHandler(logs, nil)),
+	})
+	rctx, cancel := context.WithCancel(ctx)
+	done := make(chan struct{})
+	go func() { defer close(done); p.Run(rctx) }()
+	t.Cleanup(func() { cancel(); <-done })
+
+	// The info line follows the warning check of the same pass.
+	require.Eventually(t, func() bool { return strings.Contains(logs.String(), "ledger pruned") }, 10*time.Second, 20*time.Millisecond)
+	require.Contains(t, logs.String(), "attempts=2 tool_calls=2")
+	require.NotContains(t, logs.String(), "pruning failed", "a pass that pruned did not fail")
+
+	b.pool.Close() // every later pass fails
+	require.Eventually(t, func() bool { return strings.Contains(logs.String(), "pruning failed") }, 10*time.Second, 20*time.Millisecond)
+	require.Equal(t, 1, strings.Count(logs.String(), "ledger pruned"), "a pass that pruned nothing logs nothing pruned")
+}
+
+// OnPruned (the pruned-rows metric) hears of each batch that deleted rows,
+// and of no other.
+func TestPrunerOnPrunedOnlyAfterDeletes(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	b := setup(t, 0)
+	b.session(t, "s", 0)
+	b.execution(t, "s", "young", 1, 1, time.Minute)
+	var got [][2]int
+	p := ledger.NewPruner(b.pool, &ledger.PrunerConfig{
+		Retention: 24 * time.Hour,
+		OnPruned:  func(a, c int) { got = append(got, [2]int{a, c}) },
+	})
+	a, c, err := p.Prune(ctx)
+	require.NoError(t, err)
+	require.Equal(t, [2]int{0, 0}, [2]int{a, c})
+	require.Empty(t, got, "a batch that deleted nothing")
+
+	b.execution(t, "s", "old", 2, 1, 48*time.Hour)
+	a, c, err = p.Prune(ctx)
+	require.NoError(t, err)
+	require.Equal(t, [2]int{2, 2}, [2]int{a, c})
+	require.Equal(t, [][2]int{{2, 2}}, got)
+}
