@@ -41,6 +41,11 @@ test/db-faults: ## database faults through a proxy: every ambiguous commit of th
 	DB_FAULTS=full $(GO) test -count=1 -timeout 60m -parallel 3 -run '^(TestAmbiguousCommitSweep|TestRandomConnectionCuts|TestTerminateBackendsDuringRecovery|TestReadyzReflectsDatabaseOutage|TestParkedTurnContinuedOnce)$$' -v ./cmd/consumer 2>&1 \
 	  | grep -E '^(=== RUN|--- FAIL|FAIL|ok|PASS)|ambiguous-commit sweep:|random connection cuts|pg_terminate_backend during|database outage:|^ +FAIL ' ; exit $${PIPESTATUS[0]}
 
+.PHONY: chaos
+chaos: ## the chaos soak: 3 consumers, a restartable broker, Postgres behind a proxy, random faults for CHAOS_DURATION (default 60s), then a checker's table (docs/testing.md)
+	CHAOS=1 CHAOS_DURATION=$${CHAOS_DURATION:-60s} $(GO) test -tags chaos -count=1 -timeout 0 -run '^TestChaosSoak$$' -v ./cmd/consumer 2>&1 \
+	  | grep -E '^(=== RUN|--- FAIL|FAIL|ok|PASS)|chaos |^ *\|| Error|^ +FAIL ' ; exit $${PIPESTATUS[0]}
+
 .PHONY: lint
 lint: ## gofmt and go vet (also with the faults build tag)
 	@out=$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go')); \
