@@ -142,7 +142,14 @@ func (c *chaos) expect(kind, text string) envelope.Prompt {
 // scenario sends one piece of the workload, chosen at random.
 func (c *chaos) scenario() {
 	tag := uuid.NewString()[:8]
-	switch x := c.intn(20); {
+	c.r.mu.Lock()
+	earlier := len(c.r.prompts)
+	c.r.mu.Unlock()
+	x := c.intn(20)
+	if earlier == 0 && x >= 15 && x < 18 {
+		x = 0 // no earlier prompt to duplicate or reuse yet
+	}
+	switch {
 	case x < 5:
 		c.sendPrompt(c.expect("plain", "hello "+tag))
 	case x < 8:
@@ -671,4 +678,51 @@ func (c *chaos) check() (string, []string) {
 		fmt.Fprintf(&out, "| %s | %s |\n", r[0], r[1])
 	}
 	return out.String(), failures
+}
+
+// TestChaosZombieCheck shows that the soak's zombie-write figure can fail:
+// rows of a recovered execution under its old token, inserted or finished
+// after the takeover, are counted; the execution's rows from before it,
+// recovery's own marks, the next execution's rows and a call re-armed for
+// the continuation (idempotent_tool_retry) are not.
+func TestChaosZombieCheck(t *testing.T) {
+	t.Parallel()
+	pool, _ := testkit.Pool(t)
+	ctx := context.Background()
+	exec := func(sql string, args ...any) {
+		t.Helper()
+		_, err := pool.Exec(ctx, sql, args...)
+		require.NoError(t, err)
+	}
+	count := func() int {
+		var n int
+		require.NoError(t, pool.QueryRow(ctx, zombieWritesSQL).Scan(&n))
+		return n
+	}
+	exec(`INSERT INTO sessions (session_id, fencing_token) VALUES ('s', 2)`)
+	for _, rule := range []string{"", "idempotent_tool_retry"} {
+		e := "e-" + cmp.Or(rule, "plain")
+		exec(`INSERT INTO recoveries (execution_id, session_id, phase_found, decision, rule, evidence, token_before, token_after,
+			recovered_by, decided_at) VALUES ($1, 's', 'unknown', 'reconciled', nullif($2, ''), '{}', 1, 2, 'r', '2026-01-01 00:00:10Z')`, e, rule)
+		exec(`INSERT INTO messages (message_id, session_id, role, status, execution_id, fencing_token, created_at, completed_at)
+			VALUES ($1 || '-before', 's', 'assistant', 'completed', $1, 1, '2026-01-01 00:00:05Z', '2026-01-01 00:00:06Z'),
+			       ($1 || '-marked', 's', 'assistant', 'errored', $1, 1, '2026-01-01 00:00:05Z', '2026-01-01 00:00:10Z'),
+			       ($1 || '-next', 's', 'assistant', 'completed', 'e-next', 2, '2026-01-01 00:00:11Z', '2026-01-01 00:00:12Z')`, e)
+		exec(`INSERT INTO attempts (attempt_id, session_id, execution_id, assistant_message_id, step, provider, idempotency_key,
+			fencing_token, request_hash, state, started_at, finished_at)
+			VALUES ($1 || '-a', 's', $1, $1 || '-before', 0, 'p', 'k', 1, '\x00', 'succeeded', '2026-01-01 00:00:05Z', '2026-01-01 00:00:06Z')`, e)
+		exec(`INSERT INTO tool_calls (call_id, attempt_id, session_id, execution_id, idx, model_call_id, tool, class, input,
+			idempotency_key, fencing_token, state, requested_at, started_at, finished_at)
+			VALUES ($1 || '-idem', $1 || '-a', 's', $1, 0, 'c', 'echo', 'idempotent', '{}', 'k', 1, 'succeeded',
+			        '2026-01-01 00:00:05Z', '2026-01-01 00:00:11Z', '2026-01-01 00:00:12Z')`, e)
+	}
+	require.Equal(t, 1, count(), "the idempotent call finished after the takeover counts only without the retry rule")
+
+	exec(`INSERT INTO messages (message_id, session_id, role, status, execution_id, fencing_token, created_at)
+		VALUES ('zombie-insert', 's', 'assistant', 'pending', 'e-plain', 1, '2026-01-01 00:00:11Z')`)
+	require.Equal(t, 2, count(), "an insert under the old token after the takeover")
+	exec(`UPDATE attempts SET finished_at = '2026-01-01 00:00:11Z' WHERE attempt_id = 'e-idempotent_tool_retry-a'`)
+	require.Equal(t, 3, count(), "an attempt finished under the old token after the takeover")
+	exec(`UPDATE messages SET completed_at = '2026-01-01 00:00:11Z' WHERE message_id = 'e-plain-before'`)
+	require.Equal(t, 4, count(), "a message completed under the old token after the takeover")
 }
