@@ -45,6 +45,11 @@ test/db-faults: ## database faults through a proxy: every ambiguous commit of th
 test/mutation: ## mutation score of ledger, recovery, outbox, envelope and pipeline's admission and execution (docs/testing.md; MUTATION_PKGS chooses)
 	GO=$(GO) ./scripts/mutation.sh $(BIN)
 
+.PHONY: chaos
+chaos: ## the chaos soak: 3 consumers, a restartable broker, Postgres behind a proxy, random faults for CHAOS_DURATION (default 60s), then a checker's table (docs/testing.md)
+	CHAOS_DURATION=$${CHAOS_DURATION:-60s} $(GO) test -tags chaos -count=1 -timeout 0 -run '^(TestChaosSoak|TestChaosZombieCheck)$$' -v ./cmd/consumer 2>&1 \
+	  | grep -E '^(=== RUN|--- FAIL|FAIL|ok|PASS)|chaos |^ *\||panic|did not exit|should stop|Error( Trace)?:|Messages:|^ +FAIL ' ; exit $${PIPESTATUS[0]}
+
 .PHONY: lint
 lint: ## gofmt and go vet (also with the faults build tag)
 	@out=$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go')); \

@@ -192,30 +192,40 @@ func (r *sweepRun) steps() []sweepStep {
 	return steps
 }
 
-// respond answers permission requests as the workload wants: the session
+// respond answers permission requests as the workload wants: a session
 // named "decline" is declined, "feedback" declined with a message, any
 // other approved once. Each request is answered once, whatever crashes.
 func (r *sweepRun) respond(t *testing.T) {
 	for _, e := range r.b.events.events(t) {
-		if e.Type != envelope.EventPermissionAsked {
-			continue
+		if reply, ok := r.reply(e); ok {
+			sendReply(t, r.b, e.SessionID, replyJSON(t, reply))
 		}
-		r.mu.Lock()
-		seen := r.replied[e.RequestID]
-		r.replied[e.RequestID] = true
-		r.mu.Unlock()
-		if seen {
-			continue
-		}
-		reply := envelope.PermissionReply{RequestID: e.RequestID, Reply: envelope.ReplyOnce}
-		switch e.SessionID {
-		case r.session("decline"):
-			reply.Reply = envelope.ReplyReject
-		case r.session("feedback"):
-			reply.Reply, reply.Message = envelope.ReplyReject, "answer without the tool"
-		}
-		sendReply(t, r.b, e.SessionID, replyJSON(t, reply))
 	}
+}
+
+// reply returns the answer to e when e is a permission.asked event not
+// answered yet, and marks it answered.
+func (r *sweepRun) reply(e envelope.Event) (envelope.PermissionReply, bool) {
+	if e.Type != envelope.EventPermissionAsked {
+		return envelope.PermissionReply{}, false
+	}
+	r.mu.Lock()
+	seen := r.replied[e.RequestID]
+	r.replied[e.RequestID] = true
+	r.mu.Unlock()
+	if seen {
+		return envelope.PermissionReply{}, false
+	}
+	reply := envelope.PermissionReply{RequestID: e.RequestID, Reply: envelope.ReplyOnce}
+	// r.session(name) and the chaos soak's sessions (r.session(name+"-"+i))
+	// begin with "sw-"+name+"-".
+	switch {
+	case strings.HasPrefix(e.SessionID, "sw-decline-"):
+		reply.Reply = envelope.ReplyReject
+	case strings.HasPrefix(e.SessionID, "sw-feedback-"):
+		reply.Reply, reply.Message = envelope.ReplyReject, "answer without the tool"
+	}
+	return reply, true
 }
 
 // drive runs the steps from index from (whose message was sent already
@@ -289,7 +299,6 @@ func (r *sweepRun) busy(t *testing.T) string {
 func (r *sweepRun) violations(t *testing.T) []string {
 	var out []string
 	bad := func(format string, args ...any) { out = append(out, fmt.Sprintf(format, args...)) }
-	ctx := context.Background()
 	events := r.b.events.events(t)
 
 	// Every prompt ends in exactly one turn, answered by one assistant
@@ -321,10 +330,20 @@ func (r *sweepRun) violations(t *testing.T) []string {
 			}
 		}
 	}
+	out = append(out, sideEffectViolations(t, r.sandbox, r.tools)...)
+	out = append(out, stateViolations(t, r.b)...)
+	return out
+}
+
+// sideEffectViolations checks that no side-effecting call ran twice and
+// that an idempotent one ran again only under the same idempotency key.
+func sideEffectViolations(t *testing.T, sandbox string, tools *toolServer) []string {
+	var out []string
+	bad := func(format string, args ...any) { out = append(out, fmt.Sprintf(format, args...)) }
 	// A side-effecting call never ran twice: the sandbox file, and the
 	// side-effecting endpoint, see each call at most once.
 	lines := map[string]int{}
-	for _, l := range sandboxLines(t, r.sandbox, "sweep.txt") {
+	for _, l := range sandboxLines(t, sandbox, "sweep.txt") {
 		lines[l]++
 	}
 	for l, n := range lines {
@@ -334,7 +353,7 @@ func (r *sweepRun) violations(t *testing.T) []string {
 	}
 	bodies := map[string]int{}
 	keys := map[string]map[string]bool{}
-	for _, q := range r.tools.requests() {
+	for _, q := range tools.requests() {
 		if q.Path == "/side" {
 			bodies[q.Body]++
 		}
@@ -354,6 +373,15 @@ func (r *sweepRun) violations(t *testing.T) []string {
 			bad("the endpoint received %s under %d idempotency keys", body, len(ks))
 		}
 	}
+	return out
+}
+
+// stateViolations checks the invariants on Postgres alone, after
+// quiescence: terminal states, continuations, quarantines, recoveries.
+func stateViolations(t *testing.T, b *testBundle) []string {
+	var out []string
+	bad := func(format string, args ...any) { out = append(out, fmt.Sprintf(format, args...)) }
+	ctx := context.Background()
 	// One intent, one outcome: every tool call and attempt is terminal.
 	for _, q := range []struct{ what, sql string }{
 		{"tool calls not terminal", `SELECT count(*) FROM tool_calls WHERE state NOT IN ('succeeded', 'failed', 'interrupted', 'unknown')`},
@@ -374,12 +402,12 @@ func (r *sweepRun) violations(t *testing.T) []string {
 		{"live claims", `SELECT count(*) FROM claims`},
 		{"waiting inputs", `SELECT count(*) FROM inputs WHERE promotion_seq IS NULL`},
 	} {
-		if n := r.b.count(t, q.sql); n > 0 {
+		if n := b.count(t, q.sql); n > 0 {
 			bad("%d %s", n, q.what)
 		}
 	}
 	var tokensDown int
-	require.NoError(t, r.b.pool.QueryRow(ctx, `SELECT count(*) FROM recoveries WHERE token_after <= token_before`).Scan(&tokensDown))
+	require.NoError(t, b.pool.QueryRow(ctx, `SELECT count(*) FROM recoveries WHERE token_after <= token_before`).Scan(&tokensDown))
 	if tokensDown > 0 {
 		bad("%d recoveries did not raise the fencing token", tokensDown)
 	}

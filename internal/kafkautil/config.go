@@ -53,6 +53,14 @@ func NewConfig(clientID string) *sarama.Config {
 	c.Consumer.Group.Rebalance.GroupStrategies = []sarama.BalanceStrategy{sarama.NewBalanceStrategyRange()}
 	c.Consumer.Group.Session.Timeout = 10 * time.Second
 	c.Consumer.Group.Heartbeat.Interval = time.Second
+	// The broker answers a JoinGroup when the join phase ends, up to the
+	// rebalance timeout later (it waits that long for members that do not
+	// rejoin). Sarama bounds every response by Net.ReadTimeout: shorter
+	// (the defaults: 30s against 60s), every member gives its JoinGroup up
+	// and joins again before the phase ends, and the group never settles.
+	// 5s more than the rebalance, like the Java client's JoinGroup.
+	c.Consumer.Group.Rebalance.Timeout = 60 * time.Second
+	c.Net.ReadTimeout = c.Consumer.Group.Rebalance.Timeout + 5*time.Second
 	c.Consumer.MaxWaitTime = 50 * time.Millisecond
 	// Admission batches what is already in a partition's channel; Sarama's
 	// default buffer (256) capped batches below --max-batch (measured:
