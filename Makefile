@@ -56,6 +56,7 @@ lint: ## gofmt and go vet (also with the faults build tag)
 	  if [ -n "$$out" ]; then echo "gofmt would change:"; echo "$$out"; exit 1; fi
 	$(GO) vet ./...
 	$(GO) vet -tags faults ./...
+	$(GO) vet -tags chaos,faults ./cmd/consumer
 
 .PHONY: bench
 bench: ## print admission throughput, the raw ceiling, end-to-end latency, relay figures

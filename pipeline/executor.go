@@ -328,6 +328,17 @@ func (e *Executor) execute(sessionID string, r *sessionRun, log *slog.Logger) {
 			first = nil
 		} else if t, err = ex.promote(ctx); err != nil {
 			ex.logErr(ctx, log, "promoting inputs", err)
+			if !x.Fenced() {
+				// The promotion may have committed: an answer lost with
+				// the connection, or a cancelled wait, leaves the
+				// executor unable to know. Released, a promoted turn
+				// would be left unanswered where no one looks again
+				// (P1); left to expire, recovery decides from what did
+				// commit (nothing: a re-wake; the turn's intent: a
+				// reconcile), as after a crash.
+				log.Warn("promotion failed; its claim is left to expire for recovery", slog.Any("error", err))
+				return
+			}
 			break
 		}
 		if t == nil {

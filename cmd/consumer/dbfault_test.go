@@ -307,3 +307,31 @@ func TestParkedTurnContinuedOnce(t *testing.T) {
 	require.Equal(t, 1, r.b.count(t, `SELECT count(*) FROM permission_requests WHERE session_id = $1`, ask.SessionID),
 		"the tool is asked for once")
 }
+
+// TestAmbiguousPromotionIsNotLost: the commit that promotes a prompt
+// queued behind a running turn is carried out by the server, and its
+// answer is lost (the chaos soak's finding). The executor cannot know
+// whether the prompt was promoted; releasing the claim would leave a
+// promoted, unanswered turn that no one looks at again (P1). The claim is
+// left to expire instead, and recovery decides from what committed.
+func TestAmbiguousPromotionIsNotLost(t *testing.T) {
+	t.Parallel()
+	r, proxy := proxiedRun(t)
+	p := r.b.start(t, "consumer", "", sweepFlags(r.sandbox, r.toolURL)...)
+	session := r.session("queued")
+	long := prompt(session, "/sleep 800ms\nlong")
+	queued := prompt(session, "queued behind it")
+	r.prompts = []envelope.Prompt{long, queued}
+	r.b.send(t, long)
+	require.Eventually(t, func() bool {
+		return r.b.count(t, `SELECT count(*) FROM attempts WHERE session_id = $1`, session) > 0
+	}, 30*time.Second, 10*time.Millisecond, "the long turn runs")
+	r.b.send(t, queued)
+	require.Eventually(t, func() bool {
+		return r.b.count(t, `SELECT count(*) FROM inputs WHERE message_id = $1`, queued.MessageID) > 0
+	}, 30*time.Second, 10*time.Millisecond, "the queued prompt is admitted")
+	proxy.CutAfterCommit(func(label string) bool { return strings.Contains(label, "SET promotion_seq") })
+	require.NoError(t, r.quiesce(t, p.running))
+	require.Equal(t, 1, proxy.Stats().AmbiguousCuts, "the promotion's answer was lost")
+	require.Empty(t, r.violations(t))
+}

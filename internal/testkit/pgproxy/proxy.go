@@ -55,6 +55,7 @@ type Proxy struct {
 	stallInTx time.Duration // armed: hold the next unit sent inside a transaction this long
 	cutAt     int64         // cut the connection of this commit (1-based); 0: none
 	cutBefore func(label string) bool
+	cutAfter  func(label string) bool
 	commits   int64
 	labels    []string
 	stats     Stats
@@ -153,6 +154,14 @@ func (p *Proxy) CutAtCommit(n int) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.cutAt = int64(n)
+}
+
+// CutAfterCommit arms the ambiguous commit for the next commit of a write
+// whose label match accepts, as CutAtCommit does for the nth.
+func (p *Proxy) CutAfterCommit(match func(label string) bool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.cutAfter = match
 }
 
 // CutBeforeCommit arms a lost commit: the next commit of a write whose
@@ -437,7 +446,10 @@ func (c *conn) forward(unit []byte, label string) error {
 	if label != "" {
 		p.commits++
 		p.labels = append(p.labels, oneLine(label))
-		if p.commits == p.cutAt {
+		if p.commits == p.cutAt || (p.cutAfter != nil && !lose && p.cutAfter(label)) {
+			if p.commits != p.cutAt {
+				p.cutAfter = nil
+			}
 			cutHere = true
 			p.stats.AmbiguousCuts++
 		}
