@@ -18,7 +18,8 @@ import (
 const victimApp = "recovery-machine-victim"
 
 // faultsInjected counts the transient errors the Transient action caused,
-// by target and kind: the run fails if it never reached one (non-vacuity).
+// by target and kind: a hunt fails if it never reached one, the default
+// run if it reached none (non-vacuity).
 var faultsInjected = map[string]*atomic.Int64{
 	"executor/cancel": {}, "executor/terminate": {}, "recovery/cancel": {}, "recovery/terminate": {},
 }
