@@ -1,14 +1,10 @@
 package ledger_test
 
 import (
-	"context"
 	"fmt"
 	"regexp"
 	"strings"
 	"testing"
-
-	"github.com/jackc/pgx/v5"
-	"github.com/stretchr/testify/require"
 
 	"github.com/promptline/promptline/internal/testkit"
 	"github.com/promptline/promptline/ledger"
@@ -87,27 +83,12 @@ var seqScanOfLedger = regexp.MustCompile(`Seq Scan on (attempts|tool_calls|permi
 // executor's hot path.
 func TestLedgerStatementsUseIndexes(t *testing.T) {
 	t.Parallel()
-	ctx := context.Background()
-	pool, _ := testkit.Pool(t)
-	conn, err := pool.Acquire(ctx)
-	require.NoError(t, err)
-	defer conn.Release()
-	exec := func(sql string) {
-		t.Helper()
-		_, err := conn.Exec(ctx, sql)
-		require.NoError(t, err, sql)
-	}
+	pc := testkit.NewPlanConn(t)
+	exec := pc.Exec
 	for _, table := range []string{"sessions", "attempts", "tool_calls", "permission_requests", "claims", "inputs", "recoveries"} {
 		exec(`ALTER TABLE ` + table + ` SET (autovacuum_enabled = false)`)
 	}
-	explain := func(name, args string) string {
-		t.Helper()
-		rows, err := conn.Query(ctx, `EXPLAIN (COSTS OFF) EXECUTE `+name+args)
-		require.NoError(t, err)
-		lines, err := pgx.CollectRows(rows, pgx.RowTo[string])
-		require.NoError(t, err)
-		return strings.Join(lines, "\n") + "\n"
-	}
+	explain := pc.Explain
 	// with runs fn under the statement's settings, if any.
 	with := func(i int, fn func()) {
 		t.Helper()

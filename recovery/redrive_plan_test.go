@@ -1,12 +1,9 @@
 package recovery
 
 import (
-	"context"
 	"fmt"
-	"strings"
 	"testing"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
 	"github.com/promptline/promptline/internal/testkit"
@@ -22,16 +19,8 @@ import (
 // choice (at this size it hashes the small tables, as it did before).
 func TestRedriveScanUsesTheRedriveIndex(t *testing.T) {
 	t.Parallel()
-	ctx := context.Background()
-	pool, _ := testkit.Pool(t)
-	conn, err := pool.Acquire(ctx)
-	require.NoError(t, err)
-	defer conn.Release()
-	exec := func(sql string) {
-		t.Helper()
-		_, err := conn.Exec(ctx, sql)
-		require.NoError(t, err, sql)
-	}
+	pc := testkit.NewPlanConn(t)
+	exec := pc.Exec
 	for _, table := range []string{"sessions", "inputs", "claims"} {
 		exec(`ALTER TABLE ` + table + ` SET (autovacuum_enabled = false)`)
 	}
@@ -45,14 +34,7 @@ func TestRedriveScanUsesTheRedriveIndex(t *testing.T) {
 		FROM generate_series(1, 20000) g`)
 	exec(`INSERT INTO claims (session_id, execution_id, owner_id, fencing_token, phase, expires_at)
 		SELECT 's' || g, 'e' || g, 'o', 1, 'ready', now() + interval '1 minute' FROM generate_series(1, 3000) g`)
-	plan := func(name string) string {
-		t.Helper()
-		rows, err := conn.Query(ctx, `EXPLAIN (COSTS OFF) EXECUTE `+name+`(60000, 100)`)
-		require.NoError(t, err)
-		lines, err := pgx.CollectRows(rows, pgx.RowTo[string])
-		require.NoError(t, err)
-		return strings.Join(lines, "\n") + "\n"
-	}
+	plan := func(name string) string { return pc.Explain(name, `(60000, 100)`) }
 	check := func(stage string) {
 		for _, mode := range []string{"force_generic_plan", "force_custom_plan"} {
 			exec(`SET plan_cache_mode = ` + mode)
@@ -60,9 +42,9 @@ func TestRedriveScanUsesTheRedriveIndex(t *testing.T) {
 			exec(`PREPARE ` + name + ` AS ` + redriveSQL)
 			p := plan(name)
 			exec(`DEALLOCATE ` + name)
-			require.True(t, usesIndex(p, "inputs_redrive_admitted") || usesIndex(p, "inputs_waiting_session"),
+			require.True(t, testkit.UsesIndex(p, "inputs_redrive_admitted") || testkit.UsesIndex(p, "inputs_waiting_session"),
 				"%s, %s: the scan must read waiting inputs through a partial index of waiting inputs:\n%s", stage, mode, p)
-			require.True(t, usesIndex(p, "claims_pkey"), "%s, %s: claims are checked by primary key:\n%s", stage, mode, p)
+			require.True(t, testkit.UsesIndex(p, "claims_pkey"), "%s, %s: claims are checked by primary key:\n%s", stage, mode, p)
 			for _, table := range []string{"inputs"} {
 				require.NotContains(t, p, "Seq Scan on "+table, "%s, %s:\n%s", stage, mode, p)
 			}
@@ -72,13 +54,4 @@ func TestRedriveScanUsesTheRedriveIndex(t *testing.T) {
 	check("without statistics")
 	exec(`ANALYZE sessions, inputs, claims`)
 	check("after ANALYZE")
-}
-
-func usesIndex(plan, index string) bool {
-	for _, kind := range []string{"Index Scan using ", "Index Only Scan using ", "Bitmap Index Scan on "} {
-		if strings.Contains(plan, kind+index+" ") || strings.Contains(plan, kind+index+"\n") {
-			return true
-		}
-	}
-	return false
 }

@@ -1,13 +1,8 @@
 package pgdb_test
 
 import (
-	"context"
 	"fmt"
-	"strings"
 	"testing"
-
-	"github.com/jackc/pgx/v5"
-	"github.com/stretchr/testify/require"
 
 	"github.com/promptline/promptline/internal/testkit"
 )
@@ -21,16 +16,8 @@ import (
 // (as prepared statements end up) and custom.
 func TestPerSessionStatementsUseSessionIndexes(t *testing.T) {
 	t.Parallel()
-	ctx := context.Background()
-	pool, _ := testkit.Pool(t)
-	conn, err := pool.Acquire(ctx)
-	require.NoError(t, err)
-	defer conn.Release()
-	exec := func(sql string) {
-		t.Helper()
-		_, err := conn.Exec(ctx, sql)
-		require.NoError(t, err, sql)
-	}
+	pc := testkit.NewPlanConn(t)
+	exec := pc.Exec
 	for _, table := range []string{"sessions", "inputs", "claims", "messages", "message_parts"} {
 		exec(`ALTER TABLE ` + table + ` SET (autovacuum_enabled = false)`)
 	}
@@ -51,20 +38,13 @@ func TestPerSessionStatementsUseSessionIndexes(t *testing.T) {
 			WHERE m.session_id = $1 AND (m.role IN ('user', 'tool') OR m.status = 'completed') ORDER BY m.seq, p.idx`,
 			`('s42')`, []string{"messages_session"}},
 	}
-	explain := func(name, args string) string {
-		t.Helper()
-		rows, err := conn.Query(ctx, `EXPLAIN (COSTS OFF) EXECUTE `+name+args)
-		require.NoError(t, err)
-		lines, err := pgx.CollectRows(rows, pgx.RowTo[string])
-		require.NoError(t, err)
-		return strings.Join(lines, "\n") + "\n"
-	}
+	explain := pc.Explain
 	check := func(stage, name string, i int, args string) {
 		t.Helper()
 		s := statements[i]
 		plan := explain(name, args)
 		for _, idx := range s.want {
-			if containsIndexScan(plan, idx) {
+			if testkit.UsesIndex(plan, idx) {
 				return
 			}
 		}
@@ -106,13 +86,4 @@ func TestPerSessionStatementsUseSessionIndexes(t *testing.T) {
 	fresh("without statistics")
 	exec(`ANALYZE sessions, inputs, claims, messages, message_parts`)
 	fresh("after ANALYZE")
-}
-
-func containsIndexScan(plan, index string) bool {
-	for _, kind := range []string{"Index Scan using ", "Index Only Scan using ", "Bitmap Index Scan on "} {
-		if strings.Contains(plan, kind+index+" ") || strings.Contains(plan, kind+index+"\n") {
-			return true
-		}
-	}
-	return false
 }
