@@ -107,6 +107,8 @@ func (c *chaos) startConsumer(i int) {
 // send publishes a record, retrying while the broker is away.
 func (c *chaos) send(topic, key string, value []byte) {
 	deadline := time.Now().Add(90 * time.Second)
+	retry := time.NewTicker(200 * time.Millisecond) // while the broker it restarts is away
+	defer retry.Stop()
 	for {
 		_, _, err := c.r.b.producer.SendMessage(&sarama.ProducerMessage{
 			Topic: topic, Key: sarama.StringEncoder(key), Value: sarama.ByteEncoder(value),
@@ -118,7 +120,7 @@ func (c *chaos) send(topic, key string, value []byte) {
 			return
 		}
 		require.True(c.t, time.Now().Before(deadline), "sending to %s: %v", topic, err)
-		time.Sleep(200 * time.Millisecond) // backoff of a retry, not a synchronisation
+		<-retry.C
 	}
 }
 
