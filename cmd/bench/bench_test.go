@@ -19,11 +19,12 @@ func TestMain(m *testing.M) { testkit.Main(m) }
 // bench cannot rot: each must finish and return sane figures.
 func TestMeasurements(t *testing.T) {
 	ctx := context.Background()
-	// The command's own resolution: DATABASE_URL, else the local server
-	// (testkit's databases belong to a user that may not create databases).
-	sc, err := newScratchServer(os.Getenv("DATABASE_URL"))
+	// The command's own resolution: DATABASE_URL, else the local server,
+	// else a throwaway cluster (testkit's databases belong to a user that
+	// may not create databases).
+	sc, err := newScratchServer(t.Context(), os.Getenv("DATABASE_URL"), t.Logf)
 	require.NoError(t, err)
-	t.Cleanup(func() { require.NoError(t, sc.dropAll(context.Background())) })
+	t.Cleanup(func() { require.NoError(t, sc.close(context.Background())) })
 	const n, partitions = 200, 4
 	w, err := newWorkload(n)
 	require.NoError(t, err)

@@ -10,9 +10,9 @@ import (
 
 // TestReplayMeasurement runs the replay figures at a tiny scale.
 func TestReplayMeasurement(t *testing.T) {
-	sc, err := newScratchServer(os.Getenv("DATABASE_URL"))
+	sc, err := newScratchServer(t.Context(), os.Getenv("DATABASE_URL"), t.Logf)
 	require.NoError(t, err)
-	t.Cleanup(func() { require.NoError(t, sc.dropAll(context.Background())) })
+	t.Cleanup(func() { require.NoError(t, sc.close(context.Background())) })
 	r, err := measureReplay(t.Context(), sc, 300, 4, nil, 0, t.Logf)
 	require.NoError(t, err)
 	require.Equal(t, int64(300), r.Fresh.Admitted)

@@ -54,12 +54,13 @@ type report struct {
 
 func run(ctx context.Context, o *options, stdout, stderr io.Writer) (err error) {
 	progress := func(format string, args ...any) { fmt.Fprintf(stderr, "bench: "+format+"\n", args...) }
-	sc, err := newScratchServer(o.databaseURL)
+	sc, err := newScratchServer(ctx, o.databaseURL, progress)
 	if err != nil {
 		return err
 	}
-	// Whatever happens, leave no scratch database behind.
-	defer func() { err = errors.Join(err, sc.dropAll(ctx)) }()
+	// Whatever happens, leave no scratch database (and no throwaway
+	// cluster) behind.
+	defer func() { err = errors.Join(err, sc.close(ctx)) }()
 
 	rep := report{Machine: map[string]string{}}
 	facts, err := sc.serverFacts(ctx)

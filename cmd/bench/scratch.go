@@ -42,18 +42,52 @@ type poolOpts struct {
 // starts on empty tables, so that one run's rows, dead tuples and
 // autovacuum do not tax the next.
 type scratchServer struct {
-	admin *pgx.ConnConfig
+	admin   *pgx.ConnConfig
+	cluster *pgdb.Cluster // a throwaway cluster started for this run, or nil
 
 	mu    sync.Mutex
 	names []string // created and not yet dropped
 }
 
-func newScratchServer(rawURL string) (*scratchServer, error) {
+// newScratchServer resolves the server: rawURL when set; else the local
+// server on 127.0.0.1:5432; else, when that one is absent or refuses this
+// user (the consumer's rule, pgdb.UnusableDefault), a throwaway cluster
+// started here and stopped by close. The throwaway cluster runs with
+// fsync on, so that its commit cost is a disk's, as a real server's is.
+func newScratchServer(ctx context.Context, rawURL string, log func(format string, args ...any)) (*scratchServer, error) {
 	cfg, err := pgx.ParseConfig(cmp.Or(rawURL, defaultServerURL))
 	if err != nil {
 		return nil, fmt.Errorf("--database-url: %w", err)
 	}
-	return &scratchServer{admin: cfg}, nil
+	s := &scratchServer{admin: cfg}
+	if rawURL != "" {
+		return s, nil
+	}
+	err = s.adminExec(ctx, "SELECT 1")
+	why := pgdb.UnusableDefault(err)
+	if err == nil || why == "" {
+		// Usable, or an error a retry or a setting fixes: the first
+		// measurement reports it with the server's address.
+		return s, nil
+	}
+	log("%s (%v); starting a throwaway cluster (set --database-url or DATABASE_URL to use a server)", why, err)
+	s.cluster, err = pgdb.StartClusterWith(ctx, &pgdb.ClusterConfig{Settings: map[string]string{"fsync": "on"}})
+	if err != nil {
+		return nil, err
+	}
+	if s.admin, err = pgx.ParseConfig(s.cluster.URL("postgres")); err != nil {
+		return nil, errors.Join(err, s.cluster.Stop())
+	}
+	return s, nil
+}
+
+// close drops what is left and stops a throwaway cluster.
+func (s *scratchServer) close(ctx context.Context) error {
+	err := s.dropAll(ctx)
+	if s.cluster != nil {
+		err = errors.Join(err, s.cluster.Stop())
+	}
+	return err
 }
 
 // adminExec runs one statement on a short-lived connection to the

@@ -180,6 +180,12 @@ func ensureDatabase(ctx context.Context, url string) error {
 	return err
 }
 
+// UnusableDefault says why err, met connecting to the default local
+// server, means a tool should start a throwaway cluster instead, or ""
+// when it does not (see unusableDefault). cmd/bench resolves its server
+// with it, so that it falls back exactly when the consumer does.
+func UnusableDefault(err error) string { return unusableDefault(err) }
+
 func ms(d time.Duration) string { return fmt.Sprintf("%d", d.Milliseconds()) }
 
 // unusableDefault says why the default server cannot serve promptline
