@@ -81,6 +81,9 @@ func JavaProducer(ctx context.Context, tb testing.TB, args ...string) *exec.Cmd 
 		if err != nil {
 			tb.Fatal("the Java producer example needs Maven (mvn) on PATH")
 		}
+		// A dependency whose version changed would leave its old jar
+		// beside the new one on the classpath.
+		must(tb, os.RemoveAll(filepath.Join(dir, "target", "lib")))
 		build := func(extra ...string) ([]byte, error) {
 			cmd := exec.Command(mvn, append([]string{"-q", "-B", "package"}, extra...)...)
 			cmd.Dir = dir
