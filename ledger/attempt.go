@@ -3,6 +3,7 @@ package ledger
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"time"
 
@@ -97,6 +98,48 @@ func FinishAttempt(ctx context.Context, tx pgx.Tx, id, state, errText string, in
 		return fmt.Errorf("recording outcome of attempt %s: %w", id, err)
 	}
 	return nil
+}
+
+// AttemptState reads an attempt's state ("" when there is no such
+// attempt): what a retried write checks to know whether it committed.
+func AttemptState(ctx context.Context, tx pgx.Tx, id string) (string, error) {
+	var state string
+	err := tx.QueryRow(ctx, `SELECT state FROM attempts WHERE attempt_id = $1`, id).Scan(&state)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return "", nil
+	}
+	if err != nil {
+		return "", fmt.Errorf("reading attempt %s: %w", id, err)
+	}
+	return state, nil
+}
+
+// CallState reads a tool call's state ("" when there is no such call).
+func CallState(ctx context.Context, tx pgx.Tx, callID string) (string, error) {
+	var state string
+	err := tx.QueryRow(ctx, `SELECT state FROM tool_calls WHERE call_id = $1`, callID).Scan(&state)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return "", nil
+	}
+	if err != nil {
+		return "", fmt.Errorf("reading tool call %s: %w", callID, err)
+	}
+	return state, nil
+}
+
+// CallSettled reports whether a call has its result (a retried
+// SettleCall that committed), and whether no call of its attempt is still
+// open, as SettleCall's last.
+func CallSettled(ctx context.Context, tx pgx.Tx, callID, attemptID string) (settled, last bool, err error) {
+	state, err := CallState(ctx, tx, callID)
+	if err != nil || state == "" || state == CallRequested || state == CallStarted {
+		return false, false, err
+	}
+	var open int
+	if err := tx.QueryRow(ctx, openCallsSQL, attemptID).Scan(&open); err != nil {
+		return false, false, fmt.Errorf("counting open tool calls: %w", err)
+	}
+	return true, open == 0, nil
 }
 
 // CallParams is a tool call the model requested.

@@ -66,6 +66,10 @@ type ClaimsConfig struct {
 	// OnFencedFunc runs each time a write is fenced (the fenced-writes
 	// metric). Defaults to nothing.
 	OnFencedFunc func()
+	// OnWriteRetryFunc runs each time a write of an execution is retried
+	// after a transient database error (the write-retries metric).
+	// Defaults to nothing.
+	OnWriteRetryFunc func()
 	// OnRenewedFunc runs after each successful renewal. Defaults to nothing.
 	OnRenewedFunc func()
 	// OnPhaseFunc runs when an execution sets a phase (inside its
@@ -107,6 +111,7 @@ func (c *Claims) Lease() time.Duration { return c.cfg.Lease }
 func (c *Claims) Acquire(ctx context.Context, sessionID, executionID string, then func(tx pgx.Tx, x *Execution) error) (*Execution, error) {
 	var cl Claim
 	var x *Execution
+	sent := time.Now()
 	err := pgdb.InTx(ctx, c.pool, func(tx pgx.Tx) error {
 		var token int64
 		if err := tx.QueryRow(ctx, lockSessionSQL, sessionID).Scan(&token); err != nil {
@@ -129,7 +134,7 @@ func (c *Claims) Acquire(ctx context.Context, sessionID, executionID string, the
 		cl.Token = token + 1
 		cl.SessionID, cl.ExecutionID, cl.OwnerID, cl.Phase = sessionID, executionID, c.cfg.OwnerID, PhaseReady
 		xctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
-		x = &Execution{claims: c, claim: cl, ctx: xctx, cancel: cancel}
+		x = &Execution{claims: c, claim: cl, ctx: xctx, cancel: cancel, leaseFrom: sent}
 		if then != nil {
 			if err := then(tx, x); err != nil {
 				cancel()
@@ -156,6 +161,10 @@ type Execution struct {
 	cancel context.CancelFunc
 	fenced atomic.Bool
 	mu     sync.Mutex // serialises Write: one statement stream per execution
+	// leaseFrom is when the last write that passed the fence was sent: the
+	// lease, as the database counts it, lasts at least until leaseFrom
+	// plus the lease (retry.go). Guarded by mu.
+	leaseFrom time.Time
 }
 
 // Claim returns the claim as acquired.
@@ -183,13 +192,38 @@ func (x *Execution) writeLocked(ctx context.Context, lockSession bool, fn func(t
 	if x.fenced.Load() {
 		return ErrFenced
 	}
+	err := x.writeTx(ctx, lockSession, "", "", fn)
+	if errors.Is(err, ErrFenced) {
+		x.markFenced(ctx)
+	}
+	return err
+}
+
+// writeTx runs fn in a transaction that opens with the fence (after the
+// session's lock when lockSession), which also sets the phase and the
+// claim's assistant message unless they are empty. It returns ErrFenced
+// when the claim is lost, without marking the execution fenced. x.mu is
+// held.
+func (x *Execution) writeTx(ctx context.Context, lockSession bool, phase Phase, assistantMessageID string, fn func(tx pgx.Tx) error) error {
+	if x.fenced.Load() {
+		return ErrFenced
+	}
+	var p *string
+	if phase != "" {
+		s := string(phase)
+		p = &s
+		if f := x.claims.cfg.OnPhaseFunc; f != nil {
+			f(x.claim, phase)
+		}
+	}
+	sent := time.Now()
 	err := pgdb.InTx(ctx, x.claims.pool, func(tx pgx.Tx) error {
 		if lockSession {
 			if _, err := tx.Exec(ctx, lockSessionSQL, x.claim.SessionID); err != nil {
 				return fmt.Errorf("locking session: %w", err)
 			}
 		}
-		if _, err := tx.Exec(ctx, fenceCallSQL, x.claim.SessionID, x.claim.ExecutionID, x.claim.Token, x.claims.cfg.Lease.Milliseconds(), nil, ""); err != nil {
+		if _, err := tx.Exec(ctx, fenceCallSQL, x.claim.SessionID, x.claim.ExecutionID, x.claim.Token, x.claims.cfg.Lease.Milliseconds(), p, assistantMessageID); err != nil {
 			if isFenced(err) {
 				return ErrFenced
 			}
@@ -200,8 +234,8 @@ func (x *Execution) writeLocked(ctx context.Context, lockSession bool, fn func(t
 		}
 		return fn(tx)
 	})
-	if errors.Is(err, ErrFenced) {
-		x.markFenced(ctx)
+	if err == nil {
+		x.leaseFrom = sent
 	}
 	return err
 }
@@ -268,9 +302,26 @@ func (x *Execution) KeepAlive(ctx context.Context) {
 func (x *Execution) Finish(ctx context.Context, fn func(tx pgx.Tx) error) (released bool, err error) {
 	x.mu.Lock()
 	defer x.mu.Unlock()
-	err = x.writeLocked(ctx, true, func(tx pgx.Tx) error {
-		if err := fn(tx); err != nil {
-			return err
+	return x.finishLocked(ctx, "", "", fn)
+}
+
+func (x *Execution) finishLocked(ctx context.Context, phase Phase, assistantMessageID string, fn func(tx pgx.Tx) error) (released bool, err error) {
+	released, err = x.finishTx(ctx, phase, assistantMessageID, fn)
+	if errors.Is(err, ErrFenced) {
+		x.markFenced(ctx)
+	}
+	return released, err
+}
+
+// finishTx is Finish's transaction (the fence setting phase, as writeTx);
+// ErrFenced is returned unmarked. x.mu is held.
+func (x *Execution) finishTx(ctx context.Context, phase Phase, assistantMessageID string, fn func(tx pgx.Tx) error) (released bool, err error) {
+	err = x.writeTx(ctx, true, phase, assistantMessageID, func(tx pgx.Tx) error {
+		released = false // set afresh: a retry runs this again
+		if fn != nil {
+			if err := fn(tx); err != nil {
+				return err
+			}
 		}
 		var waiting int
 		if err := tx.QueryRow(ctx, waitingCountSQL, x.claim.SessionID).Scan(&waiting); err != nil {

@@ -23,6 +23,15 @@
 //   - 7. Release locks the session row first (admission upserts it, so the
 //     two serialise), and never deletes the claim while inputs wait unless
 //     the wake is written in the same transaction.
+//   - 13. A write that records what a dispatch returned (WriteRetried,
+//     FinishRetried, FinishQueuedRetried) retries a transient database
+//     error (pgdb.Transient) with backoff while the lease lives, each
+//     retry behind the fence, so that a claim lost meanwhile still stops
+//     the writer. A retry first asks RetryOpts.Landed whether the write
+//     already committed (a commit whose answer was lost), so it is never
+//     applied twice; past the lease the error goes to the caller and the
+//     claim is left to expire for recovery. A combined group commit whose
+//     outcome is unknown is never sent again session by session.
 //
 // Lock order, everywhere: the session row before the claim row. Admission
 // takes only the session row; Write takes only the claim row.

@@ -3,10 +3,12 @@ package ledger
 import (
 	"cmp"
 	"context"
+	"errors"
 	"slices"
 	"sync/atomic"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/promptline/promptline/internal/groupflush"
@@ -20,11 +22,14 @@ import (
 // dominate.
 //
 // A session's statements still commit all together or not at all, and it
-// never sees another session's failure: when a combined transaction fails
-// (one session fenced, a key violated, a deadlock), it has rolled back
-// entirely, and each session's statements are sent again alone, so only the
-// session at fault fails. Result callbacks may therefore run twice, and
-// must be idempotent.
+// never sees another session's failure: when the server refuses a combined
+// transaction (one session fenced, a key violated, a deadlock), it has
+// rolled back entirely, and each session's statements are sent again alone,
+// so only the session at fault fails. Result callbacks may therefore run
+// twice, and must be idempotent. A combined transaction whose outcome is
+// unknown (the connection was lost before its answer: it may have
+// committed) is never sent again: every sender gets the error, as it would
+// alone.
 //
 // There is no background goroutine to stop (groupflush.Queue): a sender
 // that finds fewer than maxInFlight flushes running starts one, which
@@ -85,9 +90,14 @@ func (g *groupCommit) flush(txs []*queuedTx) {
 		all.QueuedQueries = append(all.QueuedQueries, t.batch.QueuedQueries...)
 	}
 	g.combined.Add(1)
-	if err := g.pool.SendBatch(ctx, all).Close(); err == nil {
+	err := g.pool.SendBatch(ctx, all).Close()
+	if err == nil || !rolledBack(err) {
+		// Committed, or perhaps committed (the connection was lost with
+		// the answer): sent again alone, a transaction that did commit
+		// would be applied twice. Each sender gets the error and decides
+		// (ledger.RetryOpts.Landed).
 		for _, t := range txs {
-			t.done <- nil
+			t.done <- err
 		}
 		return
 	}
@@ -101,4 +111,13 @@ func (g *groupCommit) flush(txs []*queuedTx) {
 		}
 		t.done <- g.pool.SendBatch(ctx, alone).Close()
 	}
+}
+
+// rolledBack reports whether err is the server's refusal of the
+// transaction (an error of severity ERROR, which rolls back the implicit
+// transaction), as opposed to a lost connection or a terminated backend
+// (FATAL), after which the transaction may have committed.
+func rolledBack(err error) bool {
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr) && cmp.Or(pgErr.SeverityUnlocalized, pgErr.Severity) == "ERROR"
 }

@@ -75,6 +75,7 @@ func (c *Claims) AcquireWaiting(ctx context.Context, sessionID, executionID stri
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
+	sent := time.Now()
 	if err := c.group.send(sessionID, b); err != nil {
 		return nil, fmt.Errorf("acquiring claim of %s: %w", sessionID, err)
 	}
@@ -92,7 +93,7 @@ func (c *Claims) AcquireWaiting(ctx context.Context, sessionID, executionID stri
 		f(cl, PhaseReady)
 	}
 	xctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
-	return &Execution{claims: c, claim: cl, ctx: xctx, cancel: cancel}, nil
+	return &Execution{claims: c, claim: cl, ctx: xctx, cancel: cancel, leaseFrom: sent}, nil
 }
 
 // WriteQueued is Write in one round trip: the fence, which also sets the
@@ -117,6 +118,10 @@ func (x *Execution) WriteQueued(ctx context.Context, phase Phase, assistantMessa
 func (x *Execution) FinishQueued(ctx context.Context, phase Phase, assistantMessageID string, queue func(b *pgx.Batch)) (released bool, err error) {
 	x.mu.Lock()
 	defer x.mu.Unlock()
+	return x.finishQueuedLocked(ctx, phase, assistantMessageID, queue)
+}
+
+func (x *Execution) finishQueuedLocked(ctx context.Context, phase Phase, assistantMessageID string, queue func(b *pgx.Batch)) (released bool, err error) {
 	if x.fenced.Load() {
 		return false, ErrFenced
 	}
@@ -154,10 +159,14 @@ func (x *Execution) sendQueued(ctx context.Context, b *pgx.Batch) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
+	sent := time.Now()
 	err := x.claims.group.send(x.claim.SessionID, b)
 	if isFenced(err) {
 		x.markFenced(ctx)
 		return ErrFenced
+	}
+	if err == nil {
+		x.leaseFrom = sent
 	}
 	return err
 }
@@ -283,6 +292,7 @@ func (c *Claims) AcquireAsRead(ctx context.Context, sessionID, executionID strin
 		cancel()
 		return nil, err
 	}
+	x.leaseFrom = time.Now()
 	if err := c.group.send(sessionID, b); err != nil {
 		cancel()
 		var pgErr *pgconn.PgError

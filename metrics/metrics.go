@@ -28,6 +28,7 @@ type Metrics struct {
 	Wakes              *prometheus.CounterVec
 	Claims             *prometheus.CounterVec
 	FencedWrites       prometheus.Counter
+	WriteRetries       prometheus.Counter
 	RecoveryDecisions  *prometheus.CounterVec
 	RecoveryTransient  prometheus.Counter
 	RedrivenWakes      prometheus.Counter
@@ -88,6 +89,9 @@ func New(reg prometheus.Registerer) *Metrics {
 		FencedWrites: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "promptline_fenced_writes_total", Help: "Execution writes refused by the fence (stale token or expired lease).",
 		}),
+		WriteRetries: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "promptline_execution_write_retries_total", Help: "Execution writes retried after a transient database error, while their lease lived.",
+		}),
 		RecoveryDecisions: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "promptline_recovery_decisions_total", Help: "Recovery decisions, by decision.",
 		}, []string{"decision"}),
@@ -127,7 +131,7 @@ func New(reg prometheus.Registerer) *Metrics {
 		}, []string{"topic", "partition"}),
 	}
 	reg.MustRegister(m.OutboxPublishDelay, m.WakeToStart, m.ProviderAttempts, m.ProviderSeconds, m.ToolCalls, m.ToolCallSeconds, m.ConsumerLag)
-	reg.MustRegister(m.RecoveryDecisions, m.RecoveryTransient, m.RedrivenWakes, m.QuarantinedRows, m.Claims, m.FencedWrites, m.Admissions, m.AdmissionBatchSize, m.AdmissionSeconds, m.Turns,
+	reg.MustRegister(m.RecoveryDecisions, m.RecoveryTransient, m.RedrivenWakes, m.QuarantinedRows, m.Claims, m.FencedWrites, m.WriteRetries, m.Admissions, m.AdmissionBatchSize, m.AdmissionSeconds, m.Turns,
 		m.TurnSeconds, m.ActiveExecutions, m.OutboxPublished, m.OutboxPruned, m.Wakes)
 	return m
 }

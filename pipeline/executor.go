@@ -495,25 +495,6 @@ func (ex *execution) logErr(ctx context.Context, log *slog.Logger, what string, 
 	}
 }
 
-// finish runs fn behind the fence and releases the claim in the same
-// transaction when no input waits.
-func (ex *execution) finish(ctx context.Context, fn func(tx pgx.Tx) error) (bool, error) {
-	released, err := ex.x.Finish(ctx, fn)
-	if err == nil && ex.e.cfg.OnCommitFunc != nil {
-		ex.e.cfg.OnCommitFunc()
-	}
-	return released, err
-}
-
-// finishQueued is finish in one round trip (ledger.Execution.FinishQueued).
-func (ex *execution) finishQueued(ctx context.Context, phase ledger.Phase, assistantID string, queue func(b *pgx.Batch)) (bool, error) {
-	released, err := ex.x.FinishQueued(ctx, phase, assistantID, queue)
-	if err == nil && ex.e.cfg.OnCommitFunc != nil {
-		ex.e.cfg.OnCommitFunc()
-	}
-	return released, err
-}
-
 // write runs fn behind the fence; outbox rows written by fn are announced to
 // the relay after commit.
 func (ex *execution) write(ctx context.Context, fn func(tx pgx.Tx) error) error {
@@ -522,4 +503,43 @@ func (ex *execution) write(ctx context.Context, fn func(tx pgx.Tx) error) error 
 		ex.e.cfg.OnCommitFunc()
 	}
 	return err
+}
+
+// The writes that record what a dispatch returned retry a transient
+// database error while the lease lives (ledger/retry.go); landed says
+// whether the write already committed when its commit's answer was lost.
+
+// writeRetried is write, retried.
+func (ex *execution) writeRetried(ctx context.Context, landed ledger.LandedFunc, fn func(tx pgx.Tx) error) error {
+	err := ex.x.WriteRetried(ctx, ledger.RetryOpts{Landed: landed}, fn)
+	if err == nil && ex.e.cfg.OnCommitFunc != nil {
+		ex.e.cfg.OnCommitFunc()
+	}
+	return err
+}
+
+// finishRetried is finish, retried.
+func (ex *execution) finishRetried(ctx context.Context, landed ledger.LandedFunc, fn func(tx pgx.Tx) error) (bool, error) {
+	released, err := ex.x.FinishRetried(ctx, ledger.RetryOpts{Landed: landed}, fn)
+	if err == nil && ex.e.cfg.OnCommitFunc != nil {
+		ex.e.cfg.OnCommitFunc()
+	}
+	return released, err
+}
+
+// finishQueuedRetried is finishQueued, retried.
+func (ex *execution) finishQueuedRetried(ctx context.Context, landed ledger.LandedFunc, phase ledger.Phase, assistantID string, queue func(b *pgx.Batch)) (bool, error) {
+	released, err := ex.x.FinishQueuedRetried(ctx, ledger.RetryOpts{Landed: landed}, phase, assistantID, queue)
+	if err == nil && ex.e.cfg.OnCommitFunc != nil {
+		ex.e.cfg.OnCommitFunc()
+	}
+	return released, err
+}
+
+// attemptLanded says whether the attempt's outcome is already state.
+func attemptLanded(id, state string) ledger.LandedFunc {
+	return func(ctx context.Context, tx pgx.Tx) (bool, error) {
+		got, err := ledger.AttemptState(ctx, tx, id)
+		return got == state, err
+	}
 }

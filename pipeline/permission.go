@@ -109,7 +109,9 @@ func (ex *execution) checkPermission(ctx context.Context, p ledger.CallParams, c
 // and wake the session when the reply waits (invariant 7).
 func (ex *execution) park(ctx context.Context, p ledger.CallParams, c ToolCall) error {
 	meta, _ := json.Marshal(map[string]any{"input": jsonOrString(c.Input), "model_call_id": c.ID})
-	err := ex.write(ctx, func(tx pgx.Tx) error {
+	// Idempotent (the request is inserted once, and announced only then):
+	// a retry after a commit whose answer was lost changes nothing more.
+	err := ex.writeRetried(ctx, nil, func(tx pgx.Tx) error {
 		if err := ex.x.SetPhase(ctx, tx, ledger.PhaseSafe, ""); err != nil {
 			return err
 		}

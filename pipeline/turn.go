@@ -213,7 +213,15 @@ func (ex *execution) runStep(ctx context.Context, t *turn, step int, log *slog.L
 		}
 		if wait, retry := ex.retryable(perr); retry {
 			var tries int
-			err := ex.write(ctx, func(tx pgx.Tx) error {
+			deferred := func(ctx context.Context, tx pgx.Tx) (bool, error) {
+				state, err := ledger.AttemptState(ctx, tx, attemptID)
+				if err != nil || state != ledger.AttemptRetryWait {
+					return false, err
+				}
+				tries, _, err = ledger.AttemptRetry(ctx, tx, attemptID)
+				return true, err
+			}
+			err := ex.writeRetried(ctx, deferred, func(tx pgx.Tx) error {
 				if err := ex.x.DeferAttempt(ctx, tx, attemptID, wait, perr.Error()); err != nil {
 					return err
 				}
@@ -311,7 +319,8 @@ func (ex *execution) recordResponse(ctx context.Context, t *turn, attemptID stri
 	if len(calls) == 0 {
 		// The answer, and the release when nothing waits: one commit, in
 		// one round trip.
-		released, err := ex.finishQueued(ctx, ledger.PhaseSafe, t.assistantID, func(b *pgx.Batch) {
+		landed := attemptLanded(attemptID, ledger.AttemptSucceeded)
+		released, err := ex.finishQueuedRetried(ctx, landed, ledger.PhaseSafe, t.assistantID, func(b *pgx.Batch) {
 			ledger.QueueFinishAttempt(b, attemptID, ledger.AttemptSucceeded, "", resp.Usage.InputTokens, resp.Usage.OutputTokens)
 			b.Queue(answerSQL, t.assistantID, resp.Text)
 			outbox.QueueInsert(b, eventRow(ex.e.cfg.Topics.Events, envelope.Event{
@@ -326,7 +335,7 @@ func (ex *execution) recordResponse(ctx context.Context, t *turn, attemptID stri
 		return true, released, nil
 	}
 	// Tool calls: the response and the calls as requested, phase continue.
-	err = ex.write(ctx, func(tx pgx.Tx) error {
+	err = ex.writeRetried(ctx, attemptLanded(attemptID, ledger.AttemptSucceeded), func(tx pgx.Tx) error {
 		if err := ledger.FinishAttempt(ctx, tx, attemptID, ledger.AttemptSucceeded, "", resp.Usage.InputTokens, resp.Usage.OutputTokens); err != nil {
 			return err
 		}
@@ -384,7 +393,15 @@ func (ex *execution) runCall(ctx context.Context, p ledger.CallParams, c ToolCal
 	if feedback != "" {
 		return ex.settleCall(ctx, p, c, ledger.CallFailed, feedback, true)
 	}
-	if err := ex.write(ctx, func(tx pgx.Tx) error { return ex.x.StartCall(ctx, tx, p.ID) }); err != nil {
+	// The intent, retried as the results are: nothing is dispatched until
+	// it is known to be committed, and one that committed unheard is found
+	// started (retried as it was, it would fail as not requested, and the
+	// call, never run, would end unknown).
+	intent := func(ctx context.Context, tx pgx.Tx) (bool, error) {
+		state, err := ledger.CallState(ctx, tx, p.ID)
+		return state == ledger.CallStarted, err
+	}
+	if err := ex.writeRetried(ctx, intent, func(tx pgx.Tx) error { return ex.x.StartCall(ctx, tx, p.ID) }); err != nil {
 		return err
 	}
 	if p.Class == string(tools.SideEffecting) {
@@ -471,7 +488,11 @@ func (ex *execution) runTool(ctx context.Context, tool tools.Tool, call tools.Ca
 func (ex *execution) settleCall(ctx context.Context, p ledger.CallParams, c ToolCall, state, output string, isError bool) error {
 	cl := ex.x.Claim()
 	var last bool
-	err := ex.write(ctx, func(tx pgx.Tx) error {
+	settled := func(ctx context.Context, tx pgx.Tx) (settled bool, err error) {
+		settled, last, err = ledger.CallSettled(ctx, tx, p.ID, p.AttemptID)
+		return settled, err
+	}
+	err := ex.writeRetried(ctx, settled, func(tx pgx.Tx) error {
 		var err error
 		if last, err = ex.x.SettleCall(ctx, tx, p.ID, p.AttemptID, state, output, isError); err != nil {
 			return err
@@ -502,7 +523,15 @@ func (ex *execution) failTurn(ctx context.Context, t *turn, reason string, cause
 		wctx, cancel = context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
 		defer cancel()
 	}
-	released, err = ex.finish(wctx, func(tx pgx.Tx) error {
+	failed := func(ctx context.Context, tx pgx.Tx) (bool, error) {
+		var status string
+		err := tx.QueryRow(ctx, `SELECT status FROM messages WHERE message_id = $1`, t.assistantID).Scan(&status)
+		if errors.Is(err, pgx.ErrNoRows) {
+			return false, nil
+		}
+		return status == "errored", err
+	}
+	released, err = ex.finishRetried(wctx, failed, func(tx pgx.Tx) error {
 		if _, err := tx.Exec(wctx, `UPDATE tool_calls SET state = 'interrupted', output = $2, is_error = true, finished_at = now()
 			WHERE session_id = $1 AND state = 'requested'`, ex.sessionID, "interrupted: "+reason); err != nil {
 			return fmt.Errorf("interrupting calls not run: %w", err)

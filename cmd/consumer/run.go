@@ -150,8 +150,9 @@ func run(ctx context.Context, o *options, stderr io.Writer) error {
 	}
 	claims := ledger.NewClaims(db.Pool, &ledger.ClaimsConfig{
 		Lease: o.lease, OwnerID: owner, Logger: log,
-		OnFencedFunc:  m.FencedWrites.Inc,
-		OnRenewedFunc: m.Claims.WithLabelValues("renewed").Inc,
+		OnFencedFunc:     m.FencedWrites.Inc,
+		OnWriteRetryFunc: m.WriteRetries.Inc,
+		OnRenewedFunc:    m.Claims.WithLabelValues("renewed").Inc,
 	})
 	exec := pipeline.NewExecutor(db.Pool, &pipeline.ExecutorConfig{
 		Claims: claims, Topics: topics, MaxSessions: o.maxSessions, Logger: log, Metrics: m, OnCommitFunc: relay.Nudge,

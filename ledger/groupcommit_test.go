@@ -1,0 +1,78 @@
+package ledger_test
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/require"
+
+	"github.com/promptline/promptline/internal/pgdb"
+	"github.com/promptline/promptline/internal/testkit"
+	"github.com/promptline/promptline/internal/testkit/pgproxy"
+	"github.com/promptline/promptline/ledger"
+	"github.com/promptline/promptline/outbox"
+)
+
+// A combined transaction of several sessions (groupCommit) whose commit's
+// answer is lost may have committed: it is never sent again session by
+// session (each would be written twice); every sender gets the error, as
+// it would alone, and its own retry decides.
+func TestGroupCommitAmbiguousIsNotResent(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool, dbURL := testkit.Pool(t)
+	proxy, proxied := pgproxy.StartFor(t, dbURL)
+	ppool, err := pgxpool.New(ctx, proxied)
+	require.NoError(t, err)
+	t.Cleanup(ppool.Close)
+	b := &testBundle{pool: pool, claims: ledger.NewClaims(ppool, &ledger.ClaimsConfig{Lease: time.Minute, OwnerID: "owner-a"})}
+	const n = 16
+	var xs []*ledger.Execution
+	for i := range n {
+		s := fmt.Sprintf("s%02d", i)
+		b.session(t, s, 1)
+		x, err := b.claims.AcquireWaiting(ctx, s, "e-"+s, nil)
+		require.NoError(t, err)
+		xs = append(xs, x)
+	}
+	// Rounds of concurrent writes, each with its commit cut after the
+	// server committed it (the round's second: the first often goes alone),
+	// until the cut one was combined: more than one
+	// sender heard of the cut.
+	for round, deadline := 0, time.Now().Add(30*time.Second); ; round++ {
+		require.True(t, time.Now().Before(deadline), "no combined transaction was cut")
+		proxy.CutAtCommit(len(proxy.Commits()) + 2)
+		errs := make([]error, n)
+		var wg sync.WaitGroup
+		start := make(chan struct{})
+		for i, x := range xs {
+			wg.Go(func() {
+				<-start
+				errs[i] = x.WriteQueued(ctx, "", "", func(batch *pgx.Batch) {
+					outbox.QueueInsert(batch, outbox.Row{Topic: "t", Key: x.Claim().SessionID, Payload: fmt.Appendf(nil, "r%d", round)})
+				})
+			})
+		}
+		close(start)
+		wg.Wait()
+		require.Zero(t, b.count(t, `SELECT count(*) FROM (SELECT key, payload FROM outbox GROUP BY key, payload HAVING count(*) > 1) d`),
+			"a write is committed once, never again after an ambiguous commit")
+		failed := 0
+		for _, err := range errs {
+			if err != nil {
+				require.True(t, pgdb.Transient(err), "the cut is transient: %v", err)
+				failed++
+			}
+		}
+		if failed > 1 {
+			require.Equal(t, n, b.count(t, `SELECT count(*) FROM outbox WHERE payload = $1`, fmt.Appendf(nil, "r%d", round)),
+				"the cut transaction committed: every write is there once")
+			return
+		}
+	}
+}

@@ -1,0 +1,171 @@
+package ledger_test
+
+import (
+	"context"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/require"
+
+	"github.com/promptline/promptline/internal/pgdb"
+	"github.com/promptline/promptline/internal/testkit"
+	"github.com/promptline/promptline/internal/testkit/pgproxy"
+	"github.com/promptline/promptline/ledger"
+	"github.com/promptline/promptline/outbox"
+)
+
+// DESIGN.md invariants 5 and 13: a write of an execution that fails with a
+// transient error is retried behind the fence while the lease lives, once
+// per write even when its commit's answer was lost, and never by an
+// execution that lost its claim meanwhile.
+func TestWriteRetried(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+
+	type bundle struct {
+		*testBundle
+		proxy   *pgproxy.Proxy
+		claims  *ledger.Claims // through the proxy
+		retries atomic.Int32
+		// beforeRetry, when set, runs before each retry.
+		beforeRetry func()
+	}
+	setupProxied := func(t *testing.T, lease time.Duration) *bundle {
+		t.Helper()
+		pool, dbURL := testkit.Pool(t)
+		proxy, proxied := pgproxy.StartFor(t, dbURL)
+		ppool, err := pgxpool.New(ctx, proxied)
+		require.NoError(t, err)
+		t.Cleanup(ppool.Close)
+		b := &bundle{testBundle: &testBundle{pool: pool}, proxy: proxy}
+		b.claims = ledger.NewClaims(ppool, &ledger.ClaimsConfig{Lease: lease, OwnerID: "owner-a", OnWriteRetryFunc: func() {
+			b.retries.Add(1)
+			if b.beforeRetry != nil {
+				b.beforeRetry()
+			}
+		}})
+		return b
+	}
+	// row is an outbox row the write adds, and landed finds it.
+	row := outbox.Row{Topic: "t", Key: "s", Payload: []byte("once")}
+	write := func(tx pgx.Tx) error { return outbox.Insert(ctx, tx, row) }
+	landed := func(ctx context.Context, tx pgx.Tx) (bool, error) {
+		var n int
+		err := tx.QueryRow(ctx, `SELECT count(*) FROM outbox WHERE topic = 't' AND payload = 'once'`).Scan(&n)
+		return n > 0, err
+	}
+	isWrite := func(label string) bool { return strings.Contains(label, "outbox") }
+
+	t.Run("LostCommitIsWrittenAgain", func(t *testing.T) {
+		t.Parallel()
+		b := setupProxied(t, 5*time.Second)
+		b.session(t, "s", 0)
+		x, err := b.claims.Acquire(ctx, "s", "e1", nil)
+		require.NoError(t, err)
+		b.proxy.CutBeforeCommit(isWrite)
+		require.NoError(t, x.WriteRetried(ctx, ledger.RetryOpts{Landed: landed}, write))
+		require.Equal(t, 1, b.proxy.Stats().CutsBefore)
+		require.Equal(t, int32(1), b.retries.Load(), "counted")
+		require.Equal(t, 1, b.count(t, `SELECT count(*) FROM outbox WHERE topic = 't'`))
+	})
+
+	t.Run("AmbiguousCommitIsNotWrittenTwice", func(t *testing.T) {
+		t.Parallel()
+		b := setupProxied(t, 5*time.Second)
+		b.session(t, "s", 0)
+		x, err := b.claims.Acquire(ctx, "s", "e1", nil)
+		require.NoError(t, err)
+		b.proxy.CutAfterCommit(isWrite)
+		require.NoError(t, x.WriteRetried(ctx, ledger.RetryOpts{Landed: landed}, write))
+		require.Equal(t, 1, b.proxy.Stats().AmbiguousCuts)
+		require.Equal(t, int32(1), b.retries.Load())
+		require.Equal(t, 1, b.count(t, `SELECT count(*) FROM outbox WHERE topic = 't'`), "written once")
+		require.False(t, x.Fenced())
+	})
+
+	// The write committed with its release (nothing waited): the retry's
+	// fence finds the claim gone, and the write there says it was this
+	// release, not a lost claim.
+	t.Run("AmbiguousFinishReportsItsRelease", func(t *testing.T) {
+		t.Parallel()
+		b := setupProxied(t, 5*time.Second)
+		b.session(t, "s", 0)
+		x, err := b.claims.Acquire(ctx, "s", "e1", nil)
+		require.NoError(t, err)
+		b.proxy.CutAfterCommit(isWrite)
+		released, err := x.FinishRetried(ctx, ledger.RetryOpts{Landed: landed}, write)
+		require.NoError(t, err)
+		require.True(t, released)
+		require.Equal(t, 1, b.proxy.Stats().AmbiguousCuts)
+		require.Equal(t, 1, b.count(t, `SELECT count(*) FROM outbox WHERE topic = 't'`))
+		require.Zero(t, b.count(t, `SELECT count(*) FROM claims`))
+		require.True(t, x.Fenced(), "a released execution writes no more")
+	})
+
+	t.Run("AmbiguousQueuedFinishKeepsTheClaimForWaitingInputs", func(t *testing.T) {
+		t.Parallel()
+		b := setupProxied(t, 5*time.Second)
+		b.session(t, "s", 1)
+		x, err := b.claims.Acquire(ctx, "s", "e1", nil)
+		require.NoError(t, err)
+		b.proxy.CutAfterCommit(isWrite)
+		released, err := x.FinishQueuedRetried(ctx, ledger.RetryOpts{Landed: landed}, ledger.PhaseSafe, "", func(batch *pgx.Batch) {
+			outbox.QueueInsert(batch, row)
+		})
+		require.NoError(t, err)
+		require.False(t, released, "an input waits")
+		require.Equal(t, 1, b.proxy.Stats().AmbiguousCuts)
+		require.Equal(t, 1, b.count(t, `SELECT count(*) FROM outbox WHERE topic = 't'`))
+		require.Equal(t, 1, b.count(t, `SELECT count(*) FROM claims WHERE execution_id = 'e1' AND phase = 'safe'`))
+		require.False(t, x.Fenced())
+	})
+
+	// A zombie: between its failed write and the retry, its claim expired
+	// in the database's eyes and was taken over. The retry's fence refuses
+	// it; it writes nothing and stops.
+	t.Run("ZombieRetryIsFenced", func(t *testing.T) {
+		t.Parallel()
+		b := setupProxied(t, 5*time.Second)
+		b.session(t, "s", 0)
+		x, err := b.claims.Acquire(ctx, "s", "e1", nil)
+		require.NoError(t, err)
+		b.beforeRetry = func() {
+			b.expire(t, "s")
+			require.NoError(t, pgdb.InTx(ctx, b.pool, func(tx pgx.Tx) error {
+				old, _, err := ledger.Get(ctx, tx, "s")
+				if err != nil {
+					return err
+				}
+				_, err = ledger.Takeover(ctx, tx, old, "e2", "recovery", time.Minute)
+				return err
+			}))
+		}
+		b.proxy.CutBeforeCommit(isWrite)
+		err = x.WriteRetried(ctx, ledger.RetryOpts{Landed: landed}, write)
+		require.ErrorIs(t, err, ledger.ErrFenced)
+		require.True(t, x.Fenced())
+		require.Equal(t, int32(1), b.retries.Load(), "one retry, refused by the fence")
+		require.Zero(t, b.count(t, `SELECT count(*) FROM outbox WHERE topic = 't'`), "the zombie wrote nothing")
+		require.Equal(t, 1, b.count(t, `SELECT count(*) FROM claims WHERE execution_id = 'e2'`))
+	})
+
+	// A deterministic error is not retried.
+	t.Run("DataErrorIsNotRetried", func(t *testing.T) {
+		t.Parallel()
+		b := setupProxied(t, 5*time.Second)
+		b.session(t, "s", 0)
+		x, err := b.claims.Acquire(ctx, "s", "e1", nil)
+		require.NoError(t, err)
+		err = x.WriteRetried(ctx, ledger.RetryOpts{Landed: landed}, func(tx pgx.Tx) error {
+			_, err := tx.Exec(ctx, `SELECT 1/0`)
+			return err
+		})
+		require.Error(t, err)
+		require.False(t, pgdb.Transient(err))
+		require.Zero(t, b.retries.Load())
+	})
+}
