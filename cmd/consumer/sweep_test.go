@@ -465,8 +465,14 @@ func (c sweepCase) String() string { return fmt.Sprintf("%s-%03d", c.when, c.n) 
 
 // sweepCases picks the runs: see the comment at the top of this file;
 // runs is the size of the leg's default sample.
-func sweepCases(t *testing.T, k, runs int) ([]sweepCase, string) {
-	return pickCases(t, k, "CRASH_SWEEP", []string{"before", "after"}, runs)
+// A leg's own variable (CRASH_SWEEP_HTTP for the HTTP leg, with its _RUNS
+// and _SEED), when set, chooses that leg's runs instead.
+func sweepCases(t *testing.T, leg sweepLeg, k int) ([]sweepCase, string) {
+	env := "CRASH_SWEEP"
+	if leg.env != "" && os.Getenv(leg.env) != "" {
+		env = leg.env
+	}
+	return pickCases(t, k, env, []string{"before", "after"}, leg.sample)
 }
 
 // pickCases picks the runs of a sweep over k commits, each commit once per
@@ -521,7 +527,8 @@ func pickCases(t *testing.T, k int, env string, sides []string, runs int) ([]swe
 type sweepLeg struct {
 	name   string
 	newRun func(t *testing.T) *sweepRun
-	sample int // runs of the default sample
+	sample int    // runs of the default sample
+	env    string // the leg's own CRASH_SWEEP variable, if any
 }
 
 // TestCrashSweep runs each leg: the rich workload with the scripted
@@ -531,7 +538,7 @@ func TestCrashSweep(t *testing.T) {
 	t.Parallel()
 	for _, leg := range []sweepLeg{
 		{name: legScripted, newRun: newSweepRun, sample: 6},
-		{name: legHTTP, newRun: newHTTPSweepRun, sample: 2},
+		{name: legHTTP, newRun: newHTTPSweepRun, sample: 2, env: "CRASH_SWEEP_HTTP"},
 	} {
 		t.Run(leg.name, func(t *testing.T) {
 			t.Parallel()
@@ -563,7 +570,7 @@ func sweepLegRuns(t *testing.T, leg sweepLeg) {
 	if t.Failed() {
 		return
 	}
-	cases, how := sweepCases(t, k, leg.sample)
+	cases, how := sweepCases(t, leg, k)
 
 	type result struct {
 		c          sweepCase
