@@ -32,8 +32,8 @@ test/race: examples/node/node_modules ## the default suite under the race detect
 	$(GO) test -race -count=1 ./...
 
 .PHONY: test/crash-sweep
-test/crash-sweep: ## the whole crash sweep: SIGKILL before and after every commit of the workload (docs/testing.md)
-	CRASH_SWEEP=full $(GO) test -count=1 -timeout 80m -parallel 3 -run '^TestCrashSweep$$' -v ./cmd/consumer 2>&1 \
+test/crash-sweep: ## the crash sweep: SIGKILL before and after every commit of the scripted workload, a seeded subset of the HTTP leg's (docs/testing.md)
+	CRASH_SWEEP=full CRASH_SWEEP_HTTP=$${CRASH_SWEEP_HTTP:-sample} CRASH_SWEEP_HTTP_RUNS=$${CRASH_SWEEP_HTTP_RUNS:-30} $(GO) test -count=1 -timeout 80m -parallel 3 -run '^TestCrashSweep$$' -v ./cmd/consumer 2>&1 \
 	  | grep -E '^(=== RUN|--- FAIL|FAIL|ok|PASS)|crash sweep:|^ +FAIL ' ; exit $${PIPESTATUS[0]}
 
 .PHONY: test/db-faults

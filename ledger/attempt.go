@@ -13,7 +13,7 @@ import (
 // Attempt states.
 const (
 	AttemptStarted   = "started"    // intent committed; the request may be in flight
-	AttemptRetryWait = "retry_wait" // certainly not acted on; retry at next_retry_at
+	AttemptRetryWait = "retry_wait" // retry at next_retry_at: certainly not acted on, or (a provider that honours keys) with the same key
 	AttemptSucceeded = "succeeded"
 	AttemptFailed    = "failed"
 	AttemptUnknown   = "unknown" // outcome not known; never replayed automatically

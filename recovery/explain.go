@@ -103,7 +103,7 @@ func because(r Record) string {
 		case RuleIdempotentToolRetry:
 			return "a started tool call was idempotent, so it runs again with its idempotency key; the turn continues"
 		case RuleIdempotentProviderRetry:
-			return "the started provider attempt goes to a provider that honours idempotency keys, so it is sent again with its key; the turn continues"
+			return "the started (or failed and waiting for its retry) provider attempt goes to a provider that honours idempotency keys, so it is sent again with its key; the turn continues"
 		}
 		return "the step had ended durably (settled tool results); one continuation turn was admitted"
 	case DecisionReconciled:

@@ -418,6 +418,7 @@ type decision struct {
 	rule           string
 	continuationID string
 	retryAttemptID string
+	retryDeferred  bool // retryAttemptID was deferred (retry_wait), not started
 	failedTurn     bool
 }
 
@@ -433,6 +434,7 @@ func (r *Recoverer) decide(ctx context.Context, tx pgx.Tx, old, nc ledger.Claim,
 		d.decision = DecisionRewoken
 	case old.Phase == ledger.PhaseContinue:
 		d.decision = DecisionContinued
+		d.rule, d.retryAttemptID, d.retryDeferred = r.continueRule(ev)
 	case old.Phase == ledger.PhaseUnknown:
 		d.decision, d.rule, d.retryAttemptID = r.unknownRule(ev)
 	}
@@ -444,7 +446,14 @@ func (r *Recoverer) decide(ctx context.Context, tx pgx.Tx, old, nc ledger.Claim,
 				return d, fmt.Errorf("re-arming idempotent tool calls: %w", err)
 			}
 		}
-		if d.retryAttemptID != "" {
+		if d.retryAttemptID != "" && d.retryDeferred {
+			// It was answered (a failure) and waited for its retry: the
+			// continuation sends that retry, under the same key.
+			if _, err := tx.Exec(ctx, `UPDATE attempts SET state = 'failed', error = coalesce(error, '') || '; sent again with the same idempotency key by recovery', finished_at = now()
+				WHERE attempt_id = $1 AND state = 'retry_wait'`, d.retryAttemptID); err != nil {
+				return d, fmt.Errorf("settling deferred attempt %s: %w", d.retryAttemptID, err)
+			}
+		} else if d.retryAttemptID != "" {
 			if err := ledger.FinishAttempt(ctx, tx, d.retryAttemptID, ledger.AttemptUnknown, OutcomeUnknownText+"; sent again with the same idempotency key", 0, 0); err != nil {
 				return d, err
 			}
@@ -473,6 +482,21 @@ func (r *Recoverer) decide(ctx context.Context, tx pgx.Tx, old, nc ledger.Claim,
 		return d, fmt.Errorf("clearing claim: %w", err)
 	}
 	return d, nil
+}
+
+// continueRule decides for phase continue: an attempt deferred for a
+// retry to a provider that honours idempotency keys is sent again with its
+// key. Its failure may have been an answer after acting on the step (a
+// 500, with such a provider, is retried): a fresh key would let the
+// provider act twice. Other deferred attempts were certainly not acted on
+// (ErrNotSent, a 429 or 503 refusal) and are sent afresh.
+func (r *Recoverer) continueRule(ev Evidence) (rule, attemptID string, deferred bool) {
+	for _, a := range ev.Attempts {
+		if a.State == ledger.AttemptRetryWait && slices.Contains(r.cfg.IdempotentProviders, a.Provider) {
+			return RuleIdempotentProviderRetry, a.ID, true
+		}
+	}
+	return "", "", false
 }
 
 // unknownRule decides for phase unknown: reconcile, unless the only

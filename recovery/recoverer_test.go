@@ -208,6 +208,30 @@ func TestRecovery(t *testing.T) {
 		require.Zero(t, b.count(t, `SELECT count(*) FROM messages WHERE status = 'pending'`))
 	})
 
+	t.Run("CrashDuringIdempotentProviderBackoffResendsWithItsKey", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t)
+		b.rec = recovery.New(b.pool, &recovery.Config{OwnerID: "r", IdempotentProviders: []string{"keyed"}})
+		b.admit(t, "s", "m1", "hello")
+		c := b.startTurn(t, "s", "m1")
+		attempt := b.beginAttempt(t, c, 1, "keyed")
+		// The provider answered 500 (it may have acted on the step); one
+		// that honours keys is retried with the key, after a backoff: death.
+		require.NoError(t, c.x.Write(ctx, func(tx pgx.Tx) error { return c.x.DeferAttempt(ctx, tx, attempt, time.Second, "500") }))
+		b.die(t, "s")
+
+		require.Equal(t, 1, b.pass(t).Decisions[recovery.DecisionContinued])
+		require.Equal(t, recovery.RuleIdempotentProviderRetry, b.records(t, "s")[0].Rule)
+		require.Equal(t, 1, b.count(t, `SELECT count(*) FROM attempts WHERE attempt_id = $1 AND state = 'failed'`, attempt))
+		rec := &recorder{}
+		b.run(t, rec, nil, "s")
+		require.Len(t, rec.all(), 1)
+		require.Equal(t, attempt, rec.all()[0].IdempotencyKey, "the step is sent again under the key it may have been acted on with")
+		completed := b.outboxEvents(t, "s", envelope.EventTurnCompleted)
+		require.Len(t, completed, 1, "the prompt is answered")
+		require.Equal(t, c.assistant, completed[0].AssistantMessageID, "in the message the deferred step left pending")
+	})
+
 	t.Run("SupersededIsClearedWithoutContinuing", func(t *testing.T) {
 		t.Parallel()
 		b := setup(t)

@@ -94,6 +94,12 @@ type sweepRun struct {
 	toolURL string
 	tag     string // unique per run: prompt IDs and side-effect lines
 
+	// The leg (legScripted unless newHTTPSweepRun made it): its provider
+	// server and that server's URL (HTTP leg only).
+	leg         string
+	provider    *providerServer
+	providerURL string
+
 	mu      sync.Mutex
 	replied map[string]bool // permission request IDs answered
 	prompts []envelope.Prompt
@@ -104,9 +110,25 @@ func newSweepRun(t *testing.T) *sweepRun {
 	tools, url := newToolServer(t)
 	r := &sweepRun{
 		b: b, rejects: readTopic(t, b.addr, "prompts.rejects"), sandbox: t.TempDir(),
-		tools: tools, toolURL: url, tag: uuid.NewString()[:8], replied: map[string]bool{},
+		tools: tools, toolURL: url, tag: uuid.NewString()[:8], replied: map[string]bool{}, leg: legScripted,
 	}
 	return r
+}
+
+// legFlags and legSteps are the consumer flags and the workload of the
+// run's leg.
+func (r *sweepRun) legFlags() []string {
+	if r.provider != nil {
+		return httpSweepFlags(r.providerURL, r.toolURL)
+	}
+	return sweepFlags(r.sandbox, r.toolURL)
+}
+
+func (r *sweepRun) legSteps() []sweepStep {
+	if r.provider != nil {
+		return r.httpSteps()
+	}
+	return r.steps()
 }
 
 func (r *sweepRun) session(name string) string { return "sw-" + name + "-" + r.tag }
@@ -441,9 +463,16 @@ type sweepCase struct {
 
 func (c sweepCase) String() string { return fmt.Sprintf("%s-%03d", c.when, c.n) }
 
-// sweepCases picks the runs: see the comment at the top of this file.
-func sweepCases(t *testing.T, k int) ([]sweepCase, string) {
-	return pickCases(t, k, "CRASH_SWEEP", []string{"before", "after"}, 6)
+// sweepCases picks the runs: see the comment at the top of this file;
+// runs is the size of the leg's default sample.
+// A leg's own variable (CRASH_SWEEP_HTTP for the HTTP leg, with its _RUNS
+// and _SEED), when set, chooses that leg's runs instead.
+func sweepCases(t *testing.T, leg sweepLeg, k int) ([]sweepCase, string) {
+	env := "CRASH_SWEEP"
+	if leg.env != "" && os.Getenv(leg.env) != "" {
+		env = leg.env
+	}
+	return pickCases(t, k, env, []string{"before", "after"}, leg.sample)
 }
 
 // pickCases picks the runs of a sweep over k commits, each commit once per
@@ -493,23 +522,47 @@ func pickCases(t *testing.T, k int, env string, sides []string, runs int) ([]swe
 	}
 }
 
-// TestCrashSweep runs the workload once to count its commits (K), then once
-// per chosen (N, side), killing the consumer at that commit.
+// sweepLeg is one provider the workload runs against; each leg has its
+// own workload, its own K and its own runs.
+type sweepLeg struct {
+	name   string
+	newRun func(t *testing.T) *sweepRun
+	sample int    // runs of the default sample
+	env    string // the leg's own CRASH_SWEEP variable, if any
+}
+
+// TestCrashSweep runs each leg: the rich workload with the scripted
+// provider (which honours no idempotency key), and a workload of provider
+// steps with the HTTP provider against a server that honours them.
 func TestCrashSweep(t *testing.T) {
 	t.Parallel()
+	for _, leg := range []sweepLeg{
+		{name: legScripted, newRun: newSweepRun, sample: 6},
+		{name: legHTTP, newRun: newHTTPSweepRun, sample: 2, env: "CRASH_SWEEP_HTTP"},
+	} {
+		t.Run(leg.name, func(t *testing.T) {
+			t.Parallel()
+			sweepLegRuns(t, leg)
+		})
+	}
+}
+
+// sweepLegRuns runs the leg's workload once to count its commits (K), then
+// once per chosen (N, side), killing the consumer at that commit.
+func sweepLegRuns(t *testing.T, leg sweepLeg) {
 	started := time.Now()
 
 	// The counting run: nothing is killed, and the invariants hold.
 	var k int
 	var labels []string
 	t.Run("count", func(t *testing.T) {
-		r := newSweepRun(t)
+		r := leg.newRun(t)
 		log := filepath.Join(t.TempDir(), "commits")
-		steps := r.steps()
-		p := r.b.startEnv(t, "consumer", []string{"PROMPTLINE_FAULT_COMMIT_LOG=" + log}, sweepFlags(r.sandbox, r.toolURL)...)
+		steps := r.legSteps()
+		p := r.b.startEnv(t, "consumer", []string{"PROMPTLINE_FAULT_COMMIT_LOG=" + log}, r.legFlags()...)
 		require.Equal(t, len(steps), r.drive(t, steps, 0, false, p.running), "the counting run died: %s", p.stderr.String())
 		require.NoError(t, r.quiesce(t, p.running))
-		require.Empty(t, r.violations(t), "the invariants hold without a crash")
+		require.Empty(t, append(r.violations(t), r.providerViolations(t)...), "the invariants hold without a crash")
 		labels = commitLog(t, log)
 		k = len(labels)
 		require.Greater(t, k, 20, "the workload commits its writes through the tracer")
@@ -517,7 +570,7 @@ func TestCrashSweep(t *testing.T) {
 	if t.Failed() {
 		return
 	}
-	cases, how := sweepCases(t, k)
+	cases, how := sweepCases(t, leg, k)
 
 	type result struct {
 		c          sweepCase
@@ -525,6 +578,7 @@ func TestCrashSweep(t *testing.T) {
 		died       bool
 		step       string
 		violations []string
+		resent     int // provider steps sent again after the crash, under their key
 	}
 	var mu sync.Mutex
 	var results []result
@@ -532,10 +586,10 @@ func TestCrashSweep(t *testing.T) {
 		for _, c := range cases {
 			t.Run(c.String(), func(t *testing.T) {
 				t.Parallel()
-				r := newSweepRun(t)
+				r := leg.newRun(t)
 				log := filepath.Join(t.TempDir(), "commits")
-				steps := r.steps()
-				flags := sweepFlags(r.sandbox, r.toolURL)
+				steps := r.legSteps()
+				flags := r.legFlags()
 				crashing := r.b.startEnv(t, "consumer-1", []string{
 					"PROMPTLINE_FAULT_COMMIT=" + fmt.Sprintf("%d:%s", c.n, c.when), "PROMPTLINE_FAULT_COMMIT_LOG=" + log,
 				}, flags...)
@@ -564,7 +618,10 @@ func TestCrashSweep(t *testing.T) {
 				if err := r.quiesce(t, func() bool { return true }); err != nil {
 					res.violations = append(res.violations, err.Error())
 				} else {
-					res.violations = r.violations(t)
+					res.violations = append(r.violations(t), r.providerViolations(t)...)
+				}
+				if r.provider != nil {
+					res.resent = r.provider.resentAfterCrash()
 				}
 				mu.Lock()
 				results = append(results, res)
@@ -574,7 +631,7 @@ func TestCrashSweep(t *testing.T) {
 		}
 	})
 
-	died, failed := 0, 0
+	died, failed, resent := 0, 0, 0
 	var report strings.Builder
 	slices.SortFunc(results, func(a, b result) int {
 		return cmp.Or(cmp.Compare(a.c.n, b.c.n), cmp.Compare(a.c.when, b.c.when))
@@ -583,13 +640,18 @@ func TestCrashSweep(t *testing.T) {
 		if res.died {
 			died++
 		}
+		resent += res.resent
 		if len(res.violations) > 0 {
 			failed++
 			fmt.Fprintf(&report, "  FAIL %s during %q at %q: %s\n", res.c, res.step, res.label, strings.Join(res.violations, "; "))
 		}
 	}
-	t.Logf("crash sweep: K=%d commits, %s: %d runs, %d died at their commit (the others committed fewer times), %d failed, %s\n%s",
-		k, how, len(results), died, failed, time.Since(started).Round(time.Second), report.String())
+	var extra string
+	if leg.name == legHTTP {
+		extra = fmt.Sprintf(", %d provider steps sent again after a crash under their key", resent)
+	}
+	t.Logf("crash sweep: leg %s, K=%d commits, %s: %d runs, %d died at their commit (the others committed fewer times), %d failed%s, %s\n%s",
+		leg.name, k, how, len(results), died, failed, extra, time.Since(started).Round(time.Second), report.String())
 	if len(results) == len(cases) {
 		require.Positive(t, died, "no run died at its commit: the sweep tested nothing")
 	}
