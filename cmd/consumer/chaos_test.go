@@ -97,11 +97,50 @@ func (c *chaos) startBroker() {
 	require.NotEmpty(c.t, c.brokerAddr)
 }
 
+// startConsumer starts consumer i and waits until its first join of the
+// group is complete (Setup logs "partitions assigned"): see joined.
 func (c *chaos) startConsumer(i int) {
 	p := c.r.b.start(c.t, fmt.Sprintf("consumer-%d", i+1), "", c.flags...)
 	line := p.waitLog(c.t, "consumer running", 60*time.Second)
 	c.owners[i], _ = line["owner"].(string)
 	c.consumers[i] = p
+	c.joined(p, 0)
+}
+
+// joined waits until p has logged "partitions assigned" more than before
+// times. The broker's group coordinator (kfake) has a defect no fault of
+// the real Kafka has: a member that joins as new (a process's first join,
+// or a rejoin after the broker forgot it) and dies before its JoinGroup
+// answer is sent stays in the group with no session timer, for good; its
+// partitions are assigned to it at every rebalance and never consumed,
+// and every later join waits the rebalance timeout for it. Kafka times
+// out such a member (KAFKA-7610) and schedules every member's session
+// expiry when a join completes. So the soak kills a consumer only once
+// its join is complete: after its start and after a broker restart.
+func (c *chaos) joined(p *proc, before int) {
+	deadline := time.NewTimer(90 * time.Second) // rebalances wait for dead members' sessions (10s) and load
+	defer deadline.Stop()
+	for countMsgs(p.stderr.String(), "partitions assigned") <= before {
+		select {
+		case <-p.stderr.Changed():
+		case <-p.exited:
+			require.FailNow(c.t, fmt.Sprintf("%s exited (%s) before joining the group", p.name, p.state), p.stderr.String())
+		case <-deadline.C:
+			require.FailNow(c.t, fmt.Sprintf("%s: no partitions assigned within 90s", p.name), p.stderr.String())
+		}
+	}
+}
+
+// countMsgs counts the JSON lines of logs whose msg is msg.
+func countMsgs(logs, msg string) int {
+	n := 0
+	for l := range strings.Lines(logs) {
+		var line map[string]any
+		if json.Unmarshal([]byte(l), &line) == nil && line["msg"] == msg {
+			n++
+		}
+	}
+	return n
 }
 
 // send publishes a record, retrying while the broker is away.
@@ -339,9 +378,16 @@ func (c *chaos) injectOne() {
 		c.logf("sigcont        %-11s after %s", p.name, pause.Round(time.Millisecond))
 	case x < 6:
 		c.fault("broker-restart", "broker", c.aim(""))
+		var assigned [3]int
+		for i, p := range c.consumers {
+			assigned[i] = countMsgs(p.stderr.String(), "partitions assigned")
+		}
 		require.NoError(c.t, c.broker.cmd.Process.Kill())
 		requireKilled(c.t, c.broker.waitExit(c.t, 10*time.Second))
 		c.startBroker()
+		for i, p := range c.consumers {
+			c.joined(p, assigned[i]) // each session ended with the broker
+		}
 	case x < 8:
 		n := c.aim("")
 		if c.intn(2) == 0 {

@@ -190,12 +190,16 @@ func run(ctx context.Context, o *options, stderr io.Writer) error {
 	if err != nil {
 		return fmt.Errorf("joining consumer group %q: %w", o.group, o.security.Explain(err))
 	}
-	defer group.Close()
 	// Sarama's join does not watch ctx: a signal during a slow join (say,
 	// while dead members' sessions time out) would wait for it. Closing
-	// the group on the signal ends Consume at once.
+	// the group on the signal ends Consume, once the JoinGroup is answered
+	// (see the grace below). Without a signal, the group is closed here.
 	stopOnSignal := context.AfterFunc(ctx, func() { _ = group.Close() })
-	defer stopOnSignal()
+	defer func() {
+		if stopOnSignal() {
+			_ = group.Close()
+		}
+	}()
 	go func() {
 		for err := range group.Errors() {
 			log.Warn("consumer group", slog.Any("error", err))
@@ -204,25 +208,45 @@ func run(ctx context.Context, o *options, stderr io.Writer) error {
 
 	log.Info("consumer running", slog.Any("brokers", brokers), slog.String("group", o.group),
 		slog.String("metrics_addr", srv.Addr()), slog.String("owner", owner))
-	for ctx.Err() == nil {
-		// Consume returns at every rebalance; loop to rejoin.
-		if err := group.Consume(ctx, []string{topics.Prompts, topics.Wakes, topics.PermissionReplies}, observed); err != nil {
-			if errors.Is(err, sarama.ErrClosedConsumerGroup) || ctx.Err() != nil {
-				break
-			}
-			log.Warn("consumer group session ended", slog.Any("error", err))
-			select {
-			case <-time.After(time.Second):
-			case <-ctx.Done():
+	consumed := make(chan struct{})
+	go func() {
+		defer close(consumed)
+		for ctx.Err() == nil {
+			// Consume returns at every rebalance; loop to rejoin.
+			if err := group.Consume(ctx, []string{topics.Prompts, topics.Wakes, topics.PermissionReplies}, observed); err != nil {
+				if errors.Is(err, sarama.ErrClosedConsumerGroup) || ctx.Err() != nil {
+					return
+				}
+				log.Warn("consumer group session ended", slog.Any("error", err))
+				select {
+				case <-time.After(time.Second):
+				case <-ctx.Done():
+				}
 			}
 		}
+	}()
+	select {
+	case <-consumed:
+	case <-ctx.Done():
 	}
-	// Stop consuming first (done: Consume returned), then let running turns
-	// finish within the grace; they release their claims with wakes where
-	// input waits; the relay's Stop (deferred) flushes those wakes.
+	// Stop consuming first, then let running turns finish within the
+	// grace; they release their claims with wakes where input waits; the
+	// relay's Stop (deferred) flushes those wakes. The grace bounds the
+	// group's stop too: a signal that comes while a JoinGroup waits (a
+	// rebalance waits for every member to rejoin, up to the rebalance
+	// timeout) ends Consume only when the broker answers it, and the
+	// LeaveGroup of Close waits behind it on the same connection. Leaving
+	// without waiting is safe: the broker drops the member at its session
+	// timeout, and offsets not yet committed are redelivered as exact
+	// retries.
 	log.Info("consumer stopping", slog.Duration("grace", o.shutdownGrace))
 	grace, cancel := context.WithTimeout(context.Background(), o.shutdownGrace)
 	defer cancel()
+	select {
+	case <-consumed:
+	case <-grace.Done():
+		log.Warn("consumer group still stopping when the shutdown grace ran out (a JoinGroup waits for a rebalance); exiting without it")
+	}
 	exec.Shutdown(grace)
 	log.Info("consumer stopped")
 	return nil
