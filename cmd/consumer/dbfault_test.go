@@ -235,8 +235,12 @@ func TestTerminateBackendsDuringRecovery(t *testing.T) {
 	r.drive(t, steps, at, true, p.running)
 	require.NoError(t, r.quiesce(t, p.running))
 	v := r.violations(t)
-	t.Logf("after the terminations: %d recoveries in all, %d violations", r.b.count(t, `SELECT count(*) FROM recoveries`), len(v))
+	recovered := r.b.count(t, `SELECT count(*) FROM recoveries`)
+	t.Logf("after the terminations: %d recoveries in all, %d violations", recovered, len(v))
 	require.Empty(t, v)
+	// The claim the crash left must have been decided by recovery, not
+	// merely outlived: without a decision the test saw no recovery at all.
+	require.Positive(t, recovered, "recovery never decided the claim the crash left")
 	require.True(t, p.running(), "the consumer recovers on its own")
 	require.Positive(t, terminated, "no backend was terminated: the test tested nothing")
 }
