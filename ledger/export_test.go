@@ -15,3 +15,8 @@ const (
 	PruneSQL         = pruneSQL
 	PruneSettingsSQL = pruneSettingsSQL
 )
+
+// RolledBack is groupCommit's split decision: whether a failed combined
+// transaction certainly rolled back and may be sent again session by
+// session.
+var RolledBack = rolledBack

@@ -3,11 +3,13 @@ package ledger_test
 import (
 	"context"
 	"fmt"
+	"io"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
@@ -74,5 +76,38 @@ func TestGroupCommitAmbiguousIsNotResent(t *testing.T) {
 				"the cut transaction committed: every write is there once")
 			return
 		}
+	}
+}
+
+// The split decision of a failed combined transaction: only the server's
+// refusal (severity ERROR: the implicit transaction rolled back) is sent
+// again session by session; a terminated backend (FATAL, perhaps during
+// the commit), a lost connection or a deadline may have committed.
+func TestGroupCommitRolledBack(t *testing.T) {
+	t.Parallel()
+	pg := func(severity, localized, code string) error {
+		return fmt.Errorf("sending batch: %w", &pgconn.PgError{SeverityUnlocalized: severity, Severity: localized, Code: code})
+	}
+	for _, tc := range []struct {
+		name string
+		err  error
+		want bool
+	}{
+		{"Fenced", pg("ERROR", "ERROR", "PLFEN"), true},
+		{"KeyViolated", pg("ERROR", "ERROR", "23505"), true},
+		{"Deadlock", pg("ERROR", "ERROR", "40P01"), true},
+		{"LocalizedServer", pg("ERROR", "FEHLER", "23505"), true},
+		{"OldServerWithoutUnlocalized", pg("", "ERROR", "23505"), true},
+		{"TerminatedBackend", pg("FATAL", "FATAL", "57P01"), false},
+		{"LocalizedFatal", pg("FATAL", "ERROR", "57P01"), false},
+		{"Panic", pg("PANIC", "PANIC", "XX000"), false},
+		{"ConnClosed", fmt.Errorf("x: %w", pgconn.ErrConnClosed), false},
+		{"UnexpectedEOF", fmt.Errorf("x: %w", io.ErrUnexpectedEOF), false},
+		{"Deadline", fmt.Errorf("x: %w", context.DeadlineExceeded), false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			require.Equal(t, tc.want, ledger.RolledBack(tc.err))
+		})
 	}
 }

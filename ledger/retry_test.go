@@ -3,6 +3,7 @@ package ledger_test
 import (
 	"context"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -153,6 +154,107 @@ func TestWriteRetried(t *testing.T) {
 		require.Equal(t, 1, b.count(t, `SELECT count(*) FROM claims WHERE execution_id = 'e2'`))
 	})
 
+	// The same zombie at its last write: the claim was taken over while
+	// the write that would have released it was lost. The retry's fence
+	// finds the claim gone, the write is not there: fenced, not released.
+	t.Run("ZombieFinishIsFenced", func(t *testing.T) {
+		t.Parallel()
+		b := setupProxied(t, 5*time.Second)
+		b.session(t, "s", 0)
+		x, err := b.claims.Acquire(ctx, "s", "e1", nil)
+		require.NoError(t, err)
+		b.beforeRetry = func() {
+			b.expire(t, "s")
+			require.NoError(t, pgdb.InTx(ctx, b.pool, func(tx pgx.Tx) error {
+				old, _, err := ledger.Get(ctx, tx, "s")
+				if err != nil {
+					return err
+				}
+				_, err = ledger.Takeover(ctx, tx, old, "e2", "recovery", time.Minute)
+				return err
+			}))
+		}
+		b.proxy.CutBeforeCommit(isWrite)
+		released, err := x.FinishRetried(ctx, ledger.RetryOpts{Landed: landed}, write)
+		require.ErrorIs(t, err, ledger.ErrFenced)
+		require.False(t, released, "the release was lost with the write")
+		require.True(t, x.Fenced())
+		require.Zero(t, b.count(t, `SELECT count(*) FROM outbox WHERE topic = 't'`), "the zombie wrote nothing")
+		require.Equal(t, 1, b.count(t, `SELECT count(*) FROM claims WHERE execution_id = 'e2'`))
+	})
+
+	// The database stays away: the retries end with the lease as this
+	// process counts it, which starts no later than Acquire returned;
+	// none starts after it, and the error goes to the caller.
+	t.Run("RetriesEndWithTheLease", func(t *testing.T) {
+		t.Parallel()
+		const lease = time.Second
+		b := setupProxied(t, lease)
+		b.session(t, "s", 0)
+		x, err := b.claims.Acquire(ctx, "s", "e1", nil)
+		require.NoError(t, err)
+		acquired := time.Now()
+		var mu sync.Mutex
+		var tries []time.Time
+		b.beforeRetry = func() {
+			mu.Lock()
+			defer mu.Unlock()
+			tries = append(tries, time.Now())
+		}
+		b.proxy.Refuse(true)
+		b.proxy.CutAll()
+		err = waitErr(t, func() error { return x.WriteRetried(ctx, ledger.RetryOpts{Landed: landed}, write) })
+		require.Error(t, err)
+		require.True(t, pgdb.Transient(err), "the database's error, not a fence: %v", err)
+		mu.Lock()
+		defer mu.Unlock()
+		require.GreaterOrEqual(t, len(tries), 2, "retried while the lease lived")
+		for _, at := range tries {
+			require.True(t, at.Before(acquired.Add(lease)), "a retry %s after the lease's end", at.Sub(acquired.Add(lease)))
+		}
+		b.proxy.Refuse(false)
+		require.Zero(t, b.count(t, `SELECT count(*) FROM outbox WHERE topic = 't'`))
+		require.False(t, x.Fenced(), "not fenced: the claim is left to expire")
+	})
+
+	// A retry that the database leaves hanging ends with the lease too:
+	// the executor never waits on a write that would reach the database
+	// after its lease.
+	t.Run("HangingRetryEndsWithTheLease", func(t *testing.T) {
+		t.Parallel()
+		const lease = time.Second
+		b := setupProxied(t, lease)
+		b.session(t, "s", 0)
+		x, err := b.claims.Acquire(ctx, "s", "e1", nil)
+		require.NoError(t, err)
+		acquired := time.Now()
+		b.beforeRetry = func() { b.proxy.SetLatency(10 * time.Second) }
+		b.proxy.CutBeforeCommit(isWrite)
+		err = waitErr(t, func() error { return x.WriteRetried(ctx, ledger.RetryOpts{Landed: landed}, write) })
+		require.Error(t, err)
+		require.Less(t, time.Since(acquired), lease+3*time.Second, "the retry outlived the lease")
+		b.proxy.SetLatency(0)
+	})
+
+	// Cancelled (shutdown) while it retries: no further try; the error
+	// goes to the caller and the claim is left to expire.
+	t.Run("CancelledStopsRetrying", func(t *testing.T) {
+		t.Parallel()
+		b := setupProxied(t, 30*time.Second)
+		b.session(t, "s", 0)
+		x, err := b.claims.Acquire(ctx, "s", "e1", nil)
+		require.NoError(t, err)
+		cctx, cancel := context.WithCancel(ctx)
+		defer cancel()
+		b.beforeRetry = cancel
+		b.proxy.Refuse(true)
+		b.proxy.CutAll()
+		err = waitErr(t, func() error { return x.WriteRetried(cctx, ledger.RetryOpts{Landed: landed}, write) })
+		require.Error(t, err)
+		require.Equal(t, int32(1), b.retries.Load(), "no retry after the cancellation")
+		require.False(t, x.Fenced())
+	})
+
 	// A deterministic error is not retried.
 	t.Run("DataErrorIsNotRetried", func(t *testing.T) {
 		t.Parallel()
@@ -168,4 +270,19 @@ func TestWriteRetried(t *testing.T) {
 		require.False(t, pgdb.Transient(err))
 		require.Zero(t, b.retries.Load())
 	})
+}
+
+// waitErr runs fn and returns its error; a retry loop that does not end
+// within 20 seconds fails the test (every lease here is shorter).
+func waitErr(t *testing.T, fn func() error) error {
+	t.Helper()
+	done := make(chan error, 1)
+	go func() { done <- fn() }()
+	select {
+	case err := <-done:
+		return err
+	case <-time.After(20 * time.Second):
+		t.Fatal("the write is still retrying after 20 s")
+		return nil
+	}
 }

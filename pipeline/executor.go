@@ -536,6 +536,34 @@ func (ex *execution) finishQueuedRetried(ctx context.Context, landed ledger.Land
 	return released, err
 }
 
+// A write made after the turn's context ended (a shutdown past its grace,
+// which cancels what still runs) records what the cancellation cut off,
+// on a context that outlives it, bounded by afterCancelTimeout. It gets
+// one try: retried for the rest of the lease, it would hold the shutdown
+// that long while the database is away. A try that fails leaves the claim
+// to expire, and recovery decides from what committed, as after a crash.
+const afterCancelTimeout = 10 * time.Second
+
+// afterCancel is the context of a write after ctx was cancelled.
+func afterCancel(ctx context.Context) (context.Context, context.CancelFunc) {
+	return context.WithTimeout(context.WithoutCancel(ctx), afterCancelTimeout)
+}
+
+// writeOnce is writeRetried's signature for a write after a cancellation:
+// one try, no landed check needed.
+func (ex *execution) writeOnce(ctx context.Context, _ ledger.LandedFunc, fn func(tx pgx.Tx) error) error {
+	return ex.write(ctx, fn)
+}
+
+// finishOnce is finishRetried's for a write after a cancellation.
+func (ex *execution) finishOnce(ctx context.Context, _ ledger.LandedFunc, fn func(tx pgx.Tx) error) (bool, error) {
+	released, err := ex.x.Finish(ctx, fn)
+	if err == nil && ex.e.cfg.OnCommitFunc != nil {
+		ex.e.cfg.OnCommitFunc()
+	}
+	return released, err
+}
+
 // attemptLanded says whether the attempt's outcome is already state.
 func attemptLanded(id, state string) ledger.LandedFunc {
 	return func(ctx context.Context, tx pgx.Tx) (bool, error) {

@@ -420,9 +420,9 @@ func (ex *execution) runCall(ctx context.Context, p ledger.CallParams, c ToolCal
 	}
 	switch {
 	case errors.Is(err, tools.ErrNotRun):
-		return ex.settleCall(context.WithoutCancel(ctx), p, c, ledger.CallFailed, "not run: "+redact.Text(err.Error()), true)
+		return ex.settleCall(ctx, p, c, ledger.CallFailed, "not run: "+redact.Text(err.Error()), true)
 	case err != nil && ctx.Err() != nil:
-		return ex.settleCall(context.WithoutCancel(ctx), p, c, ledger.CallUnknown, "outcome unknown: interrupted by shutdown", true)
+		return ex.settleCall(ctx, p, c, ledger.CallUnknown, "outcome unknown: interrupted by shutdown", true)
 	case err != nil:
 		// The tool could not say how it went: its outcome is unknown, and
 		// it is never run again automatically.
@@ -484,7 +484,9 @@ func (ex *execution) runTool(ctx context.Context, tool tools.Tool, call tools.Ca
 }
 
 // settleCall records a call's result and its tool message; the last call of
-// a step sets the phase continue in the same transaction.
+// a step sets the phase continue in the same transaction. After a
+// cancellation (a shutdown past its grace) it writes once, on a context
+// that outlives it (afterCancel).
 func (ex *execution) settleCall(ctx context.Context, p ledger.CallParams, c ToolCall, state, output string, isError bool) error {
 	cl := ex.x.Claim()
 	var last bool
@@ -492,7 +494,14 @@ func (ex *execution) settleCall(ctx context.Context, p ledger.CallParams, c Tool
 		settled, last, err = ledger.CallSettled(ctx, tx, p.ID, p.AttemptID)
 		return settled, err
 	}
-	err := ex.writeRetried(ctx, settled, func(tx pgx.Tx) error {
+	write := ex.writeRetried
+	if ctx.Err() != nil {
+		var cancel context.CancelFunc
+		ctx, cancel = afterCancel(ctx)
+		defer cancel()
+		write = ex.writeOnce
+	}
+	err := write(ctx, settled, func(tx pgx.Tx) error {
 		var err error
 		if last, err = ex.x.SettleCall(ctx, tx, p.ID, p.AttemptID, state, output, isError); err != nil {
 			return err
@@ -514,14 +523,15 @@ func (ex *execution) settleCall(ctx context.Context, p ledger.CallParams, c Tool
 
 // failTurn settles a turn that ends without an answer: the attempt's
 // outcome (unless empty), the assistant message errored (created if the
-// step never began), phase safe, and turn.failed, in one transaction. After a cancellation it writes on a
-// context that outlives it; the fence still applies.
+// step never began), phase safe, and turn.failed, in one transaction. After a cancellation it writes once on a
+// context that outlives it (afterCancel); the fence still applies.
 func (ex *execution) failTurn(ctx context.Context, t *turn, reason string, cause error, attemptState string, attemptID ...string) (released bool, err error) {
-	wctx := ctx
+	wctx, finish := ctx, ex.finishRetried
 	if ctx.Err() != nil {
 		var cancel context.CancelFunc
-		wctx, cancel = context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+		wctx, cancel = afterCancel(ctx)
 		defer cancel()
+		finish = ex.finishOnce
 	}
 	failed := func(ctx context.Context, tx pgx.Tx) (bool, error) {
 		var status string
@@ -531,7 +541,7 @@ func (ex *execution) failTurn(ctx context.Context, t *turn, reason string, cause
 		}
 		return status == "errored", err
 	}
-	released, err = ex.finishRetried(wctx, failed, func(tx pgx.Tx) error {
+	released, err = finish(wctx, failed, func(tx pgx.Tx) error {
 		if _, err := tx.Exec(wctx, `UPDATE tool_calls SET state = 'interrupted', output = $2, is_error = true, finished_at = now()
 			WHERE session_id = $1 AND state = 'requested'`, ex.sessionID, "interrupted: "+reason); err != nil {
 			return fmt.Errorf("interrupting calls not run: %w", err)

@@ -40,6 +40,20 @@ func (e *effectTool) Run(context.Context, tools.Call) (tools.Result, error) {
 // for the gate before returning it, so that the test can break the
 // database exactly between the provider's answer and the write that
 // records it.
+// blockTool is a side-effecting tool that runs until its context ends
+// (a shutdown), and says so.
+type blockTool struct{ started chan struct{} }
+
+func (b *blockTool) Spec() tools.Spec {
+	return tools.Spec{Name: "block", Description: "runs until cancelled", InputSchema: json.RawMessage(`{"type":"object"}`), Class: tools.SideEffecting}
+}
+
+func (b *blockTool) Run(ctx context.Context, _ tools.Call) (tools.Result, error) {
+	b.started <- struct{}{}
+	<-ctx.Done()
+	return tools.Result{}, ctx.Err()
+}
+
 type gateProvider struct {
 	calls    atomic.Int32
 	armed    atomic.Bool
@@ -75,6 +89,7 @@ func TestWriteAfterDispatchRetried(t *testing.T) {
 		proxy    *pgproxy.Proxy
 		provider *gateProvider
 		tool     *effectTool
+		block    *blockTool
 		exec     *pipeline.Executor
 	}
 	setup := func(t *testing.T, lease time.Duration, perm ...tools.Permission) *bundle {
@@ -86,11 +101,12 @@ func TestWriteAfterDispatchRetried(t *testing.T) {
 		t.Cleanup(ppool.Close)
 		b := &bundle{
 			execBundle: &execBundle{pool: pool, admitter: pipeline.NewAdmitter(pool, &pipeline.AdmitterConfig{})},
-			proxy:      proxy, tool: &effectTool{},
+			proxy:      proxy, tool: &effectTool{}, block: &blockTool{started: make(chan struct{}, 1)},
 			provider: &gateProvider{answered: make(chan struct{}, 1), gate: make(chan struct{})},
 		}
 		reg := tools.NewRegistry()
 		require.NoError(t, reg.Register(b.tool))
+		require.NoError(t, reg.Register(b.block))
 		log := slog.New(slog.NewTextHandler(testWriter{t}, &slog.HandlerOptions{Level: slog.LevelDebug}))
 		claims := ledger.NewClaims(ppool, &ledger.ClaimsConfig{Lease: lease, OwnerID: "w", Logger: log})
 		cfg := &pipeline.ExecutorConfig{Claims: claims, Provider: b.provider, Tools: reg, Logger: log}
@@ -277,6 +293,33 @@ func TestWriteAfterDispatchRetried(t *testing.T) {
 		require.Equal(t, envelope.FailProviderError, failed[0].Reason, "the provider's failure, not an unknown outcome")
 		require.Equal(t, 1, b.count(t, `SELECT count(*) FROM attempts WHERE state = 'failed'`))
 		require.Zero(t, b.count(t, `SELECT count(*) FROM claims`))
+	})
+
+	// A shutdown past its grace cuts a tool off while the database is
+	// away: the executor writes the call's result once, on a context that
+	// outlives the cancellation, and stops at once; it does not retry for
+	// the rest of its lease. The claim is left to expire (phase unknown,
+	// the call started), for recovery, as after a crash.
+	t.Run("ShutdownDoesNotWaitForTheLease", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t, 20*time.Second)
+		b.admit(t, "s", "m1", "/tool block {}")
+		done, err := b.exec.Wake(ctx, "s", 0)
+		require.NoError(t, err)
+		<-b.block.started
+		b.proxy.Refuse(true)
+		b.proxy.CutAll()
+		stopped := make(chan struct{})
+		go func() { b.exec.Stop(); close(stopped) }()
+		select {
+		case <-stopped:
+		case <-time.After(5 * time.Second):
+			t.Fatal("Stop still waits 5 s after the shutdown: the executor retries a write past the grace")
+		}
+		wait(t, done)
+		b.proxy.Refuse(false)
+		require.Equal(t, 1, b.count(t, `SELECT count(*) FROM claims WHERE phase = 'unknown'`), "the claim is left for recovery")
+		require.Equal(t, 1, b.count(t, `SELECT count(*) FROM tool_calls WHERE state = 'started'`))
 	})
 
 	// The lease ends before the database is back: the executor stops
