@@ -161,7 +161,7 @@ func (m *recoveryMachine) executor(owner string) *pipeline.Executor {
 }
 
 // executorOn is an executor whose every statement runs on pool. The tool
-// "ask" runs only with permission (DESIGN.md invariant 11).
+// "ask" runs only with permission (docs/design.md, invariant 11).
 func (m *recoveryMachine) executorOn(pool *pgxpool.Pool, owner string) *pipeline.Executor {
 	claims := ledger.NewClaims(pool, &ledger.ClaimsConfig{Lease: time.Minute, OwnerID: owner})
 	return pipeline.NewExecutor(pool, &pipeline.ExecutorConfig{Claims: claims, Provider: m.provider, Tools: m.reg,
