@@ -23,13 +23,17 @@ demo: build ## run the consumer on embedded defaults, publish a few prompts, pri
 	./scripts/demo.sh $(BIN)
 
 .PHONY: test
-test: lint examples/node/node_modules ## the default suite: vet, gofmt, every test (real Postgres, embedded broker over TCP), fuzz seeds
+test: lint examples/node/node_modules ## the default suite: lint (gofmt, vet, staticcheck), every test (real Postgres, embedded broker over TCP), fuzz seeds
 	$(GO) test -count=1 ./...
 
 # The kafkajs producer example's package (tested in examples/).
 examples/node/node_modules: examples/node/package.json examples/node/package-lock.json
 	cd examples/node && npm ci --no-audit --no-fund --loglevel=error
 	@touch $@
+
+.PHONY: test/short
+test/short: ## the fast tier: the tests that need no Node, kcat, promtool, Java, Python nor consumer processes (go test -short; docs/testing.md)
+	$(GO) test -short -count=1 ./...
 
 .PHONY: test/race
 test/race: examples/node/node_modules ## the default suite under the race detector
