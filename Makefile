@@ -2,6 +2,10 @@
 SHELL := /bin/bash
 GO ?= go
 BIN := bin
+# staticcheck, fetched by go itself through the module proxy once per
+# version and kept in bin/ (make lint).
+STATICCHECK_VERSION := v0.8.2
+STATICCHECK := $(BIN)/staticcheck-$(STATICCHECK_VERSION)
 
 .DEFAULT_GOAL := help
 
@@ -19,13 +23,17 @@ demo: build ## run the consumer on embedded defaults, publish a few prompts, pri
 	./scripts/demo.sh $(BIN)
 
 .PHONY: test
-test: lint examples/node/node_modules ## the default suite: vet, gofmt, every test (real Postgres, embedded broker over TCP), fuzz seeds
+test: lint examples/node/node_modules ## the default suite: lint (gofmt, vet, staticcheck), every test (real Postgres, embedded broker over TCP), fuzz seeds
 	$(GO) test -count=1 ./...
 
 # The kafkajs producer example's package (tested in examples/).
 examples/node/node_modules: examples/node/package.json examples/node/package-lock.json
 	cd examples/node && npm ci --no-audit --no-fund --loglevel=error
 	@touch $@
+
+.PHONY: test/short
+test/short: ## the fast tier: the tests that need no Node, kcat, promtool, Java, Python nor consumer processes (go test -short; docs/testing.md)
+	$(GO) test -short -count=1 ./...
 
 .PHONY: test/race
 test/race: examples/node/node_modules ## the default suite under the race detector
@@ -51,12 +59,18 @@ chaos: ## the chaos soak: 3 consumers, a restartable broker, Postgres behind a p
 	  | grep -E '^(=== RUN|--- FAIL|FAIL|ok|PASS)|chaos |^ *\||panic|did not exit|should stop|Error( Trace)?:|Messages:|^ +FAIL ' ; exit $${PIPESTATUS[0]}
 
 .PHONY: lint
-lint: ## gofmt and go vet (also with the faults build tag)
+lint: $(STATICCHECK) ## gofmt, go vet and staticcheck (staticcheck.conf), also with the faults and chaos build tags
 	@out=$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go')); \
 	  if [ -n "$$out" ]; then echo "gofmt would change:"; echo "$$out"; exit 1; fi
 	$(GO) vet ./...
 	$(GO) vet -tags faults ./...
 	$(GO) vet -tags chaos,faults ./cmd/consumer
+	$(STATICCHECK) ./...
+	$(STATICCHECK) -tags chaos,faults ./...
+
+$(STATICCHECK):
+	GOBIN=$(abspath $(BIN))/.staticcheck $(GO) install honnef.co/go/tools/cmd/staticcheck@$(STATICCHECK_VERSION)
+	mv $(BIN)/.staticcheck/staticcheck $@ && rmdir $(BIN)/.staticcheck
 
 .PHONY: bench
 bench: ## print admission throughput, the raw ceiling, end-to-end latency, relay figures

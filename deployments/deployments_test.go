@@ -2,7 +2,8 @@
 // rules with promtool (syntax and unit tests), the Prometheus config, the
 // runbook sections the alerts link to, and the Grafana dashboard's
 // expressions. It runs with `make test` (go test ./...). promtool comes
-// from the Debian package prometheus; without it the tests fail, never skip.
+// from the Debian package prometheus; without it the tests fail, never skip
+// (only the fast tier, go test -short, leaves them out, saying so).
 package deployments_test
 
 import (
@@ -17,12 +18,15 @@ import (
 
 	"github.com/stretchr/testify/require"
 	"go.yaml.in/yaml/v3"
+
+	"github.com/promptline/promptline/internal/testkit"
 )
 
 const runbookURL = "https://github.com/promptline/promptline/blob/main/docs/runbook.md#"
 
 func promtool(t *testing.T, dir string, args ...string) string {
 	t.Helper()
+	testkit.SkipInShortTier(t, "promtool")
 	bin, err := exec.LookPath("promtool")
 	require.NoError(t, err, "promtool is not on PATH: apt-get install prometheus")
 	cmd := exec.Command(bin, args...)

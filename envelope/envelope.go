@@ -42,7 +42,7 @@ func (p Prompt) Resumes() bool { return p.Resume == nil || *p.Resume }
 // reuse of a message ID. It covers what the prompt says (session, text,
 // delivery) and deliberately not resume: a retry with resume=true of a
 // prompt first sent with resume=false is the same prompt, asking now to be
-// woken (DESIGN.md invariant 3).
+// woken (docs/design.md, invariant 3).
 func (p Prompt) Hash() []byte {
 	// Length-prefixed fields: no two different prompts hash alike by
 	// moving bytes between fields. One buffer, one sha256 pass: admission

@@ -28,6 +28,7 @@ func TestMain(m *testing.M) { testkit.Main(m) }
 // are part of the tested contract, so their absence fails the test.
 func nodeExample(t *testing.T) (node, dir string) {
 	t.Helper()
+	testkit.SkipInShortTier(t, "Node.js and the kafkajs example")
 	node, err := exec.LookPath("node")
 	require.NoError(t, err, "the kafkajs example needs Node.js (node) on PATH")
 	dir, err = filepath.Abs("node")
@@ -84,6 +85,7 @@ func printedPartitions(t *testing.T, out string) map[string]int32 {
 // are UTF-8 of 2, 3 and 4 bytes a character, ending in each tail length;
 // their envelopes are rejected as invalid_field, which is checked too.
 func TestProducersAgreeOnPartitions(t *testing.T) {
+	testkit.SkipInShortTier(t, "kcat, Node.js, Java 17 with Maven and Python 3")
 	t.Parallel()
 	node, dir := nodeExample(t)
 	kcat, err := exec.LookPath("kcat")

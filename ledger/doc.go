@@ -1,9 +1,19 @@
 // Package ledger is the durable record of executions: the claim that makes
 // one execution the single writer of a session (with its fencing token,
-// phase and lease), and, in the next issue, provider attempts and tool
-// calls.
+// phase and lease), the provider attempts and tool calls of each step
+// (intent committed before dispatch, result before anything acts on it:
+// P4), and the Pruner that deletes the ledger rows of executions nothing
+// can need again.
 //
-// Invariants this package enforces (DESIGN.md numbering):
+// Two write paths share the fence. Execution.Write and Execution.Finish
+// run an interactive transaction: use them when the work reads and decides
+// between its statements. WriteQueued and FinishQueued send the fence and
+// statements known in advance as one batch, one implicit transaction in
+// one round trip, which group commit may merge with other sessions'
+// batches (groupcommit.go): the executor's hot path (promotion, an
+// attempt's intent and result, a turn's answer).
+//
+// Invariants this package enforces (docs/design.md numbering):
 //
 //   - 4. Acquire inserts a claim only when the session has none; it never
 //     replaces a live or an expired claim. Only Takeover (recovery's

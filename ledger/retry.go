@@ -18,7 +18,7 @@ import (
 // uncertain. A transient database error on such a write (a lost
 // connection, a server shutting down, a deadlock, a serialization failure,
 // a timeout: pgdb.Transient) says nothing about the write either, so it is
-// retried, with backoff, for as long as the lease lives (DESIGN.md
+// retried, with backoff, for as long as the lease lives (docs/design.md,
 // invariant 13). Left unretried, the turn would be left for recovery,
 // which can only call its outcome unknown.
 //

@@ -19,7 +19,7 @@ import (
 	"github.com/promptline/promptline/outbox"
 )
 
-// DESIGN.md invariants 5 and 13: a write of an execution that fails with a
+// docs/design.md, invariants 5 and 13: a write of an execution that fails with a
 // transient error is retried behind the fence while the lease lives, once
 // per write even when its commit's answer was lost, and never by an
 // execution that lost its claim meanwhile.

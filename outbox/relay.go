@@ -104,7 +104,8 @@ type RelayConfig struct {
 // Each pass is one transaction: take RelayLockKey, select the oldest
 // unpublished rows by ID, send them in one SendMessages call, mark them,
 // commit. A crash between the send and the commit publishes the batch
-// again (a harmless duplicate, DESIGN.md crash windows).
+// again: a harmless duplicate (docs/design.md, crash window
+// "outbox-published").
 //
 // A pass marks what Kafka took even when it refused some rows: a refused
 // row, and the later rows of its key (order per key), stay for the next
@@ -689,7 +690,7 @@ func permanent(err error) bool {
 
 // transient reports whether err is about the cluster or the connection,
 // not the row: such failures are retried for as long as they last and never
-// count toward quarantining a row (DESIGN.md invariant 13).
+// count toward quarantining a row (docs/design.md, invariant 13).
 func transient(err error) bool {
 	var ne net.Error
 	if errors.As(err, &ne) || errors.Is(err, io.EOF) || errors.Is(err, syscall.ECONNREFUSED) ||

@@ -74,7 +74,7 @@ type AdmitterConfig struct {
 
 // Admitter admits prompts into Postgres exactly once: inputs, their session
 // rows and their outbox rows (input.admitted, wakes) in one transaction per
-// batch (DESIGN.md invariant 1).
+// batch (docs/design.md, invariant 1).
 type Admitter struct {
 	pool *pgxpool.Pool
 	cfg  AdmitterConfig
@@ -99,7 +99,7 @@ type existing struct {
 
 // The kinds of input (inputs.kind). Internal inputs are told apart from
 // prompts by their kind, never by their message ID, which a sender
-// chooses (DESIGN.md invariant 14): a prompt is a prompt whatever its ID.
+// chooses (docs/design.md, invariant 14): a prompt is a prompt whatever its ID.
 const (
 	KindPrompt          = "prompt"
 	KindPermissionReply = "permission_reply"

@@ -29,7 +29,7 @@ func count(t *testing.T, pool *pgxpool.Pool, sql string, args ...any) int {
 
 // Every copy of a message ID in a batch is classified against the stored
 // row when there is one, as if each copy had come in a batch of its own
-// (DESIGN.md P2, invariants 2 and 3).
+// (docs/design.md, P2, invariants 2 and 3).
 func TestAdmitClassifiesEveryCopyAgainstTheStoredRow(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()

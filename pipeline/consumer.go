@@ -212,7 +212,7 @@ func (c *Consumer) consumePrompts(s sarama.ConsumerGroupSession, claim sarama.Co
 // handlePrompts decodes, admits and rejects one batch, retrying while
 // Postgres or the rejects topic is unavailable: the offset must not move
 // before every message of the batch is durable somewhere. What no retry
-// can fix becomes a reject instead (DESIGN.md invariant 13): a data error
+// can fix becomes a reject instead (docs/design.md, invariant 13): a data error
 // of Postgres for one prompt, a reject too large to publish whole.
 func (c *Consumer) handlePrompts(ctx context.Context, batch []*sarama.ConsumerMessage) error {
 	var good []Incoming

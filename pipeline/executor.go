@@ -397,13 +397,14 @@ func (e *Executor) execute(sessionID string, r *sessionRun, log *slog.Logger) {
 // (first is that turn): the session is read first without a claim, and the
 // claim is taken only if that read is still true (ledger.AcquireAsRead).
 // A crash before that commit leaves nothing (the wake is redelivered: the
-// prompt runs once); one after it is the attempt's intent window.
+// prompt runs once; crash window "claim-as-read"); one after it is the
+// attempt's intent window (crash window "provider-intent").
 // Otherwise (continuations, permission replies, the session changed since
 // the read, or the run already told to stop) the claim commits alone in
 // phase ready, reading the session in the same round trip, and promotion
 // follows: a crash between the two leaves a ready claim whose inputs
-// recovery re-wakes, so the prompt still runs once (DESIGN.md crash
-// windows).
+// recovery re-wakes, so the prompt still runs once (docs/design.md,
+// crash window "claim-ready").
 func (e *Executor) acquire(sessionID string, r *sessionRun, log *slog.Logger) (ex *execution, first *turn, err error) {
 	view := &sessionView{}
 	read, err := e.claims.Peek(e.ctx, sessionID, func(b *pgx.Batch) { view.queue(b, sessionID) })

@@ -92,7 +92,7 @@ func TestExecutor(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 
-	// DESIGN.md invariant 7: a wake for a session whose claim is live
+	// docs/design.md, invariant 7: a wake for a session whose claim is live
 	// elsewhere is dropped; the holder sees the input before it releases.
 	t.Run("WakeForClaimHeldElsewhereIsDroppedAndTheHolderRunsTheInput", func(t *testing.T) {
 		t.Parallel()

@@ -57,8 +57,7 @@ func TestFailedTurnNamesAnExistingMessage(t *testing.T) {
 		reg := tools.NewRegistry()
 		require.NoError(t, reg.Register(tools.NewEcho()))
 		claims := ledger.NewClaims(b.pool, &ledger.ClaimsConfig{Lease: 5 * time.Second, OwnerID: "f"})
-		var e *pipeline.Executor
-		e = pipeline.NewExecutor(b.pool, &pipeline.ExecutorConfig{Claims: claims, Provider: provider, Tools: reg,
+		e := pipeline.NewExecutor(b.pool, &pipeline.ExecutorConfig{Claims: claims, Provider: provider, Tools: reg,
 			PermissionFunc: func(string) tools.Permission { return perm },
 			OnCommitFunc: func() {
 				var id string

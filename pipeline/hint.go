@@ -9,7 +9,7 @@ import (
 // the key, the partition count and the group's range assignment) need not
 // wait for its wake to travel through the relay and Kafka before it runs:
 // right after the admission commits, the consumer hands the session to the
-// executor directly, as if the wake had arrived (DESIGN.md: a wake is only a
+// executor directly, as if the wake had arrived (docs/design.md: a wake is only a
 // hint; an extra or a missing one costs latency, never a promise).
 //
 // The wake itself is still written, published and consumed, so a crash

@@ -54,7 +54,7 @@ func scanHistory(rows pgx.Rows) ([]TranscriptMessage, error) {
 			if err := json.Unmarshal([]byte(*body), &p); err != nil {
 				return fmt.Errorf("message %s: malformed tool call part: %w", id, err)
 			}
-			m.ToolCalls = append(m.ToolCalls, ToolCall{ID: p.ID, Name: p.Name, Input: p.Input})
+			m.ToolCalls = append(m.ToolCalls, ToolCall(p))
 		}
 		return nil
 	})

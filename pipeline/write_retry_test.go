@@ -75,7 +75,7 @@ func (p *gateProvider) Complete(ctx context.Context, req pipeline.ProviderReques
 	return resp, err
 }
 
-// DESIGN.md invariant 13: a transient database error on a write that
+// docs/design.md, invariant 13: a transient database error on a write that
 // records what a dispatch returned (the provider's answer, a tool's
 // result, a failed turn) is retried while the lease lives, and never turns
 // a known outcome into outcome_unknown. The executor reaches Postgres

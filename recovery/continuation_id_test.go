@@ -10,7 +10,7 @@ import (
 	"github.com/promptline/promptline/tools"
 )
 
-// A prompt may carry any message ID, a continuation's included (DESIGN.md
+// A prompt may carry any message ID, a continuation's included (docs/design.md,
 // invariant 14): the continuation then takes the ID no prompt can hold,
 // runs once, and the prompt runs as the prompt it is.
 func TestContinuationWhoseIDAPromptHolds(t *testing.T) {

@@ -1,10 +1,10 @@
 // Package recovery takes over expired claims and decides, from durable
 // evidence only, what is safe: clear, re-wake, continue, reconcile or
-// quarantine (DESIGN.md P1, P5, P6). It also re-wakes sessions whose wakes
+// quarantine (docs/design.md, P1, P5, P6). It also re-wakes sessions whose wakes
 // were lost. Every consumer runs it; correctness comes from
 // compare-and-swap, not from a leader.
 //
-// Invariants it keeps (DESIGN.md numbering):
+// Invariants it keeps (docs/design.md numbering):
 //
 //   - 4/9. An expired claim is taken over only by compare-and-swap on
 //     (session, execution, owner, expiry, not quarantined), bumping the

@@ -161,7 +161,7 @@ func (m *recoveryMachine) executor(owner string) *pipeline.Executor {
 }
 
 // executorOn is an executor whose every statement runs on pool. The tool
-// "ask" runs only with permission (DESIGN.md invariant 11).
+// "ask" runs only with permission (docs/design.md, invariant 11).
 func (m *recoveryMachine) executorOn(pool *pgxpool.Pool, owner string) *pipeline.Executor {
 	claims := ledger.NewClaims(pool, &ledger.ClaimsConfig{Lease: time.Minute, OwnerID: owner})
 	return pipeline.NewExecutor(pool, &pipeline.ExecutorConfig{Claims: claims, Provider: m.provider, Tools: m.reg,
@@ -580,13 +580,18 @@ func TestRecoveryStateMachine(t *testing.T) {
 	}
 }
 
-// rapidChecks is the -rapid.checks the run was given (rapid's default,
-// 100, when the flag is not there).
+// rapidChecks is the number of sequences rapid runs: -rapid.checks
+// (rapid's default, 100, when the flag is not there), a fifth of it under
+// -short.
 func rapidChecks() int {
+	n := 100
 	if f := flag.Lookup("rapid.checks"); f != nil {
-		if n, err := strconv.Atoi(f.Value.String()); err == nil {
-			return n
+		if v, err := strconv.Atoi(f.Value.String()); err == nil {
+			n = v
 		}
 	}
-	return 100
+	if testing.Short() {
+		n /= 5 // as rapid does
+	}
+	return n
 }

@@ -159,7 +159,7 @@ func sessionColumn(kind string) string {
 }
 
 // lockSessionOf locks the session row of a claim or an input (the first
-// lock of every writer of a session, DESIGN.md invariant 7) and returns the
+// lock of every writer of a session, docs/design.md, invariant 7) and returns the
 // session; an outbox row locks none ("").
 func lockSessionOf(ctx context.Context, tx pgx.Tx, kind, id string) (string, error) {
 	session := id

@@ -37,7 +37,7 @@ func TestOutboxQuarantine(t *testing.T) {
 }
 
 // Releasing a quarantined input serialises with admission and recovery on
-// the session row (DESIGN.md invariant 7) and wakes the session in the same
+// the session row (docs/design.md, invariant 7) and wakes the session in the same
 // transaction when nothing else will: no claim holds the session. Before
 // the fix the release neither locked the session nor wrote a wake, so the
 // input ran only when the redrive found it (here: never, its interval is an

@@ -559,7 +559,7 @@ func (r *Recoverer) reconcile(ctx context.Context, tx pgx.Tx, old ledger.Claim, 
 // continuation: a steer, so that it runs before queued prompts, and
 // returns its ID: ContinuationID, or ContinuationTakenID when a prompt
 // holds that one (a message ID is the sender's to choose; what an input is
-// says its kind, DESIGN.md invariant 14). A second admission is an exact
+// says its kind, docs/design.md, invariant 14). A second admission is an exact
 // retry; an ID held by an input of another session, kind or payload is
 // never taken for this one.
 func (r *Recoverer) admitContinuation(ctx context.Context, tx pgx.Tx, old ledger.Claim) (string, error) {

@@ -61,7 +61,7 @@ func (d *decisions) get() []string {
 }
 
 // A transient database error during a decision says nothing about the
-// claim (DESIGN.md invariant 13): the claim is left as it was, never
+// claim (docs/design.md, invariant 13): the claim is left as it was, never
 // quarantined, and the next pass decides it. Before the fix each of these
 // quarantined a healthy claim ("decision failed: ...") and the session
 // waited for an operator.

@@ -5,7 +5,7 @@
 //
 // Replay never joins the live consumer group and commits no offset: it
 // reads each partition with a plain Sarama partition consumer between
-// offsets resolved at start (DESIGN.md: on kfake a standalone offset
+// offsets resolved at start (docs/design.md: on kfake a standalone offset
 // manager for a group that never joined cannot commit anyway). Its
 // progress lives in the Report and, across interruptions, in a resume
 // file written by the caller.

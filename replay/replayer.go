@@ -429,8 +429,9 @@ func (r *Replayer) process(ctx, work context.Context, topic string, batch []*sar
 }
 
 // classify fills the outcomes of the decoded prompts. Prompts whose ID is
-// already admitted are classified by a read-only query (invariant 2); the
-// rest go through Admit, unless this is a dry run.
+// already admitted are classified by a read-only query (the package's
+// invariant 2, doc.go); the rest go through Admit, unless this is a dry
+// run.
 func (r *Replayer) classify(ctx, work context.Context, good []decoded, outcomes []Outcome) error {
 	if len(good) == 0 {
 		return nil

@@ -28,6 +28,7 @@ import (
 // does not match the exported series, a release that does not bring the
 // gauge back to zero, and dashboard queries that no longer parse.
 func TestQuarantineAlertEndToEnd(t *testing.T) {
+	testkit.SkipInShortTier(t, "prometheus")
 	t.Parallel()
 	promBin, err := exec.LookPath("prometheus")
 	require.NoError(t, err, "prometheus is not on PATH: apt-get install prometheus")

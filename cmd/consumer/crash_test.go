@@ -12,7 +12,7 @@ import (
 	"github.com/promptline/promptline/internal/kafkautil"
 )
 
-// The crash windows of DESIGN.md, killed with SIGKILL on real processes:
+// The crash windows of docs/design.md, killed with SIGKILL on real processes:
 // the consumer kills itself at a crash point (internal/faults), a second
 // consumer in the same group takes over and must finish the work without
 // repeating it.

@@ -18,6 +18,7 @@ import (
 
 	"github.com/promptline/promptline/envelope"
 	"github.com/promptline/promptline/internal/faults"
+	"github.com/promptline/promptline/internal/testkit"
 	"github.com/promptline/promptline/internal/testkit/pgproxy"
 )
 
@@ -51,6 +52,7 @@ func proxiedRun(t *testing.T) (*sweepRun, *pgproxy.Proxy) {
 // once the server has committed it, before the answer reaches the
 // consumer: the same process must recover and the invariants hold.
 func TestAmbiguousCommitSweep(t *testing.T) {
+	testkit.SkipInShortTier(t, longRunning)
 	t.Parallel()
 	started := time.Now()
 

@@ -72,12 +72,14 @@ const migrationVersionSQL = `SELECT coalesce(max(version_id), 0) FROM goose_db_v
 func (r *readiness) Check(ctx context.Context) error {
 	var v int64
 	if err := r.pool.QueryRow(ctx, migrationVersionSQL).Scan(&v); err != nil {
+		//lint:ignore ST1005 a reason shown on /readyz, led by the name of the dependency
 		return fmt.Errorf("Postgres: reading the migration version: %w", err)
 	}
 	if v < r.latest {
 		return fmt.Errorf("migrations: the database is at version %d, this binary needs %d", v, r.latest)
 	}
 	if !r.joined.Load() {
+		//lint:ignore ST1005 a reason shown on /readyz, led by the name of the dependency
 		return errors.New("Kafka: consumer group not joined (no assignment for the current generation)")
 	}
 	return nil

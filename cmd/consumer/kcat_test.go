@@ -10,6 +10,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/promptline/promptline/envelope"
+	"github.com/promptline/promptline/internal/testkit"
 )
 
 // TestKcatEndToEnd drives the running consumer with librdkafka's kcat
@@ -17,6 +18,7 @@ import (
 // docs/producers.md asks non-Java producers for) and reads both answers
 // back from session-events.
 func TestKcatEndToEnd(t *testing.T) {
+	testkit.SkipInShortTier(t, "kcat")
 	t.Parallel()
 	kcat, err := exec.LookPath("kcat")
 	require.NoError(t, err, "the end-to-end test needs kcat (librdkafka): apt-get install kcat")

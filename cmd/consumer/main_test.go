@@ -28,6 +28,11 @@ import (
 // started against the test's broker and database, stopped with SIGTERM or
 // killed by its own crash points.
 
+// longRunning is what the fast tier (go test -short) leaves out here: the
+// tests that run consumers as processes for seconds each. The tests of
+// flags and configuration, which run the binary for a moment, stay in it.
+const longRunning = "running consumer processes (crash, sweep, fault and interop tests)"
+
 // consumerBin is the path to exec the built consumer by.
 var consumerBin string
 
@@ -93,6 +98,7 @@ func startProc(t *testing.T, name, fault string, args ...string) *proc {
 // startProcEnv is startProc with variables added to the environment.
 func startProcEnv(t *testing.T, name string, env []string, args ...string) *proc {
 	t.Helper()
+	testkit.SkipInShortTier(t, longRunning)
 	p := &proc{name: name, stderr: testkit.NewSyncBuffer(), exited: make(chan struct{})}
 	p.cmd = &exec.Cmd{Path: consumerBin, Args: append([]string{"consumer"}, args...)}
 	p.cmd.Env = append(os.Environ(), env...)
@@ -214,6 +220,7 @@ type testBundle struct {
 
 func setup(t *testing.T) *testBundle {
 	t.Helper()
+	testkit.SkipInShortTier(t, longRunning)
 	addr := testkit.Broker(t, testPartitions).Addr()
 	pool, dbURL := testkit.Pool(t)
 	b := &testBundle{addr: addr, dbURL: dbURL, group: "test-" + uuid.NewString(), pool: pool}

@@ -22,7 +22,7 @@ import (
 	"github.com/promptline/promptline/outbox"
 )
 
-// One writer per session (DESIGN.md P3, invariants 4-7), on real processes:
+// One writer per session (docs/design.md, P3, invariants 4-7), on real processes:
 // consumers sharing a group through rebalances, two groups that both see
 // every prompt and wake, a paused executor whose lease ran out (the zombie
 // crash window), and graceful and hurried shutdowns.
@@ -383,8 +383,8 @@ func attemptStates(t *testing.T, b *testBundle, msgID string) []string {
 	return states
 }
 
-// TestZombieIsFenced is the crash window "executor paused past its lease,
-// then resumes". A is paused (SIGSTOP) in the middle of a provider call;
+// TestZombieIsFenced kills crash window "zombie" (docs/design.md): an
+// executor paused past its lease, then resumed. A is paused (SIGSTOP) in the middle of a provider call;
 // its lease runs out; the test, standing in for recovery, takes the claim
 // over by compare-and-swap and releases it with a wake, as recovery's
 // ready/unknown decision does; B runs the next prompt of the session. Then

@@ -16,7 +16,7 @@ import (
 // Recovery (issue "recovery") on real processes: a consumer is killed at a
 // crash point, a restarted one (leases of 1s, a pass every 300ms) takes the
 // expired claim over, and each test asserts the exact outcome of the one
-// decision the phase calls for (DESIGN.md, "Crash windows").
+// decision the phase calls for (docs/design.md, "Crash windows").
 
 // stepAfterSettle is the crash point of the `continue` window: the last
 // tool result of a step settled (phase continue committed), the next

@@ -22,6 +22,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/promptline/promptline/envelope"
+	"github.com/promptline/promptline/internal/testkit"
 )
 
 // The crash sweep (docs/testing.md): instead of crash points someone chose,
@@ -535,6 +536,7 @@ type sweepLeg struct {
 // provider (which honours no idempotency key), and a workload of provider
 // steps with the HTTP provider against a server that honours them.
 func TestCrashSweep(t *testing.T) {
+	testkit.SkipInShortTier(t, longRunning)
 	t.Parallel()
 	for _, leg := range []sweepLeg{
 		{name: legScripted, newRun: newSweepRun, sample: 6},

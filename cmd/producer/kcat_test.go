@@ -20,6 +20,7 @@ import (
 // librdkafka is part of the contract, so a missing kcat fails the test.
 func kcatPath(t *testing.T) string {
 	t.Helper()
+	testkit.SkipInShortTier(t, "kcat")
 	path, err := exec.LookPath("kcat")
 	require.NoError(t, err, "the interop test needs kcat (librdkafka): apt-get install kcat")
 	return path

@@ -10,7 +10,7 @@ import (
 )
 
 // transientCodes are the SQLSTATEs that say nothing about the statement or
-// its data: the same statement may succeed when run again (DESIGN.md
+// its data: the same statement may succeed when run again (docs/design.md,
 // invariant 13: retried, never quarantined).
 var transientCodes = map[string]bool{
 	"40001": true, // serialization_failure

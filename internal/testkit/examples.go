@@ -67,6 +67,7 @@ func newer(outs, ins []string) bool {
 // holds what it needs, online otherwise.
 func JavaProducer(ctx context.Context, tb testing.TB, args ...string) *exec.Cmd {
 	tb.Helper()
+	SkipInShortTier(tb, "Java 17 and Maven (the Java producer example)")
 	java, err := exec.LookPath("java")
 	if err != nil {
 		tb.Fatal("the Java producer example needs a Java 17 runtime (java) on PATH")
@@ -112,6 +113,7 @@ func JavaProducer(ctx context.Context, tb testing.TB, args ...string) *exec.Cmd 
 // is missing or the requirements changed.
 func PythonProducer(ctx context.Context, tb testing.TB, args ...string) *exec.Cmd {
 	tb.Helper()
+	SkipInShortTier(tb, "Python 3 with venv (the Python producer example)")
 	dir := filepath.Join(examplesDir(tb), "python")
 	venv := filepath.Join(dir, ".venv")
 	python := filepath.Join(venv, "bin", "python")

@@ -1,6 +1,6 @@
 -- +goose Up
 -- Sessions: one row per session. Admission upserts it and executions lock it,
--- so admission and release serialise on it (DESIGN.md invariant 7).
+-- so admission and release serialise on it (docs/design.md, invariant 7).
 CREATE TABLE sessions (
     session_id    text        PRIMARY KEY,
     fencing_token bigint      NOT NULL DEFAULT 0,

@@ -1,7 +1,7 @@
 -- +goose Up
 -- Claims: at most one per session. The fencing token comes from
 -- sessions.fencing_token, which only grows; every write of an execution is
--- conditional on its token and a live lease (DESIGN.md invariant 5).
+-- conditional on its token and a live lease (docs/design.md, invariant 5).
 -- phase has no CHECK on purpose: recovery must be able to read a row with an
 -- unknown phase and quarantine it rather than fail on it.
 CREATE TABLE claims (

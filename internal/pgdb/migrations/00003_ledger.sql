@@ -1,6 +1,6 @@
 -- +goose Up
 -- Provider attempts: intent committed before dispatch, result before anything
--- acts on it (DESIGN.md P4). attempt_id is derived from the execution and the
+-- acts on it (docs/design.md, P4). attempt_id is derived from the execution and the
 -- step number, so a retry of the same step reuses it and its idempotency key.
 CREATE TABLE attempts (
     attempt_id           text        PRIMARY KEY,

@@ -40,7 +40,7 @@ DROP INDEX CONCURRENTLY IF EXISTS inputs_redrive;
 DROP INDEX CONCURRENTLY IF EXISTS claims_expiry;
 ALTER TABLE claims SET (fillfactor = 70);
 
--- The fence that opens every write of an execution (DESIGN.md invariant 5):
+-- The fence that opens every write of an execution (docs/design.md, invariant 5):
 -- the claim's token matches, its lease is live by the database clock and it
 -- is not quarantined; the lease is renewed in the same statement, and so is
 -- the phase when the caller sets one (p_phase NULL keeps it; the phase

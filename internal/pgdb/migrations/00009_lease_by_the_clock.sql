@@ -1,6 +1,6 @@
 -- +goose Up
 -- A lease is judged by the database clock at the moment the fence runs,
--- not at its transaction's start (DESIGN.md invariants 5 and 6). now() is
+-- not at its transaction's start (docs/design.md, invariants 5 and 6). now() is
 -- the start of the transaction, and a transaction can wait inside itself:
 -- a release locks the session row first and may wait up to lock_timeout,
 -- and a combined group commit runs many sessions' fences under one start

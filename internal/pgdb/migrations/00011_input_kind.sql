@@ -1,5 +1,5 @@
 -- +goose Up
--- What an input is (DESIGN.md invariant 14): a prompt, a permission reply's
+-- What an input is (docs/design.md, invariant 14): a prompt, a permission reply's
 -- input, or a recovery continuation. Before this migration the executor,
 -- the waiting_inputs view and the rest told internal inputs by a message ID
 -- prefix (permission-reply-, recovery-continue-), which any sender may also
