@@ -15,7 +15,8 @@
 #                                    and format its storage (used by the Go test kit)
 #   scripts/kafka.sh node DIR N      exec node N of DIR in the foreground (the JVM replaces this shell)
 #
-# KAFKA_HEAP (default -Xmx384m) is each node's heap; KAFKA_CACHE (default
+# KAFKA_HEAP (default -Xmx384m) is each node's heap, KAFKA_JVM_OPTS (default
+# -XX:TieredStopAtLevel=1) its JIT; KAFKA_CACHE (default
 # .cache/kafka under the repository) holds the jars.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -24,6 +25,9 @@ version=$(sed -n 's:.*<kafka.version>\(.*\)</kafka.version>.*:\1:p' "$pom")
 cache=${KAFKA_CACHE:-$root/.cache/kafka}
 libs=$cache/$version/libs
 heap=${KAFKA_HEAP:--Xmx384m}
+# C1 only: a node starts with a fraction of the CPU (tests, make kafka); set
+# KAFKA_JVM_OPTS= for full JIT (benchmarks).
+jvmopts=${KAFKA_JVM_OPTS--XX:TieredStopAtLevel=1}
 
 # libs resolves the jars once: a stamp with the pom's checksum marks a
 # complete copy, so a second run needs no network. Concurrent callers (test
@@ -112,7 +116,7 @@ rootLogger.appenderRef.out.ref = out
 logger.state.name = state.change.logger
 logger.state.level = warn
 EOF
-		java $heap -cp "$libs/*" -Dlog4j2.configurationFile="$node/log4j2.properties" \
+		java $heap $jvmopts -cp "$libs/*" -Dlog4j2.configurationFile="$node/log4j2.properties" \
 			kafka.tools.StorageTool format --ignore-formatted -t "$id" -c "$node/server.properties" >"$node/logs/format.log" 2>&1 ||
 			{ cat "$node/logs/format.log" >&2; exit 1; }
 	done
@@ -122,7 +126,7 @@ EOF
 # process reaches the JVM itself.
 node() {
 	local node=$1/node-$2
-	exec java $heap -Xss1m -XX:+UseSerialGC -Djava.awt.headless=true \
+	exec java $heap $jvmopts -Xss1m -XX:+UseSerialGC -Djava.awt.headless=true \
 		-Dlog4j2.configurationFile="$node/log4j2.properties" -Dkafka.logs.dir="$node/logs" \
 		-cp "$libs/*" kafka.Kafka "$node/server.properties"
 }
@@ -159,11 +163,23 @@ cluster() {
 		bootstrap+="${bootstrap:+,}127.0.0.1:$b"
 	done
 	prepare "$dir" "${pairs[@]}"
+	# One node after another: a node shuts down in order only while the
+	# controllers keep a quorum, so the last of three (alone) gets SIGKILL
+	# after its grace.
 	stop() {
 		trap - INT TERM EXIT
 		echo "stopping Apache Kafka"
-		kill -TERM "${pids[@]}" 2>/dev/null || true
-		wait "${pids[@]}" 2>/dev/null || true
+		local i pid t
+		for ((i = ${#pids[@]} - 1; i >= 0; i--)); do
+			pid=${pids[$i]}
+			kill -TERM "$pid" 2>/dev/null || continue
+			for ((t = 0; t < 100; t++)); do
+				kill -0 "$pid" 2>/dev/null || break
+				sleep 0.1
+			done
+			kill -KILL "$pid" 2>/dev/null || true
+			wait "$pid" 2>/dev/null || true
+		done
 	}
 	trap stop EXIT
 	trap 'exit 0' INT TERM

@@ -117,16 +117,14 @@ func (k *ApacheKafka) StartNode(n int) error {
 // KillNode sends node n SIGKILL and waits for it to exit.
 func (k *ApacheKafka) KillNode(n int) { k.stopNode(n, syscall.SIGKILL, 0) }
 
-// Stop stops every node: SIGTERM (a controlled shutdown), then SIGKILL
-// after 30 seconds. It may be called twice.
+// Stop stops every node, the last first: SIGTERM (a controlled
+// shutdown), then SIGKILL after 10 seconds. Stopped all at once, the nodes
+// of a quorum wait for each other's controllers and never exit; one after
+// another, only the last node (a quorum of one of three) needs SIGKILL. It
+// may be called twice.
 func (k *ApacheKafka) Stop() {
-	for i := range k.nodes {
-		if nd := k.nodes[i]; nd != nil {
-			_ = nd.cmd.Process.Signal(syscall.SIGTERM)
-		}
-	}
-	for i := range k.nodes {
-		k.stopNode(i+1, syscall.SIGTERM, 30*time.Second)
+	for i := len(k.nodes); i > 0; i-- {
+		k.stopNode(i, syscall.SIGTERM, 10*time.Second)
 	}
 }
 
