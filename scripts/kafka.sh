@@ -58,14 +58,13 @@ cluster_id() { head -c 16 /dev/urandom | base64 | tr '+/' '-_' | tr -d '=\n'; }
 prepare() {
 	local dir=$1
 	shift
-	local n=$# voters="" i=0 pair id rf isr
+	local n=$# voters="" i=0 pair rf isr
 	for pair in "$@"; do
 		i=$((i + 1))
 		voters+="${voters:+,}$i@127.0.0.1:${pair#*:}"
 	done
 	rf=$n
 	isr=$((n > 1 ? 2 : 1))
-	id=$(cluster_id)
 	i=0
 	for pair in "$@"; do
 		i=$((i + 1))
@@ -93,9 +92,8 @@ share.coordinator.state.topic.replication.factor=$rf
 share.coordinator.state.topic.min.isr=$isr
 # promptline creates its topics (consumer start, EnsureTopics); nothing else may.
 auto.create.topics.enable=false
-# Tests and the demo run groups with short sessions and no join delay.
+# A group's first join is not delayed (Kafka's default waits 3s for more members).
 group.initial.rebalance.delay.ms=0
-group.min.session.timeout.ms=500
 EOF
 		cat >"$node/log4j2.properties" <<EOF
 status = warn
@@ -116,10 +114,38 @@ rootLogger.appenderRef.out.ref = out
 logger.state.name = state.change.logger
 logger.state.level = warn
 EOF
-		java $heap $jvmopts -cp "$libs/*" -Dlog4j2.configurationFile="$node/log4j2.properties" \
-			kafka.tools.StorageTool format --ignore-formatted -t "$id" -c "$node/server.properties" >"$node/logs/format.log" 2>&1 ||
-			{ cat "$node/logs/format.log" >&2; exit 1; }
 	done
+	formatted "$dir" "$n"
+	for i in $(seq 1 "$n"); do
+		cp -R "$cache/$version/formatted-$n/node-$i/." "$dir/node-$i/data/"
+	done
+}
+
+# formatted DIR N: KRaft storage for a cluster of N nodes, formatted once
+# (a JVM per node) and copied for every cluster after: storage holds no
+# port or path, only the cluster's and the node's IDs, and clusters on
+# other ports never meet.
+formatted() {
+	local dir=$1 n=$2 tmpl=$cache/$version/formatted-$n i id
+	[ -f "$tmpl/.complete" ] && return
+	exec 8>"$cache/.format-lock"
+	flock 8
+	if [ ! -f "$tmpl/.complete" ]; then
+		rm -rf "$tmpl.tmp"
+		id=$(cluster_id)
+		for i in $(seq 1 "$n"); do
+			mkdir -p "$tmpl.tmp/node-$i"
+			sed "s|^log.dirs=.*|log.dirs=$tmpl.tmp/node-$i|" "$dir/node-$i/server.properties" >"$tmpl.tmp/server-$i.properties"
+			java $heap $jvmopts -cp "$libs/*" -Dlog4j2.configurationFile="$dir/node-$i/log4j2.properties" \
+				kafka.tools.StorageTool format -t "$id" -c "$tmpl.tmp/server-$i.properties" >"$dir/node-$i/logs/format.log" 2>&1 ||
+				{ cat "$dir/node-$i/logs/format.log" >&2; exit 1; }
+			rm "$tmpl.tmp/server-$i.properties"
+		done
+		rm -rf "$tmpl"
+		mv "$tmpl.tmp" "$tmpl"
+		touch "$tmpl/.complete"
+	fi
+	exec 8>&-
 }
 
 # node DIR N runs node N in the foreground; exec, so that a signal to this

@@ -15,11 +15,11 @@ import (
 // KafkaEnv is the switch that chooses the broker of Broker: unset or
 // "embedded" for the embedded broker, "apache" for Apache Kafka (make
 // test/kafka).
-const KafkaEnv = "PROMPTLINE_TEST_KAFKA"
+const KafkaEnv = kafkautil.TestKafkaEnv
 
 // KafkaJVMsEnv bounds how many Apache Kafka nodes one test binary runs at
 // once (each a JVM). Defaults to 2.
-const KafkaJVMsEnv = "PROMPTLINE_TEST_KAFKA_JVMS"
+const KafkaJVMsEnv = kafkautil.TestKafkaJVMsEnv
 
 // ApacheKafkaEnabled reports whether Broker gives tests Apache Kafka.
 func ApacheKafkaEnabled() bool { return os.Getenv(KafkaEnv) == "apache" }
