@@ -32,7 +32,7 @@ examples/node/node_modules: examples/node/package.json examples/node/package-loc
 # PROMPTLINE_TEST_KAFKA_JVMS (2) at once per package, one package at a time.
 KAFKA_TESTS_CONSUMER := ^(TestKcatEndToEnd|TestCrashAfter.*|TestCrashBefore.*|TestCrashDuring.*|TestTwoConsumersOneGroupWithRebalance|TestTwoGroupsEachPromptRunsOnce|TestZombieIsFenced|TestGracefulShutdownReleasesWithWake|TestPermissionRepliesAcrossRestart|TestReplayCommand|TestScaleOutKillOne)$$
 .PHONY: test/kafka
-test/kafka: examples/node/node_modules ## the integration, interop, crash, zombie, replay and permission tests against Apache Kafka (kafka/pom.xml; Java 17, Maven)
+test/kafka: ## the integration, interop, crash, zombie, replay and permission tests against Apache Kafka (kafka/pom.xml; Java 17, Maven)
 	./scripts/kafka.sh libs >/dev/null
 	PROMPTLINE_TEST_KAFKA=apache $(GO) test -count=1 -p 1 -timeout 60m ./internal/testkit ./outbox ./replay ./pipeline ./cmd/producer
 	PROMPTLINE_TEST_KAFKA=apache $(GO) test -count=1 -p 1 -timeout 60m -run '$(KAFKA_TESTS_CONSUMER)' ./cmd/consumer

@@ -179,7 +179,8 @@ cluster() {
 	local mode=$1 n=${2:-1}
 	case $n in 1 | 3) ;; *) echo "NODES is 1 or 3" >&2; exit 2 ;; esac
 	ensure_libs
-	local dir pairs=() bootstrap="" port=${KAFKA_PORT:-19092} b c i pids=()
+	local dir pairs=() bootstrap="" port=${KAFKA_PORT:-19092} b c i
+	pids=() # global: stop runs from the EXIT trap, after this function returned
 	dir=$(mktemp -d -t promptline-kafka.XXXXXX)
 	for i in $(seq 1 "$n"); do
 		b=$(free_port "$port")

@@ -105,6 +105,7 @@ func (k *ApacheKafka) StartNode(n int) error {
 	// The script execs the JVM: the process started here is the node.
 	cmd := exec.Command(script, "node", k.dir, strconv.Itoa(n))
 	cmd.Stdout, cmd.Stderr = out, out
+	dieWithTest(cmd)
 	if err := cmd.Start(); err != nil {
 		return fmt.Errorf("starting Apache Kafka node %d: %w", n, err)
 	}
