@@ -35,6 +35,16 @@ examples/node/node_modules: examples/node/package.json examples/node/package-loc
 test/short: ## the fast tier: the tests that need no Node, kcat, promtool, Java, Python nor consumer processes (go test -short; docs/testing.md)
 	$(GO) test -short -count=1 ./...
 
+# The suites that talk to a broker, against Apache Kafka instead of the
+# embedded broker (docs/testing.md, "Apache Kafka"): a node per test, at most
+# PROMPTLINE_TEST_KAFKA_JVMS (2) at once per package, one package at a time.
+KAFKA_TESTS_CONSUMER := ^(TestKcatEndToEnd|TestCrashAfter.*|TestCrashBefore.*|TestCrashDuring.*|TestTwoConsumersOneGroupWithRebalance|TestTwoGroupsEachPromptRunsOnce|TestZombieIsFenced|TestGracefulShutdownReleasesWithWake|TestPermissionRepliesAcrossRestart|TestReplayCommand|TestScaleOutKillOne)$$
+.PHONY: test/kafka
+test/kafka: ## the integration, interop, crash, zombie, replay and permission tests against Apache Kafka (kafka/pom.xml; Java 17, Maven)
+	./scripts/kafka.sh libs >/dev/null
+	PROMPTLINE_TEST_KAFKA=apache $(GO) test -count=1 -p 1 -timeout 60m ./internal/testkit ./outbox ./replay ./pipeline ./cmd/producer
+	PROMPTLINE_TEST_KAFKA=apache $(GO) test -count=1 -p 1 -timeout 60m -run '$(KAFKA_TESTS_CONSUMER)' ./cmd/consumer
+
 .PHONY: test/race
 test/race: examples/node/node_modules ## the default suite under the race detector
 	$(GO) test -race -count=1 ./...
@@ -57,6 +67,10 @@ test/mutation: ## mutation score of ledger, recovery, outbox, envelope and pipel
 chaos: ## the chaos soak: 3 consumers, a restartable broker, Postgres behind a proxy, random faults for CHAOS_DURATION (default 60s), then a checker's table (docs/testing.md)
 	CHAOS_DURATION=$${CHAOS_DURATION:-60s} $(GO) test -tags chaos -count=1 -timeout 0 -run '^(TestChaosSoak|TestChaosZombieCheck)$$' -v ./cmd/consumer 2>&1 \
 	  | grep -E '^(=== RUN|--- FAIL|FAIL|ok|PASS)|chaos |^ *\||panic|did not exit|should stop|Error( Trace)?:|Messages:|^ +FAIL ' ; exit $${PIPESTATUS[0]}
+
+.PHONY: kafka
+kafka: ## Apache Kafka (kafka/pom.xml's version) in the foreground: KAFKA_NODES=1 or 3 nodes on loopback; prints its --brokers list; Ctrl-C stops it
+	./scripts/kafka.sh run $${KAFKA_NODES:-1}
 
 .PHONY: lint
 lint: $(STATICCHECK) ## gofmt, go vet and staticcheck (staticcheck.conf), also with the faults and chaos build tags

@@ -27,7 +27,7 @@ const (
 
 type testBundle struct {
 	pool     *pgxpool.Pool
-	broker   *kafkautil.Broker
+	broker   *testkit.TestBroker
 	producer sarama.SyncProducer
 	logs     *logRecorder
 }
@@ -555,12 +555,8 @@ func TestRelay(t *testing.T) {
 		require.Contains(t, b.logs.warnings()[0], "publish failed")
 		require.Equal(t, 2, unpublished(t, b.pool), "a failed publish marks nothing")
 
-		// The broker comes back on the same address (empty: it kept no data).
-		back, err := kafkautil.StartBroker(kafkautil.BrokerConfig{
-			Addr: addr, Partitions: testPartitions, Topics: kafkautil.Topics{}.WithDefaults().All(),
-		})
-		require.NoError(t, err)
-		defer back.Close()
+		// The broker comes back on the same address.
+		require.NoError(t, b.broker.Restart())
 		require.Eventually(t, func() bool { return unpublished(t, b.pool) == 0 }, 30*time.Second, 10*time.Millisecond)
 		got := readTopic(t, addr, testTopic, 2)
 		requireKeyOrder(t, got)

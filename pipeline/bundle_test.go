@@ -205,8 +205,13 @@ func readTopic(t *testing.T, brokers []string, topic string) *topicReader {
 	var wg sync.WaitGroup
 	var pcs []sarama.PartitionConsumer
 	for _, p := range parts {
-		pc, err := c.ConsumePartition(topic, p, sarama.OffsetOldest)
-		require.NoError(t, err)
+		// A topic just created may have no leader for a moment (Apache
+		// Kafka): the reader, like any client, tries again.
+		var pc sarama.PartitionConsumer
+		require.Eventually(t, func() bool {
+			pc, err = c.ConsumePartition(topic, p, sarama.OffsetOldest)
+			return err == nil
+		}, 30*time.Second, 50*time.Millisecond, "consuming %s/%d", topic, p)
 		pcs = append(pcs, pc)
 		wg.Add(1)
 		go func() {

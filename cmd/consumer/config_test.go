@@ -72,6 +72,14 @@ func TestConfig(t *testing.T) {
 		require.ErrorContains(t, err, "environment variable PROMPTLINE_GRUOP: unknown setting")
 	})
 
+	// The tests' broker switch reaches the processes a test starts; it is
+	// not a setting, so it must not stop them (make test/kafka).
+	t.Run("TestBrokerSwitchIsNotASetting", func(t *testing.T) {
+		t.Parallel()
+		p := configPrint(t, []string{"PROMPTLINE_TEST_KAFKA=apache", "PROMPTLINE_TEST_KAFKA_JVMS=2", "PROMPTLINE_GROUP=g"})
+		require.Equal(t, "g", p["group"].Value)
+	})
+
 	t.Run("Precedence", func(t *testing.T) {
 		t.Parallel()
 		file := writeConfig(t, `

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"slices"
 	"strings"
 	"time"
 
@@ -126,8 +127,9 @@ func newRootCommandEnv(environ func() []string) *cobra.Command {
 		EnvironFunc: environ,
 		// DATABASE_URL stays accepted, below PROMPTLINE_DATABASE_URL.
 		EnvAliases: map[string]string{"DATABASE_URL": "database-url"},
-		// The crash-point switch of fault builds (internal/faults), not a setting.
-		IgnoreEnv: faults.EnvVars,
+		// The crash-point switch of fault builds (internal/faults) and the
+		// tests' broker switch, not settings.
+		IgnoreEnv: slices.Concat(faults.EnvVars, kafkautil.TestEnvVars),
 		// The producer's settings in a shared environment are not typos.
 		Program: "consumer",
 	})

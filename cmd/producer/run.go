@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"slices"
 	"strings"
 
 	"github.com/IBM/sarama"
@@ -74,7 +75,7 @@ events promptline publishes back. See docs/producers.md.`,
 	pf.StringVar(&k.security.SASLPasswordFile, "sasl-password-file", "", "file holding the SASL password (PLAIN, SCRAM)")
 	pf.StringVar(&k.security.SASLTokenFile, "sasl-token-file", "", "file holding the OAUTHBEARER token, read again at each connection")
 	root.AddCommand(newSendCommand(k), newWatchCommand(k))
-	cliconfig.New(&cliconfig.Config{EnvironFunc: environ, IgnoreEnv: faults.EnvVars, Program: "producer"}).Install(root)
+	cliconfig.New(&cliconfig.Config{EnvironFunc: environ, IgnoreEnv: slices.Concat(faults.EnvVars, kafkautil.TestEnvVars), Program: "producer"}).Install(root)
 	return root
 }
 

@@ -9,6 +9,18 @@ import (
 	"github.com/twmb/franz-go/pkg/kfake"
 )
 
+// The tests' broker switch (testkit.Broker): PROMPTLINE_TEST_KAFKA=apache
+// gives tests Apache Kafka, PROMPTLINE_TEST_KAFKA_JVMS bounds its nodes at
+// once. They are not settings: the programs ignore them (TestEnvVars), so
+// that the processes a test starts inherit them harmlessly.
+const (
+	TestKafkaEnv     = "PROMPTLINE_TEST_KAFKA"
+	TestKafkaJVMsEnv = "PROMPTLINE_TEST_KAFKA_JVMS"
+)
+
+// TestEnvVars lists the variables of the tests' broker switch.
+var TestEnvVars = []string{TestKafkaEnv, TestKafkaJVMsEnv}
+
 // BrokerConfig configures the embedded broker.
 type BrokerConfig struct {
 	// Addr is the TCP address to listen on. Defaults to "127.0.0.1:9092";

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"time"
 
 	"github.com/IBM/sarama"
 )
@@ -63,12 +64,59 @@ func EnsureTopics(admin sarama.ClusterAdmin, t Topics, partitions int32, replica
 		}
 		created = append(created, name)
 	}
+	if len(created) > 0 {
+		if err := awaitLeaders(admin, created, topicLeadersTimeout); err != nil {
+			return created, err
+		}
+	}
 	if p, w := existing[t.Prompts], existing[t.Wakes]; p.NumPartitions != 0 && w.NumPartitions != 0 && p.NumPartitions != w.NumPartitions && log != nil {
 		log.Warn("prompts and wakes differ in partition count: sessions lose partition affinity",
 			slog.String("prompts", t.Prompts), slog.Int("prompts_partitions", int(p.NumPartitions)),
 			slog.String("wakes", t.Wakes), slog.Int("wakes_partitions", int(w.NumPartitions)))
 	}
 	return created, nil
+}
+
+// topicLeadersTimeout bounds the wait for a created topic's leaders.
+const topicLeadersTimeout = 30 * time.Second
+
+// awaitLeaders waits until every partition of topics has a leader. Apache
+// Kafka (KRaft) answers CreateTopics once the controller has recorded the
+// topic; the brokers take the leadership a moment later, and a client that
+// reads or writes before that gets NOT_LEADER_OR_FOLLOWER (the embedded
+// broker creates topics with their leader at once).
+func awaitLeaders(admin sarama.ClusterAdmin, topics []string, timeout time.Duration) error {
+	deadline := time.Now().Add(timeout)
+	for {
+		metas, err := admin.DescribeTopics(topics)
+		if err == nil {
+			err = leaderless(metas)
+		}
+		if err == nil {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("waiting for the leaders of %v: %w", topics, err)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+func leaderless(metas []*sarama.TopicMetadata) error {
+	for _, m := range metas {
+		if m.Err != sarama.ErrNoError {
+			return fmt.Errorf("topic %s: %w", m.Name, m.Err)
+		}
+		if len(m.Partitions) == 0 {
+			return fmt.Errorf("topic %s: no partitions yet", m.Name)
+		}
+		for _, p := range m.Partitions {
+			if p.Err != sarama.ErrNoError || p.Leader < 0 {
+				return fmt.Errorf("topic %s partition %d: no leader yet", m.Name, p.ID)
+			}
+		}
+	}
+	return nil
 }
 
 // PartitionCount returns a function that asks the cluster, through client,

@@ -1,6 +1,9 @@
 package testkit
 
 import (
+	"context"
+	"os"
+	"strconv"
 	"testing"
 	"time"
 
@@ -9,18 +12,87 @@ import (
 	"github.com/promptline/promptline/internal/kafkautil"
 )
 
-// Broker starts the embedded broker on a free loopback port with
-// promptline's topics, for this test.
-func Broker(tb testing.TB, partitions int32) *kafkautil.Broker {
-	tb.Helper()
-	b, err := kafkautil.StartBroker(kafkautil.BrokerConfig{
-		Addr: "127.0.0.1:0", Partitions: partitions, Topics: kafkautil.Topics{}.WithDefaults().All(),
-	})
-	if err != nil {
-		tb.Fatal(err)
+// KafkaEnv is the switch that chooses the broker of Broker: unset or
+// "embedded" for the embedded broker, "apache" for Apache Kafka (make
+// test/kafka).
+const KafkaEnv = kafkautil.TestKafkaEnv
+
+// KafkaJVMsEnv bounds how many Apache Kafka nodes one test binary runs at
+// once (each a JVM). Defaults to 2.
+const KafkaJVMsEnv = kafkautil.TestKafkaJVMsEnv
+
+// ApacheKafkaEnabled reports whether Broker gives tests Apache Kafka.
+func ApacheKafkaEnabled() bool { return os.Getenv(KafkaEnv) == "apache" }
+
+// TestBroker is the broker of one test.
+type TestBroker struct {
+	addr    string
+	close   func()
+	restart func() error
+}
+
+// Addr is the bootstrap address.
+func (b *TestBroker) Addr() string { return b.addr }
+
+// Close stops the broker (Cleanup stops it too).
+func (b *TestBroker) Close() { b.close() }
+
+// Restart starts the broker again on the same address with promptline's
+// topics: the embedded broker comes back empty, Apache Kafka with its data.
+func (b *TestBroker) Restart() error { return b.restart() }
+
+var jvms = func() chan struct{} {
+	n, err := strconv.Atoi(os.Getenv(KafkaJVMsEnv))
+	if err != nil || n < 1 {
+		n = 2
 	}
-	tb.Cleanup(b.Close)
-	return b
+	return make(chan struct{}, n)
+}()
+
+// Broker starts a broker on a free loopback port with promptline's topics
+// (partitions each), for this test: the embedded broker, or a node of
+// Apache Kafka of its own when PROMPTLINE_TEST_KAFKA=apache (at most
+// PROMPTLINE_TEST_KAFKA_JVMS at once per test binary; a test waits for a
+// slot).
+func Broker(tb testing.TB, partitions int32) *TestBroker {
+	tb.Helper()
+	topics := kafkautil.Topics{}.WithDefaults()
+	if !ApacheKafkaEnabled() {
+		start := func(addr string) (*kafkautil.Broker, error) {
+			return kafkautil.StartBroker(kafkautil.BrokerConfig{Addr: addr, Partitions: partitions, Topics: topics.All()})
+		}
+		b, err := start("127.0.0.1:0")
+		if err != nil {
+			tb.Fatal(err)
+		}
+		tb.Cleanup(func() { b.Close() })
+		out := &TestBroker{addr: b.Addr(), close: b.Close}
+		out.restart = func() error {
+			back, err := start(out.addr)
+			if err == nil {
+				b = back
+				out.close = back.Close
+			}
+			return err
+		}
+		return out
+	}
+	jvms <- struct{}{}
+	tb.Cleanup(func() { <-jvms })
+	k := StartApacheKafka(tb, 1)
+	admin, err := sarama.NewClusterAdmin(k.Addrs(), kafkautil.NewConfig("testkit-topics"))
+	must(tb, err)
+	defer admin.Close()
+	_, err = kafkautil.EnsureTopics(admin, topics, partitions, 1, nil)
+	must(tb, err)
+	return &TestBroker{addr: k.Addr(), close: k.Stop, restart: func() error {
+		if err := k.StartNode(1); err != nil {
+			return err
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), ApacheKafkaStartTimeout)
+		defer cancel()
+		return k.awaitMetadata(ctx)
+	}}
 }
 
 // ReadAll returns every record of topic on the broker at addr, partition

@@ -1,0 +1,219 @@
+package testkit
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/IBM/sarama"
+
+	"github.com/promptline/promptline/internal/kafkautil"
+)
+
+// ApacheKafkaStartTimeout bounds resolving the jars (the first time only),
+// formatting storage and starting every node until the metadata names them
+// all. A JVM starts in a few seconds on an idle machine, in tens on a busy
+// one.
+const ApacheKafkaStartTimeout = 3 * time.Minute
+
+// ApacheKafka is an Apache Kafka cluster started for one test by
+// StartApacheKafka: every node a combined broker+controller of one KRaft
+// quorum, each its own JVM on loopback ports, from the jars that
+// scripts/kafka.sh resolves (kafka/pom.xml pins the version).
+type ApacheKafka struct {
+	dir   string
+	addrs []string
+	nodes []*node
+}
+
+// node is a running JVM; done closes when it has exited.
+type node struct {
+	cmd  *exec.Cmd
+	done chan struct{}
+}
+
+// StartApacheKafka starts an Apache Kafka cluster of nodes (1 or 3) for
+// this test, with its data and logs in the test's temporary directory, and
+// stops it in Cleanup. The first call on a machine resolves the jars with
+// Maven (network); later ones run offline.
+func StartApacheKafka(tb testing.TB, nodes int) *ApacheKafka {
+	tb.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), ApacheKafkaStartTimeout)
+	defer cancel()
+	script, err := kafkaScript()
+	must(tb, err)
+	k := &ApacheKafka{dir: tb.TempDir()}
+	args := []string{"prepare", k.dir}
+	for range nodes {
+		broker, controller := freePort(tb), freePort(tb)
+		args = append(args, broker+":"+controller)
+		k.addrs = append(k.addrs, "127.0.0.1:"+broker)
+	}
+	if out, err := exec.CommandContext(ctx, script, args...).CombinedOutput(); err != nil {
+		tb.Fatalf("preparing Apache Kafka: %v\n%s", err, out)
+	}
+	tb.Cleanup(func() {
+		k.Stop()
+		if tb.Failed() {
+			for i := range k.nodes {
+				tb.Logf("Apache Kafka node %d, last lines of its log:\n%s", i+1, tail(filepath.Join(k.NodeDir(i+1), "logs", "server.log"), 40))
+			}
+		}
+	})
+	for i := range nodes {
+		k.nodes = append(k.nodes, nil)
+		must(tb, k.StartNode(i+1))
+	}
+	if err := k.awaitMetadata(ctx); err != nil {
+		tb.Fatalf("Apache Kafka (logs in %s): %v", k.dir, err)
+	}
+	return k
+}
+
+// Addr is the first node's bootstrap address.
+func (k *ApacheKafka) Addr() string { return k.addrs[0] }
+
+// Addrs lists every node's bootstrap address.
+func (k *ApacheKafka) Addrs() []string { return k.addrs }
+
+// NodeDir is node n's directory (1-based): server.properties, data/, logs/.
+func (k *ApacheKafka) NodeDir(n int) string {
+	return filepath.Join(k.dir, "node-"+strconv.Itoa(n))
+}
+
+// StartNode starts node n (1-based), which must not be running; its
+// stdout goes to logs/stdout.log, its log to logs/server.log.
+func (k *ApacheKafka) StartNode(n int) error {
+	script, err := kafkaScript()
+	if err != nil {
+		return err
+	}
+	out, err := os.OpenFile(filepath.Join(k.NodeDir(n), "logs", "stdout.log"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+	if err != nil {
+		return err
+	}
+	defer out.Close()
+	// The script execs the JVM: the process started here is the node.
+	cmd := exec.Command(script, "node", k.dir, strconv.Itoa(n))
+	cmd.Stdout, cmd.Stderr = out, out
+	dieWithTest(cmd)
+	if err := cmd.Start(); err != nil {
+		return fmt.Errorf("starting Apache Kafka node %d: %w", n, err)
+	}
+	nd := &node{cmd: cmd, done: make(chan struct{})}
+	go func() { _ = cmd.Wait(); close(nd.done) }()
+	k.nodes[n-1] = nd
+	return nil
+}
+
+// KillNode sends node n SIGKILL and waits for it to exit.
+func (k *ApacheKafka) KillNode(n int) { k.stopNode(n, syscall.SIGKILL, 0) }
+
+// Stop stops every node, the last first: SIGTERM (a controlled
+// shutdown), then SIGKILL after 10 seconds. Stopped all at once, the nodes
+// of a quorum wait for each other's controllers and never exit; one after
+// another, only the last node (a quorum of one of three) needs SIGKILL. It
+// may be called twice.
+func (k *ApacheKafka) Stop() {
+	for i := len(k.nodes); i > 0; i-- {
+		k.stopNode(i, syscall.SIGTERM, 10*time.Second)
+	}
+}
+
+func (k *ApacheKafka) stopNode(n int, sig syscall.Signal, grace time.Duration) {
+	nd := k.nodes[n-1]
+	if nd == nil {
+		return
+	}
+	k.nodes[n-1] = nil
+	_ = nd.cmd.Process.Signal(sig)
+	if grace > 0 {
+		select {
+		case <-nd.done:
+			return
+		case <-time.After(grace):
+			_ = nd.cmd.Process.Kill()
+		}
+	}
+	<-nd.done
+}
+
+// awaitMetadata waits until the metadata names every node as a broker.
+func (k *ApacheKafka) awaitMetadata(ctx context.Context) error {
+	cfg := kafkautil.NewConfig("testkit-await")
+	cfg.Net.DialTimeout = time.Second
+	cfg.Metadata.Retry.Max = 0
+	var last error
+	for {
+		for i, nd := range k.nodes {
+			if nd == nil {
+				continue
+			}
+			select {
+			case <-nd.done:
+				return fmt.Errorf("node %d exited: %s", i+1, tail(filepath.Join(k.NodeDir(i+1), "logs", "stdout.log"), 20))
+			default:
+			}
+		}
+		client, err := sarama.NewClient(k.addrs, cfg)
+		if err == nil {
+			n := len(client.Brokers())
+			client.Close()
+			if n == len(k.addrs) {
+				return nil
+			}
+			err = fmt.Errorf("metadata names %d of %d brokers", n, len(k.addrs))
+		}
+		last = err
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("not serving metadata: %w", errors.Join(ctx.Err(), last))
+		case <-time.After(200 * time.Millisecond):
+		}
+	}
+}
+
+// kafkaScript finds scripts/kafka.sh above the working directory (a test
+// runs in its package's directory).
+func kafkaScript() (string, error) {
+	dir, err := os.Getwd()
+	if err != nil {
+		return "", err
+	}
+	for {
+		if _, err := os.Stat(filepath.Join(dir, "go.mod")); err == nil {
+			return filepath.Join(dir, "scripts", "kafka.sh"), nil
+		}
+		parent := filepath.Dir(dir)
+		if parent == dir {
+			return "", errors.New("scripts/kafka.sh: no go.mod above the working directory")
+		}
+		dir = parent
+	}
+}
+
+// freePort returns a loopback port that was free a moment ago.
+func freePort(tb testing.TB) string {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	must(tb, err)
+	defer ln.Close()
+	return strconv.Itoa(ln.Addr().(*net.TCPAddr).Port)
+}
+
+func tail(path string, lines int) string {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return err.Error()
+	}
+	all := strings.Split(strings.TrimRight(string(b), "\n"), "\n")
+	return strings.Join(all[max(0, len(all)-lines):], "\n")
+}
