@@ -1,0 +1,82 @@
+package testkit
+
+import (
+	"context"
+	"fmt"
+	"syscall"
+
+	"github.com/IBM/sarama"
+
+	"github.com/promptline/promptline/internal/kafkautil"
+)
+
+// Node control for the broker-failure tests: a node is addressed by its
+// number n (1-based), which is also its node.id, so the broker IDs that
+// Sarama's metadata names are node numbers.
+
+// RestartNode starts node n again on its data directory (after KillNode)
+// and waits until the metadata names every node again.
+func (k *ApacheKafka) RestartNode(n int) error {
+	if err := k.StartNode(n); err != nil {
+		return err
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), ApacheKafkaStartTimeout)
+	defer cancel()
+	return k.awaitMetadata(ctx)
+}
+
+// PauseNode sends node n SIGSTOP: the JVM holds its sockets open and
+// answers nothing, like a node in a long GC pause or a partitioned host.
+func (k *ApacheKafka) PauseNode(n int) error { return k.signal(n, syscall.SIGSTOP) }
+
+// ResumeNode sends node n SIGCONT.
+func (k *ApacheKafka) ResumeNode(n int) error { return k.signal(n, syscall.SIGCONT) }
+
+func (k *ApacheKafka) signal(n int, sig syscall.Signal) error {
+	nd := k.nodes[n-1]
+	if nd == nil {
+		return fmt.Errorf("Apache Kafka node %d is not running", n)
+	}
+	return nd.cmd.Process.Signal(sig)
+}
+
+// Leader returns the node that leads partition of topic, by fresh
+// metadata from the nodes that answer.
+func (k *ApacheKafka) Leader(topic string, partition int32) (int, error) {
+	client, err := k.client()
+	if err != nil {
+		return 0, err
+	}
+	defer client.Close()
+	if err := client.RefreshMetadata(topic); err != nil {
+		return 0, fmt.Errorf("metadata of %s: %w", topic, err)
+	}
+	b, err := client.Leader(topic, partition)
+	if err != nil {
+		return 0, fmt.Errorf("leader of %s/%d: %w", topic, partition, err)
+	}
+	return int(b.ID()), nil
+}
+
+// Coordinator returns the node that coordinates the consumer group.
+func (k *ApacheKafka) Coordinator(group string) (int, error) {
+	client, err := k.client()
+	if err != nil {
+		return 0, err
+	}
+	defer client.Close()
+	if err := client.RefreshCoordinator(group); err != nil {
+		return 0, fmt.Errorf("coordinator of %s: %w", group, err)
+	}
+	b, err := client.Coordinator(group)
+	if err != nil {
+		return 0, fmt.Errorf("coordinator of %s: %w", group, err)
+	}
+	return int(b.ID()), nil
+}
+
+func (k *ApacheKafka) client() (sarama.Client, error) {
+	cfg := kafkautil.NewConfig("testkit-control")
+	cfg.Metadata.Retry.Max = 1
+	return sarama.NewClient(k.addrs, cfg)
+}
