@@ -49,18 +49,7 @@ func StartApacheKafka(tb testing.TB, nodes int) *ApacheKafka {
 	tb.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), ApacheKafkaStartTimeout)
 	defer cancel()
-	script, err := kafkaScript()
-	must(tb, err)
-	k := &ApacheKafka{dir: tb.TempDir()}
-	args := []string{"prepare", k.dir}
-	for range nodes {
-		broker, controller := freePort(tb), freePort(tb)
-		args = append(args, broker+":"+controller)
-		k.addrs = append(k.addrs, "127.0.0.1:"+broker)
-	}
-	if out, err := exec.CommandContext(ctx, script, args...).CombinedOutput(); err != nil {
-		tb.Fatalf("preparing Apache Kafka: %v\n%s", err, out)
-	}
+	k := &ApacheKafka{}
 	tb.Cleanup(func() {
 		k.Stop()
 		if tb.Failed() {
@@ -69,14 +58,62 @@ func StartApacheKafka(tb testing.TB, nodes int) *ApacheKafka {
 			}
 		}
 	})
-	for i := range nodes {
-		k.nodes = append(k.nodes, nil)
-		must(tb, k.StartNode(i+1))
-	}
-	if err := k.awaitMetadata(ctx); err != nil {
+	// The ports are free when chosen and bound by the JVM seconds later:
+	// on a busy machine another process (a throwaway Postgres, another
+	// test's listener) can take one in between. Such a start is tried
+	// again on new ports, in a new directory; any other failure is the
+	// test's.
+	for try := 1; ; try++ {
+		err := k.start(ctx, tb, nodes)
+		if err == nil {
+			return k
+		}
+		if try < 3 && ctx.Err() == nil && k.portTaken() {
+			tb.Logf("Apache Kafka: a port was taken before the node bound it; starting again on new ports (%v)", err)
+			k.Stop()
+			continue
+		}
 		tb.Fatalf("Apache Kafka (logs in %s): %v", k.dir, err)
 	}
-	return k
+}
+
+// start prepares a cluster of nodes in a new directory on new ports and
+// starts it.
+func (k *ApacheKafka) start(ctx context.Context, tb testing.TB, nodes int) error {
+	script, err := kafkaScript()
+	if err != nil {
+		return err
+	}
+	k.dir, k.addrs, k.nodes = tb.TempDir(), nil, nil
+	args := []string{"prepare", k.dir}
+	for range nodes {
+		broker, controller := freePort(tb), freePort(tb)
+		args = append(args, broker+":"+controller)
+		k.addrs = append(k.addrs, "127.0.0.1:"+broker)
+	}
+	if out, err := exec.CommandContext(ctx, script, args...).CombinedOutput(); err != nil {
+		return fmt.Errorf("preparing Apache Kafka: %v\n%s", err, out)
+	}
+	for i := range nodes {
+		k.nodes = append(k.nodes, nil)
+		if err := k.StartNode(i + 1); err != nil {
+			return err
+		}
+	}
+	return k.awaitMetadata(ctx)
+}
+
+// portTaken says whether a node's log says it could not bind its port.
+func (k *ApacheKafka) portTaken() bool {
+	for i := range k.nodes {
+		for _, f := range []string{"server.log", "stdout.log"} {
+			b, err := os.ReadFile(filepath.Join(k.NodeDir(i+1), "logs", f))
+			if err == nil && strings.Contains(string(b), "Address already in use") {
+				return true
+			}
+		}
+	}
+	return false
 }
 
 // Addr is the first node's bootstrap address.
