@@ -87,8 +87,8 @@ $(STATICCHECK):
 	mv $(BIN)/.staticcheck/staticcheck $@ && rmdir $(BIN)/.staticcheck
 
 .PHONY: bench
-bench: ## print admission throughput, the raw ceiling, end-to-end latency, relay figures
-	$(GO) run ./cmd/bench
+bench: ## print admission throughput, the raw ceiling, end-to-end latency, relay figures (BENCH_FLAGS='--kafka both': also on Apache Kafka)
+	$(GO) run ./cmd/bench $(BENCH_FLAGS)
 	$(GO) test -run '^$$' -bench . -benchtime 2x ./outbox
 
 .PHONY: bench/latency
