@@ -42,7 +42,7 @@ KAFKA_TESTS_CONSUMER := ^(TestKcatEndToEnd|TestCrashAfter.*|TestCrashBefore.*|Te
 .PHONY: test/kafka
 test/kafka: ## the integration, interop, crash, zombie, replay and permission tests against Apache Kafka (kafka/pom.xml; Java 17, Maven)
 	./scripts/kafka.sh libs >/dev/null
-	PROMPTLINE_TEST_KAFKA=apache $(GO) test -count=1 -p 1 -timeout 60m ./internal/testkit ./outbox ./replay ./pipeline ./cmd/producer
+	PROMPTLINE_TEST_KAFKA=apache $(GO) test -count=1 -p 1 -timeout 60m ./internal/testkit ./internal/kafkautil ./outbox ./replay ./pipeline ./cmd/producer
 	PROMPTLINE_TEST_KAFKA=apache $(GO) test -count=1 -p 1 -timeout 60m -run '$(KAFKA_TESTS_CONSUMER)' ./cmd/consumer
 
 .PHONY: test/race
