@@ -42,7 +42,7 @@ KAFKA_TESTS_CONSUMER := ^(TestKcatEndToEnd|TestCrashAfter.*|TestCrashBefore.*|Te
 .PHONY: test/kafka
 test/kafka: ## the integration, interop, crash, zombie, replay and permission tests against Apache Kafka (kafka/pom.xml; Java 17, Maven)
 	./scripts/kafka.sh libs >/dev/null
-	PROMPTLINE_TEST_KAFKA=apache $(GO) test -count=1 -p 1 -timeout 60m ./internal/testkit ./outbox ./replay ./pipeline ./cmd/producer
+	PROMPTLINE_TEST_KAFKA=apache $(GO) test -count=1 -p 1 -timeout 60m ./internal/testkit ./internal/kafkautil ./outbox ./replay ./pipeline ./cmd/producer
 	PROMPTLINE_TEST_KAFKA=apache $(GO) test -count=1 -p 1 -timeout 60m -run '$(KAFKA_TESTS_CONSUMER)' ./cmd/consumer
 
 .PHONY: test/race
@@ -87,8 +87,8 @@ $(STATICCHECK):
 	mv $(BIN)/.staticcheck/staticcheck $@ && rmdir $(BIN)/.staticcheck
 
 .PHONY: bench
-bench: ## print admission throughput, the raw ceiling, end-to-end latency, relay figures
-	$(GO) run ./cmd/bench
+bench: ## print admission throughput, the raw ceiling, end-to-end latency, relay figures (BENCH_FLAGS='--kafka both': also on Apache Kafka)
+	$(GO) run ./cmd/bench $(BENCH_FLAGS)
 	$(GO) test -run '^$$' -bench . -benchtime 2x ./outbox
 
 .PHONY: bench/latency

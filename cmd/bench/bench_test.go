@@ -3,6 +3,9 @@ package main
 import (
 	"bytes"
 	"context"
+	"encoding/json"
+	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"testing"
@@ -103,6 +106,44 @@ func TestMeasurements(t *testing.T) {
 		var out bytes.Buffer
 		printScaleOut(&out, &r)
 		require.Contains(t, out.String(), "not a speed-up")
+	})
+
+	// One Apache Kafka node (Java 17 and Maven, as make test/kafka): the
+	// admission, latency and replay runs on both brokers, and their ratios.
+	t.Run("KafkaBoth", func(t *testing.T) {
+		cmd := newRootCommand()
+		var stdout, stderr bytes.Buffer
+		cmd.SetOut(&stdout)
+		cmd.SetErr(&stderr)
+		cmd.SetArgs([]string{"--kafka", "both", "--prompts", "200", "--rate", "50", "--duration", "2s", "--partitions", "4",
+			"--replay-prompts", "300", "--knobs=false", "--scaleout=false", "--json"})
+		require.NoError(t, cmd.ExecuteContext(ctx), stderr.String())
+		var rep report
+		require.NoError(t, json.Unmarshal(stdout.Bytes(), &rep))
+		require.Equal(t, "embedded, apache", rep.Machine["kafka"])
+		require.NotNil(t, rep.Apache, "the Apache Kafka figures")
+		for name, f := range map[string]kafkaFigures{"embedded": {rep.Admission, rep.Latency, rep.Replay}, "apache": *rep.Apache} {
+			require.Equal(t, 200, f.Admission.Prompts, name)
+			require.Positive(t, f.Admission.Rate, name)
+			require.Zero(t, f.Latency.Missing, name)
+			require.Positive(t, f.Latency.Completed, name)
+			require.NotNil(t, f.Replay, name)
+			require.Equal(t, int64(300), f.Replay.Fresh.Admitted, name)
+			require.Equal(t, int64(300), f.Replay.Duplicates.Dupes, name)
+		}
+		var table bytes.Buffer
+		printKafkaComparison(&table, &rep)
+		require.Contains(t, table.String(), "Apache / embedded")
+		require.Contains(t, table.String(), fmt.Sprintf("%.2f", rep.Apache.Admission.Rate/rep.Admission.Rate))
+		require.Regexp(t, `Apache Kafka: serving metadata after`, stderr.String())
+	})
+
+	t.Run("KafkaFlag", func(t *testing.T) {
+		cmd := newRootCommand()
+		cmd.SetOut(io.Discard)
+		cmd.SetErr(io.Discard)
+		cmd.SetArgs([]string{"--kafka", "redpanda"})
+		require.ErrorContains(t, cmd.ExecuteContext(ctx), "--kafka must be embedded, apache or both")
 	})
 
 	names, err := sc.serverFacts(ctx)

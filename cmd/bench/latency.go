@@ -36,6 +36,9 @@ type latencyOpts struct {
 	// lower bound, so an overloaded pipeline shows in the percentiles
 	// instead of dropping out of them. Defaults to 30s.
 	Drain time.Duration
+	// Kafka gives the run its broker. Defaults to an embedded broker of
+	// its own.
+	Kafka kafkaBackend
 }
 
 // percentiles in milliseconds.
@@ -100,12 +103,11 @@ func measureLatency(ctx context.Context, sc *scratchServer, opts latencyOpts) (r
 	if opts.Drain == 0 {
 		opts.Drain = 30 * time.Second
 	}
-	broker, err := startBroker(opts.Partitions)
+	brokers, release, err := freshBrokers(opts.Kafka, opts.Partitions)
 	if err != nil {
 		return res, err
 	}
-	defer broker.Close()
-	brokers := []string{broker.Addr()}
+	defer release()
 	db, err := sc.create(ctx, opts.Pool)
 	if err != nil {
 		return res, err
@@ -140,7 +142,7 @@ func measureLatency(ctx context.Context, sc *scratchServer, opts latencyOpts) (r
 		}),
 		joined: make(chan struct{}),
 	}
-	group, err := sarama.NewConsumerGroup(brokers, "bench-pipeline", cfg)
+	group, err := sarama.NewConsumerGroup(brokers, "bench-pipeline-"+db.Name, cfg)
 	if err != nil {
 		return res, fmt.Errorf("creating consumer group: %w", err)
 	}

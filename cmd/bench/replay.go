@@ -55,7 +55,9 @@ type replayResult struct {
 // liveBrokers, when set, hold the live admission run's topic of liveN
 // prompts: it is replayed first into a fresh database of its own, for a
 // comparison with live admission at the same size.
-func measureReplay(ctx context.Context, sc *scratchServer, n int, partitions int32, liveBrokers []string, liveN int, progress func(string, ...any)) (res replayResult, err error) {
+//
+// kb gives the topic's broker (nil: an embedded broker of its own).
+func measureReplay(ctx context.Context, sc *scratchServer, kb kafkaBackend, n int, partitions int32, liveBrokers []string, liveN int, progress func(string, ...any)) (res replayResult, err error) {
 	res = replayResult{Prompts: n, Partitions: partitions}
 	if len(liveBrokers) > 0 {
 		r, err := replayOnce(ctx, sc, liveBrokers, liveN, progress)
@@ -69,12 +71,11 @@ func measureReplay(ctx context.Context, sc *scratchServer, n int, partitions int
 	if err != nil {
 		return res, err
 	}
-	b, err := startBroker(partitions)
+	brokers, release, err := freshBrokers(kb, partitions)
 	if err != nil {
 		return res, err
 	}
-	defer b.Close()
-	brokers := []string{b.Addr()}
+	defer release()
 	if err := prefill(ctx, brokers, "prompts", w); err != nil {
 		return res, err
 	}

@@ -26,6 +26,8 @@ type options struct {
 	// scaleOut runs one and three consumer processes (scaleout.go).
 	scaleOut        bool
 	scaleOutPrompts int
+	// kafka is --kafka: embedded, apache or both (kafka.go).
+	kafka string
 }
 
 func newRootCommand() *cobra.Command {
@@ -55,6 +57,7 @@ func newRootCommand() *cobra.Command {
 	f.IntVar(&o.replayPrompts, "replay-prompts", 1000000, "prompts in the topic of the replay runs (fresh, then all duplicates); 0 skips them")
 	f.BoolVar(&o.scaleOut, "scaleout", true, "also measure admission + execution with three consumer processes next to one (builds ./cmd/consumer with the go tool)")
 	f.IntVar(&o.scaleOutPrompts, "scaleout-prompts", 20000, "prompts of each scale-out run")
+	f.StringVar(&o.kafka, "kafka", kafkaEmbedded, "broker of the admission, end-to-end latency and replay runs: embedded, apache (a single-node Apache Kafka started with scripts/kafka.sh; no knobs, no scale-out) or both (each figure on both, with the ratio Apache/embedded)")
 	f.StringVar(&o.cpuProfile, "cpuprofile", "", "write a CPU profile of the baseline admission run to this file")
 	f.BoolVar(&o.latencyOnly, "latency-only", false, "run only the end-to-end latency run (for work on the executor's path)")
 	f.StringVar(&o.latencyCPUProfile, "latency-cpuprofile", "", "write a CPU profile of the baseline latency run to this file")
@@ -75,6 +78,12 @@ func (o *options) validate() error {
 		return errors.New("--scaleout-prompts must be at least 1")
 	case o.partitions < 1:
 		return errors.New("--partitions must be at least 1")
+	}
+	if _, err := kafkaModes(o.kafka); err != nil {
+		return err
+	}
+	if o.latencyOnly && o.kafka != kafkaEmbedded {
+		return errors.New("--latency-only runs on the embedded broker; --kafka apache or both runs the latency run next to admission and replay")
 	}
 	return nil
 }

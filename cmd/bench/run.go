@@ -50,6 +50,66 @@ type report struct {
 	Replay *replayResult `json:"replay,omitempty"`
 	// ScaleOut is three consumer processes next to one (scaleout.go).
 	ScaleOut *scaleOutResult `json:"scale_out,omitempty"`
+	// Apache is admission, latency and replay against a single-node
+	// Apache Kafka in the same run (--kafka both); the figures above are
+	// the embedded broker's.
+	Apache *kafkaFigures `json:"apache_kafka,omitempty"`
+}
+
+// kafkaFigures are the measurements that run against either broker.
+type kafkaFigures struct {
+	Admission admissionResult `json:"admission"`
+	Latency   latencyResult   `json:"latency"`
+	Replay    *replayResult   `json:"replay,omitempty"`
+}
+
+// measureOnKafka runs admission, end-to-end latency and replay against
+// kb's broker. It returns the admission run's brokers, kept until release
+// (the embedded broker's knobs reuse its topic).
+func measureOnKafka(ctx context.Context, sc *scratchServer, o *options, w *workload, kb kafkaBackend, progress func(string, ...any)) (f kafkaFigures, brokers []string, release func(), err error) {
+	progress("[%s Kafka] prefilling prompts (%d partitions)", kb.name(), o.partitions)
+	brokers, release, err = kb.fresh(o.partitions)
+	if err != nil {
+		return f, nil, nil, err
+	}
+	defer func() {
+		if err != nil {
+			release()
+		}
+	}()
+	if err := prefill(ctx, brokers, "prompts", w); err != nil {
+		return f, nil, nil, err
+	}
+	progress("[%s Kafka] admission: shipped defaults", kb.name())
+	profile := o.cpuProfile
+	if o.kafka == kafkaBoth && kb.name() == kafkaApache {
+		profile = "" // the embedded run's
+	}
+	if f.Admission, err = measureAdmission(ctx, sc, brokers, o.prompts, admissionOpts{CPUProfile: profile}); err != nil {
+		return f, nil, nil, fmt.Errorf("admission: %w", err)
+	}
+	progress("[%s Kafka] latency: %.0f/s for %s", kb.name(), o.rate, o.duration)
+	f.Latency, err = measureLatency(ctx, sc, latencyOpts{
+		Partitions: o.partitions, Rate: o.rate, Duration: o.duration, Warmup: warmupFor(o.duration), Kafka: kb,
+	})
+	if err != nil {
+		return f, nil, nil, fmt.Errorf("latency: %w", err)
+	}
+	if o.replayPrompts > 0 {
+		// Apache Kafka serves one set of topics at a time: the latency run
+		// replaced the admission run's, so the replay of the live topic
+		// is the embedded broker's alone.
+		var live []string
+		if kb.name() == kafkaEmbedded {
+			live = brokers
+		}
+		r, err := measureReplay(ctx, sc, kb, o.replayPrompts, o.partitions, live, o.prompts, progress)
+		if err != nil {
+			return f, nil, nil, fmt.Errorf("replay: %w", err)
+		}
+		f.Replay = &r
+	}
+	return f, brokers, release, nil
 }
 
 func run(ctx context.Context, o *options, stdout, stderr io.Writer) (err error) {
@@ -97,34 +157,41 @@ func run(ctx context.Context, o *options, stdout, stderr io.Writer) (err error) 
 		return err
 	}
 
-	progress("prefilling prompts (%d partitions)", o.partitions)
-	broker, err := startBroker(o.partitions)
+	modes, err := kafkaModes(o.kafka)
 	if err != nil {
 		return err
 	}
-	defer broker.Close()
-	brokers := []string{broker.Addr()}
-	if err := prefill(ctx, brokers, "prompts", w); err != nil {
-		return err
-	}
-
-	progress("admission: shipped defaults")
-	rep.Admission, err = measureAdmission(ctx, sc, brokers, o.prompts, admissionOpts{CPUProfile: o.cpuProfile})
-	if err != nil {
-		return fmt.Errorf("admission: %w", err)
-	}
-	rep.Ratio = rep.Admission.Rate / rep.Raw.Rate
-
-	if rep.Latency, err = measureShippedLatency(ctx, sc, o, progress); err != nil {
-		return err
-	}
-
-	if o.replayPrompts > 0 {
-		r, err := measureReplay(ctx, sc, o.replayPrompts, o.partitions, brokers, o.prompts, progress)
-		if err != nil {
-			return fmt.Errorf("replay: %w", err)
+	rep.Machine["kafka"] = strings.Join(modes, ", ")
+	var brokers []string // the embedded admission run's, for the knobs
+	for _, mode := range modes {
+		var kb kafkaBackend = embeddedKafka{}
+		if mode == kafkaApache {
+			ak, err := startApacheKafka(progress)
+			if err != nil {
+				return err
+			}
+			defer ak.stop()
+			kb = ak
 		}
-		rep.Replay = &r
+		f, b, release, err := measureOnKafka(ctx, sc, o, w, kb, progress)
+		if err != nil {
+			return err
+		}
+		defer release()
+		if mode == kafkaEmbedded {
+			brokers = b
+		}
+		if len(modes) == 2 && mode == kafkaApache {
+			rep.Apache = &f
+			continue
+		}
+		rep.Admission, rep.Latency, rep.Replay = f.Admission, f.Latency, f.Replay
+		rep.Ratio = rep.Admission.Rate / rep.Raw.Rate
+	}
+	if brokers == nil {
+		// --kafka apache: the knobs and the scale-out measure promptline
+		// on the embedded broker; they are not run.
+		o.knobs, o.scaleOut = false, false
 	}
 
 	if o.scaleOut {
@@ -300,6 +367,9 @@ func printReport(out io.Writer, o *options, rep *report) {
 	if rep.Replay != nil {
 		printReplay(out, rep.Replay, rep.Admission)
 	}
+	if rep.Apache != nil {
+		printKafkaComparison(out, rep)
+	}
 	if rep.ScaleOut != nil {
 		printScaleOut(out, rep.ScaleOut)
 	}
@@ -359,4 +429,35 @@ func printLatencyDetail(out io.Writer, l *latencyResult) {
 	}
 	fmt.Fprintf(out, "  CPU during the load: %.2f cores busy (bench %.2f, Postgres+other %.2f)\n", l.CPU.Machine, l.CPU.Bench, l.CPU.Other)
 
+}
+
+// printKafkaComparison is --kafka both: each figure on both brokers, in
+// the same run, and the ratio Apache Kafka / embedded broker.
+func printKafkaComparison(out io.Writer, rep *report) {
+	e := kafkaFigures{Admission: rep.Admission, Latency: rep.Latency, Replay: rep.Replay}
+	a := *rep.Apache
+	fmt.Fprintln(out, "\nApache Kafka (one node) against the embedded broker, same run, same Postgres:")
+	tw := tabwriter.NewWriter(out, 0, 0, 2, ' ', tabwriter.AlignRight|tabwriter.Debug)
+	fmt.Fprintln(tw, "figure\tembedded\tApache Kafka\tApache / embedded\t")
+	row := func(name string, emb, ap float64) {
+		ratio := "-"
+		if emb > 0 {
+			ratio = fmt.Sprintf("%.2f", ap/emb)
+		}
+		fmt.Fprintf(tw, "%s\t%.1f\t%.1f\t%s\t\n", name, emb, ap, ratio)
+	}
+	row("admission (prompts/s)", e.Admission.Rate, a.Admission.Rate)
+	row(fmt.Sprintf("end-to-end p50 (ms) at %.0f/s", e.Latency.OfferedRate), e.Latency.Turn.P50, a.Latency.Turn.P50)
+	row("end-to-end p99 (ms)", e.Latency.Turn.P99, a.Latency.Turn.P99)
+	row("send → input.admitted p50 (ms)", e.Latency.Admitted.P50, a.Latency.Admitted.P50)
+	row("send → input.admitted p99 (ms)", e.Latency.Admitted.P99, a.Latency.Admitted.P99)
+	row("completed rate (/s)", e.Latency.CompletedRate, a.Latency.CompletedRate)
+	row("unanswered after the drain", float64(e.Latency.Missing), float64(a.Latency.Missing))
+	if e.Replay != nil && a.Replay != nil {
+		row("replay, fresh (prompts/s)", e.Replay.Fresh.Rate, a.Replay.Fresh.Rate)
+		row("replay, all duplicates (prompts/s)", e.Replay.Duplicates.Rate, a.Replay.Duplicates.Rate)
+		row("replay, duplicates after VACUUM (prompts/s)", e.Replay.DuplicatesSettled.Rate, a.Replay.DuplicatesSettled.Rate)
+		row("replay, dry run (prompts/s)", e.Replay.DryRun.Rate, a.Replay.DryRun.Rate)
+	}
+	tw.Flush()
 }

@@ -97,7 +97,7 @@ func newRootCommandEnv(environ func() []string) *cobra.Command {
 	f.IntVar(&o.maxBatch, "max-batch", 500, "most prompts admitted in one transaction")
 	f.BoolVar(&o.localWakes, "local-wakes", true, "start a session at once when a prompt admitted here belongs to a wakes partition this process owns (its wake, arriving from Kafka, then waits for that run)")
 	f.IntVar(&o.maxValueBytes, "max-value-bytes", 1<<20, "largest accepted prompt value in bytes")
-	f.IntVar(&o.maxMessageBytes, "max-message-bytes", kafkautil.MaxMessageBytesDefault, "largest message the Kafka producer sends (rejects, events, wakes), at most the topics' max.message.bytes; a larger reject is published truncated")
+	f.IntVar(&o.maxMessageBytes, "max-message-bytes", kafkautil.MaxMessageBytesDefault, "largest message the Kafka producer sends (rejects, events, wakes); every topic's max.message.bytes must be at least 61 bytes more (a record batch's header); a larger reject is published truncated")
 	f.StringVar(&o.provider.kind, "provider", "scripted", "model provider: scripted (no model; demos and tests), http, openai")
 	f.StringVar(&o.provider.url, "provider-url", "", "URL the http provider POSTs turns to (docs/providers.md)")
 	f.BoolVar(&o.provider.idempotent, "provider-honours-idempotency-keys", false, "declare that the provider deduplicates by Idempotency-Key: uncertain attempts are then sent again with the same key")

@@ -17,10 +17,25 @@ var disableGoMetrics = sync.OnceFunc(func() { gometrics.UseNilMetrics = true })
 // kfake and Apache Kafka 3.x/4.x accept it.
 var Version = sarama.V3_6_0_0
 
+// KafkaDefaultMaxMessageBytes is Apache Kafka's default max.message.bytes
+// of a topic (message.max.bytes of the broker): the largest record batch
+// it takes, 1 MiB and the 12 bytes of its log overhead.
+const KafkaDefaultMaxMessageBytes = 1048588
+
+// RecordBatchHeaderBytes is the header of a record batch (format v2) that
+// a topic's max.message.bytes counts and Sarama's Producer.MaxMessageBytes
+// does not.
+const RecordBatchHeaderBytes = 61
+
 // MaxMessageBytesDefault is the largest message a promptline producer
-// sends unless told otherwise (consumer --max-message-bytes): Sarama's own
-// default, 1 MiB. It should not exceed the topics' max.message.bytes.
-const MaxMessageBytesDefault = 1 << 20
+// sends unless told otherwise (consumer --max-message-bytes), by Sarama's
+// measure (key, value, headers and the most a record's own fields can
+// take): the largest whose batch fits a topic at Kafka's default
+// max.message.bytes, 1048527. A topic's max.message.bytes must be at least
+// the producer's limit plus RecordBatchHeaderBytes (docs/deploy.md). It
+// was Sarama's default, 1 MiB, which let through messages of the last 49
+// bytes below it that a default topic refuses.
+const MaxMessageBytesDefault = KafkaDefaultMaxMessageBytes - RecordBatchHeaderBytes
 
 // NewConfig returns the Sarama configuration shared by every promptline
 // client: the idempotent producer with acks=all and the murmur2 partitioner;

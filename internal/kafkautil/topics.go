@@ -40,8 +40,26 @@ func (t Topics) All() []string {
 	return []string{t.Prompts, t.Wakes, t.Events, t.Rejects, t.PermissionReplies}
 }
 
+// TopicConfig is the configuration EnsureTopics creates every topic with
+// (docs/deploy.md, "Kafka: topics", lists it and a test compares the two):
+// never compacted, whatever the broker's log.cleanup.policy (compaction
+// would keep only the last prompt of a session, and replay needs them
+// all), and with three replicas or more min.insync.replicas=2, so that an
+// acks=all write is on two brokers before it is acknowledged (the broker's
+// default is 1). Everything else (retention.ms, max.message.bytes) is the
+// broker's default.
+func TopicConfig(replication int16) map[string]*string {
+	c := map[string]*string{"cleanup.policy": ptr("delete")}
+	if replication >= 3 {
+		c["min.insync.replicas"] = ptr("2")
+	}
+	return c
+}
+
+func ptr(s string) *string { return &s }
+
 // EnsureTopics creates the topics that do not exist yet, with the given
-// partition count, and returns the names it created. Existing topics are left
+// partition count and TopicConfig, and returns the names it created. Existing topics are left
 // as they are; a partition-count mismatch between prompts and wakes is
 // logged, because it costs partition affinity (never correctness: the
 // Postgres claim keeps one writer per session).
@@ -55,7 +73,8 @@ func EnsureTopics(admin sarama.ClusterAdmin, t Topics, partitions int32, replica
 		if _, ok := existing[name]; ok {
 			continue
 		}
-		err := admin.CreateTopic(name, &sarama.TopicDetail{NumPartitions: partitions, ReplicationFactor: replication}, false)
+		err := admin.CreateTopic(name, &sarama.TopicDetail{NumPartitions: partitions, ReplicationFactor: replication,
+			ConfigEntries: TopicConfig(replication)}, false)
 		if err != nil && !errors.Is(err, sarama.ErrTopicAlreadyExists) {
 			var te *sarama.TopicError
 			if !errors.As(err, &te) || te.Err != sarama.ErrTopicAlreadyExists {
