@@ -75,7 +75,20 @@ func (*apacheKafka) name() string { return kafkaApache }
 // free loopback ports; it returns once the node serves metadata.
 // KAFKA_JVM_OPTS, when unset, is set empty: full JIT, as the script advises
 // for benchmarks.
-func startApacheKafka(progress func(string, ...any)) (_ *apacheKafka, err error) {
+func startApacheKafka(progress func(string, ...any)) (*apacheKafka, error) {
+	// The ports are free when chosen and bound by the JVM seconds later;
+	// another process can take one in between: such a start is tried again
+	// on new ports (as internal/testkit does for the tests).
+	for try := 1; ; try++ {
+		k, err := startApacheKafkaOnce(progress)
+		if err == nil || try == 3 || !strings.Contains(err.Error(), "Address already in use") {
+			return k, err
+		}
+		progress("Apache Kafka: a port was taken before the node bound it; starting again on new ports")
+	}
+}
+
+func startApacheKafkaOnce(progress func(string, ...any)) (_ *apacheKafka, err error) {
 	script, err := kafkaScript()
 	if err != nil {
 		return nil, err
@@ -154,6 +167,9 @@ func (k *apacheKafka) awaitMetadata(timeout time.Duration) error {
 
 func (k *apacheKafka) logTail() string {
 	b, _ := os.ReadFile(filepath.Join(k.dir, "node-1", "logs", "server.log"))
+	if out, _ := os.ReadFile(filepath.Join(k.dir, "node-1", "logs", "stdout.log")); strings.Contains(string(out), "Address already in use") {
+		b = append(b, "\nAddress already in use (stdout.log)"...)
+	}
 	if len(b) > 2000 {
 		b = b[len(b)-2000:]
 	}
