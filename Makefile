@@ -73,14 +73,16 @@ kafka: ## Apache Kafka (kafka/pom.xml's version) in the foreground: KAFKA_NODES=
 	./scripts/kafka.sh run $${KAFKA_NODES:-1}
 
 .PHONY: lint
-lint: $(STATICCHECK) ## gofmt, go vet and staticcheck (staticcheck.conf), also with the faults and chaos build tags
+lint: $(STATICCHECK) ## gofmt, go vet and staticcheck (staticcheck.conf), also with the faults, chaos and apachekafka build tags
 	@out=$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go')); \
 	  if [ -n "$$out" ]; then echo "gofmt would change:"; echo "$$out"; exit 1; fi
 	$(GO) vet ./...
 	$(GO) vet -tags faults ./...
 	$(GO) vet -tags chaos,faults ./cmd/consumer
+	$(GO) vet -tags apachekafka ./cmd/consumer
 	$(STATICCHECK) ./...
 	$(STATICCHECK) -tags chaos,faults ./...
+	$(STATICCHECK) -tags apachekafka ./cmd/consumer ./internal/testkit
 
 $(STATICCHECK):
 	GOBIN=$(abspath $(BIN))/.staticcheck $(GO) install honnef.co/go/tools/cmd/staticcheck@$(STATICCHECK_VERSION)

@@ -47,8 +47,11 @@ func TestApacheBrokerFailure(t *testing.T) {
 		for _, p := range metas[0].Partitions {
 			require.Len(t, p.Replicas, 3, "%s/%d replicas", topic, p.ID)
 		}
-		entries, err := admin.DescribeConfig(sarama.ConfigResource{Type: sarama.TopicResource, Name: topic, ConfigNames: []string{"min.insync.replicas"}})
+		res, err := admin.DescribeConfigs([]*sarama.ConfigResource{{Type: sarama.TopicResource, Name: topic, ConfigNames: []string{"min.insync.replicas"}}}, sarama.DescribeConfigsOptions{})
 		require.NoError(t, err)
+		require.Len(t, res, 1)
+		require.Equal(t, sarama.ErrNoError, res[0].ErrorCode, res[0].ErrorMsg)
+		entries := res[0].Configs
 		require.Len(t, entries, 1)
 		require.Equal(t, "2", entries[0].Value, "%s min.insync.replicas", topic)
 	}

@@ -92,8 +92,11 @@ func TestEnsureTopicsConfig(t *testing.T) {
 	_, err = kafkautil.EnsureTopics(admin, topics, 2, 1, nil)
 	require.NoError(t, err)
 	for _, name := range topics.All() {
-		entries, err := admin.DescribeConfig(sarama.ConfigResource{Type: sarama.TopicResource, Name: name})
+		res, err := admin.DescribeConfigs([]*sarama.ConfigResource{{Type: sarama.TopicResource, Name: name}}, sarama.DescribeConfigsOptions{})
 		require.NoError(t, err)
+		require.Len(t, res, 1)
+		require.Equal(t, sarama.ErrNoError, res[0].ErrorCode, res[0].ErrorMsg)
+		entries := res[0].Configs
 		var policy *sarama.ConfigEntry
 		for _, e := range entries {
 			if e.Name == "cleanup.policy" {

@@ -35,7 +35,7 @@ func (k *ApacheKafka) ResumeNode(n int) error { return k.signal(n, syscall.SIGCO
 func (k *ApacheKafka) signal(n int, sig syscall.Signal) error {
 	nd := k.nodes[n-1]
 	if nd == nil {
-		return fmt.Errorf("Apache Kafka node %d is not running", n)
+		return fmt.Errorf("node %d of the Apache Kafka cluster is not running", n)
 	}
 	return nd.cmd.Process.Signal(sig)
 }
