@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -163,6 +164,17 @@ func TestRelayQuarantineWindow(t *testing.T) {
 			require.Contains(t, reason, denied.Error())
 		}
 		require.Equal(t, 1, unpublished(t, b.pool))
+		// The passes that held it back said so.
+		var held []string
+		for _, w := range b.logs.warnings() {
+			if strings.Contains(w, "rows refused") {
+				held = append(held, w)
+			}
+		}
+		require.Len(t, held, 2)
+		for _, w := range held {
+			require.Contains(t, w, "held=1 published=1")
+		}
 	})
 
 	t.Run("ANanosecondShortOfTheWindow", func(t *testing.T) {
@@ -278,6 +290,82 @@ func TestSendHoldsTheLaterRowsOfASuspectKey(t *testing.T) {
 	require.EqualError(t, failed, "an earlier row of the same key was refused")
 	got := readTopic(t, b.broker.Addr(), testTopic, 3)
 	require.ElementsMatch(t, []int64{1, 3, 4}, ids(got))
+
+	// Nothing held, nothing failed.
+	marked, held, failed = relay.send([]passRow{{id: 5, topic: testTopic, key: "j", payload: []byte("j/3")}}, map[int64]string{})
+	require.Equal(t, []int64{5}, marked)
+	require.Zero(t, held)
+	require.NoError(t, failed)
+}
+
+// The broker refuses a whole produce set for size when one message in it
+// is too large: the relay sends the set's rows again one by one, in ID
+// order, and a key whose row fails again for another reason sends none of
+// its later rows (order per key).
+func TestRelayResendsASetRefusedForSize(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	value := func(m *sarama.ProducerMessage) string { v, _ := m.Value.Encode(); return string(v) }
+	for _, tc := range []struct {
+		name  string
+		first string // the first row of key k
+		want  []int64
+	}{
+		{"EveryRowGoesOutAlone", "k/1", []int64{1, 3, 4}},
+		{"AKeyWhoseRowFailsAloneWaits", "k/1 flaky", []int64{4}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			b := setup(t)
+			producer := &setRefusingProducer{SyncProducer: b.producer, value: value}
+			relay := NewRelay(b.pool, producer, &RelayConfig{Logger: slog.New(b.logs)})
+			commit(t, b.pool,
+				Row{Topic: testTopic, Key: "k", Payload: []byte(tc.first)}, // id 1
+				Row{Topic: testTopic, Key: "j", Payload: []byte("big")},    // id 2
+				row("k", 2), // id 3
+				row("m", 1), // id 4
+			)
+			require.NoError(t, relay.Flush(ctx))
+			reason, _ := quarantineReason(t, b.pool, 2)
+			require.Contains(t, reason, "refused by the producer or the broker")
+			got := readTopic(t, b.broker.Addr(), testTopic, len(tc.want))
+			require.ElementsMatch(t, tc.want, ids(got))
+			for _, r := range outboxRows(t, b.pool) {
+				require.Equal(t, slices.Contains(tc.want, r.ID), r.Published, "row %d", r.ID)
+			}
+		})
+	}
+}
+
+// setRefusingProducer refuses, as a broker does, a whole SendMessages set
+// for size when a message in it is too large ("big"); sent alone, the big
+// message is refused for size and a "flaky" one finds no broker.
+type setRefusingProducer struct {
+	sarama.SyncProducer
+	value func(m *sarama.ProducerMessage) string
+}
+
+func (p *setRefusingProducer) SendMessages(msgs []*sarama.ProducerMessage) error {
+	for _, m := range msgs {
+		if p.value(m) == "big" {
+			var perrs sarama.ProducerErrors
+			for _, m := range msgs {
+				perrs = append(perrs, &sarama.ProducerError{Msg: m, Err: sarama.ErrMessageSizeTooLarge})
+			}
+			return perrs
+		}
+	}
+	return p.SyncProducer.SendMessages(msgs)
+}
+
+func (p *setRefusingProducer) SendMessage(m *sarama.ProducerMessage) (int32, int64, error) {
+	switch v := p.value(m); {
+	case v == "big":
+		return -1, -1, sarama.ErrMessageSizeTooLarge
+	case strings.HasSuffix(v, "flaky"):
+		return -1, -1, sarama.ErrOutOfBrokers
+	}
+	return p.SyncProducer.SendMessage(m)
 }
 
 // A pass that settles nothing backs off 100ms, then twice as long each
