@@ -313,6 +313,9 @@ func TestRelayResendsASetRefusedForSize(t *testing.T) {
 	}{
 		{"EveryRowGoesOutAlone", "k/1", []int64{1, 3, 4}},
 		{"AKeyWhoseRowFailsAloneWaits", "k/1 flaky", []int64{4}},
+		// Delivered by another produce request of the same call: its key's
+		// later row, refused with the set, still goes out alone.
+		{"ARowDeliveredWithTheSetHoldsNothing", "k/1 apart", []int64{1, 3, 4}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
@@ -338,24 +341,29 @@ func TestRelayResendsASetRefusedForSize(t *testing.T) {
 }
 
 // setRefusingProducer refuses, as a broker does, a whole SendMessages set
-// for size when a message in it is too large ("big"); sent alone, the big
-// message is refused for size and a "flaky" one finds no broker.
+// for size when a message in it is too large ("big"), except the messages
+// marked "apart" (sent in a produce request of their own); sent alone, the
+// big message is refused for size and a "flaky" one finds no broker.
 type setRefusingProducer struct {
 	sarama.SyncProducer
 	value func(m *sarama.ProducerMessage) string
 }
 
 func (p *setRefusingProducer) SendMessages(msgs []*sarama.ProducerMessage) error {
+	if !slices.ContainsFunc(msgs, func(m *sarama.ProducerMessage) bool { return p.value(m) == "big" }) {
+		return p.SyncProducer.SendMessages(msgs)
+	}
+	var perrs sarama.ProducerErrors
 	for _, m := range msgs {
-		if p.value(m) == "big" {
-			var perrs sarama.ProducerErrors
-			for _, m := range msgs {
-				perrs = append(perrs, &sarama.ProducerError{Msg: m, Err: sarama.ErrMessageSizeTooLarge})
-			}
-			return perrs
+		if !strings.HasSuffix(p.value(m), "apart") {
+			perrs = append(perrs, &sarama.ProducerError{Msg: m, Err: sarama.ErrMessageSizeTooLarge})
+			continue
+		}
+		if _, _, err := p.SyncProducer.SendMessage(m); err != nil {
+			perrs = append(perrs, &sarama.ProducerError{Msg: m, Err: err})
 		}
 	}
-	return p.SyncProducer.SendMessages(msgs)
+	return perrs
 }
 
 func (p *setRefusingProducer) SendMessage(m *sarama.ProducerMessage) (int32, int64, error) {
