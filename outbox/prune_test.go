@@ -2,6 +2,7 @@ package outbox
 
 import (
 	"context"
+	"log/slog"
 	"testing"
 	"time"
 
@@ -130,6 +131,25 @@ func TestPruner(t *testing.T) {
 		require.Eventually(t, func() bool { return countKey(t, pool, "old") == 0 }, 10*time.Second, 10*time.Millisecond)
 		cancel()
 		<-done
+	})
+
+	// A failed pass is logged and retried at the next interval.
+	t.Run("RunLogsFailedPasses", func(t *testing.T) {
+		t.Parallel()
+		pool, _ := testkit.Pool(t)
+		closed, err := pgxpool.New(ctx, pool.Config().ConnString())
+		require.NoError(t, err)
+		closed.Close()
+		logs := &logRecorder{}
+		p := NewPruner(closed, &PrunerConfig{Retention: time.Hour, Interval: 10 * time.Millisecond, Logger: slog.New(logs)})
+		ctx, cancel := context.WithCancel(ctx)
+		done := make(chan struct{})
+		go func() { defer close(done); p.Run(ctx) }()
+		require.Eventually(t, func() bool { return len(logs.warnings()) >= 2 }, 10*time.Second, 10*time.Millisecond)
+		cancel()
+		<-done
+		require.Contains(t, logs.warnings()[0], "outbox pruning failed; retrying at the next interval")
+		require.Contains(t, logs.warnings()[0], "closed pool")
 	})
 
 	require.Panics(t, func() { NewPruner(nil, &PrunerConfig{}) }, "a pruner without retention")

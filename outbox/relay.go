@@ -153,6 +153,8 @@ type Relay struct {
 	// each time the loop settles into waiting for a nudge or the poll timer,
 	// so that tests can wait on the loop instead of sleeping.
 	idleSignal chan struct{}
+	// now is the clock of the quarantine windows: time.Now, or a test's.
+	now func() time.Time
 }
 
 // NewRelay returns a Relay that reads pool's outbox and publishes through
@@ -176,6 +178,7 @@ func NewRelay(pool *pgxpool.Pool, producer sarama.SyncProducer, config *RelayCon
 		failing:     map[int64]*failingRow{},
 		suspectKeys: map[string]struct{}{},
 		topics:      map[string]*failingRow{},
+		now:         time.Now,
 	}
 }
 
@@ -522,7 +525,7 @@ func (r *Relay) send(pass []passRow, quarantine map[int64]string) (ids []int64, 
 		}
 	}
 
-	now := time.Now()
+	now := r.now()
 	r.failMu.Lock()
 	defer r.failMu.Unlock()
 	before := r.deliveries

@@ -88,6 +88,9 @@ equivalent=$(
 		envelope envelope.go:345:10 CONDITIONALS_BOUNDARY
 		envelope envelope.go:390:12 CONDITIONALS_BOUNDARY
 		ledger pipelined.go:237:51 CONDITIONALS_NEGATION
+		ledger retry.go:125:11 CONDITIONALS_BOUNDARY
+		outbox relay.go:486:15 CONDITIONALS_BOUNDARY
+		outbox relay.go:502:17 CONDITIONALS_BOUNDARY
 	EOF
 )
 
