@@ -14,6 +14,7 @@ import (
 
 	"github.com/IBM/sarama"
 
+	"github.com/promptline/promptline/internal/apachekafka"
 	"github.com/promptline/promptline/internal/kafkautil"
 )
 
@@ -81,15 +82,18 @@ func startApacheKafka(progress func(string, ...any)) (*apacheKafka, error) {
 	// on new ports (as internal/testkit does for the tests).
 	for try := 1; ; try++ {
 		k, err := startApacheKafkaOnce(progress)
-		if err == nil || try == 3 || !strings.Contains(err.Error(), "Address already in use") {
+		if err == nil || try == 3 || !errors.Is(err, errPortTaken) {
 			return k, err
 		}
 		progress("Apache Kafka: a port was taken before the node bound it; starting again on new ports")
 	}
 }
 
+// errPortTaken marks a start whose port another process took first.
+var errPortTaken = errors.New("a port was taken before the node bound it")
+
 func startApacheKafkaOnce(progress func(string, ...any)) (_ *apacheKafka, err error) {
-	script, err := kafkaScript()
+	script, err := apachekafka.Script()
 	if err != nil {
 		return nil, err
 	}
@@ -134,6 +138,9 @@ func startApacheKafkaOnce(progress func(string, ...any)) (_ *apacheKafka, err er
 	started := time.Now()
 	if err := k.awaitMetadata(3 * time.Minute); err != nil {
 		k.stop()
+		if apachekafka.PortTaken(filepath.Join(dir, "node-1")) {
+			err = fmt.Errorf("%w: %w", errPortTaken, err)
+		}
 		return nil, err
 	}
 	progress("Apache Kafka: serving metadata after %.1fs", time.Since(started).Seconds())
@@ -167,9 +174,6 @@ func (k *apacheKafka) awaitMetadata(timeout time.Duration) error {
 
 func (k *apacheKafka) logTail() string {
 	b, _ := os.ReadFile(filepath.Join(k.dir, "node-1", "logs", "server.log"))
-	if out, _ := os.ReadFile(filepath.Join(k.dir, "node-1", "logs", "stdout.log")); strings.Contains(string(out), "Address already in use") {
-		b = append(b, "\nAddress already in use (stdout.log)"...)
-	}
 	if len(b) > 2000 {
 		b = b[len(b)-2000:]
 	}
@@ -234,29 +238,6 @@ func (k *apacheKafka) stop() {
 		<-k.done
 	}
 	os.RemoveAll(k.dir)
-}
-
-// kafkaScript finds scripts/kafka.sh in the module above the working
-// directory (make bench and go test run inside the repository).
-func kafkaScript() (string, error) {
-	dir, err := os.Getwd()
-	if err != nil {
-		return "", err
-	}
-	for {
-		if _, err := os.Stat(filepath.Join(dir, "go.mod")); err == nil {
-			s := filepath.Join(dir, "scripts", "kafka.sh")
-			if _, err := os.Stat(s); err != nil {
-				return "", fmt.Errorf("--kafka apache needs scripts/kafka.sh of the repository: %w", err)
-			}
-			return s, nil
-		}
-		parent := filepath.Dir(dir)
-		if parent == dir {
-			return "", errors.New("--kafka apache runs inside the repository: no go.mod above the working directory")
-		}
-		dir = parent
-	}
 }
 
 // freePorts returns n distinct free loopback ports (all held at once

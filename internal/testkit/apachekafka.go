@@ -16,6 +16,7 @@ import (
 
 	"github.com/IBM/sarama"
 
+	"github.com/promptline/promptline/internal/apachekafka"
 	"github.com/promptline/promptline/internal/kafkautil"
 )
 
@@ -80,7 +81,7 @@ func StartApacheKafka(tb testing.TB, nodes int) *ApacheKafka {
 // start prepares a cluster of nodes in a new directory on new ports and
 // starts it.
 func (k *ApacheKafka) start(ctx context.Context, tb testing.TB, nodes int) error {
-	script, err := kafkaScript()
+	script, err := apachekafka.Script()
 	if err != nil {
 		return err
 	}
@@ -106,11 +107,8 @@ func (k *ApacheKafka) start(ctx context.Context, tb testing.TB, nodes int) error
 // portTaken says whether a node's log says it could not bind its port.
 func (k *ApacheKafka) portTaken() bool {
 	for i := range k.nodes {
-		for _, f := range []string{"server.log", "stdout.log"} {
-			b, err := os.ReadFile(filepath.Join(k.NodeDir(i+1), "logs", f))
-			if err == nil && strings.Contains(string(b), "Address already in use") {
-				return true
-			}
+		if apachekafka.PortTaken(k.NodeDir(i + 1)) {
+			return true
 		}
 	}
 	return false
@@ -130,7 +128,7 @@ func (k *ApacheKafka) NodeDir(n int) string {
 // StartNode starts node n (1-based), which must not be running; its
 // stdout goes to logs/stdout.log, its log to logs/server.log.
 func (k *ApacheKafka) StartNode(n int) error {
-	script, err := kafkaScript()
+	script, err := apachekafka.Script()
 	if err != nil {
 		return err
 	}
@@ -216,25 +214,6 @@ func (k *ApacheKafka) awaitMetadata(ctx context.Context) error {
 			return fmt.Errorf("not serving metadata: %w", errors.Join(ctx.Err(), last))
 		case <-time.After(200 * time.Millisecond):
 		}
-	}
-}
-
-// kafkaScript finds scripts/kafka.sh above the working directory (a test
-// runs in its package's directory).
-func kafkaScript() (string, error) {
-	dir, err := os.Getwd()
-	if err != nil {
-		return "", err
-	}
-	for {
-		if _, err := os.Stat(filepath.Join(dir, "go.mod")); err == nil {
-			return filepath.Join(dir, "scripts", "kafka.sh"), nil
-		}
-		parent := filepath.Dir(dir)
-		if parent == dir {
-			return "", errors.New("scripts/kafka.sh: no go.mod above the working directory")
-		}
-		dir = parent
 	}
 }
 
