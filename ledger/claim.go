@@ -208,14 +208,7 @@ func (x *Execution) writeTx(ctx context.Context, lockSession bool, phase Phase, 
 	if x.fenced.Load() {
 		return ErrFenced
 	}
-	var p *string
-	if phase != "" {
-		s := string(phase)
-		p = &s
-		if f := x.claims.cfg.OnPhaseFunc; f != nil {
-			f(x.claim, phase)
-		}
-	}
+	p := x.phaseArg(phase)
 	sent := time.Now()
 	err := pgdb.InTx(ctx, x.claims.pool, func(tx pgx.Tx) error {
 		if lockSession {

@@ -144,14 +144,7 @@ func (x *Execution) finishQueuedLocked(ctx context.Context, phase Phase, assista
 }
 
 func (x *Execution) queueFence(b *pgx.Batch, phase Phase, assistantMessageID string) {
-	var p *string
-	if phase != "" {
-		s := string(phase)
-		p = &s
-		if f := x.claims.cfg.OnPhaseFunc; f != nil {
-			f(x.claim, phase)
-		}
-	}
+	p := x.phaseArg(phase)
 	b.Queue(fenceCallSQL, x.claim.SessionID, x.claim.ExecutionID, x.claim.Token, x.claims.cfg.Lease.Milliseconds(), p, assistantMessageID)
 }
 
@@ -313,3 +306,16 @@ SELECT fencing_token, EXISTS (SELECT 1 FROM claims c WHERE c.session_id = s.sess
 FROM sessions s WHERE s.session_id = $1`
 
 const claimAsReadSQL = `SELECT promptline_claim_as_read($1, $2, $3, $4, $5, $6, $7, $8)`
+
+// phaseArg is the fence's phase argument: nil keeps the claim's phase, a
+// phase sets it (and is reported to OnPhaseFunc).
+func (x *Execution) phaseArg(phase Phase) *string {
+	if phase == "" {
+		return nil
+	}
+	if f := x.claims.cfg.OnPhaseFunc; f != nil {
+		f(x.claim, phase)
+	}
+	s := string(phase)
+	return &s
+}
