@@ -59,7 +59,7 @@ func NewProducer(config *Config) (*Producer, error) {
 	}
 	ap, err := sarama.NewAsyncProducer(cfg.Brokers, sc)
 	if err != nil {
-		return nil, fmt.Errorf("client: creating the producer: %w", cfg.connectError(err))
+		return nil, fmt.Errorf("creating the producer: %w", cfg.connectError(err))
 	}
 	p := &Producer{cfg: cfg, producer: ap, done: make(chan struct{})}
 	go p.dispatch()

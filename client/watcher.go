@@ -113,6 +113,7 @@ type Watcher struct {
 	consumer   sarama.Consumer
 	pcs        []sarama.PartitionConsumer
 	partitions []int32
+	total      int // partitions of the topic
 
 	msgs   chan *sarama.ConsumerMessage
 	errc   chan error
@@ -130,7 +131,7 @@ type Watcher struct {
 // read (on the session's partition alone with opts.SessionID), so that
 // with StartNewest every event published after it returns is seen:
 // create the Watcher before sending the prompt whose answer it waits for.
-func NewWatcher(config *Config, opts *WatchOpts) (w *Watcher, err error) {
+func NewWatcher(config *Config, opts *WatchOpts) (_ *Watcher, err error) {
 	cfg, err := config.withDefaults()
 	if err != nil {
 		return nil, err
@@ -148,37 +149,43 @@ func NewWatcher(config *Config, opts *WatchOpts) (w *Watcher, err error) {
 		return nil, err
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	w = &Watcher{cfg: cfg, opts: o, msgs: make(chan *sarama.ConsumerMessage), errc: make(chan error),
+	w := &Watcher{cfg: cfg, opts: o, msgs: make(chan *sarama.ConsumerMessage), errc: make(chan error),
 		ctx: ctx, cancel: cancel, seen: make(map[string]struct{}), order: make([]string, 0, min(o.DedupWindow, 1024))}
 	defer func() {
 		if err != nil {
 			_ = w.Close()
 		}
 	}()
-	if w.client, err = sarama.NewClient(cfg.Brokers, sc); err != nil {
-		return nil, fmt.Errorf("client: watching %s: %w", cfg.EventsTopic, cfg.connectError(err))
+	// Assigned only on success: a failed constructor's nil pointer in an
+	// interface field would not compare equal to nil in Close.
+	c, err := sarama.NewClient(cfg.Brokers, sc)
+	if err != nil {
+		return nil, fmt.Errorf("watching %s: %w", cfg.EventsTopic, cfg.connectError(err))
 	}
-	if w.consumer, err = sarama.NewConsumerFromClient(w.client); err != nil {
-		return nil, fmt.Errorf("client: watching %s: %w", cfg.EventsTopic, err)
+	w.client = c
+	consumer, err := sarama.NewConsumerFromClient(c)
+	if err != nil {
+		return nil, fmt.Errorf("watching %s: %w", cfg.EventsTopic, err)
 	}
+	w.consumer = consumer
 	all, err := w.client.Partitions(cfg.EventsTopic)
 	if err != nil {
-		return nil, fmt.Errorf("client: listing the partitions of %s: %w", cfg.EventsTopic, err)
+		return nil, fmt.Errorf("listing the partitions of %s: %w", cfg.EventsTopic, err)
 	}
-	w.partitions = all
+	w.partitions, w.total = all, len(all)
 	if o.SessionID != "" {
 		w.partitions = []int32{Murmur2Partition([]byte(o.SessionID), int32(len(all)))}
 	}
 	for _, p := range w.partitions {
 		offset, err := w.startOffset(p)
 		if err != nil {
-			return nil, fmt.Errorf("client: finding where to start %s/%d at %s: %w", cfg.EventsTopic, p, o.Start, err)
+			return nil, fmt.Errorf("finding where to start %s/%d at %s: %w", cfg.EventsTopic, p, o.Start, err)
 		}
 		// ConsumePartition resolves OffsetNewest now: every event
 		// published after NewWatcher returns is seen.
 		pc, err := w.consumer.ConsumePartition(cfg.EventsTopic, p, offset)
 		if err != nil {
-			return nil, fmt.Errorf("client: consuming %s/%d from %s: %w", cfg.EventsTopic, p, o.Start, err)
+			return nil, fmt.Errorf("consuming %s/%d from %s: %w", cfg.EventsTopic, p, o.Start, err)
 		}
 		w.pcs = append(w.pcs, pc)
 		w.wg.Go(func() { w.forward(pc) })
@@ -212,9 +219,31 @@ func (w *Watcher) Topic() string { return w.cfg.EventsTopic }
 // Partitions are the partitions read.
 func (w *Watcher) Partitions() []int32 { return slices.Clone(w.partitions) }
 
+// TopicPartitions is the number of partitions of the topic.
+func (w *Watcher) TopicPartitions() int { return w.total }
+
+// Start is where the Watcher started.
+func (w *Watcher) Start() Start { return w.opts.Start }
+
 // Next returns the next matching event, waiting for one. It fails with
-// ctx's error when ctx ends, and with ErrClosed after Close.
+// ctx's error (its cause) when ctx ends, and with ErrClosed after Close.
 func (w *Watcher) Next(ctx context.Context) (envelope.Event, error) {
+	r, err := w.NextRecord(ctx)
+	return r.Event, err
+}
+
+// Record is a session event with the record that carried it.
+type Record struct {
+	Event envelope.Event
+	// Value is the record's JSON as published, members this version of
+	// envelope.Event does not know included.
+	Value     []byte
+	Partition int32
+	Offset    int64
+}
+
+// NextRecord is Next with the record of the event.
+func (w *Watcher) NextRecord(ctx context.Context) (Record, error) {
 	for {
 		select {
 		case m := <-w.msgs:
@@ -229,13 +258,13 @@ func (w *Watcher) Next(ctx context.Context) (envelope.Event, error) {
 			if !w.matches(e) || w.repeat(e.ID) {
 				continue
 			}
-			return e, nil
+			return Record{Event: e, Value: m.Value, Partition: m.Partition, Offset: m.Offset}, nil
 		case err := <-w.errc:
 			w.report(err)
 		case <-ctx.Done():
-			return envelope.Event{}, context.Cause(ctx)
+			return Record{}, context.Cause(ctx)
 		case <-w.ctx.Done():
-			return envelope.Event{}, ErrClosed
+			return Record{}, ErrClosed
 		}
 	}
 }
