@@ -271,6 +271,9 @@ func (p *Producer) sendOne(ctx context.Context, msg *sarama.ProducerMessage) (in
 // promptMessage validates prompt with admission's rules and builds its
 // record.
 func (p *Producer) promptMessage(prompt envelope.Prompt) (*sarama.ProducerMessage, error) {
+	if prompt.MessageID == "" {
+		return nil, &envelope.RejectError{Reason: envelope.ReasonMissingField, Detail: "message_id is required (client.NewMessageID makes one)"}
+	}
 	value, err := envelope.Marshal(prompt)
 	if err != nil {
 		return nil, fmt.Errorf("encoding the envelope: %w", err)
