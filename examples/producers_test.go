@@ -17,6 +17,7 @@ import (
 	"github.com/IBM/sarama"
 	"github.com/stretchr/testify/require"
 
+	"github.com/promptline/promptline/client"
 	"github.com/promptline/promptline/envelope"
 	"github.com/promptline/promptline/internal/kafkautil"
 	"github.com/promptline/promptline/internal/testkit"
@@ -140,19 +141,35 @@ func TestProducersAgreeOnPartitions(t *testing.T) {
 	cmd.Dir = dir
 	printed["kafkajs"] = printedPartitions(t, run(t, cmd, lines("kafkajs")))
 
-	// The Go producer's configuration (cmd/producer: kafkautil.NewConfig,
-	// murmur2).
-	producer, err := sarama.NewSyncProducer([]string{addr}, kafkautil.NewConfig("example-test"))
+	// The Go package (client.Producer, which cmd/producer uses). It
+	// validates as admission does, so the sessions that are not ASCII go
+	// through plain Sarama with the exported partitioner, which is what
+	// the package itself uses.
+	producer, err := client.NewProducer(&client.Config{Brokers: []string{addr}})
+	require.NoError(t, err)
+	plain := kafkautil.NewConfig("example-test")
+	plain.Producer.Partitioner = client.NewMurmur2Partitioner
+	saramaProducer, err := sarama.NewSyncProducer([]string{addr}, plain)
 	require.NoError(t, err)
 	for l := range strings.Lines(lines("go")) {
-		var p struct {
+		p, err := envelope.Decode(nil, []byte(l), envelope.Limits{})
+		if err == nil {
+			part, _, err := producer.Send(ctx, p)
+			require.NoError(t, err)
+			printed["go"] = mapSet(printed["go"], p.MessageID, part)
+			continue
+		}
+		var raw struct {
+			MessageID string `json:"message_id"`
 			SessionID string `json:"session_id"`
 		}
-		require.NoError(t, json.Unmarshal([]byte(l), &p))
-		_, _, err := producer.SendMessage(&sarama.ProducerMessage{Topic: "prompts", Key: sarama.StringEncoder(p.SessionID), Value: sarama.StringEncoder(strings.TrimSuffix(l, "\n"))})
+		require.NoError(t, json.Unmarshal([]byte(l), &raw))
+		part, _, err := saramaProducer.SendMessage(&sarama.ProducerMessage{Topic: "prompts", Key: sarama.StringEncoder(raw.SessionID), Value: sarama.StringEncoder(strings.TrimSuffix(l, "\n"))})
 		require.NoError(t, err)
+		printed["go"] = mapSet(printed["go"], raw.MessageID, part)
 	}
 	require.NoError(t, producer.Close())
+	require.NoError(t, saramaProducer.Close())
 
 	// Read everything back with Sarama and compare.
 	where := map[string]int32{} // message ID → partition, as read back
@@ -196,6 +213,14 @@ func TestProducersAgreeOnPartitions(t *testing.T) {
 	require.Greater(t, len(spread), 1, "the sessions must exercise more than one partition")
 	require.Positive(t, crcDiffers, "librdkafka's default partitioner (consistent_random) must disagree for some session, or the check has no teeth")
 	t.Logf("%d sessions over %d partitions; consistent_random put %d of them elsewhere", len(sessions), len(spread), crcDiffers)
+}
+
+func mapSet(m map[string]int32, k string, v int32) map[string]int32 {
+	if m == nil {
+		m = map[string]int32{}
+	}
+	m[k] = v
+	return m
 }
 
 func isASCII(s string) bool {

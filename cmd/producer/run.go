@@ -10,6 +10,7 @@ import (
 	"github.com/IBM/sarama"
 	"github.com/spf13/cobra"
 
+	"github.com/promptline/promptline/client"
 	"github.com/promptline/promptline/internal/cliconfig"
 	"github.com/promptline/promptline/internal/faults"
 	"github.com/promptline/promptline/internal/kafkautil"
@@ -17,23 +18,24 @@ import (
 
 const brokersDefault = "127.0.0.1:9092"
 
-// kafkaOpts are the root's Kafka flags, shared by send and watch.
+// kafkaOpts are the root's Kafka flags, shared by every command.
 type kafkaOpts struct {
 	brokers  string
 	security kafkautil.Security
 }
 
-// config builds the Sarama configuration of a client, TLS and SASL applied.
-func (k *kafkaOpts) config(clientID string) ([]string, *sarama.Config, error) {
+// config builds the client configuration of a command: the brokers, the
+// security settings checked (so that a bad one is refused, naming its
+// flag, before anything connects).
+func (k *kafkaOpts) config(clientID string) (*client.Config, error) {
 	brokers, err := parseBrokers(k.brokers)
 	if err != nil {
-		return nil, nil, err
+		return nil, err
 	}
-	cfg := kafkautil.NewConfig(clientID)
-	if err := k.security.Apply(cfg); err != nil {
-		return nil, nil, err
+	if err := k.security.Apply(sarama.NewConfig()); err != nil {
+		return nil, err
 	}
-	return brokers, cfg, nil
+	return &client.Config{Brokers: brokers, ClientID: clientID, Security: k.security}, nil
 }
 
 // newRootCommand builds the producer command tree. Commands read and write
@@ -49,10 +51,12 @@ func newRootCommandEnv(stdin io.Reader, stdout, stderr io.Writer, environ func()
 	var configFile string
 	root := &cobra.Command{
 		Use:   "producer",
-		Short: "Publish prompts to promptline and watch its session events",
+		Short: "Publish prompts to promptline, answer its permission requests and watch its session events",
 		Long: `producer publishes prompt envelopes to promptline's prompts topic (Kafka key =
-session ID, murmur2 partitioner as in the Java client) and prints the session
-events promptline publishes back. See docs/producers.md.`,
+session ID, murmur2 partitioner as in the Java client), replies to permission
+requests, and prints the session events promptline publishes back. It is built
+on the Go package github.com/promptline/promptline/client. See
+docs/producers.md.`,
 		SilenceUsage:  true,
 		SilenceErrors: true,
 	}
@@ -74,7 +78,7 @@ events promptline publishes back. See docs/producers.md.`,
 	pf.StringVar(&k.security.SASLUser, "sasl-user", "", "SASL user (PLAIN, SCRAM)")
 	pf.StringVar(&k.security.SASLPasswordFile, "sasl-password-file", "", "file holding the SASL password (PLAIN, SCRAM)")
 	pf.StringVar(&k.security.SASLTokenFile, "sasl-token-file", "", "file holding the OAUTHBEARER token, read again at each connection")
-	root.AddCommand(newSendCommand(k), newWatchCommand(k))
+	root.AddCommand(newSendCommand(k), newWatchCommand(k), newReplyCommand(k))
 	cliconfig.New(&cliconfig.Config{EnvironFunc: environ, IgnoreEnv: slices.Concat(faults.EnvVars, kafkautil.TestEnvVars), Program: "producer"}).Install(root)
 	return root
 }

@@ -40,8 +40,10 @@ func TestSecurity(t *testing.T) {
 		return []string{"--brokers", b.Addr(), "--tls", "--tls-ca-file", caFile,
 			"--sasl-mechanism", "SCRAM-SHA-256", "--sasl-user", "promptline", "--sasl-password-file", passFile}
 	}
+	// Cleanup, not defer: the parallel subtests run after this function
+	// returns, and the commands now honour their context.
 	ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
-	defer cancel()
+	t.Cleanup(cancel)
 
 	t.Run("SendWorks", func(t *testing.T) {
 		t.Parallel()

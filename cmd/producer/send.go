@@ -1,16 +1,16 @@
 package main
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"io"
 	"strings"
 	"unicode/utf8"
 
-	"github.com/IBM/sarama"
-	"github.com/google/uuid"
 	"github.com/spf13/cobra"
 
+	"github.com/promptline/promptline/client"
 	"github.com/promptline/promptline/envelope"
 	"github.com/promptline/promptline/internal/kafkautil"
 )
@@ -62,11 +62,12 @@ sent), then publishes them all, in file order per session.`,
 }
 
 func (o *sendOpts) run(cmd *cobra.Command) error {
-	brokers, cfg, err := o.kafka.config(clientID)
+	cfg, err := o.kafka.config(clientID)
 	if err != nil {
 		return err
 	}
-	if cfg.Producer.Partitioner, err = kafkautil.NewPartitioner(o.partitioner); err != nil {
+	cfg.PromptsTopic = o.topic
+	if cfg.Partitioner, err = kafkautil.NewPartitioner(o.partitioner); err != nil {
 		return fmt.Errorf("--partitioner: want %s or %s, got %q", kafkautil.PartitionerMurmur2, kafkautil.PartitionerFNV1a, o.partitioner)
 	}
 	if o.topic == "" {
@@ -78,13 +79,13 @@ func (o *sendOpts) run(cmd *cobra.Command) error {
 				return fmt.Errorf("--%s cannot be combined with --file: each line carries its own envelope", name)
 			}
 		}
-		return o.sendFile(cmd.Context(), cmd.InOrStdin(), cmd.OutOrStdout(), cmd.ErrOrStderr(), brokers, cfg)
+		return o.sendFile(cmd.Context(), cmd.InOrStdin(), cmd.OutOrStdout(), cmd.ErrOrStderr(), cfg)
 	}
 	p, err := o.prompt(cmd)
 	if err != nil {
 		return err
 	}
-	return o.sendOne(cmd.OutOrStdout(), brokers, cfg, p)
+	return o.sendOne(cmd.Context(), cmd.OutOrStdout(), cfg, p)
 }
 
 // prompt builds the envelope from the flags and validates it with the rules
@@ -107,11 +108,7 @@ func (o *sendOpts) prompt(cmd *cobra.Command) (envelope.Prompt, error) {
 		return envelope.Prompt{}, fmt.Errorf("--delivery: want queue or steer, got %q", o.delivery)
 	}
 	if !cmd.Flags().Changed("message-id") {
-		id, err := uuid.NewV7()
-		if err != nil {
-			return envelope.Prompt{}, fmt.Errorf("generating a message ID: %w", err)
-		}
-		p.MessageID = id.String()
+		p.MessageID = client.NewMessageID()
 	}
 	if o.noResume {
 		p.Resume = new(false)
@@ -142,25 +139,17 @@ func flagOf(rej *envelope.RejectError) string {
 	}
 }
 
-func (o *sendOpts) sendOne(stdout io.Writer, brokers []string, cfg *sarama.Config, p envelope.Prompt) error {
-	value, err := envelope.Marshal(p)
+func (o *sendOpts) sendOne(ctx context.Context, stdout io.Writer, cfg *client.Config, p envelope.Prompt) error {
+	producer, err := client.NewProducer(cfg)
 	if err != nil {
-		return fmt.Errorf("encoding the envelope: %w", err)
+		return err
 	}
-	producer, err := sarama.NewSyncProducer(brokers, cfg)
-	if err != nil {
-		return fmt.Errorf("connecting to %s: %w", strings.Join(brokers, ","), o.kafka.security.Explain(err))
-	}
-	partition, offset, err := producer.SendMessage(&sarama.ProducerMessage{
-		Topic: o.topic,
-		Key:   sarama.StringEncoder(p.SessionID),
-		Value: sarama.ByteEncoder(value),
-	})
+	partition, offset, err := producer.Send(ctx, p)
 	if cerr := producer.Close(); err == nil && cerr != nil {
 		err = cerr
 	}
 	if err != nil {
-		return fmt.Errorf("publishing %s to %s: %w", p.MessageID, o.topic, err)
+		return err
 	}
 	_, err = fmt.Fprintf(stdout, "%s/%d/%d message_id=%s\n", o.topic, partition, offset, p.MessageID)
 	return err

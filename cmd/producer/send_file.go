@@ -8,10 +8,8 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"strings"
 
-	"github.com/IBM/sarama"
-
+	"github.com/promptline/promptline/client"
 	"github.com/promptline/promptline/envelope"
 )
 
@@ -19,11 +17,10 @@ import (
 // accepts, plus a CRLF.
 const maxLineBytes = 1<<20 + 2
 
-// record is one validated line of a prompts file, published as written.
+// record is one validated line of a prompts file.
 type record struct {
-	line  int
-	key   string
-	value []byte
+	line   int
+	prompt envelope.Prompt
 }
 
 // readPrompts reads and validates every line of a JSON Lines file of
@@ -58,7 +55,7 @@ func readPrompts(name string, r io.Reader) ([]record, error) {
 		} else if !ok {
 			ids[p.MessageID] = seen{line: line, hash: h}
 		}
-		recs = append(recs, record{line: line, key: p.SessionID, value: bytes.Clone(value)})
+		recs = append(recs, record{line: line, prompt: p})
 	}
 	if err := sc.Err(); errors.Is(err, bufio.ErrTooLong) {
 		return nil, fmt.Errorf("%s:%d: %s: line is longer than %d bytes", name, line+1, envelope.ReasonTooLarge, maxLineBytes-2)
@@ -71,7 +68,7 @@ func readPrompts(name string, r io.Reader) ([]record, error) {
 	return recs, nil
 }
 
-func (o *sendOpts) sendFile(ctx context.Context, stdin io.Reader, stdout, stderr io.Writer, brokers []string, cfg *sarama.Config) error {
+func (o *sendOpts) sendFile(ctx context.Context, stdin io.Reader, stdout, stderr io.Writer, cfg *client.Config) error {
 	name, r := o.file, stdin
 	if o.file == "-" {
 		name = "stdin"
@@ -87,72 +84,29 @@ func (o *sendOpts) sendFile(ctx context.Context, stdin io.Reader, stdout, stderr
 	if err != nil {
 		return err
 	}
+	prompts := make([]envelope.Prompt, len(recs))
+	for i, rec := range recs {
+		prompts[i] = rec.prompt
+	}
 
-	producer, err := sarama.NewAsyncProducer(brokers, cfg)
+	producer, err := client.NewProducer(cfg)
 	if err != nil {
-		return fmt.Errorf("connecting to %s: %w", strings.Join(brokers, ","), o.kafka.security.Explain(err))
+		return err
 	}
 	prog := newProgress(stderr, len(recs))
-	sent, err := publish(ctx, producer, o.topic, recs, prog)
+	sent, err := producer.SendBatch(ctx, prompts, &client.SendBatchOpts{ProgressFunc: func(int) { prog.Add(1) }})
 	prog.Finish()
 	if cerr := producer.Close(); err == nil && cerr != nil {
-		err = fmt.Errorf("closing the producer: %w", cerr)
+		err = cerr
+	}
+	var batch *client.BatchError
+	if errors.As(err, &batch) {
+		// Name the line, not the position in the batch.
+		return fmt.Errorf("sent %d of %d prompts to %s: line %d: %w", sent, len(recs), o.topic, recs[batch.Index].line, batch.Err)
 	}
 	if err != nil {
-		return fmt.Errorf("sent %d of %d prompts to %s: %w", sent, len(recs), o.topic, err)
+		return err
 	}
 	_, err = fmt.Fprintf(stdout, "sent %d prompts to %s\n", sent, o.topic)
 	return err
-}
-
-// publish feeds recs to the async producer in order and waits for every
-// acknowledgement. It stops feeding at the first failure or when ctx is
-// done, and always drains what is in flight, so the count it returns is
-// exactly what the brokers acknowledged. The idempotent producer with one
-// request in flight per broker keeps each partition, hence each session,
-// in file order.
-func publish(ctx context.Context, producer sarama.AsyncProducer, topic string, recs []record, prog progress) (int, error) {
-	var (
-		next, inflight, acked int
-		failed                error
-		msg                   *sarama.ProducerMessage // the next one, built once
-		done                  = ctx.Done()
-	)
-	for {
-		feeding := next < len(recs) && failed == nil && ctx.Err() == nil
-		if !feeding && inflight == 0 {
-			break
-		}
-		var input chan<- *sarama.ProducerMessage
-		if feeding {
-			input = producer.Input()
-			if msg == nil {
-				r := recs[next]
-				msg = &sarama.ProducerMessage{
-					Topic: topic, Key: sarama.StringEncoder(r.key), Value: sarama.ByteEncoder(r.value), Metadata: r.line,
-				}
-			}
-		}
-		select {
-		case input <- msg:
-			msg = nil
-			next++
-			inflight++
-		case <-producer.Successes():
-			inflight--
-			acked++
-			prog.Add(1)
-		case perr := <-producer.Errors():
-			inflight--
-			if failed == nil {
-				failed = fmt.Errorf("line %v: %w", perr.Msg.Metadata, perr.Err)
-			}
-		case <-done:
-			done = nil // stop feeding; keep draining
-		}
-	}
-	if failed == nil && ctx.Err() != nil {
-		failed = fmt.Errorf("interrupted: %w", context.Cause(ctx))
-	}
-	return acked, failed
 }

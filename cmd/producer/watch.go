@@ -7,15 +7,13 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"slices"
 	"strconv"
 	"strings"
-	"sync"
 	"time"
 
-	"github.com/IBM/sarama"
 	"github.com/spf13/cobra"
 
+	"github.com/promptline/promptline/client"
 	"github.com/promptline/promptline/envelope"
 )
 
@@ -66,8 +64,11 @@ to standard output.`,
 	return cmd
 }
 
+// errWatchTimeout ends a watch at --timeout.
+var errWatchTimeout = errors.New("--timeout")
+
 func (o *watchOpts) run(ctx context.Context, stdout, stderr io.Writer) error {
-	brokers, cfg, err := o.kafka.config("promptline-watch")
+	cfg, err := o.kafka.config("promptline-watch")
 	if err != nil {
 		return err
 	}
@@ -84,104 +85,59 @@ func (o *watchOpts) run(ctx context.Context, stdout, stderr io.Writer) error {
 			return errors.New("--type: must not be empty")
 		}
 	}
-
-	consumer, err := sarama.NewConsumer(brokers, cfg)
-	if err != nil {
-		return fmt.Errorf("connecting to %s: %w", strings.Join(brokers, ","), o.kafka.security.Explain(err))
-	}
-	defer consumer.Close()
-	partitions, err := consumer.Partitions(o.topic)
-	if err != nil {
-		return fmt.Errorf("listing the partitions of %s: %w", o.topic, err)
-	}
-
-	ctx, cancel := context.WithCancel(ctx)
-	var (
-		wg   sync.WaitGroup
-		pcs  []sarama.PartitionConsumer
-		msgs = make(chan *sarama.ConsumerMessage)
-		errc = make(chan error)
-	)
-	// Stop the forwarders first, then the partition consumers (Close drains
-	// them), then the consumer (deferred above).
-	defer func() {
-		cancel()
-		wg.Wait()
-		for _, pc := range pcs {
-			_ = pc.Close()
-		}
-	}()
-	start, from := sarama.OffsetNewest, "newest"
-	if o.fromBeginning {
-		start, from = sarama.OffsetOldest, "oldest"
-	}
-	for _, p := range partitions {
-		// ConsumePartition resolves OffsetNewest now, so every event
-		// published after the status line below is seen.
-		pc, err := consumer.ConsumePartition(o.topic, p, start)
-		if err != nil {
-			return fmt.Errorf("consuming %s/%d: %w", o.topic, p, err)
-		}
-		pcs = append(pcs, pc)
-		wg.Go(func() { forward(ctx, pc, msgs, errc) })
-	}
-	fmt.Fprintf(stderr, "watching %s (%d partitions) from the %s offsets\n", o.topic, len(partitions), from)
-
-	var timeout <-chan time.Time
-	if o.timeout > 0 {
-		timer := time.NewTimer(o.timeout)
-		defer timer.Stop()
-		timeout = timer.C
-	}
-	seen := make(map[string]struct{})
-	matched := 0
-	for o.count == 0 || matched < o.count {
-		select {
-		case m := <-msgs:
-			e, err := envelope.DecodeEvent(m.Value)
-			if err != nil {
-				fmt.Fprintf(stderr, "skipping %s/%d/%d: not a session event: %v\n", m.Topic, m.Partition, m.Offset, err)
-				continue
+	cfg.EventsTopic = o.topic
+	opts := &client.WatchOpts{SessionID: o.session, Types: o.types, Start: client.StartNewest(),
+		ErrorFunc: func(err error) {
+			var derr *client.DecodeError
+			if errors.As(err, &derr) {
+				fmt.Fprintln(stderr, err)
+				return
 			}
-			if e.SessionID == "" {
-				e.SessionID = string(m.Key)
-			}
-			if !o.matches(e) {
-				continue
-			}
-			if e.ID != "" {
-				if _, dup := seen[e.ID]; dup {
-					continue
-				}
-				seen[e.ID] = struct{}{}
-			}
-			if err := o.print(stdout, e, m.Value); err != nil {
-				return err
-			}
-			matched++
-		case err := <-errc:
 			// Sarama retries on its own; say so, and keep watching.
 			fmt.Fprintf(stderr, "consumer: %v\n", err)
-		case <-timeout:
+		}}
+	if o.fromBeginning {
+		opts.Start = client.StartOldest()
+	}
+	w, err := client.NewWatcher(cfg, opts)
+	if err != nil {
+		return err
+	}
+	defer w.Close()
+	if o.session != "" {
+		fmt.Fprintf(stderr, "watching %s (partition %d of %d: session %s) from %s\n", o.topic, w.Partitions()[0], w.TopicPartitions(), o.session, w.Start())
+	} else {
+		fmt.Fprintf(stderr, "watching %s (%d partitions) from %s\n", o.topic, w.TopicPartitions(), w.Start())
+	}
+
+	if o.timeout > 0 {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeoutCause(ctx, o.timeout, errWatchTimeout)
+		defer cancel()
+	}
+	matched := 0
+	for o.count == 0 || matched < o.count {
+		r, err := w.NextRecord(ctx)
+		switch {
+		case errors.Is(err, errWatchTimeout):
 			if o.count > 0 {
 				return fmt.Errorf("--timeout: %s passed with %d of %d matching events", o.timeout, matched, o.count)
 			}
 			return nil
-		case <-ctx.Done():
+		case err != nil && ctx.Err() != nil:
 			if o.count > 0 {
 				return fmt.Errorf("interrupted with %d of %d matching events", matched, o.count)
 			}
 			return nil
+		case err != nil:
+			return err
 		}
+		if err := o.print(stdout, r.Event, r.Value); err != nil {
+			return err
+		}
+		matched++
 	}
 	return nil
-}
-
-func (o *watchOpts) matches(e envelope.Event) bool {
-	if o.session != "" && e.SessionID != o.session {
-		return false
-	}
-	return len(o.types) == 0 || slices.Contains(o.types, e.Type)
 }
 
 func (o *watchOpts) print(w io.Writer, e envelope.Event, raw []byte) error {
@@ -221,33 +177,4 @@ func formatEvent(e envelope.Event) string {
 		b.WriteString(" error=" + strconv.Quote(e.Error))
 	}
 	return b.String()
-}
-
-// forward moves one partition's messages and errors onto the shared
-// channels until ctx is done or the partition consumer closes.
-func forward(ctx context.Context, pc sarama.PartitionConsumer, msgs chan<- *sarama.ConsumerMessage, errc chan<- error) {
-	for {
-		select {
-		case m, ok := <-pc.Messages():
-			if !ok {
-				return
-			}
-			select {
-			case msgs <- m:
-			case <-ctx.Done():
-				return
-			}
-		case err, ok := <-pc.Errors():
-			if !ok {
-				return
-			}
-			select {
-			case errc <- err:
-			case <-ctx.Done():
-				return
-			}
-		case <-ctx.Done():
-			return
-		}
-	}
 }

@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -10,6 +11,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/promptline/promptline/envelope"
+	"github.com/promptline/promptline/internal/kafkautil"
 	"github.com/promptline/promptline/internal/testkit"
 )
 
@@ -54,7 +56,9 @@ func TestWatch(t *testing.T) {
 s-1 turn.failed reason=provider_error error="boom"
 s-1 turn.completed "echo: again\nand more"
 `, res.stdout)
-		require.Contains(t, res.stderr, "watching session-events (4 partitions) from the oldest offsets")
+		// One session's events are all on its partition: only that one is read.
+		require.Contains(t, res.stderr, fmt.Sprintf("watching session-events (partition %d of 4: session s-1) from the oldest offsets",
+			kafkautil.Murmur2Partition([]byte("s-1"), 4)))
 		require.Contains(t, res.stderr, "not a session event")
 	})
 
