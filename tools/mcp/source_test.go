@@ -15,6 +15,7 @@ import (
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 	"github.com/stretchr/testify/require"
 
+	"github.com/promptline/promptline/internal/testkit"
 	"github.com/promptline/promptline/tools"
 	promptmcp "github.com/promptline/promptline/tools/mcp"
 )
@@ -244,10 +245,11 @@ func TestOverrides(t *testing.T) {
 	require.ErrorContains(t, err, "--tool-class orders__nothing: no MCP server lists this tool")
 }
 
-// FilesystemServer returns the command of @modelcontextprotocol/server-filesystem
+// filesystemServer returns the command of @modelcontextprotocol/server-filesystem
 // (testdata/server-filesystem, installed by npm ci) serving dir.
-func FilesystemServer(t *testing.T, dir string) []string {
+func filesystemServer(t *testing.T, dir string) []string {
 	t.Helper()
+	testkit.SkipInShortTier(t, "Node.js and @modelcontextprotocol/server-filesystem")
 	node, err := exec.LookPath("node")
 	require.NoError(t, err, "node is required (the Makefile's test target installs the server)")
 	script, err := filepath.Abs(filepath.Join("testdata", "server-filesystem", "node_modules", "@modelcontextprotocol", "server-filesystem", "dist", "index.js"))
@@ -264,7 +266,7 @@ func TestFilesystemServer(t *testing.T) {
 	t.Parallel()
 	dir, err := filepath.EvalSymlinks(t.TempDir())
 	require.NoError(t, err)
-	_, reg := connect(t, &promptmcp.Config{Servers: []promptmcp.ServerConfig{{Name: "fs", Command: FilesystemServer(t, dir)}}})
+	_, reg := connect(t, &promptmcp.Config{Servers: []promptmcp.ServerConfig{{Name: "fs", Command: filesystemServer(t, dir)}}})
 	c := classes(reg)
 	require.Equal(t, tools.Idempotent, c["fs__read_text_file"])
 	require.Equal(t, tools.Idempotent, c["fs__list_directory"])
