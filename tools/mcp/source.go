@@ -209,6 +209,7 @@ func (s *server) session(ctx context.Context) (*mcp.ClientSession, error) {
 		select {
 		case <-s.lost:
 			s.log.WarnContext(ctx, "MCP server connection lost; reconnecting", slog.String("server", s.cfg.Name))
+			_ = s.cs.Close() // reaps a stdio server's process
 			s.cs = nil
 		default:
 			return s.cs, nil
@@ -224,6 +225,21 @@ func (s *server) session(ctx context.Context) (*mcp.ClientSession, error) {
 	go func() { _ = cs.Wait(); close(lost) }()
 	s.cs, s.lost = cs, lost
 	return cs, nil
+}
+
+// drop ends cs if it is still the live session: the next call connects
+// again.
+func (s *server) drop(cs *mcp.ClientSession) {
+	s.mu.Lock()
+	live := s.cs == cs
+	if live {
+		s.cs = nil
+	}
+	s.mu.Unlock()
+	if live {
+		s.log.Warn("MCP server connection failed; the next call reconnects", slog.String("server", s.cfg.Name))
+		_ = cs.Close()
+	}
 }
 
 func (s *server) close() {
@@ -285,22 +301,33 @@ func (t *tool) Run(ctx context.Context, call tools.Call) (tools.Result, error) {
 	}
 	res, err := cs.CallTool(ctx, params)
 	if err != nil {
-		return t.callError(err)
+		return t.callError(ctx, cs, err)
 	}
 	out := output(res)
 	return tools.Result{Output: out, IsError: res.IsError}, nil
 }
 
 // callError sorts an error from CallTool into "not run" and "unknown".
-func (t *tool) callError(err error) (tools.Result, error) {
+// After an error of the connection (not an answer of the server, not the
+// call's own deadline) the session is dropped, so that the next call
+// connects again: a connection the SDK marked failed would otherwise fail
+// every later call.
+func (t *tool) callError(ctx context.Context, cs *mcp.ClientSession, err error) (tools.Result, error) {
 	var wire *jsonrpcError
+	if errors.As(err, &wire) && refusedCodes[wire.Code] {
+		// The server answered that it did not take the call.
+		return tools.Result{IsError: true, Output: bound(fmt.Sprintf("MCP server %s refused the call: %s", t.srv.cfg.Name, wire.Message))}, nil
+	}
+	if ctx.Err() == nil {
+		t.srv.drop(cs)
+	}
 	switch {
 	case errors.Is(err, syscall.ECONNREFUSED):
 		// Nothing reached the server.
 		return tools.Result{}, fmt.Errorf("MCP server %s is down: %w: %w", t.srv.cfg.Name, tools.ErrNotRun, err)
-	case errors.As(err, &wire) && refusedCodes[wire.Code]:
-		// The server answered that it did not take the call.
-		return tools.Result{IsError: true, Output: bound(fmt.Sprintf("MCP server %s refused the call: %s", t.srv.cfg.Name, wire.Message))}, nil
+	case errors.Is(err, mcp.ErrSessionMissing):
+		// The server refused the request: it no longer knows the session.
+		return tools.Result{}, fmt.Errorf("MCP server %s ended the session: %w: %w", t.srv.cfg.Name, tools.ErrNotRun, err)
 	}
 	return tools.Result{}, fmt.Errorf("MCP server %s: %w", t.srv.cfg.Name, err)
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -292,4 +293,30 @@ func TestFilesystemServer(t *testing.T) {
 	require.NoError(t, err)
 	require.True(t, res.IsError, res.Output)
 	require.False(t, errors.Is(err, tools.ErrNotRun))
+}
+
+// TestHTTPServerBackAfterRestart: a server that was down answers the
+// next call once it is back (a restarted server knows no session): no
+// failure of a server stops its tools for good.
+func TestHTTPServerBackAfterRestart(t *testing.T) {
+	t.Parallel()
+	first := newTestServer(t)
+	addr := first.srv.Listener.Addr().String()
+	_, reg := connect(t, &promptmcp.Config{Servers: []promptmcp.ServerConfig{{Name: "orders", URL: first.srv.URL}}})
+	first.srv.Close()
+	_, err := run(t, reg, "orders__charge", `{"id":"o-1"}`, "k1", 1)
+	require.ErrorIs(t, err, tools.ErrNotRun)
+
+	second := newTestServer(t)
+	second.srv.Close() // on another port; serve its handler on the first's
+	l, err := net.Listen("tcp", addr)
+	require.NoError(t, err)
+	restarted := httptest.NewUnstartedServer(second.srv.Config.Handler)
+	restarted.Listener = l
+	restarted.Start()
+	t.Cleanup(restarted.Close)
+
+	res, err := run(t, reg, "orders__charge", `{"id":"o-2"}`, "k2", 1)
+	require.NoError(t, err)
+	require.Equal(t, tools.Result{Output: "done charge"}, res)
 }
