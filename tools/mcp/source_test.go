@@ -320,3 +320,22 @@ func TestHTTPServerBackAfterRestart(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, tools.Result{Output: "done charge"}, res)
 }
+
+// TestStdioServerCrashMidCall: a stdio server that dies while a call is
+// out leaves the call's outcome unknown (an error that does not wrap
+// tools.ErrNotRun); the next call starts the server again.
+func TestStdioServerCrashMidCall(t *testing.T) {
+	t.Parallel()
+	self, err := os.Executable()
+	require.NoError(t, err)
+	_, reg := connect(t, &promptmcp.Config{Servers: []promptmcp.ServerConfig{{Name: "local", Command: []string{self, stdioServerArg}}}})
+	require.Equal(t, map[string]tools.Class{"local__echo": tools.Idempotent, "local__crash": tools.SideEffecting}, classes(reg))
+
+	_, err = run(t, reg, "local__crash", `{}`, "k1", 1)
+	require.Error(t, err)
+	require.NotErrorIs(t, err, tools.ErrNotRun, "the server died with the call out: unknown")
+
+	res, err := run(t, reg, "local__echo", `{}`, "k2", 1)
+	require.NoError(t, err, "the next call starts the server again")
+	require.Equal(t, tools.Result{Output: "echo"}, res)
+}
