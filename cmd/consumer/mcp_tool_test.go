@@ -128,6 +128,7 @@ func TestCrashBeforeMCPReadFileRetried(t *testing.T) {
 // _meta of every call.
 type metaServer struct {
 	url   string
+	srv   *httptest.Server
 	mu    sync.Mutex
 	metas []mcp.Meta
 	names []string
@@ -153,7 +154,7 @@ func newMetaServer(t *testing.T) *metaServer {
 			_ = ss.Close()
 		}
 	})
-	ms.url = srv.URL
+	ms.url, ms.srv = srv.URL, srv
 	return ms
 }
 
@@ -184,6 +185,24 @@ func TestMCPToolOverHTTP(t *testing.T) {
 	require.Equal(t, []string{"charge"}, ms.names, "one call, the denied tool never reached the server")
 	require.Equal(t, key, ms.metas[0][promptmcp.MetaIdempotencyKey])
 	require.EqualValues(t, 1, ms.metas[0][promptmcp.MetaFencingToken])
+}
+
+// TestMCPServerDownAtCall: a server that went away after the start gives
+// a clean failure: the call is failed (never unknown, nothing was sent),
+// the model sees why, and the turn completes.
+func TestMCPServerDownAtCall(t *testing.T) {
+	t.Parallel()
+	ms := newMetaServer(t)
+	b := setup(t)
+	c := b.start(t, "consumer", "", "--mcp-server", "name=orders,url="+ms.url)
+	c.waitLog(t, "consumer running", 60*time.Second)
+	ms.srv.Close()
+	p := prompt("s-mcp-down", `/tool orders__charge {"id": "o-1"}`)
+	b.send(t, p)
+	turn := b.events.waitTurn(t, p.MessageID)
+	require.Equal(t, envelope.EventTurnCompleted, turn.Type, "%+v", turn)
+	require.Contains(t, turn.Text, "tool results: orders__charge: not run: MCP server orders is down")
+	require.Equal(t, 1, b.count(t, `SELECT count(*) FROM tool_calls WHERE session_id = 's-mcp-down' AND state = 'failed'`))
 }
 
 // TestMCPServerRefusedAtStart: a server that lists no tools, one that does
