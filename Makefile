@@ -23,12 +23,17 @@ demo: build ## run the consumer on embedded defaults, publish a few prompts, pri
 	./scripts/demo.sh $(BIN)
 
 .PHONY: test
-test: lint examples/node/node_modules ## the default suite: lint (gofmt, vet, staticcheck), every test (real Postgres, embedded broker over TCP), fuzz seeds
+test: lint examples/node/node_modules tools/mcp/testdata/server-filesystem/node_modules ## the default suite: lint (gofmt, vet, staticcheck), every test (real Postgres, embedded broker over TCP), fuzz seeds
 	$(GO) test -count=1 ./...
 
 # The kafkajs producer example's package (tested in examples/).
 examples/node/node_modules: examples/node/package.json examples/node/package-lock.json
 	cd examples/node && npm ci --no-audit --no-fund --loglevel=error
+	@touch $@
+
+# The third-party MCP server of the MCP tool tests (tools/mcp, cmd/consumer).
+tools/mcp/testdata/server-filesystem/node_modules: tools/mcp/testdata/server-filesystem/package.json tools/mcp/testdata/server-filesystem/package-lock.json
+	cd tools/mcp/testdata/server-filesystem && npm ci --no-audit --no-fund --loglevel=error
 	@touch $@
 
 .PHONY: test/short
@@ -46,7 +51,7 @@ test/kafka: ## the integration, interop, crash, zombie, replay and permission te
 	PROMPTLINE_TEST_KAFKA=apache $(GO) test -count=1 -p 1 -timeout 60m -run '$(KAFKA_TESTS_CONSUMER)' ./cmd/consumer
 
 .PHONY: test/race
-test/race: examples/node/node_modules ## the default suite under the race detector
+test/race: examples/node/node_modules tools/mcp/testdata/server-filesystem/node_modules ## the default suite under the race detector
 	$(GO) test -race -count=1 ./...
 
 .PHONY: test/crash-sweep

@@ -414,6 +414,7 @@ func (ex *execution) runCall(ctx context.Context, p ledger.CallParams, c ToolCal
 		ID: c.ID, Name: c.Name, Input: c.Input, SessionID: ex.sessionID,
 		IdempotencyKey: p.IdempotencyKey, FencingToken: ex.x.Claim().Token,
 	})
+	faults.Hit(faults.ToolAfterRun)
 	ex.callSecondsMetric(ctx, err, res, time.Since(started))
 	if ex.x.Fenced() {
 		return ledger.ErrFenced

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"fmt"
 	"log/slog"
 	"net/http"
@@ -12,6 +13,7 @@ import (
 	"github.com/promptline/promptline/pipeline"
 	"github.com/promptline/promptline/pipeline/providers"
 	"github.com/promptline/promptline/tools"
+	"github.com/promptline/promptline/tools/mcp"
 )
 
 // providerOptions are the provider and tool flags.
@@ -25,6 +27,8 @@ type providerOptions struct {
 	openaiKeyFile string
 	sandboxDir    string
 	httpEndpoints []string // --http-tool-endpoint values
+	mcpServers    []string // --mcp-server values
+	toolClasses   []string // --tool-class values
 }
 
 func (p *providerOptions) validate() error {
@@ -41,15 +45,79 @@ func (p *providerOptions) validate() error {
 	default:
 		return fmt.Errorf("--provider: want scripted, http or openai, got %q", p.kind)
 	}
-	// Endpoints are checked now, before anything connects.
+	// Endpoints and MCP servers are checked now, before anything connects.
+	if _, err := p.mcpConfig(); err != nil {
+		return err
+	}
 	return p.registerHTTPTool(tools.NewRegistry())
+}
+
+// mcpConfig reads --mcp-server and --tool-class.
+func (p *providerOptions) mcpConfig() (*mcp.Config, error) {
+	cfg := &mcp.Config{Overrides: map[string]mcp.Override{}, Stderr: os.Stderr}
+	for _, v := range p.mcpServers {
+		sc, err := mcp.ParseServer(v)
+		if err != nil {
+			return nil, fmt.Errorf("--mcp-server %q: %w", v, err)
+		}
+		cfg.Servers = append(cfg.Servers, sc)
+	}
+	for _, v := range p.toolClasses {
+		name, o, err := mcp.ParseOverride(v)
+		if err != nil {
+			return nil, fmt.Errorf("--tool-class: %w", err)
+		}
+		cfg.Overrides[name] = o
+	}
+	return cfg, nil
+}
+
+// registerMCPTools connects to the --mcp-server servers and registers
+// their tools; the returned function closes the connections. A server
+// that cannot be reached, lists no tools or has a tool that cannot be
+// registered stops the start, named in the error.
+func (p *providerOptions) registerMCPTools(ctx context.Context, reg *tools.Registry, log *slog.Logger) (func(), error) {
+	if len(p.mcpServers) == 0 && len(p.toolClasses) == 0 {
+		return func() {}, nil
+	}
+	cfg, err := p.mcpConfig()
+	if err != nil {
+		return nil, err
+	}
+	cfg.Logger = log
+	src, err := mcp.Connect(ctx, cfg)
+	if err != nil {
+		return nil, err
+	}
+	if err := src.Register(reg); err != nil {
+		src.Close()
+		return nil, err
+	}
+	for _, t := range src.Tools() {
+		s := t.Spec()
+		log.InfoContext(ctx, "MCP tool", slog.String("tool", s.Name), slog.String("class", string(s.Class)))
+	}
+	return src.Close, nil
 }
 
 // build returns the provider, its name as recorded on attempts, and the
 // tools. The demo tools (echo, append_line) come with the scripted
 // provider only: append_line writes files, in a sandbox directory.
-func (p *providerOptions) build(log *slog.Logger) (pipeline.Provider, string, *tools.Registry, func(), error) {
+func (p *providerOptions) build(ctx context.Context, log *slog.Logger) (pipeline.Provider, string, *tools.Registry, func(), error) {
 	reg := tools.NewRegistry()
+	closeMCP, err := p.registerMCPTools(ctx, reg, log)
+	if err != nil {
+		return nil, "", nil, nil, err
+	}
+	prov, name, reg, cleanup, err := p.buildProvider(reg, log)
+	if err != nil {
+		closeMCP()
+		return nil, "", nil, nil, err
+	}
+	return prov, name, reg, func() { cleanup(); closeMCP() }, nil
+}
+
+func (p *providerOptions) buildProvider(reg *tools.Registry, log *slog.Logger) (pipeline.Provider, string, *tools.Registry, func(), error) {
 	cleanup := func() {}
 	switch p.kind {
 	case "scripted":
@@ -119,6 +187,7 @@ func parsePermissions(flags []string) (permissionPolicy, error) {
 		if !ok || name == "" {
 			return nil, fmt.Errorf("--tool-permission: want NAME=allow|deny|ask, got %q", f)
 		}
+		name = mcp.CanonicalName(name) // SERVER.TOOL is SERVER__TOOL
 		perm, err := tools.ParsePermission(policy)
 		if err != nil {
 			return nil, fmt.Errorf("--tool-permission %s: %w", name, err)

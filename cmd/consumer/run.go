@@ -139,7 +139,7 @@ func run(ctx context.Context, o *options, stderr io.Writer) error {
 	admitter := pipeline.NewAdmitter(db.Pool, &pipeline.AdmitterConfig{
 		Topics: topics, Logger: log, Metrics: m, OnCommitFunc: relay.Nudge,
 	})
-	provider, providerName, toolbox, cleanupTools, err := o.provider.build(log)
+	provider, providerName, toolbox, cleanupTools, err := o.provider.build(ctx, log)
 	if err != nil {
 		return err
 	}

@@ -32,6 +32,9 @@ const (
 	// IdempotentToolAfterIntent: an idempotent tool call's intent committed,
 	// the tool not yet run.
 	IdempotentToolAfterIntent = "idempotent-tool.after-intent"
+	// ToolAfterRun: a tool call ran and returned, its result not yet
+	// committed: the call's effect happened, the ledger says started.
+	ToolAfterRun = "tool.after-run"
 	// ToolStall: not a crash point: the tool call's goroutine blocks for
 	// good, ignoring its context, right before the tool runs (Stall): a
 	// tool stuck in a system call.
