@@ -9,7 +9,7 @@ import (
 )
 
 func newSessionCommand(o *options) *cobra.Command {
-	cmd := &cobra.Command{Use: "session", Short: "Inspect sessions"}
+	cmd := &cobra.Command{Use: "session", Short: "Inspect sessions; resolve what a turn left unknown"}
 	var asJSON bool
 	show := &cobra.Command{
 		Use:   "show SESSION",
@@ -34,6 +34,6 @@ func newSessionCommand(o *options) *cobra.Command {
 		},
 	}
 	show.Flags().BoolVar(&asJSON, "json", false, "print the report as JSON (stable snake_case keys)")
-	cmd.AddCommand(show)
+	cmd.AddCommand(show, newResolveCommand(o))
 	return cmd
 }
