@@ -265,18 +265,25 @@ func refuseClaimed(ctx context.Context, tx pgx.Tx, sessionID string) error {
 // turn that failed after the step): the finding can no longer continue it.
 func refuseSuperseded(ctx context.Context, tx pgx.Tx, t ledger.Target) error {
 	var newer string
-	err := tx.QueryRow(ctx, `SELECT coalesce((SELECT n.message_id FROM messages n, messages m
+	var sameTurn bool
+	err := tx.QueryRow(ctx, `SELECT n.message_id, n.turn_id IS NOT DISTINCT FROM m.turn_id FROM messages n, messages m
 		WHERE m.message_id = $1 AND n.session_id = m.session_id AND n.role = 'assistant' AND n.seq > m.seq
 		  AND NOT (n.status = 'errored' AND n.turn_id IS NOT DISTINCT FROM m.turn_id)
-		ORDER BY n.seq DESC LIMIT 1), '')`, t.AssistantMessageID).Scan(&newer)
+		ORDER BY n.seq DESC LIMIT 1`, t.AssistantMessageID).Scan(&newer, &sameTurn)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return nil
+	}
 	if err != nil {
 		return fmt.Errorf("reading newer assistant messages: %w", err)
 	}
-	if newer != "" {
-		return fmt.Errorf("%s %s: %w (assistant message %s is newer than its step's %s); nothing was recorded",
+	if sameTurn {
+		// The turn went on past the call: the model was told that its
+		// outcome is unknown and answered after it.
+		return fmt.Errorf("%s %s: %w: the turn went on past it (assistant message %s answered after its step's %s); nothing was recorded",
 			t.Kind, t.ID, ErrSuperseded, newer, t.AssistantMessageID)
 	}
-	return nil
+	return fmt.Errorf("%s %s: %w (assistant message %s is newer than its step's %s); nothing was recorded",
+		t.Kind, t.ID, ErrSuperseded, newer, t.AssistantMessageID)
 }
 
 // lastResolution reads the target's latest resolution (nil when none) and

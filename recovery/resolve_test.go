@@ -119,6 +119,27 @@ func TestResolve(t *testing.T) {
 		require.Equal(t, 1, b.count(t, `SELECT count(*) FROM inputs WHERE session_id = 's' AND kind = 'continuation'`))
 	})
 
+	t.Run("ContinuationRunsBeforeWaitingPrompts", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t)
+		_, call := b.unknownCall(t, "s")
+		// A prompt that waits with no claim (its wake still on its way):
+		// the next executor must continue the resolved turn first, or the
+		// prompt's turn would supersede it.
+		b.admit(t, "s", "m2", "later")
+		_, err := b.resolve(t, "s", call.ID, recovery.FindingDidNotRun, "")
+		require.NoError(t, err)
+		tool := &sideTool{}
+		b.run(t, &recorder{}, b.registry(t, tool), "s")
+		require.Len(t, tool.runs(), 1)
+		done := b.completed(t, "s")
+		require.Len(t, done, 2)
+		require.Equal(t, []string{"m1"}, done[0].MessageIDs, "the resolved turn goes on first")
+		require.Equal(t, "tool results: append_line: appended", done[0].Text)
+		require.Equal(t, []string{"m2"}, done[1].MessageIDs)
+		require.Equal(t, "echo: later", done[1].Text)
+	})
+
 	t.Run("UnknownAgainIsANewRound", func(t *testing.T) {
 		t.Parallel()
 		b := setup(t)
@@ -215,6 +236,20 @@ func TestResolve(t *testing.T) {
 		require.Zero(t, b.count(t, `SELECT count(*) FROM resolutions`))
 		require.Zero(t, b.count(t, `SELECT count(*) FROM inputs WHERE kind = 'continuation'`))
 		require.Equal(t, 1, b.count(t, `SELECT count(*) FROM tool_calls WHERE call_id = $1 AND state = 'unknown'`, call.ID))
+	})
+
+	t.Run("RefusedWhenTheTurnWentOn", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t)
+		_, call := b.unknownCall(t, "s")
+		// As a tool that could not say how it went leaves it: the model was
+		// told the outcome is unknown, and the turn answered after it.
+		b.exec(t, `INSERT INTO messages (message_id, session_id, role, status, turn_id, completed_at)
+			VALUES ('asst-next', 's', 'assistant', 'completed', 'asst-s', now())`)
+		_, err := b.resolve(t, "s", call.ID, recovery.FindingRan, `{}`)
+		require.ErrorIs(t, err, recovery.ErrSuperseded)
+		require.ErrorContains(t, err, "the turn went on past it (assistant message asst-next")
+		require.Zero(t, b.count(t, `SELECT count(*) FROM resolutions`))
 	})
 
 	t.Run("RefusedWhenNotUnknownOrElsewhere", func(t *testing.T) {
