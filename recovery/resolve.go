@@ -74,7 +74,15 @@ type ResolveOpts struct {
 	// Topics names the outbox target of the continuation's wake. Defaults
 	// to kafkautil's defaults.
 	Topics kafkautil.Topics
+	// OnTransientFunc is called with each transient database error
+	// (pgdb.Transient) before the transaction is tried again. Defaults to
+	// nothing.
+	OnTransientFunc func(err error)
 }
+
+// resolveTries bounds the tries of Resolve's transaction on transient
+// errors: an operator waits for the command, and may run it again.
+const resolveTries = 5
 
 // ResolveResult says what Resolve did.
 type ResolveResult struct {
@@ -127,7 +135,8 @@ type Resolution struct {
 // (ErrSuperseded) or another continuation waits (ErrContinuationWaits).
 // The ledger pruner's lock is taken first, so the rows it reads cannot be
 // pruned under it. Running it again with the same finding changes nothing
-// (Already); with another finding it is refused (ErrResolvedOtherwise).
+// (Already); with another finding it is refused (ErrResolvedOtherwise). A
+// transient database error is retried, a few times, as a whole.
 func Resolve(ctx context.Context, pool *pgxpool.Pool, sessionID, targetID string, opts *ResolveOpts) (ResolveResult, error) {
 	if opts.Finding != FindingRan && opts.Finding != FindingDidNotRun {
 		return ResolveResult{}, fmt.Errorf("finding %q: want %s or %s", opts.Finding, FindingRan, FindingDidNotRun)
@@ -138,6 +147,26 @@ func Resolve(ctx context.Context, pool *pgxpool.Pool, sessionID, targetID string
 	if opts.Output != "" && opts.Finding != FindingRan {
 		return ResolveResult{}, errors.New("resolving: an output goes only with the finding ran")
 	}
+	for try := 1; ; try++ {
+		res, err := resolveOnce(ctx, pool, sessionID, targetID, opts)
+		if err == nil || !pgdb.Transient(err) || try == resolveTries || ctx.Err() != nil {
+			return res, err
+		}
+		// A lost connection, a lock timeout, a deadlock (invariant 13):
+		// the transaction rolled back, so it is tried again as a whole;
+		// one whose commit landed unheard is found resolved (Already).
+		if f := opts.OnTransientFunc; f != nil {
+			f(err)
+		}
+		select {
+		case <-ctx.Done():
+			return res, err
+		case <-time.After(time.Duration(try) * 100 * time.Millisecond):
+		}
+	}
+}
+
+func resolveOnce(ctx context.Context, pool *pgxpool.Pool, sessionID, targetID string, opts *ResolveOpts) (ResolveResult, error) {
 	topics := opts.Topics.WithDefaults()
 	var res ResolveResult
 	err := pgdb.InTx(ctx, pool, func(tx pgx.Tx) error {

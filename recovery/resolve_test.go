@@ -10,6 +10,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/promptline/promptline/envelope"
+	"github.com/promptline/promptline/internal/pgdb"
 	"github.com/promptline/promptline/ledger"
 	"github.com/promptline/promptline/recovery"
 	"github.com/promptline/promptline/tools"
@@ -332,6 +333,27 @@ func TestResolve(t *testing.T) {
 		require.Equal(t, 1, b.count(t, `SELECT count(*) FROM resolutions`))
 		require.Equal(t, 1, b.count(t, `SELECT count(*) FROM inputs WHERE kind = 'continuation'`))
 		require.Equal(t, 1, b.wakes(t, "s")-before, "one wake")
+	})
+
+	t.Run("TransientErrorIsRetried", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t)
+		_, call := b.unknownCall(t, "s")
+		short := b.poolWith(t, map[string]string{"lock_timeout": "100ms"})
+		release := b.holdSession(t, "s")
+		var transient []error
+		res, err := recovery.Resolve(context.Background(), short, "s", call.ID, &recovery.ResolveOpts{
+			Finding: recovery.FindingDidNotRun, Operator: "alice",
+			OnTransientFunc: func(err error) {
+				transient = append(transient, err)
+				release() // the stuck writer goes away
+			}})
+		require.NoError(t, err)
+		require.Len(t, transient, 1, "one lock timeout, then it went through")
+		require.True(t, pgdb.Transient(transient[0]), "%v", transient[0])
+		require.False(t, res.Already)
+		require.Equal(t, 1, b.count(t, `SELECT count(*) FROM resolutions`))
+		require.Equal(t, 1, b.count(t, `SELECT count(*) FROM inputs WHERE kind = 'continuation'`))
 	})
 
 	t.Run("ExplainShowsTheResolution", func(t *testing.T) {
