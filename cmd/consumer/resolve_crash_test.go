@@ -3,6 +3,7 @@ package main
 import (
 	"encoding/json"
 	"fmt"
+	"regexp"
 	"testing"
 	"time"
 
@@ -115,6 +116,10 @@ func TestResolveAfterCrashedToolIntent(t *testing.T) {
 	require.Contains(t, out, "Resolved: tool call "+calls[s]+" (was unknown)")
 	require.Contains(t, out, `by ops ("no line in the file"): it did not run; the continuation runs it`)
 	require.Contains(t, out, "promoted at ")
+	out, stderr, code = runOnce(t, append([]string{"session", "show", s}, db...)...)
+	require.Zero(t, code, "consumer session show: %s", stderr)
+	require.Contains(t, out, "RESOLUTIONS (1)")
+	require.Regexp(t, `(?m)^  `+regexp.QuoteMeta(calls[s])+`\s+1\s+tool_call\s+unknown\s+did_not_run\s+ops\s`, out)
 
 	// Ran: the model is handed the output, nothing runs.
 	s = "s-resolve-ran"

@@ -13,7 +13,7 @@ func newSessionCommand(o *options) *cobra.Command {
 	var asJSON bool
 	show := &cobra.Command{
 		Use:   "show SESSION",
-		Short: "Print what Postgres holds about a session: inputs, transcript (prompt texts included, bounded), claim, ledger, recoveries, permissions",
+		Short: "Print what Postgres holds about a session: inputs, transcript (prompt texts included, bounded), claim, ledger, recoveries, resolutions, permissions",
 		Args:  cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			db, err := openDB(cmd, o)
