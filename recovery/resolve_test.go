@@ -36,6 +36,12 @@ func (s *sideTool) Run(_ context.Context, c tools.Call) (tools.Result, error) {
 	return tools.Result{Output: "appended"}, nil
 }
 
+func (s *sideTool) tokensSeen() []int64 {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return append([]int64(nil), s.tokens...)
+}
+
 func (s *sideTool) runs() []string {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -91,7 +97,7 @@ func TestResolve(t *testing.T) {
 	t.Run("DidNotRunRunsTheCallOnce", func(t *testing.T) {
 		t.Parallel()
 		b := setup(t)
-		_, call := b.unknownCall(t, "s")
+		crashed, call := b.unknownCall(t, "s")
 		res, err := b.resolve(t, "s", call.ID, recovery.FindingDidNotRun, "")
 		require.NoError(t, err)
 		require.False(t, res.Already)
@@ -102,6 +108,8 @@ func TestResolve(t *testing.T) {
 		tool := &sideTool{}
 		b.run(t, &recorder{}, b.registry(t, tool), "s")
 		require.Equal(t, []string{call.IdempotencyKey}, tool.runs(), "the call runs once, under its own idempotency key")
+		require.Greater(t, tool.tokensSeen()[0], crashed.x.Claim().Token,
+			"with a fencing token above the dead execution's, so a target can refuse that one's late call")
 		require.Equal(t, 1, b.count(t, `SELECT count(*) FROM tool_calls WHERE call_id = $1 AND state = 'succeeded' AND output = 'appended'`, call.ID))
 		done := b.completed(t, "s")
 		require.Len(t, done, 1, "the turn goes on and completes")
