@@ -176,3 +176,51 @@ func TestResolveFlags(t *testing.T) {
 		})
 	}
 }
+
+// TestResolvedCallKilledAgain: the continuation of a --did-not-run
+// resolution is itself SIGKILLed between the re-armed call's intent and
+// its dispatch. The call is then unknown again (never re-run by recovery:
+// P4 holds for a resolved call as for any), and a second resolution, a new
+// round with its own continuation, runs it once.
+//
+// It catches: a recovery that replays the re-armed call, a resolution
+// that cannot be made again once its continuation died (a dead end again),
+// and a call run twice across the two rounds.
+func TestResolvedCallKilledAgain(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	const session = "s-resolve-again"
+	sandbox := t.TempDir()
+	db := []string{"--database-url", b.dbURL}
+	first := prompt(session, `/tool append_line {"file":"log.txt","line":"once"}`)
+
+	crashing := b.start(t, "crash-1", faults.ToolAfterIntent, "--lease", "1s", "--sandbox-dir", sandbox)
+	b.send(t, first)
+	requireKilled(t, crashing.waitExit(t, crashTimeout))
+	// The next consumer reconciles the call, then dies at the same point
+	// when the resolution's continuation runs it.
+	crashing = b.start(t, "crash-2", faults.ToolAfterIntent, append([]string{"--sandbox-dir", sandbox}, recoveryFlags...)...)
+	failed := b.events.waitTurn(t, first.MessageID)
+	require.Equal(t, envelope.FailOutcomeUnknown, failed.Reason)
+	call := scalar(t, b, `SELECT call_id FROM tool_calls WHERE session_id = $1 AND state = 'unknown'`, session)
+	_, stderr, code := runOnce(t, append([]string{"session", "resolve", session, call, "--did-not-run", "--operator", "ops"}, db...)...)
+	require.Zero(t, code, "consumer session resolve: %s", stderr)
+	requireKilled(t, crashing.waitExit(t, crashTimeout))
+	require.Empty(t, sandboxLines(t, sandbox, "log.txt"), "the crash came before the dispatch")
+
+	b.start(t, "consumer-live", "", append([]string{"--sandbox-dir", sandbox}, recoveryFlags...)...)
+	require.Eventually(t, func() bool {
+		return b.count(t, `SELECT count(*) FROM claims WHERE session_id = $1`, session) == 0 &&
+			b.count(t, `SELECT count(*) FROM tool_calls WHERE call_id = $1 AND state = 'unknown'`, call) == 1
+	}, 40*time.Second, 50*time.Millisecond, "recovery reconciles the continuation: the call is unknown again")
+	require.Equal(t, 2, b.count(t, `SELECT count(*) FROM recoveries WHERE session_id = $1 AND decision = 'reconciled'`, session))
+	require.Empty(t, sandboxLines(t, sandbox, "log.txt"), "recovery never re-runs the re-armed call")
+
+	out, stderr, code := runOnce(t, append([]string{"session", "resolve", session, call, "--did-not-run", "--operator", "ops"}, db...)...)
+	require.Zero(t, code, "consumer session resolve: %s", stderr)
+	require.Contains(t, out, "admitted continuation "+recovery.ResolutionContinuationID(call, 2))
+	done := b.events.waitCompleted(t, first.MessageID)
+	require.Equal(t, "tool results: append_line: appended", done.Text)
+	require.Equal(t, []string{"once"}, sandboxLines(t, sandbox, "log.txt"), "run once across both rounds")
+	require.Equal(t, 2, b.count(t, `SELECT count(*) FROM resolutions WHERE target_id = $1 AND settled_at IS NOT NULL`, call))
+}
