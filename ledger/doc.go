@@ -42,6 +42,9 @@
 //     applied twice; past the lease the error goes to the caller and the
 //     claim is left to expire for recovery. A combined group commit whose
 //     outcome is unknown is never sent again session by session.
+//   - 12. An unknown tool call or attempt keeps its outcome; only an
+//     operator's finding (resolve.go, called by recovery.Resolve with the
+//     session locked and no claim) replaces it, audited.
 //
 // Lock order, everywhere: the session row before the claim row. Admission
 // takes only the session row; Write takes only the claim row.

@@ -18,11 +18,16 @@ import (
 // assistant message, settles the exact recovery row (matched by session
 // and continuation ID: replaying the same events settles nothing twice),
 // and picks up the tool calls left requested. A continuation that no
-// recovery row of this session vouches for is quarantined, not run.
+// recovery row (or operator's resolution) of this session vouches for is
+// quarantined, not run.
 func (ex *execution) continuation(ctx context.Context, tx pgx.Tx, inputID string) (*turn, error) {
 	var recSession, oldAssistant, retryAttempt string
+	// Recovery vouches for its continuations, an operator's resolution
+	// (consumer session resolve) for its own.
 	err := tx.QueryRow(ctx, `SELECT session_id, coalesce(evidence->>'assistant_message_id', ''), coalesce(retry_attempt_id, '')
-		FROM recoveries WHERE continuation_message_id = $1`, inputID).Scan(&recSession, &oldAssistant, &retryAttempt)
+		FROM recoveries WHERE continuation_message_id = $1
+		UNION ALL
+		SELECT session_id, assistant_message_id, '' FROM resolutions WHERE continuation_message_id = $1`, inputID).Scan(&recSession, &oldAssistant, &retryAttempt)
 	reason := ""
 	switch {
 	case errors.Is(err, pgx.ErrNoRows):
@@ -43,6 +48,10 @@ func (ex *execution) continuation(ctx context.Context, tx pgx.Tx, inputID string
 	if _, err := tx.Exec(ctx, `UPDATE recoveries SET settled_at = now()
 		WHERE session_id = $1 AND continuation_message_id = $2 AND settled_at IS NULL`, ex.sessionID, inputID); err != nil {
 		return nil, fmt.Errorf("settling recovery of %s: %w", inputID, err)
+	}
+	if _, err := tx.Exec(ctx, `UPDATE resolutions SET settled_at = now()
+		WHERE session_id = $1 AND continuation_message_id = $2 AND settled_at IS NULL`, ex.sessionID, inputID); err != nil {
+		return nil, fmt.Errorf("settling resolution of %s: %w", inputID, err)
 	}
 	if _, err := tx.Exec(ctx, `UPDATE inputs SET promotion_seq = nextval('promotion_seq'), promoted_at = now()
 		WHERE message_id = $1 AND promotion_seq IS NULL`, inputID); err != nil {

@@ -32,6 +32,11 @@
 //     connection, a lock or statement timeout, a deadlock, a serialization
 //     failure: pgdb.Transient) rolls back and leaves the claim as it was for
 //     the next pass; it is logged and counted, never quarantined.
+//   - 12. An unknown outcome changes only by an operator's audited finding
+//     (Resolve, `consumer session resolve`): under the session row's lock,
+//     never while a claim holds the session or a newer turn superseded the
+//     call's, and its continuation (resolve-continue-<round>-<target>) is
+//     admitted once however often the finding is given.
 //
 // Decisions: cleared (phase safe), superseded (the claim's assistant
 // message is not the session's newest), rewoken (phase ready), continued

@@ -5,6 +5,8 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -28,6 +30,9 @@ type Record struct {
 	DecidedAt        time.Time  `json:"decided_at"`
 	SettledAt        *time.Time `json:"settled_at,omitempty"`
 	QuarantineReason string     `json:"quarantine_reason,omitempty"`
+	// Resolutions are the operators' findings on what this execution left
+	// unknown (consumer session resolve).
+	Resolutions []Resolution `json:"resolutions,omitempty"`
 }
 
 // Records reads a session's recovery decisions, oldest first.
@@ -55,8 +60,42 @@ func Records(ctx context.Context, pool *pgxpool.Pool, sessionID string) ([]Recor
 	return out, err
 }
 
-// Explain writes the decisions in words, for operators.
-func Explain(w io.Writer, records []Record) {
+// Explanation is what `consumer recovery explain` shows of a session: its
+// recovery decisions, each with the resolutions of its execution, and the
+// resolutions of executions that no recovery decided (a turn that a
+// shutdown left unknown).
+type Explanation struct {
+	Records    []Record
+	Unattached []Resolution
+}
+
+// ExplainSession reads a session's decisions and resolutions.
+func ExplainSession(ctx context.Context, pool *pgxpool.Pool, sessionID string) (Explanation, error) {
+	recs, err := Records(ctx, pool, sessionID)
+	if err != nil {
+		return Explanation{}, err
+	}
+	res, err := Resolutions(ctx, pool, sessionID)
+	if err != nil {
+		return Explanation{}, err
+	}
+	x := Explanation{Records: recs}
+	for _, r := range res {
+		i := slices.IndexFunc(x.Records, func(rec Record) bool { return rec.ExecutionID == r.ExecutionID })
+		if i < 0 {
+			x.Unattached = append(x.Unattached, r)
+			continue
+		}
+		x.Records[i].Resolutions = append(x.Records[i].Resolutions, r)
+	}
+	return x, nil
+}
+
+// Explain writes the decisions in words, for operators, and the
+// operators' resolutions with them (resolutions, when given, are those of
+// executions without a decision).
+func Explain(w io.Writer, records []Record, resolutions ...Resolution) {
+	defer explainResolutions(w, "Resolution of a turn no recovery decided", resolutions)
 	if len(records) == 0 {
 		fmt.Fprintln(w, "No recovery decisions for this session.")
 		return
@@ -86,6 +125,38 @@ func Explain(w io.Writer, records []Record) {
 				state = "promoted at " + r.SettledAt.UTC().Format(time.RFC3339)
 			}
 			fmt.Fprintf(w, "  Continuation input %s: %s.\n", r.ContinuationID, state)
+		}
+		explainResolutions(w, "  Resolved", r.Resolutions)
+	}
+}
+
+// explainResolutions writes who resolved what, and what it led to.
+func explainResolutions(w io.Writer, lead string, rs []Resolution) {
+	indent := lead[:len(lead)-len(strings.TrimLeft(lead, " "))]
+	for _, r := range rs {
+		finding := "it ran"
+		switch {
+		case r.Finding == FindingDidNotRun && r.TargetKind == "attempt":
+			finding = "it was not acted on; the continuation sends its step again"
+		case r.Finding == FindingDidNotRun:
+			finding = "it did not run; the continuation runs it"
+		case r.TargetKind == "attempt":
+			finding = "it was acted on; its answer is lost, so the turn does not go on"
+		case r.Output != "":
+			finding = "it ran; the model is handed the output " + strconv.Quote(r.Output)
+		}
+		who := r.ResolvedBy
+		if r.Note != "" {
+			who += " (" + strconv.Quote(r.Note) + ")"
+		}
+		fmt.Fprintf(w, "%s: %s %s (was %s) at %s by %s: %s.\n", lead, strings.ReplaceAll(r.TargetKind, "_", " "), r.TargetID,
+			r.StateBefore, r.ResolvedAt.UTC().Format(time.RFC3339), who, finding)
+		if r.ContinuationID != "" {
+			state := "not yet promoted"
+			if r.SettledAt != nil {
+				state = "promoted at " + r.SettledAt.UTC().Format(time.RFC3339)
+			}
+			fmt.Fprintf(w, "%s  Continuation input %s: %s.\n", indent, r.ContinuationID, state)
 		}
 	}
 }

@@ -76,7 +76,7 @@ func newRecoveryCommand(o *options) *cobra.Command {
 	var asJSON bool
 	explain := &cobra.Command{
 		Use:   "explain SESSION",
-		Short: "Print a session's recovery decisions and the evidence they rested on, in words",
+		Short: "Print a session's recovery decisions and the evidence they rested on, and operators' resolutions, in words",
 		Args:  cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			db, err := openDB(cmd, o)
@@ -84,14 +84,14 @@ func newRecoveryCommand(o *options) *cobra.Command {
 				return err
 			}
 			defer db.Close()
-			recs, err := recovery.Records(cmd.Context(), db.Pool, args[0])
+			x, err := recovery.ExplainSession(cmd.Context(), db.Pool, args[0])
 			if err != nil {
 				return err
 			}
 			if asJSON {
-				return json.NewEncoder(cmd.OutOrStdout()).Encode(recs)
+				return json.NewEncoder(cmd.OutOrStdout()).Encode(x.Records)
 			}
-			recovery.Explain(cmd.OutOrStdout(), recs)
+			recovery.Explain(cmd.OutOrStdout(), x.Records, x.Unattached...)
 			return nil
 		},
 	}

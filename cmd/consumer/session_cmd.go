@@ -9,11 +9,11 @@ import (
 )
 
 func newSessionCommand(o *options) *cobra.Command {
-	cmd := &cobra.Command{Use: "session", Short: "Inspect sessions"}
+	cmd := &cobra.Command{Use: "session", Short: "Inspect sessions; resolve what a turn left unknown"}
 	var asJSON bool
 	show := &cobra.Command{
 		Use:   "show SESSION",
-		Short: "Print what Postgres holds about a session: inputs, transcript (prompt texts included, bounded), claim, ledger, recoveries, permissions",
+		Short: "Print what Postgres holds about a session: inputs, transcript (prompt texts included, bounded), claim, ledger, recoveries, resolutions, permissions",
 		Args:  cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			db, err := openDB(cmd, o)
@@ -34,6 +34,6 @@ func newSessionCommand(o *options) *cobra.Command {
 		},
 	}
 	show.Flags().BoolVar(&asJSON, "json", false, "print the report as JSON (stable snake_case keys)")
-	cmd.AddCommand(show)
+	cmd.AddCommand(show, newResolveCommand(o))
 	return cmd
 }

@@ -164,6 +164,28 @@ func Render(w io.Writer, r Report) error {
 		p.flush(tw)
 	}
 
+	p.section("RESOLUTIONS", len(r.Resolutions))
+	if len(r.Resolutions) == 0 {
+		p.line("  none")
+	} else {
+		tw := p.table()
+		p.row(tw, "  TARGET", "ROUND", "KIND", "WAS", "FINDING", "BY", "RESOLVED", "CONTINUATION", "SETTLED", "OUTPUT", "NOTE")
+		for _, d := range r.Resolutions {
+			settled := "no"
+			if d.Settled {
+				settled = tsp(d.SettledAt)
+			}
+			output := "-"
+			if d.Output != nil {
+				output = cut(strconv.Quote(d.Output.Value), *d.Output)
+			}
+			p.row(tw, "  "+oneLine(d.TargetID), strconv.Itoa(d.Round), d.TargetKind, oneLine(d.StateBefore), d.Finding,
+				oneLine(d.ResolvedBy), ts(d.ResolvedAt), oneLine(orDash(d.ContinuationMessageID)), settled, output,
+				oneLine(orDash(d.Note)))
+		}
+		p.flush(tw)
+	}
+
 	p.section("PERMISSION REQUESTS", len(r.PermissionRequests))
 	if len(r.PermissionRequests) == 0 {
 		p.line("  none")

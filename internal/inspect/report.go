@@ -57,6 +57,7 @@ type Report struct {
 	Attempts           []Attempt           `json:"attempts"`
 	ToolCalls          []ToolCall          `json:"tool_calls"`
 	Recoveries         []Recovery          `json:"recoveries"`
+	Resolutions        []Resolution        `json:"resolutions"`
 	PermissionRequests []PermissionRequest `json:"permission_requests"`
 	PermissionGrants   []PermissionGrant   `json:"permission_grants"`
 }
@@ -217,6 +218,24 @@ type Recovery struct {
 	QuarantineReason      *string    `json:"quarantine_reason"`
 }
 
+// Resolution is an operator's finding on a tool call or provider attempt
+// left unknown (`consumer session resolve`), and the continuation it
+// admitted.
+type Resolution struct {
+	TargetID              string     `json:"target_id"`
+	Round                 int        `json:"round"`
+	TargetKind            string     `json:"target_kind"` // tool_call or attempt
+	Finding               string     `json:"finding"`     // ran or did_not_run
+	Output                *Text      `json:"output"`      // the result handed to the model (ran, on a tool call)
+	StateBefore           string     `json:"state_before"`
+	ContinuationMessageID *string    `json:"continuation_message_id"`
+	ResolvedBy            string     `json:"resolved_by"`
+	Note                  *string    `json:"note"`
+	ResolvedAt            time.Time  `json:"resolved_at"`
+	Settled               bool       `json:"settled"`
+	SettledAt             *time.Time `json:"settled_at"`
+}
+
 // PermissionRequest is one durable ask for tool approval and its reply.
 type PermissionRequest struct {
 	RequestID string     `json:"request_id"`
@@ -262,6 +281,7 @@ func Session(ctx context.Context, pool *pgxpool.Pool, sessionID string) (Report,
 	}{
 		{"inputs", readInputs}, {"transcript", readTranscript}, {"claim", readClaim},
 		{"attempts", readAttempts}, {"tool calls", readToolCalls}, {"recoveries", readRecoveries},
+		{"resolutions", readResolutions},
 		{"permission requests", readPermissions}, {"permission grants", readGrants},
 	} {
 		if err := read.fn(ctx, tx, &r); err != nil {
@@ -432,6 +452,28 @@ func readRecoveries(ctx context.Context, tx pgx.Tx, r *Report) error {
 	return err
 }
 
+func readResolutions(ctx context.Context, tx pgx.Tx, r *Report) error {
+	rows, err := tx.Query(ctx, resolutionsSQL, r.SessionID)
+	if err != nil {
+		return err
+	}
+	var d Resolution
+	var output *string
+	r.Resolutions = []Resolution{}
+	_, err = pgx.ForEachRow(rows, []any{&d.TargetID, &d.Round, &d.TargetKind, &d.Finding, &output, &d.StateBefore,
+		&d.ContinuationMessageID, &d.ResolvedBy, &d.Note, &d.ResolvedAt, &d.SettledAt}, func() error {
+		d.Output = nil
+		if output != nil {
+			t := bound(*output, MaxOutputRunes)
+			d.Output = &t
+		}
+		d.Settled = d.SettledAt != nil
+		r.Resolutions = append(r.Resolutions, d)
+		return nil
+	})
+	return err
+}
+
 func readPermissions(ctx context.Context, tx pgx.Tx, r *Report) error {
 	rows, err := tx.Query(ctx, permissionsSQL, r.SessionID)
 	if err != nil {
@@ -514,6 +556,11 @@ func utc(r *Report) {
 		u(&d.DecidedAt)
 		up(d.SettledAt)
 	}
+	for i := range r.Resolutions {
+		d := &r.Resolutions[i]
+		u(&d.ResolvedAt)
+		up(d.SettledAt)
+	}
 	for i := range r.PermissionRequests {
 		p := &r.PermissionRequests[i]
 		u(&p.AskedAt)
@@ -562,6 +609,11 @@ const recoveriesSQL = `
 SELECT execution_id, phase_found, decision, rule, continuation_message_id, retry_attempt_id, token_before, token_after,
        recovered_by, decided_at, settled_at, quarantine_reason
 FROM recoveries WHERE session_id = $1 ORDER BY decided_at, execution_id`
+
+const resolutionsSQL = `
+SELECT target_id, round, target_kind, finding, output, state_before, continuation_message_id, resolved_by, note,
+       resolved_at, settled_at
+FROM resolutions WHERE session_id = $1 ORDER BY resolved_at, target_id, round`
 
 const permissionsSQL = `
 SELECT request_id, call_id, tool, pattern, status, reply, message, asked_at, replied_at, resumed_at

@@ -197,6 +197,7 @@ func TestSession(t *testing.T) {
 			"ATTEMPTS (2)",
 			"TOOL CALLS (1)",
 			"RECOVERIES (0)\n  none\n",
+			"RESOLUTIONS (0)\n  none\n",
 			"PERMISSION REQUESTS (0)\n  none\n",
 		} {
 			require.Contains(t, out, want)
@@ -212,11 +213,12 @@ func TestSession(t *testing.T) {
 		var top map[string]json.RawMessage
 		require.NoError(t, json.Unmarshal(raw, &top))
 		for _, k := range []string{"session_id", "state", "fencing_token", "inputs", "transcript", "claim", "attempts",
-			"tool_calls", "recoveries", "permission_requests", "permission_grants", "read_at"} {
+			"tool_calls", "recoveries", "resolutions", "permission_requests", "permission_grants", "read_at"} {
 			require.Contains(t, top, k)
 		}
 		require.Equal(t, "null", string(top["claim"]))
 		require.Equal(t, "[]", string(top["recoveries"]), "an empty list is [], not null")
+		require.Equal(t, "[]", string(top["resolutions"]), "an empty list is [], not null")
 		var calls []map[string]any
 		require.NoError(t, json.Unmarshal(top["tool_calls"], &calls))
 		require.Equal(t, "idempotent", calls[0]["class"])

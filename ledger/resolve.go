@@ -1,0 +1,150 @@
+package ledger
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// The ledger's side of an operator's resolution (consumer session
+// resolve): reading a tool call or provider attempt left unknown, and
+// replacing its unknown outcome by what the operator found. The caller
+// (recovery.Resolve) holds the session's row lock, has checked that no
+// claim holds the session (so no execution writes these rows meanwhile)
+// and audits the finding in the same transaction. This is the one way an
+// unknown outcome changes (invariant 12): never automatically, once per
+// finding, audited.
+
+// Kinds of resolution target.
+const (
+	TargetToolCall = "tool_call"
+	TargetAttempt  = "attempt"
+)
+
+// Target is an unknown tool call or provider attempt as a resolution
+// reads it.
+type Target struct {
+	Kind               string
+	ID                 string
+	SessionID          string
+	ExecutionID        string
+	AttemptID          string // the call's attempt (Kind tool_call), or ID
+	AssistantMessageID string // the assistant message of the call's or attempt's step
+	State              string
+	Tool               string // tool calls only
+	Class              string // tool calls only
+	ModelCallID        string // tool calls only
+	Output             string // tool calls: the result recorded so far; attempts: the error text
+	Token              int64
+}
+
+// ErrNoTarget says that no tool call or provider attempt has that ID.
+var ErrNoTarget = errors.New("no tool call or provider attempt with that ID")
+
+// ReadTarget reads the tool call or, when none has that ID, the provider
+// attempt id, and locks its row.
+func ReadTarget(ctx context.Context, tx pgx.Tx, id string) (Target, error) {
+	t := Target{Kind: TargetToolCall, ID: id}
+	err := tx.QueryRow(ctx, readCallTargetSQL, id).Scan(&t.SessionID, &t.ExecutionID, &t.AttemptID, &t.AssistantMessageID,
+		&t.State, &t.Tool, &t.Class, &t.ModelCallID, &t.Output, &t.Token)
+	if err == nil {
+		return t, nil
+	}
+	if !errors.Is(err, pgx.ErrNoRows) {
+		return t, fmt.Errorf("reading tool call %s: %w", id, err)
+	}
+	t = Target{Kind: TargetAttempt, ID: id, AttemptID: id}
+	err = tx.QueryRow(ctx, readAttemptTargetSQL, id).Scan(&t.SessionID, &t.ExecutionID, &t.AssistantMessageID, &t.State, &t.Output, &t.Token)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return t, fmt.Errorf("%s: %w", id, ErrNoTarget)
+	}
+	if err != nil {
+		return t, fmt.Errorf("reading provider attempt %s: %w", id, err)
+	}
+	return t, nil
+}
+
+// ResolveCallNotRun re-arms an unknown tool call that the operator found
+// did not run: it is requested again, so that the continuation runs it
+// (once: its intent is committed before it runs, as any call's), under its
+// own idempotency key. The unknown result's tool message goes, as the call
+// will have its real one.
+func ResolveCallNotRun(ctx context.Context, tx pgx.Tx, callID string) error {
+	tag, err := tx.Exec(ctx, rearmCallSQL, callID)
+	if err != nil {
+		return fmt.Errorf("re-arming tool call %s: %w", callID, err)
+	}
+	if tag.RowsAffected() != 1 {
+		return fmt.Errorf("re-arming tool call %s: it is no longer unknown", callID)
+	}
+	if _, err := tx.Exec(ctx, `DELETE FROM message_parts WHERE message_id = $1`, callID); err != nil {
+		return fmt.Errorf("removing the unknown result of %s: %w", callID, err)
+	}
+	if _, err := tx.Exec(ctx, `DELETE FROM messages WHERE message_id = $1 AND role = 'tool'`, callID); err != nil {
+		return fmt.Errorf("removing the unknown result of %s: %w", callID, err)
+	}
+	return nil
+}
+
+// ResolveCallRan settles an unknown tool call that the operator found ran,
+// with the output the operator gives: the call succeeded with it, and its
+// tool message (the result the model sees) says it.
+func ResolveCallRan(ctx context.Context, tx pgx.Tx, t Target, output string) error {
+	tag, err := tx.Exec(ctx, settleResolvedCallSQL, t.ID, output)
+	if err != nil {
+		return fmt.Errorf("settling tool call %s: %w", t.ID, err)
+	}
+	if tag.RowsAffected() != 1 {
+		return fmt.Errorf("settling tool call %s: it is no longer unknown", t.ID)
+	}
+	if _, err := tx.Exec(ctx, `DELETE FROM message_parts WHERE message_id = $1`, t.ID); err != nil {
+		return fmt.Errorf("replacing the result of %s: %w", t.ID, err)
+	}
+	if _, err := tx.Exec(ctx, upsertResolvedToolMessageSQL, t.ID, t.SessionID, t.ModelCallID, t.ExecutionID, t.Token); err != nil {
+		return fmt.Errorf("storing the result of %s: %w", t.ID, err)
+	}
+	if _, err := tx.Exec(ctx, `INSERT INTO message_parts (message_id, idx, kind, body) VALUES ($1, 0, 'text', $2)`, t.ID, output); err != nil {
+		return fmt.Errorf("storing the result of %s: %w", t.ID, err)
+	}
+	return nil
+}
+
+// ResolveAttemptNotSent settles an unknown provider attempt that the
+// operator found was never acted on: it failed, not sent; the
+// continuation sends its step again as a new attempt.
+func ResolveAttemptNotSent(ctx context.Context, tx pgx.Tx, attemptID, errText string) error {
+	tag, err := tx.Exec(ctx, `UPDATE attempts SET state = 'failed', error = $2, finished_at = now()
+		WHERE attempt_id = $1 AND state = 'unknown'`, attemptID, errText)
+	if err != nil {
+		return fmt.Errorf("settling attempt %s: %w", attemptID, err)
+	}
+	if tag.RowsAffected() != 1 {
+		return fmt.Errorf("settling attempt %s: it is no longer unknown", attemptID)
+	}
+	return nil
+}
+
+const readCallTargetSQL = `
+SELECT t.session_id, t.execution_id, t.attempt_id, a.assistant_message_id, t.state, t.tool, t.class, t.model_call_id,
+       coalesce(t.output, ''), t.fencing_token
+FROM tool_calls t JOIN attempts a ON a.attempt_id = t.attempt_id
+WHERE t.call_id = $1 FOR UPDATE OF t`
+
+const readAttemptTargetSQL = `
+SELECT session_id, execution_id, assistant_message_id, state, coalesce(error, ''), fencing_token
+FROM attempts WHERE attempt_id = $1 FOR UPDATE`
+
+const rearmCallSQL = `
+UPDATE tool_calls SET state = 'requested', output = NULL, is_error = NULL, started_at = NULL, finished_at = NULL
+WHERE call_id = $1 AND state = 'unknown'`
+
+const settleResolvedCallSQL = `
+UPDATE tool_calls SET state = 'succeeded', output = $2, is_error = false, finished_at = now()
+WHERE call_id = $1 AND state = 'unknown'`
+
+const upsertResolvedToolMessageSQL = `
+INSERT INTO messages (message_id, session_id, role, status, tool_call_id, is_error, completed_at, execution_id, fencing_token)
+VALUES ($1, $2, 'tool', 'completed', $3, false, now(), $4, $5)
+ON CONFLICT (message_id) DO UPDATE SET is_error = false, status = 'completed', completed_at = now()`

@@ -1,0 +1,382 @@
+package recovery
+
+import (
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"errors"
+	"fmt"
+	"strconv"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/promptline/promptline/internal/kafkautil"
+	"github.com/promptline/promptline/internal/pgdb"
+	"github.com/promptline/promptline/ledger"
+	"github.com/promptline/promptline/outbox"
+)
+
+// Findings of an operator on an unknown tool call or provider attempt.
+const (
+	FindingRan       = "ran"
+	FindingDidNotRun = "did_not_run"
+)
+
+// ResolutionContinuationPrefix starts the message ID of the continuation
+// input a resolution admits: resolve-continue-<round>-<target ID>.
+const ResolutionContinuationPrefix = "resolve-continue-"
+
+// ResolutionContinuationID is the deterministic continuation input of a
+// target's resolution round.
+func ResolutionContinuationID(targetID string, round int) string {
+	return ResolutionContinuationPrefix + strconv.Itoa(round) + "-" + targetID
+}
+
+// resolutionContinuationTakenID is the ID used when a prompt holds
+// ResolutionContinuationID: with a space, which no prompt's message ID has
+// (as ContinuationTakenID).
+func resolutionContinuationTakenID(targetID string, round int) string {
+	return "resolve-continue " + strconv.Itoa(round) + " " + targetID
+}
+
+// Errors of Resolve. Each leaves the database as it was.
+var (
+	// ErrSessionBusy: a claim (live, expired or quarantined) holds the
+	// session; a consumer runs it, or recovery has not decided it yet.
+	ErrSessionBusy = errors.New("the session is claimed")
+	// ErrNotUnknown: the target's outcome is known; there is nothing to
+	// resolve.
+	ErrNotUnknown = errors.New("its outcome is not unknown")
+	// ErrSuperseded: a newer turn of the session exists; the finding can no
+	// longer continue the turn of the target.
+	ErrSuperseded = errors.New("its turn was superseded by a newer turn")
+	// ErrResolvedOtherwise: the target was resolved before with another
+	// finding (or output).
+	ErrResolvedOtherwise = errors.New("it was resolved before with another finding")
+	// ErrContinuationWaits: another continuation or permission reply of the
+	// session waits to run; resolve after it ran.
+	ErrContinuationWaits = errors.New("another continuation of the session waits to run")
+)
+
+// ResolveOpts is one operator's finding.
+type ResolveOpts struct {
+	// Finding is FindingRan or FindingDidNotRun.
+	Finding string
+	// Output is a tool call's result when Finding is FindingRan (what the
+	// model is handed); it must be empty for a provider attempt.
+	Output string
+	// Operator names who found it, recorded in the audit.
+	Operator string
+	// Note says how it was found out, recorded in the audit. Defaults to none.
+	Note string
+	// Topics names the outbox target of the continuation's wake. Defaults
+	// to kafkautil's defaults.
+	Topics kafkautil.Topics
+	// OnTransientFunc is called with each transient database error
+	// (pgdb.Transient) before the transaction is tried again. Defaults to
+	// nothing.
+	OnTransientFunc func(err error)
+}
+
+// resolveTries bounds the tries of Resolve's transaction on transient
+// errors: an operator waits for the command, and may run it again.
+const resolveTries = 5
+
+// ResolveResult says what Resolve did.
+type ResolveResult struct {
+	Resolution Resolution `json:"resolution"`
+	// Already is true when the same finding was recorded before: this call
+	// changed nothing.
+	Already bool `json:"already"`
+}
+
+// Resolution is one stored operator finding.
+type Resolution struct {
+	TargetID           string     `json:"target_id"`
+	Round              int        `json:"round"`
+	TargetKind         string     `json:"target_kind"`
+	SessionID          string     `json:"session_id"`
+	ExecutionID        string     `json:"execution_id"`
+	AssistantMessageID string     `json:"assistant_message_id"`
+	Finding            string     `json:"finding"`
+	Output             string     `json:"output,omitempty"`
+	StateBefore        string     `json:"state_before"`
+	OutputBefore       string     `json:"output_before,omitempty"`
+	ContinuationID     string     `json:"continuation_message_id,omitempty"`
+	ResolvedBy         string     `json:"resolved_by"`
+	Note               string     `json:"note,omitempty"`
+	ResolvedAt         time.Time  `json:"resolved_at"`
+	SettledAt          *time.Time `json:"settled_at,omitempty"`
+}
+
+// Resolve records an operator's finding on a tool call or provider attempt
+// of session that was left unknown, and, when the turn can go on, admits
+// one continuation of that turn with a wake, all in one transaction:
+//
+//   - a tool call that did not run is requested again: the continuation
+//     runs it, once (its intent is committed before it runs, as always),
+//     under its own idempotency key and the new claim's fencing token;
+//   - a tool call that ran is settled with the given output, which the
+//     continuation hands the model; nothing runs;
+//   - a provider attempt that was not acted on fails "not sent": the
+//     continuation sends its step again;
+//   - a provider attempt that was acted on is recorded only: its answer is
+//     lost, so the turn cannot go on (send the prompt again).
+//
+// It is an operator write, so it follows the single-writer rules
+// (docs/design.md, invariants 5 and 7) without a claim of its own: it
+// locks the session row first, as admission, claim acquisition, release
+// and recovery do, and refuses while any claim holds the session
+// (ErrSessionBusy): no execution can then write the session until it
+// commits, and the next one to claim it finds the continuation (a steer,
+// promoted before anything else). It refuses when a newer turn exists
+// (ErrSuperseded) or another continuation waits (ErrContinuationWaits).
+// The ledger pruner's lock is taken first, so the rows it reads cannot be
+// pruned under it. Running it again with the same finding changes nothing
+// (Already); with another finding it is refused (ErrResolvedOtherwise). A
+// transient database error is retried, a few times, as a whole.
+func Resolve(ctx context.Context, pool *pgxpool.Pool, sessionID, targetID string, opts *ResolveOpts) (ResolveResult, error) {
+	if opts.Finding != FindingRan && opts.Finding != FindingDidNotRun {
+		return ResolveResult{}, fmt.Errorf("finding %q: want %s or %s", opts.Finding, FindingRan, FindingDidNotRun)
+	}
+	if opts.Operator == "" {
+		return ResolveResult{}, errors.New("resolving: the operator must be named")
+	}
+	if opts.Output != "" && opts.Finding != FindingRan {
+		return ResolveResult{}, errors.New("resolving: an output goes only with the finding ran")
+	}
+	for try := 1; ; try++ {
+		res, err := resolveOnce(ctx, pool, sessionID, targetID, opts)
+		if err == nil || !pgdb.Transient(err) || try == resolveTries || ctx.Err() != nil {
+			return res, err
+		}
+		// A lost connection, a lock timeout, a deadlock (invariant 13):
+		// the transaction rolled back, so it is tried again as a whole;
+		// one whose commit landed unheard is found resolved (Already).
+		if f := opts.OnTransientFunc; f != nil {
+			f(err)
+		}
+		select {
+		case <-ctx.Done():
+			return res, err
+		case <-time.After(time.Duration(try) * 100 * time.Millisecond):
+		}
+	}
+}
+
+func resolveOnce(ctx context.Context, pool *pgxpool.Pool, sessionID, targetID string, opts *ResolveOpts) (ResolveResult, error) {
+	topics := opts.Topics.WithDefaults()
+	var res ResolveResult
+	err := pgdb.InTx(ctx, pool, func(tx pgx.Tx) error {
+		res = ResolveResult{}
+		if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock($1)`, ledger.PruneLockKey); err != nil {
+			return fmt.Errorf("taking the ledger pruner's lock: %w", err)
+		}
+		var locked string
+		err := tx.QueryRow(ctx, `SELECT session_id FROM sessions WHERE session_id = $1 FOR UPDATE`, sessionID).Scan(&locked)
+		if errors.Is(err, pgx.ErrNoRows) {
+			return fmt.Errorf("session %s: no such session", sessionID)
+		}
+		if err != nil {
+			return fmt.Errorf("locking session %s: %w", sessionID, err)
+		}
+		if err := refuseClaimed(ctx, tx, sessionID); err != nil {
+			return err
+		}
+		t, err := ledger.ReadTarget(ctx, tx, targetID)
+		if err != nil {
+			return err
+		}
+		if t.SessionID != sessionID {
+			return fmt.Errorf("%s belongs to session %s, not %s", targetID, t.SessionID, sessionID)
+		}
+		if t.Kind == ledger.TargetAttempt && opts.Output != "" {
+			return fmt.Errorf("%s is a provider attempt: its answer cannot be given (--output is a tool call's result)", targetID)
+		}
+		prev, round, err := lastResolution(ctx, tx, targetID)
+		if err != nil {
+			return err
+		}
+		if prev != nil && !(t.State == ledger.CallUnknown && prev.SettledAt != nil && prev.Finding == FindingDidNotRun) {
+			// The same round: the target is as the earlier finding left it.
+			if prev.Finding == opts.Finding && prev.Output == opts.Output {
+				res = ResolveResult{Resolution: *prev, Already: true}
+				return nil
+			}
+			return fmt.Errorf("%s: %w: %s by %s at %s", targetID, ErrResolvedOtherwise, prev.Finding, prev.ResolvedBy,
+				prev.ResolvedAt.UTC().Format(time.RFC3339))
+		}
+		if t.State != ledger.CallUnknown {
+			return fmt.Errorf("%s %s is %s: %w; there is nothing to resolve", t.Kind, targetID, t.State, ErrNotUnknown)
+		}
+		if err := refuseSuperseded(ctx, tx, t); err != nil {
+			return err
+		}
+		var waiting string
+		err = tx.QueryRow(ctx, `SELECT coalesce(min(message_id), '') FROM waiting_inputs
+			WHERE session_id = $1 AND kind IN ('continuation', 'permission_reply')`, sessionID).Scan(&waiting)
+		if err != nil {
+			return fmt.Errorf("reading waiting continuations: %w", err)
+		}
+		if waiting != "" {
+			return fmt.Errorf("session %s: %w (input %s); resolve after it ran", sessionID, ErrContinuationWaits, waiting)
+		}
+		r := Resolution{TargetID: targetID, Round: round, TargetKind: t.Kind, SessionID: sessionID, ExecutionID: t.ExecutionID,
+			AssistantMessageID: t.AssistantMessageID, Finding: opts.Finding, Output: opts.Output, StateBefore: t.State,
+			OutputBefore: t.Output, ResolvedBy: opts.Operator, Note: opts.Note}
+		continues := true
+		switch {
+		case t.Kind == ledger.TargetToolCall && opts.Finding == FindingDidNotRun:
+			err = ledger.ResolveCallNotRun(ctx, tx, targetID)
+		case t.Kind == ledger.TargetToolCall:
+			err = ledger.ResolveCallRan(ctx, tx, t, opts.Output)
+		case opts.Finding == FindingDidNotRun:
+			err = ledger.ResolveAttemptNotSent(ctx, tx, targetID, "not sent (found by "+opts.Operator+"); sent again by the continuation")
+		default:
+			// Acted on, its answer lost: the finding is recorded, the
+			// attempt stays unknown (nothing says what it answered).
+			continues = false
+		}
+		if err != nil {
+			return err
+		}
+		if continues {
+			if r.ContinuationID, err = admitResolutionContinuation(ctx, tx, sessionID, targetID, round); err != nil {
+				return err
+			}
+		}
+		if err := tx.QueryRow(ctx, `INSERT INTO resolutions (target_id, round, target_kind, session_id, execution_id,
+				assistant_message_id, finding, output, state_before, output_before, continuation_message_id, resolved_by, note)
+			VALUES ($1, $2, $3, $4, $5, $6, $7, nullif($8, ''), $9, nullif($10, ''), nullif($11, ''), $12, nullif($13, ''))
+			RETURNING resolved_at`,
+			r.TargetID, r.Round, r.TargetKind, r.SessionID, r.ExecutionID, r.AssistantMessageID, r.Finding, r.Output,
+			r.StateBefore, r.OutputBefore, r.ContinuationID, r.ResolvedBy, r.Note).Scan(&r.ResolvedAt); err != nil {
+			return fmt.Errorf("recording the resolution of %s: %w", targetID, err)
+		}
+		res = ResolveResult{Resolution: r}
+		if !continues {
+			return nil
+		}
+		return outbox.Insert(ctx, tx, outbox.WakeRow(topics.Wakes, sessionID, "resolve", time.Now().UTC()))
+	})
+	return res, err
+}
+
+// refuseClaimed fails when a claim holds the session: its holder (or
+// recovery, once it expired) is the session's one writer.
+func refuseClaimed(ctx context.Context, tx pgx.Tx, sessionID string) error {
+	var execution, owner, phase string
+	var expires time.Time
+	var quarantined bool
+	err := tx.QueryRow(ctx, `SELECT execution_id, owner_id, phase, expires_at, quarantine_reason IS NOT NULL FROM claims WHERE session_id = $1`,
+		sessionID).Scan(&execution, &owner, &phase, &expires, &quarantined)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("reading the claim of %s: %w", sessionID, err)
+	}
+	why := "a consumer is running it; resolve after its turn ended"
+	switch {
+	case quarantined:
+		why = "the claim is quarantined; repair and release it (consumer quarantine release), let recovery decide it, then resolve"
+	case !expires.After(time.Now()):
+		why = "its lease expired; recovery has not decided it yet (consumer recover), then resolve"
+	}
+	return fmt.Errorf("session %s: %w by execution %s (owner %s, phase %s, lease until %s): %s; nothing was recorded",
+		sessionID, ErrSessionBusy, execution, owner, phase, expires.UTC().Format(time.RFC3339), why)
+}
+
+// refuseSuperseded fails when the session has an assistant message newer
+// than the target's step, other than the errored rest of the same turn (a
+// turn that failed after the step): the finding can no longer continue it.
+func refuseSuperseded(ctx context.Context, tx pgx.Tx, t ledger.Target) error {
+	var newer string
+	var sameTurn bool
+	err := tx.QueryRow(ctx, `SELECT n.message_id, n.turn_id IS NOT DISTINCT FROM m.turn_id FROM messages n, messages m
+		WHERE m.message_id = $1 AND n.session_id = m.session_id AND n.role = 'assistant' AND n.seq > m.seq
+		  AND NOT (n.status = 'errored' AND n.turn_id IS NOT DISTINCT FROM m.turn_id)
+		ORDER BY n.seq DESC LIMIT 1`, t.AssistantMessageID).Scan(&newer, &sameTurn)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("reading newer assistant messages: %w", err)
+	}
+	if sameTurn {
+		// The turn went on past the call: the model was told that its
+		// outcome is unknown and answered after it.
+		return fmt.Errorf("%s %s: %w: the turn went on past it (assistant message %s answered after its step's %s); nothing was recorded",
+			t.Kind, t.ID, ErrSuperseded, newer, t.AssistantMessageID)
+	}
+	return fmt.Errorf("%s %s: %w (assistant message %s is newer than its step's %s); nothing was recorded",
+		t.Kind, t.ID, ErrSuperseded, newer, t.AssistantMessageID)
+}
+
+// lastResolution reads the target's latest resolution (nil when none) and
+// the round a new one would take.
+func lastResolution(ctx context.Context, tx pgx.Tx, targetID string) (*Resolution, int, error) {
+	rows, err := tx.Query(ctx, resolutionsSQL+` WHERE target_id = $1 ORDER BY round DESC LIMIT 1`, targetID)
+	if err != nil {
+		return nil, 0, fmt.Errorf("reading resolutions of %s: %w", targetID, err)
+	}
+	rs, err := scanResolutions(rows)
+	if err != nil || len(rs) == 0 {
+		return nil, 1, err
+	}
+	return &rs[0], rs[0].Round + 1, nil
+}
+
+// admitResolutionContinuation admits the round's continuation input (kind
+// continuation, a steer, wake pending), as admitContinuation does: a
+// second admission is an exact retry, an ID held by another input is never
+// taken for this one.
+func admitResolutionContinuation(ctx context.Context, tx pgx.Tx, sessionID, targetID string, round int) (string, error) {
+	h := sha256.Sum256([]byte("resolution:" + sessionID + ":" + targetID + ":" + strconv.Itoa(round)))
+	for _, id := range []string{ResolutionContinuationID(targetID, round), resolutionContinuationTakenID(targetID, round)} {
+		var session, kind string
+		var hash []byte
+		err := tx.QueryRow(ctx, `INSERT INTO inputs (message_id, session_id, text, payload_hash, delivery, wake_pending, kind)
+			VALUES ($1, $2, '', $3, 'steer', true, 'continuation')
+			ON CONFLICT (message_id) DO UPDATE SET message_id = excluded.message_id
+			RETURNING session_id, kind, payload_hash`, id, sessionID, h[:]).Scan(&session, &kind, &hash)
+		if err != nil {
+			return "", fmt.Errorf("admitting continuation %s: %w", id, err)
+		}
+		if kind == "continuation" && session == sessionID && bytes.Equal(hash, h[:]) {
+			return id, nil
+		}
+	}
+	return "", fmt.Errorf("continuation input of the resolution of %s: both IDs are held by other inputs", targetID)
+}
+
+// Resolutions reads a session's resolutions, oldest first.
+func Resolutions(ctx context.Context, pool *pgxpool.Pool, sessionID string) ([]Resolution, error) {
+	rows, err := pool.Query(ctx, resolutionsSQL+` WHERE session_id = $1 ORDER BY resolved_at, target_id, round`, sessionID)
+	if err != nil {
+		return nil, fmt.Errorf("reading resolutions of %s: %w", sessionID, err)
+	}
+	return scanResolutions(rows)
+}
+
+func scanResolutions(rows pgx.Rows) ([]Resolution, error) {
+	var out []Resolution
+	var r Resolution
+	_, err := pgx.ForEachRow(rows, []any{&r.TargetID, &r.Round, &r.TargetKind, &r.SessionID, &r.ExecutionID, &r.AssistantMessageID,
+		&r.Finding, &r.Output, &r.StateBefore, &r.OutputBefore, &r.ContinuationID, &r.ResolvedBy, &r.Note, &r.ResolvedAt, &r.SettledAt}, func() error {
+		out = append(out, r)
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("reading resolutions: %w", err)
+	}
+	return out, nil
+}
+
+const resolutionsSQL = `
+SELECT target_id, round, target_kind, session_id, execution_id, assistant_message_id, finding, coalesce(output, ''),
+       state_before, coalesce(output_before, ''), coalesce(continuation_message_id, ''), resolved_by, coalesce(note, ''),
+       resolved_at, settled_at
+FROM resolutions`
