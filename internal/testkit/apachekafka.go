@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -34,6 +35,9 @@ type ApacheKafka struct {
 	dir   string
 	addrs []string
 	nodes []*node
+
+	mu     sync.Mutex
+	paused map[int]bool // by PauseNode, until ResumeNode
 }
 
 // node is a running JVM; done closes when it has exited.
