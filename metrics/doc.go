@@ -31,7 +31,7 @@
 //
 // Computed at scrape time (ScrapeCollector; each read bounded by 2s):
 //
-//	promptline_ready                              1 when ready (Postgres reachable, migrations applied, Kafka group joined), else 0; /readyz says why not
+//	promptline_ready                              1 when ready (Postgres reachable, migrations applied, Kafka group joined, no broker silent on a request for 5s), else 0; /readyz says why not
 //	promptline_database_stats_up                  1 when the database gauges below were read, 0 when the read failed (they are then absent)
 //	promptline_outbox_backlog_rows                unpublished outbox rows, database-wide
 //	promptline_outbox_oldest_unpublished_seconds  age of the oldest unpublished outbox row (0 when none), database-wide

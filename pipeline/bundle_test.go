@@ -94,7 +94,7 @@ func setup(t *testing.T, opts setupOpts) *testBundle {
 	}
 	handler := pipeline.NewConsumer(admitter, exec, producer, ccfg)
 
-	group, err := sarama.NewConsumerGroup(brokers, "test", cfg)
+	group, err := sarama.NewConsumerGroup(brokers, "test", kafkautil.GroupConfig(cfg))
 	require.NoError(t, err)
 	topics := []string{"prompts", "wakes"}
 	if opts.replies {

@@ -102,7 +102,7 @@ func measureAdmission(ctx context.Context, sc *scratchServer, brokers []string, 
 		ConsumerGroupHandler: pipeline.NewConsumer(admitter, nil, rejects, &pipeline.ConsumerConfig{MaxBatch: opts.MaxBatch, Metrics: m}),
 		joined:               make(chan struct{}),
 	}
-	group, err := sarama.NewConsumerGroup(brokers, "bench-admission-"+db.Name, cfg)
+	group, err := sarama.NewConsumerGroup(brokers, "bench-admission-"+db.Name, kafkautil.GroupConfig(cfg))
 	if err != nil {
 		return res, fmt.Errorf("creating consumer group: %w", err)
 	}

@@ -142,7 +142,7 @@ func measureLatency(ctx context.Context, sc *scratchServer, opts latencyOpts) (r
 		}),
 		joined: make(chan struct{}),
 	}
-	group, err := sarama.NewConsumerGroup(brokers, "bench-pipeline-"+db.Name, cfg)
+	group, err := sarama.NewConsumerGroup(brokers, "bench-pipeline-"+db.Name, kafkautil.GroupConfig(cfg))
 	if err != nil {
 		return res, fmt.Errorf("creating consumer group: %w", err)
 	}

@@ -24,8 +24,8 @@ import (
 //
 // Every acknowledged prompt is admitted once and answered by one turn;
 // every outbox row (events, wakes) is published and every session event is
-// in the topic; /readyz and promptline_ready show the outage of fault 1
-// and the recovery from both. The stalls (longest time without an admission on the
+// in the topic; /readyz and promptline_ready show the outage of both
+// faults and the recovery from both. The stalls (longest time without an admission on the
 // partitions the fault touched; without a session event arriving) are
 // logged for docs/reliability.md.
 func TestApacheBrokerFailure(t *testing.T) {
@@ -138,7 +138,104 @@ func TestApacheBrokerFailure(t *testing.T) {
 		firstAfter(admAll, resumedAt).Round(time.Millisecond), longestGap(evs, pausedAt, end).Round(time.Millisecond), down2, dur2.Round(time.Millisecond))
 	t.Logf("readiness:\n%s", ready)
 	require.True(t, down1, "/readyz and promptline_ready show the outage of fault 1 (the group's coordinator killed)")
-	// Fault 2 is not asserted on readiness: a stopped (not dead) node
-	// holds the consumer's requests until Net.ReadTimeout (65s), and
-	// /readyz says ready while the partitions it led stall (docs/reliability.md).
+	// A stopped node leaves the consumer's requests unanswered: not ready
+	// from 5s on, until the cluster fences it and the consumer cuts it off
+	// (kafkautil.BrokerWatch; it said ready throughout before).
+	require.True(t, down2, "/readyz and promptline_ready show the outage of fault 2 (the group's coordinator stopped)")
+}
+
+// TestApacheStoppedLeaderFailsOver stops (SIGSTOP, not SIGKILL) a node of
+// a three-node cluster that leads prompts partitions in use, while prompts
+// are produced and turns run. A stopped node keeps its TCP connections
+// open: a request already sent to it gets no answer and no error. Once the
+// controller has fenced the node (broker.session.timeout.ms, 9s) and moved
+// its leaderships, admission on the partitions it led, wakes and session
+// events must resume within a bound well below the clients' read timeout
+// of the group (65s), and /readyz must have shown the outage; then SIGCONT.
+// The promises hold over every acknowledged prompt.
+func TestApacheStoppedLeaderFailsOver(t *testing.T) {
+	b, k := apacheSetup(t, 3)
+	flags := []string{"--replication-factor", "3", "--lease", "2s", "--recovery-interval", "500ms", "--redrive-after", "3s"}
+	c := b.start(t, "consumer", "", flags...)
+	metricsAddr, _ := c.waitLog(t, "consumer running", 3*time.Minute)["metrics_addr"].(string)
+	require.NotEmpty(t, metricsAddr)
+	ready := sampleReady(t, metricsAddr)
+	r := b.connectClients(t, k)
+
+	load := startLoad(t, b.producer, "s-sl", 12, 100*time.Millisecond)
+	load.waitSent(t, 30, 2*time.Minute)
+	require.Eventually(t, func() bool { return len(b.admissionsSince(t, nil, time.Time{})) >= 20 },
+		2*time.Minute, 50*time.Millisecond, "admissions before the fault")
+
+	// The victim leads prompts partitions in use; a node that is not the
+	// group's coordinator if there is one (TestApacheBrokerFailure stops
+	// the coordinator), so that what stalls is the leaders' traffic.
+	coord, err := k.Coordinator(b.group)
+	require.NoError(t, err)
+	leads := map[int][]int32{}
+	for p := range int32(testPartitions) {
+		l, err := k.Leader("prompts", p)
+		require.NoError(t, err)
+		leads[l] = append(leads[l], p)
+	}
+	victim := coord
+	for n, ps := range leads {
+		if n != coord && len(ps) > 0 {
+			victim = n
+			break
+		}
+	}
+	touched := leads[victim]
+	require.NotEmpty(t, touched, "node %d leads prompts partitions", victim)
+
+	pausedAt := time.Now()
+	require.NoError(t, k.PauseNode(victim))
+	t.Cleanup(func() { _ = k.ResumeNode(victim) })
+	t.Logf("SIGSTOP of node %d (coordinator %d), leader of prompts partitions %v", victim, coord, touched)
+
+	// What Kafka gives: the controller moves the leaderships once the node
+	// missed its session (broker.session.timeout.ms).
+	require.Eventually(t, func() bool {
+		for _, p := range touched {
+			if l, err := k.Leader("prompts", p); err != nil || l == victim {
+				return false
+			}
+		}
+		return true
+	}, time.Minute, 100*time.Millisecond, "leadership of %v moved off the stopped node", touched)
+	movedAt := time.Now()
+	t.Logf("leadership of %v moved %s after the SIGSTOP", touched, movedAt.Sub(pausedAt).Round(time.Millisecond))
+
+	// The bound: well below the group client's 65s read timeout.
+	const bound = 25 * time.Second
+	require.Eventually(t, func() bool { return len(b.admissionsSince(t, touched, movedAt)) >= 5 },
+		bound, 50*time.Millisecond, "admission on %v resumed within %s of the failover", touched, bound)
+	require.Eventually(t, func() bool {
+		return len(r.arrivals()) > 0 && r.arrivals()[len(r.arrivals())-1].After(movedAt) && len(b.admissionsSince(t, nil, movedAt)) >= 10
+	},
+		bound, 50*time.Millisecond, "session events published within %s of the failover", bound)
+	require.Eventually(t, func() bool {
+		return b.count(t, `SELECT count(*) FROM outbox WHERE published_at IS NULL AND created_at < $1`, movedAt) == 0
+	}, bound, 100*time.Millisecond, "outbox rows (wakes, events) written before the failover published within %s", bound)
+	resumeAdmission := time.Now()
+	notReady, notReadyFor := ready.notReadyWithin(pausedAt, resumeAdmission)
+
+	require.NoError(t, k.ResumeNode(victim))
+	resumedAt := time.Now()
+	load.waitSent(t, 30, 2*time.Minute)
+	load.halt()
+	all, sendErrs := load.snapshot()
+	completed, reconciled := b.requireSingleWriter(t, r, all)
+	end := time.Now()
+	require.Eventually(t, func() bool { return !ready.notReadyNow() }, time.Minute, 100*time.Millisecond, "ready at the end")
+
+	adm := b.admissionsSince(t, touched, pausedAt.Add(-time.Second))
+	evs := r.arrivals()
+	t.Logf("%d prompts acknowledged (%d sends retried), %d completed, %d reconciled as outcome unknown", len(all), sendErrs, completed, reconciled)
+	t.Logf("STALL SIGSTOP of leader node %d of %v for %s: leadership moved after %s; admission on those partitions resumed %s after the SIGSTOP, longest gap %s; longest event gap %s; not ready: %v (%s)",
+		victim, touched, resumedAt.Sub(pausedAt).Round(time.Millisecond), movedAt.Sub(pausedAt).Round(time.Millisecond),
+		firstAfter(adm, movedAt).Round(time.Millisecond)+movedAt.Sub(pausedAt).Round(time.Millisecond), longestGap(adm, pausedAt, end).Round(time.Millisecond),
+		longestGap(evs, pausedAt, end).Round(time.Millisecond), notReady, notReadyFor.Round(time.Millisecond))
+	t.Logf("readiness:\n%s", ready)
+	require.True(t, notReady, "/readyz and promptline_ready showed the outage of the stopped leader")
 }

@@ -21,13 +21,17 @@ import (
 // readiness answers /readyz and promptline_ready: Postgres reachable, the
 // migrations this binary embeds applied, and the Kafka consumer group
 // joined (the handler's Setup ran for the current generation and its
-// Cleanup has not).
+// Cleanup has not), and no broker leaving a request of this process
+// unanswered for longer than the watch's bound (5s).
 type readiness struct {
 	pool   *pgxpool.Pool
 	latest int64 // the newest embedded migration version
 
 	joined     atomic.Bool
 	generation atomic.Int32
+	// hung names a broker that has left a request of this process
+	// unanswered for long (kafkautil.BrokerWatch.Hung); nil: not asked.
+	hung func() (string, time.Duration)
 }
 
 func newReadiness(pool *pgxpool.Pool) (*readiness, error) {
@@ -81,6 +85,12 @@ func (r *readiness) Check(ctx context.Context) error {
 	if !r.joined.Load() {
 		//lint:ignore ST1005 a reason shown on /readyz, led by the name of the dependency
 		return errors.New("Kafka: consumer group not joined (no assignment for the current generation)")
+	}
+	if r.hung != nil {
+		if addr, d := r.hung(); addr != "" {
+			//lint:ignore ST1005 a reason shown on /readyz, led by the name of the dependency
+			return fmt.Errorf("Kafka: broker %s has not answered a request for %s (stopped or cut off; its partitions stall until the cluster fences it)", addr, d.Round(time.Second))
+		}
 	}
 	return nil
 }

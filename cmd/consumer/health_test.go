@@ -72,6 +72,16 @@ func TestReadiness(t *testing.T) {
 	require.NoError(t, h.Setup(&fakeSession{ctx: ctx, generation: 4}))
 	require.NoError(t, r.Check(ctx))
 
+	// A broker that leaves a request unanswered (stopped, not dead: its
+	// partitions stall until the cluster fences it) makes it unready.
+	hung := ""
+	r.hung = func() (string, time.Duration) { return hung, 7 * time.Second }
+	require.NoError(t, r.Check(ctx))
+	hung = "127.0.0.1:9092"
+	require.ErrorContains(t, r.Check(ctx), "Kafka: broker 127.0.0.1:9092 has not answered a request for 7s")
+	hung = ""
+	require.NoError(t, r.Check(ctx))
+
 	// The database behind the binary: the latest migration not applied.
 	_, err = pool.Exec(ctx, `UPDATE goose_db_version SET is_applied = false WHERE version_id = $1`, latest)
 	require.NoError(t, err)

@@ -44,7 +44,8 @@ func run(ctx context.Context, o *options, stderr io.Writer) error {
 	}
 
 	// Every Kafka client of this process shares one configuration, TLS and
-	// SASL applied (validate checked the settings already).
+	// SASL applied (validate checked the settings already); the group's
+	// differs only in its read timeout (kafkautil.GroupConfig).
 	owner := "consumer-" + uuid.Must(uuid.NewV7()).String()
 	cfg := kafkautil.NewConfig(owner)
 	cfg.Producer.MaxMessageBytes = o.maxMessageBytes
@@ -52,6 +53,16 @@ func run(ctx context.Context, o *options, stderr io.Writer) error {
 		return err
 	}
 	o.security.WarnPlaintext(ctx, log, brokers)
+
+	// The clients dial through the watch, which cuts a stopped broker off
+	// once the cluster has fenced it (kafkautil.BrokerWatch); the group's
+	// client keeps the long read timeout its JoinGroup needs.
+	watch := kafkautil.NewBrokerWatch(brokers, cfg, &kafkautil.BrokerWatchConfig{
+		Topics: []string{topics.Prompts, topics.Wakes, topics.Events},
+		Logger: log.With(slog.String("component", "kafka-watch")),
+	})
+	watch.Apply(cfg)
+	groupCfg := kafkautil.GroupConfig(cfg)
 
 	db, err := pgdb.Open(ctx, pgdb.OpenOpts{URL: o.databaseURL, Logger: log, MaxConns: o.dbMaxConns,
 		StatementTimeout: o.dbTimeouts[0], LockTimeout: o.dbTimeouts[1], IdleInTxTimeout: o.dbTimeouts[2], NoMigrate: !o.migrate})
@@ -66,6 +77,11 @@ func run(ctx context.Context, o *options, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
+	ready.hung = watch.Hung
+	if err := watch.Start(context.WithoutCancel(ctx)); err != nil {
+		return err
+	}
+	defer watch.Stop()
 	reg.MustRegister(metrics.NewScrapeCollector(&metrics.ScrapeConfig{
 		DatabaseFunc: databaseStats(db.Pool), ReadyFunc: ready.Check,
 	}))
@@ -186,7 +202,7 @@ func run(ctx context.Context, o *options, stderr io.Writer) error {
 	// Readiness and per-partition lag, around the handler.
 	observed := &observedHandler{ConsumerGroupHandler: handler, ready: ready, lag: m.ConsumerLag}
 
-	group, err := sarama.NewConsumerGroup(brokers, o.group, cfg)
+	group, err := sarama.NewConsumerGroup(brokers, o.group, groupCfg)
 	if err != nil {
 		return fmt.Errorf("joining consumer group %q: %w", o.group, o.security.Explain(err))
 	}

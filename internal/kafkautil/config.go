@@ -39,7 +39,8 @@ const MaxMessageBytesDefault = KafkaDefaultMaxMessageBytes - RecordBatchHeaderBy
 
 // NewConfig returns the Sarama configuration shared by every promptline
 // client: the idempotent producer with acks=all and the murmur2 partitioner;
-// consumers read committed data only.
+// consumers read committed data only; a request unanswered for 15s is given
+// up. A consumer group's client takes GroupConfig of it.
 func NewConfig(clientID string) *sarama.Config {
 	disableGoMetrics()
 	c := sarama.NewConfig()
@@ -68,18 +69,34 @@ func NewConfig(clientID string) *sarama.Config {
 	c.Consumer.Group.Rebalance.GroupStrategies = []sarama.BalanceStrategy{sarama.NewBalanceStrategyRange()}
 	c.Consumer.Group.Session.Timeout = 10 * time.Second
 	c.Consumer.Group.Heartbeat.Interval = time.Second
-	// The broker answers a JoinGroup when the join phase ends, up to the
-	// rebalance timeout later (it waits that long for members that do not
-	// rejoin). Sarama bounds every response by Net.ReadTimeout: shorter
-	// (the defaults: 30s against 60s), every member gives its JoinGroup up
-	// and joins again before the phase ends, and the group never settles.
-	// 5s more than the rebalance, like the Java client's JoinGroup.
 	c.Consumer.Group.Rebalance.Timeout = 60 * time.Second
-	c.Net.ReadTimeout = c.Consumer.Group.Rebalance.Timeout + 5*time.Second
+	// Every other request is answered within Producer.Timeout (a produce
+	// at acks=all waits that long for the replicas at most) or at once: a
+	// broker that has not answered 5s later is stopped or cut off, and the
+	// client should give its request up and look for the partition's new
+	// leader, as Java's request.timeout.ms does. The consumer group's
+	// client needs longer (GroupConfig).
+	c.Net.ReadTimeout = c.Producer.Timeout + 5*time.Second
 	c.Consumer.MaxWaitTime = 50 * time.Millisecond
 	// Admission batches what is already in a partition's channel; Sarama's
 	// default buffer (256) capped batches below --max-batch (measured:
 	// 1.37x admission throughput with 1024, docs/benchmarks.md).
 	c.ChannelBufferSize = 1024
 	return c
+}
+
+// GroupConfig returns a copy of c for a consumer group's client. The
+// broker answers a JoinGroup when the join phase ends, up to the
+// rebalance timeout later (it waits that long for members that do not
+// rejoin). Sarama bounds every response by Net.ReadTimeout: shorter
+// (Sarama's default 30s against 60s), every member gives its JoinGroup up
+// and joins again before the phase ends, and the group never settles. 5s
+// more than the rebalance, like the Java client's JoinGroup. Sarama has
+// one read timeout per client, so the group's fetches and heartbeats get
+// it as well: a stopped broker holds them that long unless a BrokerWatch
+// cuts it off first. Producers and other clients keep NewConfig's.
+func GroupConfig(c *sarama.Config) *sarama.Config {
+	g := *c
+	g.Net.ReadTimeout = g.Consumer.Group.Rebalance.Timeout + 5*time.Second
+	return &g
 }

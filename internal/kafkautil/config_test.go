@@ -2,6 +2,7 @@ package kafkautil_test
 
 import (
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 
@@ -18,8 +19,24 @@ import (
 // consumer was killed during a rebalance).
 func TestConfigJoinGroupOutlivesTheRebalance(t *testing.T) {
 	t.Parallel()
-	c := kafkautil.NewConfig("test")
+	c := kafkautil.GroupConfig(kafkautil.NewConfig("test"))
 	require.Greater(t, c.Net.ReadTimeout, c.Consumer.Group.Rebalance.Timeout,
 		"a JoinGroup must be able to wait for the whole rebalance")
+	require.NoError(t, c.Validate())
+}
+
+// TestConfigOtherRequestsGiveUpSoon: a producer, a partition consumer or
+// an admin gives a request up soon after the longest a broker may take to
+// answer it (a produce at acks=all: Producer.Timeout), not at the group's
+// read timeout: a stopped broker would hold the relay's publishes that
+// long (TestApacheStoppedLeaderFailsOver in cmd/consumer).
+func TestConfigOtherRequestsGiveUpSoon(t *testing.T) {
+	t.Parallel()
+	c := kafkautil.NewConfig("test")
+	require.Greater(t, c.Net.ReadTimeout, c.Producer.Timeout, "a produce at acks=all may wait Producer.Timeout")
+	require.LessOrEqual(t, c.Net.ReadTimeout, 15*time.Second)
+	g := kafkautil.GroupConfig(c)
+	require.Equal(t, 15*time.Second, c.Net.ReadTimeout, "GroupConfig copies, it does not change its argument")
+	require.Greater(t, g.Net.ReadTimeout, c.Net.ReadTimeout)
 	require.NoError(t, c.Validate())
 }

@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -34,6 +35,9 @@ type ApacheKafka struct {
 	dir   string
 	addrs []string
 	nodes []*node
+
+	mu     sync.Mutex
+	paused map[int]bool // by PauseNode, until ResumeNode
 }
 
 // node is a running JVM; done closes when it has exited.
@@ -50,6 +54,11 @@ func StartApacheKafka(tb testing.TB, nodes int) *ApacheKafka {
 	tb.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), ApacheKafkaStartTimeout)
 	defer cancel()
+	// The directory first: Cleanups run last-in first-out, so it is removed
+	// after the nodes have stopped writing to it (the other way round, the
+	// removal raced the running JVMs: "directory not empty", and the logs
+	// were gone before a failed test could print them).
+	base := tb.TempDir()
 	k := &ApacheKafka{}
 	tb.Cleanup(func() {
 		k.Stop()
@@ -65,7 +74,7 @@ func StartApacheKafka(tb testing.TB, nodes int) *ApacheKafka {
 	// again on new ports, in a new directory; any other failure is the
 	// test's.
 	for try := 1; ; try++ {
-		err := k.start(ctx, tb, nodes)
+		err := k.start(ctx, tb, filepath.Join(base, "try-"+strconv.Itoa(try)), nodes)
 		if err == nil {
 			return k
 		}
@@ -80,12 +89,15 @@ func StartApacheKafka(tb testing.TB, nodes int) *ApacheKafka {
 
 // start prepares a cluster of nodes in a new directory on new ports and
 // starts it.
-func (k *ApacheKafka) start(ctx context.Context, tb testing.TB, nodes int) error {
+func (k *ApacheKafka) start(ctx context.Context, tb testing.TB, dir string, nodes int) error {
 	script, err := apachekafka.Script()
 	if err != nil {
 		return err
 	}
-	k.dir, k.addrs, k.nodes = tb.TempDir(), nil, nil
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return err
+	}
+	k.dir, k.addrs, k.nodes = dir, nil, nil
 	args := []string{"prepare", k.dir}
 	for range nodes {
 		broker, controller := freePort(tb), freePort(tb)

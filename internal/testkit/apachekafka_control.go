@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"syscall"
+	"time"
 
 	"github.com/IBM/sarama"
 
@@ -27,10 +28,24 @@ func (k *ApacheKafka) RestartNode(n int) error {
 
 // PauseNode sends node n SIGSTOP: the JVM holds its sockets open and
 // answers nothing, like a node in a long GC pause or a partitioned host.
-func (k *ApacheKafka) PauseNode(n int) error { return k.signal(n, syscall.SIGSTOP) }
+func (k *ApacheKafka) PauseNode(n int) error {
+	k.mu.Lock()
+	if k.paused == nil {
+		k.paused = map[int]bool{}
+	}
+	k.paused[n] = true
+	k.mu.Unlock()
+	return k.signal(n, syscall.SIGSTOP)
+}
 
 // ResumeNode sends node n SIGCONT.
-func (k *ApacheKafka) ResumeNode(n int) error { return k.signal(n, syscall.SIGCONT) }
+func (k *ApacheKafka) ResumeNode(n int) error {
+	err := k.signal(n, syscall.SIGCONT)
+	k.mu.Lock()
+	delete(k.paused, n)
+	k.mu.Unlock()
+	return err
+}
 
 func (k *ApacheKafka) signal(n int, sig syscall.Signal) error {
 	nd := k.nodes[n-1]
@@ -78,5 +93,18 @@ func (k *ApacheKafka) Coordinator(group string) (int, error) {
 func (k *ApacheKafka) client() (sarama.Client, error) {
 	cfg := kafkautil.NewConfig("testkit-control")
 	cfg.Metadata.Retry.Max = 1
-	return sarama.NewClient(k.addrs, cfg)
+	// A paused node answers nothing: the control client starts from the
+	// others, and gives up soon on a request that reached the paused one
+	// (the metadata names it until the cluster fences it), so that Leader
+	// and Coordinator tell what the cluster says while a node is stopped.
+	cfg.Net.ReadTimeout = 2 * time.Second
+	var seeds []string
+	k.mu.Lock()
+	for i, a := range k.addrs {
+		if !k.paused[i+1] {
+			seeds = append(seeds, a)
+		}
+	}
+	k.mu.Unlock()
+	return sarama.NewClient(seeds, cfg)
 }
