@@ -3,8 +3,10 @@ package kafkautil
 import (
 	"cmp"
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"net"
 	"slices"
 	"sync"
@@ -43,9 +45,15 @@ type BrokerWatch struct {
 	conns  map[string]map[*watchedConn]struct{}
 	known  map[string]bool
 	fenced map[string]bool
+	// answered is when each broker last answered the watch's own probe
+	// (probe); probing says whether a probe to it is in flight.
+	answered map[string]time.Time
+	probing  map[string]bool
+	probes   map[string]*sarama.Broker // read and written by run's probes
 
 	cancel context.CancelFunc
 	done   chan struct{}
+	wg     sync.WaitGroup // the probes in flight
 }
 
 // BrokerWatchConfig configures a BrokerWatch.
@@ -80,6 +88,10 @@ func NewBrokerWatch(brokers []string, base *sarama.Config, config *BrokerWatchCo
 		conns:  map[string]map[*watchedConn]struct{}{},
 		known:  map[string]bool{},
 		fenced: map[string]bool{},
+
+		answered: map[string]time.Time{},
+		probing:  map[string]bool{},
+		probes:   map[string]*sarama.Broker{},
 	}
 	w.config.Interval = cmp.Or(w.config.Interval, time.Second)
 	w.config.HungAfter = cmp.Or(w.config.HungAfter, 5*time.Second)
@@ -154,6 +166,14 @@ func (w *BrokerWatch) run(ctx context.Context) {
 		if client != nil {
 			_ = client.Close()
 		}
+		// A probe of a stopped broker ends at its read timeout.
+		w.wg.Wait()
+		w.mu.Lock()
+		probes := slices.Collect(maps.Values(w.probes))
+		w.mu.Unlock()
+		for _, b := range probes { // not under w.mu: closing takes it
+			_ = b.Close()
+		}
 	}()
 	tick := time.NewTicker(w.config.Interval)
 	defer tick.Stop()
@@ -170,6 +190,9 @@ func (w *BrokerWatch) run(ctx context.Context) {
 					alive = append(alive, b.Addr())
 				}
 				w.observe(ctx, alive)
+				for _, a := range alive {
+					w.probe1(a)
+				}
 			}
 		}
 		select {
@@ -178,6 +201,49 @@ func (w *BrokerWatch) run(ctx context.Context) {
 		case <-tick.C:
 		}
 	}
+}
+
+// probe1 asks the broker at addr for its API versions, on a connection of
+// the watch's own, unless a probe to it is still in flight; an answer is
+// recorded in answered. A broker that answers is not hung, whatever a
+// client's request waits for there: a JoinGroup is answered only when the
+// join phase ends, up to the rebalance timeout; a stopped broker answers
+// nothing. run waits for the probes in flight before it returns, and
+// closes their connections.
+func (w *BrokerWatch) probe1(addr string) {
+	w.mu.Lock()
+	if w.probing[addr] {
+		w.mu.Unlock()
+		return
+	}
+	w.probing[addr] = true
+	b := w.probes[addr]
+	if b == nil {
+		b = sarama.NewBroker(addr)
+		w.probes[addr] = b
+	}
+	w.mu.Unlock()
+	w.wg.Add(1)
+	go func() {
+		defer w.wg.Done()
+		err := b.Open(w.probe)
+		if err == nil || errors.Is(err, sarama.ErrAlreadyConnected) {
+			_, err = b.ApiVersions(&sarama.ApiVersionsRequest{})
+		}
+		if err != nil {
+			// A new connection at the next probe: a timed-out one is
+			// broken for good. (Not under w.mu: closing takes it.)
+			_ = b.Close()
+		}
+		w.mu.Lock()
+		defer w.mu.Unlock()
+		delete(w.probing, addr)
+		if err != nil {
+			delete(w.probes, addr)
+			return
+		}
+		w.answered[addr] = time.Now()
+	}()
 }
 
 // observe takes the brokers that a metadata response named.
@@ -228,6 +294,9 @@ func (w *BrokerWatch) Hung() (string, time.Duration) {
 	var addr string
 	var longest time.Duration
 	for a, conns := range w.conns {
+		if now.Sub(w.answered[a]) <= w.config.HungAfter {
+			continue // it answers the watch: what waits there waits by design
+		}
 		for c := range conns {
 			if d := c.waiting(now); d > w.config.HungAfter && d > longest {
 				addr, longest = a, d
