@@ -45,7 +45,7 @@ test/short: ## the fast tier: the tests that need no Node, kcat, promtool, Java,
 # PROMPTLINE_TEST_KAFKA_JVMS (2) at once per package, one package at a time.
 KAFKA_TESTS_CONSUMER := ^(TestKcatEndToEnd|TestCrashAfter.*|TestCrashBefore.*|TestCrashDuring.*|TestTwoConsumersOneGroupWithRebalance|TestTwoGroupsEachPromptRunsOnce|TestZombieIsFenced|TestGracefulShutdownReleasesWithWake|TestPermissionRepliesAcrossRestart|TestReplayCommand|TestScaleOutKillOne)$$
 .PHONY: test/kafka
-test/kafka: ## the integration, interop, crash, zombie, replay and permission tests against Apache Kafka (kafka/pom.xml; Java 17, Maven)
+test/kafka: examples/node/node_modules tools/mcp/testdata/server-filesystem/node_modules ## the integration, interop, crash, zombie, replay and permission tests against Apache Kafka (kafka/pom.xml; Java 17, Maven)
 	./scripts/kafka.sh libs >/dev/null
 	PROMPTLINE_TEST_KAFKA=apache $(GO) test -count=1 -p 1 -timeout 60m ./internal/testkit ./internal/kafkautil ./outbox ./replay ./pipeline ./cmd/producer
 	PROMPTLINE_TEST_KAFKA=apache $(GO) test -count=1 -p 1 -timeout 60m -run '$(KAFKA_TESTS_CONSUMER)' ./cmd/consumer
