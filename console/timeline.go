@@ -41,6 +41,8 @@ type Shape struct {
 	Class      string
 	Title      string
 	Label      string
+	// End puts the label before the shape: it would run off the drawing.
+	End bool
 }
 
 const (
@@ -155,7 +157,7 @@ func drawTimeline(r inspect.Report, recs []recovery.Record, releases []inspect.R
 	if total <= 0 {
 		total = time.Second
 	}
-	plot := tlWidth - tlLeft - 20
+	plot := tlWidth - tlLeft - 40
 	x := func(at time.Time) int { return tlLeft + int(float64(plot)*float64(at.Sub(t0))/float64(total)) }
 	laneY := func(i int) int { return tlTop + i*tlLaneH }
 	for i := 0; i <= 4; i++ {
@@ -254,6 +256,11 @@ func drawTimeline(r inspect.Report, recs []recovery.Record, releases []inspect.R
 	for _, rel := range releases {
 		t.Shapes = append(t.Shapes, marker(qy+14, rel.ReleasedAt, "release",
 			fmt.Sprintf("%s %s released by %s (was: %s)", rel.Kind, rel.Ref, rel.ReleasedBy, rel.Reason), "released"))
+	}
+	for i := range t.Shapes {
+		if sh := &t.Shapes[i]; sh.Label != "" && sh.X+sh.W > tlWidth-200 {
+			sh.End = true
+		}
 	}
 	return t
 }
