@@ -50,6 +50,11 @@ test/kafka: examples/node/node_modules tools/mcp/testdata/server-filesystem/node
 	PROMPTLINE_TEST_KAFKA=apache $(GO) test -count=1 -p 1 -timeout 60m ./internal/testkit ./internal/kafkautil ./outbox ./replay ./pipeline ./cmd/producer
 	PROMPTLINE_TEST_KAFKA=apache $(GO) test -count=1 -p 1 -timeout 60m -run '$(KAFKA_TESTS_CONSUMER)' ./cmd/consumer
 
+.PHONY: test/browser
+test/browser: ## the operator console in headless Chromium (Debian package chromium; CHROMIUM names another binary); screenshots in BROWSER_ARTIFACTS (bin/browser-artifacts)
+	BROWSER_ARTIFACTS=$${BROWSER_ARTIFACTS:-$(CURDIR)/$(BIN)/browser-artifacts} $(GO) test -tags browser -count=1 -run '^TestConsoleInBrowser$$' -v ./cmd/consumer 2>&1 \
+	  | grep -E '^(=== RUN|--- FAIL|FAIL|ok|PASS)|browser artifacts|Error( Trace)?:|Messages:|^ +FAIL ' ; exit $${PIPESTATUS[0]}
+
 .PHONY: test/race
 test/race: examples/node/node_modules tools/mcp/testdata/server-filesystem/node_modules ## the default suite under the race detector
 	$(GO) test -race -count=1 ./...
@@ -83,6 +88,7 @@ lint: $(STATICCHECK) ## gofmt, go vet and staticcheck (staticcheck.conf), also w
 	  if [ -n "$$out" ]; then echo "gofmt would change:"; echo "$$out"; exit 1; fi
 	$(GO) vet ./...
 	$(GO) vet -tags faults ./...
+	$(GO) vet -tags browser ./cmd/consumer
 	$(GO) vet -tags chaos,faults ./cmd/consumer
 	$(GO) vet -tags apachekafka ./cmd/consumer
 	$(STATICCHECK) ./...

@@ -29,6 +29,12 @@
 //	promptline_tool_call_seconds{outcome}         histogram of one tool run's latency
 //	promptline_kafka_consumer_lag_messages{topic,partition} per partition assigned here: high-water mark minus the next offset to mark; removed when the partition is revoked
 //
+// The operator console (`consumer console`, docs/console.md) serves its own
+// registry with these and the Go and process collectors:
+//
+//	promptline_console_requests_total{route,code} requests served, by route (login, sessions, session, timeline, quarantine, release, recovery, metrics, other) and HTTP status code
+//	promptline_console_request_seconds{route}     histogram of a request's latency, by route
+//
 // Computed at scrape time (ScrapeCollector; each read bounded by 2s):
 //
 //	promptline_ready                              1 when ready (Postgres reachable, migrations applied, Kafka group joined, no broker silent on a request for 5s), else 0; /readyz says why not

@@ -47,6 +47,9 @@ func promptlineCollectors(t *testing.T) []prometheus.Collector {
 		require.True(t, ok, "field %s is not a collector", v.Type().Field(i).Name)
 		cs = append(cs, c)
 	}
+	// The operator console's, on its own registry.
+	con := metrics.NewConsole(prometheus.NewRegistry())
+	cs = append(cs, con.Requests, con.RequestSeconds)
 	return append(cs, metrics.NewScrapeCollector(&metrics.ScrapeConfig{
 		DatabaseFunc: func(context.Context) (metrics.DatabaseStats, error) { return metrics.DatabaseStats{}, nil },
 		ReadyFunc:    func(context.Context) error { return nil },

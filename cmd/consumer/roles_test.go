@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net/http"
+	"net/http/httptest"
 	"net/url"
 	"os"
 	"os/exec"
@@ -19,10 +21,12 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
+	"github.com/promptline/promptline/console"
 	"github.com/promptline/promptline/envelope"
 	"github.com/promptline/promptline/internal/faults"
 	"github.com/promptline/promptline/internal/pgdb"
 	"github.com/promptline/promptline/internal/testkit"
+	"github.com/promptline/promptline/recovery"
 )
 
 // Postgres roles (issue 8, item 3) and schema versions (item 7) on real
@@ -89,6 +93,10 @@ type rolesBundle struct {
 	ownerRole  string
 	ownerURL   string
 	runtimeURL string
+	consoleURL string
+	// applyRoles runs roles.sql (again): after `consumer migrate` it grants
+	// the column rights of tables that now exist.
+	applyRoles func(t *testing.T)
 }
 
 // setupRoles creates a database and two uniquely named roles (roles are
@@ -100,6 +108,7 @@ func setupRoles(t *testing.T) *rolesBundle {
 	dbName := "promptline_roles_" + suffix
 	b := &rolesBundle{ownerRole: "promptline_owner_" + suffix}
 	runtimeRole := "promptline_app_" + suffix
+	consoleRole := "promptline_console_" + suffix
 
 	admin := adminURL(t)
 	server, err := pgx.Connect(ctx, inDatabase(admin, "postgres"))
@@ -113,6 +122,7 @@ func setupRoles(t *testing.T) *rolesBundle {
 			"DROP DATABASE IF EXISTS " + pgx.Identifier{dbName}.Sanitize() + " WITH (FORCE)",
 			"DROP ROLE IF EXISTS " + pgx.Identifier{b.ownerRole}.Sanitize(),
 			"DROP ROLE IF EXISTS " + pgx.Identifier{runtimeRole}.Sanitize(),
+			"DROP ROLE IF EXISTS " + pgx.Identifier{consoleRole}.Sanitize(),
 		} {
 			_, err := server.Exec(ctx, sql)
 			require.NoError(t, err, sql)
@@ -121,14 +131,19 @@ func setupRoles(t *testing.T) *rolesBundle {
 	})
 
 	dbAdmin := inDatabase(admin, dbName)
-	out, err := exec.Command(psqlPath(t), "-X", "-q", "-v", "ON_ERROR_STOP=1",
-		"-v", "owner_role="+b.ownerRole, "-v", "runtime_role="+runtimeRole,
-		"-v", "owner_password=owner-pw", "-v", "runtime_password=runtime-pw",
-		"-f", filepath.Join("..", "..", "deployments", "postgres", "roles.sql"), dbAdmin).CombinedOutput()
-	require.NoError(t, err, "psql -f roles.sql:\n%s", out)
+	b.applyRoles = func(t *testing.T) {
+		t.Helper()
+		out, err := exec.Command(psqlPath(t), "-X", "-q", "-v", "ON_ERROR_STOP=1",
+			"-v", "owner_role="+b.ownerRole, "-v", "runtime_role="+runtimeRole, "-v", "console_role="+consoleRole,
+			"-v", "owner_password=owner-pw", "-v", "runtime_password=runtime-pw", "-v", "console_password=console-pw",
+			"-f", filepath.Join("..", "..", "deployments", "postgres", "roles.sql"), dbAdmin).CombinedOutput()
+		require.NoError(t, err, "psql -f roles.sql:\n%s", out)
+	}
+	b.applyRoles(t)
 
 	b.ownerURL = withUser(t, dbAdmin, b.ownerRole, "owner-pw")
 	b.runtimeURL = withUser(t, dbAdmin, runtimeRole, "runtime-pw")
+	b.consoleURL = withUser(t, dbAdmin, consoleRole, "console-pw")
 	cfg, err := pgxpool.ParseConfig(dbAdmin)
 	require.NoError(t, err)
 	cfg.ConnConfig.RuntimeParams["search_path"] = "promptline"
@@ -260,4 +275,65 @@ func TestRefusesNewerSchemaProcess(t *testing.T) {
 			require.Contains(t, stderr, want)
 		})
 	}
+}
+
+// TestConsoleRole: the console role of roles.sql (run again after
+// `consumer migrate`, as docs/console.md says) serves every console page
+// and releases a quarantined claim and a quarantined input (whose wake it
+// writes) through the audited path, and can write nothing else.
+//
+// It catches: a console page or a release that needs a right roles.sql
+// does not grant (permission denied), and a console role with more rights
+// than the release needs.
+func TestConsoleRole(t *testing.T) {
+	t.Parallel()
+	r := setupRoles(t)
+	ctx := t.Context()
+	_, stderr, code := runOnce(t, "migrate", "--database-url", r.ownerURL)
+	require.Equal(t, 0, code, stderr)
+	r.applyRoles(t)
+
+	for _, sql := range []string{
+		`INSERT INTO sessions (session_id, fencing_token) VALUES ('s-c', 1), ('s-i', 0)`,
+		`INSERT INTO claims (session_id, execution_id, owner_id, fencing_token, phase, expires_at, quarantine_reason, quarantined_at)
+		 VALUES ('s-c', 'e-c', 'gone', 1, 'safe', now() - interval '1 minute', 'unknown phase "bogus"', now())`,
+		`INSERT INTO inputs (message_id, session_id, text, payload_hash, delivery, wake_pending, quarantine_reason, quarantined_at)
+		 VALUES ('m-i', 's-i', 'hello', '\x00', 'queue', true, 'repaired by hand', now())`,
+	} {
+		_, err := r.admin.Exec(ctx, sql)
+		require.NoError(t, err, sql)
+	}
+
+	pool, err := pgxpool.New(ctx, r.consoleURL)
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	srv, err := console.New(pool, &console.Config{Token: consoleToken})
+	require.NoError(t, err)
+	for _, path := range []string{"/sessions", "/sessions?state=quarantined", "/sessions?q=m-i", "/session?id=s-c",
+		"/timeline.svg?id=s-i", "/quarantine", "/recovery"} {
+		req := httptest.NewRequest(http.MethodGet, path, nil)
+		req.Header.Set("Authorization", "Bearer "+consoleToken)
+		w := httptest.NewRecorder()
+		srv.ServeHTTP(w, req)
+		require.Equal(t, http.StatusOK, w.Code, "%s: %s", path, w.Body.String())
+	}
+	require.NoError(t, recovery.Release(ctx, pool, recovery.KindClaim, "s-c", &recovery.ReleaseOpts{Operator: "console-role"}))
+	require.NoError(t, recovery.Release(ctx, pool, recovery.KindInput, "m-i", &recovery.ReleaseOpts{Operator: "console-role", Note: "n"}))
+	var released, wakes int
+	require.NoError(t, r.admin.QueryRow(ctx, `SELECT count(*) FROM quarantine_releases WHERE released_by = 'console-role'`).Scan(&released))
+	require.Equal(t, 2, released)
+	require.NoError(t, r.admin.QueryRow(ctx, `SELECT count(*) FROM outbox WHERE key = 's-i'`).Scan(&wakes))
+	require.Equal(t, 1, wakes, "the released input's wake")
+
+	conn, err := pgx.Connect(ctx, r.consoleURL)
+	require.NoError(t, err)
+	defer conn.Close(context.Background())
+	requireDenied(t, conn, `INSERT INTO inputs (message_id, session_id, text, payload_hash, delivery, wake_pending) VALUES ('x', 's-i', 'x', '\x00', 'queue', true)`)
+	requireDenied(t, conn, `UPDATE claims SET phase = 'ready'`)
+	requireDenied(t, conn, `UPDATE sessions SET fencing_token = 99`)
+	requireDenied(t, conn, `UPDATE inputs SET text = 'changed'`)
+	requireDenied(t, conn, `DELETE FROM outbox`)
+	requireDenied(t, conn, `DELETE FROM quarantine_releases`)
+	requireDenied(t, conn, `TRUNCATE inputs`)
+	requireDenied(t, conn, `CREATE TABLE intruder (id int)`)
 }

@@ -123,7 +123,7 @@ func newRootCommandEnv(environ func() []string) *cobra.Command {
 	f.StringVar(&o.topics.Wakes, "wakes-topic", "wakes", "topic of internal wakes")
 	f.StringVar(&o.topics.Events, "events-topic", "session-events", "topic of outgoing session events")
 	f.StringVar(&o.topics.Rejects, "rejects-topic", "prompts.rejects", "topic of rejected input")
-	root.AddCommand(newBrokerCommand(), newRecoverCommand(o), newRecoveryCommand(o), newQuarantineCommand(o), newSessionCommand(o), newMigrateCommand(o), newReplayCommand(o))
+	root.AddCommand(newBrokerCommand(), newRecoverCommand(o), newRecoveryCommand(o), newQuarantineCommand(o), newSessionCommand(o), newMigrateCommand(o), newReplayCommand(o), newConsoleCommand(o))
 	loader := cliconfig.New(&cliconfig.Config{
 		EnvPrefix:   envPrefix,
 		EnvironFunc: environ,
