@@ -52,7 +52,14 @@ ensure_libs() {
 	exec 9>&-
 }
 
-cluster_id() { head -c 16 /dev/urandom | base64 | tr '+/' '-_' | tr -d '=\n'; }
+# A KRaft cluster ID: 16 random bytes in URL-safe base64, never starting
+# with '-' (the storage tool would read it as an option; Kafka's own
+# Uuid.randomUuid draws again for the same reason).
+cluster_id() {
+	local id
+	while id=$(head -c 16 /dev/urandom | base64 | tr '+/' '-_' | tr -d '=\n') && [ "${id#-}" != "$id" ]; do :; done
+	printf '%s' "$id"
+}
 
 # prepare DIR B:C... writes one node per port pair and formats its storage.
 prepare() {
