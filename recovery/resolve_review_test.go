@@ -1,0 +1,112 @@
+package recovery_test
+
+import (
+	"context"
+	"encoding/json"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/promptline/promptline/envelope"
+	"github.com/promptline/promptline/ledger"
+	"github.com/promptline/promptline/pipeline"
+	"github.com/promptline/promptline/recovery"
+	"github.com/promptline/promptline/tools"
+)
+
+// stallTool is the side-effecting append_line that performs its effect,
+// then blocks until released before it answers: a process paused (or
+// killed) after the dispatch and before its result is recorded.
+type stallTool struct {
+	started chan struct{}
+	release chan struct{}
+	once    sync.Once
+	mu      sync.Mutex
+	runs    int
+}
+
+func newStallTool() *stallTool {
+	return &stallTool{started: make(chan struct{}), release: make(chan struct{})}
+}
+
+func (s *stallTool) Spec() tools.Spec {
+	return tools.Spec{Name: "append_line", Class: tools.SideEffecting, InputSchema: json.RawMessage(`{"type":"object"}`)}
+}
+
+func (s *stallTool) Run(ctx context.Context, _ tools.Call) (tools.Result, error) {
+	s.mu.Lock()
+	s.runs++
+	s.mu.Unlock()
+	s.once.Do(func() { close(s.started) })
+	select {
+	case <-s.release:
+	case <-ctx.Done():
+	}
+	return tools.Result{Output: "appended"}, nil
+}
+
+func (s *stallTool) ran() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.runs
+}
+
+// zombieContinuation runs the continuation of a --did-not-run resolution
+// on a real executor until its tool performed the re-armed call, then
+// lets the lease run out and recovery reconcile it (the call unknown
+// again), then lets the paused executor go on: it is fenced.
+func (b *testBundle) zombieContinuation(t *testing.T, session string) *stallTool {
+	t.Helper()
+	tool := newStallTool()
+	claims := ledger.NewClaims(b.pool, &ledger.ClaimsConfig{Lease: time.Minute, OwnerID: "zombie-process"})
+	e := pipeline.NewExecutor(b.pool, &pipeline.ExecutorConfig{Claims: claims, Provider: &recorder{}, Tools: b.registry(t, tool),
+		ToolTimeout: time.Minute})
+	defer e.Stop()
+	done, err := e.Wake(context.Background(), session, 0)
+	require.NoError(t, err)
+	select {
+	case <-tool.started:
+	case <-time.After(20 * time.Second):
+		t.Fatal("the continuation never ran the re-armed call")
+	}
+	b.die(t, session)
+	require.Equal(t, 1, b.pass(t).Decisions[recovery.DecisionReconciled])
+	close(tool.release)
+	select {
+	case <-done:
+	case <-time.After(20 * time.Second):
+		t.Fatal("the fenced executor did not stop")
+	}
+	return tool
+}
+
+// TestResolveAdversarial: attacks on `consumer session resolve` found in
+// review.
+func TestResolveAdversarial(t *testing.T) {
+	t.Parallel()
+
+	// A resolved turn that fails again must say so with an event that a
+	// consumer deduplicating on id (docs/session-events.md) does not drop,
+	// with a new assistant_message_id, as docs/session-events.md promises
+	// for outcome_unknown: "a turn.completed (or another turn.failed) with
+	// the same message_ids and a new assistant_message_id then follows".
+	t.Run("SecondFailureIsANewEvent", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t)
+		_, call := b.unknownCall(t, "s")
+		_, err := b.resolve(t, "s", call.ID, recovery.FindingDidNotRun, "")
+		require.NoError(t, err)
+		b.zombieContinuation(t, "s")
+		require.Equal(t, 1, b.count(t, `SELECT count(*) FROM tool_calls WHERE call_id = $1 AND state = 'unknown'`, call.ID))
+
+		failed := b.outboxEvents(t, "s", envelope.EventTurnFailed)
+		require.Len(t, failed, 2, "the first reconcile and the reconcile of the resolution's continuation")
+		require.Equal(t, envelope.FailOutcomeUnknown, failed[1].Reason)
+		require.NotEqual(t, failed[0].ID, failed[1].ID,
+			"the second turn.failed carries the first one's id: a consumer deduplicating on id never sees the resolved turn fail again")
+		require.NotEqual(t, failed[0].AssistantMessageID, failed[1].AssistantMessageID,
+			"docs/session-events.md: the failure after a resolution names a new assistant message")
+	})
+}
