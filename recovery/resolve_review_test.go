@@ -109,4 +109,31 @@ func TestResolveAdversarial(t *testing.T) {
 		require.NotEqual(t, failed[0].AssistantMessageID, failed[1].AssistantMessageID,
 			"docs/session-events.md: the failure after a resolution names a new assistant message")
 	})
+
+	// The operator's finding was about the first run. The continuation's
+	// run of the re-armed call performed the side effect and died before
+	// its result (a zombie, a kill): the call is unknown again. The same
+	// command again (a retry of a command whose answer was lost, a
+	// script, or Resolve's own retry after a commit that landed unheard)
+	// is not "the same finding twice": it opens round 2 and runs the call
+	// a second time, which no one vouched for (P4).
+	t.Run("RepeatedCommandDoesNotVouchForASecondRun", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t)
+		_, call := b.unknownCall(t, "s")
+		first, err := b.resolve(t, "s", call.ID, recovery.FindingDidNotRun, "")
+		require.NoError(t, err)
+		zombie := b.zombieContinuation(t, "s")
+		require.Equal(t, 1, zombie.ran(), "the re-armed call ran once and its result was lost")
+
+		again, err := b.resolve(t, "s", call.ID, recovery.FindingDidNotRun, "")
+		tool := &sideTool{}
+		b.run(t, &recorder{}, b.registry(t, tool), "s")
+		require.Equal(t, 1, zombie.ran()+len(tool.runs()),
+			"the identical command, repeated, ran the side effect a second time (round %d, continuation %s) though the operator's finding was about round %d",
+			again.Resolution.Round, again.Resolution.ContinuationID, first.Resolution.Round)
+		if err == nil {
+			require.True(t, again.Already, "the same finding twice must be a no-op (docs/design.md)")
+		}
+	})
 }
