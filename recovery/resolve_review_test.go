@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
 	"github.com/promptline/promptline/envelope"
@@ -135,5 +136,50 @@ func TestResolveAdversarial(t *testing.T) {
 		if err == nil {
 			require.True(t, again.Already, "the same finding twice must be a no-op (docs/design.md)")
 		}
+	})
+
+	// A step's tool call that could not say how it went is unknown in
+	// process (the model was told so), the turn went on, and its next
+	// provider attempt was cut by a crash: recovery left that attempt
+	// unknown too (its step's assistant message errored, which
+	// refuseSuperseded lets through). A finding about the tool call alone
+	// must not send that unknown step to the provider again: no one
+	// vouched for it (P4 covers provider attempts as tool calls).
+	t.Run("CallFindingDoesNotResendAnUnknownAttempt", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t)
+		ctx := context.Background()
+		b.admit(t, "s", "m1", `/tool append_line {"line":"x"}`)
+		c := b.startTurn(t, "s", "m1")
+		att := b.beginAttempt(t, c, 1, "scripted")
+		calls := b.toolStep(t, c, att, map[string]string{"append_line": "side_effecting"}, map[string]string{"append_line": `{"line":"x"}`})
+		b.startCall(t, c, calls[0])
+		require.NoError(t, c.x.Write(ctx, func(tx pgx.Tx) error {
+			if _, err := c.x.SettleCall(ctx, tx, calls[0].ID, att, ledger.CallUnknown, "outcome unknown: connection reset", true); err != nil {
+				return err
+			}
+			_, err := tx.Exec(ctx, `INSERT INTO messages (message_id, session_id, role, status, tool_call_id, is_error, completed_at)
+				VALUES ($1, 's', 'tool', 'completed', $2, true, now())`, calls[0].ID, calls[0].ModelCallID)
+			return err
+		}))
+		step2 := ledger.AttemptID(c.x.Claim().ExecutionID, 2)
+		require.NoError(t, c.x.Write(ctx, func(tx pgx.Tx) error {
+			if _, err := tx.Exec(ctx, `INSERT INTO messages (message_id, session_id, role, status, answers, turn_id, execution_id, fencing_token)
+				VALUES ('asst-s-2', 's', 'assistant', 'pending', $1, 'asst-s', $2, $3)`, []string{"m1"}, c.x.Claim().ExecutionID, c.x.Claim().Token); err != nil {
+				return err
+			}
+			return c.x.BeginAttempt(ctx, tx, ledger.AttemptParams{ID: step2, AssistantMessageID: "asst-s-2", Step: 2,
+				Provider: "scripted", IdempotencyKey: step2, RequestHash: []byte{2}})
+		}))
+		b.die(t, "s")
+		require.Equal(t, 1, b.pass(t).Decisions[recovery.DecisionReconciled])
+		require.Equal(t, 1, b.count(t, `SELECT count(*) FROM attempts WHERE attempt_id = $1 AND state = 'unknown'`, step2))
+
+		res, err := b.resolve(t, "s", calls[0].ID, recovery.FindingRan, `{"appended":true}`)
+		rec := &recorder{}
+		b.run(t, rec, b.registry(t, &sideTool{}), "s")
+		require.Empty(t, rec.all(), "a finding on tool call %s (continuation %q, err %v) sent the step of unknown attempt %s to the provider again",
+			calls[0].ID, res.Resolution.ContinuationID, err, step2)
+		require.Equal(t, 1, b.count(t, `SELECT count(*) FROM attempts WHERE attempt_id = $1 AND state = 'unknown'`, step2))
 	})
 }
