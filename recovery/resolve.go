@@ -55,6 +55,11 @@ var (
 	// ErrResolvedOtherwise: the target was resolved before with another
 	// finding (or output).
 	ErrResolvedOtherwise = errors.New("it was resolved before with another finding")
+	// ErrLaterUnknown: a provider attempt or tool call of the target's
+	// turn after the target is unknown too; a continuation would send its
+	// step again, or go on past it, though no one vouched for it. Resolve
+	// that one first.
+	ErrLaterUnknown = errors.New("a later step of its turn is unknown too")
 	// ErrContinuationWaits: another continuation or permission reply of the
 	// session waits to run; resolve after it ran.
 	ErrContinuationWaits = errors.New("another continuation of the session waits to run")
@@ -132,8 +137,10 @@ type Resolution struct {
 // (ErrSessionBusy): no execution can then write the session until it
 // commits, and the next one to claim it finds the continuation (a steer,
 // promoted before anything else). It refuses when a newer turn exists
-// (ErrSuperseded) or another continuation waits (ErrContinuationWaits).
-// The ledger pruner's lock is taken first, so the rows it reads cannot be
+// (ErrSuperseded), another continuation waits (ErrContinuationWaits), or
+// an attempt or tool call of the turn after the target is unknown too
+// (ErrLaterUnknown: the continuation would send that step again, which no
+// one vouched for). The ledger pruner's lock is taken first, so the rows it reads cannot be
 // pruned under it. Running it again with the same finding changes nothing
 // (Already); with another finding it is refused (ErrResolvedOtherwise). A
 // transient database error is retried, a few times, as a whole.
@@ -213,6 +220,12 @@ func resolveOnce(ctx context.Context, pool *pgxpool.Pool, sessionID, targetID st
 		}
 		if err := refuseSuperseded(ctx, tx, t); err != nil {
 			return err
+		}
+		if kind, id, err := ledger.LaterUnknown(ctx, tx, t); err != nil {
+			return err
+		} else if id != "" {
+			return fmt.Errorf("%s %s: %w: %s %s is unknown; resolve %s %s first (a continuation of this finding would act on it unvouched); nothing was recorded",
+				t.Kind, targetID, ErrLaterUnknown, kind, id, kind, id)
 		}
 		var waiting string
 		err = tx.QueryRow(ctx, `SELECT coalesce(min(message_id), '') FROM waiting_inputs
