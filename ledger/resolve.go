@@ -126,6 +126,37 @@ func ResolveAttemptNotSent(ctx context.Context, tx pgx.Tx, attemptID, errText st
 	return nil
 }
 
+// LaterUnknown returns the kind and ID of a provider attempt or tool call
+// of t's turn, after t, whose outcome is unknown ("" when none): another
+// attempt of t's step or of a later step, or a tool call of a later step.
+// A continuation of t's turn would send that step to the provider again,
+// or continue past that call, though no one vouched for it (P4). The tool
+// calls of t's own step are not after t: the continuation hands the model
+// their unknown results, as always.
+func LaterUnknown(ctx context.Context, tx pgx.Tx, t Target) (kind, id string, err error) {
+	err = tx.QueryRow(ctx, laterUnknownSQL, t.AssistantMessageID, t.SessionID, t.AttemptID).Scan(&kind, &id)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return "", "", nil
+	}
+	if err != nil {
+		return "", "", fmt.Errorf("reading unknown outcomes after %s: %w", t.ID, err)
+	}
+	return kind, id, nil
+}
+
+const laterUnknownSQL = `
+SELECT kind, id FROM (
+  SELECT 'attempt' AS kind, a.attempt_id AS id, n.seq
+  FROM attempts a JOIN messages n ON n.message_id = a.assistant_message_id, messages m
+  WHERE m.message_id = $1 AND a.session_id = $2 AND a.state = 'unknown' AND a.attempt_id <> $3
+    AND n.turn_id IS NOT DISTINCT FROM m.turn_id AND (n.seq > m.seq OR n.message_id = m.message_id)
+  UNION ALL
+  SELECT 'tool_call', c.call_id, n.seq
+  FROM tool_calls c JOIN attempts a ON a.attempt_id = c.attempt_id JOIN messages n ON n.message_id = a.assistant_message_id, messages m
+  WHERE m.message_id = $1 AND c.session_id = $2 AND c.state = 'unknown'
+    AND n.turn_id IS NOT DISTINCT FROM m.turn_id AND n.seq > m.seq
+) later ORDER BY seq, kind, id LIMIT 1`
+
 const readCallTargetSQL = `
 SELECT t.session_id, t.execution_id, t.attempt_id, a.assistant_message_id, t.state, t.tool, t.class, t.model_call_id,
        coalesce(t.output, ''), t.fencing_token

@@ -55,6 +55,18 @@ var (
 	// ErrResolvedOtherwise: the target was resolved before with another
 	// finding (or output).
 	ErrResolvedOtherwise = errors.New("it was resolved before with another finding")
+	// ErrLaterUnknown: a provider attempt or tool call of the target's
+	// turn after the target is unknown too; a continuation would send its
+	// step again, or go on past it, though no one vouched for it. Resolve
+	// that one first.
+	ErrLaterUnknown = errors.New("a later step of its turn is unknown too")
+	// ErrUnknownAgain: the target is unknown again after the continuation
+	// of its last round ran it; a finding must name the new round
+	// (ResolveOpts.Round) to vouch for that run.
+	ErrUnknownAgain = errors.New("it is unknown again after an earlier round's continuation")
+	// ErrNoRound: the round named is neither recorded nor the target's
+	// next one.
+	ErrNoRound = errors.New("no such resolution round")
 	// ErrContinuationWaits: another continuation or permission reply of the
 	// session waits to run; resolve after it ran.
 	ErrContinuationWaits = errors.New("another continuation of the session waits to run")
@@ -71,6 +83,14 @@ type ResolveOpts struct {
 	Operator string
 	// Note says how it was found out, recorded in the audit. Defaults to none.
 	Note string
+	// Round names the resolution round the finding is about. A target is
+	// in round 1 until the continuation of a --did-not-run finding ran it
+	// and its outcome was lost again: that new run is round 2 (and so on),
+	// and only a finding that names it vouches for it; a finding without a
+	// round is then refused (ErrUnknownAgain). Naming a round already
+	// recorded is a no-op with the same finding. Defaults to the round the
+	// target is in when it was never unknown again.
+	Round int
 	// Topics names the outbox target of the continuation's wake. Defaults
 	// to kafkautil's defaults.
 	Topics kafkautil.Topics
@@ -132,8 +152,10 @@ type Resolution struct {
 // (ErrSessionBusy): no execution can then write the session until it
 // commits, and the next one to claim it finds the continuation (a steer,
 // promoted before anything else). It refuses when a newer turn exists
-// (ErrSuperseded) or another continuation waits (ErrContinuationWaits).
-// The ledger pruner's lock is taken first, so the rows it reads cannot be
+// (ErrSuperseded), another continuation waits (ErrContinuationWaits), or
+// an attempt or tool call of the turn after the target is unknown too
+// (ErrLaterUnknown: the continuation would send that step again, which no
+// one vouched for). The ledger pruner's lock is taken first, so the rows it reads cannot be
 // pruned under it. Running it again with the same finding changes nothing
 // (Already); with another finding it is refused (ErrResolvedOtherwise). A
 // transient database error is retried, a few times, as a whole.
@@ -147,8 +169,15 @@ func Resolve(ctx context.Context, pool *pgxpool.Pool, sessionID, targetID string
 	if opts.Output != "" && opts.Finding != FindingRan {
 		return ResolveResult{}, errors.New("resolving: an output goes only with the finding ran")
 	}
+	if opts.Round < 0 {
+		return ResolveResult{}, fmt.Errorf("resolving: round %d: want 1 or more", opts.Round)
+	}
+	// The round the first try read is kept for the retries: one whose
+	// commit landed unheard then finds its own round (Already), never a
+	// next one, even if the continuation ran meanwhile.
+	round := opts.Round
 	for try := 1; ; try++ {
-		res, err := resolveOnce(ctx, pool, sessionID, targetID, opts)
+		res, err := resolveOnce(ctx, pool, sessionID, targetID, opts, &round)
 		if err == nil || !pgdb.Transient(err) || try == resolveTries || ctx.Err() != nil {
 			return res, err
 		}
@@ -166,7 +195,9 @@ func Resolve(ctx context.Context, pool *pgxpool.Pool, sessionID, targetID string
 	}
 }
 
-func resolveOnce(ctx context.Context, pool *pgxpool.Pool, sessionID, targetID string, opts *ResolveOpts) (ResolveResult, error) {
+// resolveOnce tries Resolve's transaction once, for the round *pinned (0:
+// the round the target is in), and sets *pinned to the round it read.
+func resolveOnce(ctx context.Context, pool *pgxpool.Pool, sessionID, targetID string, opts *ResolveOpts, pinned *int) (ResolveResult, error) {
 	topics := opts.Topics.WithDefaults()
 	var res ResolveResult
 	err := pgdb.InTx(ctx, pool, func(tx pgx.Tx) error {
@@ -195,24 +226,56 @@ func resolveOnce(ctx context.Context, pool *pgxpool.Pool, sessionID, targetID st
 		if t.Kind == ledger.TargetAttempt && opts.Output != "" {
 			return fmt.Errorf("%s is a provider attempt: its answer cannot be given (--output is a tool call's result)", targetID)
 		}
-		prev, round, err := lastResolution(ctx, tx, targetID)
+		prev, next, err := lastResolution(ctx, tx, targetID)
 		if err != nil {
 			return err
 		}
-		if prev != nil && !(t.State == ledger.CallUnknown && prev.SettledAt != nil && prev.Finding == FindingDidNotRun) {
-			// The same round: the target is as the earlier finding left it.
-			if prev.Finding == opts.Finding && prev.Output == opts.Output {
-				res = ResolveResult{Resolution: *prev, Already: true}
+		// The target is unknown again when the continuation of its last
+		// round ran it (a re-armed call) and its outcome was lost once more:
+		// a new occurrence, which that round's finding does not vouch for.
+		again := prev != nil && t.State == ledger.CallUnknown && prev.SettledAt != nil && prev.Finding == FindingDidNotRun
+		round := *pinned
+		switch {
+		case round == 0 && prev != nil && !again:
+			round = prev.Round // the same round: the target is as that finding left it
+		case round == 0 && again:
+			return fmt.Errorf("%s %s: %w: round %d's continuation ran it (fencing token %d) and its outcome was lost again; "+
+				"round %d's finding does not vouch for that run: check it, then resolve it with --round %d; nothing was recorded",
+				t.Kind, targetID, ErrUnknownAgain, prev.Round, t.Token, prev.Round, next)
+		case round == 0:
+			round = next
+		}
+		*pinned = round
+		if round < next {
+			earlier, err := resolutionRound(ctx, tx, targetID, round)
+			if err != nil {
+				return err
+			}
+			if earlier.Finding == opts.Finding && earlier.Output == opts.Output {
+				res = ResolveResult{Resolution: earlier, Already: true}
 				return nil
 			}
-			return fmt.Errorf("%s: %w: %s by %s at %s", targetID, ErrResolvedOtherwise, prev.Finding, prev.ResolvedBy,
-				prev.ResolvedAt.UTC().Format(time.RFC3339))
+			return fmt.Errorf("%s round %d: %w: %s by %s at %s", targetID, round, ErrResolvedOtherwise, earlier.Finding, earlier.ResolvedBy,
+				earlier.ResolvedAt.UTC().Format(time.RFC3339))
+		}
+		if round > next || (prev != nil && !again) {
+			latest := "it was never resolved"
+			if prev != nil {
+				latest = fmt.Sprintf("its latest is round %d (%s), and it is %s", prev.Round, prev.Finding, t.State)
+			}
+			return fmt.Errorf("%s %s: %w: no round %d to resolve: %s; nothing was recorded", t.Kind, targetID, ErrNoRound, round, latest)
 		}
 		if t.State != ledger.CallUnknown {
 			return fmt.Errorf("%s %s is %s: %w; there is nothing to resolve", t.Kind, targetID, t.State, ErrNotUnknown)
 		}
 		if err := refuseSuperseded(ctx, tx, t); err != nil {
 			return err
+		}
+		if kind, id, err := ledger.LaterUnknown(ctx, tx, t); err != nil {
+			return err
+		} else if id != "" {
+			return fmt.Errorf("%s %s: %w: %s %s is unknown; resolve %s %s first (a continuation of this finding would act on it unvouched); nothing was recorded",
+				t.Kind, targetID, ErrLaterUnknown, kind, id, kind, id)
 		}
 		var waiting string
 		err = tx.QueryRow(ctx, `SELECT coalesce(min(message_id), '') FROM waiting_inputs
@@ -327,6 +390,22 @@ func lastResolution(ctx context.Context, tx pgx.Tx, targetID string) (*Resolutio
 		return nil, 1, err
 	}
 	return &rs[0], rs[0].Round + 1, nil
+}
+
+// resolutionRound reads the target's resolution of round.
+func resolutionRound(ctx context.Context, tx pgx.Tx, targetID string, round int) (Resolution, error) {
+	rows, err := tx.Query(ctx, resolutionsSQL+` WHERE target_id = $1 AND round = $2`, targetID, round)
+	if err != nil {
+		return Resolution{}, fmt.Errorf("reading round %d of %s: %w", round, targetID, err)
+	}
+	rs, err := scanResolutions(rows)
+	if err != nil {
+		return Resolution{}, err
+	}
+	if len(rs) == 0 {
+		return Resolution{}, fmt.Errorf("%s: %w: round %d is not recorded", targetID, ErrNoRound, round)
+	}
+	return rs[0], nil
 }
 
 // admitResolutionContinuation admits the round's continuation input (kind

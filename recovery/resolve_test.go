@@ -70,6 +70,12 @@ func (b *testBundle) resolve(t *testing.T, session, target, finding, output stri
 		Finding: finding, Output: output, Operator: "alice", Note: "checked the file"})
 }
 
+func (b *testBundle) resolveRound(t *testing.T, session, target, finding string, round int) (recovery.ResolveResult, error) {
+	t.Helper()
+	return recovery.Resolve(context.Background(), b.pool, session, target, &recovery.ResolveOpts{
+		Finding: finding, Operator: "alice", Note: "checked the file", Round: round})
+}
+
 func (b *testBundle) registry(t *testing.T, tool tools.Tool) *tools.Registry {
 	t.Helper()
 	reg := tools.NewRegistry()
@@ -161,7 +167,20 @@ func TestResolve(t *testing.T) {
 		b.exec(t, `UPDATE inputs SET promotion_seq = nextval('promotion_seq'), promoted_at = now() WHERE message_id = $1`, first.Resolution.ContinuationID)
 		b.exec(t, `UPDATE resolutions SET settled_at = now() WHERE target_id = $1`, call.ID)
 		b.exec(t, `UPDATE tool_calls SET state = 'unknown', output = 'outcome unknown after restart', is_error = true, finished_at = now() WHERE call_id = $1`, call.ID)
-		second, err := b.resolve(t, "s", call.ID, recovery.FindingDidNotRun, "")
+		// The same command again is about round 1, which does not vouch
+		// for the continuation's run: refused, nothing recorded.
+		_, err = b.resolve(t, "s", call.ID, recovery.FindingDidNotRun, "")
+		require.ErrorIs(t, err, recovery.ErrUnknownAgain)
+		require.ErrorContains(t, err, "--round 2")
+		require.Equal(t, 1, b.count(t, `SELECT count(*) FROM resolutions WHERE target_id = $1`, call.ID))
+		_, err = b.resolveRound(t, "s", call.ID, recovery.FindingDidNotRun, 3)
+		require.ErrorIs(t, err, recovery.ErrNoRound)
+		// Round 1 named again: the finding recorded, a no-op.
+		repeat, err := b.resolveRound(t, "s", call.ID, recovery.FindingDidNotRun, 1)
+		require.NoError(t, err)
+		require.True(t, repeat.Already)
+		require.Equal(t, 1, repeat.Resolution.Round)
+		second, err := b.resolveRound(t, "s", call.ID, recovery.FindingDidNotRun, 2)
 		require.NoError(t, err)
 		require.False(t, second.Already)
 		require.Equal(t, 2, second.Resolution.Round)
@@ -173,6 +192,10 @@ func TestResolve(t *testing.T) {
 		again, err := b.resolve(t, "s", call.ID, recovery.FindingDidNotRun, "")
 		require.NoError(t, err)
 		require.True(t, again.Already, "the call succeeded: the second round stands")
+		require.Equal(t, 2, again.Resolution.Round)
+		repeat, err = b.resolveRound(t, "s", call.ID, recovery.FindingDidNotRun, 2)
+		require.NoError(t, err)
+		require.True(t, repeat.Already)
 		require.Equal(t, 2, b.count(t, `SELECT count(*) FROM resolutions WHERE target_id = $1`, call.ID))
 	})
 

@@ -17,8 +17,9 @@ import (
 func newResolveCommand(o *options) *cobra.Command {
 	var ran, didNotRun, asJSON bool
 	var output, operator, note string
+	var round int
 	cmd := &cobra.Command{
-		Use:   "resolve SESSION CALL_OR_ATTEMPT (--ran [--output JSON] | --did-not-run)",
+		Use:   "resolve SESSION CALL_OR_ATTEMPT (--ran [--output JSON] | --did-not-run) [--round N]",
 		Short: "Record what an operator found out about a tool call or provider attempt left unknown, and continue its turn when it can go on; audited",
 		Long: `Record an operator's finding on a tool call or provider attempt whose outcome is unknown
 (consumer session show lists them), and continue the turn when it can go on:
@@ -28,9 +29,13 @@ func newResolveCommand(o *options) *cobra.Command {
   --ran          on a tool call: the model is handed --output as its result, nothing runs;
                  on a provider attempt: recorded only (its answer is lost; the turn ends failed)
 
-The continuation input's ID is derived from the call or attempt, so running the command
-again with the same finding changes nothing. It is refused while a claim holds the session,
-when a newer turn superseded the call's turn, and when another finding was recorded before.`,
+The continuation input's ID is derived from the call or attempt and the round, so running the
+command again with the same finding changes nothing. A call that the continuation of a
+--did-not-run finding ran, and that is unknown again, is a new round: a finding about that run
+must name it (--round 2, and so on; the refusal says which), so that a repeated command never
+vouches for a run it was not about. It is refused while a claim holds the session, when a newer
+turn superseded the call's turn, while a later step of the turn is unknown too, and when
+another finding was recorded before.`,
 		Args: cobra.ExactArgs(2),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if ran == didNotRun {
@@ -59,7 +64,7 @@ when a newer turn superseded the call's turn, and when another finding was recor
 			}
 			defer db.Close()
 			res, err := recovery.Resolve(cmd.Context(), db.Pool, args[0], args[1], &recovery.ResolveOpts{
-				Finding: finding, Output: output, Operator: operator, Note: note, Topics: o.topics,
+				Finding: finding, Output: output, Operator: operator, Note: note, Round: round, Topics: o.topics,
 			})
 			if err != nil {
 				return err
@@ -70,10 +75,10 @@ when a newer turn superseded the call's turn, and when another finding was recor
 			r := res.Resolution
 			out := cmd.OutOrStdout()
 			if res.Already {
-				fmt.Fprintf(out, "%s %s was resolved before (%s, by %s): nothing more done\n", r.TargetKind, r.TargetID, r.Finding, r.ResolvedBy)
+				fmt.Fprintf(out, "%s %s was resolved before (round %d, %s, by %s): nothing more done\n", r.TargetKind, r.TargetID, r.Round, r.Finding, r.ResolvedBy)
 				return nil
 			}
-			fmt.Fprintf(out, "resolved %s %s: %s\n", r.TargetKind, r.TargetID, r.Finding)
+			fmt.Fprintf(out, "resolved %s %s (round %d): %s\n", r.TargetKind, r.TargetID, r.Round, r.Finding)
 			if r.ContinuationID != "" {
 				fmt.Fprintf(out, "admitted continuation %s; the session's consumer runs it\n", r.ContinuationID)
 			} else {
@@ -87,6 +92,7 @@ when a newer turn superseded the call's turn, and when another finding was recor
 	cmd.Flags().StringVar(&output, "output", "", "with --ran on a tool call: the result it returned, as JSON, handed to the model")
 	cmd.Flags().StringVar(&operator, "operator", "", "who found it out (default: the OS user), recorded in the audit")
 	cmd.Flags().StringVar(&note, "note", "", "how it was found out, recorded in the audit")
+	cmd.Flags().IntVar(&round, "round", 0, "the resolution round the finding is about, once a call is unknown again after an earlier round's continuation ran it (default: the round it is in)")
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print the resolution as JSON")
 	return cmd
 }

@@ -180,10 +180,12 @@ func TestResolveFlags(t *testing.T) {
 // TestResolvedCallKilledAgain: the continuation of a --did-not-run
 // resolution is itself SIGKILLed between the re-armed call's intent and
 // its dispatch. The call is then unknown again (never re-run by recovery:
-// P4 holds for a resolved call as for any), and a second resolution, a new
-// round with its own continuation, runs it once.
+// P4 holds for a resolved call as for any), the first command repeated is
+// refused (it vouched for round 1's run only), and a second resolution
+// naming round 2, with its own continuation, runs it once.
 //
-// It catches: a recovery that replays the re-armed call, a resolution
+// It catches: a recovery that replays the re-armed call, a repeated
+// command that vouches for a run it was not about, a resolution
 // that cannot be made again once its continuation died (a dead end again),
 // and a call run twice across the two rounds.
 func TestResolvedCallKilledAgain(t *testing.T) {
@@ -216,7 +218,12 @@ func TestResolvedCallKilledAgain(t *testing.T) {
 	require.Equal(t, 2, b.count(t, `SELECT count(*) FROM recoveries WHERE session_id = $1 AND decision = 'reconciled'`, session))
 	require.Empty(t, sandboxLines(t, sandbox, "log.txt"), "recovery never re-runs the re-armed call")
 
-	out, stderr, code := runOnce(t, append([]string{"session", "resolve", session, call, "--did-not-run", "--operator", "ops"}, db...)...)
+	// The first command again is about round 1's run, not this one:
+	// refused, with the round to name once the new run was checked.
+	_, stderr, code = runOnce(t, append([]string{"session", "resolve", session, call, "--did-not-run", "--operator", "ops"}, db...)...)
+	require.Equal(t, 1, code)
+	require.Contains(t, stderr, "--round 2")
+	out, stderr, code := runOnce(t, append([]string{"session", "resolve", session, call, "--did-not-run", "--round", "2", "--operator", "ops"}, db...)...)
 	require.Zero(t, code, "consumer session resolve: %s", stderr)
 	require.Contains(t, out, "admitted continuation "+recovery.ResolutionContinuationID(call, 2))
 	done := b.events.waitCompleted(t, first.MessageID)
