@@ -10,7 +10,6 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
-	"github.com/promptline/promptline/envelope"
 	"github.com/promptline/promptline/ledger"
 	"github.com/promptline/promptline/pipeline"
 	"github.com/promptline/promptline/recovery"
@@ -87,29 +86,6 @@ func (b *testBundle) zombieContinuation(t *testing.T, session string) *stallTool
 // review.
 func TestResolveAdversarial(t *testing.T) {
 	t.Parallel()
-
-	// A resolved turn that fails again must say so with an event that a
-	// consumer deduplicating on id (docs/session-events.md) does not drop,
-	// with a new assistant_message_id, as docs/session-events.md promises
-	// for outcome_unknown: "a turn.completed (or another turn.failed) with
-	// the same message_ids and a new assistant_message_id then follows".
-	t.Run("SecondFailureIsANewEvent", func(t *testing.T) {
-		t.Parallel()
-		b := setup(t)
-		_, call := b.unknownCall(t, "s")
-		_, err := b.resolve(t, "s", call.ID, recovery.FindingDidNotRun, "")
-		require.NoError(t, err)
-		b.zombieContinuation(t, "s")
-		require.Equal(t, 1, b.count(t, `SELECT count(*) FROM tool_calls WHERE call_id = $1 AND state = 'unknown'`, call.ID))
-
-		failed := b.outboxEvents(t, "s", envelope.EventTurnFailed)
-		require.Len(t, failed, 2, "the first reconcile and the reconcile of the resolution's continuation")
-		require.Equal(t, envelope.FailOutcomeUnknown, failed[1].Reason)
-		require.NotEqual(t, failed[0].ID, failed[1].ID,
-			"the second turn.failed carries the first one's id: a consumer deduplicating on id never sees the resolved turn fail again")
-		require.NotEqual(t, failed[0].AssistantMessageID, failed[1].AssistantMessageID,
-			"docs/session-events.md: the failure after a resolution names a new assistant message")
-	})
 
 	// The operator's finding was about the first run. The continuation's
 	// run of the re-armed call performed the side effect and died before
