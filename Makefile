@@ -45,10 +45,11 @@ test/short: ## the fast tier: the tests that need no Node, kcat, promtool, Java,
 # PROMPTLINE_TEST_KAFKA_JVMS (2) at once per package, one package at a time.
 KAFKA_TESTS_CONSUMER := ^(TestKcatEndToEnd|TestCrashAfter.*|TestCrashBefore.*|TestCrashDuring.*|TestTwoConsumersOneGroupWithRebalance|TestTwoGroupsEachPromptRunsOnce|TestZombieIsFenced|TestGracefulShutdownReleasesWithWake|TestPermissionRepliesAcrossRestart|TestReplayCommand|TestScaleOutKillOne)$$
 .PHONY: test/kafka
-test/kafka: examples/node/node_modules tools/mcp/testdata/server-filesystem/node_modules ## the integration, interop, crash, zombie, replay and permission tests against Apache Kafka (kafka/pom.xml; Java 17, Maven)
+test/kafka: examples/node/node_modules tools/mcp/testdata/server-filesystem/node_modules ## the integration, interop, crash, zombie, replay and permission tests and a 45s chaos soak against Apache Kafka (kafka/pom.xml; Java 17, Maven)
 	./scripts/kafka.sh libs >/dev/null
 	PROMPTLINE_TEST_KAFKA=apache $(GO) test -count=1 -p 1 -timeout 60m ./internal/testkit ./internal/kafkautil ./outbox ./replay ./pipeline ./cmd/producer
 	PROMPTLINE_TEST_KAFKA=apache $(GO) test -count=1 -p 1 -timeout 60m -run '$(KAFKA_TESTS_CONSUMER)' ./cmd/consumer
+	$(MAKE) --no-print-directory chaos/kafka CHAOS_DURATION=$${CHAOS_DURATION:-45s}
 
 .PHONY: test/browser
 test/browser: ## the operator console in headless Chromium (Debian package chromium; CHROMIUM names another binary); screenshots in BROWSER_ARTIFACTS (bin/browser-artifacts)
@@ -77,6 +78,12 @@ test/mutation: ## mutation score of ledger, recovery, outbox, envelope and pipel
 chaos: ## the chaos soak: 3 consumers, a restartable broker, Postgres behind a proxy, random faults for CHAOS_DURATION (default 60s), then a checker's table (docs/testing.md)
 	CHAOS_DURATION=$${CHAOS_DURATION:-60s} $(GO) test -tags chaos -count=1 -timeout 0 -run '^(TestChaosSoak|TestChaosZombieCheck)$$' -v ./cmd/consumer 2>&1 \
 	  | grep -E '^(=== RUN|--- FAIL|FAIL|ok|PASS)|chaos |^ *\||panic|did not exit|should stop|Error( Trace)?:|Messages:|^ +FAIL ' ; exit $${PIPESTATUS[0]}
+
+.PHONY: chaos/kafka
+chaos/kafka: ## the chaos soak against an Apache Kafka node (broker-restart SIGKILLs the JVM); CHAOS_DURATION (default 60s; 45s in test/kafka)
+	./scripts/kafka.sh libs >/dev/null
+	PROMPTLINE_TEST_KAFKA=apache CHAOS_DURATION=$${CHAOS_DURATION:-60s} $(GO) test -tags chaos -count=1 -timeout 30m -run '^TestChaosSoak$$' -v ./cmd/consumer 2>&1 \
+	  | grep -E '^(=== RUN|--- FAIL|FAIL|ok|PASS)|chaos |^ *\||panic|did not exit|should stop|Error( Trace)?:|Messages:|^ +FAIL |Apache Kafka' ; exit $${PIPESTATUS[0]}
 
 .PHONY: kafka
 kafka: ## Apache Kafka (kafka/pom.xml's version) in the foreground: KAFKA_NODES=1 or 3 nodes on loopback; prints its --brokers list; Ctrl-C stops it

@@ -108,3 +108,19 @@ func (k *ApacheKafka) client() (sarama.Client, error) {
 	k.mu.Unlock()
 	return sarama.NewClient(seeds, cfg)
 }
+
+// NodeRunning reports whether node n was started and has not exited (a
+// node that died on its own shows here; one stopped by KillNode or Stop
+// is not running either).
+func (k *ApacheKafka) NodeRunning(n int) bool {
+	nd := k.nodes[n-1]
+	if nd == nil {
+		return false
+	}
+	select {
+	case <-nd.done:
+		return false
+	default:
+		return true
+	}
+}
