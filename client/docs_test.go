@@ -47,7 +47,19 @@ func TestDocsProgram(t *testing.T) {
 	require.NoError(t, err)
 	dir := t.TempDir()
 	require.NoError(t, os.WriteFile(filepath.Join(dir, "main.go"), []byte(program), 0o600))
-	gomod := "module example.com/asks\n\ngo 1.26\n\nrequire github.com/promptline/promptline v0.0.0\n\nreplace github.com/promptline/promptline => " + root + "\n"
+	// The program's module requires what this module requires, at the same
+	// versions (what `go get` of the package would write, with `go mod
+	// tidy`): with a pruned module graph the build then reads only go.mod
+	// files this module's own build has in the module cache. Requiring the
+	// package alone, the build walks the full graph and needs the go.mod of
+	// every old version there (testify v1.4.0, ...), which a fresh module
+	// cache has not got offline.
+	ours, err := os.ReadFile(filepath.Join(root, "go.mod"))
+	require.NoError(t, err)
+	gomod, ok := strings.CutPrefix(string(ours), "module github.com/promptline/promptline\n")
+	require.True(t, ok, "go.mod does not start with the module line")
+	gomod = "module example.com/asks\n" + gomod +
+		"\nrequire github.com/promptline/promptline v0.0.0\n\nreplace github.com/promptline/promptline => " + root + "\n"
 	require.NoError(t, os.WriteFile(filepath.Join(dir, "go.mod"), []byte(gomod), 0o600))
 	sum, err := os.ReadFile(filepath.Join(root, "go.sum"))
 	require.NoError(t, err)
