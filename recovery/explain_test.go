@@ -55,3 +55,21 @@ func TestExplainEachDecision(t *testing.T) {
 		}
 	}
 }
+
+// What a record without an assistant message, or without waiting inputs,
+// does not say.
+func TestExplainLeavesOutWhatIsNotThere(t *testing.T) {
+	t.Parallel()
+	r := recovery.Record{ExecutionID: "e1", SessionID: "s", TokenBefore: 1, TokenAfter: 2, Decision: recovery.DecisionRewoken,
+		PhaseFound: "ready", Evidence: recovery.Evidence{Owner: "consumer-a"}}
+	var out bytes.Buffer
+	recovery.Explain(&out, []recovery.Record{r})
+	require.NotContains(t, out.String(), "assistant message")
+	require.NotContains(t, out.String(), "waiting inputs")
+
+	r.Evidence.WaitingInputs, r.Evidence.AssistantMessageID, r.Evidence.AssistantStatus = 1, "a1", "pending"
+	out.Reset()
+	recovery.Explain(&out, []recovery.Record{r})
+	require.Contains(t, out.String(), "Its assistant message a1 was pending")
+	require.Contains(t, out.String(), "with a wake for the waiting inputs")
+}

@@ -419,7 +419,6 @@ type decision struct {
 	continuationID string
 	retryAttemptID string
 	retryDeferred  bool // retryAttemptID was deferred (retry_wait), not started
-	failedTurn     bool
 }
 
 func (r *Recoverer) decide(ctx context.Context, tx pgx.Tx, old, nc ledger.Claim, ev Evidence) (decision, error) {
@@ -474,7 +473,6 @@ func (r *Recoverer) decide(ctx context.Context, tx pgx.Tx, old, nc ledger.Claim,
 		if err := r.reconcile(ctx, tx, old, ev); err != nil {
 			return d, err
 		}
-		d.failedTurn = old.AssistantMessageID != ""
 	}
 	// Every decision clears the claim; invariant 7: with a wake when
 	// inputs wait (a continuation input always waits).

@@ -169,6 +169,25 @@ func TestRecovery(t *testing.T) {
 		require.NoFileExists(t, dir+"/f", "the uncertain call never ran again")
 	})
 
+	// One uncertain side-effecting call is enough to reconcile, whatever
+	// idempotent calls started beside it: none of them is re-armed.
+	t.Run("StartedSideEffectingBesideIdempotentIsReconciled", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t)
+		b.admit(t, "s", "m1", "/tool echo {}")
+		c := b.startTurn(t, "s", "m1")
+		attempt := b.beginAttempt(t, c, 1, "scripted")
+		calls := b.toolStep(t, c, attempt, map[string]string{"echo": "idempotent", "append_line": "side_effecting"},
+			map[string]string{"echo": `{}`, "append_line": `{"file": "f", "line": "x"}`})
+		b.startCall(t, c, calls[0])
+		b.startCall(t, c, calls[1])
+		b.die(t, "s")
+
+		require.Equal(t, 1, b.pass(t).Decisions[recovery.DecisionReconciled])
+		require.Equal(t, 2, b.count(t, `SELECT count(*) FROM tool_calls WHERE session_id = 's' AND state = 'unknown'`))
+		require.Zero(t, b.count(t, `SELECT count(*) FROM tool_calls WHERE session_id = 's' AND state = 'requested'`), "nothing re-armed")
+	})
+
 	t.Run("IdempotentProviderAttemptIsSentAgainWithItsKey", func(t *testing.T) {
 		t.Parallel()
 		b := setup(t)
@@ -179,6 +198,8 @@ func TestRecovery(t *testing.T) {
 		b.die(t, "s")
 		require.Equal(t, 1, b.pass(t).Decisions[recovery.DecisionContinued])
 		require.Equal(t, recovery.RuleIdempotentProviderRetry, b.records(t, "s")[0].Rule)
+		require.Equal(t, 1, b.count(t, `SELECT count(*) FROM attempts WHERE attempt_id = $1 AND state = 'unknown'
+			AND error LIKE '%sent again with the same idempotency key'`, attempt), "the uncertain attempt is settled, saying what follows it")
 		rec := &recorder{}
 		b.run(t, rec, nil, "s")
 		require.Len(t, rec.all(), 1)

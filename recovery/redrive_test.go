@@ -57,3 +57,27 @@ func TestRedriveFindsALostWakeBehindBlockedSessions(t *testing.T) {
 	b.run(t, rec, nil, "lost")
 	require.Len(t, rec.all(), 1, "the prompt whose wake was lost ran")
 }
+
+// A pass that re-wakes n sessions tells OnRedriveFunc n and OnCommitFunc
+// once (the relay publishes the wakes at once); a pass that wrote nothing
+// tells neither.
+func TestRedriveCallbacks(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	var redriven []int
+	commits := 0
+	b.rec = recovery.New(b.pool, &recovery.Config{OwnerID: "r", RedriveAfter: time.Minute,
+		OnRedriveFunc: func(n int) { redriven = append(redriven, n) },
+		OnCommitFunc:  func() { commits++ },
+	})
+	require.Zero(t, b.pass(t).Redriven)
+	require.Empty(t, redriven, "nothing re-woken, nothing told")
+	require.Zero(t, commits, "nothing written, no commit told")
+
+	b.admit(t, "lost", "m-lost", "hello")
+	b.exec(t, `UPDATE inputs SET admitted_at = now() - interval '10 minutes'`)
+	b.exec(t, `DELETE FROM outbox WHERE topic = 'wakes'`)
+	require.Equal(t, 1, b.pass(t).Redriven)
+	require.Equal(t, []int{1}, redriven)
+	require.Equal(t, 1, commits)
+}
