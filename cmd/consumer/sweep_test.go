@@ -634,7 +634,8 @@ func sweepLegRuns(t *testing.T, leg sweepLeg) {
 		died       bool
 		step       string
 		violations []string
-		resent     int // provider steps sent again after the crash, under their key
+		resent     int        // provider steps sent again after the crash, under their key
+		t          *testing.T // the run's test: it may fail after its result (a process's clean-up)
 	}
 	var mu sync.Mutex
 	var results []result
@@ -650,7 +651,7 @@ func sweepLegRuns(t *testing.T, leg sweepLeg) {
 					"PROMPTLINE_FAULT_COMMIT=" + fmt.Sprintf("%d:%s", c.n, c.when), "PROMPTLINE_FAULT_COMMIT_LOG=" + log,
 				}, flags...)
 				at := r.drive(t, steps, 0, false, crashing.running)
-				res := result{c: c, step: "after the last step"}
+				res := result{c: c, step: "after the last step", t: t}
 				if at < len(steps) {
 					res.step = steps[at].name
 				}
@@ -697,9 +698,15 @@ func sweepLegRuns(t *testing.T, leg sweepLeg) {
 			died++
 		}
 		resent += res.resent
-		if len(res.violations) > 0 {
+		switch {
+		case len(res.violations) > 0:
 			failed++
 			fmt.Fprintf(&report, "  FAIL %s during %q at %q: %s\n", res.c, res.step, res.label, strings.Join(res.violations, "; "))
+		case res.t.Failed():
+			// No invariant broken, yet the run failed: a process that did
+			// not stop cleanly, a clean-up; its own log says what.
+			failed++
+			fmt.Fprintf(&report, "  FAIL %s during %q at %q: the run's test failed with no invariant broken (see its log)\n", res.c, res.step, res.label)
 		}
 	}
 	var extra string
