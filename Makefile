@@ -63,12 +63,12 @@ test/race: examples/node/node_modules tools/mcp/testdata/server-filesystem/node_
 .PHONY: test/crash-sweep
 test/crash-sweep: ## the crash sweep: SIGKILL before and after every commit of the scripted workload, a seeded subset of the HTTP leg's (docs/testing.md)
 	CRASH_SWEEP=full CRASH_SWEEP_HTTP=$${CRASH_SWEEP_HTTP:-sample} CRASH_SWEEP_HTTP_RUNS=$${CRASH_SWEEP_HTTP_RUNS:-30} $(GO) test -count=1 -timeout 80m -parallel 3 -run '^TestCrashSweep$$' -v ./cmd/consumer 2>&1 \
-	  | grep -E '^(=== RUN|--- FAIL|FAIL|ok|PASS)|crash sweep:|^ +FAIL |^ +--- FAIL|panic|did not exit|should stop|still running|Error( Trace)?:|Messages:' ; exit $${PIPESTATUS[0]}
+	  | grep -E '^(=== RUN|--- FAIL|FAIL|ok|PASS)|crash sweep:|^ +FAIL |^ +--- FAIL|^panic:|^ +[a-z_]+_test\.go:[0-9]+: .*(should stop|did not exit|still running)|^[[:space:]]+(Error Trace|Error|Messages):' ; exit $${PIPESTATUS[0]}
 
 .PHONY: test/db-faults
 test/db-faults: ## database faults through a proxy: every ambiguous commit of the workload, cuts, stalls, terminated backends (docs/testing.md)
 	DB_FAULTS=full $(GO) test -count=1 -timeout 60m -parallel 3 -run '^(TestAmbiguousCommitSweep|TestRandomConnectionCuts|TestTerminateBackendsDuringRecovery|TestReadyzReflectsDatabaseOutage|TestParkedTurnContinuedOnce|TestAmbiguousPromotionIsNotLost)$$' -v ./cmd/consumer 2>&1 \
-	  | grep -E '^(=== RUN|--- FAIL|FAIL|ok|PASS)|ambiguous-commit sweep:|random connection cuts|pg_terminate_backend during|database outage:|^ +FAIL |^ +--- FAIL|panic|did not exit|should stop|still running|Error( Trace)?:|Messages:' ; exit $${PIPESTATUS[0]}
+	  | grep -E '^(=== RUN|--- FAIL|FAIL|ok|PASS)|ambiguous-commit sweep:|random connection cuts|pg_terminate_backend during|database outage:|^ +FAIL |^ +--- FAIL|^panic:|^ +[a-z_]+_test\.go:[0-9]+: .*(should stop|did not exit|still running)|^[[:space:]]+(Error Trace|Error|Messages):' ; exit $${PIPESTATUS[0]}
 
 .PHONY: test/mutation
 test/mutation: ## mutation score of ledger, recovery, outbox, envelope and pipeline's admission and execution (docs/testing.md; MUTATION_PKGS chooses)
