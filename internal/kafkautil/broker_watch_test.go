@@ -60,11 +60,13 @@ func TestBrokerWatchIsNotFooledByAWaitingJoinGroup(t *testing.T) {
 		defer close(joined)
 		_, _ = join(coordinator("second"), "")
 	}()
-	checkUntil := time.Now().Add(3 * time.Second)
-	for time.Now().Before(checkUntil) {
+	// Hung is asked every 20ms for 3s (six times HungAfter) while the
+	// JoinGroup waits.
+	tick := time.NewTicker(20 * time.Millisecond)
+	defer tick.Stop()
+	for checkUntil := time.Now().Add(3 * time.Second); time.Now().Before(checkUntil); <-tick.C {
 		addr, d := w.Hung()
 		require.Empty(t, addr, "a broker holding a JoinGroup for %s is reported hung", d)
-		time.Sleep(20 * time.Millisecond)
 	}
 	select {
 	case <-joined:
