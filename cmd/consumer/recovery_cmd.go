@@ -22,14 +22,11 @@ func openDB(cmd *cobra.Command, o *options) (*pgdb.DB, error) {
 	}
 	level, _ := parseLevel(o.logLevel)
 	log := slog.New(slog.NewJSONHandler(cmd.ErrOrStderr(), &slog.HandlerOptions{Level: level}))
-	if o.databaseURL == "" {
-		// Operator commands inspect an existing database: never a
-		// throwaway one.
-		o.databaseURL = pgdb.DefaultURL
-	}
-	// Operator commands never change the schema: a database behind this
-	// binary is refused with advice to run `consumer migrate`.
-	return pgdb.Open(cmd.Context(), pgdb.OpenOpts{URL: o.databaseURL, Logger: log, NoMigrate: true})
+	// Operator commands inspect an existing database: without a URL, the
+	// default server, else the local cluster the consumer left (make demo),
+	// never a new one. They never change the schema: a database behind
+	// this binary is refused with advice to run `consumer migrate`.
+	return pgdb.Open(cmd.Context(), pgdb.OpenOpts{URL: o.databaseURL, Logger: log, NoMigrate: true, LocalMustExist: true})
 }
 
 func newRecoverCommand(o *options) *cobra.Command {

@@ -176,11 +176,9 @@ func (r *replayOptions) run(cmd *cobra.Command, o *options) (err error) {
 	// batches in flight: the signal stops reading, not writing.
 	work := context.WithoutCancel(ctx)
 
-	dbURL := o.databaseURL
-	if dbURL == "" {
-		dbURL = pgdb.DefaultURL // an operator command: never a throwaway database
-	}
-	db, err := pgdb.Open(work, pgdb.OpenOpts{URL: dbURL, Logger: log, MaxConns: r.dbMaxConns})
+	// An operator command: without a URL, the default server, else the
+	// local cluster the consumer left, never a new one.
+	db, err := pgdb.Open(work, pgdb.OpenOpts{URL: o.databaseURL, Logger: log, MaxConns: r.dbMaxConns, LocalMustExist: true})
 	if err != nil {
 		return err
 	}

@@ -80,7 +80,7 @@ func newRootCommandEnv(environ func() []string) *cobra.Command {
 	f.StringVar(&o.embeddedKafkaAddr, "embedded-kafka-addr", "127.0.0.1:9092", "listen address of the embedded broker (when --brokers is empty)")
 	pf := root.PersistentFlags()
 	pf.StringVar(&o.config, "config", "", "YAML file of settings, keys = flag names (README \"Configuration\"); precedence: flag > env PROMPTLINE_<FLAG> > file > default")
-	pf.StringVar(&o.databaseURL, "database-url", "", "Postgres URL (env PROMPTLINE_DATABASE_URL, else DATABASE_URL); empty: the local server on 127.0.0.1:5432, else a throwaway cluster")
+	pf.StringVar(&o.databaseURL, "database-url", "", "Postgres URL (env PROMPTLINE_DATABASE_URL, else DATABASE_URL); empty: the local server on 127.0.0.1:5432, else the local cluster kept in the temp directory")
 	f.StringVar(&o.metricsAddr, "metrics-addr", "127.0.0.1:9464", "address serving /metrics and /healthz")
 	f.StringVar(&o.group, "group", "promptline", "Kafka consumer group")
 	pf.StringVar(&o.logLevel, "log-level", "info", "log level: debug, info, warn, error")

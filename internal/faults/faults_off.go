@@ -17,3 +17,7 @@ func AfterCommit(int64, string) {}
 
 // Stall does nothing without the faults build tag.
 func Stall(string) {}
+
+// DefaultDatabaseURL is "" without the faults build tag: the default
+// server's address is fixed.
+func DefaultDatabaseURL() string { return "" }

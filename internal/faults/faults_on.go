@@ -19,6 +19,12 @@ const Enabled = true
 // point and delay are read once: fault points sit on hot paths.
 var point, delay = parse(os.Getenv("PROMPTLINE_FAULT"))
 
+// DefaultDatabaseURL replaces the default local server's address when
+// PROMPTLINE_FAULT_DEFAULT_DATABASE_URL is set, so that a test can make a
+// process meet an unusable default server whatever answers on the
+// machine's 127.0.0.1:5432.
+func DefaultDatabaseURL() string { return os.Getenv("PROMPTLINE_FAULT_DEFAULT_DATABASE_URL") }
+
 // parse splits "point" or "point@duration".
 func parse(v string) (string, time.Duration) {
 	name, after, ok := strings.Cut(v, "@")

@@ -1,6 +1,7 @@
 // Package pgdb opens promptline's Postgres: it resolves the database URL
-// (flag, DATABASE_URL, the default local server, or a throwaway cluster
-// started from the machine's PostgreSQL binaries), warns when a remote
+// (flag, DATABASE_URL, the default local server, or the local cluster
+// started from the machine's PostgreSQL binaries and kept for the next
+// process: local.go), warns when a remote
 // connection is not encrypted, applies the embedded, numbered migrations
 // under an advisory lock and refuses a schema newer than the binary
 // (SchemaVersionError).

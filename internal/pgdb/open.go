@@ -24,19 +24,24 @@ import (
 const DefaultURL = "postgres://127.0.0.1:5432/promptline?sslmode=disable"
 
 // defaultURL is DefaultURL, replaced in this package's tests by a server
-// that answers and refuses.
-var defaultURL = DefaultURL
+// that answers and refuses, and in faults builds by
+// PROMPTLINE_FAULT_DEFAULT_DATABASE_URL.
+var defaultURL = cmp.Or(faults.DefaultDatabaseURL(), DefaultURL)
 
 // OpenOpts says how to find the database.
 type OpenOpts struct {
 	// URL from the flag or DATABASE_URL; empty means: the default local
-	// server, else a throwaway cluster.
+	// server, else the local cluster (local.go).
 	URL string
 	// MaxConns of the pool. Defaults to pgxpool's default.
 	MaxConns int32
-	// ClusterParent is where a throwaway cluster's directory goes. Defaults
-	// to the system temp directory.
-	ClusterParent string
+	// LocalDir is the local cluster's data directory. Defaults to
+	// LocalDir().
+	LocalDir string
+	// LocalMustExist uses the local cluster only if it exists: an operator
+	// command inspects data, and an empty new cluster has none
+	// (ErrNoLocalCluster). Defaults to false: the consumer creates it.
+	LocalMustExist bool
 	// StatementTimeout bounds every statement. Defaults to 30s.
 	StatementTimeout time.Duration
 	// LockTimeout bounds every lock wait. Defaults to 10s.
@@ -55,18 +60,17 @@ type OpenOpts struct {
 
 // DB is an open, migrated database.
 type DB struct {
-	Pool    *pgxpool.Pool
-	URL     string
-	cluster *Cluster
+	Pool  *pgxpool.Pool
+	URL   string
+	local *localCluster
+	held  func() // the local cluster's lock, while Open connects
 }
 
-// Close closes the pool and stops a throwaway cluster.
+// Close closes the pool and, when no other process uses the local
+// cluster, stops it (its data stays).
 func (d *DB) Close() error {
 	d.Pool.Close()
-	if d.cluster != nil {
-		return d.cluster.Stop()
-	}
-	return nil
+	return d.leaveLocal()
 }
 
 // Open resolves the database, connects, warns when the connection is
@@ -86,16 +90,19 @@ func Open(ctx context.Context, opts OpenOpts) (*DB, error) {
 			if why == "" {
 				return nil, fmt.Errorf("default database %s: %w (set --database-url or DATABASE_URL)", defaultURL, err)
 			}
-			log.InfoContext(ctx, why+"; starting a throwaway cluster (set --database-url or DATABASE_URL to use that server)",
-				slog.String("default_url", defaultURL), slog.Any("error", err))
-			c, err := StartCluster(ctx, opts.ClusterParent)
-			if err != nil {
-				return nil, err
+			dir := cmp.Or(opts.LocalDir, LocalDir())
+			lc, started, unlock, lerr := openLocal(ctx, dir, opts.LocalMustExist)
+			if lerr != nil {
+				return nil, fmt.Errorf("%s (%v): %w", why, err, lerr)
 			}
-			log.InfoContext(ctx, "throwaway PostgreSQL started; its data is removed at exit",
-				slog.String("data_dir", c.Dir), slog.Int("port", c.Port))
-			db.cluster = c
-			db.URL = c.URL("postgres")
+			// Held until this pool is connected: see openLocal.
+			db.held = unlock
+			log.InfoContext(ctx, why+"; using the local PostgreSQL cluster, whose data stays in its directory "+
+				"(set --database-url or DATABASE_URL to use a server)",
+				slog.String("default_url", defaultURL), slog.Any("error", err),
+				slog.String("data_dir", lc.Dir), slog.Int("port", lc.Port), slog.Bool("started", started))
+			db.local = lc
+			db.URL = lc.URL("postgres")
 		}
 	}
 	cfg, err := pgxpool.ParseConfig(db.URL)
@@ -107,6 +114,12 @@ func Open(ctx context.Context, opts OpenOpts) (*DB, error) {
 		cfg.MaxConns = opts.MaxConns
 	}
 	rp := cfg.ConnConfig.RuntimeParams
+	if db.local != nil {
+		// Marks this handle's connections for leaveLocal, and keeps one
+		// open: an idle console must still count as a user.
+		rp["application_name"] = db.local.app
+		cfg.MinConns = 1
+	}
 	rp["statement_timeout"] = ms(cmp.Or(opts.StatementTimeout, 30*time.Second))
 	rp["lock_timeout"] = ms(cmp.Or(opts.LockTimeout, 10*time.Second))
 	rp["idle_in_transaction_session_timeout"] = ms(cmp.Or(opts.IdleInTxTimeout, 60*time.Second))
@@ -122,6 +135,7 @@ func Open(ctx context.Context, opts OpenOpts) (*DB, error) {
 		db.Close()
 		return nil, fmt.Errorf("connecting to Postgres at %s: %w", redact(cfg.ConnConfig), err)
 	}
+	db.release()
 	if err := warnPlaintext(ctx, db.Pool, log); err != nil {
 		db.Close()
 		return nil, err
@@ -142,11 +156,25 @@ func Open(ctx context.Context, opts OpenOpts) (*DB, error) {
 	return db, nil
 }
 
-// stopCluster stops the cluster when the pool was never opened.
-func (d *DB) stopCluster() {
-	if d.cluster != nil {
-		_ = d.cluster.Stop()
+// stopCluster leaves the local cluster when the pool was never opened.
+func (d *DB) stopCluster() { _ = d.leaveLocal() }
+
+// release lets go of the local cluster's lock, if this handle holds it.
+func (d *DB) release() {
+	if d.held != nil {
+		d.held()
+		d.held = nil
 	}
+}
+
+func (d *DB) leaveLocal() error {
+	d.release()
+	if d.local == nil {
+		return nil
+	}
+	lc := d.local
+	d.local = nil
+	return lc.leave()
 }
 
 // ensureDatabase connects to url, creating its database when the server

@@ -85,7 +85,7 @@ func TestTimeoutsAreSetPerConnection(t *testing.T) {
 
 // The newcomer's machine: a stock cluster answers on the default address
 // and refuses the OS user (it asks a password on TCP, as Debian's does).
-// Without a URL, Open falls back to a throwaway cluster and says why; with
+// Without a URL, Open falls back to the local cluster and says why; with
 // that server's URL given explicitly, it reports the refusal.
 func TestDefaultServerThatRefusesFallsBack(t *testing.T) {
 	ctx := context.Background()
@@ -101,13 +101,14 @@ func TestDefaultServerThatRefusesFallsBack(t *testing.T) {
 
 	defer pgdb.SetDefaultURL(refusing)()
 	var logs bytes.Buffer
-	db, err := pgdb.Open(ctx, pgdb.OpenOpts{Logger: slog.New(slog.NewTextHandler(&logs, nil))})
+	db, err := pgdb.Open(ctx, pgdb.OpenOpts{LocalDir: localDir(t), Logger: slog.New(slog.NewTextHandler(&logs, nil))})
 	require.NoError(t, err)
 	require.NotEqual(t, refusing, db.URL)
 	var n int
 	require.NoError(t, db.Pool.QueryRow(ctx, "SELECT count(*) FROM inputs").Scan(&n))
 	require.NoError(t, db.Close())
 	require.Contains(t, logs.String(), "refuses this user")
+	require.Contains(t, logs.String(), "using the local PostgreSQL cluster")
 	require.Contains(t, logs.String(), "--database-url")
 }
 

@@ -1,0 +1,243 @@
+package pgdb
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"os/exec"
+	"os/user"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// The local cluster is where promptline keeps its data when no database is
+// configured and the default server cannot serve it (a fresh machine, or a
+// stock server that refuses this user). Unlike a throwaway cluster it
+// outlives the process: the sessions `make demo` leaves are there for
+// `consumer console`, `session show` and the other operator commands, which
+// start it again from its data directory.
+//
+// Several processes may use it at once (a consumer and a console). Each
+// starts the server if it is not running, and each, when it closes, stops
+// it if no other process is connected; both under one lock file, so that a
+// process starting never meets one stopping. A process killed with SIGKILL
+// leaves the server running; the next one to start finds and uses it.
+//
+// Written here, not taken from a library: the libraries that embed Postgres
+// download their own server binaries, which promptline must not do (see
+// Cluster).
+
+// LocalDir is the local cluster's data directory: promptline-local-UID in
+// the system temp directory ($TMPDIR, else /tmp), so that the "postgres"
+// system user, which runs it when promptline runs as root, can reach it.
+func LocalDir() string {
+	return filepath.Join(os.TempDir(), fmt.Sprintf("promptline-local-%d", os.Getuid()))
+}
+
+// ErrNoLocalCluster says that an operator command found no database: none
+// configured, none usable on the default address, and no local cluster.
+var ErrNoLocalCluster = errors.New("no database: set --database-url or DATABASE_URL, " +
+	"or run the consumer once without one (make demo) to create the local cluster")
+
+// localCluster is a Cluster this process uses and may have to stop.
+type localCluster struct {
+	*Cluster
+	// app is the application_name of this handle's connections, so that
+	// leaving counts only the connections of others.
+	app string
+}
+
+// openLocal starts the local cluster in dir, or finds it running; with
+// mustExist it never creates one. It returns holding the lock: the caller
+// releases it once its own connections are open, so that a process
+// leaving in between cannot stop the server under it.
+func openLocal(ctx context.Context, dir string, mustExist bool) (lc *localCluster, started bool, unlock func(), err error) {
+	bin, err := findBinDir()
+	if err != nil {
+		return nil, false, nil, err
+	}
+	c := &Cluster{Dir: dir, bin: bin}
+	uid := -1
+	if os.Geteuid() == 0 {
+		u, err := user.Lookup("postgres")
+		if err != nil {
+			return nil, false, nil, fmt.Errorf("local PostgreSQL: running as root needs a \"postgres\" system user (PostgreSQL refuses root): %w", err)
+		}
+		uid, _ = strconv.Atoi(u.Uid)
+		gid, _ := strconv.Atoi(u.Gid)
+		c.cred = &syscall.Credential{Uid: uint32(uid), Gid: uint32(gid)}
+	}
+	release, err := lockLocal(dir)
+	if err != nil {
+		return nil, false, nil, err
+	}
+	defer func() {
+		if err != nil {
+			release()
+		}
+	}()
+	ok, err := ownedDir(dir, uid)
+	switch {
+	case err != nil:
+		return nil, false, nil, err
+	case !ok && mustExist:
+		return nil, false, nil, fmt.Errorf("%w (looked for it in %s)", ErrNoLocalCluster, dir)
+	case !ok:
+		if err = initLocal(ctx, c, uid); err != nil {
+			return nil, false, nil, err
+		}
+	}
+	if port, running := c.runningPort(ctx); running {
+		c.Port = port
+		return &localCluster{Cluster: c, app: appName()}, false, release, nil
+	}
+	if c.Port, err = freePort(); err != nil {
+		return nil, false, nil, err
+	}
+	// fsync stays on: this cluster's data is kept, and a machine that
+	// loses power must not leave it corrupt.
+	opts := fmt.Sprintf("-p %d -k %s -c listen_addresses=127.0.0.1 -c synchronous_commit=off -c max_connections=200", c.Port, dir)
+	if err = c.run(ctx, "pg_ctl", "-D", dir, "-o", opts, "-l", filepath.Join(dir, "server.log"), "-w", "-t", "60", "start"); err != nil {
+		return nil, false, nil, fmt.Errorf("local PostgreSQL in %s (remove the directory to start afresh): %w", dir, err)
+	}
+	return &localCluster{Cluster: c, app: appName()}, true, release, nil
+}
+
+// initLocal creates the cluster in a new directory beside dir, then
+// renames it into place: a process killed during initdb leaves no
+// half-made cluster where the next one would look.
+func initLocal(ctx context.Context, c *Cluster, uid int) error {
+	dir := c.Dir
+	tmp := dir + ".init"
+	if err := os.RemoveAll(tmp); err != nil {
+		return fmt.Errorf("local PostgreSQL: %w", err)
+	}
+	if err := os.Mkdir(tmp, 0o700); err != nil {
+		return fmt.Errorf("local PostgreSQL: %w", err)
+	}
+	if uid >= 0 {
+		if err := os.Chown(tmp, uid, int(c.cred.Gid)); err != nil {
+			return fmt.Errorf("local PostgreSQL: %w", err)
+		}
+	}
+	c.Dir = tmp
+	err := c.run(ctx, "initdb", "-D", tmp, "-U", "promptline", "--auth=trust", "-E", "UTF8")
+	c.Dir = dir
+	if err == nil {
+		err = os.Rename(tmp, dir)
+	}
+	if err != nil {
+		_ = os.RemoveAll(tmp)
+		return fmt.Errorf("local PostgreSQL: %w", err)
+	}
+	return nil
+}
+
+// ownedDir says whether dir exists as the local cluster's directory, and
+// refuses one that another user could have made or changed: in the shared
+// temp directory a name alone proves nothing.
+func ownedDir(dir string, uid int) (bool, error) {
+	fi, err := os.Lstat(dir)
+	if errors.Is(err, fs.ErrNotExist) {
+		return false, nil
+	}
+	if err != nil {
+		return false, fmt.Errorf("local PostgreSQL: %w", err)
+	}
+	if uid < 0 {
+		uid = os.Geteuid()
+	}
+	st, ok := fi.Sys().(*syscall.Stat_t)
+	if !fi.IsDir() || !ok || int(st.Uid) != uid || fi.Mode().Perm()&0o077 != 0 {
+		return false, fmt.Errorf("local PostgreSQL: %s is not a directory of uid %d with mode 0700; "+
+			"remove it, or set --database-url or DATABASE_URL", dir, uid)
+	}
+	return true, nil
+}
+
+// lockLocal takes the lock file beside dir; the returned function releases
+// it. flock is released by the kernel when a process dies, so a SIGKILL
+// never leaves it held.
+func lockLocal(dir string) (func(), error) {
+	f, err := os.OpenFile(dir+".lock", os.O_RDWR|os.O_CREATE|syscall.O_NOFOLLOW, 0o600)
+	if err != nil {
+		return nil, fmt.Errorf("local PostgreSQL: %w", err)
+	}
+	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX); err != nil {
+		f.Close()
+		return nil, fmt.Errorf("local PostgreSQL: locking %s: %w", f.Name(), err)
+	}
+	return func() { f.Close() }, nil
+}
+
+// runningPort reads the port of a running server from postmaster.pid,
+// after pg_ctl status says the server is alive (a stale file is left by a
+// server that was killed).
+func (c *Cluster) runningPort(ctx context.Context) (int, bool) {
+	cmd := exec.CommandContext(ctx, filepath.Join(c.bin, "pg_ctl"), "-D", c.Dir, "status")
+	if c.cred != nil {
+		cmd.SysProcAttr = &syscall.SysProcAttr{Credential: c.cred}
+	}
+	if cmd.Run() != nil {
+		return 0, false
+	}
+	b, err := os.ReadFile(filepath.Join(c.Dir, "postmaster.pid"))
+	if err != nil {
+		return 0, false
+	}
+	// Line 4 is the port (PostgreSQL's LOCK_FILE_LINE_PORT).
+	lines := strings.Split(string(b), "\n")
+	if len(lines) < 4 {
+		return 0, false
+	}
+	port, err := strconv.Atoi(strings.TrimSpace(lines[3]))
+	return port, err == nil
+}
+
+// leave stops the server unless another process is connected to it. The
+// count leaves out this handle's own connections, which the server may not
+// have seen close yet.
+func (lc *localCluster) leave() error {
+	unlock, err := lockLocal(lc.Dir)
+	if err != nil {
+		return err
+	}
+	defer unlock()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	cfg, err := pgx.ParseConfig(lc.URL("postgres"))
+	if err != nil {
+		return err
+	}
+	cfg.RuntimeParams["application_name"] = lc.app
+	conn, err := pgx.ConnectConfig(ctx, cfg)
+	if err != nil {
+		if _, running := lc.runningPort(ctx); running {
+			return fmt.Errorf("local PostgreSQL: counting its users before stopping it: %w", err)
+		}
+		return nil // not running any more: nothing to stop
+	}
+	var others int
+	err = conn.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity
+		WHERE backend_type = 'client backend' AND pid <> pg_backend_pid() AND application_name <> $1`, lc.app).Scan(&others)
+	_ = conn.Close(ctx)
+	if err != nil || others > 0 {
+		return err
+	}
+	return lc.run(ctx, "pg_ctl", "-D", lc.Dir, "-m", "fast", "-w", "stop")
+}
+
+func appName() string {
+	b := make([]byte, 4)
+	_, _ = rand.Read(b)
+	return fmt.Sprintf("promptline %d %s", os.Getpid(), hex.EncodeToString(b))
+}

@@ -1,0 +1,149 @@
+package pgdb_test
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"log/slog"
+	"net"
+	"os"
+	"path/filepath"
+	"testing"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/stretchr/testify/require"
+
+	"github.com/promptline/promptline/internal/pgdb"
+)
+
+// The local cluster's tests point Open's default at an address where
+// nothing listens (the fresh machine), so they run one at a time: no
+// t.Parallel.
+
+// nothingListens returns a default URL whose address refuses connections.
+func nothingListens(t *testing.T) string {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	addr := l.Addr().String()
+	require.NoError(t, l.Close())
+	return fmt.Sprintf("postgres://%s/promptline?sslmode=disable", addr)
+}
+
+// localDir is a local cluster directory of the test's own, under the
+// system temp directory: as root the cluster runs as "postgres", which
+// must be able to enter its parent.
+func localDir(t *testing.T) string {
+	t.Helper()
+	parent, err := os.MkdirTemp("", "promptline-localtest-")
+	require.NoError(t, err)
+	require.NoError(t, os.Chmod(parent, 0o755))
+	dir := filepath.Join(parent, "pg")
+	t.Cleanup(func() {
+		// A test that failed half-way may leave the server running.
+		stopServer(dir)
+		require.NoError(t, os.RemoveAll(parent))
+	})
+	return dir
+}
+
+func stopServer(dir string) {
+	if _, err := os.Stat(filepath.Join(dir, "postmaster.pid")); err != nil {
+		return
+	}
+	// Reopening as an operator and closing stops it when nobody is left.
+	if db, err := pgdb.Open(context.Background(), pgdb.OpenOpts{LocalDir: dir, LocalMustExist: true, NoMigrate: true}); err == nil {
+		_ = db.Close()
+	}
+}
+
+func openLocal(t *testing.T, dir string, mustExist bool) (*pgdb.DB, string) {
+	t.Helper()
+	var logs bytes.Buffer
+	db, err := pgdb.Open(t.Context(), pgdb.OpenOpts{LocalDir: dir, LocalMustExist: mustExist,
+		Logger: slog.New(slog.NewTextHandler(&logs, nil))})
+	require.NoError(t, err, logs.String())
+	return db, logs.String()
+}
+
+// refused says whether nothing answers at url any more.
+func refused(t *testing.T, url string) bool {
+	t.Helper()
+	conn, err := pgx.Connect(t.Context(), url)
+	if err == nil {
+		_ = conn.Close(t.Context())
+		return false
+	}
+	return true
+}
+
+// `make demo`, then `consumer console`: the consumer's data outlives it.
+// The first process creates the cluster and, leaving last, stops the
+// server; the next starts it again from the same directory and finds the
+// data; a half-made cluster from a process killed during initdb is no
+// obstacle.
+func TestLocalClusterKeepsItsDataAfterTheProcessLeaves(t *testing.T) {
+	defer pgdb.SetDefaultURL(nothingListens(t))()
+	dir := localDir(t)
+	require.NoError(t, os.MkdirAll(dir+".init", 0o700), "what a killed initdb leaves")
+
+	first, logs := openLocal(t, dir, false)
+	require.Contains(t, logs, "no PostgreSQL on the default address")
+	require.Contains(t, logs, "started=true")
+	_, err := first.Pool.Exec(t.Context(), `INSERT INTO sessions (session_id, fencing_token) VALUES ('s-kept', 1)`)
+	require.NoError(t, err)
+	require.NoError(t, first.Close())
+	require.True(t, refused(t, first.URL), "the last process to leave stops the server")
+	require.DirExists(t, dir, "and keeps its data")
+	require.NoDirExists(t, dir+".init")
+
+	again, logs := openLocal(t, dir, true)
+	require.Contains(t, logs, "started=true")
+	var n int
+	require.NoError(t, again.Pool.QueryRow(t.Context(), `SELECT count(*) FROM sessions WHERE session_id = 's-kept'`).Scan(&n))
+	require.Equal(t, 1, n)
+	require.NoError(t, again.Close())
+	require.True(t, refused(t, again.URL))
+}
+
+// A consumer and a console at once: the second finds the server running,
+// the first leaving does not stop it under the second, the second leaving
+// does.
+func TestLocalClusterIsSharedAndTheLastToLeaveStopsIt(t *testing.T) {
+	defer pgdb.SetDefaultURL(nothingListens(t))()
+	dir := localDir(t)
+	consumer, _ := openLocal(t, dir, false)
+	console, logs := openLocal(t, dir, true)
+	require.Contains(t, logs, "started=false")
+	require.Equal(t, consumer.URL, console.URL)
+
+	require.NoError(t, consumer.Close())
+	require.False(t, refused(t, console.URL), "another process still uses it")
+	var n int
+	require.NoError(t, console.Pool.QueryRow(t.Context(), `SELECT count(*) FROM sessions`).Scan(&n))
+	require.NoError(t, console.Close())
+	require.True(t, refused(t, console.URL))
+}
+
+// An operator command with nothing to inspect says what to do and creates
+// nothing: an empty new cluster would only hide the mistake.
+func TestOperatorCommandsNeverCreateALocalCluster(t *testing.T) {
+	defer pgdb.SetDefaultURL(nothingListens(t))()
+	dir := localDir(t)
+	_, err := pgdb.Open(t.Context(), pgdb.OpenOpts{LocalDir: dir, LocalMustExist: true, NoMigrate: true})
+	require.ErrorIs(t, err, pgdb.ErrNoLocalCluster)
+	require.ErrorContains(t, err, "make demo")
+	require.NoDirExists(t, dir)
+}
+
+// In the shared temp directory a directory of the right name proves
+// nothing: one that is not private to the user who runs the cluster is
+// refused, never used.
+func TestLocalClusterRefusesADirectoryOthersCouldChange(t *testing.T) {
+	defer pgdb.SetDefaultURL(nothingListens(t))()
+	dir := localDir(t)
+	require.NoError(t, os.Mkdir(dir, 0o755))
+	_, err := pgdb.Open(t.Context(), pgdb.OpenOpts{LocalDir: dir})
+	require.ErrorContains(t, err, "mode 0700")
+	require.NoFileExists(t, filepath.Join(dir, "PG_VERSION"))
+}
