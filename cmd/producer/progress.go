@@ -5,7 +5,8 @@ import (
 	"io"
 	"time"
 
-	"github.com/schollz/progressbar/v3"
+	"github.com/vbauerster/mpb/v8"
+	"github.com/vbauerster/mpb/v8/decor"
 )
 
 // progress reports how many prompts the brokers have acknowledged.
@@ -18,25 +19,39 @@ type progress interface {
 // once per progressEvery otherwise (logs, pipes, CI).
 func newProgress(w io.Writer, total int) progress {
 	if isTerminal(w) {
-		return barProgress{progressbar.NewOptions(total,
-			progressbar.OptionSetWriter(w),
-			progressbar.OptionSetDescription("sending"),
-			progressbar.OptionShowCount(),
-			progressbar.OptionShowIts(),
-			progressbar.OptionSetItsString("prompts"),
-			progressbar.OptionThrottle(100*time.Millisecond),
-			progressbar.OptionClearOnFinish(),
-		)}
+		return newBarProgress(w, total)
 	}
 	return &lineProgress{w: w, total: total, last: time.Now()}
 }
 
 const progressEvery = 2 * time.Second
 
-type barProgress struct{ bar *progressbar.ProgressBar }
+// barProgress is drawn with mpb, the library `consumer replay` draws its
+// per-partition bars with: one progress-bar library in the module.
+type barProgress struct {
+	p   *mpb.Progress
+	bar *mpb.Bar
+}
 
-func (b barProgress) Add(n int) { _ = b.bar.Add(n) }
-func (b barProgress) Finish()   { _ = b.bar.Finish() }
+func newBarProgress(w io.Writer, total int) *barProgress {
+	p := mpb.New(mpb.WithOutput(w), mpb.WithWidth(30), mpb.WithRefreshRate(100*time.Millisecond), mpb.WithAutoRefresh())
+	bar := p.AddBar(int64(total),
+		mpb.PrependDecorators(decor.Name("sending "), decor.CountersNoUnit("%d/%d prompts ")),
+		mpb.AppendDecorators(decor.Percentage(decor.WCSyncSpace), decor.AverageSpeed(nil, " %.0f prompts/s")),
+		mpb.BarRemoveOnComplete())
+	return &barProgress{p: p, bar: bar}
+}
+
+func (b *barProgress) Add(n int) { b.bar.IncrBy(n) }
+
+// Finish stops the bar, also when fewer prompts than the total were
+// acknowledged (a send that failed part-way), and waits until it is drawn.
+func (b *barProgress) Finish() {
+	if !b.bar.Completed() {
+		b.bar.Abort(false)
+	}
+	b.p.Wait()
+}
 
 type lineProgress struct {
 	w           io.Writer
