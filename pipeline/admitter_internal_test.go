@@ -22,9 +22,7 @@ func prompt(msg, sess, text string, resume bool) Incoming {
 
 func count(t *testing.T, pool *pgxpool.Pool, sql string, args ...any) int {
 	t.Helper()
-	var n int
-	require.NoError(t, pool.QueryRow(context.Background(), sql, args...).Scan(&n))
-	return n
+	return testkit.Count(t, pool, sql, args...)
 }
 
 // Every copy of a message ID in a batch is classified against the stored

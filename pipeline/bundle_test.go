@@ -174,9 +174,7 @@ func (b *testBundle) turnsFor(t *testing.T, msgID string) int {
 
 func (b *testBundle) count(t *testing.T, sql string, args ...any) int {
 	t.Helper()
-	var n int
-	require.NoError(t, b.pool.QueryRow(context.Background(), sql, args...).Scan(&n))
-	return n
+	return testkit.Count(t, b.pool, sql, args...)
 }
 
 func contains(xs []string, x string) bool {

@@ -47,9 +47,7 @@ func (b *execBundle) admit(t *testing.T, session, msg, text string) {
 
 func (b *execBundle) count(t *testing.T, sql string, args ...any) int {
 	t.Helper()
-	var n int
-	require.NoError(t, b.pool.QueryRow(context.Background(), sql, args...).Scan(&n))
-	return n
+	return testkit.Count(t, b.pool, sql, args...)
 }
 
 func (b *execBundle) answered(t *testing.T, msg string) int {

@@ -58,9 +58,7 @@ func (b *testBundle) exec(t *testing.T, sql string, args ...any) {
 
 func (b *testBundle) count(t *testing.T, sql string, args ...any) int {
 	t.Helper()
-	var n int
-	require.NoError(t, b.pool.QueryRow(context.Background(), sql, args...).Scan(&n))
-	return n
+	return testkit.Count(t, b.pool, sql, args...)
 }
 
 // crashed is an execution that died mid-turn: its claim, its promoted

@@ -94,9 +94,7 @@ func (b *testBundle) run(t *testing.T, pool *pgxpool.Pool, topic string, cfg rep
 
 func count(t *testing.T, pool *pgxpool.Pool, sql string, args ...any) int {
 	t.Helper()
-	var n int
-	require.NoError(t, pool.QueryRow(context.Background(), sql, args...).Scan(&n))
-	return n
+	return testkit.Count(t, pool, sql, args...)
 }
 
 // inputs lists the admitted inputs: what a replay rebuilds.

@@ -1,7 +1,6 @@
 package main
 
 import (
-	"context"
 	"encoding/json"
 	"fmt"
 	"os"
@@ -253,9 +252,7 @@ func (b *testBundle) send(t *testing.T, p envelope.Prompt) {
 // count runs a count(*) query.
 func (b *testBundle) count(t *testing.T, sql string, args ...any) int {
 	t.Helper()
-	var n int
-	require.NoError(t, b.pool.QueryRow(context.Background(), sql, args...).Scan(&n))
-	return n
+	return testkit.Count(t, b.pool, sql, args...)
 }
 
 func newProducer(t *testing.T, addr string) sarama.SyncProducer {

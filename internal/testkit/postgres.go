@@ -135,3 +135,15 @@ func Pool(tb testing.TB) (*pgxpool.Pool, string) {
 	tb.Cleanup(pool.Close)
 	return pool, dbURL
 }
+
+// Count runs a query that returns one integer (a count(*), usually) and
+// fails the test on any error. The test bundles of every package count
+// through it.
+func Count(tb testing.TB, pool *pgxpool.Pool, sql string, args ...any) int {
+	tb.Helper()
+	var n int
+	if err := pool.QueryRow(context.Background(), sql, args...).Scan(&n); err != nil {
+		tb.Fatalf("count %q: %v", sql, err)
+	}
+	return n
+}
