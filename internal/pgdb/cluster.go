@@ -137,6 +137,22 @@ func StartClusterWith(ctx context.Context, config *ClusterConfig) (*Cluster, err
 	return c, nil
 }
 
+// StopWhenGone starts a watchdog that stops the cluster and removes its
+// directory once process pid is gone. pg_ctl detaches the server, so a
+// test binary killed by its timeout, or with SIGKILL, would otherwise
+// leave its throwaway cluster running for the rest of the machine's life.
+// It polls /proc rather than kill -0, which the "postgres" user it runs as
+// under root may not send to root's process.
+func (c *Cluster) StopWhenGone(pid int) error {
+	const script = `while [ -d "/proc/$1" ]; do sleep 1; done; "$2" -D "$3" -m immediate -w stop >/dev/null 2>&1; rm -rf "$3"`
+	cmd := exec.Command("/bin/sh", "-c", script, "promptline-pg-watchdog", strconv.Itoa(pid), filepath.Join(c.bin, "pg_ctl"), c.Dir)
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true, Credential: c.cred}
+	if err := cmd.Start(); err != nil {
+		return fmt.Errorf("throwaway PostgreSQL: watchdog: %w", err)
+	}
+	return cmd.Process.Release()
+}
+
 // Stop stops the cluster and removes its directory.
 func (c *Cluster) Stop() error {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)

@@ -10,6 +10,7 @@ import (
 	"io/fs"
 	"log/slog"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"slices"
 	"strconv"
@@ -69,6 +70,30 @@ func TestThrowawayCluster(t *testing.T) {
 	require.NoError(t, db.Close())
 	require.NoError(t, c.Stop())
 	require.NoDirExists(t, c.Dir)
+}
+
+// A test binary killed by its timeout leaves no server behind: the
+// watchdog stops the cluster and removes its directory when the process
+// it watches is gone.
+func TestThrowawayClusterStopsWhenItsProcessIsGone(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	c, err := pgdb.StartCluster(ctx, "")
+	require.NoError(t, err)
+	owner := exec.Command("sleep", "60")
+	require.NoError(t, owner.Start())
+	require.NoError(t, c.StopWhenGone(owner.Process.Pid))
+	conn, err := pgx.Connect(ctx, c.URL("postgres"))
+	require.NoError(t, err, "the watchdog leaves a cluster alone while its process lives")
+	require.NoError(t, conn.Close(ctx))
+	require.NoError(t, owner.Process.Kill())
+	_ = owner.Wait()
+	require.Eventually(t, func() bool {
+		_, err := os.Stat(c.Dir)
+		return os.IsNotExist(err)
+	}, 30*time.Second, 100*time.Millisecond, "stopped and removed after its process died")
+	_, err = pgx.Connect(ctx, c.URL("postgres"))
+	require.Error(t, err)
 }
 
 func TestTimeoutsAreSetPerConnection(t *testing.T) {

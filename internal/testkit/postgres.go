@@ -76,6 +76,9 @@ func server() (pgtestdb.Config, error) {
 					serverErr = fmt.Errorf("tests need PostgreSQL: nothing answers on 127.0.0.1:5432 and none could be started: %w", serverErr)
 					return
 				}
+				if err := cluster.StopWhenGone(os.Getpid()); err != nil {
+					fmt.Fprintln(os.Stderr, err) // a leak only if this binary is killed
+				}
 				raw = cluster.URL("postgres")
 			}
 		}
