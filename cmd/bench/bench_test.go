@@ -108,6 +108,59 @@ func TestMeasurements(t *testing.T) {
 		require.Contains(t, out.String(), "not a speed-up")
 	})
 
+	// The burn-downs (a consumer process on a pre-filled topic), the turn
+	// ceiling on their rows and the latency at half their rate, through
+	// the command.
+	t.Run("BurnDownOnlyCommand", func(t *testing.T) {
+		cmd := newRootCommand()
+		var stdout, stderr bytes.Buffer
+		cmd.SetOut(&stdout)
+		cmd.SetErr(&stderr)
+		cmd.SetArgs([]string{"--burndown-only", "--burndown-prompts", "200", "--rate", "50", "--duration", "2s",
+			"--partitions", "4", "--json"})
+		require.NoError(t, cmd.ExecuteContext(ctx), stderr.String())
+		var rep report
+		require.NoError(t, json.Unmarshal(stdout.Bytes(), &rep))
+		b := rep.BurnDown
+		require.NotNil(t, b)
+		require.Equal(t, 1, b.One.PromptsPerSession)
+		require.Equal(t, 10, b.Ten.PromptsPerSession)
+		require.EqualValues(t, 200, b.One.Turns, "one turn per single-prompt session")
+		require.GreaterOrEqual(t, b.Ten.Turns, int64(200/10), "at least a turn per session")
+		tables := map[string]tableWrites{}
+		var left int64
+		for _, tw := range b.One.Tables {
+			tables[tw.Table] = tw
+			left += tw.Left
+		}
+		require.EqualValues(t, 200, tables["inputs"].Inserted)
+		require.EqualValues(t, 200, tables["inputs"].Left)
+		require.EqualValues(t, 200, tables["claims"].Deleted, "every claim released")
+		require.EqualValues(t, left, b.Ceiling.Rows, "the ceiling writes every row the burn-down left")
+		require.Positive(t, b.Ceiling.TurnsPerSecond)
+		require.InDelta(t, b.One.TurnsPerSecond/b.Ceiling.TurnsPerSecond, b.Efficiency, 1e-9)
+		for _, r := range []burnDownRun{b.One, b.Ten} {
+			require.Positive(t, r.TurnsPerSecond)
+			require.Positive(t, r.ConsumerCPUMillisPerTurn)
+			require.Positive(t, r.CommitsPerTurn)
+			if sc.cluster != nil { // the bench's own cluster: its processes and pg_stat_statements
+				require.Positive(t, r.PostgresCPUMillisPerTurn)
+				require.Greater(t, r.StatementsPerTurn, 1.0)
+				require.Positive(t, r.NestedStatementsPerTurn)
+			}
+		}
+		h := rep.HalfLatency
+		require.NotNil(t, h)
+		require.InDelta(t, b.One.TurnsPerSecond/2, h.OfferedRate, 1e-9)
+		require.Zero(t, h.Missing)
+		require.Positive(t, h.Completed)
+		require.Positive(t, rep.Latency.Completed, "the run at --rate next to it")
+		var out bytes.Buffer
+		printBurnDown(&out, &rep)
+		require.Contains(t, out.String(), "burn-down / turn ceiling")
+		require.Contains(t, out.String(), fmt.Sprintf("end-to-end p99 (ms) at %.0f/s (half the burn-down)", h.OfferedRate))
+	})
+
 	// One Apache Kafka node (Java 17 and Maven, as make test/kafka): the
 	// admission, latency and replay runs on both brokers, and their ratios.
 	t.Run("KafkaBoth", func(t *testing.T) {

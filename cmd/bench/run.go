@@ -18,6 +18,17 @@ const (
 	goalAdmissionRate  = 20000 // prompts/s
 	goalAdmissionRatio = 0.4   // of the raw ceiling
 	goalP99Millis      = 100   // at 1,000 prompts/s
+
+	// Issue 21: the burn-down against the turn ceiling, statements per
+	// turn, p99 at half of the burn-down's rate, and CPU per turn at most
+	// a quarter of the figure measured before the hot-path work.
+	goalCeilingRatio      = 0.5
+	goalStatementsPerTurn = 8
+	goalHalfP99Millis     = 50
+	// beforeCPUMillisPerTurn is consumer + Postgres CPU per turn of the
+	// one-per-session burn-down before the hot-path work
+	// (docs/benchmarks.md, "Burn-down, turn ceiling and cost per turn").
+	beforeCPUMillisPerTurn = 0.0
 )
 
 // knobRun is one admission run with one knob changed, and its ratio to
@@ -54,6 +65,11 @@ type report struct {
 	// Apache Kafka in the same run (--kafka both); the figures above are
 	// the embedded broker's.
 	Apache *kafkaFigures `json:"apache_kafka,omitempty"`
+	// BurnDown is the burn-downs and the turn ceiling (burndown.go).
+	BurnDown *burnDownResult `json:"burn_down,omitempty"`
+	// HalfLatency is end-to-end latency at half of the one-per-session
+	// burn-down's rate, measured in the same run.
+	HalfLatency *latencyResult `json:"latency_at_half_burn_down,omitempty"`
 }
 
 // kafkaFigures are the measurements that run against either broker.
@@ -140,6 +156,20 @@ func run(ctx context.Context, o *options, stdout, stderr io.Writer) (err error) 
 	if o.latencyOnly {
 		return runLatencyOnly(ctx, sc, o, &rep, stdout, progress)
 	}
+	if o.burnDownOnly {
+		if err := measureBurnDownFigures(ctx, sc, o, &rep, progress); err != nil {
+			return err
+		}
+		if rep.Latency, err = measureShippedLatency(ctx, sc, o, progress); err != nil {
+			return err
+		}
+		if o.json {
+			return writeJSON(stdout, &rep)
+		}
+		printMachine(stdout, &rep)
+		printBurnDown(stdout, &rep)
+		return nil
+	}
 
 	progress("generating %d prompts", o.prompts)
 	w, err := newWorkload(o.prompts)
@@ -200,6 +230,12 @@ func run(ctx context.Context, o *options, stdout, stderr io.Writer) (err error) 
 			return fmt.Errorf("scale-out: %w", err)
 		}
 		rep.ScaleOut = &r
+	}
+
+	if o.burnDown {
+		if err := measureBurnDownFigures(ctx, sc, o, &rep, progress); err != nil {
+			return err
+		}
 	}
 
 	if o.knobs {
@@ -331,10 +367,7 @@ func admissionOnFreshTopic(ctx context.Context, sc *scratchServer, w *workload, 
 }
 
 func printReport(out io.Writer, o *options, rep *report) {
-	m := rep.Machine
-	fmt.Fprintf(out, "machine: %s cores, %s, %s; PostgreSQL %s (fsync=%s, synchronous_commit=%s, shared_buffers=%s); load average at start %s\n\n",
-		m["cores"], m["go"], m["os_arch"], m["postgres_server_version"], m["postgres_fsync"],
-		m["postgres_synchronous_commit"], m["postgres_shared_buffers"], m["loadavg_at_start"])
+	printMachine(out, rep)
 
 	tw := tabwriter.NewWriter(out, 0, 0, 2, ' ', tabwriter.AlignRight|tabwriter.Debug)
 	fmt.Fprintln(tw, "figure\tvalue\tgoal\tmet?\t")
@@ -374,6 +407,11 @@ func printReport(out io.Writer, o *options, rep *report) {
 		printScaleOut(out, rep.ScaleOut)
 	}
 
+	if rep.BurnDown != nil {
+		fmt.Fprintln(out)
+		printBurnDown(out, rep)
+	}
+
 	if len(rep.Knobs) > 0 {
 		fmt.Fprintln(out, "\nadmission knobs (ratio to the shipped default of this run):")
 		tw := tabwriter.NewWriter(out, 0, 0, 2, ' ', tabwriter.AlignRight|tabwriter.Debug)
@@ -408,10 +446,7 @@ func printReport(out io.Writer, o *options, rep *report) {
 
 // printLatency is the report of --latency-only.
 func printLatency(out io.Writer, rep *report) {
-	m := rep.Machine
-	fmt.Fprintf(out, "machine: %s cores, %s, %s; PostgreSQL %s (fsync=%s, synchronous_commit=%s, shared_buffers=%s); load average at start %s\n\n",
-		m["cores"], m["go"], m["os_arch"], m["postgres_server_version"], m["postgres_fsync"],
-		m["postgres_synchronous_commit"], m["postgres_shared_buffers"], m["loadavg_at_start"])
+	printMachine(out, rep)
 	l := &rep.Latency
 	fmt.Fprintf(out, "offered %.0f/s (achieved %.0f/s), completed %.0f/s; end-to-end p50 %.1f, p90 %.1f, p99 %.1f, max %.1f ms\n",
 		l.OfferedRate, l.AchievedRate, l.CompletedRate, l.Turn.P50, l.Turn.P90, l.Turn.P99, l.Turn.Max)
@@ -460,4 +495,11 @@ func printKafkaComparison(out io.Writer, rep *report) {
 		row("replay, dry run (prompts/s)", e.Replay.DryRun.Rate, a.Replay.DryRun.Rate)
 	}
 	tw.Flush()
+}
+
+func printMachine(out io.Writer, rep *report) {
+	m := rep.Machine
+	fmt.Fprintf(out, "machine: %s cores, %s, %s; PostgreSQL %s (fsync=%s, synchronous_commit=%s, shared_buffers=%s); load average at start %s\n\n",
+		m["cores"], m["go"], m["os_arch"], m["postgres_server_version"], m["postgres_fsync"],
+		m["postgres_synchronous_commit"], m["postgres_shared_buffers"], m["loadavg_at_start"])
 }
