@@ -116,7 +116,7 @@ func TestMeasurements(t *testing.T) {
 		var stdout, stderr bytes.Buffer
 		cmd.SetOut(&stdout)
 		cmd.SetErr(&stderr)
-		cmd.SetArgs([]string{"--burndown-only", "--burndown-prompts", "200", "--rate", "50", "--duration", "2s",
+		cmd.SetArgs([]string{"--burndown-only", "--burndown-prompts", "200", "--river-jobs", "300", "--river-workers", "20", "--rate", "50", "--duration", "2s",
 			"--partitions", "4", "--json"})
 		require.NoError(t, cmd.ExecuteContext(ctx), stderr.String())
 		var rep report
@@ -155,8 +155,13 @@ func TestMeasurements(t *testing.T) {
 		require.Zero(t, h.Missing)
 		require.Positive(t, h.Completed)
 		require.Positive(t, rep.Latency.Completed, "the run at --rate next to it")
+		require.NotNil(t, rep.River, "River's no-op burn-down, same run")
+		require.Equal(t, 300, rep.River.Jobs)
+		require.Positive(t, rep.River.JobsPerSecond)
+		require.InDelta(t, b.One.TurnsPerSecond/rep.River.JobsPerSecond, rep.RiverRatio, 1e-9)
 		var out bytes.Buffer
 		printBurnDown(&out, &rep)
+		require.Contains(t, out.String(), "burn-down / River's")
 		require.Contains(t, out.String(), "burn-down / turn ceiling")
 		require.Contains(t, out.String(), fmt.Sprintf("end-to-end p99 (ms) at %.0f/s (half the burn-down)", h.OfferedRate))
 	})

@@ -441,6 +441,13 @@ func measureBurnDownFigures(ctx context.Context, sc *scratchServer, o *options, 
 		return fmt.Errorf("latency at half of the burn-down: %w", err)
 	}
 	rep.HalfLatency = &l
+	if o.riverJobs > 0 {
+		rv, err := measureRiver(ctx, sc, o.riverJobs, o.riverWorkers, progress)
+		if err != nil {
+			return err
+		}
+		rep.River, rep.RiverRatio = &rv, r.One.TurnsPerSecond/rv.JobsPerSecond
+	}
 	return nil
 }
 
@@ -474,6 +481,10 @@ func printBurnDown(out io.Writer, rep *report) {
 	fmt.Fprintf(tw, "  the same, prompts/s (%.2f prompts per turn)\t%.0f\t\t\t\n", float64(ten.Prompts)/float64(max(1, ten.Turns)), float64(ten.Prompts)/ten.Seconds)
 	fmt.Fprintf(tw, "turn ceiling (turns/s)\t%.0f\t\t\t\n", b.Ceiling.TurnsPerSecond)
 	fmt.Fprintf(tw, "burn-down / turn ceiling\t%.2f\t≥ %.1f\t%s\t\n", b.Efficiency, goalCeilingRatio, met(b.Efficiency >= goalCeilingRatio))
+	if rv := rep.River; rv != nil {
+		fmt.Fprintf(tw, "River no-op burn-down, %d jobs, %d workers (jobs/s)\t%.0f\t\t\t\n", rv.Jobs, rv.Workers, rv.JobsPerSecond)
+		fmt.Fprintf(tw, "burn-down / River's\t%.2f\t≥ %.2f\t%s\t\n", rep.RiverRatio, goalRiverRatio, met(rep.RiverRatio >= goalRiverRatio))
+	}
 	fmt.Fprintf(tw, "consumer CPU per turn (ms)\t%.3f\t\t\t\n", one.ConsumerCPUMillisPerTurn)
 	fmt.Fprintf(tw, "Postgres CPU per turn (ms)\t%s\t\t\t\n", na(one.PostgresCPUMillisPerTurn, "%.3f"))
 	if beforeCPUMillisPerTurn > 0 {

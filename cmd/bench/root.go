@@ -32,6 +32,10 @@ type options struct {
 	burnDown        bool
 	burnDownOnly    bool
 	burnDownPrompts int
+	// riverJobs sizes River's no-op burn-down next to it (river.go); 0
+	// skips it.
+	riverJobs    int
+	riverWorkers int
 	// kafka is --kafka: embedded, apache or both (kafka.go).
 	kafka string
 }
@@ -66,6 +70,8 @@ func newRootCommand() *cobra.Command {
 	f.BoolVar(&o.burnDown, "burndown", true, "also measure the burn-down (one consumer process working off a pre-filled prompts topic, one prompt per session, then ten), the turn ceiling, the cost per turn and the latency at half of the burn-down's rate (builds ./cmd/consumer with the go tool)")
 	f.BoolVar(&o.burnDownOnly, "burndown-only", false, "run only the burn-down measurements and the latency at half of its rate (for work on the hot path)")
 	f.IntVar(&o.burnDownPrompts, "burndown-prompts", 50000, "prompts of each burn-down run")
+	f.IntVar(&o.riverJobs, "river-jobs", 100000, "jobs of River's no-op burn-down on the same Postgres, run with the burn-down (builds cmd/bench/river, its own Go module); 0 skips it")
+	f.IntVar(&o.riverWorkers, "river-workers", 200, "workers of River's no-op burn-down")
 	f.StringVar(&o.kafka, "kafka", kafkaEmbedded, "broker of the admission, end-to-end latency and replay runs: embedded, apache (a single-node Apache Kafka started with scripts/kafka.sh; no knobs, no scale-out) or both (each figure on both, with the ratio Apache/embedded)")
 	f.StringVar(&o.cpuProfile, "cpuprofile", "", "write a CPU profile of the baseline admission run to this file")
 	f.BoolVar(&o.latencyOnly, "latency-only", false, "run only the end-to-end latency run (for work on the executor's path)")
@@ -87,6 +93,8 @@ func (o *options) validate() error {
 		return errors.New("--scaleout-prompts must be at least 1")
 	case (o.burnDown || o.burnDownOnly) && o.burnDownPrompts < 1:
 		return errors.New("--burndown-prompts must be at least 1")
+	case o.riverJobs < 0 || o.riverWorkers < 1:
+		return errors.New("--river-jobs must not be negative and --river-workers must be at least 1")
 	case o.latencyOnly && o.burnDownOnly:
 		return errors.New("--latency-only and --burndown-only exclude each other")
 	case o.partitions < 1:

@@ -25,6 +25,7 @@ const (
 	goalCeilingRatio      = 0.5
 	goalStatementsPerTurn = 8
 	goalHalfP99Millis     = 50
+	goalRiverRatio        = 0.25
 	// beforeCPUMillisPerTurn is consumer + Postgres CPU per turn of the
 	// one-per-session burn-down before the hot-path work
 	// (docs/benchmarks.md, "Burn-down, turn ceiling and cost per turn").
@@ -70,6 +71,10 @@ type report struct {
 	// HalfLatency is end-to-end latency at half of the one-per-session
 	// burn-down's rate, measured in the same run.
 	HalfLatency *latencyResult `json:"latency_at_half_burn_down,omitempty"`
+	// River is River's no-op burn-down on the same Postgres (river.go),
+	// and RiverRatio the one-per-session burn-down / River's.
+	River      *riverResult `json:"river,omitempty"`
+	RiverRatio float64      `json:"burn_down_to_river,omitempty"`
 }
 
 // kafkaFigures are the measurements that run against either broker.
