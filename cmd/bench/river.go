@@ -66,7 +66,7 @@ func measureRiver(ctx context.Context, sc *scratchServer, jobs, workers int, pro
 		"--workers", fmt.Sprint(workers), "--db-max-conns", fmt.Sprint(consumerMaxConns))
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
 	if err := cmd.Run(); err != nil {
-		return res, fmt.Errorf("River's burn-down: %w\n%s", err, tail(stderr.String(), 20))
+		return res, fmt.Errorf("the River burn-down: %w\n%s", err, tail(stderr.String(), 20))
 	}
 	if err := json.Unmarshal(stdout.Bytes(), &res); err != nil {
 		return res, fmt.Errorf("reading River's result %q: %w", stdout.String(), err)

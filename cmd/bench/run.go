@@ -28,8 +28,9 @@ const (
 	goalRiverRatio        = 0.25
 	// beforeCPUMillisPerTurn is consumer + Postgres CPU per turn of the
 	// one-per-session burn-down before the hot-path work
-	// (docs/benchmarks.md, "Burn-down, turn ceiling and cost per turn").
-	beforeCPUMillisPerTurn = 0.0
+	// (docs/benchmarks.md, "Burn-down, turn ceiling, River and cost per
+	// turn"), 2026-12-01.
+	beforeCPUMillisPerTurn = 1.685
 )
 
 // knobRun is one admission run with one knob changed, and its ratio to
