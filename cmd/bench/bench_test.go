@@ -8,6 +8,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -148,6 +149,11 @@ func TestMeasurements(t *testing.T) {
 				require.Greater(t, r.StatementsPerTurn, 1.0)
 				require.Positive(t, r.NestedStatementsPerTurn)
 			}
+		}
+		if sc.admin.TLSConfig == nil && !strings.HasPrefix(sc.admin.Host, "/") {
+			require.NotNil(t, b.Trips, "round trips counted through the proxy")
+			require.EqualValues(t, 40, b.Trips.Turns)
+			require.Positive(t, b.Trips.RoundTripsPerTurn)
 		}
 		h := rep.HalfLatency
 		require.NotNil(t, h)

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -16,6 +17,10 @@ import (
 
 	"github.com/jackc/pgx/v5"
 )
+
+// errNoTripCounter: the server's connection cannot be proxied to count
+// round trips (TLS, a Unix socket).
+var errNoTripCounter = errors.New("round trips cannot be counted")
 
 // clockTick is USER_HZ, the unit of the CPU times in /proc/PID/stat.
 const clockTick = 10 * time.Millisecond
@@ -56,6 +61,10 @@ type burnDownRun struct {
 	NestedStatementsPerTurn float64 `json:"nested_statements_per_turn"`
 	// CommitsPerTurn is the database's xact_commit delta per turn.
 	CommitsPerTurn float64 `json:"commits_per_turn"`
+	// RoundTripsPerTurn are the requests the consumer waited on per turn
+	// (roundtrips.go), counted only in a run through the counting proxy;
+	// -1 otherwise.
+	RoundTripsPerTurn float64 `json:"round_trips_per_turn"`
 	// Tables are the row writes per table, for the ceiling.
 	Tables []tableWrites `json:"tables"`
 	CPU    cpuUse        `json:"cpu"`
@@ -78,6 +87,10 @@ type burnDownResult struct {
 	One     burnDownRun   `json:"one_per_session"`
 	Ten     burnDownRun   `json:"ten_per_session"`
 	Ceiling ceilingResult `json:"turn_ceiling"`
+	// Trips is a smaller one-per-session burn-down through the proxy that
+	// counts round trips (kept apart: the proxy costs the bench CPU and
+	// each round trip some latency); nil when it could not run.
+	Trips *burnDownRun `json:"round_trips_run,omitempty"`
 	// Efficiency is the one-per-session burn-down / the ceiling.
 	Efficiency float64 `json:"burn_down_to_ceiling"`
 }
@@ -108,7 +121,7 @@ func measureBurnDown(ctx context.Context, sc *scratchServer, n int, partitions i
 	var dump []tableDump
 	for _, per := range []int{1, 10} {
 		progress("burn-down: %d prompts, %d per session, one consumer process", n, per)
-		r, d, err := burnDownOnce(ctx, sc, bin, n, per, partitions, per == 1)
+		r, d, err := burnDownOnce(ctx, sc, bin, n, per, partitions, per == 1, false)
 		if err != nil {
 			return res, fmt.Errorf("burn-down, %d per session: %w", per, err)
 		}
@@ -123,6 +136,17 @@ func measureBurnDown(ctx context.Context, sc *scratchServer, n int, partitions i
 		return res, fmt.Errorf("turn ceiling: %w", err)
 	}
 	res.Efficiency = res.One.TurnsPerSecond / res.Ceiling.TurnsPerSecond
+	tn := max(1, n/5)
+	progress("round trips: %d prompts, 1 per session, through a counting proxy", tn)
+	r, _, err := burnDownOnce(ctx, sc, bin, tn, 1, partitions, false, true)
+	switch {
+	case errors.Is(err, errNoTripCounter):
+		progress("round trips not counted: %v", err)
+	case err != nil:
+		return res, fmt.Errorf("round trips: %w", err)
+	default:
+		res.Trips = &r
+	}
 	return res, nil
 }
 
@@ -130,7 +154,7 @@ func measureBurnDown(ctx context.Context, sc *scratchServer, n int, partitions i
 // starts one consumer process on a fresh database and times it from its
 // start to the last turn event read back. With dump it also returns the
 // rows the run left, for the ceiling.
-func burnDownOnce(ctx context.Context, sc *scratchServer, bin string, n, per int, partitions int32, dump bool) (run burnDownRun, dumped []tableDump, err error) {
+func burnDownOnce(ctx context.Context, sc *scratchServer, bin string, n, per int, partitions int32, dump, countTrips bool) (run burnDownRun, dumped []tableDump, err error) {
 	w, err := newWorkloadPer(n, per)
 	if err != nil {
 		return run, nil, err
@@ -159,6 +183,24 @@ func burnDownOnce(ctx context.Context, sc *scratchServer, bin string, n, per int
 		return run, nil, err
 	}
 	postmaster := postmasterPID(ctx, db)
+	dbURL := sc.dbURL(db.Name)
+	var trips *tripCounter
+	if countTrips {
+		if trips, err = newTripCounter(sc); err != nil {
+			return run, nil, fmt.Errorf("%w: %v", errNoTripCounter, err)
+		}
+		defer func() {
+			if trips != nil {
+				err = errors.Join(err, trips.close())
+			}
+		}()
+		u, err := url.Parse(dbURL)
+		if err != nil {
+			return run, nil, err
+		}
+		u.Host = fmt.Sprintf("127.0.0.1:%d", trips.port())
+		dbURL = u.String()
+	}
 	var turns atomic.Int64
 	answered, stopReader, err := countTurns(broker.Addr(), w, &turns)
 	if err != nil {
@@ -169,7 +211,7 @@ func burnDownOnce(ctx context.Context, sc *scratchServer, bin string, n, per int
 	pg0, pgOK := postgresCPU(postmaster)
 	cpu0 := sampleCPU()
 	start := time.Now()
-	p, err := startBenchProc(ctx, bin, "consumer", "--brokers", broker.Addr(), "--database-url", sc.dbURL(db.Name),
+	p, err := startBenchProc(ctx, bin, "consumer", "--brokers", broker.Addr(), "--database-url", dbURL,
 		"--metrics-addr", "127.0.0.1:0", "--partitions", fmt.Sprint(partitions), "--group", "bench-burndown-"+db.Name,
 		"--log-level", "info")
 	if err != nil {
@@ -213,7 +255,15 @@ func burnDownOnce(ctx context.Context, sc *scratchServer, bin string, n, per int
 	run = burnDownRun{
 		PromptsPerSession: per, Prompts: n, Turns: t, Seconds: secs, TurnsPerSecond: float64(t) / secs,
 		ConsumerCPUMillisPerTurn: msPer(consumerCPU, t), PostgresCPUMillisPerTurn: -1, StatementsPerTurn: -1, NestedStatementsPerTurn: -1,
-		CommitsPerTurn: float64(n1-commits0) / float64(t), CPU: cpuBetween(cpu0, cpu1),
+		CommitsPerTurn: float64(n1-commits0) / float64(t), CPU: cpuBetween(cpu0, cpu1), RoundTripsPerTurn: -1,
+	}
+	if trips != nil {
+		run.RoundTripsPerTurn = float64(trips.trips.Load()) / float64(t)
+		err := trips.close()
+		trips = nil
+		if err != nil {
+			return run, nil, fmt.Errorf("counting round trips: %w", err)
+		}
 	}
 	if pgOK {
 		run.PostgresCPUMillisPerTurn = msPer(pg1-pg0, t)
@@ -497,6 +547,9 @@ func printBurnDown(out io.Writer, rep *report) {
 		met(one.StatementsPerTurn >= 0 && one.StatementsPerTurn <= goalStatementsPerTurn))
 	fmt.Fprintf(tw, "  and run inside functions (plpgsql), per turn\t%s\t\t\t\n", na(one.NestedStatementsPerTurn, "%.1f"))
 	fmt.Fprintf(tw, "commits per turn\t%.2f\t\t\t\n", one.CommitsPerTurn)
+	if b.Trips != nil {
+		fmt.Fprintf(tw, "round trips per turn (%d prompts through a counting proxy)\t%.2f\t\t\t\n", b.Trips.Prompts, b.Trips.RoundTripsPerTurn)
+	}
 	if h := rep.HalfLatency; h != nil {
 		fmt.Fprintf(tw, "end-to-end p50 (ms) at %.0f/s (half the burn-down)\t%.1f\t\t\t\n", h.OfferedRate, h.Turn.P50)
 		fmt.Fprintf(tw, "end-to-end p99 (ms) at %.0f/s (half the burn-down)\t%.1f\t< %d\t%s\t\n", h.OfferedRate, h.Turn.P99, goalHalfP99Millis,
@@ -523,7 +576,12 @@ func printBurnDown(out io.Writer, rep *report) {
 	c := b.Ceiling
 	fmt.Fprintf(out, "turn ceiling: the %d rows the 1-per-session burn-down left (%d turns), %d writers, %d rows per statement and transaction, %.2fs; CPU %.2f cores busy\n",
 		c.Rows, c.Turns, c.Writers, c.Batch, c.Seconds, c.CPU.Machine)
-	fmt.Fprintln(out, "round trips per turn: not measured (it needs a proxy counting the client's Sync and Query messages)")
+	if t := b.Trips; t != nil {
+		fmt.Fprintf(out, "round trips: a burn-down of %d prompts, 1 per session, through a proxy counting the consumer's Syncs and simple Queries (each one request it waits on): %.2f per turn; that run %.0f turns/s, %s statements per turn\n",
+			t.Prompts, t.RoundTripsPerTurn, t.TurnsPerSecond, na(t.StatementsPerTurn, "%.1f"))
+	} else {
+		fmt.Fprintln(out, "round trips per turn: not counted (the counting proxy needs a plain TCP connection to the server)")
+	}
 	if h := rep.HalfLatency; h != nil {
 		fmt.Fprintf(out, "latency at half the burn-down (%.0f/s offered, %.0f/s achieved):\n", h.OfferedRate, h.AchievedRate)
 		printLatencyDetail(out, h)
