@@ -214,3 +214,59 @@ func TestMeasurements(t *testing.T) {
 	require.NoError(t, err)
 	require.NotEmpty(t, names["server_version"])
 }
+
+// TestInFlight runs `bench inflight` small: every turn sleeps on the
+// scripted provider, so the turns pile up in one consumer process; the
+// figures must be produced and plausible.
+func TestInFlight(t *testing.T) {
+	const rate, sleep, burst = 100, 2 * time.Second, 200
+	cmd := newRootCommand()
+	var stdout, stderr bytes.Buffer
+	cmd.SetOut(&stdout)
+	cmd.SetErr(&stderr)
+	cmd.SetArgs([]string{"inflight", "--kafka", "embedded", "--rate", fmt.Sprint(rate), "--duration", "2s", "--sleep", sleep.String(),
+		"--burst", fmt.Sprint(burst), "--partitions", "4", "--json"})
+	require.NoError(t, cmd.ExecuteContext(context.Background()), stderr.String())
+	var r inFlightResult
+	require.NoError(t, json.Unmarshal(stdout.Bytes(), &r))
+	require.Equal(t, 10000, r.MaxSessions)
+	require.EqualValues(t, 32, r.PoolSize)
+
+	s := r.Steady
+	require.Greater(t, s.Sent, rate)
+	require.Positive(t, s.Measured)
+	require.Equal(t, s.Measured, s.Completed, "every measured prompt answered")
+	require.Zero(t, s.Failed)
+	require.Zero(t, s.Missing)
+	// No turn completes before its provider's sleep: the overhead is
+	// what the pipeline adds on top of it.
+	require.GreaterOrEqual(t, s.Overhead.P50, 0.0)
+	require.GreaterOrEqual(t, s.Overhead.P99, s.Overhead.P50)
+	require.Less(t, s.Overhead.P99, float64(sleep.Milliseconds()), "a turn's overhead far below its sleep at this rate")
+	// At 100/s with 2s turns, about 200 are in flight at once.
+	require.Greater(t, s.Peaks.InFlight, rate)
+	require.Greater(t, s.Peaks.Executions, rate/2, "the consumer executes the sleeping turns at once")
+	require.Greater(t, s.Peaks.Goroutines, 10)
+	require.Greater(t, s.Peaks.RSSBytes, int64(8<<20))
+	require.Less(t, s.Peaks.RSSBytes, int64(4<<30))
+	require.Positive(t, s.Peaks.Connections)
+	require.LessOrEqual(t, s.Peaks.Connections, int(r.PoolSize))
+	require.LessOrEqual(t, s.Peaks.Busy, s.Peaks.Connections)
+
+	b := r.Burst
+	require.NotNil(t, b)
+	require.Equal(t, burst, b.Prompts)
+	require.EqualValues(t, burst, b.Attempts, "one provider attempt per prompt")
+	require.Positive(t, b.FirstStartSeconds)
+	require.GreaterOrEqual(t, b.LastStartSeconds, b.FirstStartSeconds)
+	require.GreaterOrEqual(t, b.CompletedSeconds, sleep.Seconds(), "answered only after the sleep")
+	require.Less(t, b.LastStartSeconds, b.CompletedSeconds)
+	require.Positive(t, b.StartsPerSecond)
+	require.Positive(t, b.Peaks.RSSBytes)
+
+	var out bytes.Buffer
+	printInFlight(&out, &r)
+	require.Contains(t, out.String(), "overhead p99 (ms past the sleep)")
+	require.Contains(t, out.String(), fmt.Sprintf("burst of %d: last turn started after (s)", burst))
+	require.Contains(t, out.String(), "≤ 32 (pool)")
+}

@@ -55,6 +55,7 @@ func newRootCommand() *cobra.Command {
 			return run(cmd.Context(), o, cmd.OutOrStdout(), cmd.ErrOrStderr())
 		},
 	}
+	root.AddCommand(newInFlightCommand())
 	f := root.Flags()
 	f.StringVar(&o.databaseURL, "database-url", os.Getenv("DATABASE_URL"),
 		"Postgres server URL (env DATABASE_URL; default postgres://127.0.0.1:5432/postgres); scratch databases promptline_bench_<random> are created there and dropped")

@@ -144,20 +144,11 @@ func run(ctx context.Context, o *options, stdout, stderr io.Writer) (err error) 
 	// cluster) behind.
 	defer func() { err = errors.Join(err, sc.close(ctx)) }()
 
-	rep := report{Machine: map[string]string{}}
 	facts, err := sc.serverFacts(ctx)
 	if err != nil {
 		return err
 	}
-	for k, v := range facts {
-		rep.Machine["postgres_"+k] = v
-	}
-	rep.Machine["cores"] = fmt.Sprint(runtime.NumCPU())
-	rep.Machine["go"] = runtime.Version()
-	rep.Machine["os_arch"] = runtime.GOOS + "/" + runtime.GOARCH
-	if b, err := os.ReadFile("/proc/loadavg"); err == nil {
-		rep.Machine["loadavg_at_start"] = strings.Join(strings.Fields(string(b))[:3], " ")
-	}
+	rep := report{Machine: machineFacts(facts)}
 
 	if o.latencyOnly {
 		return runLatencyOnly(ctx, sc, o, &rep, stdout, progress)
@@ -255,6 +246,21 @@ func run(ctx context.Context, o *options, stdout, stderr io.Writer) (err error) 
 	}
 	printReport(stdout, o, &rep)
 	return nil
+}
+
+// machineFacts are the server's facts and this machine's, for the report.
+func machineFacts(server map[string]string) map[string]string {
+	m := map[string]string{}
+	for k, v := range server {
+		m["postgres_"+k] = v
+	}
+	m["cores"] = fmt.Sprint(runtime.NumCPU())
+	m["go"] = runtime.Version()
+	m["os_arch"] = runtime.GOOS + "/" + runtime.GOARCH
+	if b, err := os.ReadFile("/proc/loadavg"); err == nil {
+		m["loadavg_at_start"] = strings.Join(strings.Fields(string(b))[:3], " ")
+	}
+	return m
 }
 
 // runLatencyOnly is --latency-only: the end-to-end run and its report.
