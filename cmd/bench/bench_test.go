@@ -144,6 +144,10 @@ func TestMeasurements(t *testing.T) {
 			require.Positive(t, r.TurnsPerSecond)
 			require.Positive(t, r.ConsumerCPUMillisPerTurn)
 			require.Positive(t, r.CommitsPerTurn)
+			// A turn writes rows: a few hundred bytes of WAL at least, and
+			// far less than a megabyte.
+			require.Greater(t, r.WALBytesPerTurn, 200.0)
+			require.Less(t, r.WALBytesPerTurn, float64(1<<20))
 			if sc.cluster != nil { // the bench's own cluster: its processes and pg_stat_statements
 				require.Positive(t, r.PostgresCPUMillisPerTurn)
 				require.Greater(t, r.StatementsPerTurn, 1.0)

@@ -61,6 +61,11 @@ type burnDownRun struct {
 	NestedStatementsPerTurn float64 `json:"nested_statements_per_turn"`
 	// CommitsPerTurn is the database's xact_commit delta per turn.
 	CommitsPerTurn float64 `json:"commits_per_turn"`
+	// WALBytesPerTurn is the server's WAL written over the run
+	// (pg_current_wal_lsn before the consumer's start and after it
+	// stopped), per turn: the whole cluster's, so the bench's own reads
+	// of the statistics and autovacuum are in it; -1 when not read.
+	WALBytesPerTurn float64 `json:"wal_bytes_per_turn"`
 	// RoundTripsPerTurn are the requests the consumer waited on per turn
 	// (roundtrips.go), counted only in a run through the counting proxy;
 	// -1 otherwise.
@@ -183,6 +188,7 @@ func burnDownOnce(ctx context.Context, sc *scratchServer, bin string, n, per int
 		return run, nil, err
 	}
 	postmaster := postmasterPID(ctx, db)
+	wal0, walOK := walLSN(ctx, db)
 	dbURL := sc.dbURL(db.Name)
 	var trips *tripCounter
 	if countTrips {
@@ -246,6 +252,10 @@ func burnDownOnce(ctx context.Context, sc *scratchServer, bin string, n, per int
 	if err != nil {
 		return run, nil, err
 	}
+	walBytes := int64(-1)
+	if walOK {
+		walBytes = walSince(ctx, db, wal0)
+	}
 	writes1, err := tableStats(ctx, db)
 	if err != nil {
 		return run, nil, err
@@ -256,6 +266,10 @@ func burnDownOnce(ctx context.Context, sc *scratchServer, bin string, n, per int
 		PromptsPerSession: per, Prompts: n, Turns: t, Seconds: secs, TurnsPerSecond: float64(t) / secs,
 		ConsumerCPUMillisPerTurn: msPer(consumerCPU, t), PostgresCPUMillisPerTurn: -1, StatementsPerTurn: -1, NestedStatementsPerTurn: -1,
 		CommitsPerTurn: float64(n1-commits0) / float64(t), CPU: cpuBetween(cpu0, cpu1), RoundTripsPerTurn: -1,
+		WALBytesPerTurn: -1,
+	}
+	if walBytes >= 0 && t > 0 {
+		run.WALBytesPerTurn = float64(walBytes) / float64(t)
 	}
 	if trips != nil {
 		run.RoundTripsPerTurn = float64(trips.trips.Load()) / float64(t)
@@ -293,6 +307,25 @@ func burnDownOnce(ctx context.Context, sc *scratchServer, bin string, n, per int
 		}
 	}
 	return run, dumped, nil
+}
+
+// walLSN is the server's current WAL insert position; false when it
+// cannot be read (a standby, a role without the right).
+func walLSN(ctx context.Context, db *scratchDB) (string, bool) {
+	var lsn string
+	if err := db.Pool.QueryRow(ctx, "SELECT pg_current_wal_lsn()::text").Scan(&lsn); err != nil {
+		return "", false
+	}
+	return lsn, true
+}
+
+// walSince is the WAL written since lsn, in bytes; -1 when not read.
+func walSince(ctx context.Context, db *scratchDB, lsn string) int64 {
+	var n int64
+	if err := db.Pool.QueryRow(ctx, "SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), $1::pg_lsn)::bigint", lsn).Scan(&n); err != nil {
+		return -1
+	}
+	return n
 }
 
 func msPer(d time.Duration, turns int64) float64 {
@@ -547,6 +580,7 @@ func printBurnDown(out io.Writer, rep *report) {
 		met(one.StatementsPerTurn >= 0 && one.StatementsPerTurn <= goalStatementsPerTurn))
 	fmt.Fprintf(tw, "  and run inside functions (plpgsql), per turn\t%s\t\t\t\n", na(one.NestedStatementsPerTurn, "%.1f"))
 	fmt.Fprintf(tw, "commits per turn\t%.2f\t\t\t\n", one.CommitsPerTurn)
+	fmt.Fprintf(tw, "WAL per turn (bytes, the whole server's)\t%s\t\t\t\n", na(one.WALBytesPerTurn, "%.0f"))
 	if b.Trips != nil {
 		fmt.Fprintf(tw, "round trips per turn (%d prompts through a counting proxy)\t%.2f\t\t\t\n", b.Trips.Prompts, b.Trips.RoundTripsPerTurn)
 	}
@@ -563,9 +597,9 @@ func printBurnDown(out io.Writer, rep *report) {
 	tw.Flush()
 
 	for _, r := range []burnDownRun{one, ten} {
-		fmt.Fprintf(out, "burn-down, %d per session: %d prompts, %d turns in %.2fs from the consumer's start; CPU %.2f cores busy (bench %.2f); consumer %.3f, Postgres %s ms CPU per turn; %s statements (+ %s inside functions), %.2f commits per turn\n",
+		fmt.Fprintf(out, "burn-down, %d per session: %d prompts, %d turns in %.2fs from the consumer's start; CPU %.2f cores busy (bench %.2f); consumer %.3f, Postgres %s ms CPU per turn; %s statements (+ %s inside functions), %.2f commits, %s WAL bytes per turn\n",
 			r.PromptsPerSession, r.Prompts, r.Turns, r.Seconds, r.CPU.Machine, r.CPU.Bench, r.ConsumerCPUMillisPerTurn,
-			na(r.PostgresCPUMillisPerTurn, "%.3f"), na(r.StatementsPerTurn, "%.1f"), na(r.NestedStatementsPerTurn, "%.1f"), r.CommitsPerTurn)
+			na(r.PostgresCPUMillisPerTurn, "%.3f"), na(r.StatementsPerTurn, "%.1f"), na(r.NestedStatementsPerTurn, "%.1f"), r.CommitsPerTurn, na(r.WALBytesPerTurn, "%.0f"))
 		fmt.Fprintf(out, "  rows per turn (inserted / updated / deleted / left):")
 		for _, t := range r.Tables {
 			d := float64(max(1, r.Turns))
