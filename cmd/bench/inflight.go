@@ -16,6 +16,7 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/spf13/cobra"
 )
 
@@ -69,6 +70,10 @@ type inFlightPeaks struct {
 	// InFlight is the largest count of prompts sent and not yet answered.
 	InFlight int `json:"peak_in_flight"`
 	Samples  int `json:"samples"`
+	// OverPool lists the consumer's backends (state, wait event, age,
+	// query) at the first sample that saw more of them than its pool
+	// holds: the evidence for where the extra ones come from.
+	OverPool []string `json:"over_pool,omitempty"`
 }
 
 // inFlightSteady is the steady phase: prompts at a fixed rate.
@@ -316,6 +321,7 @@ func waitProcLog(ctx context.Context, p *benchProc, msg string, timeout time.Dur
 type sampler struct {
 	c        *inFlightConsumer
 	inFlight func() int
+	pool     int
 	stopCh   chan struct{}
 	done     chan struct{}
 	mu       sync.Mutex
@@ -323,8 +329,8 @@ type sampler struct {
 	err      error
 }
 
-func startSampler(ctx context.Context, c *inFlightConsumer, inFlight func() int) *sampler {
-	s := &sampler{c: c, inFlight: inFlight, stopCh: make(chan struct{}), done: make(chan struct{})}
+func startSampler(ctx context.Context, c *inFlightConsumer, poolSize int32, inFlight func() int) *sampler {
+	s := &sampler{c: c, inFlight: inFlight, pool: int(poolSize), stopCh: make(chan struct{}), done: make(chan struct{})}
 	go func() {
 		defer close(s.done)
 		tick := time.NewTicker(inFlightSampleEvery)
@@ -351,10 +357,17 @@ func (s *sampler) sample(ctx context.Context) {
 	cErr := s.c.db.Pool.QueryRow(sctx, `
 SELECT count(*), count(*) FILTER (WHERE state IS DISTINCT FROM 'idle')
 FROM pg_stat_activity WHERE datname = current_database() AND application_name = $1`, inFlightConsumerAppName).Scan(&conns, &busy)
+	var over []string
+	if cErr == nil && conns > s.pool {
+		over = s.backends(sctx)
+	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	p := &s.peaks
 	p.Samples++
+	if over != nil && p.OverPool == nil {
+		p.OverPool = over
+	}
 	p.Goroutines, p.Executions = max(p.Goroutines, goroutines), max(p.Executions, executions)
 	p.Connections, p.Busy = max(p.Connections, conns), max(p.Busy, busy)
 	if s.inFlight != nil {
@@ -365,6 +378,24 @@ FROM pg_stat_activity WHERE datname = current_database() AND application_name = 
 	if mErr != nil || cErr != nil {
 		s.err = errors.Join(mErr, cErr)
 	}
+}
+
+// backends describes the consumer's backends, oldest first.
+func (s *sampler) backends(ctx context.Context) []string {
+	rows, err := s.c.db.Pool.Query(ctx, `
+SELECT format('%s %s/%s, connected %s ago, in state %s ago: %s', state, wait_event_type, wait_event,
+              date_trunc('milliseconds', now() - backend_start), date_trunc('milliseconds', now() - state_change),
+              left(regexp_replace(query, '\s+', ' ', 'g'), 80))
+FROM pg_stat_activity WHERE datname = current_database() AND application_name = $1
+ORDER BY backend_start`, inFlightConsumerAppName)
+	if err != nil {
+		return []string{"reading pg_stat_activity: " + err.Error()}
+	}
+	out, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		return []string{"reading pg_stat_activity: " + err.Error()}
+	}
+	return out
 }
 
 // stop ends the sampling and returns the peaks with the consumer's VmHWM.
@@ -466,7 +497,7 @@ func inFlightSteadyOnce(ctx context.Context, sc *scratchServer, bin string, o in
 	}
 	defer events.close()
 
-	s := startSampler(ctx, c, tr.outstanding)
+	s := startSampler(ctx, c, o.PoolSize, tr.outstanding)
 	c0 := sampleCPU()
 	sent, sendSecs, err := offer(ctx, c.brokers, tr, latencyOpts{
 		Rate: o.Rate, Duration: o.Duration, Warmup: warmupFor(o.Duration), Text: sleepText(o.Sleep),
@@ -509,7 +540,7 @@ func inFlightBurstOnce(ctx context.Context, sc *scratchServer, bin string, o inF
 	}
 	defer stopReader()
 
-	s := startSampler(ctx, c, nil)
+	s := startSampler(ctx, c, o.PoolSize, nil)
 	// The server's clock, as attempts.started_at is: no skew between the
 	// two ends of the figure.
 	var t0 time.Time
@@ -586,8 +617,26 @@ func printInFlight(out io.Writer, r *inFlightResult) {
 	tw.Flush()
 	fmt.Fprintf(out, "steady: %d sent (%.0f/s achieved), %d measured after warm-up, %d completed, %d failed, %d unanswered after the drain (counted with their age then); overhead p50 %.1f, p90 %.1f, p99 %.1f, max %.1f ms; %d samples; CPU %.2f cores busy (bench %.2f)\n",
 		s.Sent, s.AchievedRate, s.Measured, s.Completed, s.Failed, s.Missing, s.Overhead.P50, s.Overhead.P90, s.Overhead.P99, s.Overhead.Max, s.Peaks.Samples, s.CPU.Machine, s.CPU.Bench)
+	for _, ph := range []struct {
+		name  string
+		peaks inFlightPeaks
+	}{{"steady", s.Peaks}, {"burst", burstPeaks(r.Burst)}} {
+		if len(ph.peaks.OverPool) > 0 {
+			fmt.Fprintf(out, "%s: more backends than the pool's %d at one sample:\n", ph.name, r.PoolSize)
+			for _, b := range ph.peaks.OverPool {
+				fmt.Fprintf(out, "  %s\n", b)
+			}
+		}
+	}
 	if b := r.Burst; b != nil {
 		fmt.Fprintf(out, "burst: %d prompts produced in %.2fs; %d provider attempts, the first started %.2fs and the last %.2fs after the first produce; all answered after %.2fs; peaks: %d goroutines, %d executions, %d connections (%d busy)\n",
 			b.Prompts, b.ProduceSeconds, b.Attempts, b.FirstStartSeconds, b.LastStartSeconds, b.CompletedSeconds, b.Peaks.Goroutines, b.Peaks.Executions, b.Peaks.Connections, b.Peaks.Busy)
 	}
+}
+
+func burstPeaks(b *inFlightBurst) inFlightPeaks {
+	if b == nil {
+		return inFlightPeaks{}
+	}
+	return b.Peaks
 }
