@@ -107,9 +107,14 @@ $(STATICCHECK):
 	mv $(BIN)/.staticcheck/staticcheck $@ && rmdir $(BIN)/.staticcheck
 
 .PHONY: bench
-bench: ## print admission throughput, the raw ceiling, end-to-end latency, relay figures (BENCH_FLAGS='--kafka both': also on Apache Kafka)
+bench: ## print admission throughput, the raw ceiling, end-to-end latency, the burn-down figures, ten thousand turns in flight, relay figures (BENCH_FLAGS='--kafka both': also on Apache Kafka)
 	$(GO) run ./cmd/bench $(BENCH_FLAGS)
+	$(GO) run ./cmd/bench inflight
 	$(GO) test -run '^$$' -bench . -benchtime 2x ./outbox
+
+.PHONY: bench/inflight
+bench/inflight: ## print ten thousand turns in flight: one consumer process on an Apache Kafka node, 1,000 prompts/s for 30s each sleeping 10s, then a burst of 10,000 (Java 17, Maven)
+	$(GO) run ./cmd/bench inflight
 
 .PHONY: bench/latency
 bench/latency: ## print end-to-end latency at 1,000 prompts/s only (the executor's path)

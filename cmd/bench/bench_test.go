@@ -8,6 +8,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -108,6 +109,73 @@ func TestMeasurements(t *testing.T) {
 		require.Contains(t, out.String(), "not a speed-up")
 	})
 
+	// The burn-downs (a consumer process on a pre-filled topic), the turn
+	// ceiling on their rows and the latency at half their rate, through
+	// the command.
+	t.Run("BurnDownOnlyCommand", func(t *testing.T) {
+		cmd := newRootCommand()
+		var stdout, stderr bytes.Buffer
+		cmd.SetOut(&stdout)
+		cmd.SetErr(&stderr)
+		cmd.SetArgs([]string{"--burndown-only", "--burndown-prompts", "200", "--river-jobs", "300", "--river-workers", "20", "--rate", "50", "--duration", "2s",
+			"--partitions", "4", "--json"})
+		require.NoError(t, cmd.ExecuteContext(ctx), stderr.String())
+		var rep report
+		require.NoError(t, json.Unmarshal(stdout.Bytes(), &rep))
+		b := rep.BurnDown
+		require.NotNil(t, b)
+		require.Equal(t, 1, b.One.PromptsPerSession)
+		require.Equal(t, 10, b.Ten.PromptsPerSession)
+		require.EqualValues(t, 200, b.One.Turns, "one turn per single-prompt session")
+		require.GreaterOrEqual(t, b.Ten.Turns, int64(200/10), "at least a turn per session")
+		tables := map[string]tableWrites{}
+		var left int64
+		for _, tw := range b.One.Tables {
+			tables[tw.Table] = tw
+			left += tw.Left
+		}
+		require.EqualValues(t, 200, tables["inputs"].Inserted)
+		require.EqualValues(t, 200, tables["inputs"].Left)
+		require.EqualValues(t, 200, tables["claims"].Deleted, "every claim released")
+		require.EqualValues(t, left, b.Ceiling.Rows, "the ceiling writes every row the burn-down left")
+		require.Positive(t, b.Ceiling.TurnsPerSecond)
+		require.InDelta(t, b.One.TurnsPerSecond/b.Ceiling.TurnsPerSecond, b.Efficiency, 1e-9)
+		for _, r := range []burnDownRun{b.One, b.Ten} {
+			require.Positive(t, r.TurnsPerSecond)
+			require.Positive(t, r.ConsumerCPUMillisPerTurn)
+			require.Positive(t, r.CommitsPerTurn)
+			// A turn writes rows: a few hundred bytes of WAL at least, and
+			// far less than a megabyte.
+			require.Greater(t, r.WALBytesPerTurn, 200.0)
+			require.Less(t, r.WALBytesPerTurn, float64(1<<20))
+			if sc.cluster != nil { // the bench's own cluster: its processes and pg_stat_statements
+				require.Positive(t, r.PostgresCPUMillisPerTurn)
+				require.Greater(t, r.StatementsPerTurn, 1.0)
+				require.Positive(t, r.NestedStatementsPerTurn)
+			}
+		}
+		if sc.admin.TLSConfig == nil && !strings.HasPrefix(sc.admin.Host, "/") {
+			require.NotNil(t, b.Trips, "round trips counted through the proxy")
+			require.EqualValues(t, 40, b.Trips.Turns)
+			require.Positive(t, b.Trips.RoundTripsPerTurn)
+		}
+		h := rep.HalfLatency
+		require.NotNil(t, h)
+		require.InDelta(t, b.One.TurnsPerSecond/2, h.OfferedRate, 1e-9)
+		require.Zero(t, h.Missing)
+		require.Positive(t, h.Completed)
+		require.Positive(t, rep.Latency.Completed, "the run at --rate next to it")
+		require.NotNil(t, rep.River, "River's no-op burn-down, same run")
+		require.Equal(t, 300, rep.River.Jobs)
+		require.Positive(t, rep.River.JobsPerSecond)
+		require.InDelta(t, b.One.TurnsPerSecond/rep.River.JobsPerSecond, rep.RiverRatio, 1e-9)
+		var out bytes.Buffer
+		printBurnDown(&out, &rep)
+		require.Contains(t, out.String(), "burn-down / River's")
+		require.Contains(t, out.String(), "burn-down / turn ceiling")
+		require.Contains(t, out.String(), fmt.Sprintf("end-to-end p99 (ms) at %.0f/s (half the burn-down)", h.OfferedRate))
+	})
+
 	// One Apache Kafka node (Java 17 and Maven, as make test/kafka): the
 	// admission, latency and replay runs on both brokers, and their ratios.
 	t.Run("KafkaBoth", func(t *testing.T) {
@@ -149,4 +217,60 @@ func TestMeasurements(t *testing.T) {
 	names, err := sc.serverFacts(ctx)
 	require.NoError(t, err)
 	require.NotEmpty(t, names["server_version"])
+}
+
+// TestInFlight runs `bench inflight` small: every turn sleeps on the
+// scripted provider, so the turns pile up in one consumer process; the
+// figures must be produced and plausible.
+func TestInFlight(t *testing.T) {
+	const rate, sleep, burst = 100, 2 * time.Second, 200
+	cmd := newRootCommand()
+	var stdout, stderr bytes.Buffer
+	cmd.SetOut(&stdout)
+	cmd.SetErr(&stderr)
+	cmd.SetArgs([]string{"inflight", "--kafka", "embedded", "--rate", fmt.Sprint(rate), "--duration", "2s", "--sleep", sleep.String(),
+		"--burst", fmt.Sprint(burst), "--partitions", "4", "--json"})
+	require.NoError(t, cmd.ExecuteContext(context.Background()), stderr.String())
+	var r inFlightResult
+	require.NoError(t, json.Unmarshal(stdout.Bytes(), &r))
+	require.Equal(t, 10000, r.MaxSessions)
+	require.EqualValues(t, 32, r.PoolSize)
+
+	s := r.Steady
+	require.Greater(t, s.Sent, rate)
+	require.Positive(t, s.Measured)
+	require.Equal(t, s.Measured, s.Completed, "every measured prompt answered")
+	require.Zero(t, s.Failed)
+	require.Zero(t, s.Missing)
+	// No turn completes before its provider's sleep: the overhead is
+	// what the pipeline adds on top of it.
+	require.GreaterOrEqual(t, s.Overhead.P50, 0.0)
+	require.GreaterOrEqual(t, s.Overhead.P99, s.Overhead.P50)
+	require.Less(t, s.Overhead.P99, float64(sleep.Milliseconds()), "a turn's overhead far below its sleep at this rate")
+	// At 100/s with 2s turns, about 200 are in flight at once.
+	require.Greater(t, s.Peaks.InFlight, rate)
+	require.Greater(t, s.Peaks.Executions, rate/2, "the consumer executes the sleeping turns at once")
+	require.Greater(t, s.Peaks.Goroutines, 10)
+	require.Greater(t, s.Peaks.RSSBytes, int64(8<<20))
+	require.Less(t, s.Peaks.RSSBytes, int64(4<<30))
+	require.Positive(t, s.Peaks.Connections)
+	require.LessOrEqual(t, s.Peaks.Connections, int(r.PoolSize))
+	require.LessOrEqual(t, s.Peaks.Busy, s.Peaks.Connections)
+
+	b := r.Burst
+	require.NotNil(t, b)
+	require.Equal(t, burst, b.Prompts)
+	require.EqualValues(t, burst, b.Attempts, "one provider attempt per prompt")
+	require.Positive(t, b.FirstStartSeconds)
+	require.GreaterOrEqual(t, b.LastStartSeconds, b.FirstStartSeconds)
+	require.GreaterOrEqual(t, b.CompletedSeconds, sleep.Seconds(), "answered only after the sleep")
+	require.Less(t, b.LastStartSeconds, b.CompletedSeconds)
+	require.Positive(t, b.StartsPerSecond)
+	require.Positive(t, b.Peaks.RSSBytes)
+
+	var out bytes.Buffer
+	printInFlight(&out, &r)
+	require.Contains(t, out.String(), "overhead p99 (ms past the sleep)")
+	require.Contains(t, out.String(), fmt.Sprintf("burst of %d: last turn started after (s)", burst))
+	require.Contains(t, out.String(), "≤ 32 (pool)")
 }

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -39,6 +40,9 @@ type latencyOpts struct {
 	// Kafka gives the run its broker. Defaults to an embedded broker of
 	// its own.
 	Kafka kafkaBackend
+	// Text is every prompt's text. Defaults to promptText (no directive:
+	// the scripted provider answers at once).
+	Text string
 }
 
 // percentiles in milliseconds.
@@ -261,7 +265,7 @@ func offer(ctx context.Context, brokers []string, tr *tracker, opts latencyOpts)
 			p := envelope.Prompt{
 				MessageID: uuid.Must(uuid.NewV7()).String(),
 				SessionID: "lat-" + run + "-" + strconv.Itoa(sent),
-				Text:      promptText,
+				Text:      cmp.Or(opts.Text, promptText),
 			}
 			v, err := envelope.Marshal(p)
 			if err != nil {
@@ -367,6 +371,14 @@ func (t *tracker) seen(e envelope.Event, at time.Time) {
 		default:
 		}
 	}
+}
+
+// outstanding is how many prompts, warm-up included, were sent and not
+// yet answered: the turns in flight.
+func (t *tracker) outstanding() int {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return len(t.sentAtOf)
 }
 
 // waitAll waits until every measured prompt is answered, or drain passes,

@@ -1,8 +1,11 @@
 // Command bench prints promptline's performance figures from one run: the
 // raw Postgres ceiling for admission's rows, admission throughput through
 // the real consumer path, and end-to-end latency through the full pipeline,
-// against the local Postgres and the embedded broker over TCP. See
-// docs/benchmarks.md, "Admission throughput and end-to-end latency".
+// against the local Postgres and the embedded broker over TCP; and the
+// figures the performance goals are set in: a consumer process's
+// burn-down, the turn ceiling, River's burn-down as a peer, the cost per
+// turn and the latency at half of the burn-down's rate. See
+// docs/benchmarks.md.
 package main
 
 import (

@@ -26,6 +26,16 @@ type options struct {
 	// scaleOut runs one and three consumer processes (scaleout.go).
 	scaleOut        bool
 	scaleOutPrompts int
+	// burnDown runs the burn-downs, the turn ceiling and the latency at
+	// half of the burn-down's rate (burndown.go); burnDownOnly runs them
+	// alone.
+	burnDown        bool
+	burnDownOnly    bool
+	burnDownPrompts int
+	// riverJobs sizes River's no-op burn-down next to it (river.go); 0
+	// skips it.
+	riverJobs    int
+	riverWorkers int
 	// kafka is --kafka: embedded, apache or both (kafka.go).
 	kafka string
 }
@@ -45,6 +55,7 @@ func newRootCommand() *cobra.Command {
 			return run(cmd.Context(), o, cmd.OutOrStdout(), cmd.ErrOrStderr())
 		},
 	}
+	root.AddCommand(newInFlightCommand())
 	f := root.Flags()
 	f.StringVar(&o.databaseURL, "database-url", os.Getenv("DATABASE_URL"),
 		"Postgres server URL (env DATABASE_URL; default postgres://127.0.0.1:5432/postgres); scratch databases promptline_bench_<random> are created there and dropped")
@@ -57,6 +68,11 @@ func newRootCommand() *cobra.Command {
 	f.IntVar(&o.replayPrompts, "replay-prompts", 1000000, "prompts in the topic of the replay runs (fresh, then all duplicates); 0 skips them")
 	f.BoolVar(&o.scaleOut, "scaleout", true, "also measure admission + execution with three consumer processes next to one (builds ./cmd/consumer with the go tool)")
 	f.IntVar(&o.scaleOutPrompts, "scaleout-prompts", 20000, "prompts of each scale-out run")
+	f.BoolVar(&o.burnDown, "burndown", true, "also measure the burn-down (one consumer process working off a pre-filled prompts topic, one prompt per session, then ten), the turn ceiling, the cost per turn and the latency at half of the burn-down's rate (builds ./cmd/consumer with the go tool)")
+	f.BoolVar(&o.burnDownOnly, "burndown-only", false, "run only the burn-down measurements and the latency at half of its rate (for work on the hot path)")
+	f.IntVar(&o.burnDownPrompts, "burndown-prompts", 50000, "prompts of each burn-down run")
+	f.IntVar(&o.riverJobs, "river-jobs", 100000, "jobs of River's no-op burn-down on the same Postgres, run with the burn-down (builds cmd/bench/river, its own Go module); 0 skips it")
+	f.IntVar(&o.riverWorkers, "river-workers", 200, "workers of River's no-op burn-down")
 	f.StringVar(&o.kafka, "kafka", kafkaEmbedded, "broker of the admission, end-to-end latency and replay runs: embedded, apache (a single-node Apache Kafka started with scripts/kafka.sh; no knobs, no scale-out) or both (each figure on both, with the ratio Apache/embedded)")
 	f.StringVar(&o.cpuProfile, "cpuprofile", "", "write a CPU profile of the baseline admission run to this file")
 	f.BoolVar(&o.latencyOnly, "latency-only", false, "run only the end-to-end latency run (for work on the executor's path)")
@@ -76,11 +92,20 @@ func (o *options) validate() error {
 		return errors.New("--replay-prompts must not be negative")
 	case o.scaleOut && o.scaleOutPrompts < 1:
 		return errors.New("--scaleout-prompts must be at least 1")
+	case (o.burnDown || o.burnDownOnly) && o.burnDownPrompts < 1:
+		return errors.New("--burndown-prompts must be at least 1")
+	case o.riverJobs < 0 || o.riverWorkers < 1:
+		return errors.New("--river-jobs must not be negative and --river-workers must be at least 1")
+	case o.latencyOnly && o.burnDownOnly:
+		return errors.New("--latency-only and --burndown-only exclude each other")
 	case o.partitions < 1:
 		return errors.New("--partitions must be at least 1")
 	}
 	if _, err := kafkaModes(o.kafka); err != nil {
 		return err
+	}
+	if (o.latencyOnly || o.burnDownOnly) && o.kafka != kafkaEmbedded {
+		return errors.New("--latency-only and --burndown-only run on the embedded broker")
 	}
 	if o.latencyOnly && o.kafka != kafkaEmbedded {
 		return errors.New("--latency-only runs on the embedded broker; --kafka apache or both runs the latency run next to admission and replay")

@@ -18,6 +18,19 @@ const (
 	goalAdmissionRate  = 20000 // prompts/s
 	goalAdmissionRatio = 0.4   // of the raw ceiling
 	goalP99Millis      = 100   // at 1,000 prompts/s
+
+	// Issue 21: the burn-down against the turn ceiling, statements per
+	// turn, p99 at half of the burn-down's rate, and CPU per turn at most
+	// a quarter of the figure measured before the hot-path work.
+	goalCeilingRatio      = 0.5
+	goalStatementsPerTurn = 8
+	goalHalfP99Millis     = 50
+	goalRiverRatio        = 0.25
+	// beforeCPUMillisPerTurn is consumer + Postgres CPU per turn of the
+	// one-per-session burn-down before the hot-path work
+	// (docs/benchmarks.md, "Burn-down, turn ceiling, River and cost per
+	// turn"), 2026-12-01.
+	beforeCPUMillisPerTurn = 1.685
 )
 
 // knobRun is one admission run with one knob changed, and its ratio to
@@ -54,6 +67,15 @@ type report struct {
 	// Apache Kafka in the same run (--kafka both); the figures above are
 	// the embedded broker's.
 	Apache *kafkaFigures `json:"apache_kafka,omitempty"`
+	// BurnDown is the burn-downs and the turn ceiling (burndown.go).
+	BurnDown *burnDownResult `json:"burn_down,omitempty"`
+	// HalfLatency is end-to-end latency at half of the one-per-session
+	// burn-down's rate, measured in the same run.
+	HalfLatency *latencyResult `json:"latency_at_half_burn_down,omitempty"`
+	// River is River's no-op burn-down on the same Postgres (river.go),
+	// and RiverRatio the one-per-session burn-down / River's.
+	River      *riverResult `json:"river,omitempty"`
+	RiverRatio float64      `json:"burn_down_to_river,omitempty"`
 }
 
 // kafkaFigures are the measurements that run against either broker.
@@ -122,23 +144,28 @@ func run(ctx context.Context, o *options, stdout, stderr io.Writer) (err error) 
 	// cluster) behind.
 	defer func() { err = errors.Join(err, sc.close(ctx)) }()
 
-	rep := report{Machine: map[string]string{}}
 	facts, err := sc.serverFacts(ctx)
 	if err != nil {
 		return err
 	}
-	for k, v := range facts {
-		rep.Machine["postgres_"+k] = v
-	}
-	rep.Machine["cores"] = fmt.Sprint(runtime.NumCPU())
-	rep.Machine["go"] = runtime.Version()
-	rep.Machine["os_arch"] = runtime.GOOS + "/" + runtime.GOARCH
-	if b, err := os.ReadFile("/proc/loadavg"); err == nil {
-		rep.Machine["loadavg_at_start"] = strings.Join(strings.Fields(string(b))[:3], " ")
-	}
+	rep := report{Machine: machineFacts(facts)}
 
 	if o.latencyOnly {
 		return runLatencyOnly(ctx, sc, o, &rep, stdout, progress)
+	}
+	if o.burnDownOnly {
+		if err := measureBurnDownFigures(ctx, sc, o, &rep, progress); err != nil {
+			return err
+		}
+		if rep.Latency, err = measureShippedLatency(ctx, sc, o, progress); err != nil {
+			return err
+		}
+		if o.json {
+			return writeJSON(stdout, &rep)
+		}
+		printMachine(stdout, &rep)
+		printBurnDown(stdout, &rep)
+		return nil
 	}
 
 	progress("generating %d prompts", o.prompts)
@@ -202,6 +229,12 @@ func run(ctx context.Context, o *options, stdout, stderr io.Writer) (err error) 
 		rep.ScaleOut = &r
 	}
 
+	if o.burnDown {
+		if err := measureBurnDownFigures(ctx, sc, o, &rep, progress); err != nil {
+			return err
+		}
+	}
+
 	if o.knobs {
 		if err := measureKnobs(ctx, sc, o, w, brokers, &rep, progress); err != nil {
 			return err
@@ -213,6 +246,21 @@ func run(ctx context.Context, o *options, stdout, stderr io.Writer) (err error) 
 	}
 	printReport(stdout, o, &rep)
 	return nil
+}
+
+// machineFacts are the server's facts and this machine's, for the report.
+func machineFacts(server map[string]string) map[string]string {
+	m := map[string]string{}
+	for k, v := range server {
+		m["postgres_"+k] = v
+	}
+	m["cores"] = fmt.Sprint(runtime.NumCPU())
+	m["go"] = runtime.Version()
+	m["os_arch"] = runtime.GOOS + "/" + runtime.GOARCH
+	if b, err := os.ReadFile("/proc/loadavg"); err == nil {
+		m["loadavg_at_start"] = strings.Join(strings.Fields(string(b))[:3], " ")
+	}
+	return m
 }
 
 // runLatencyOnly is --latency-only: the end-to-end run and its report.
@@ -331,10 +379,7 @@ func admissionOnFreshTopic(ctx context.Context, sc *scratchServer, w *workload, 
 }
 
 func printReport(out io.Writer, o *options, rep *report) {
-	m := rep.Machine
-	fmt.Fprintf(out, "machine: %s cores, %s, %s; PostgreSQL %s (fsync=%s, synchronous_commit=%s, shared_buffers=%s); load average at start %s\n\n",
-		m["cores"], m["go"], m["os_arch"], m["postgres_server_version"], m["postgres_fsync"],
-		m["postgres_synchronous_commit"], m["postgres_shared_buffers"], m["loadavg_at_start"])
+	printMachine(out, rep)
 
 	tw := tabwriter.NewWriter(out, 0, 0, 2, ' ', tabwriter.AlignRight|tabwriter.Debug)
 	fmt.Fprintln(tw, "figure\tvalue\tgoal\tmet?\t")
@@ -374,6 +419,11 @@ func printReport(out io.Writer, o *options, rep *report) {
 		printScaleOut(out, rep.ScaleOut)
 	}
 
+	if rep.BurnDown != nil {
+		fmt.Fprintln(out)
+		printBurnDown(out, rep)
+	}
+
 	if len(rep.Knobs) > 0 {
 		fmt.Fprintln(out, "\nadmission knobs (ratio to the shipped default of this run):")
 		tw := tabwriter.NewWriter(out, 0, 0, 2, ' ', tabwriter.AlignRight|tabwriter.Debug)
@@ -408,10 +458,7 @@ func printReport(out io.Writer, o *options, rep *report) {
 
 // printLatency is the report of --latency-only.
 func printLatency(out io.Writer, rep *report) {
-	m := rep.Machine
-	fmt.Fprintf(out, "machine: %s cores, %s, %s; PostgreSQL %s (fsync=%s, synchronous_commit=%s, shared_buffers=%s); load average at start %s\n\n",
-		m["cores"], m["go"], m["os_arch"], m["postgres_server_version"], m["postgres_fsync"],
-		m["postgres_synchronous_commit"], m["postgres_shared_buffers"], m["loadavg_at_start"])
+	printMachine(out, rep)
 	l := &rep.Latency
 	fmt.Fprintf(out, "offered %.0f/s (achieved %.0f/s), completed %.0f/s; end-to-end p50 %.1f, p90 %.1f, p99 %.1f, max %.1f ms\n",
 		l.OfferedRate, l.AchievedRate, l.CompletedRate, l.Turn.P50, l.Turn.P90, l.Turn.P99, l.Turn.Max)
@@ -460,4 +507,11 @@ func printKafkaComparison(out io.Writer, rep *report) {
 		row("replay, dry run (prompts/s)", e.Replay.DryRun.Rate, a.Replay.DryRun.Rate)
 	}
 	tw.Flush()
+}
+
+func printMachine(out io.Writer, rep *report) {
+	m := rep.Machine
+	fmt.Fprintf(out, "machine: %s cores, %s, %s; PostgreSQL %s (fsync=%s, synchronous_commit=%s, shared_buffers=%s); load average at start %s\n\n",
+		m["cores"], m["go"], m["os_arch"], m["postgres_server_version"], m["postgres_fsync"],
+		m["postgres_synchronous_commit"], m["postgres_shared_buffers"], m["loadavg_at_start"])
 }

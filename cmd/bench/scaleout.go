@@ -14,6 +14,7 @@ import (
 	"runtime"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -93,22 +94,9 @@ func scaleOutOnce(ctx context.Context, sc *scratchServer, bin string, n int, par
 		return run, err
 	}
 	defer func() { err = errors.Join(err, db.drop(ctx)) }()
-	u := &url.URL{Scheme: "postgres", Host: fmt.Sprintf("%s:%d", sc.admin.Host, sc.admin.Port), Path: "/" + db.Name}
-	q := url.Values{}
-	if strings.HasPrefix(sc.admin.Host, "/") { // a Unix socket directory
-		u.Host = ""
-		q.Set("host", sc.admin.Host)
-		q.Set("port", fmt.Sprint(sc.admin.Port))
-	}
-	if sc.admin.User != "" {
-		u.User = url.UserPassword(sc.admin.User, sc.admin.Password)
-	}
-	if sc.admin.TLSConfig == nil {
-		q.Set("sslmode", "disable")
-	}
-	u.RawQuery = q.Encode()
+	u := sc.dbURL(db.Name)
 
-	answered, stopReader, err := countTurns(broker.Addr(), w)
+	answered, stopReader, err := countTurns(broker.Addr(), w, nil)
 	if err != nil {
 		return run, err
 	}
@@ -122,7 +110,7 @@ func scaleOutOnce(ctx context.Context, sc *scratchServer, bin string, n int, par
 		}
 	}()
 	for i := range procs {
-		p, err := startBenchProc(ctx, bin, fmt.Sprintf("consumer-%d", i+1), "--brokers", broker.Addr(), "--database-url", u.String(),
+		p, err := startBenchProc(ctx, bin, fmt.Sprintf("consumer-%d", i+1), "--brokers", broker.Addr(), "--database-url", u,
 			"--metrics-addr", "127.0.0.1:0", "--partitions", fmt.Sprint(partitions), "--group", group,
 			"--db-max-conns", fmt.Sprint(scaleOutMaxConns), "--log-level", "info")
 		if err != nil {
@@ -150,9 +138,30 @@ func scaleOutOnce(ctx context.Context, sc *scratchServer, bin string, n int, par
 	return scaleOutRun{Processes: procs, Prompts: n, Seconds: secs, Rate: float64(n) / secs, CPU: cpuBetween(cpu0, sampleCPU())}, nil
 }
 
+// dbURL is the URL of database name on the scratch server, for a consumer
+// process.
+func (s *scratchServer) dbURL(name string) string {
+	u := &url.URL{Scheme: "postgres", Host: fmt.Sprintf("%s:%d", s.admin.Host, s.admin.Port), Path: "/" + name}
+	q := url.Values{}
+	if strings.HasPrefix(s.admin.Host, "/") { // a Unix socket directory
+		u.Host = ""
+		q.Set("host", s.admin.Host)
+		q.Set("port", fmt.Sprint(s.admin.Port))
+	}
+	if s.admin.User != "" {
+		u.User = url.UserPassword(s.admin.User, s.admin.Password)
+	}
+	if s.admin.TLSConfig == nil {
+		q.Set("sslmode", "disable")
+	}
+	u.RawQuery = q.Encode()
+	return u.String()
+}
+
 // countTurns reads session-events and closes the returned channel once
-// every prompt of w has a turn event.
-func countTurns(addr string, w *workload) (<-chan struct{}, func(), error) {
+// every prompt of w has a turn event. turns, when not nil, counts the
+// turn events that answer prompts of w.
+func countTurns(addr string, w *workload, turns *atomic.Int64) (<-chan struct{}, func(), error) {
 	c, err := sarama.NewConsumer([]string{addr}, kafkautil.NewConfig("bench-scaleout-events"))
 	if err != nil {
 		return nil, nil, fmt.Errorf("connecting events reader: %w", err)
@@ -184,6 +193,9 @@ func countTurns(addr string, w *workload) (<-chan struct{}, func(), error) {
 					continue
 				}
 				mu.Lock()
+				if turns != nil && len(e.MessageIDs) > 0 && want[e.MessageIDs[0]] {
+					turns.Add(1)
+				}
 				for _, id := range e.MessageIDs {
 					if want[id] {
 						delete(want, id)

@@ -53,7 +53,8 @@ type scratchServer struct {
 // server on 127.0.0.1:5432; else, when that one is absent or refuses this
 // user (the consumer's rule, pgdb.UnusableDefault), a throwaway cluster
 // started here and stopped by close. The throwaway cluster runs with
-// fsync on, so that its commit cost is a disk's, as a real server's is.
+// fsync on, so that its commit cost is a disk's, as a real server's is,
+// and loads pg_stat_statements when the machine's PostgreSQL has it.
 func newScratchServer(ctx context.Context, rawURL string, log func(format string, args ...any)) (*scratchServer, error) {
 	cfg, err := pgx.ParseConfig(cmp.Or(rawURL, defaultServerURL))
 	if err != nil {
@@ -71,7 +72,16 @@ func newScratchServer(ctx context.Context, rawURL string, log func(format string
 		return s, nil
 	}
 	log("%s (%v); starting a throwaway cluster (set --database-url or DATABASE_URL to use a server)", why, err)
-	s.cluster, err = pgdb.StartClusterWith(ctx, &pgdb.ClusterConfig{Settings: map[string]string{"fsync": "on"}})
+	// pg_stat_statements counts the statements per turn of the
+	// burn-down, those the client sends and those run inside functions
+	// (track=all); its cost per statement is small against a turn's.
+	s.cluster, err = pgdb.StartClusterWith(ctx, &pgdb.ClusterConfig{Settings: map[string]string{
+		"fsync": "on", "shared_preload_libraries": "pg_stat_statements", "pg_stat_statements.track": "all",
+	}})
+	if err != nil {
+		log("starting with pg_stat_statements: %v; again without it (no statement counts)", err)
+		s.cluster, err = pgdb.StartClusterWith(ctx, &pgdb.ClusterConfig{Settings: map[string]string{"fsync": "on"}})
+	}
 	if err != nil {
 		return nil, err
 	}

@@ -34,15 +34,21 @@ type workload struct {
 
 // newWorkload builds n prompts over n/sessionsPer sessions with UUIDv7
 // message IDs, as producers send them.
-func newWorkload(n int) (*workload, error) {
+func newWorkload(n int) (*workload, error) { return newWorkloadPer(n, sessionsPer) }
+
+// newWorkloadPer builds n prompts over n/per sessions.
+func newWorkloadPer(n, per int) (*workload, error) { return newWorkloadText(n, per, promptText) }
+
+// newWorkloadText builds n prompts over n/per sessions, each with text.
+func newWorkloadText(n, per int, text string) (*workload, error) {
 	run := uuid.Must(uuid.NewV7()).String()[:8]
-	sessions := max(1, n/sessionsPer)
+	sessions := max(1, n/per)
 	w := &workload{prompts: make([]envelope.Prompt, n), values: make([][]byte, n)}
 	for i := range n {
 		p := envelope.Prompt{
 			MessageID: uuid.Must(uuid.NewV7()).String(),
 			SessionID: "bench-" + run + "-" + strconv.Itoa(i%sessions),
-			Text:      promptText,
+			Text:      text,
 		}
 		v, err := envelope.Marshal(p)
 		if err != nil {
