@@ -610,6 +610,16 @@ func (r *Recoverer) record(ctx context.Context, tx pgx.Tx, old, nc ledger.Claim,
 		At: time.Now().UTC(), ExecutionID: old.ExecutionID, Decision: d.decision, Rule: d.rule,
 		ContinuationMessageID: d.continuationID,
 	})}
+	if d.continuationID != "" && old.AssistantMessageID != "" && len(ev.TurnMessageIDs) > 0 {
+		// The turn goes on: its ID, from the execution, is the same however
+		// often this decision is retried (it commits once, invariant 9).
+		rows = append(rows, outbox.EventRow(r.cfg.Topics.Events, envelope.Event{
+			ID: "turn.recovered:" + old.ExecutionID, Type: envelope.EventTurnRecovered, SessionID: old.SessionID,
+			At: time.Now().UTC(), TurnID: cmp.Or(ev.TurnID, old.AssistantMessageID), MessageIDs: ev.TurnMessageIDs,
+			AssistantMessageID: old.AssistantMessageID, ExecutionID: old.ExecutionID, Rule: d.rule,
+			ContinuationMessageID: d.continuationID,
+		}))
+	}
 	if ev.WaitingInputs > 0 || d.continuationID != "" {
 		rows = append(rows, outbox.WakeRow(r.cfg.Topics.Wakes, old.SessionID, "recovery", time.Now().UTC()))
 	}
