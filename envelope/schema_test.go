@@ -232,7 +232,7 @@ func TestEventSchema(t *testing.T) {
 				TurnID: "t1", CallID: "x1/attempt-1/call-0", ModelCallID: "call_a", Tool: "echo", Class: "idempotent",
 			},
 			{
-				ID: "tool.completed:x1/attempt-1/call-0", Type: envelope.EventToolCompleted, SessionID: "s1", At: at,
+				ID: "tool.completed:x1/attempt-1/call-0@3", Type: envelope.EventToolCompleted, SessionID: "s1", At: at,
 				TurnID: "t1", CallID: "x1/attempt-1/call-0", ModelCallID: "call_a", Tool: "echo", Class: "idempotent", Outcome: "succeeded",
 			},
 			{

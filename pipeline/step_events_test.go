@@ -3,6 +3,7 @@ package pipeline_test
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"slices"
 	"testing"
 	"time"
@@ -76,7 +77,9 @@ func TestStepEvents(t *testing.T) {
 		for i, c := range step1.ToolCalls {
 			st, co := evs[3+2*i], evs[4+2*i]
 			require.Equal(t, "tool.started:"+c.CallID, st.ID)
-			require.Equal(t, "tool.completed:"+c.CallID, co.ID)
+			// The outcome is named after the claim that committed it.
+			token := b.count(t, `SELECT fencing_token FROM messages WHERE message_id = $1 AND role = 'tool'`, c.CallID)
+			require.Equal(t, fmt.Sprintf("tool.completed:%s@%d", c.CallID, token), co.ID)
 			for _, e := range []envelope.Event{st, co} {
 				require.Equal(t, turnID, e.TurnID)
 				require.Equal(t, c.CallID, e.CallID)

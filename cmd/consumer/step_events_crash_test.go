@@ -1,6 +1,7 @@
 package main
 
 import (
+	"fmt"
 	"testing"
 	"time"
 
@@ -65,7 +66,11 @@ func TestStepEventIDsStableAcrossRecovery(t *testing.T) {
 	require.Len(t, byType[envelope.EventToolStarted], 1, "the re-run call's tool.started has the crashed run's id")
 	require.Equal(t, "tool.started:"+callID, byType[envelope.EventToolStarted][0].ID)
 	require.Len(t, byType[envelope.EventToolCompleted], 1)
-	require.Equal(t, "tool.completed:"+callID, byType[envelope.EventToolCompleted][0].ID)
+	var settledBy int64
+	require.NoError(t, b.pool.QueryRow(t.Context(), `SELECT fencing_token FROM messages WHERE message_id = $1 AND role = 'tool'`,
+		callID).Scan(&settledBy))
+	require.Equal(t, fmt.Sprintf("tool.completed:%s@%d", callID, settledBy), byType[envelope.EventToolCompleted][0].ID,
+		"the outcome is named after the claim that committed it: the continuation's")
 	require.Equal(t, "succeeded", byType[envelope.EventToolCompleted][0].Outcome)
 	require.Len(t, byType[envelope.EventTurnRecovered], 1)
 	rec := byType[envelope.EventTurnRecovered][0]

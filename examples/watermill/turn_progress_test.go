@@ -35,7 +35,7 @@ func TestTurnProgress(t *testing.T) {
 		ev(envelope.Event{ID: "turn.recovered:x1", Type: envelope.EventTurnRecovered, TurnID: "t1", MessageIDs: []string{"m1"},
 			AssistantMessageID: "t1", ExecutionID: "x1", ContinuationMessageID: "recovery-continue-x1"}),
 		started, // the continuation re-runs the idempotent call
-		ev(envelope.Event{ID: "tool.completed:" + call.CallID, Type: envelope.EventToolCompleted, TurnID: "t1",
+		ev(envelope.Event{ID: "tool.completed:" + call.CallID + "@2", Type: envelope.EventToolCompleted, TurnID: "t1",
 			CallID: call.CallID, ModelCallID: call.ModelCallID, Tool: call.Tool, Class: call.Class, Outcome: "succeeded"}),
 		ev(envelope.Event{ID: "step.completed:a2", Type: envelope.EventStepCompleted, TurnID: "t1", MessageIDs: []string{"m1"},
 			AssistantMessageID: "a2", Step: 2, Text: "tool results: echo: x"}),
