@@ -97,7 +97,8 @@ type Event struct {
 	CallID      string `json:"call_id,omitempty"`
 	ModelCallID string `json:"model_call_id,omitempty"`
 	Class       string `json:"class,omitempty"`
-	// tool.completed: succeeded, failed or unknown.
+	// tool.completed: succeeded, failed, unknown or interrupted (the
+	// ledger's terminal call states).
 	Outcome string `json:"outcome,omitempty"`
 }
 

@@ -562,9 +562,27 @@ func (ex *execution) failTurn(ctx context.Context, t *turn, reason string, cause
 		return status == "errored", err
 	}
 	released, err = finish(wctx, failed, func(tx pgx.Tx) error {
-		if _, err := tx.Exec(wctx, `UPDATE tool_calls SET state = 'interrupted', output = $2, is_error = true, finished_at = now()
-			WHERE session_id = $1 AND state = 'requested'`, ex.sessionID, "interrupted: "+reason); err != nil {
+		// The calls not run end interrupted, each announced (tool.completed)
+		// before the turn's end, in the order they were requested.
+		rows, err := tx.Query(wctx, `WITH interrupted AS (
+				UPDATE tool_calls SET state = 'interrupted', output = $2, is_error = true, finished_at = now()
+				WHERE session_id = $1 AND state = 'requested'
+				RETURNING call_id, model_call_id, tool, class, requested_at, attempt_id, idx)
+			SELECT call_id, model_call_id, tool, class FROM interrupted ORDER BY requested_at, attempt_id, idx`,
+			ex.sessionID, "interrupted: "+reason)
+		if err != nil {
 			return fmt.Errorf("interrupting calls not run: %w", err)
+		}
+		var interrupted []outbox.Row
+		var p ledger.CallParams
+		if _, err := pgx.ForEachRow(rows, []any{&p.ID, &p.ModelCallID, &p.Tool, &p.Class}, func() error {
+			interrupted = append(interrupted, ex.toolEvent(envelope.EventToolCompleted, t.id, p, ledger.CallInterrupted))
+			return nil
+		}); err != nil {
+			return fmt.Errorf("interrupting calls not run: %w", err)
+		}
+		if err := outbox.Insert(wctx, tx, interrupted...); err != nil {
+			return err
 		}
 		if attemptState != "" && len(attemptID) > 0 {
 			if err := ledger.FinishAttempt(wctx, tx, attemptID[0], attemptState, cause.Error(), 0, 0); err != nil {

@@ -1,15 +1,18 @@
 package recovery_test
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
 	"sync"
 	"testing"
 
+	"github.com/santhosh-tekuri/jsonschema/v6"
 	"github.com/stretchr/testify/require"
 
 	"github.com/promptline/promptline/envelope"
+	"github.com/promptline/promptline/ledger"
 	"github.com/promptline/promptline/pipeline"
 	"github.com/promptline/promptline/recovery"
 	"github.com/promptline/promptline/tools"
@@ -80,4 +83,89 @@ func TestStepEventsAcrossResolution(t *testing.T) {
 			"two outcomes of call %s share the id %s: a consumer deduplicating on id keeps %q and loses %q",
 			done[0].CallID, done[0].ID, done[0].Outcome, done[1].Outcome)
 	})
+
+	// Recovery decides the outcome of the calls a dead process left: a
+	// started one unknown, one never dispatched interrupted. The ledger
+	// has those outcomes; the events must say them, or a UI shows a call
+	// that tool.started began as running for good.
+	t.Run("ReconciledCallsHaveTheirOutcome", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t)
+		b.admit(t, "s", "m1", `/tool echo {}`)
+		c := b.startTurn(t, "s", "m1")
+		att := b.beginAttempt(t, c, 1, "scripted")
+		calls := b.toolStep(t, c, att, map[string]string{"echo": "side_effecting", "append_line": "side_effecting"},
+			map[string]string{"echo": `{}`, "append_line": `{"line":"x"}`})
+		b.startCall(t, c, calls[0])
+		b.die(t, "s")
+		require.Equal(t, 1, b.pass(t).Decisions[recovery.DecisionReconciled])
+
+		done := b.outboxEvents(t, "s", envelope.EventToolCompleted)
+		require.Len(t, done, 2, "one tool.completed per call recovery settled")
+		schema := eventSchema(t)
+		for i, want := range []string{ledger.CallUnknown, ledger.CallInterrupted} {
+			e := done[i]
+			require.Equal(t, calls[i].ID, e.CallID)
+			require.Equal(t, want, e.Outcome)
+			require.Equal(t, calls[i].ModelCallID, e.ModelCallID)
+			require.Equal(t, calls[i].Tool, e.Tool)
+			require.Equal(t, calls[i].Class, e.Class)
+			require.Equal(t, c.assistant, e.TurnID)
+			require.Equal(t, 1, b.count(t, `SELECT count(*) FROM tool_calls WHERE call_id = $1 AND state = $2`, e.CallID, want),
+				"the event says the ledger's outcome")
+			requireValid(t, schema, e)
+		}
+		require.NotEqual(t, done[0].ID, done[1].ID)
+		failed := b.outboxEvents(t, "s", envelope.EventTurnFailed)
+		require.Len(t, failed, 1)
+	})
+
+	// An operator found that the unknown call ran: the ledger's outcome is
+	// succeeded from then on, and the continuation goes on with the given
+	// output. The events must say so too.
+	t.Run("RanFindingAnnouncesTheOutcome", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t)
+		c, call := b.unknownCall(t, "s")
+		_, err := b.resolve(t, "s", call.ID, recovery.FindingRan, `{"appended":true}`)
+		require.NoError(t, err)
+		again, err := b.resolve(t, "s", call.ID, recovery.FindingRan, `{"appended":true}`)
+		require.NoError(t, err)
+		require.True(t, again.Already)
+
+		var outcomes, ids []string
+		for _, e := range b.outboxEvents(t, "s", envelope.EventToolCompleted) {
+			require.Equal(t, call.ID, e.CallID)
+			require.Equal(t, c.assistant, e.TurnID)
+			requireValid(t, eventSchema(t), e)
+			outcomes, ids = append(outcomes, e.Outcome), append(ids, e.ID)
+		}
+		require.NotEmpty(t, outcomes, "no tool.completed for call %s", call.ID)
+		require.Equal(t, ledger.CallSucceeded, outcomes[len(outcomes)-1], "the latest tool.completed is the call's outcome")
+		require.Len(t, outcomes, 2, "unknown (recovery), then succeeded (the finding), once however often it is resolved: %v", outcomes)
+		require.NotEqual(t, ids[0], ids[1])
+	})
+}
+
+// eventSchema compiles the published session-event schema, formats
+// asserted as a strict consumer would.
+func eventSchema(t *testing.T) *jsonschema.Schema {
+	t.Helper()
+	doc, err := jsonschema.UnmarshalJSON(bytes.NewReader(envelope.EventSchema))
+	require.NoError(t, err)
+	c := jsonschema.NewCompiler()
+	c.AssertFormat()
+	require.NoError(t, c.AddResource("session-event.schema.json", doc))
+	s, err := c.Compile("session-event.schema.json")
+	require.NoError(t, err)
+	return s
+}
+
+func requireValid(t *testing.T, s *jsonschema.Schema, e envelope.Event) {
+	t.Helper()
+	b, err := json.Marshal(e)
+	require.NoError(t, err)
+	v, err := jsonschema.UnmarshalJSON(bytes.NewReader(b))
+	require.NoError(t, err)
+	require.NoError(t, s.Validate(v), "%s", b)
 }
