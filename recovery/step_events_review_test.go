@@ -147,6 +147,32 @@ func TestStepEventsAcrossResolution(t *testing.T) {
 	})
 }
 
+// TestStepNumbersAcrossResolution: a step whose provider attempt was cut
+// by a crash never completed (no step.completed); an operator found it
+// was not sent, and the continuation sends that step again. Its
+// step.completed must carry the number of the step it sends again, as
+// recovery's own re-send does (it answers in the same message): a UI that
+// counts step.completed events must not see step 2 as the turn's first.
+func TestStepNumbersAcrossResolution(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	b.admit(t, "s", "m1", "hello")
+	c := b.startTurn(t, "s", "m1")
+	att := b.beginAttempt(t, c, 1, "scripted")
+	b.die(t, "s")
+	require.Equal(t, 1, b.pass(t).Decisions[recovery.DecisionReconciled])
+	require.Equal(t, 1, b.count(t, `SELECT count(*) FROM attempts WHERE attempt_id = $1 AND state = 'unknown'`, att))
+
+	_, err := b.resolve(t, "s", att, recovery.FindingDidNotRun, "")
+	require.NoError(t, err)
+	b.run(t, &recorder{}, nil, "s")
+	require.Len(t, b.completed(t, "s"), 1, "the continuation answered")
+	steps := b.outboxEvents(t, "s", envelope.EventStepCompleted)
+	require.Len(t, steps, 1)
+	require.Equal(t, c.assistant, steps[0].TurnID)
+	require.Equal(t, 1, steps[0].Step, "the step sent again is the turn's first completed step, not a step after the one that never completed")
+}
+
 // eventSchema compiles the published session-event schema, formats
 // asserted as a strict consumer would.
 func eventSchema(t *testing.T) *jsonschema.Schema {
