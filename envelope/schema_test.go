@@ -228,7 +228,7 @@ func TestEventSchema(t *testing.T) {
 				TurnID: "t1", MessageIDs: []string{"m7"}, AssistantMessageID: "a6", Step: 2,
 			},
 			{
-				ID: "tool.started:x1/attempt-1/call-0", Type: envelope.EventToolStarted, SessionID: "s1", At: at,
+				ID: "tool.started:x1/attempt-1/call-0@3", Type: envelope.EventToolStarted, SessionID: "s1", At: at,
 				TurnID: "t1", CallID: "x1/attempt-1/call-0", ModelCallID: "call_a", Tool: "echo", Class: "idempotent",
 			},
 			{

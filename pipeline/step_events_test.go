@@ -76,9 +76,10 @@ func TestStepEvents(t *testing.T) {
 
 		for i, c := range step1.ToolCalls {
 			st, co := evs[3+2*i], evs[4+2*i]
-			require.Equal(t, "tool.started:"+c.CallID, st.ID)
-			// The outcome is named after the claim that committed it.
+			// Dispatch and outcome are named after the claim that committed
+			// them.
 			token := b.count(t, `SELECT fencing_token FROM messages WHERE message_id = $1 AND role = 'tool'`, c.CallID)
+			require.Equal(t, fmt.Sprintf("tool.started:%s@%d", c.CallID, token), st.ID)
 			require.Equal(t, fmt.Sprintf("tool.completed:%s@%d", c.CallID, token), co.ID)
 			for _, e := range []envelope.Event{st, co} {
 				require.Equal(t, turnID, e.TurnID)

@@ -649,16 +649,14 @@ func (ex *execution) stepCompleted(t *turn, step int, text string, calls []ledge
 
 // toolEvent announces a call's dispatch (tool.started) or outcome
 // (tool.completed, outcome = the ledger state), never its input or output.
-// An outcome's ID also names the claim that committed it (its fencing
-// token, the same on every retry of the write): a call an operator re-armed
-// (consumer session resolve --did-not-run) after an unknown outcome has a
-// second outcome, which must not share the first one's ID, or a consumer
-// deduplicating on id keeps "unknown" and loses what really happened.
+// Its ID also names the claim that committed it (its fencing token, the
+// same on every retry of the write): a call can be dispatched again (an
+// idempotent one after a crash, one an operator re-armed with consumer
+// session resolve --did-not-run) and have a second outcome; neither may
+// share the first one's ID, or a consumer deduplicating on id never sees
+// the call start again and keeps "unknown" for what really happened.
 func (ex *execution) toolEvent(typ, turnID string, p ledger.CallParams, outcome string) outbox.Row {
-	id := typ + ":" + p.ID
-	if typ == envelope.EventToolCompleted {
-		id += "@" + strconv.FormatInt(ex.x.Claim().Token, 10)
-	}
+	id := typ + ":" + p.ID + "@" + strconv.FormatInt(ex.x.Claim().Token, 10)
 	return eventRow(ex.e.cfg.Topics.Events, envelope.Event{
 		ID: id, Type: typ, SessionID: ex.sessionID, At: time.Now().UTC(),
 		TurnID: turnID, CallID: p.ID, ModelCallID: p.ModelCallID, Tool: p.Tool, Class: p.Class, Outcome: outcome,

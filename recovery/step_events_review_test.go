@@ -55,7 +55,9 @@ func (f *failAfterFirst) Complete(ctx context.Context, req pipeline.ProviderRequ
 // It catches: two different outcomes of one call (the unknown one of its
 // first run, the real one of the run an operator's --did-not-run vouched
 // for) announced under one id, so that the deduplicating consumer keeps
-// "unknown" and never learns the call succeeded.
+// "unknown" and never learns the call succeeded; the re-run's dispatch
+// under the first run's tool.started id, so that it never sees the call
+// start again.
 func TestStepEventsAcrossResolution(t *testing.T) {
 	t.Parallel()
 
@@ -82,6 +84,14 @@ func TestStepEventsAcrossResolution(t *testing.T) {
 		require.NotEqual(t, done[0].ID, done[1].ID,
 			"two outcomes of call %s share the id %s: a consumer deduplicating on id keeps %q and loses %q",
 			done[0].CallID, done[0].ID, done[0].Outcome, done[1].Outcome)
+
+		// The re-run is a second dispatch, which the operator vouched for:
+		// a UI must see the call running again.
+		started := b.outboxEvents(t, "s", envelope.EventToolStarted)
+		require.Len(t, started, 2)
+		require.Equal(t, started[0].CallID, started[1].CallID)
+		require.NotEqual(t, started[0].ID, started[1].ID,
+			"the re-run's dispatch shares the first run's id %s: a consumer deduplicating on id never sees it start", started[0].ID)
 	})
 
 	// Recovery decides the outcome of the calls a dead process left: a

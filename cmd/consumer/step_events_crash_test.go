@@ -16,11 +16,12 @@ import (
 // idempotent tool call's intent (tool.started committed with it) and its
 // result; recovery continues the turn and the call runs again with its key.
 // The step events name the same facts with the same IDs on both sides of
-// the crash: a consumer that deduplicates on id sees one tool.started, one
+// the crash: a consumer that deduplicates on id sees the turn start once,
+// the call dispatched twice (each dispatch under its claim's id), one
 // tool.completed, and the steps numbered on from the crashed run.
 //
-// It catches: an event ID drawn from the process (a second tool.started
-// with a new ID for the same call), a continuation that numbers its steps
+// It catches: an event ID drawn from the process, a re-dispatch hidden
+// under the crashed run's id, a continuation that numbers its steps
 // from 1 again, a turn.recovered missing or written twice, and an event of
 // the continuation that names another turn.
 func TestStepEventIDsStableAcrossRecovery(t *testing.T) {
@@ -32,7 +33,7 @@ func TestStepEventIDsStableAcrossRecovery(t *testing.T) {
 	crashing := b.start(t, "consumer-1", faults.IdempotentToolAfterIntent, "--lease", "1s")
 	b.send(t, p)
 	requireKilled(t, crashing.waitExit(t, crashTimeout))
-	execID, _, _ := claimOf(t, b, session)
+	execID, crashedToken, _ := claimOf(t, b, session)
 	var callID, turnID string
 	require.NoError(t, b.pool.QueryRow(t.Context(), `SELECT c.call_id, m.turn_id FROM tool_calls c
 		JOIN attempts a USING (attempt_id) JOIN messages m ON m.message_id = a.assistant_message_id
@@ -55,7 +56,7 @@ func TestStepEventIDsStableAcrossRecovery(t *testing.T) {
 				evs = append(evs, e)
 			}
 		}
-		return len(evs) == 9
+		return len(evs) == 10
 	}, 20*time.Second, 20*time.Millisecond, "distinct events of %s", session)
 	byType := map[string][]envelope.Event{}
 	for _, e := range evs {
@@ -63,14 +64,18 @@ func TestStepEventIDsStableAcrossRecovery(t *testing.T) {
 	}
 	require.Len(t, byType[envelope.EventTurnStarted], 1)
 	require.Equal(t, "turn.started:"+turnID, byType[envelope.EventTurnStarted][0].ID)
-	require.Len(t, byType[envelope.EventToolStarted], 1, "the re-run call's tool.started has the crashed run's id")
-	require.Equal(t, "tool.started:"+callID, byType[envelope.EventToolStarted][0].ID)
-	require.Len(t, byType[envelope.EventToolCompleted], 1)
+	// Each dispatch and each outcome is named after the claim that
+	// committed it: the crashed run's dispatch, then the continuation's
+	// dispatch and outcome.
 	var settledBy int64
 	require.NoError(t, b.pool.QueryRow(t.Context(), `SELECT fencing_token FROM messages WHERE message_id = $1 AND role = 'tool'`,
 		callID).Scan(&settledBy))
-	require.Equal(t, fmt.Sprintf("tool.completed:%s@%d", callID, settledBy), byType[envelope.EventToolCompleted][0].ID,
-		"the outcome is named after the claim that committed it: the continuation's")
+	require.Greater(t, settledBy, crashedToken)
+	require.Len(t, byType[envelope.EventToolStarted], 2, "the re-run is a dispatch of its own")
+	require.Equal(t, fmt.Sprintf("tool.started:%s@%d", callID, crashedToken), byType[envelope.EventToolStarted][0].ID)
+	require.Equal(t, fmt.Sprintf("tool.started:%s@%d", callID, settledBy), byType[envelope.EventToolStarted][1].ID)
+	require.Len(t, byType[envelope.EventToolCompleted], 1)
+	require.Equal(t, fmt.Sprintf("tool.completed:%s@%d", callID, settledBy), byType[envelope.EventToolCompleted][0].ID)
 	require.Equal(t, "succeeded", byType[envelope.EventToolCompleted][0].Outcome)
 	require.Len(t, byType[envelope.EventTurnRecovered], 1)
 	rec := byType[envelope.EventTurnRecovered][0]
@@ -89,7 +94,7 @@ func TestStepEventIDsStableAcrossRecovery(t *testing.T) {
 		}
 	}
 
-	// The outbox: the re-run wrote tool.started again (same id), every
+	// The outbox: the re-run wrote tool.started again (its own id), every
 	// other step event once.
 	require.Equal(t, 2, outboxEvents(t, b, session, envelope.EventToolStarted))
 	for _, typ := range []string{envelope.EventTurnStarted, envelope.EventToolCompleted, envelope.EventTurnRecovered} {

@@ -20,10 +20,10 @@ var ProgressTypes = []string{
 // says and nothing more: every fact has one id (repeats are already
 // dropped by the router), and a turn's events come in commit order. A
 // step.completed is the truth of its step; tool.completed ends the call
-// that tool.started began (a continuation after a crash may start the
-// same call again: same call_id, same event id). A call may have more
-// than one tool.completed, each with its own id (an operator's finding on
-// an unknown outcome): the latest is its outcome.
+// that tool.started began. A continuation after a crash may start the
+// same call again (same call_id, an id of its own), and a call may have
+// more than one tool.completed (an operator's finding on an unknown
+// outcome): the latest is its outcome.
 type TurnProgress struct {
 	mu    sync.Mutex
 	turns map[string]*Turn // by turn_id

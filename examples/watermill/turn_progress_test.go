@@ -14,7 +14,7 @@ import (
 // TestTurnProgress runs TurnProgress behind the router against the
 // embedded broker, on a turn's step events as promptline publishes them
 // after a crash and a recovery: the relay's repeats, and a re-run call's
-// tool.started again under its id.
+// tool.started again under an id of its own.
 func TestTurnProgress(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
@@ -24,7 +24,9 @@ func TestTurnProgress(t *testing.T) {
 		return record{session: "sess-1", event: &e}
 	}
 	call := envelope.EventToolCall{CallID: "x1/attempt-1/call-0", ModelCallID: "call-0", Tool: "echo", Class: "idempotent"}
-	started := ev(envelope.Event{ID: "tool.started:" + call.CallID, Type: envelope.EventToolStarted, TurnID: "t1",
+	started := ev(envelope.Event{ID: "tool.started:" + call.CallID + "@1", Type: envelope.EventToolStarted, TurnID: "t1",
+		CallID: call.CallID, ModelCallID: call.ModelCallID, Tool: call.Tool, Class: call.Class})
+	restarted := ev(envelope.Event{ID: "tool.started:" + call.CallID + "@2", Type: envelope.EventToolStarted, TurnID: "t1",
 		CallID: call.CallID, ModelCallID: call.ModelCallID, Tool: call.Tool, Class: call.Class})
 	b.publish(t, []record{
 		ev(envelope.Event{ID: "input.admitted:m1", Type: envelope.EventInputAdmitted, MessageID: "m1"}),
@@ -34,7 +36,8 @@ func TestTurnProgress(t *testing.T) {
 		started,
 		ev(envelope.Event{ID: "turn.recovered:x1", Type: envelope.EventTurnRecovered, TurnID: "t1", MessageIDs: []string{"m1"},
 			AssistantMessageID: "t1", ExecutionID: "x1", ContinuationMessageID: "recovery-continue-x1"}),
-		started, // the continuation re-runs the idempotent call
+		started,   // the relay publishes it again
+		restarted, // the continuation re-runs the idempotent call
 		ev(envelope.Event{ID: "tool.completed:" + call.CallID + "@2", Type: envelope.EventToolCompleted, TurnID: "t1",
 			CallID: call.CallID, ModelCallID: call.ModelCallID, Tool: call.Tool, Class: call.Class, Outcome: "succeeded"}),
 		ev(envelope.Event{ID: "step.completed:a2", Type: envelope.EventStepCompleted, TurnID: "t1", MessageIDs: []string{"m1"},
