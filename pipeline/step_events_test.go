@@ -5,13 +5,16 @@ import (
 	"context"
 	"fmt"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/santhosh-tekuri/jsonschema/v6"
 	"github.com/stretchr/testify/require"
 
 	"github.com/promptline/promptline/envelope"
+	"github.com/promptline/promptline/pipeline"
 	"github.com/promptline/promptline/tools"
 )
 
@@ -158,4 +161,40 @@ func mustInstance(t *testing.T, b []byte) any {
 	v, err := jsonschema.UnmarshalJSON(bytes.NewReader(b))
 	require.NoError(t, err)
 	return v
+}
+
+// TestStepEventsOfTheTransactionalPromotion: prompts promoted on the
+// transactional path (here behind a continuation input that no recovery
+// vouches for, which is quarantined in the same transaction) start their
+// turn as the queued path does: turn.started committed with the promotion.
+func TestStepEventsOfTheTransactionalPromotion(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	b := setupExec(t)
+	b.admit(t, "s", "m1", "hello")
+	_, err := b.pool.Exec(ctx, `INSERT INTO inputs (message_id, session_id, text, payload_hash, delivery, wake_pending, kind)
+		VALUES ('orphan-continuation', 's', '', '\x00', 'steer', true, 'continuation')`)
+	require.NoError(t, err)
+	done, err := b.executor(t, "x", pipeline.ScriptedProvider{}, 5*time.Second, 0).Wake(ctx, "s", 0)
+	require.NoError(t, err)
+	wait(t, done)
+	require.Equal(t, 1, b.count(t, `SELECT count(*) FROM inputs WHERE message_id = 'orphan-continuation' AND quarantine_reason IS NOT NULL`))
+	require.Equal(t, 1, b.answered(t, "m1"))
+
+	var got []string
+	var turnID string
+	rows, err := b.pool.Query(ctx, `SELECT convert_from(payload, 'UTF8')::jsonb ->> 'id', coalesce(convert_from(payload, 'UTF8')::jsonb ->> 'turn_id', '')
+		FROM outbox WHERE topic = 'session-events' AND key = 's' ORDER BY id`)
+	require.NoError(t, err)
+	var id, turn string
+	_, err = pgx.ForEachRow(rows, []any{&id, &turn}, func() error {
+		got = append(got, id)
+		if strings.HasPrefix(id, "turn.started:") {
+			turnID = turn
+		}
+		return nil
+	})
+	require.NoError(t, err)
+	require.NotEmpty(t, turnID, "no turn.started: %v", got)
+	require.Equal(t, []string{"input.admitted:m1", "turn.started:" + turnID, "step.completed:" + turnID, "turn.completed:" + turnID}, got)
 }
