@@ -19,6 +19,22 @@ const (
 	EventPermissionAsked = "permission.asked"
 	// EventPermissionReplied: a reply was admitted; the session resumes.
 	EventPermissionReplied = "permission.replied"
+
+	// Step events: a turn in progress, each committed with the fact it
+	// announces (docs/session-events.md).
+
+	// EventTurnStarted: inputs were promoted; a turn (TurnID) answers them.
+	EventTurnStarted = "turn.started"
+	// EventStepCompleted: a provider step's response is durable: its text
+	// and the tool calls it requested.
+	EventStepCompleted = "step.completed"
+	// EventToolStarted: a tool call's intent is committed; it is dispatched.
+	EventToolStarted = "tool.started"
+	// EventToolCompleted: a tool call's outcome is committed.
+	EventToolCompleted = "tool.completed"
+	// EventTurnRecovered: recovery continued a turn that a crashed or
+	// paused process left (a continuation input follows).
+	EventTurnRecovered = "turn.recovered"
 )
 
 // Reasons of a failed turn (Event.Reason).
@@ -67,6 +83,34 @@ type Event struct {
 	Tool      string          `json:"tool,omitempty"`
 	Input     json.RawMessage `json:"input,omitempty"`
 	Reply     string          `json:"reply,omitempty"`
+
+	// turn.started, step.completed, tool.*, turn.recovered: the turn, named
+	// after its first assistant message.
+	TurnID string `json:"turn_id,omitempty"`
+	// step.completed: the step's number in its turn (from 1) and the calls
+	// it requested.
+	Step      int             `json:"step,omitempty"`
+	ToolCalls []EventToolCall `json:"tool_calls,omitempty"`
+	// tool.started, tool.completed (Tool above names the tool). The
+	// call's input and output are not carried: they may hold secrets; the
+	// transcript has them.
+	CallID      string `json:"call_id,omitempty"`
+	ModelCallID string `json:"model_call_id,omitempty"`
+	Class       string `json:"class,omitempty"`
+	// tool.completed: succeeded, failed, unknown or interrupted (the
+	// ledger's terminal call states).
+	Outcome string `json:"outcome,omitempty"`
+}
+
+// EventToolCall is a tool call a step requested (step.completed), without
+// its input.
+type EventToolCall struct {
+	// CallID is promptline's ID of the call (tool.started and
+	// tool.completed carry it); ModelCallID the model's.
+	CallID      string `json:"call_id"`
+	ModelCallID string `json:"model_call_id"`
+	Tool        string `json:"tool"`
+	Class       string `json:"class"`
 }
 
 // Wake is the value of a message on the wakes topic, key = session ID. A

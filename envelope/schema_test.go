@@ -214,6 +214,32 @@ func TestEventSchema(t *testing.T) {
 				ID: "turn.failed:a5", Type: envelope.EventTurnFailed, SessionID: "s1", At: at,
 				MessageIDs: []string{"m6"}, AssistantMessageID: "a5", Reason: envelope.FailInterrupted, Error: "context canceled",
 			},
+			{
+				ID: "turn.started:t1", Type: envelope.EventTurnStarted, SessionID: "s1", At: at,
+				TurnID: "t1", MessageIDs: []string{"m7"},
+			},
+			{
+				ID: "step.completed:t1", Type: envelope.EventStepCompleted, SessionID: "s1", At: at,
+				TurnID: "t1", MessageIDs: []string{"m7"}, AssistantMessageID: "t1", Step: 1, Text: "Looking.",
+				ToolCalls: []envelope.EventToolCall{{CallID: "x1/attempt-1/call-0", ModelCallID: "call_a", Tool: "echo", Class: "idempotent"}},
+			},
+			{
+				ID: "step.completed:a6", Type: envelope.EventStepCompleted, SessionID: "s1", At: at,
+				TurnID: "t1", MessageIDs: []string{"m7"}, AssistantMessageID: "a6", Step: 2,
+			},
+			{
+				ID: "tool.started:x1/attempt-1/call-0@3", Type: envelope.EventToolStarted, SessionID: "s1", At: at,
+				TurnID: "t1", CallID: "x1/attempt-1/call-0", ModelCallID: "call_a", Tool: "echo", Class: "idempotent",
+			},
+			{
+				ID: "tool.completed:x1/attempt-1/call-0@3", Type: envelope.EventToolCompleted, SessionID: "s1", At: at,
+				TurnID: "t1", CallID: "x1/attempt-1/call-0", ModelCallID: "call_a", Tool: "echo", Class: "idempotent", Outcome: "succeeded",
+			},
+			{
+				ID: "turn.recovered:x1", Type: envelope.EventTurnRecovered, SessionID: "s1", At: at,
+				TurnID: "t1", MessageIDs: []string{"m7"}, AssistantMessageID: "t1", ExecutionID: "x1",
+				ContinuationMessageID: "recovery-continue-x1", Rule: "idempotent_tool_retry",
+			},
 		} {
 			b, err := json.Marshal(e)
 			require.NoError(t, err)
@@ -246,6 +272,13 @@ func TestEventSchema(t *testing.T) {
 			`{"id":"x","type":"turn.completed","session_id":"s1",` + at + `,"message_ids":["m1"],"assistant_message_id":"a1","text":7}`,
 			`{"id":"x","type":"turn.failed","session_id":"s1",` + at + `,"message_ids":["m1"],"assistant_message_id":"a1","error":"e"}`,
 			`{"id":"x","type":"turn.failed","session_id":"s1",` + at + `,"message_ids":["m1"],"assistant_message_id":"a1","reason":""}`,
+			`{"id":"x","type":"turn.started","session_id":"s1",` + at + `,"turn_id":"t1"}`,
+			`{"id":"x","type":"step.completed","session_id":"s1",` + at + `,"turn_id":"t1","message_ids":["m1"],"assistant_message_id":"a1"}`,
+			`{"id":"x","type":"step.completed","session_id":"s1",` + at + `,"turn_id":"t1","message_ids":["m1"],"assistant_message_id":"a1","step":0}`,
+			`{"id":"x","type":"step.completed","session_id":"s1",` + at + `,"turn_id":"t1","message_ids":["m1"],"assistant_message_id":"a1","step":1,"tool_calls":[{"call_id":"c","tool":"echo","class":"idempotent"}]}`,
+			`{"id":"x","type":"tool.started","session_id":"s1",` + at + `,"call_id":"c","model_call_id":"m","tool":"echo"}`,
+			`{"id":"x","type":"tool.completed","session_id":"s1",` + at + `,"call_id":"c","model_call_id":"m","tool":"echo","class":"idempotent"}`,
+			`{"id":"x","type":"turn.recovered","session_id":"s1",` + at + `,"turn_id":"t1","message_ids":["m1"],"assistant_message_id":"a1","execution_id":"x1"}`,
 		} {
 			valid, _ := schemaAccepts(bundle.event, []byte(doc))
 			require.False(t, valid, "schema accepted %s", doc)

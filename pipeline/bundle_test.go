@@ -23,6 +23,7 @@ import (
 	"github.com/promptline/promptline/metrics"
 	"github.com/promptline/promptline/outbox"
 	"github.com/promptline/promptline/pipeline"
+	"github.com/promptline/promptline/tools"
 )
 
 const testPartitions = 4
@@ -57,6 +58,8 @@ type setupOpts struct {
 	logs io.Writer
 	// replies makes the consumer group consume permission-replies too.
 	replies bool
+	// tools is the executor's tool registry (default: none).
+	tools *tools.Registry
 }
 
 func setup(t *testing.T, opts setupOpts) *testBundle {
@@ -86,6 +89,7 @@ func setup(t *testing.T, opts setupOpts) *testBundle {
 	claims := ledger.NewClaims(pool, &ledger.ClaimsConfig{Lease: cmp.Or(opts.lease, 5*time.Second), OwnerID: t.Name(), Logger: log})
 	exec := pipeline.NewExecutor(pool, &pipeline.ExecutorConfig{
 		Claims: claims, Provider: opts.provider, OnCommitFunc: relay.Nudge, Logger: log, Metrics: opts.metrics, MaxSessions: opts.maxSessions,
+		Tools: opts.tools,
 	})
 	ccfg := &pipeline.ConsumerConfig{Limits: opts.limits, Logger: log, Metrics: opts.metrics, MaxMessageBytes: opts.maxMessageBytes,
 		Topics: kafkautil.Topics{Rejects: opts.rejectsTopic}}

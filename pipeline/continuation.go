@@ -95,6 +95,16 @@ func (ex *execution) continueTurn(ctx context.Context, tx pgx.Tx, oldAssistant, 
 	}); err != nil {
 		return nil, fmt.Errorf("reading the recovered turn's inputs: %w", err)
 	}
+	// Steps the turn completed before, each announced by its
+	// step.completed: the continuation's steps go on counting from there. A
+	// step that never completed (errored: its turn failed first) had none,
+	// and the step sent again after it takes its number, as a re-send in
+	// the same (pending) message does.
+	if err := tx.QueryRow(ctx, `SELECT count(*) FROM messages
+		WHERE session_id = $1 AND turn_id = $2 AND role = 'assistant' AND status = 'completed' AND message_id <> $3`,
+		ex.sessionID, t.id, t.assistantID).Scan(&t.stepBase); err != nil {
+		return nil, fmt.Errorf("counting the recovered turn's steps: %w", err)
+	}
 	// The new step's assistant message is created when its provider step
 	// begins, not here: a continuation that dies while running the calls
 	// left over must not leave a message that nothing will settle.

@@ -146,6 +146,35 @@ func TestPermissions(t *testing.T) {
 		require.Len(t, events(t, b, envelope.EventTurnCompleted), 1, "the session goes on with its next prompt")
 	})
 
+	// The declined call and the calls after it never run: each has its
+	// outcome (interrupted) in the ledger, and its tool.completed says so,
+	// before the turn's turn.failed; else a UI that listed them from
+	// step.completed waits on them for good.
+	t.Run("RejectAnnouncesTheInterruptedCalls", func(t *testing.T) {
+		t.Parallel()
+		b := setupPerm(t)
+		b.admit(t, "s", "m1", "/tool echo {\"text\": \"no\"}\n/tool echo {\"text\": \"nor\"}")
+		runOnce(t, b.exec(), "s")
+		require.Equal(t, pipeline.Admitted, reply(t, b, requestID(t, b), envelope.ReplyReject, "").Outcome)
+		runOnce(t, b.exec(), "s")
+		require.Empty(t, b.runs)
+		steps := events(t, b, envelope.EventStepCompleted)
+		require.Len(t, steps, 1)
+		require.Len(t, steps[0].ToolCalls, 2)
+		done := events(t, b, envelope.EventToolCompleted)
+		require.Len(t, done, 2, "one tool.completed per interrupted call")
+		for i, c := range steps[0].ToolCalls {
+			require.Equal(t, c.CallID, done[i].CallID)
+			require.Equal(t, ledger.CallInterrupted, done[i].Outcome)
+			require.Equal(t, c.ModelCallID, done[i].ModelCallID)
+			require.Equal(t, c.Tool, done[i].Tool)
+			require.Equal(t, c.Class, done[i].Class)
+			require.Equal(t, steps[0].TurnID, done[i].TurnID)
+			require.Equal(t, 1, b.count(t, `SELECT count(*) FROM tool_calls WHERE call_id = $1 AND state = 'interrupted'`, c.CallID))
+		}
+		require.Len(t, events(t, b, envelope.EventTurnFailed), 1)
+	})
+
 	t.Run("RejectWithMessageIsFeedbackAndTheTurnContinues", func(t *testing.T) {
 		t.Parallel()
 		b := setupPerm(t)

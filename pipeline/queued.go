@@ -9,6 +9,7 @@ import (
 
 	"github.com/promptline/promptline/envelope"
 	"github.com/promptline/promptline/ledger"
+	"github.com/promptline/promptline/outbox"
 )
 
 // The common turn's transactions run on queued writes
@@ -128,6 +129,7 @@ func (ex *execution) queueFirstStep(b *pgx.Batch, t *turn, v *sessionView) Provi
 		b.Queue(promoteSQL, m.ID, cl.ExecutionID, cl.Token)
 	}
 	b.Queue(insertAssistantSQL, t.assistantID, ex.sessionID, ids(t.inputs), cl.ExecutionID, cl.Token, t.id)
+	outbox.QueueInsert(b, ex.turnStarted(t))
 	ex.x.QueueBeginAttempt(b, ledger.AttemptParams{
 		ID: attemptID, AssistantMessageID: t.assistantID, Step: 1, Provider: ex.e.providerName,
 		IdempotencyKey: attemptID, RequestHash: requestHash(req),

@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"strconv"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -36,6 +37,9 @@ type turn struct {
 	// an attempt recovery chose to send again.
 	pendingCalls []pendingCall
 	retryKey     string
+	// stepBase is the number of steps the turn completed before this run
+	// of it (a continuation goes on counting), for step.completed.
+	stepBase int
 }
 
 type pendingCall struct {
@@ -121,6 +125,9 @@ func (ex *execution) selectTurn(ctx context.Context, tx pgx.Tx) (*turn, error) {
 	if _, err := tx.Exec(ctx, insertAssistantSQL, t.assistantID, ex.sessionID, ids(t.inputs), cl.ExecutionID, cl.Token, t.id); err != nil {
 		return nil, fmt.Errorf("creating assistant message: %w", err)
 	}
+	if err := outbox.Insert(ctx, tx, ex.turnStarted(t)); err != nil {
+		return nil, err
+	}
 	return t, ex.x.SetPhase(ctx, tx, ledger.PhaseReady, t.assistantID)
 }
 
@@ -151,7 +158,7 @@ func (ex *execution) runTurnSteps(ctx context.Context, t *turn, log *slog.Logger
 	// IDs only: prompt text is never logged.
 	log.DebugContext(ctx, "turn started", slog.Any("message_ids", ids(t.inputs)))
 	for _, pc := range t.pendingCalls {
-		if err := ex.runCall(ctx, pc.params, pc.call, log); err != nil {
+		if err := ex.runCall(ctx, t.id, pc.params, pc.call, log); err != nil {
 			return false, err
 		}
 	}
@@ -200,7 +207,7 @@ func (ex *execution) runStep(ctx context.Context, t *turn, step int, log *slog.L
 			return false, false, ledger.ErrFenced // dispatch nothing more, write nothing
 		}
 		if perr == nil {
-			return ex.recordResponse(ctx, t, attemptID, resp, log)
+			return ex.recordResponse(ctx, t, step, attemptID, resp, log)
 		}
 		if ctx.Err() != nil {
 			// Cut off by shutdown: the request may have been acted on.
@@ -306,7 +313,7 @@ func (ex *execution) retryable(err error) (time.Duration, bool) {
 // safe, turn.completed in the same transaction); with them, the phase is
 // continue (nothing is in flight; the model must see their results) and
 // the calls run next.
-func (ex *execution) recordResponse(ctx context.Context, t *turn, attemptID string, resp ProviderResponse, log *slog.Logger) (done, released bool, err error) {
+func (ex *execution) recordResponse(ctx context.Context, t *turn, step int, attemptID string, resp ProviderResponse, log *slog.Logger) (done, released bool, err error) {
 	calls := make([]ledger.CallParams, len(resp.ToolCalls))
 	for i, c := range resp.ToolCalls {
 		calls[i] = ledger.CallParams{
@@ -316,6 +323,7 @@ func (ex *execution) recordResponse(ctx context.Context, t *turn, attemptID stri
 		}
 		resp.ToolCalls[i].ID = calls[i].ModelCallID
 	}
+	stepDone := ex.stepCompleted(t, step, resp.Text, calls)
 	if len(calls) == 0 {
 		// The answer, and the release when nothing waits: one commit, in
 		// one round trip.
@@ -323,7 +331,7 @@ func (ex *execution) recordResponse(ctx context.Context, t *turn, attemptID stri
 		released, err := ex.finishQueuedRetried(ctx, landed, ledger.PhaseSafe, t.assistantID, func(b *pgx.Batch) {
 			ledger.QueueFinishAttempt(b, attemptID, ledger.AttemptSucceeded, "", resp.Usage.InputTokens, resp.Usage.OutputTokens)
 			b.Queue(answerSQL, t.assistantID, resp.Text)
-			outbox.QueueInsert(b, eventRow(ex.e.cfg.Topics.Events, envelope.Event{
+			outbox.QueueInsert(b, stepDone, eventRow(ex.e.cfg.Topics.Events, envelope.Event{
 				ID: "turn.completed:" + t.assistantID, Type: envelope.EventTurnCompleted, SessionID: ex.sessionID,
 				At: time.Now().UTC(), MessageIDs: ids(t.inputs), AssistantMessageID: t.assistantID, Text: resp.Text,
 			}))
@@ -356,13 +364,16 @@ func (ex *execution) recordResponse(ctx context.Context, t *turn, attemptID stri
 		if err := ex.x.RequestCalls(ctx, tx, calls); err != nil {
 			return err
 		}
+		if err := outbox.Insert(ctx, tx, stepDone); err != nil {
+			return err
+		}
 		return ex.x.SetPhase(ctx, tx, ledger.PhaseContinue, t.assistantID)
 	})
 	if err != nil {
 		return false, false, fmt.Errorf("recording response of %s: %w", attemptID, err)
 	}
 	for i, c := range resp.ToolCalls {
-		if err := ex.runCall(ctx, calls[i], c, log); err != nil {
+		if err := ex.runCall(ctx, t.id, calls[i], c, log); err != nil {
 			return false, false, err
 		}
 	}
@@ -378,20 +389,20 @@ type toolCallPart struct {
 // runCall runs one requested tool call between its intent and its result.
 // Invalid input (unknown tool, schema mismatch) is a failed call returned
 // to the model, not a crash.
-func (ex *execution) runCall(ctx context.Context, p ledger.CallParams, c ToolCall, log *slog.Logger) error {
+func (ex *execution) runCall(ctx context.Context, turnID string, p ledger.CallParams, c ToolCall, log *slog.Logger) error {
 	tool, ok := ex.lookup(c.Name)
 	if err := ex.validate(c); err != nil || !ok {
 		if err == nil {
 			err = fmt.Errorf("unknown tool %q", c.Name)
 		}
-		return ex.settleCall(ctx, p, c, ledger.CallFailed, "invalid tool call: "+err.Error(), true)
+		return ex.settleCall(ctx, turnID, p, c, ledger.CallFailed, "invalid tool call: "+err.Error(), true)
 	}
 	feedback, err := ex.checkPermission(ctx, p, c)
 	if err != nil {
 		return err
 	}
 	if feedback != "" {
-		return ex.settleCall(ctx, p, c, ledger.CallFailed, feedback, true)
+		return ex.settleCall(ctx, turnID, p, c, ledger.CallFailed, feedback, true)
 	}
 	// The intent, retried as the results are: nothing is dispatched until
 	// it is known to be committed, and one that committed unheard is found
@@ -401,7 +412,13 @@ func (ex *execution) runCall(ctx context.Context, p ledger.CallParams, c ToolCal
 		state, err := ledger.CallState(ctx, tx, p.ID)
 		return state == ledger.CallStarted, err
 	}
-	if err := ex.writeRetried(ctx, intent, func(tx pgx.Tx) error { return ex.x.StartCall(ctx, tx, p.ID) }); err != nil {
+	started := ex.toolEvent(envelope.EventToolStarted, turnID, p, "")
+	if err := ex.writeRetried(ctx, intent, func(tx pgx.Tx) error {
+		if err := ex.x.StartCall(ctx, tx, p.ID); err != nil {
+			return err
+		}
+		return outbox.Insert(ctx, tx, started)
+	}); err != nil {
 		return err
 	}
 	if p.Class == string(tools.SideEffecting) {
@@ -409,32 +426,32 @@ func (ex *execution) runCall(ctx context.Context, p ledger.CallParams, c ToolCal
 	} else {
 		faults.Hit(faults.IdempotentToolAfterIntent)
 	}
-	started := time.Now()
+	sent := time.Now()
 	res, err := ex.runTool(ctx, tool, tools.Call{
 		ID: c.ID, Name: c.Name, Input: c.Input, SessionID: ex.sessionID,
 		IdempotencyKey: p.IdempotencyKey, FencingToken: ex.x.Claim().Token,
 	})
 	faults.Hit(faults.ToolAfterRun)
-	ex.callSecondsMetric(ctx, err, res, time.Since(started))
+	ex.callSecondsMetric(ctx, err, res, time.Since(sent))
 	if ex.x.Fenced() {
 		return ledger.ErrFenced
 	}
 	switch {
 	case errors.Is(err, tools.ErrNotRun):
-		return ex.settleCall(ctx, p, c, ledger.CallFailed, "not run: "+redact.Text(err.Error()), true)
+		return ex.settleCall(ctx, turnID, p, c, ledger.CallFailed, "not run: "+redact.Text(err.Error()), true)
 	case err != nil && ctx.Err() != nil:
-		return ex.settleCall(ctx, p, c, ledger.CallUnknown, "outcome unknown: interrupted by shutdown", true)
+		return ex.settleCall(ctx, turnID, p, c, ledger.CallUnknown, "outcome unknown: interrupted by shutdown", true)
 	case err != nil:
 		// The tool could not say how it went: its outcome is unknown, and
 		// it is never run again automatically.
 		// A tool's error text goes to the model, the transcript and the
 		// session events: no URL in it keeps its secrets.
 		log.WarnContext(ctx, "tool call outcome unknown", slog.String("call_id", p.ID), slog.Any("error", redact.Error(err)))
-		return ex.settleCall(ctx, p, c, ledger.CallUnknown, "outcome unknown: "+redact.Text(err.Error()), true)
+		return ex.settleCall(ctx, turnID, p, c, ledger.CallUnknown, "outcome unknown: "+redact.Text(err.Error()), true)
 	case res.IsError:
-		return ex.settleCall(ctx, p, c, ledger.CallFailed, res.Output, true)
+		return ex.settleCall(ctx, turnID, p, c, ledger.CallFailed, res.Output, true)
 	default:
-		return ex.settleCall(ctx, p, c, ledger.CallSucceeded, res.Output, false)
+		return ex.settleCall(ctx, turnID, p, c, ledger.CallSucceeded, res.Output, false)
 	}
 }
 
@@ -488,7 +505,7 @@ func (ex *execution) runTool(ctx context.Context, tool tools.Tool, call tools.Ca
 // a step sets the phase continue in the same transaction. After a
 // cancellation (a shutdown past its grace) it writes once, on a context
 // that outlives it (afterCancel).
-func (ex *execution) settleCall(ctx context.Context, p ledger.CallParams, c ToolCall, state, output string, isError bool) error {
+func (ex *execution) settleCall(ctx context.Context, turnID string, p ledger.CallParams, c ToolCall, state, output string, isError bool) error {
 	cl := ex.x.Claim()
 	var last bool
 	settled := func(ctx context.Context, tx pgx.Tx) (settled bool, err error) {
@@ -510,8 +527,10 @@ func (ex *execution) settleCall(ctx context.Context, p ledger.CallParams, c Tool
 		if _, err := tx.Exec(ctx, insertToolMessageSQL, p.ID, ex.sessionID, c.ID, isError, cl.ExecutionID, cl.Token); err != nil {
 			return fmt.Errorf("storing tool result: %w", err)
 		}
-		_, err = tx.Exec(ctx, insertPartSQL, p.ID, 0, "text", output)
-		return err
+		if _, err := tx.Exec(ctx, insertPartSQL, p.ID, 0, "text", output); err != nil {
+			return err
+		}
+		return outbox.Insert(ctx, tx, ex.toolEvent(envelope.EventToolCompleted, turnID, p, state))
 	})
 	if err == nil {
 		ex.callMetric(state)
@@ -543,9 +562,27 @@ func (ex *execution) failTurn(ctx context.Context, t *turn, reason string, cause
 		return status == "errored", err
 	}
 	released, err = finish(wctx, failed, func(tx pgx.Tx) error {
-		if _, err := tx.Exec(wctx, `UPDATE tool_calls SET state = 'interrupted', output = $2, is_error = true, finished_at = now()
-			WHERE session_id = $1 AND state = 'requested'`, ex.sessionID, "interrupted: "+reason); err != nil {
+		// The calls not run end interrupted, each announced (tool.completed)
+		// before the turn's end, in the order they were requested.
+		rows, err := tx.Query(wctx, `WITH interrupted AS (
+				UPDATE tool_calls SET state = 'interrupted', output = $2, is_error = true, finished_at = now()
+				WHERE session_id = $1 AND state = 'requested'
+				RETURNING call_id, model_call_id, tool, class, requested_at, attempt_id, idx)
+			SELECT call_id, model_call_id, tool, class FROM interrupted ORDER BY requested_at, attempt_id, idx`,
+			ex.sessionID, "interrupted: "+reason)
+		if err != nil {
 			return fmt.Errorf("interrupting calls not run: %w", err)
+		}
+		var interrupted []outbox.Row
+		var p ledger.CallParams
+		if _, err := pgx.ForEachRow(rows, []any{&p.ID, &p.ModelCallID, &p.Tool, &p.Class}, func() error {
+			interrupted = append(interrupted, ex.toolEvent(envelope.EventToolCompleted, t.id, p, ledger.CallInterrupted))
+			return nil
+		}); err != nil {
+			return fmt.Errorf("interrupting calls not run: %w", err)
+		}
+		if err := outbox.Insert(wctx, tx, interrupted...); err != nil {
+			return err
 		}
 		if attemptState != "" && len(attemptID) > 0 {
 			if err := ledger.FinishAttempt(wctx, tx, attemptID[0], attemptState, cause.Error(), 0, 0); err != nil {
@@ -582,6 +619,48 @@ func (ex *execution) failTurn(ctx context.Context, t *turn, reason string, cause
 	ex.logTurnFailed(ctx, t, reason, cause)
 	ex.turnMetric("failed", t)
 	return released, nil
+}
+
+// Step events (docs/session-events.md). Each ID is derived from what the
+// event announces (the turn, the step's assistant message, the call), all
+// of them durable: a retried write, a relay's republication and a
+// recovery's continuation name the same fact with the same ID.
+
+// turnStarted announces t's promotion.
+func (ex *execution) turnStarted(t *turn) outbox.Row {
+	return eventRow(ex.e.cfg.Topics.Events, envelope.Event{
+		ID: "turn.started:" + t.id, Type: envelope.EventTurnStarted, SessionID: ex.sessionID, At: time.Now().UTC(),
+		TurnID: t.id, MessageIDs: ids(t.inputs),
+	})
+}
+
+// stepCompleted announces a step's durable response: its text and the
+// calls it requested, without their inputs (they may hold secrets).
+func (ex *execution) stepCompleted(t *turn, step int, text string, calls []ledger.CallParams) outbox.Row {
+	e := envelope.Event{
+		ID: "step.completed:" + t.assistantID, Type: envelope.EventStepCompleted, SessionID: ex.sessionID, At: time.Now().UTC(),
+		TurnID: t.id, MessageIDs: ids(t.inputs), AssistantMessageID: t.assistantID, Step: t.stepBase + step, Text: text,
+	}
+	for _, c := range calls {
+		e.ToolCalls = append(e.ToolCalls, envelope.EventToolCall{CallID: c.ID, ModelCallID: c.ModelCallID, Tool: c.Tool, Class: c.Class})
+	}
+	return eventRow(ex.e.cfg.Topics.Events, e)
+}
+
+// toolEvent announces a call's dispatch (tool.started) or outcome
+// (tool.completed, outcome = the ledger state), never its input or output.
+// Its ID also names the claim that committed it (its fencing token, the
+// same on every retry of the write): a call can be dispatched again (an
+// idempotent one after a crash, one an operator re-armed with consumer
+// session resolve --did-not-run) and have a second outcome; neither may
+// share the first one's ID, or a consumer deduplicating on id never sees
+// the call start again and keeps "unknown" for what really happened.
+func (ex *execution) toolEvent(typ, turnID string, p ledger.CallParams, outcome string) outbox.Row {
+	id := typ + ":" + p.ID + "@" + strconv.FormatInt(ex.x.Claim().Token, 10)
+	return eventRow(ex.e.cfg.Topics.Events, envelope.Event{
+		ID: id, Type: typ, SessionID: ex.sessionID, At: time.Now().UTC(),
+		TurnID: turnID, CallID: p.ID, ModelCallID: p.ModelCallID, Tool: p.Tool, Class: p.Class, Outcome: outcome,
+	})
 }
 
 func (ex *execution) turnMetric(outcome string, t *turn) {

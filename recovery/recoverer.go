@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"log/slog"
 	"slices"
+	"strconv"
 	"sync"
 	"time"
 
@@ -470,7 +471,7 @@ func (r *Recoverer) decide(ctx context.Context, tx pgx.Tx, old, nc ledger.Claim,
 		d.continuationID = id
 	}
 	if d.decision == DecisionReconciled {
-		if err := r.reconcile(ctx, tx, old, ev); err != nil {
+		if err := r.reconcile(ctx, tx, old, nc, ev); err != nil {
 			return d, err
 		}
 	}
@@ -527,30 +528,50 @@ func (r *Recoverer) unknownRule(ev Evidence) (string, string, string) {
 }
 
 // reconcile marks what is uncertain, never replays it: started attempts
-// and calls unknown, calls never dispatched interrupted, the assistant
-// message errored; the turn fails with reason outcome_unknown.
-func (r *Recoverer) reconcile(ctx context.Context, tx pgx.Tx, old ledger.Claim, ev Evidence) error {
+// and calls unknown, calls never dispatched interrupted (each call's
+// tool.completed says so), the assistant message errored; the turn fails
+// with reason outcome_unknown. nc is the takeover claim, whose fencing
+// token names the outcomes it commits (as the executor's do).
+func (r *Recoverer) reconcile(ctx context.Context, tx pgx.Tx, old, nc ledger.Claim, ev Evidence) error {
 	if _, err := tx.Exec(ctx, `UPDATE attempts SET state = 'unknown', error = $2, finished_at = now()
 		WHERE execution_id = $1 AND state IN ('started', 'retry_wait')`, old.ExecutionID, OutcomeUnknownText); err != nil {
 		return fmt.Errorf("reconciling attempts: %w", err)
 	}
-	if _, err := tx.Exec(ctx, `UPDATE tool_calls SET state = CASE state WHEN 'started' THEN 'unknown' ELSE 'interrupted' END,
-		output = CASE state WHEN 'started' THEN $2 ELSE 'interrupted: never dispatched' END, is_error = true, finished_at = now()
-		WHERE session_id = $1 AND state IN ('requested', 'started')`, old.SessionID, OutcomeUnknownText); err != nil {
+	// Each call's outcome is announced (tool.completed), in the order the
+	// calls were requested, before the turn's end.
+	rows, err := tx.Query(ctx, `WITH settled AS (
+			UPDATE tool_calls SET state = CASE state WHEN 'started' THEN 'unknown' ELSE 'interrupted' END,
+			output = CASE state WHEN 'started' THEN $2 ELSE 'interrupted: never dispatched' END, is_error = true, finished_at = now()
+			WHERE session_id = $1 AND state IN ('requested', 'started')
+			RETURNING call_id, model_call_id, tool, class, state, requested_at, attempt_id, idx)
+		SELECT call_id, model_call_id, tool, class, state FROM settled ORDER BY requested_at, attempt_id, idx`,
+		old.SessionID, OutcomeUnknownText)
+	if err != nil {
+		return fmt.Errorf("reconciling tool calls: %w", err)
+	}
+	var events []outbox.Row
+	var e envelope.Event
+	if _, err := pgx.ForEachRow(rows, []any{&e.CallID, &e.ModelCallID, &e.Tool, &e.Class, &e.Outcome}, func() error {
+		e.ID = "tool.completed:" + e.CallID + "@" + strconv.FormatInt(nc.Token, 10)
+		e.Type, e.SessionID, e.At = envelope.EventToolCompleted, old.SessionID, time.Now().UTC()
+		e.TurnID = cmp.Or(ev.TurnID, old.AssistantMessageID)
+		events = append(events, outbox.EventRow(r.cfg.Topics.Events, e))
+		return nil
+	}); err != nil {
 		return fmt.Errorf("reconciling tool calls: %w", err)
 	}
 	if old.AssistantMessageID == "" {
-		return nil
+		return outbox.Insert(ctx, tx, events...)
 	}
 	if _, err := tx.Exec(ctx, `UPDATE messages SET status = 'errored', error = $2, completed_at = now()
 		WHERE message_id = $1 AND status = 'pending'`, old.AssistantMessageID, OutcomeUnknownText); err != nil {
 		return fmt.Errorf("reconciling assistant message: %w", err)
 	}
-	return outbox.Insert(ctx, tx, outbox.EventRow(r.cfg.Topics.Events, envelope.Event{
+	return outbox.Insert(ctx, tx, append(events, outbox.EventRow(r.cfg.Topics.Events, envelope.Event{
 		ID: "turn.failed:" + old.AssistantMessageID, Type: envelope.EventTurnFailed, SessionID: old.SessionID,
 		At: time.Now().UTC(), MessageIDs: ev.TurnMessageIDs, AssistantMessageID: old.AssistantMessageID,
 		Reason: envelope.FailOutcomeUnknown, Error: OutcomeUnknownText,
-	}))
+	}))...)
 }
 
 // admitContinuation admits the deterministic continuation input, of kind
@@ -610,6 +631,16 @@ func (r *Recoverer) record(ctx context.Context, tx pgx.Tx, old, nc ledger.Claim,
 		At: time.Now().UTC(), ExecutionID: old.ExecutionID, Decision: d.decision, Rule: d.rule,
 		ContinuationMessageID: d.continuationID,
 	})}
+	if d.continuationID != "" && old.AssistantMessageID != "" && len(ev.TurnMessageIDs) > 0 {
+		// The turn goes on: its ID, from the execution, is the same however
+		// often this decision is retried (it commits once, invariant 9).
+		rows = append(rows, outbox.EventRow(r.cfg.Topics.Events, envelope.Event{
+			ID: "turn.recovered:" + old.ExecutionID, Type: envelope.EventTurnRecovered, SessionID: old.SessionID,
+			At: time.Now().UTC(), TurnID: cmp.Or(ev.TurnID, old.AssistantMessageID), MessageIDs: ev.TurnMessageIDs,
+			AssistantMessageID: old.AssistantMessageID, ExecutionID: old.ExecutionID, Rule: d.rule,
+			ContinuationMessageID: d.continuationID,
+		}))
+	}
 	if ev.WaitingInputs > 0 || d.continuationID != "" {
 		rows = append(rows, outbox.WakeRow(r.cfg.Topics.Wakes, old.SessionID, "recovery", time.Now().UTC()))
 	}

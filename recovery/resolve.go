@@ -12,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/promptline/promptline/envelope"
 	"github.com/promptline/promptline/internal/kafkautil"
 	"github.com/promptline/promptline/internal/pgdb"
 	"github.com/promptline/promptline/ledger"
@@ -91,8 +92,9 @@ type ResolveOpts struct {
 	// recorded is a no-op with the same finding. Defaults to the round the
 	// target is in when it was never unknown again.
 	Round int
-	// Topics names the outbox target of the continuation's wake. Defaults
-	// to kafkautil's defaults.
+	// Topics names the outbox targets of the continuation's wake and of
+	// the session event a --ran finding writes. Defaults to kafkautil's
+	// defaults.
 	Topics kafkautil.Topics
 	// OnTransientFunc is called with each transient database error
 	// (pgdb.Transient) before the transaction is tried again. Defaults to
@@ -322,7 +324,23 @@ func resolveOnce(ctx context.Context, pool *pgxpool.Pool, sessionID, targetID st
 		if !continues {
 			return nil
 		}
-		return outbox.Insert(ctx, tx, outbox.WakeRow(topics.Wakes, sessionID, "resolve", time.Now().UTC()))
+		rows := []outbox.Row{outbox.WakeRow(topics.Wakes, sessionID, "resolve", time.Now().UTC())}
+		if t.Kind == ledger.TargetToolCall && opts.Finding == FindingRan {
+			// The call's outcome is succeeded from now on: its
+			// tool.completed, named after the finding (an earlier outcome
+			// of the call, unknown, has an ID of its own).
+			var turnID string
+			if err := tx.QueryRow(ctx, `SELECT coalesce(turn_id, message_id) FROM messages WHERE message_id = $1`,
+				t.AssistantMessageID).Scan(&turnID); err != nil {
+				return fmt.Errorf("reading the turn of %s: %w", targetID, err)
+			}
+			rows = append([]outbox.Row{outbox.EventRow(topics.Events, envelope.Event{
+				ID: "tool.completed:" + targetID + "@resolve-" + strconv.Itoa(round), Type: envelope.EventToolCompleted,
+				SessionID: sessionID, At: time.Now().UTC(), TurnID: turnID, CallID: targetID, ModelCallID: t.ModelCallID,
+				Tool: t.Tool, Class: t.Class, Outcome: ledger.CallSucceeded,
+			})}, rows...)
+		}
+		return outbox.Insert(ctx, tx, rows...)
 	})
 	return res, err
 }

@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"regexp"
+	"slices"
 	"testing"
 	"time"
 
@@ -11,6 +12,7 @@ import (
 
 	"github.com/promptline/promptline/envelope"
 	"github.com/promptline/promptline/internal/faults"
+	"github.com/promptline/promptline/ledger"
 	"github.com/promptline/promptline/recovery"
 )
 
@@ -94,6 +96,7 @@ func TestResolveAfterCrashedToolIntent(t *testing.T) {
 	require.Contains(t, out, "admitted continuation "+recovery.ResolutionContinuationID(calls[s], 1))
 	done := b.events.waitCompleted(t, first[s].MessageID)
 	require.Equal(t, "tool results: append_line: appended", done.Text)
+	requireToolOutcomes(t, b, s, calls[s], ledger.CallUnknown, ledger.CallSucceeded)
 	require.Equal(t, []string{"once"}, sandboxLines(t, sandbox, s+".txt"), "the call ran once")
 	out, stderr, code = runOnce(t, append([]string{"session", "resolve", s, calls[s], "--did-not-run", "--operator", "ops2"}, db...)...)
 	require.Zero(t, code, "resolving twice: %s", stderr)
@@ -132,6 +135,7 @@ func TestResolveAfterCrashedToolIntent(t *testing.T) {
 	require.False(t, res.Already)
 	done = b.events.waitCompleted(t, first[s].MessageID)
 	require.Equal(t, `tool results: append_line: {"appended":true}`, done.Text)
+	requireToolOutcomes(t, b, s, calls[s], ledger.CallUnknown, ledger.CallSucceeded)
 	out, stderr, code = runOnce(t, append([]string{"session", "resolve", s, calls[s], "--ran", "--output", `{"appended":true}`,
 		"--operator", "ops"}, db...)...)
 	require.Zero(t, code, "resolving twice: %s", stderr)
@@ -142,6 +146,28 @@ func TestResolveAfterCrashedToolIntent(t *testing.T) {
 	require.Empty(t, sandboxLines(t, sandbox, s+".txt"), "a call that ran is never run by promptline")
 	require.Equal(t, 1, b.count(t, `SELECT count(*) FROM tool_calls WHERE session_id = $1`, s), "no second call")
 	require.True(t, live.running())
+}
+
+// requireToolOutcomes waits until the session's tool.completed events of
+// call, one per id (as a deduplicating consumer keeps them), say want, in
+// order: recovery's outcome after the kill, then the one the operator's
+// finding led to. Each outcome the ledger took is announced, under an id
+// of its own.
+func requireToolOutcomes(t *testing.T, b *testBundle, session, call string, want ...string) {
+	t.Helper()
+	var got []string
+	require.Eventually(t, func() bool {
+		got = nil
+		seen := map[string]bool{}
+		for _, e := range b.events.events(t) {
+			if e.SessionID == session && e.Type == envelope.EventToolCompleted && e.CallID == call && !seen[e.ID] {
+				seen[e.ID] = true
+				got = append(got, e.Outcome)
+			}
+		}
+		return slices.Equal(got, want)
+	}, 20*time.Second, 20*time.Millisecond, "tool.completed outcomes of %s", call)
+	require.Equal(t, want, got)
 }
 
 func filterType(evs []envelope.Event, typ string) []envelope.Event {

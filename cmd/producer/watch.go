@@ -166,6 +166,20 @@ func formatEvent(e envelope.Event) string {
 	if e.MessageID != "" {
 		b.WriteString(" message_id=" + e.MessageID)
 	}
+	switch e.Type {
+	case envelope.EventStepCompleted:
+		fmt.Fprintf(&b, " step=%d", e.Step)
+		for _, c := range e.ToolCalls {
+			b.WriteString(" call=" + c.Tool)
+		}
+	case envelope.EventToolStarted, envelope.EventToolCompleted:
+		b.WriteString(" tool=" + e.Tool + " class=" + e.Class)
+		if e.Outcome != "" {
+			b.WriteString(" outcome=" + e.Outcome)
+		}
+	case envelope.EventTurnRecovered:
+		b.WriteString(" continuation=" + e.ContinuationMessageID)
+	}
 	if e.Reason != "" {
 		b.WriteString(" reason=" + e.Reason)
 	}

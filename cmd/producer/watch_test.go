@@ -130,6 +130,14 @@ func TestFormatEvent(t *testing.T) {
 		{envelope.Event{SessionID: "s-1", Type: "input.admitted", MessageID: "m-1"}, `s-1 input.admitted message_id=m-1`},
 		{envelope.Event{SessionID: "s-1", Type: "turn.failed", Reason: "unsupported", Error: "no \"tools\""}, `s-1 turn.failed reason=unsupported error="no \"tools\""`},
 		{envelope.Event{SessionID: "s-1", Type: "something.new"}, `s-1 something.new`},
+		{envelope.Event{SessionID: "s-1", Type: "turn.started", TurnID: "t-1", MessageIDs: []string{"m-1"}}, `s-1 turn.started`},
+		{envelope.Event{SessionID: "s-1", Type: "step.completed", Step: 1, Text: "looking", ToolCalls: []envelope.EventToolCall{{Tool: "echo"}, {Tool: "append_line"}}},
+			`s-1 step.completed step=1 call=echo call=append_line "looking"`},
+		{envelope.Event{SessionID: "s-1", Type: "tool.started", Tool: "echo", Class: "idempotent"}, `s-1 tool.started tool=echo class=idempotent`},
+		{envelope.Event{SessionID: "s-1", Type: "tool.completed", Tool: "echo", Class: "idempotent", Outcome: "unknown"},
+			`s-1 tool.completed tool=echo class=idempotent outcome=unknown`},
+		{envelope.Event{SessionID: "s-1", Type: "turn.recovered", ContinuationMessageID: "recovery-continue-x"}, `s-1 turn.recovered continuation=recovery-continue-x`},
+		{envelope.Event{SessionID: "s-1", Type: "permission.asked", Tool: "echo", RequestID: "r"}, `s-1 permission.asked`},
 	} {
 		require.Equal(t, tc.want, formatEvent(tc.e))
 	}

@@ -57,6 +57,13 @@
 // (github.com/rcrowley/go-metrics) set once in main: Sarama's meters
 // otherwise start a goroutine that never stops.
 //
+// # Turns in progress
+//
+// TurnProgress follows turns from the step events (turn.started,
+// step.completed, tool.started, tool.completed, turn.recovered): pass
+// its Handle as the HandleFunc and ProgressTypes as Config.Types. It
+// needs nothing but the contract: one id per fact, commit order per turn.
+//
 // # Deduplication: the rule
 //
 // promptline publishes every event at least once, with a stable id; a
