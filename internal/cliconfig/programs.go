@@ -18,11 +18,11 @@ import (
 var Programs = map[string][]string{
 	"consumer": {
 		"addr", "brokers", "config", "console-token-file", "create-topics", "data-dir", "database-url",
-		"db-idle-in-transaction-timeout", "db-lock-timeout", "db-max-conns", "db-statement-timeout",
+		"db-idle-in-transaction-timeout", "db-lock-timeout", "db-max-conns", "db-statement-timeout", "deltas-topic",
 		"did-not-run", "dry-run", "embedded-kafka-addr", "events-topic", "from-offset", "from-time", "group",
 		"http-tool-endpoint", "json", "lease", "ledger-retention", "local-wakes", "log-level", "max-batch",
 		"max-message-bytes", "max-rejections", "mcp-server", "max-sessions", "max-value-bytes", "metrics-addr", "migrate", "note",
-		"openai-api-key-env", "openai-api-key-file", "openai-base-url", "openai-model", "operator",
+		"openai-api-key-env", "openai-api-key-file", "openai-base-url", "openai-model", "openai-stream", "operator",
 		"outbox-retention", "output", "partitions", "permission-replies-topic", "progress-interval",
 		"prompts-topic", "provider", "provider-honours-idempotency-keys", "provider-url",
 		"publish-rejects", "ran", "rate", "recovery-batch", "recovery-interval", "redrive-after",
