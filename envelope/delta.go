@@ -1,6 +1,11 @@
 package envelope
 
-import "time"
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"time"
+)
 
 // Delta is a fragment of a provider step's text as the provider streams
 // it, JSON on the session-deltas topic with Kafka key = session ID
@@ -27,4 +32,20 @@ type Delta struct {
 	Seq  int64     `json:"seq"`
 	Text string    `json:"text"`
 	At   time.Time `json:"at"`
+}
+
+// DecodeDelta parses a live delta. It requires what a reader needs to
+// place the text: the step's assistant message and a seq from 1.
+func DecodeDelta(b []byte) (Delta, error) {
+	var d Delta
+	if err := json.Unmarshal(b, &d); err != nil {
+		return Delta{}, err
+	}
+	switch {
+	case d.AssistantMessageID == "":
+		return Delta{}, errors.New("delta: assistant_message_id: missing")
+	case d.Seq < 1:
+		return Delta{}, fmt.Errorf("delta: seq: want 1 or more, got %d", d.Seq)
+	}
+	return d, nil
 }

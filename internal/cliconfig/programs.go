@@ -32,7 +32,7 @@ var Programs = map[string][]string{
 		"topic", "wake", "wakes-topic",
 	},
 	"producer": {
-		"brokers", "config", "count", "delivery", "file", "from-beginning", "json", "message",
+		"brokers", "config", "count", "deltas", "deltas-topic", "delivery", "file", "from-beginning", "json", "message",
 		"message-id", "no-resume", "partitioner", "request", "sasl-mechanism", "sasl-password-file",
 		"sasl-token-file", "sasl-user", "session", "text", "timeout", "tls", "tls-ca-file",
 		"tls-cert-file", "tls-key-file", "tls-server-name", "topic", "type",
