@@ -52,8 +52,8 @@ watch after D.
 With --deltas it also reads the live text deltas (session-deltas) and prints a
 turn as it streams: a step's deltas appended on one line as they come, then
 the step.completed line, which is the truth (a delta of a step after its
-step.completed is dropped; a line started again for the same step means its
-text started over). Deltas are not durable: a crash loses them, never the
+step.completed is dropped; a new line for the same step means its text started
+over, unless it begins with ... (it goes on after other lines). Deltas are not durable: a crash loses them, never the
 answer. --type and --count apply to the events only.
 
 Status lines (what is watched, consumer errors) go to standard error, events
@@ -208,7 +208,8 @@ func writeCompact(w io.Writer, raw []byte, what string) error {
 //	s-1 deltas step=1 "Hello, wor
 //
 // which the next delta continues and the next other line closes with its
-// quote. With --json a delta kept is its JSON on one line.
+// quote; when another line came between, the step's text goes on on a
+// line of its own marked with "..." before the quote. With --json a delta kept is its JSON on one line.
 func (o *watchOpts) printDelta(w io.Writer, d envelope.Delta, raw []byte) error {
 	act := o.view.delta(d)
 	switch {
@@ -224,7 +225,11 @@ func (o *watchOpts) printDelta(w io.Writer, d envelope.Delta, raw []byte) error 
 		return err
 	}
 	o.openStep = d.AssistantMessageID
-	_, err := fmt.Fprintf(w, "%s deltas step=%d \"%s", d.SessionID, d.Step, quoteInner(d.Text))
+	cont := "" // the step's text (re)starts
+	if act == deltaAppend {
+		cont = "..." // another line came between: the step's text goes on
+	}
+	_, err := fmt.Fprintf(w, "%s deltas step=%d %s\"%s", d.SessionID, d.Step, cont, quoteInner(d.Text))
 	return err
 }
 

@@ -165,7 +165,9 @@ func TestWatchDeltas(t *testing.T) {
 		{d: ptr(delta("a-1", 1, 2, ", you"))},
 		{e: envelope.Event{ID: "e-1", Type: envelope.EventStepCompleted, SessionID: "s-1", TurnID: "a-1", AssistantMessageID: "a-1", Step: 1, Text: "Hi, you"}},
 		{d: ptr(delta("a-1", 1, 3, " late"))}, // after step.completed: dropped
-		{d: ptr(delta("a-2", 2, 1, "more"))},
+		{d: ptr(delta("a-2", 2, 1, "mo"))},
+		{e: envelope.Event{ID: "e-x", Type: envelope.EventInputAdmitted, SessionID: "s-1", MessageID: "m-2"}},
+		{d: ptr(delta("a-2", 2, 2, "re"))},
 		{e: envelope.Event{ID: "e-2", Type: envelope.EventTurnCompleted, SessionID: "s-1", AssistantMessageID: "a-3", Text: "done"}},
 		{d: ptr(delta("a-9", 3, 1, "never shown"))},
 		{e: envelope.Event{ID: "e-3", Type: envelope.EventTurnFailed, SessionID: "s-1", AssistantMessageID: "a-9", Reason: "outcome_unknown"}},
@@ -196,7 +198,9 @@ func TestWatchDeltas(t *testing.T) {
 	require.Equal(t, `s-1 deltas step=1 "Hello\n"
 s-1 deltas step=1 "Hi, you"
 s-1 step.completed step=1 "Hi, you"
-s-1 deltas step=2 "more"
+s-1 deltas step=2 "mo"
+s-1 input.admitted message_id=m-2
+s-1 deltas step=2 ..."re"
 s-1 turn.completed "done"
 s-1 deltas step=3 "never shown"
 s-1 turn.failed reason=outcome_unknown
@@ -215,7 +219,7 @@ s-1 deltas step=3 "never shown"
 			seqs = append(seqs, fmt.Sprintf("%s/%d", d.AssistantMessageID, d.Seq))
 		}
 	}
-	require.Equal(t, []string{"a-1/1", "a-1/2", "a-1/1", "a-1/2", "a-2/1", "a-9/1"}, seqs, "--json keeps the same deltas")
+	require.Equal(t, []string{"a-1/1", "a-1/2", "a-1/1", "a-1/2", "a-2/1", "a-2/2", "a-9/1"}, seqs, "--json keeps the same deltas")
 }
 
 func ptr[T any](v T) *T { return &v }
