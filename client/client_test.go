@@ -50,6 +50,18 @@ func (b *testBundle) publishAt(t *testing.T, at time.Time, values ...[2]string) 
 	}
 }
 
+// publishTo writes values with their keys to topic.
+func (b *testBundle) publishTo(t *testing.T, topic string, values ...[2]string) {
+	t.Helper()
+	p, err := sarama.NewSyncProducer([]string{b.addr}, kafkautil.NewConfig("test-publish"))
+	require.NoError(t, err)
+	defer p.Close()
+	for _, kv := range values {
+		_, _, err := p.SendMessage(&sarama.ProducerMessage{Topic: topic, Key: sarama.StringEncoder(kv[0]), Value: sarama.StringEncoder(kv[1])})
+		require.NoError(t, err)
+	}
+}
+
 func eventValue(t *testing.T, e envelope.Event) [2]string {
 	t.Helper()
 	if e.At.IsZero() {
@@ -199,6 +211,50 @@ func TestWatcher(t *testing.T) {
 		require.Len(t, skipped, 1)
 		var derr *client.DecodeError
 		require.ErrorAs(t, skipped[0], &derr)
+	})
+
+	t.Run("Deltas", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t)
+		delta := func(session string, seq int64, text string) [2]string {
+			v, err := json.Marshal(envelope.Delta{SessionID: session, TurnID: "a-1", AssistantMessageID: "a-1", Step: 1, Seq: seq, Text: text})
+			require.NoError(t, err)
+			return [2]string{session, string(v)}
+		}
+		b.publishTo(t, "session-deltas", delta("s-1", 1, "Hel"), delta("s-2", 1, "other"), [2]string{"s-1", `{"seq": 0}`}, delta("s-1", 2, "lo"))
+		b.publishEvents(t, eventValue(t, envelope.Event{ID: "e-1", Type: envelope.EventStepCompleted, SessionID: "s-1", AssistantMessageID: "a-1", Text: "Hello"}))
+
+		var skipped []error
+		w, err := client.NewWatcher(b.cfg, &client.WatchOpts{SessionID: "s-1", Deltas: true, Start: client.StartOldest(),
+			ErrorFunc: func(err error) { skipped = append(skipped, err) }})
+		require.NoError(t, err)
+		defer w.Close()
+		require.Equal(t, []int32{client.Murmur2Partition([]byte("s-1"), partitions)}, w.DeltaPartitions())
+		var texts []string
+		var event string
+		for range 3 {
+			r, err := w.NextRecord(t.Context())
+			require.NoError(t, err)
+			if r.Delta == nil {
+				event = r.Event.ID
+				continue
+			}
+			require.Equal(t, "session-deltas", r.Topic)
+			require.Equal(t, "s-1", r.Delta.SessionID)
+			texts = append(texts, r.Delta.Text)
+		}
+		require.Equal(t, []string{"Hel", "lo"}, texts, "one session's deltas, in order")
+		require.Equal(t, "e-1", event)
+		require.Len(t, skipped, 1)
+		require.ErrorContains(t, skipped[0], "not a delta")
+
+		// Next skips deltas: a Watcher of events and deltas still waits
+		// for events with it.
+		b.publishTo(t, "session-deltas", delta("s-1", 3, "!"))
+		b.publishEvents(t, eventValue(t, envelope.Event{ID: "e-2", Type: envelope.EventTurnCompleted, SessionID: "s-1", Text: "Hello!"}))
+		e, err := w.Next(t.Context())
+		require.NoError(t, err)
+		require.Equal(t, "e-2", e.ID)
 	})
 
 	t.Run("WindowForgetsOldIDs", func(t *testing.T) {

@@ -32,6 +32,7 @@ const (
 	PromptsTopicDefault = "prompts"
 	EventsTopicDefault  = "session-events"
 	RepliesTopicDefault = "permission-replies"
+	DeltasTopicDefault  = "session-deltas"
 )
 
 const clientIDDefault = "promptline-client"
@@ -51,6 +52,9 @@ type Config struct {
 	// EventsTopic is the topic a Watcher reads. Defaults to
 	// "session-events".
 	EventsTopic string
+	// DeltasTopic is the topic of live text deltas a Watcher reads beside
+	// EventsTopic with WatchOpts.Deltas. Defaults to "session-deltas".
+	DeltasTopic string
 	// RepliesTopic is the topic permission replies are sent to. Defaults
 	// to "permission-replies".
 	RepliesTopic string
@@ -85,6 +89,7 @@ func (c *Config) withDefaults() (Config, error) {
 	out.PromptsTopic = cmp.Or(out.PromptsTopic, PromptsTopicDefault)
 	out.EventsTopic = cmp.Or(out.EventsTopic, EventsTopicDefault)
 	out.RepliesTopic = cmp.Or(out.RepliesTopic, RepliesTopicDefault)
+	out.DeltasTopic = cmp.Or(out.DeltasTopic, DeltasTopicDefault)
 	if out.Partitioner == nil {
 		out.Partitioner = NewMurmur2Partitioner
 	}

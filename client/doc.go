@@ -9,7 +9,8 @@
 //   - Watcher follows the session-events topic, of one session or of all,
 //     from the newest offsets, the oldest, an offset or a time; events
 //     are published at least once, and the Watcher drops the repeats of an
-//     event ID.
+//     event ID. With WatchOpts.Deltas it returns the live text deltas
+//     (session-deltas) of the same sessions too.
 //   - NewMurmur2Partitioner and Murmur2Partition are the Java-compatible
 //     partitioner for programs that use plain Sarama.
 //

@@ -79,6 +79,15 @@ type WatchOpts struct {
 	// to drop repeats (the relay publishes at least once, and a repeat
 	// follows its original closely). Defaults to 100,000.
 	DedupWindow int
+	// Deltas also reads the live text deltas (Config.DeltasTopic) of the
+	// same sessions: NextRecord then returns them too, as Records with
+	// Delta set, in the order they arrive beside the events (two topics:
+	// no order holds between a delta and an event; docs/session-events.md
+	// "Live deltas" says how to combine them). Types does not filter
+	// deltas; Next and WaitTurn skip them. With StartAtOffset the deltas
+	// topic is read from its newest offsets (an offset is one topic's).
+	// Defaults to false: events only.
+	Deltas bool
 	// ErrorFunc, when set, is told what the Watcher gets past: consumer
 	// errors (Sarama retries them) and records that are no session event
 	// (a *DecodeError). It runs on the goroutine calling Next. Defaults to
@@ -86,17 +95,23 @@ type WatchOpts struct {
 	ErrorFunc func(error)
 }
 
-// DecodeError is a record of the events topic that is no session event;
-// the Watcher skips it.
+// DecodeError is a record of the events topic that is no session event
+// (or of the deltas topic that is no delta); the Watcher skips it.
 type DecodeError struct {
 	Topic     string
 	Partition int32
 	Offset    int64
-	Err       error
+	// Delta is set when the record was read from the deltas topic.
+	Delta bool
+	Err   error
 }
 
 func (e *DecodeError) Error() string {
-	return fmt.Sprintf("skipping %s/%d/%d: not a session event: %v", e.Topic, e.Partition, e.Offset, e.Err)
+	what := "a session event"
+	if e.Delta {
+		what = "a delta"
+	}
+	return fmt.Sprintf("skipping %s/%d/%d: not %s: %v", e.Topic, e.Partition, e.Offset, what, e.Err)
 }
 
 func (e *DecodeError) Unwrap() error { return e.Err }
@@ -114,6 +129,7 @@ type Watcher struct {
 	pcs        []sarama.PartitionConsumer
 	partitions []int32
 	total      int // partitions of the topic
+	deltaParts []int32
 
 	msgs   chan *sarama.ConsumerMessage
 	errc   chan error
@@ -176,31 +192,58 @@ func NewWatcher(config *Config, opts *WatchOpts) (_ *Watcher, err error) {
 	if o.SessionID != "" {
 		w.partitions = []int32{Murmur2Partition([]byte(o.SessionID), int32(len(all)))}
 	}
-	for _, p := range w.partitions {
-		offset, err := w.startOffset(p)
+	if err := w.consume(cfg.EventsTopic, w.partitions, o.Start); err != nil {
+		return nil, err
+	}
+	if o.Deltas {
+		all, err := w.client.Partitions(cfg.DeltasTopic)
 		if err != nil {
-			return nil, fmt.Errorf("finding where to start %s/%d at %s: %w", cfg.EventsTopic, p, o.Start, err)
+			return nil, fmt.Errorf("listing the partitions of %s: %w", cfg.DeltasTopic, err)
 		}
-		// ConsumePartition resolves OffsetNewest now: every event
-		// published after NewWatcher returns is seen.
-		pc, err := w.consumer.ConsumePartition(cfg.EventsTopic, p, offset)
-		if err != nil {
-			return nil, fmt.Errorf("consuming %s/%d from %s: %w", cfg.EventsTopic, p, o.Start, err)
+		w.deltaParts = all
+		if o.SessionID != "" {
+			// The deltas publisher keys by session ID with murmur2 too.
+			w.deltaParts = []int32{Murmur2Partition([]byte(o.SessionID), int32(len(all)))}
 		}
-		w.pcs = append(w.pcs, pc)
-		w.wg.Go(func() { w.forward(pc) })
+		start := o.Start
+		if start.kind == startOffset {
+			start = StartNewest()
+		}
+		if err := w.consume(cfg.DeltasTopic, w.deltaParts, start); err != nil {
+			return nil, err
+		}
 	}
 	return w, nil
 }
 
-func (w *Watcher) startOffset(p int32) (int64, error) {
-	switch w.opts.Start.kind {
+// consume starts a partition consumer and its forwarder for each of
+// topic's partitions.
+func (w *Watcher) consume(topic string, partitions []int32, start Start) error {
+	for _, p := range partitions {
+		offset, err := w.startOffset(topic, p, start)
+		if err != nil {
+			return fmt.Errorf("finding where to start %s/%d at %s: %w", topic, p, start, err)
+		}
+		// ConsumePartition resolves OffsetNewest now: every event
+		// published after NewWatcher returns is seen.
+		pc, err := w.consumer.ConsumePartition(topic, p, offset)
+		if err != nil {
+			return fmt.Errorf("consuming %s/%d from %s: %w", topic, p, start, err)
+		}
+		w.pcs = append(w.pcs, pc)
+		w.wg.Go(func() { w.forward(pc) })
+	}
+	return nil
+}
+
+func (w *Watcher) startOffset(topic string, p int32, start Start) (int64, error) {
+	switch start.kind {
 	case startOldest:
 		return sarama.OffsetOldest, nil
 	case startOffset:
-		return w.opts.Start.offset, nil
+		return start.offset, nil
 	case startTime:
-		off, err := w.client.GetOffset(w.cfg.EventsTopic, p, w.opts.Start.at.UnixMilli())
+		off, err := w.client.GetOffset(topic, p, start.at.UnixMilli())
 		if err != nil {
 			return 0, err
 		}
@@ -219,34 +262,62 @@ func (w *Watcher) Topic() string { return w.cfg.EventsTopic }
 // Partitions are the partitions read.
 func (w *Watcher) Partitions() []int32 { return slices.Clone(w.partitions) }
 
+// DeltaPartitions are the partitions of the deltas topic read (none
+// without WatchOpts.Deltas).
+func (w *Watcher) DeltaPartitions() []int32 { return slices.Clone(w.deltaParts) }
+
 // TopicPartitions is the number of partitions of the topic.
 func (w *Watcher) TopicPartitions() int { return w.total }
 
 // Start is where the Watcher started.
 func (w *Watcher) Start() Start { return w.opts.Start }
 
-// Next returns the next matching event, waiting for one. It fails with
-// ctx's error (its cause) when ctx ends, and with ErrClosed after Close.
+// Next returns the next matching event, waiting for one (deltas are
+// skipped). It fails with ctx's error (its cause) when ctx ends, and with
+// ErrClosed after Close.
 func (w *Watcher) Next(ctx context.Context) (envelope.Event, error) {
-	r, err := w.NextRecord(ctx)
-	return r.Event, err
+	for {
+		r, err := w.NextRecord(ctx)
+		if err != nil || r.Delta == nil {
+			return r.Event, err
+		}
+	}
 }
 
-// Record is a session event with the record that carried it.
+// Record is a session event, or with WatchOpts.Deltas a live delta, with
+// the record that carried it.
 type Record struct {
 	Event envelope.Event
+	// Delta is set (and Event zero) when the record is a live delta.
+	Delta *envelope.Delta
 	// Value is the record's JSON as published, members this version of
-	// envelope.Event does not know included.
+	// envelope.Event (or Delta) does not know included.
 	Value     []byte
+	Topic     string
 	Partition int32
 	Offset    int64
 }
 
-// NextRecord is Next with the record of the event.
+// NextRecord is Next with the record of the event; with WatchOpts.Deltas
+// it returns the deltas too.
 func (w *Watcher) NextRecord(ctx context.Context) (Record, error) {
 	for {
 		select {
 		case m := <-w.msgs:
+			if w.opts.Deltas && m.Topic == w.cfg.DeltasTopic {
+				d, err := envelope.DecodeDelta(m.Value)
+				if err != nil {
+					w.report(&DecodeError{Topic: m.Topic, Partition: m.Partition, Offset: m.Offset, Delta: true, Err: err})
+					continue
+				}
+				if d.SessionID == "" {
+					d.SessionID = string(m.Key)
+				}
+				if w.opts.SessionID != "" && d.SessionID != w.opts.SessionID {
+					continue
+				}
+				return Record{Delta: &d, Value: m.Value, Topic: m.Topic, Partition: m.Partition, Offset: m.Offset}, nil
+			}
 			e, err := envelope.DecodeEvent(m.Value)
 			if err != nil {
 				w.report(&DecodeError{Topic: m.Topic, Partition: m.Partition, Offset: m.Offset, Err: err})
@@ -258,7 +329,7 @@ func (w *Watcher) NextRecord(ctx context.Context) (Record, error) {
 			if !w.matches(e) || w.repeat(e.ID) {
 				continue
 			}
-			return Record{Event: e, Value: m.Value, Partition: m.Partition, Offset: m.Offset}, nil
+			return Record{Event: e, Value: m.Value, Topic: m.Topic, Partition: m.Partition, Offset: m.Offset}, nil
 		case err := <-w.errc:
 			w.report(err)
 		case <-ctx.Done():

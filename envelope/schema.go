@@ -16,3 +16,9 @@ var PromptSchema []byte
 //
 //go:embed session-event.schema.json
 var EventSchema []byte
+
+// DeltaSchema is the JSON Schema (draft 2020-12) of a live text delta on
+// the session-deltas topic.
+//
+//go:embed session-delta.schema.json
+var DeltaSchema []byte

@@ -29,6 +29,7 @@ func TestSchemaDocsCopiesMatch(t *testing.T) {
 	}{
 		{"../docs/prompt.schema.json", envelope.PromptSchema},
 		{"../docs/session-event.schema.json", envelope.EventSchema},
+		{"../docs/session-delta.schema.json", envelope.DeltaSchema},
 	} {
 		b, err := os.ReadFile(tt.doc)
 		require.NoError(t, err)

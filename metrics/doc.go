@@ -28,6 +28,7 @@
 //	promptline_tool_calls_total{outcome}          tool calls settled, by outcome: succeeded | failed (including invalid and declined) | unknown
 //	promptline_tool_call_seconds{outcome}         histogram of one tool run's latency
 //	promptline_kafka_consumer_lag_messages{topic,partition} per partition assigned here: high-water mark minus the next offset to mark; removed when the partition is revoked
+//	promptline_deltas_total{result}               live text deltas on session-deltas (not durable): published (acknowledged by the broker) | dropped (the producer was full, failed to deliver it, or was closed; the turn goes on, its text is committed with step.completed)
 //
 // The operator console (`consumer console`, docs/console.md) serves its own
 // registry with these and the Go and process collectors:

@@ -40,6 +40,7 @@ type Metrics struct {
 	ToolCalls          *prometheus.CounterVec
 	ToolCallSeconds    *prometheus.HistogramVec
 	ConsumerLag        *prometheus.GaugeVec
+	Deltas             *prometheus.CounterVec
 }
 
 // Outcomes of provider attempts and tool calls (the outcome label), as the
@@ -129,8 +130,11 @@ func New(reg prometheus.Registerer) *Metrics {
 		ConsumerLag: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "promptline_kafka_consumer_lag_messages", Help: "Per assigned partition, its high-water mark minus the next offset this group member will mark.",
 		}, []string{"topic", "partition"}),
+		Deltas: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "promptline_deltas_total", Help: "Live text deltas, by result: published (the broker acknowledged it) | dropped (producer full or failing; the turn went on).",
+		}, []string{"result"}),
 	}
-	reg.MustRegister(m.OutboxPublishDelay, m.WakeToStart, m.ProviderAttempts, m.ProviderSeconds, m.ToolCalls, m.ToolCallSeconds, m.ConsumerLag)
+	reg.MustRegister(m.OutboxPublishDelay, m.WakeToStart, m.ProviderAttempts, m.ProviderSeconds, m.ToolCalls, m.ToolCallSeconds, m.ConsumerLag, m.Deltas)
 	reg.MustRegister(m.RecoveryDecisions, m.RecoveryTransient, m.RedrivenWakes, m.QuarantinedRows, m.Claims, m.FencedWrites, m.WriteRetries, m.Admissions, m.AdmissionBatchSize, m.AdmissionSeconds, m.Turns,
 		m.TurnSeconds, m.ActiveExecutions, m.OutboxPublished, m.OutboxPruned, m.Wakes)
 	return m

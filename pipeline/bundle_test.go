@@ -38,6 +38,7 @@ type testBundle struct {
 	producer sarama.SyncProducer
 	events   *topicReader
 	rejects  *topicReader
+	deltas   *topicReader // with setupOpts.deltas
 }
 
 type setupOpts struct {
@@ -60,6 +61,11 @@ type setupOpts struct {
 	replies bool
 	// tools is the executor's tool registry (default: none).
 	tools *tools.Registry
+	// deltas publishes live deltas on session-deltas (b.deltas reads them).
+	deltas bool
+	// deltasMaxMessageBytes is the deltas producer's limit (default:
+	// the process's).
+	deltasMaxMessageBytes int
 }
 
 func setup(t *testing.T, opts setupOpts) *testBundle {
@@ -87,9 +93,21 @@ func setup(t *testing.T, opts setupOpts) *testBundle {
 	require.NoError(t, relay.Start(ctx))
 	admitter := pipeline.NewAdmitter(pool, &pipeline.AdmitterConfig{OnCommitFunc: relay.Nudge, Logger: log})
 	claims := ledger.NewClaims(pool, &ledger.ClaimsConfig{Lease: cmp.Or(opts.lease, 5*time.Second), OwnerID: t.Name(), Logger: log})
+	var deltas pipeline.DeltaSink
+	if opts.deltas {
+		dcfg := pipeline.DeltaProducerConfig(cfg)
+		if opts.deltasMaxMessageBytes > 0 {
+			dcfg.Producer.MaxMessageBytes = opts.deltasMaxMessageBytes
+		}
+		ap, err := sarama.NewAsyncProducer(brokers, dcfg)
+		require.NoError(t, err)
+		dp := pipeline.NewDeltaPublisher(ap, &pipeline.DeltaPublisherConfig{Metrics: opts.metrics, Logger: log})
+		t.Cleanup(dp.Close)
+		deltas = dp
+	}
 	exec := pipeline.NewExecutor(pool, &pipeline.ExecutorConfig{
 		Claims: claims, Provider: opts.provider, OnCommitFunc: relay.Nudge, Logger: log, Metrics: opts.metrics, MaxSessions: opts.maxSessions,
-		Tools: opts.tools,
+		Tools: opts.tools, Deltas: deltas,
 	})
 	ccfg := &pipeline.ConsumerConfig{Limits: opts.limits, Logger: log, Metrics: opts.metrics, MaxMessageBytes: opts.maxMessageBytes,
 		Topics: kafkautil.Topics{Rejects: opts.rejectsTopic}}
@@ -115,6 +133,9 @@ func setup(t *testing.T, opts setupOpts) *testBundle {
 
 	b := &testBundle{pool: pool, dbURL: dbURL, brokers: brokers, producer: producer}
 	b.events = readTopic(t, brokers, "session-events")
+	if opts.deltas {
+		b.deltas = readTopic(t, brokers, "session-deltas")
+	}
 	if opts.rejectsTopic == "" { // a test naming one creates it when it wants
 		b.rejects = readTopic(t, brokers, "prompts.rejects")
 	}

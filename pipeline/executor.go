@@ -50,6 +50,16 @@ type ExecutorConfig struct {
 	// the call's outcome is then unknown (never run again automatically).
 	// Defaults to 30s.
 	ToolTimeout time.Duration
+	// Deltas takes the live text deltas of streaming providers (not
+	// durable; docs/session-events.md, "Live deltas"). Defaults to none:
+	// no deltas are made.
+	Deltas DeltaSink
+	// DeltaInterval is how long a delta's text may wait to be coalesced
+	// with the text that follows it. Defaults to 50ms.
+	DeltaInterval time.Duration
+	// DeltaMaxBytes publishes a delta once its text has this many bytes.
+	// Defaults to 1024.
+	DeltaMaxBytes int
 }
 
 const (
@@ -104,6 +114,8 @@ func NewExecutor(pool *pgxpool.Pool, config *ExecutorConfig) *Executor {
 	cfg.Provider = cmp.Or[Provider](cfg.Provider, ScriptedProvider{})
 	cfg.MaxSessions = cmp.Or(cfg.MaxSessions, maxSessionsDefault)
 	cfg.ToolTimeout = cmp.Or(cfg.ToolTimeout, toolTimeoutDefault)
+	cfg.DeltaInterval = cmp.Or(cfg.DeltaInterval, deltaIntervalDefault)
+	cfg.DeltaMaxBytes = cmp.Or(cfg.DeltaMaxBytes, deltaMaxBytesDefault)
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}

@@ -63,6 +63,13 @@ type ProviderRequest struct {
 	Turn []TranscriptMessage
 	// Tools the model may call.
 	Tools []ToolSpec
+	// TextDeltaFunc, when set, takes the answer's text as a streaming
+	// provider receives it, fragment by fragment, in order, from
+	// Complete's goroutine; it never blocks. The fragments are for
+	// display only (live deltas): ProviderResponse.Text stays the answer.
+	// A provider that does not stream ignores it. Nil when the process
+	// publishes no deltas.
+	TextDeltaFunc func(text string) `json:"-"`
 }
 
 // TranscriptMessage is one message as a provider sees it.

@@ -200,8 +200,18 @@ func (ex *execution) runStep(ctx context.Context, t *turn, step int, log *slog.L
 			}
 		}
 		faults.Hit(faults.ProviderAfterIntent)
+		deltas := ex.deltaStream(t, step)
+		if deltas != nil {
+			req.TextDeltaFunc = deltas.write
+		}
 		sent := time.Now()
 		resp, perr := ex.e.cfg.Provider.Complete(ctx, req)
+		if deltas != nil {
+			// The rest of the text goes out before the response is
+			// committed, so that a UI mostly sees the deltas of a step
+			// before its step.completed (not an order anyone may rely on).
+			deltas.close()
+		}
 		ex.attemptMetric(ctx, perr, time.Since(sent))
 		if ex.x.Fenced() {
 			return false, false, ledger.ErrFenced // dispatch nothing more, write nothing
@@ -632,6 +642,18 @@ func (ex *execution) turnStarted(t *turn) outbox.Row {
 		ID: "turn.started:" + t.id, Type: envelope.EventTurnStarted, SessionID: ex.sessionID, At: time.Now().UTC(),
 		TurnID: t.id, MessageIDs: ids(t.inputs),
 	})
+}
+
+// deltaStream returns the live deltas of one sending of a step, numbered
+// as its step.completed will be; nil when the process publishes none.
+func (ex *execution) deltaStream(t *turn, step int) *deltaStream {
+	cfg := ex.e.cfg
+	if cfg.Deltas == nil {
+		return nil
+	}
+	return newDeltaStream(cfg.Deltas, envelope.Delta{
+		SessionID: ex.sessionID, TurnID: t.id, AssistantMessageID: t.assistantID, Step: t.stepBase + step,
+	}, cfg.DeltaInterval, cfg.DeltaMaxBytes)
 }
 
 // stepCompleted announces a step's durable response: its text and the

@@ -25,6 +25,7 @@ type providerOptions struct {
 	openaiModel   string
 	openaiKeyEnv  string
 	openaiKeyFile string
+	openaiStream  bool
 	sandboxDir    string
 	httpEndpoints []string // --http-tool-endpoint values
 	mcpServers    []string // --mcp-server values
@@ -158,6 +159,7 @@ func (p *providerOptions) buildProvider(reg *tools.Registry, log *slog.Logger) (
 		}
 		prov, err := providers.NewOpenAI(http.DefaultClient, &providers.OpenAIConfig{
 			BaseURL: p.openaiBase, Model: p.openaiModel, APIKey: key, HonoursIdempotencyKeys: p.idempotent,
+			Stream: p.openaiStream,
 		})
 		if err != nil {
 			return nil, "", nil, nil, fmt.Errorf("--provider openai: %w", err)

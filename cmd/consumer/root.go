@@ -105,6 +105,8 @@ func newRootCommandEnv(environ func() []string) *cobra.Command {
 	f.StringVar(&o.provider.openaiModel, "openai-model", "", "model name for the openai provider")
 	f.StringVar(&o.provider.openaiKeyEnv, "openai-api-key-env", "OPENAI_API_KEY", "environment variable holding the API key (never logged)")
 	f.StringVar(&o.provider.openaiKeyFile, "openai-api-key-file", "", "file holding the API key (takes precedence over the environment variable)")
+	f.BoolVar(&o.provider.openaiStream, "openai-stream", false, "ask the openai provider to stream its answers; their text goes out as live deltas on --deltas-topic (not durable; the answer is committed at the end of each step as always)")
+	f.StringVar(&o.topics.Deltas, "deltas-topic", "session-deltas", "topic of live text deltas of streaming providers (not durable)")
 	f.StringArrayVar(&o.provider.httpEndpoints, "http-tool-endpoint", nil, "an endpoint of the http_request tool: name=N,url=U[,method=POST][,class=side_effecting|idempotent] (repeatable; the model names endpoints, never URLs; class defaults to side_effecting)")
 	f.StringArrayVar(&o.provider.mcpServers, "mcp-server", nil, `an MCP server whose tools the model may call, as SERVER__TOOL: name=N,command="CMD ARGS" (stdio, run without a shell) or name=N,url=U (streamable HTTP) (repeatable; docs/tools.md)`)
 	f.StringArrayVar(&o.provider.toolClasses, "tool-class", nil, "class of an MCP tool SERVER.TOOL=side_effecting|idempotent (repeatable); stricter than its annotations at will, looser only as idempotent! (docs/tools.md)")
@@ -237,7 +239,8 @@ func (o *options) validate() error {
 	}
 	o.permissions = perms
 	for flag, name := range map[string]string{"--prompts-topic": o.topics.Prompts, "--wakes-topic": o.topics.Wakes,
-		"--events-topic": o.topics.Events, "--rejects-topic": o.topics.Rejects, "--permission-replies-topic": o.topics.PermissionReplies} {
+		"--events-topic": o.topics.Events, "--rejects-topic": o.topics.Rejects, "--permission-replies-topic": o.topics.PermissionReplies,
+		"--deltas-topic": o.topics.Deltas} {
 		if name == "" {
 			return fmt.Errorf("%s: must not be empty", flag)
 		}

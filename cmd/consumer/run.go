@@ -170,10 +170,23 @@ func run(ctx context.Context, o *options, stderr io.Writer) error {
 		OnWriteRetryFunc: m.WriteRetries.Inc,
 		OnRenewedFunc:    m.Claims.WithLabelValues("renewed").Inc,
 	})
+	// Live deltas go out with a producer of their own, straight, never
+	// through the outbox: they are not durable, and a broken deltas topic
+	// drops them (counted) without touching the turn.
+	var deltas pipeline.DeltaSink
+	if o.provider.kind == "openai" && o.provider.openaiStream {
+		ap, err := sarama.NewAsyncProducer(brokers, pipeline.DeltaProducerConfig(cfg))
+		if err != nil {
+			return fmt.Errorf("connecting the deltas producer to Kafka %v: %w", brokers, o.security.Explain(err))
+		}
+		dp := pipeline.NewDeltaPublisher(ap, &pipeline.DeltaPublisherConfig{Topic: topics.Deltas, Metrics: m, Logger: log})
+		defer dp.Close()
+		deltas = dp
+	}
 	exec := pipeline.NewExecutor(db.Pool, &pipeline.ExecutorConfig{
 		Claims: claims, Topics: topics, MaxSessions: o.maxSessions, Logger: log, Metrics: m, OnCommitFunc: relay.Nudge,
 		Provider: provider, ProviderName: providerName, Tools: toolbox, PermissionFunc: o.permissions.lookup,
-		ToolTimeout: o.toolTimeout,
+		ToolTimeout: o.toolTimeout, Deltas: deltas,
 	})
 	rec := recovery.New(db.Pool, &recovery.Config{
 		Interval: o.recoveryInterval, Batch: o.recoveryBatch, RedriveAfter: o.redriveAfter,

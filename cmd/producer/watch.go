@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -27,6 +28,11 @@ type watchOpts struct {
 	count         int
 	timeout       time.Duration
 	json          bool
+	deltas        bool
+	deltasTopic   string
+
+	view     *deltaView
+	openStep string // the step whose deltas line is open, "" none
 }
 
 func newWatchCommand(k *kafkaOpts) *cobra.Command {
@@ -43,11 +49,19 @@ With --count N it exits 0 after N matching events; with --timeout D as well,
 it exits non-zero when fewer arrived within D. A --timeout alone ends the
 watch after D.
 
+With --deltas it also reads the live text deltas (session-deltas) and prints a
+turn as it streams: a step's deltas appended on one line as they come, then
+the step.completed line, which is the truth (a delta of a step after its
+step.completed is dropped; a new line for the same step means its text started
+over, unless it begins with ... (it goes on after other lines). Deltas are not durable: a crash loses them, never the
+answer. --type and --count apply to the events only.
+
 Status lines (what is watched, consumer errors) go to standard error, events
 to standard output.`,
 		Example: `  producer watch --session s-1 --type turn.completed
   producer watch --from-beginning --json
-  producer watch --session s-1 --type turn.completed --type turn.failed --count 1 --timeout 30s`,
+  producer watch --session s-1 --type turn.completed --type turn.failed --count 1 --timeout 30s
+  producer watch --session s-1 --deltas --type step.completed --type turn.completed`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			return o.run(cmd.Context(), cmd.OutOrStdout(), cmd.ErrOrStderr())
@@ -61,6 +75,8 @@ to standard output.`,
 	f.IntVar(&o.count, "count", 0, "exit after this many matching events (0: no limit)")
 	f.DurationVar(&o.timeout, "timeout", 0, "give up after this long; with --count, fail when fewer arrived (0: no limit)")
 	f.BoolVar(&o.json, "json", false, "print each event as one raw JSON line")
+	f.BoolVar(&o.deltas, "deltas", false, "also print the live text deltas of each step as they stream")
+	f.StringVar(&o.deltasTopic, "deltas-topic", "session-deltas", "topic of the live deltas (with --deltas)")
 	return cmd
 }
 
@@ -79,6 +95,8 @@ func (o *watchOpts) run(ctx context.Context, stdout, stderr io.Writer) error {
 		return fmt.Errorf("--count: want 0 or more, got %d", o.count)
 	case o.timeout < 0:
 		return fmt.Errorf("--timeout: want 0 or more, got %s", o.timeout)
+	case o.deltas && o.deltasTopic == "":
+		return errors.New("--deltas-topic: must not be empty")
 	}
 	for _, t := range o.types {
 		if strings.TrimSpace(t) == "" {
@@ -99,6 +117,14 @@ func (o *watchOpts) run(ctx context.Context, stdout, stderr io.Writer) error {
 	if o.fromBeginning {
 		opts.Start = client.StartOldest()
 	}
+	if o.deltas {
+		// The step events settle deltas even when --type leaves them
+		// unprinted: filter here, not in the Watcher.
+		cfg.DeltasTopic = o.deltasTopic
+		opts.Deltas, opts.Types = true, nil
+		o.view = newDeltaView()
+		defer o.endLine(stdout)
+	}
 	w, err := client.NewWatcher(cfg, opts)
 	if err != nil {
 		return err
@@ -108,6 +134,9 @@ func (o *watchOpts) run(ctx context.Context, stdout, stderr io.Writer) error {
 		fmt.Fprintf(stderr, "watching %s (partition %d of %d: session %s) from %s\n", o.topic, w.Partitions()[0], w.TopicPartitions(), o.session, w.Start())
 	} else {
 		fmt.Fprintf(stderr, "watching %s (%d partitions) from %s\n", o.topic, w.TopicPartitions(), w.Start())
+	}
+	if o.deltas {
+		fmt.Fprintf(stderr, "and deltas on %s\n", o.deltasTopic)
 	}
 
 	if o.timeout > 0 {
@@ -132,6 +161,18 @@ func (o *watchOpts) run(ctx context.Context, stdout, stderr io.Writer) error {
 		case err != nil:
 			return err
 		}
+		if r.Delta != nil {
+			if err := o.printDelta(stdout, *r.Delta, r.Value); err != nil {
+				return err
+			}
+			continue
+		}
+		if o.view != nil {
+			o.view.event(r.Event)
+			if len(o.types) > 0 && !slices.Contains(o.types, r.Event.Type) {
+				continue
+			}
+		}
 		if err := o.print(stdout, r.Event, r.Value); err != nil {
 			return err
 		}
@@ -142,16 +183,71 @@ func (o *watchOpts) run(ctx context.Context, stdout, stderr io.Writer) error {
 
 func (o *watchOpts) print(w io.Writer, e envelope.Event, raw []byte) error {
 	if o.json {
-		var buf bytes.Buffer
-		if err := json.Compact(&buf, raw); err != nil {
-			return fmt.Errorf("compacting event %s: %w", e.ID, err)
-		}
-		buf.WriteByte('\n')
-		_, err := w.Write(buf.Bytes())
+		return writeCompact(w, raw, "event "+e.ID)
+	}
+	if err := o.endLine(w); err != nil {
 		return err
 	}
 	_, err := fmt.Fprintln(w, formatEvent(e))
 	return err
+}
+
+func writeCompact(w io.Writer, raw []byte, what string) error {
+	var buf bytes.Buffer
+	if err := json.Compact(&buf, raw); err != nil {
+		return fmt.Errorf("compacting %s: %w", what, err)
+	}
+	buf.WriteByte('\n')
+	_, err := w.Write(buf.Bytes())
+	return err
+}
+
+// printDelta shows d as the rule of deltaView says: dropped, appended to
+// the step's open line, or on a new line for the step, e.g.
+//
+//	s-1 deltas step=1 "Hello, wor
+//
+// which the next delta continues and the next other line closes with its
+// quote; when another line came between, the step's text goes on on a
+// line of its own marked with "..." before the quote. With --json a delta kept is its JSON on one line.
+func (o *watchOpts) printDelta(w io.Writer, d envelope.Delta, raw []byte) error {
+	act := o.view.delta(d)
+	switch {
+	case act == deltaIgnore:
+		return nil
+	case o.json:
+		return writeCompact(w, raw, fmt.Sprintf("delta %s/%d", d.AssistantMessageID, d.Seq))
+	case act == deltaAppend && o.openStep == d.AssistantMessageID:
+		_, err := io.WriteString(w, quoteInner(d.Text))
+		return err
+	}
+	if err := o.endLine(w); err != nil {
+		return err
+	}
+	o.openStep = d.AssistantMessageID
+	cont := "" // the step's text (re)starts
+	if act == deltaAppend {
+		cont = "..." // another line came between: the step's text goes on
+	}
+	_, err := fmt.Fprintf(w, "%s deltas step=%d %s\"%s", d.SessionID, d.Step, cont, quoteInner(d.Text))
+	return err
+}
+
+// endLine closes an open deltas line.
+func (o *watchOpts) endLine(w io.Writer) error {
+	if o.openStep == "" {
+		return nil
+	}
+	o.openStep = ""
+	_, err := io.WriteString(w, "\"\n")
+	return err
+}
+
+// quoteInner is strconv.Quote without the quotes: the pieces of a text
+// quoted one by one concatenate to the quoted text.
+func quoteInner(s string) string {
+	q := strconv.Quote(s)
+	return q[1 : len(q)-1]
 }
 
 // formatEvent renders one event on one line: session, type, then what the

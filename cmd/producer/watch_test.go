@@ -142,3 +142,95 @@ func TestFormatEvent(t *testing.T) {
 		require.Equal(t, tc.want, formatEvent(tc.e))
 	}
 }
+
+// TestWatchDeltas feeds watch --deltas' printer a turn as the two topics
+// may interleave it: deltas appended on one line, a seq 1 again starting
+// the step over on a new line, a repeat dropped, the step.completed line
+// closing the deltas line, and a delta after step.completed (a straggler,
+// or a zombie's) and after the turn's end dropped.
+func TestWatchDeltas(t *testing.T) {
+	t.Parallel()
+	delta := func(amid string, step int, seq int64, text string) envelope.Delta {
+		return envelope.Delta{SessionID: "s-1", TurnID: "a-1", AssistantMessageID: amid, Step: step, Seq: seq, Text: text}
+	}
+	type rec struct {
+		d *envelope.Delta
+		e envelope.Event
+	}
+	feed := []rec{
+		{d: ptr(delta("a-1", 1, 1, "Hel"))},
+		{d: ptr(delta("a-1", 1, 2, "lo\n"))},
+		{d: ptr(delta("a-1", 1, 2, "lo\n"))}, // a repeat
+		{d: ptr(delta("a-1", 1, 1, "Hi"))},   // sent again: starts over
+		{d: ptr(delta("a-1", 1, 2, ", you"))},
+		{e: envelope.Event{ID: "e-1", Type: envelope.EventStepCompleted, SessionID: "s-1", TurnID: "a-1", AssistantMessageID: "a-1", Step: 1, Text: "Hi, you"}},
+		{d: ptr(delta("a-1", 1, 3, " late"))}, // after step.completed: dropped
+		{d: ptr(delta("a-2", 2, 1, "mo"))},
+		{e: envelope.Event{ID: "e-x", Type: envelope.EventInputAdmitted, SessionID: "s-1", MessageID: "m-2"}},
+		{d: ptr(delta("a-2", 2, 2, "re"))},
+		{e: envelope.Event{ID: "e-2", Type: envelope.EventTurnCompleted, SessionID: "s-1", AssistantMessageID: "a-3", Text: "done"}},
+		{d: ptr(delta("a-9", 3, 1, "never shown"))},
+		{e: envelope.Event{ID: "e-3", Type: envelope.EventTurnFailed, SessionID: "s-1", AssistantMessageID: "a-9", Reason: "outcome_unknown"}},
+		{d: ptr(delta("a-9", 3, 2, " dropped"))},
+	}
+	run := func(json bool, types ...string) string {
+		var out strings.Builder
+		o := &watchOpts{json: json, deltas: true, types: types, view: newDeltaView()}
+		for _, r := range feed {
+			if r.d != nil {
+				raw, err := jsonMarshal(*r.d)
+				require.NoError(t, err)
+				require.NoError(t, o.printDelta(&out, *r.d, raw))
+				continue
+			}
+			o.view.event(r.e)
+			if len(types) > 0 && !contains(types, r.e.Type) {
+				continue
+			}
+			raw, err := jsonMarshal(r.e)
+			require.NoError(t, err)
+			require.NoError(t, o.print(&out, r.e, raw))
+		}
+		require.NoError(t, o.endLine(&out))
+		return out.String()
+	}
+
+	require.Equal(t, `s-1 deltas step=1 "Hello\n"
+s-1 deltas step=1 "Hi, you"
+s-1 step.completed step=1 "Hi, you"
+s-1 deltas step=2 "mo"
+s-1 input.admitted message_id=m-2
+s-1 deltas step=2 ..."re"
+s-1 turn.completed "done"
+s-1 deltas step=3 "never shown"
+s-1 turn.failed reason=outcome_unknown
+`, run(false))
+	// --type leaves step.completed unprinted; it still settles its step.
+	require.Equal(t, `s-1 deltas step=1 "Hello\n"
+s-1 deltas step=1 "Hi, you"
+s-1 deltas step=2 "more"
+s-1 turn.completed "done"
+s-1 deltas step=3 "never shown"
+`, run(false, envelope.EventTurnCompleted))
+
+	var seqs []string
+	for line := range strings.Lines(run(true)) {
+		if d, err := envelope.DecodeDelta([]byte(line)); err == nil {
+			seqs = append(seqs, fmt.Sprintf("%s/%d", d.AssistantMessageID, d.Seq))
+		}
+	}
+	require.Equal(t, []string{"a-1/1", "a-1/2", "a-1/1", "a-1/2", "a-2/1", "a-2/2", "a-9/1"}, seqs, "--json keeps the same deltas")
+}
+
+func ptr[T any](v T) *T { return &v }
+
+func jsonMarshal(v any) ([]byte, error) { return json.Marshal(v) }
+
+func contains(xs []string, x string) bool {
+	for _, y := range xs {
+		if y == x {
+			return true
+		}
+	}
+	return false
+}

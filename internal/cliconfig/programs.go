@@ -18,11 +18,11 @@ import (
 var Programs = map[string][]string{
 	"consumer": {
 		"addr", "brokers", "config", "console-token-file", "create-topics", "data-dir", "database-url",
-		"db-idle-in-transaction-timeout", "db-lock-timeout", "db-max-conns", "db-statement-timeout",
+		"db-idle-in-transaction-timeout", "db-lock-timeout", "db-max-conns", "db-statement-timeout", "deltas-topic",
 		"did-not-run", "dry-run", "embedded-kafka-addr", "events-topic", "from-offset", "from-time", "group",
 		"http-tool-endpoint", "json", "lease", "ledger-retention", "local-wakes", "log-level", "max-batch",
 		"max-message-bytes", "max-rejections", "mcp-server", "max-sessions", "max-value-bytes", "metrics-addr", "migrate", "note",
-		"openai-api-key-env", "openai-api-key-file", "openai-base-url", "openai-model", "operator",
+		"openai-api-key-env", "openai-api-key-file", "openai-base-url", "openai-model", "openai-stream", "operator",
 		"outbox-retention", "output", "partitions", "permission-replies-topic", "progress-interval",
 		"prompts-topic", "provider", "provider-honours-idempotency-keys", "provider-url",
 		"publish-rejects", "ran", "rate", "recovery-batch", "recovery-interval", "redrive-after",
@@ -32,7 +32,7 @@ var Programs = map[string][]string{
 		"topic", "wake", "wakes-topic",
 	},
 	"producer": {
-		"brokers", "config", "count", "delivery", "file", "from-beginning", "json", "message",
+		"brokers", "config", "count", "deltas", "deltas-topic", "delivery", "file", "from-beginning", "json", "message",
 		"message-id", "no-resume", "partitioner", "request", "sasl-mechanism", "sasl-password-file",
 		"sasl-token-file", "sasl-user", "session", "text", "timeout", "tls", "tls-ca-file",
 		"tls-cert-file", "tls-key-file", "tls-server-name", "topic", "type",

@@ -23,6 +23,10 @@ type Topics struct {
 	// PermissionReplies carries replies to permission requests, key =
 	// session ID. Defaults to "permission-replies".
 	PermissionReplies string
+	// Deltas carries live text deltas of streaming providers out, key =
+	// session ID; not durable (docs/session-events.md, "Live deltas").
+	// Defaults to "session-deltas".
+	Deltas string
 }
 
 // WithDefaults fills unset names.
@@ -32,12 +36,13 @@ func (t Topics) WithDefaults() Topics {
 	t.Events = cmp.Or(t.Events, "session-events")
 	t.Rejects = cmp.Or(t.Rejects, "prompts.rejects")
 	t.PermissionReplies = cmp.Or(t.PermissionReplies, "permission-replies")
+	t.Deltas = cmp.Or(t.Deltas, "session-deltas")
 	return t
 }
 
 // All lists every topic.
 func (t Topics) All() []string {
-	return []string{t.Prompts, t.Wakes, t.Events, t.Rejects, t.PermissionReplies}
+	return []string{t.Prompts, t.Wakes, t.Events, t.Rejects, t.PermissionReplies, t.Deltas}
 }
 
 // TopicConfig is the configuration EnsureTopics creates every topic with

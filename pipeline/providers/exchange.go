@@ -52,6 +52,12 @@ type exchangeOpts struct {
 	HonoursIdempotencyKeys bool
 	FencingToken           int64
 	Timeout                time.Duration
+	// Accept is the Accept header. Defaults to application/json.
+	Accept string
+	// StreamFunc, when set, reads a 2xx response's body as it arrives
+	// (within Timeout) and returns the answer's body; its errors are
+	// returned as they are. Defaults to reading the body whole.
+	StreamFunc func(contentType string, body io.Reader) ([]byte, error)
 }
 
 // noRedirects returns a shallow copy of client that does not follow
@@ -93,7 +99,7 @@ func exchange(ctx context.Context, client *http.Client, opts exchangeOpts) ([]by
 	req.Header.Del("Idempotency-Key")
 	req.Header.Del("X-Idempotency-Key")
 	req.Header.Set("Content-Type", "application/json")
-	req.Header.Set("Accept", "application/json")
+	req.Header.Set("Accept", cmp.Or(opts.Accept, "application/json"))
 	req.Header.Set("X-Fencing-Token", strconv.FormatInt(opts.FencingToken, 10))
 	setIdempotencyKey(req.Header, opts.IdempotencyKey, opts.HonoursIdempotencyKeys)
 
@@ -127,6 +133,9 @@ func exchange(ctx context.Context, client *http.Client, opts exchangeOpts) ([]by
 		return nil, statusErr
 	}
 
+	if opts.StreamFunc != nil {
+		return opts.StreamFunc(resp.Header.Get("Content-Type"), resp.Body)
+	}
 	body, err := io.ReadAll(io.LimitReader(resp.Body, responseMax+1))
 	if err != nil {
 		// The answer was cut off: what the server did is not known.

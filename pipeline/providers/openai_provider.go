@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"net/http"
 	"os"
@@ -47,6 +48,12 @@ type OpenAIConfig struct {
 	// LegacyMaxTokens sends MaxTokens as "max_tokens" instead, for
 	// compatible servers that predate "max_completion_tokens".
 	LegacyMaxTokens bool
+	// Stream asks for the answer as a stream (stream: true, with
+	// stream_options include_usage): its text reaches
+	// ProviderRequest.TextDeltaFunc as it arrives (live deltas). The
+	// answer, its tool calls and usage are the same as without it, and
+	// are committed at the end of the step as always. Defaults to false.
+	Stream bool
 }
 
 const openAIBaseURLDefault = "https://api.openai.com/v1"
@@ -72,8 +79,8 @@ func (c *OpenAIConfig) Validate() error {
 
 // String describes the config with the API key redacted.
 func (c OpenAIConfig) String() string {
-	return fmt.Sprintf("OpenAIConfig{BaseURL: %q, Model: %q, APIKey: %s, SystemPrompt: %d bytes, Timeout: %s, HonoursIdempotencyKeys: %t, MaxTokens: %d, LegacyMaxTokens: %t}",
-		c.BaseURL, c.Model, redactedKey(c.APIKey), len(c.SystemPrompt), c.Timeout, c.HonoursIdempotencyKeys, c.MaxTokens, c.LegacyMaxTokens)
+	return fmt.Sprintf("OpenAIConfig{BaseURL: %q, Model: %q, APIKey: %s, SystemPrompt: %d bytes, Timeout: %s, HonoursIdempotencyKeys: %t, MaxTokens: %d, LegacyMaxTokens: %t, Stream: %t}",
+		c.BaseURL, c.Model, redactedKey(c.APIKey), len(c.SystemPrompt), c.Timeout, c.HonoursIdempotencyKeys, c.MaxTokens, c.LegacyMaxTokens, c.Stream)
 }
 
 // GoString is String, so that %#v cannot print the key either.
@@ -90,6 +97,7 @@ func (c OpenAIConfig) LogValue() slog.Value {
 		slog.Bool("honours_idempotency_keys", c.HonoursIdempotencyKeys),
 		slog.Int("max_tokens", c.MaxTokens),
 		slog.Bool("legacy_max_tokens", c.LegacyMaxTokens),
+		slog.Bool("stream", c.Stream),
 	)
 }
 
@@ -179,7 +187,7 @@ func (p *OpenAI) Complete(ctx context.Context, req pipeline.ProviderRequest) (pi
 	if err != nil {
 		return pipeline.ProviderResponse{}, fmt.Errorf("openai provider: encoding step %s: %w", req.AttemptID, err)
 	}
-	raw, err := exchange(ctx, p.client, exchangeOpts{
+	opts := exchangeOpts{
 		URL:                    p.url,
 		Body:                   body,
 		Headers:                map[string]string{"Authorization": "Bearer " + p.config.APIKey},
@@ -188,7 +196,24 @@ func (p *OpenAI) Complete(ctx context.Context, req pipeline.ProviderRequest) (pi
 		HonoursIdempotencyKeys: p.config.HonoursIdempotencyKeys,
 		FencingToken:           req.FencingToken,
 		Timeout:                p.config.Timeout,
-	})
+	}
+	var malformed error
+	if p.config.Stream {
+		opts.Accept = "text/event-stream"
+		opts.StreamFunc = func(contentType string, body io.Reader) ([]byte, error) {
+			raw, err := readOpenAIStream(body, contentType, req.TextDeltaFunc)
+			var m *errMalformedStream
+			if errors.As(err, &m) {
+				malformed = m
+				return nil, errors.New("malformed stream")
+			}
+			return raw, err
+		}
+	}
+	raw, err := exchange(ctx, p.client, opts)
+	if malformed != nil {
+		return pipeline.ProviderResponse{}, fmt.Errorf("openai provider: step %s: malformed response: %s", req.AttemptID, redact(malformed.Error(), p.config.APIKey))
+	}
 	if err != nil {
 		return pipeline.ProviderResponse{}, wrapStepError("openai provider", req.AttemptID, err)
 	}
@@ -210,6 +235,9 @@ type (
 		// Exactly one of the two is set when OpenAIConfig.MaxTokens is.
 		MaxCompletionTokens int `json:"max_completion_tokens,omitempty"`
 		MaxTokens           int `json:"max_tokens,omitempty"`
+		// Set when OpenAIConfig.Stream is.
+		Stream        bool                 `json:"stream,omitempty"`
+		StreamOptions *openAIStreamOptions `json:"stream_options,omitempty"`
 	}
 	openAIMessage struct {
 		Role string `json:"role"`
@@ -270,6 +298,9 @@ func (p *OpenAI) encodeRequest(req pipeline.ProviderRequest) ([]byte, error) {
 	out := openAIRequest{
 		Model:    p.config.Model,
 		Messages: make([]openAIMessage, 0, len(req.Messages)+1),
+	}
+	if p.config.Stream {
+		out.Stream, out.StreamOptions = true, &openAIStreamOptions{IncludeUsage: true}
 	}
 	if p.config.LegacyMaxTokens {
 		out.MaxTokens = p.config.MaxTokens
