@@ -15,6 +15,8 @@ import (
 //
 //	/reply TEXT        answer TEXT instead of the echo
 //	/sleep DURATION    wait (Go duration, e.g. 200ms) before answering
+//	/stream DURATION   stream the answer's text a word at a time, DURATION
+//	                   apart, to the request's TextDeltaFunc (live deltas)
 //	/fail MESSAGE      fail the provider step with MESSAGE
 //	/tool NAME {json}  request a call of tool NAME with that input (several
 //	                   lines: several calls in one step)
@@ -32,6 +34,7 @@ func (ScriptedProvider) Complete(ctx context.Context, req ProviderRequest) (Prov
 	var reply *string
 	var echo []string
 	var calls, loop []ToolCall
+	var stream time.Duration
 	afterTools := len(req.Messages) > 0 && req.Messages[len(req.Messages)-1].Role == "tool"
 	for _, m := range req.Turn {
 		for _, line := range strings.Split(m.Text, "\n") {
@@ -54,6 +57,12 @@ func (ScriptedProvider) Complete(ctx context.Context, req ProviderRequest) (Prov
 					return ProviderResponse{}, ctx.Err()
 				case <-t.C:
 				}
+			case "/stream":
+				d, err := time.ParseDuration(strings.TrimSpace(arg))
+				if err != nil {
+					return ProviderResponse{}, fmt.Errorf("scripted provider: /stream %q: %w", arg, err)
+				}
+				stream = d
 			case "/fail":
 				if !afterTools {
 					return ProviderResponse{}, fmt.Errorf("scripted provider: %s", arg)
@@ -76,19 +85,48 @@ func (ScriptedProvider) Complete(ctx context.Context, req ProviderRequest) (Prov
 	if len(loop) > 0 {
 		return ProviderResponse{ToolCalls: loop}, nil
 	}
-	if afterTools {
-		if reply != nil {
-			return ProviderResponse{Text: *reply}, nil
-		}
-		return ProviderResponse{Text: "tool results: " + toolResults(req.Messages)}, nil
-	}
-	if len(calls) > 0 {
+	if !afterTools && len(calls) > 0 {
 		return ProviderResponse{ToolCalls: calls}, nil
 	}
-	if reply != nil {
-		return ProviderResponse{Text: *reply}, nil
+	var text string
+	switch {
+	case reply != nil:
+		text = *reply
+	case afterTools:
+		text = "tool results: " + toolResults(req.Messages)
+	default:
+		text = "echo: " + strings.Join(echo, "\n")
 	}
-	return ProviderResponse{Text: "echo: " + strings.Join(echo, "\n")}, nil
+	if stream > 0 && req.TextDeltaFunc != nil {
+		if err := streamWords(ctx, text, stream, req.TextDeltaFunc); err != nil {
+			return ProviderResponse{}, err
+		}
+	}
+	return ProviderResponse{Text: text}, nil
+}
+
+// streamWords hands text to delta a word (with the space after it) at a
+// time, every gap, as a streaming model would.
+func streamWords(ctx context.Context, text string, gap time.Duration, delta func(string)) error {
+	t := time.NewTicker(gap)
+	defer t.Stop()
+	for rest := text; rest != ""; {
+		i := strings.IndexByte(rest, ' ')
+		if i < 0 {
+			i = len(rest) - 1
+		}
+		delta(rest[:i+1])
+		rest = rest[i+1:]
+		if rest == "" {
+			break
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-t.C:
+		}
+	}
+	return nil
 }
 
 // toolResults summarises the results after the last assistant message.

@@ -33,3 +33,24 @@ func TestScriptedProviderLoop(t *testing.T) {
 	require.NoError(t, err)
 	require.Empty(t, done.ToolCalls, "/tool asks once")
 }
+
+// /stream hands the answer to TextDeltaFunc a word at a time; the
+// fragments make up the answer, which is returned whole as always.
+func TestScriptedProviderStream(t *testing.T) {
+	t.Parallel()
+	turn := []pipeline.TranscriptMessage{{Role: "user", Text: "/stream 1ms\n/reply one two three"}}
+	var fragments []string
+	resp, err := pipeline.ScriptedProvider{}.Complete(context.Background(), pipeline.ProviderRequest{Turn: turn, Messages: turn,
+		TextDeltaFunc: func(s string) { fragments = append(fragments, s) }})
+	require.NoError(t, err)
+	require.Equal(t, "one two three", resp.Text)
+	require.Equal(t, []string{"one ", "two ", "three"}, fragments)
+
+	resp, err = pipeline.ScriptedProvider{}.Complete(context.Background(), pipeline.ProviderRequest{Turn: turn, Messages: turn})
+	require.NoError(t, err)
+	require.Equal(t, "one two three", resp.Text, "without a delta func: the answer only")
+
+	_, err = pipeline.ScriptedProvider{}.Complete(context.Background(), pipeline.ProviderRequest{
+		Turn: []pipeline.TranscriptMessage{{Role: "user", Text: "/stream soon"}}, TextDeltaFunc: func(string) {}})
+	require.ErrorContains(t, err, `/stream "soon"`)
+}

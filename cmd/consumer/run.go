@@ -174,7 +174,9 @@ func run(ctx context.Context, o *options, stderr io.Writer) error {
 	// through the outbox: they are not durable, and a broken deltas topic
 	// drops them (counted) without touching the turn.
 	var deltas pipeline.DeltaSink
-	if o.provider.kind == "openai" && o.provider.openaiStream {
+	// The providers that stream: openai when asked, and the scripted one,
+	// whose /stream directive shows deltas on the demo's defaults.
+	if o.provider.kind == "scripted" || o.provider.kind == "openai" && o.provider.openaiStream {
 		ap, err := sarama.NewAsyncProducer(brokers, pipeline.DeltaProducerConfig(cfg))
 		if err != nil {
 			return fmt.Errorf("connecting the deltas producer to Kafka %v: %w", brokers, o.security.Explain(err))
