@@ -168,7 +168,7 @@ func (r *Recoverer) RunOnce(ctx context.Context) (Pass, error) {
 	}
 	wrote := false
 	for _, c := range claims {
-		decision, err := r.recover(ctx, c)
+		decision, failed, err := r.recover(ctx, c)
 		switch {
 		case errors.Is(err, errSkipped):
 			p.Skipped++
@@ -208,6 +208,9 @@ func (r *Recoverer) RunOnce(ctx context.Context) (Pass, error) {
 			}
 		default:
 			wrote = true
+			if failed {
+				p.Failed++
+			}
 			p.Decisions[decision]++
 			if f := r.cfg.OnDecisionFunc; f != nil {
 				f(decision)
@@ -245,22 +248,7 @@ func (r *Recoverer) transientError(ctx context.Context, c ledger.Claim, msg stri
 var errSkipped = errors.New("claim changed or taken over by another process")
 
 func (r *Recoverer) expired(ctx context.Context) ([]ledger.Claim, error) {
-	rows, err := r.pool.Query(ctx, expiredSQL, r.cfg.Batch)
-	if err != nil {
-		return nil, fmt.Errorf("scanning expired claims: %w", err)
-	}
-	var out []ledger.Claim
-	var c ledger.Claim
-	var phase string
-	_, err = pgx.ForEachRow(rows, []any{&c.SessionID, &c.ExecutionID, &c.OwnerID, &c.Token, &phase, &c.AssistantMessageID, &c.ExpiresAt}, func() error {
-		c.Phase = ledger.Phase(phase)
-		out = append(out, c)
-		return nil
-	})
-	if err != nil {
-		return nil, fmt.Errorf("scanning expired claims: %w", err)
-	}
-	return out, nil
+	return scanExpired(ctx, r.pool, r.cfg.Batch, "")
 }
 
 // Evidence is what a decision rested on, stored with it.
@@ -277,6 +265,17 @@ type Evidence struct {
 	Owner              string          `json:"owner"`
 	ExpiredAt          time.Time       `json:"expired_at"`
 	Extra              json.RawMessage `json:"extra,omitempty"`
+	// ContinuationHolders are the inputs that hold the candidate IDs of
+	// the execution's continuation (Decide picks one); not stored.
+	ContinuationHolders []InputFact `json:"-"`
+}
+
+// InputFact is an input holding a continuation's candidate ID.
+type InputFact struct {
+	MessageID   string
+	SessionID   string
+	Kind        string
+	PayloadHash []byte
 }
 
 // AttemptFact is a provider attempt as recovery found it.
@@ -296,12 +295,14 @@ type ToolCallFact struct {
 	State     string `json:"state"`
 }
 
-// recover decides for one expired claim in one transaction.
-func (r *Recoverer) recover(ctx context.Context, old ledger.Claim) (string, error) {
-	var decision string
-	var quarantineReason string
+// recover decides for one expired claim in one transaction: it gathers
+// the evidence, decides on it (Decide, the function the plan applies) and
+// applies the decision. failed says that the decision quarantined the claim
+// because it could not be carried out (a continuation ID held elsewhere),
+// not because the row failed validation.
+func (r *Recoverer) recover(ctx context.Context, old ledger.Claim) (string, bool, error) {
+	var d Decision
 	err := pgdb.InTx(ctx, r.pool, func(tx pgx.Tx) error {
-		decision, quarantineReason = "", ""
 		// The session row first (invariant 7): admission serialises on it,
 		// so the waiting inputs counted below cannot grow before commit;
 		// an input admitted after that commit finds no claim and its own
@@ -313,36 +314,42 @@ func (r *Recoverer) recover(ctx context.Context, old ledger.Claim) (string, erro
 		if err != nil {
 			return err
 		}
-		if reason := validate(old, ev); reason != "" {
-			quarantineReason = reason
-			return r.quarantineTx(ctx, tx, old, reason)
-		}
-		nc, err := ledger.Takeover(ctx, tx, old, "recovery/"+old.ExecutionID, r.cfg.OwnerID, time.Minute)
-		if errors.Is(err, ledger.ErrNotExpired) {
-			return errSkipped
-		}
-		if err != nil {
-			return err
-		}
-		faults.Hit(faults.RecoveryAfterTakeover)
-		d, err := r.decide(ctx, tx, old, nc, ev)
-		decision = d.decision
-		if err != nil {
-			return err
-		}
-		return r.record(ctx, tx, old, nc, ev, d)
+		d = Decide(old, ev, r.cfg.IdempotentProviders)
+		return r.apply(ctx, tx, old, ev, d)
 	})
 	if err != nil {
-		return "", err
+		return "", false, err
 	}
-	if quarantineReason != "" {
+	if d.Decision == DecisionQuarantined {
 		r.log.WarnContext(ctx, "claim quarantined", slog.String("session_id", old.SessionID),
-			slog.String("execution_id", old.ExecutionID), slog.String("reason", quarantineReason))
-		return DecisionQuarantined, nil
+			slog.String("execution_id", old.ExecutionID), slog.String("reason", d.QuarantineReason))
+		return DecisionQuarantined, d.failed, nil
 	}
 	r.log.InfoContext(ctx, "recovery decided", slog.String("session_id", old.SessionID),
-		slog.String("execution_id", old.ExecutionID), slog.String("phase", string(old.Phase)), slog.String("decision", decision))
-	return decision, nil
+		slog.String("execution_id", old.ExecutionID), slog.String("phase", string(old.Phase)), slog.String("decision", d.Decision))
+	return d.Decision, false, nil
+}
+
+// apply carries out a decision taken on ev, in the transaction that
+// gathered ev under the session's lock: the takeover (compare-and-swap),
+// the decision's writes, its record and its outbox rows commit together
+// (invariant 9). It writes nothing that Decide did not name.
+func (r *Recoverer) apply(ctx context.Context, tx pgx.Tx, old ledger.Claim, ev Evidence, d Decision) error {
+	if d.Decision == DecisionQuarantined {
+		return r.quarantineTx(ctx, tx, old, d.QuarantineReason)
+	}
+	nc, err := ledger.Takeover(ctx, tx, old, "recovery/"+old.ExecutionID, r.cfg.OwnerID, time.Minute)
+	if errors.Is(err, ledger.ErrNotExpired) {
+		return errSkipped
+	}
+	if err != nil {
+		return err
+	}
+	faults.Hit(faults.RecoveryAfterTakeover)
+	if err := r.carryOut(ctx, tx, old, nc, ev, d); err != nil {
+		return err
+	}
+	return r.record(ctx, tx, old, nc, ev, d)
 }
 
 func gather(ctx context.Context, tx pgx.Tx, c ledger.Claim) (Evidence, error) {
@@ -394,6 +401,18 @@ func gather(ctx context.Context, tx pgx.Tx, c ledger.Claim) (Evidence, error) {
 	if err != nil {
 		return ev, fmt.Errorf("counting waiting inputs: %w", err)
 	}
+	rows, err = tx.Query(ctx, `SELECT message_id, session_id, kind, payload_hash FROM inputs WHERE message_id = ANY($1) ORDER BY message_id`,
+		[]string{ContinuationID(c.ExecutionID), ContinuationTakenID(c.ExecutionID)})
+	if err != nil {
+		return ev, fmt.Errorf("reading continuation inputs: %w", err)
+	}
+	var in InputFact
+	if _, err := pgx.ForEachRow(rows, []any{&in.MessageID, &in.SessionID, &in.Kind, &in.PayloadHash}, func() error {
+		ev.ContinuationHolders = append(ev.ContinuationHolders, in)
+		return nil
+	}); err != nil {
+		return ev, fmt.Errorf("reading continuation inputs: %w", err)
+	}
 	return ev, nil
 }
 
@@ -413,73 +432,129 @@ func validate(c ledger.Claim, ev Evidence) string {
 	return ""
 }
 
-type decision struct {
-	decision       string
-	rule           string
-	continuationID string
-	retryAttemptID string
-	retryDeferred  bool // retryAttemptID was deferred (retry_wait), not started
+// Decision is what recovery decides for one expired claim: a pure function
+// of the claim and its evidence (Decide), so that a plan (Plan) and a pass
+// take the same decision on the same evidence.
+type Decision struct {
+	Decision string `json:"decision"`
+	Rule     string `json:"rule,omitempty"`
+	// ContinuationID is the continuation input a continued decision admits.
+	ContinuationID string `json:"continuation_message_id,omitempty"`
+	// RetryAttemptID is the attempt sent again with its idempotency key.
+	RetryAttemptID   string `json:"retry_attempt_id,omitempty"`
+	QuarantineReason string `json:"quarantine_reason,omitempty"`
+
+	retryDeferred bool // RetryAttemptID was deferred (retry_wait), not started
+	failed        bool // quarantined because the decision cannot be carried out
 }
 
-func (r *Recoverer) decide(ctx context.Context, tx pgx.Tx, old, nc ledger.Claim, ev Evidence) (decision, error) {
-	d := decision{}
+// Decide decides for an expired claim on its evidence, reading and writing
+// nothing: idempotentProviders name the providers that honour idempotency
+// keys (Config.IdempotentProviders).
+func Decide(old ledger.Claim, ev Evidence, idempotentProviders []string) Decision {
+	if reason := validate(old, ev); reason != "" {
+		return Decision{Decision: DecisionQuarantined, QuarantineReason: reason}
+	}
+	d := Decision{}
 	superseded := old.AssistantMessageID != "" && ev.NewestAssistantID != old.AssistantMessageID
 	switch {
 	case superseded:
-		d.decision = DecisionSuperseded
+		d.Decision = DecisionSuperseded
 	case old.Phase == ledger.PhaseSafe:
-		d.decision = DecisionCleared
+		d.Decision = DecisionCleared
 	case old.Phase == ledger.PhaseReady:
-		d.decision = DecisionRewoken
+		d.Decision = DecisionRewoken
 	case old.Phase == ledger.PhaseContinue:
-		d.decision = DecisionContinued
-		d.rule, d.retryAttemptID, d.retryDeferred = r.continueRule(ev)
+		d.Decision = DecisionContinued
+		d.Rule, d.RetryAttemptID, d.retryDeferred = continueRule(ev, idempotentProviders)
 	case old.Phase == ledger.PhaseUnknown:
-		d.decision, d.rule, d.retryAttemptID = r.unknownRule(ev)
+		d.Decision, d.Rule, d.RetryAttemptID = unknownRule(ev, idempotentProviders)
 	}
-	if d.decision == DecisionContinued {
-		if d.rule == RuleIdempotentToolRetry {
+	if d.Decision == DecisionContinued {
+		id, reason := continuationID(old, ev)
+		if reason != "" {
+			// The decision cannot be carried out: a failed decision,
+			// quarantined (invariant 10), as before it was decided here.
+			return Decision{Decision: DecisionQuarantined, QuarantineReason: "decision failed: " + reason, failed: true}
+		}
+		d.ContinuationID = id
+	}
+	return d
+}
+
+// continuationHash is the payload hash of an execution's continuation input.
+func continuationHash(old ledger.Claim) []byte {
+	h := sha256.Sum256([]byte("continuation:" + old.SessionID + ":" + old.ExecutionID))
+	return h[:]
+}
+
+// continuationID picks the continuation input's ID from the inputs that
+// hold its candidates: ContinuationID, or ContinuationTakenID when a prompt
+// holds that one (a message ID is the sender's to choose; what an input is
+// says its kind, docs/design.md, invariant 14). An ID held by this very
+// continuation is taken again (an exact retry); one held by an input of
+// another session, kind or payload never is. reason says why none fits.
+func continuationID(old ledger.Claim, ev Evidence) (id, reason string) {
+	h := continuationHash(old)
+	for _, id := range []string{ContinuationID(old.ExecutionID), ContinuationTakenID(old.ExecutionID)} {
+		i := slices.IndexFunc(ev.ContinuationHolders, func(in InputFact) bool { return in.MessageID == id })
+		if i < 0 {
+			return id, ""
+		}
+		in := ev.ContinuationHolders[i]
+		if in.Kind == "continuation" && in.SessionID == old.SessionID && bytes.Equal(in.PayloadHash, h) {
+			return id, ""
+		}
+		if in.Kind == "continuation" && in.SessionID != old.SessionID {
+			return "", fmt.Sprintf("continuation input %s belongs to session %s, not %s", id, in.SessionID, old.SessionID)
+		}
+	}
+	return "", fmt.Sprintf("continuation input of %s: both IDs are held by other inputs", old.ExecutionID)
+}
+
+// carryOut writes what the decision d names, after the takeover.
+func (r *Recoverer) carryOut(ctx context.Context, tx pgx.Tx, old, nc ledger.Claim, ev Evidence, d Decision) error {
+	if d.Decision == DecisionContinued {
+		if d.Rule == RuleIdempotentToolRetry {
 			// Started idempotent calls run again, with their keys.
 			if _, err := tx.Exec(ctx, `UPDATE tool_calls SET state = 'requested', started_at = NULL
 				WHERE session_id = $1 AND state = 'started' AND class = 'idempotent'`, old.SessionID); err != nil {
-				return d, fmt.Errorf("re-arming idempotent tool calls: %w", err)
+				return fmt.Errorf("re-arming idempotent tool calls: %w", err)
 			}
 		}
-		if d.retryAttemptID != "" && d.retryDeferred {
+		if d.RetryAttemptID != "" && d.retryDeferred {
 			// It was answered (a failure) and waited for its retry: the
 			// continuation sends that retry, under the same key.
 			if _, err := tx.Exec(ctx, `UPDATE attempts SET state = 'failed', error = coalesce(error, '') || '; sent again with the same idempotency key by recovery', finished_at = now()
-				WHERE attempt_id = $1 AND state = 'retry_wait'`, d.retryAttemptID); err != nil {
-				return d, fmt.Errorf("settling deferred attempt %s: %w", d.retryAttemptID, err)
+				WHERE attempt_id = $1 AND state = 'retry_wait'`, d.RetryAttemptID); err != nil {
+				return fmt.Errorf("settling deferred attempt %s: %w", d.RetryAttemptID, err)
 			}
-		} else if d.retryAttemptID != "" {
-			if err := ledger.FinishAttempt(ctx, tx, d.retryAttemptID, ledger.AttemptUnknown, OutcomeUnknownText+"; sent again with the same idempotency key", 0, 0); err != nil {
-				return d, err
+		} else if d.RetryAttemptID != "" {
+			if err := ledger.FinishAttempt(ctx, tx, d.RetryAttemptID, ledger.AttemptUnknown, OutcomeUnknownText+"; sent again with the same idempotency key", 0, 0); err != nil {
+				return err
 			}
 		}
 		// An attempt deferred (certainly not sent) is settled: the
 		// continuation sends its step afresh.
 		if _, err := tx.Exec(ctx, `UPDATE attempts SET state = 'failed', error = coalesce(error, '') || '; not sent: continued by recovery', finished_at = now()
 			WHERE execution_id = $1 AND state = 'retry_wait'`, old.ExecutionID); err != nil {
-			return d, fmt.Errorf("settling deferred attempts: %w", err)
+			return fmt.Errorf("settling deferred attempts: %w", err)
 		}
-		id, err := r.admitContinuation(ctx, tx, old)
-		if err != nil {
-			return d, err
+		if err := r.admitContinuation(ctx, tx, old, d.ContinuationID); err != nil {
+			return err
 		}
-		d.continuationID = id
 	}
-	if d.decision == DecisionReconciled {
+	if d.Decision == DecisionReconciled {
 		if err := r.reconcile(ctx, tx, old, ev); err != nil {
-			return d, err
+			return err
 		}
 	}
 	// Every decision clears the claim; invariant 7: with a wake when
 	// inputs wait (a continuation input always waits).
 	if _, err := tx.Exec(ctx, `DELETE FROM claims WHERE session_id = $1 AND fencing_token = $2`, nc.SessionID, nc.Token); err != nil {
-		return d, fmt.Errorf("clearing claim: %w", err)
+		return fmt.Errorf("clearing claim: %w", err)
 	}
-	return d, nil
+	return nil
 }
 
 // continueRule decides for phase continue: an attempt deferred for a
@@ -488,9 +563,9 @@ func (r *Recoverer) decide(ctx context.Context, tx pgx.Tx, old, nc ledger.Claim,
 // 500, with such a provider, is retried): a fresh key would let the
 // provider act twice. Other deferred attempts were certainly not acted on
 // (ErrNotSent, a 429 or 503 refusal) and are sent afresh.
-func (r *Recoverer) continueRule(ev Evidence) (rule, attemptID string, deferred bool) {
+func continueRule(ev Evidence, idempotentProviders []string) (rule, attemptID string, deferred bool) {
 	for _, a := range ev.Attempts {
-		if a.State == ledger.AttemptRetryWait && slices.Contains(r.cfg.IdempotentProviders, a.Provider) {
+		if a.State == ledger.AttemptRetryWait && slices.Contains(idempotentProviders, a.Provider) {
 			return RuleIdempotentProviderRetry, a.ID, true
 		}
 	}
@@ -499,7 +574,7 @@ func (r *Recoverer) continueRule(ev Evidence) (rule, attemptID string, deferred 
 
 // unknownRule decides for phase unknown: reconcile, unless the only
 // uncertain thing may be repeated with its idempotency key.
-func (r *Recoverer) unknownRule(ev Evidence) (string, string, string) {
+func unknownRule(ev Evidence, idempotentProviders []string) (string, string, string) {
 	var startedAttempts []AttemptFact
 	for _, a := range ev.Attempts {
 		if a.State == ledger.AttemptStarted {
@@ -518,7 +593,7 @@ func (r *Recoverer) unknownRule(ev Evidence) (string, string, string) {
 	}
 	switch {
 	case startedSide > 0:
-	case len(startedAttempts) == 1 && startedIdem == 0 && slices.Contains(r.cfg.IdempotentProviders, startedAttempts[0].Provider):
+	case len(startedAttempts) == 1 && startedIdem == 0 && slices.Contains(idempotentProviders, startedAttempts[0].Provider):
 		return DecisionContinued, RuleIdempotentProviderRetry, startedAttempts[0].ID
 	case len(startedAttempts) == 0 && startedIdem > 0:
 		return DecisionContinued, RuleIdempotentToolRetry, ""
@@ -553,36 +628,29 @@ func (r *Recoverer) reconcile(ctx context.Context, tx pgx.Tx, old ledger.Claim, 
 	}))
 }
 
-// admitContinuation admits the deterministic continuation input, of kind
-// continuation: a steer, so that it runs before queued prompts, and
-// returns its ID: ContinuationID, or ContinuationTakenID when a prompt
-// holds that one (a message ID is the sender's to choose; what an input is
-// says its kind, docs/design.md, invariant 14). A second admission is an exact
-// retry; an ID held by an input of another session, kind or payload is
-// never taken for this one.
-func (r *Recoverer) admitContinuation(ctx context.Context, tx pgx.Tx, old ledger.Claim) (string, error) {
-	h := sha256.Sum256([]byte("continuation:" + old.SessionID + ":" + old.ExecutionID))
-	for _, id := range []string{ContinuationID(old.ExecutionID), ContinuationTakenID(old.ExecutionID)} {
-		var session, kind string
-		var hash []byte
-		err := tx.QueryRow(ctx, `INSERT INTO inputs (message_id, session_id, text, payload_hash, delivery, wake_pending, kind)
-			VALUES ($1, $2, '', $3, 'steer', true, 'continuation')
-			ON CONFLICT (message_id) DO UPDATE SET message_id = excluded.message_id
-			RETURNING session_id, kind, payload_hash`, id, old.SessionID, h[:]).Scan(&session, &kind, &hash)
-		if err != nil {
-			return "", fmt.Errorf("admitting continuation %s: %w", id, err)
-		}
-		if kind == "continuation" && session == old.SessionID && bytes.Equal(hash, h[:]) {
-			return id, nil
-		}
-		if kind == "continuation" && session != old.SessionID {
-			return "", fmt.Errorf("continuation input %s belongs to session %s, not %s", id, session, old.SessionID)
-		}
+// admitContinuation admits the continuation input id (Decide chose it), of
+// kind continuation: a steer, so that it runs before queued prompts. A
+// second admission is an exact retry; an ID that an input of another
+// session, kind or payload came to hold since the evidence was read is
+// never taken for this one: the decision fails.
+func (r *Recoverer) admitContinuation(ctx context.Context, tx pgx.Tx, old ledger.Claim, id string) error {
+	h := continuationHash(old)
+	var session, kind string
+	var hash []byte
+	err := tx.QueryRow(ctx, `INSERT INTO inputs (message_id, session_id, text, payload_hash, delivery, wake_pending, kind)
+		VALUES ($1, $2, '', $3, 'steer', true, 'continuation')
+		ON CONFLICT (message_id) DO UPDATE SET message_id = excluded.message_id
+		RETURNING session_id, kind, payload_hash`, id, old.SessionID, h).Scan(&session, &kind, &hash)
+	if err != nil {
+		return fmt.Errorf("admitting continuation %s: %w", id, err)
 	}
-	return "", fmt.Errorf("continuation input of %s: both IDs are held by other inputs", old.ExecutionID)
+	if kind != "continuation" || session != old.SessionID || !bytes.Equal(hash, h) {
+		return fmt.Errorf("continuation input %s belongs to session %s (kind %s), not %s", id, session, kind, old.SessionID)
+	}
+	return nil
 }
 
-func (r *Recoverer) record(ctx context.Context, tx pgx.Tx, old, nc ledger.Claim, ev Evidence, d decision) error {
+func (r *Recoverer) record(ctx context.Context, tx pgx.Tx, old, nc ledger.Claim, ev Evidence, d Decision) error {
 	evJSON, err := json.Marshal(ev)
 	if err != nil {
 		return err
@@ -595,8 +663,8 @@ func (r *Recoverer) record(ctx context.Context, tx pgx.Tx, old, nc ledger.Claim,
 			token_after = excluded.token_after, continuation_message_id = excluded.continuation_message_id,
 			retry_attempt_id = excluded.retry_attempt_id, recovered_by = excluded.recovered_by, decided_at = now()
 		WHERE recoveries.decision = 'quarantined'`,
-		old.ExecutionID, old.SessionID, string(old.Phase), d.decision, d.rule, evJSON, old.Token, nc.Token,
-		d.continuationID, d.retryAttemptID, r.cfg.OwnerID)
+		old.ExecutionID, old.SessionID, string(old.Phase), d.Decision, d.Rule, evJSON, old.Token, nc.Token,
+		d.ContinuationID, d.RetryAttemptID, r.cfg.OwnerID)
 	if err != nil {
 		return fmt.Errorf("recording recovery of %s: %w", old.ExecutionID, err)
 	}
@@ -607,10 +675,10 @@ func (r *Recoverer) record(ctx context.Context, tx pgx.Tx, old, nc ledger.Claim,
 	}
 	rows := []outbox.Row{outbox.EventRow(r.cfg.Topics.Events, envelope.Event{
 		ID: "recovery.decided:" + old.ExecutionID, Type: envelope.EventRecoveryDecided, SessionID: old.SessionID,
-		At: time.Now().UTC(), ExecutionID: old.ExecutionID, Decision: d.decision, Rule: d.rule,
-		ContinuationMessageID: d.continuationID,
+		At: time.Now().UTC(), ExecutionID: old.ExecutionID, Decision: d.Decision, Rule: d.Rule,
+		ContinuationMessageID: d.ContinuationID,
 	})}
-	if ev.WaitingInputs > 0 || d.continuationID != "" {
+	if ev.WaitingInputs > 0 || d.ContinuationID != "" {
 		rows = append(rows, outbox.WakeRow(r.cfg.Topics.Wakes, old.SessionID, "recovery", time.Now().UTC()))
 	}
 	return outbox.Insert(ctx, tx, rows...)
@@ -678,7 +746,7 @@ func (r *Recoverer) redrive(ctx context.Context) (int, error) {
 
 const expiredSQL = `
 SELECT session_id, execution_id, owner_id, fencing_token, phase, coalesce(assistant_message_id, ''), expires_at
-FROM claims WHERE quarantine_reason IS NULL AND expires_at <= now()
+FROM claims WHERE quarantine_reason IS NULL AND expires_at <= now() AND ($2 = '' OR session_id = $2)
 ORDER BY expires_at, session_id LIMIT $1`
 
 // The filters (no claim, not redriven within the interval) apply before the
@@ -705,3 +773,17 @@ WHERE s.session_id IN (
   AND (s.redriven_at IS NULL OR s.redriven_at < now() - $1 * interval '1 millisecond')
 ORDER BY s.session_id
 FOR UPDATE SKIP LOCKED`
+
+// redrivePlanSQL is redriveSQL's selection read without locks (a plan runs
+// read only), with what the plan shows of each session; $3, when not
+// empty, keeps that session only.
+const redrivePlanSQL = `
+SELECT i.session_id, count(*)::int, min(i.admitted_at) FROM waiting_inputs i
+JOIN sessions r ON r.session_id = i.session_id
+WHERE i.admitted_at < now() - $1 * interval '1 millisecond'
+  AND (r.redriven_at IS NULL OR r.redriven_at < now() - $1 * interval '1 millisecond')
+  AND NOT EXISTS (SELECT 1 FROM claims c WHERE c.session_id = i.session_id)
+  AND ($3 = '' OR i.session_id = $3)
+GROUP BY i.session_id
+ORDER BY min(i.admitted_at), i.session_id
+LIMIT $2`

@@ -10,7 +10,9 @@ import (
 	"time"
 
 	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
 
+	"github.com/promptline/promptline/internal/kafkautil"
 	"github.com/promptline/promptline/internal/pgdb"
 	"github.com/promptline/promptline/recovery"
 )
@@ -96,7 +98,73 @@ func newRecoveryCommand(o *options) *cobra.Command {
 		},
 	}
 	explain.Flags().BoolVar(&asJSON, "json", false, "print the decisions as JSON")
-	cmd.AddCommand(explain)
+	cmd.AddCommand(explain, newRecoveryPlanCommand(o))
+	return cmd
+}
+
+// recoveryPolicy is what a recovery pass decides with, for the commands
+// that plan or apply as the consumers' passes do: the same flag names as
+// the consumer's, so that one config file serves both.
+type recoveryPolicy struct {
+	batch        int
+	redriveAfter time.Duration
+	provider     string
+	idempotent   bool
+}
+
+func (p *recoveryPolicy) flags(f *pflag.FlagSet) {
+	f.IntVar(&p.batch, "recovery-batch", 100, "expired claims and lost wakes handled, as by one pass")
+	f.DurationVar(&p.redriveAfter, "redrive-after", 30*time.Second, "age of a waiting input without a claim before its session is woken again")
+	f.StringVar(&p.provider, "provider", "scripted", "the consumers' model provider (the name recorded on attempts)")
+	f.BoolVar(&p.idempotent, "provider-honours-idempotency-keys", false, "the consumers declare that the provider deduplicates by Idempotency-Key")
+}
+
+func (p *recoveryPolicy) config(owner string, topics kafkautil.Topics) (*recovery.Config, error) {
+	if p.batch < 1 {
+		return nil, fmt.Errorf("--recovery-batch: must be at least 1, got %d", p.batch)
+	}
+	if p.redriveAfter < 0 {
+		return nil, fmt.Errorf("--redrive-after: must not be negative, got %s", p.redriveAfter)
+	}
+	cfg := &recovery.Config{Batch: p.batch, RedriveAfter: p.redriveAfter, OwnerID: owner, Topics: topics}
+	if p.idempotent {
+		cfg.IdempotentProviders = []string{p.provider}
+	}
+	return cfg, nil
+}
+
+func newRecoveryPlanCommand(o *options) *cobra.Command {
+	var policy recoveryPolicy
+	var session string
+	var asJSON bool
+	cmd := &cobra.Command{
+		Use:   "plan",
+		Short: "Print what a recovery pass would do now, per expired claim and lost wake, with its evidence; writes nothing",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			cfg, err := policy.config("recovery-plan", o.topics)
+			if err != nil {
+				return err
+			}
+			db, err := openDB(cmd, o)
+			if err != nil {
+				return err
+			}
+			defer db.Close()
+			plan, err := recovery.New(db.Pool, cfg).Plan(cmd.Context(), &recovery.PlanOpts{SessionID: session})
+			if err != nil {
+				return err
+			}
+			if asJSON {
+				return json.NewEncoder(cmd.OutOrStdout()).Encode(plan)
+			}
+			recovery.WritePlan(cmd.OutOrStdout(), plan)
+			return nil
+		},
+	}
+	policy.flags(cmd.Flags())
+	cmd.Flags().StringVar(&session, "session", "", "plan for this session only")
+	cmd.Flags().BoolVar(&asJSON, "json", false, "print the plan as JSON")
 	return cmd
 }
 

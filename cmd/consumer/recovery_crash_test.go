@@ -328,7 +328,7 @@ func TestConcurrentRecoveryDecidesOnce(t *testing.T) {
 
 // TestRecoveryOperatorCommands runs the operator subcommands as processes
 // on a database left by a crash: `consumer recover` (one pass),
-// `consumer recovery explain`, `consumer quarantine list` and
+// `consumer recovery plan`, `consumer recovery explain`, `consumer quarantine list` and
 // `consumer quarantine release`.
 //
 // It catches: an explanation that does not name the decision, a poison
@@ -356,7 +356,23 @@ func TestRecoveryOperatorCommands(t *testing.T) {
 	}, 10*time.Second, 20*time.Millisecond, "A's claim expires")
 
 	db := []string{"--database-url", b.dbURL}
-	out, stderr, code := runOnce(t, append([]string{"recover", "--json"}, db...)...)
+	// The plan names the decisions the pass then takes, and writes nothing.
+	out, stderr, code := runOnce(t, append([]string{"recovery", "plan", "--json"}, db...)...)
+	require.Zero(t, code, "consumer recovery plan: %s", stderr)
+	var plan recovery.Plan
+	require.NoError(t, json.Unmarshal([]byte(out), &plan), out)
+	planned := map[string]string{}
+	for _, c := range plan.Claims {
+		planned[c.SessionID] = c.Decision.Decision
+	}
+	require.Equal(t, map[string]string{session: recovery.DecisionReconciled, bogus: recovery.DecisionQuarantined}, planned, out)
+	require.Zero(t, b.count(t, `SELECT count(*) FROM recoveries`), "the plan wrote a decision")
+	out, stderr, code = runOnce(t, append([]string{"recovery", "plan", "--session", session}, db...)...)
+	require.Zero(t, code, "consumer recovery plan: %s", stderr)
+	require.Contains(t, out, "Would decide: reconciled")
+	require.NotContains(t, out, bogus)
+
+	out, stderr, code = runOnce(t, append([]string{"recover", "--json"}, db...)...)
 	require.Zero(t, code, "consumer recover: %s", stderr)
 	var pass recovery.Pass
 	require.NoError(t, json.Unmarshal([]byte(out), &pass), out)
