@@ -84,6 +84,12 @@ type Config struct {
 	// OnCommitFunc runs after a pass that wrote outbox rows (the relay's
 	// Nudge). Defaults to nothing.
 	OnCommitFunc func()
+	// Mode is ModeAuto or ModeHold, used while no operator has set the
+	// fleet's mode (SetMode: that row wins). Defaults to ModeAuto.
+	Mode string
+	// OnHeldFunc receives, after each pass, what waits by decision: the
+	// plan of a held pass, empty in auto. Defaults to nothing.
+	OnHeldFunc func(counts map[string]int)
 }
 
 // Recoverer runs recovery passes.
@@ -104,6 +110,7 @@ func New(pool *pgxpool.Pool, config *Config) *Recoverer {
 	cfg.Batch = cmp.Or(cfg.Batch, 100)
 	cfg.RedriveAfter = cmp.Or(cfg.RedriveAfter, 30*time.Second)
 	cfg.OwnerID = cmp.Or(cfg.OwnerID, "recovery")
+	cfg.Mode = cmp.Or(cfg.Mode, ModeAuto)
 	cfg.Topics = cfg.Topics.WithDefaults()
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
@@ -157,11 +164,32 @@ type Pass struct {
 	Failed    int // decision failed deterministically; the row was quarantined
 	Retried   int // decision failed transiently; the row is left for the next pass
 	Redriven  int
+	// Held is what a pass in hold planned and left, by decision (lost
+	// wakes as DecisionRedriven); empty in auto.
+	Held map[string]int `json:",omitempty"`
 }
 
 // RunOnce runs one bounded pass: expired claims, then lost wakes.
 func (r *Recoverer) RunOnce(ctx context.Context) (Pass, error) {
 	p := Pass{Decisions: map[string]int{}}
+	mode, err := r.mode(ctx)
+	if err != nil {
+		return p, err
+	}
+	if mode == ModeHold {
+		// Held: plan only, take nothing over, wake nothing; an operator
+		// applies (Apply) or resumes.
+		if p.Held, err = r.held(ctx); err != nil {
+			return p, err
+		}
+		if f := r.cfg.OnHeldFunc; f != nil {
+			f(p.Held)
+		}
+		return p, r.reportQuarantined(ctx)
+	}
+	if f := r.cfg.OnHeldFunc; f != nil {
+		f(map[string]int{})
+	}
 	claims, err := r.expired(ctx)
 	if err != nil {
 		return p, err
@@ -228,14 +256,18 @@ func (r *Recoverer) RunOnce(ctx context.Context) (Pass, error) {
 	if (wrote || n > 0) && r.cfg.OnCommitFunc != nil {
 		r.cfg.OnCommitFunc()
 	}
+	return p, r.reportQuarantined(ctx)
+}
+
+func (r *Recoverer) reportQuarantined(ctx context.Context) error {
 	if f := r.cfg.OnQuarantinedFunc; f != nil {
 		counts, err := QuarantinedCounts(ctx, r.pool)
 		if err != nil {
-			return p, err
+			return err
 		}
 		f(counts)
 	}
-	return p, nil
+	return nil
 }
 
 func (r *Recoverer) transientError(ctx context.Context, c ledger.Claim, msg string, err error) {
@@ -301,6 +333,13 @@ type ToolCallFact struct {
 // because it could not be carried out (a continuation ID held elsewhere),
 // not because the row failed validation.
 func (r *Recoverer) recover(ctx context.Context, old ledger.Claim) (string, bool, error) {
+	return r.recoverOnly(ctx, old, "")
+}
+
+// recoverOnly is recover that, when want is not empty, carries out the
+// decision only if it is want (an operator's apply --decision), and else
+// rolls back having written nothing (errSkipped).
+func (r *Recoverer) recoverOnly(ctx context.Context, old ledger.Claim, want string) (string, bool, error) {
 	var d Decision
 	err := pgdb.InTx(ctx, r.pool, func(tx pgx.Tx) error {
 		// The session row first (invariant 7): admission serialises on it,
@@ -315,6 +354,9 @@ func (r *Recoverer) recover(ctx context.Context, old ledger.Claim) (string, bool
 			return err
 		}
 		d = Decide(old, ev, r.cfg.IdempotentProviders)
+		if want != "" && d.Decision != want {
+			return errSkipped
+		}
 		return r.apply(ctx, tx, old, ev, d)
 	})
 	if err != nil {
@@ -717,9 +759,18 @@ func (r *Recoverer) quarantineTx(ctx context.Context, tx pgx.Tx, c ledger.Claim,
 // older than RedriveAfter (their wake was lost), at most once per
 // RedriveAfter per session, bounded and in a stable order.
 func (r *Recoverer) redrive(ctx context.Context) (int, error) {
+	return r.redriveFor(ctx, "", r.cfg.Batch)
+}
+
+// redriveSession re-wakes one session if its wake is lost (an apply).
+func (r *Recoverer) redriveSession(ctx context.Context, sessionID string) (int, error) {
+	return r.redriveFor(ctx, sessionID, 1)
+}
+
+func (r *Recoverer) redriveFor(ctx context.Context, sessionID string, batch int) (int, error) {
 	var n int
 	err := pgdb.InTx(ctx, r.pool, func(tx pgx.Tx) error {
-		rows, err := tx.Query(ctx, redriveSQL, r.cfg.RedriveAfter.Milliseconds(), r.cfg.Batch)
+		rows, err := tx.Query(ctx, redriveSQL, r.cfg.RedriveAfter.Milliseconds(), batch, sessionID)
 		if err != nil {
 			return fmt.Errorf("scanning lost wakes: %w", err)
 		}
@@ -766,6 +817,7 @@ WHERE s.session_id IN (
     WHERE i.admitted_at < now() - $1 * interval '1 millisecond'
       AND (r.redriven_at IS NULL OR r.redriven_at < now() - $1 * interval '1 millisecond')
       AND NOT EXISTS (SELECT 1 FROM claims c WHERE c.session_id = i.session_id)
+      AND ($3 = '' OR i.session_id = $3)
     GROUP BY i.session_id
     ORDER BY min(i.admitted_at), i.session_id
     LIMIT $2)

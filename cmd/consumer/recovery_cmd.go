@@ -98,7 +98,8 @@ func newRecoveryCommand(o *options) *cobra.Command {
 		},
 	}
 	explain.Flags().BoolVar(&asJSON, "json", false, "print the decisions as JSON")
-	cmd.AddCommand(explain, newRecoveryPlanCommand(o))
+	cmd.AddCommand(explain, newRecoveryPlanCommand(o), newRecoveryModeCommand(o, recovery.ModeHold), newRecoveryModeCommand(o, recovery.ModeAuto),
+		newRecoveryApplyCommand(o))
 	return cmd
 }
 
@@ -226,5 +227,117 @@ func newQuarantineCommand(o *options) *cobra.Command {
 	release.Flags().StringVar(&operator, "operator", "", "who releases the row (default: the OS user), recorded in the audit")
 	release.Flags().StringVar(&note, "note", "", "what was repaired, recorded in the audit")
 	cmd.AddCommand(list, release)
+	return cmd
+}
+
+// operatorOr names the operator: the flag, else the OS user.
+func operatorOr(operator, what string) (string, error) {
+	if operator == "" {
+		if u, err := user.Current(); err == nil {
+			operator = u.Username
+		}
+	}
+	if operator == "" {
+		return "", fmt.Errorf("--operator: must name who %s", what)
+	}
+	return operator, nil
+}
+
+// newRecoveryModeCommand is `recovery hold` (mode hold) or `recovery
+// resume` (mode auto).
+func newRecoveryModeCommand(o *options, mode string) *cobra.Command {
+	var operator, note string
+	use, short := "resume", "Return every consumer's recovery passes to acting (auto) within one pass; audited"
+	if mode == recovery.ModeHold {
+		use, short = "hold", "Make every consumer's recovery passes only plan, within one pass, until resume; audited"
+	}
+	cmd := &cobra.Command{
+		Use:   use,
+		Short: short,
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			operator, err := operatorOr(operator, "sets the recovery mode")
+			if err != nil {
+				return err
+			}
+			db, err := openDB(cmd, o)
+			if err != nil {
+				return err
+			}
+			defer db.Close()
+			if err := recovery.SetMode(cmd.Context(), db.Pool, mode, operator, note); err != nil {
+				return err
+			}
+			fmt.Fprintf(cmd.OutOrStdout(), "recovery mode: %s (set by %s)\n", mode, operator)
+			return nil
+		},
+	}
+	cmd.Flags().StringVar(&operator, "operator", "", "who sets the mode (default: the OS user), recorded in the audit")
+	cmd.Flags().StringVar(&note, "note", "", "why, recorded in the audit")
+	return cmd
+}
+
+func newRecoveryApplyCommand(o *options) *cobra.Command {
+	var policy recoveryPolicy
+	var opts recovery.ApplyOpts
+	var asJSON bool
+	cmd := &cobra.Command{
+		Use:   "apply",
+		Short: "Apply what a recovery pass would do now (as `recovery plan` shows), at a bounded rate, in any mode; audited, resumable",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			var err error
+			if opts.Operator, err = operatorOr(opts.Operator, "applies"); err != nil {
+				return err
+			}
+			if opts.Rate <= 0 {
+				return fmt.Errorf("--rate: must be more than 0, got %g", opts.Rate)
+			}
+			if opts.Max < 0 {
+				return fmt.Errorf("--max: must not be negative, got %d", opts.Max)
+			}
+			switch opts.Decision {
+			case "", recovery.DecisionCleared, recovery.DecisionSuperseded, recovery.DecisionRewoken, recovery.DecisionContinued,
+				recovery.DecisionReconciled, recovery.DecisionQuarantined, recovery.DecisionRedriven:
+			default:
+				return fmt.Errorf("--decision: unknown decision %q", opts.Decision)
+			}
+			cfg, err := policy.config("", o.topics)
+			if err != nil {
+				return err
+			}
+			db, err := openDB(cmd, o)
+			if err != nil {
+				return err
+			}
+			defer db.Close()
+			progress := cmd.ErrOrStderr()
+			opts.OnProgressFunc = func(n int, last string) {
+				bound := "…"
+				if opts.Max > 0 {
+					bound = fmt.Sprintf("/%d", opts.Max)
+				}
+				fmt.Fprintf(progress, "applied %d%s  %s\n", n, bound, last)
+			}
+			res, err := recovery.New(db.Pool, cfg).Apply(cmd.Context(), &opts)
+			if err != nil {
+				return err
+			}
+			if asJSON {
+				return json.NewEncoder(cmd.OutOrStdout()).Encode(res)
+			}
+			fmt.Fprintf(cmd.OutOrStdout(), "apply #%d: decisions: %v; skipped (changed since planned, or handled elsewhere): %d\n",
+				res.ID, res.Decisions, res.Skipped)
+			return nil
+		},
+	}
+	policy.flags(cmd.Flags())
+	cmd.Flags().StringVar(&opts.SessionID, "session", "", "apply to this session only")
+	cmd.Flags().StringVar(&opts.Decision, "decision", "", "apply only what a pass decides so (cleared, superseded, rewoken, continued, reconciled, quarantined; redriven for lost wakes)")
+	cmd.Flags().Float64Var(&opts.Rate, "rate", 10, "most decisions applied per second")
+	cmd.Flags().IntVar(&opts.Max, "max", 0, "most decisions applied by this run; 0: no bound")
+	cmd.Flags().StringVar(&opts.Operator, "operator", "", "who applies (default: the OS user), recorded in the audit and in each decision's recovered_by")
+	cmd.Flags().StringVar(&opts.Note, "note", "", "why, recorded in the audit")
+	cmd.Flags().BoolVar(&asJSON, "json", false, "print the result as JSON")
 	return cmd
 }
