@@ -180,12 +180,21 @@ func (r *Recoverer) Apply(ctx context.Context, opts *ApplyOpts) (Applied, error)
 	}
 	full := func() bool { return opts.Max > 0 && applied >= opts.Max }
 	tried := map[string]bool{}
+	var after *claimCursor
 	for !full() {
-		plan, err := r.Plan(ctx, &PlanOpts{SessionID: opts.SessionID})
+		plan, err := r.Plan(ctx, &PlanOpts{SessionID: opts.SessionID, after: after})
 		if err != nil {
 			return res, err
 		}
 		progressed := false
+		if n := len(plan.Claims); n > 0 {
+			// The next plan pages on past these, whatever becomes of
+			// them: a claim left here (another decision, changed since)
+			// must not keep the rest behind the batch bound.
+			last := plan.Claims[n-1]
+			after = &claimCursor{expiresAt: last.Evidence.ExpiredAt, sessionID: last.SessionID}
+			progressed = true
+		}
 		for _, c := range plan.Claims {
 			if full() || tried[c.ExecutionID] || (opts.Decision != "" && c.Decision.Decision != opts.Decision) {
 				continue

@@ -21,6 +21,18 @@ const DecisionRedriven = "redriven"
 type PlanOpts struct {
 	// SessionID plans for one session only. Defaults to every session.
 	SessionID string
+
+	// after, when set, keeps the claims after it in the pass's order
+	// (expires_at, session_id): an apply pages on past the claims it has
+	// seen, so that claims it leaves (another decision, changed since)
+	// cannot hide the rest behind the batch bound.
+	after *claimCursor
+}
+
+// claimCursor is a position in the pass's order of expired claims.
+type claimCursor struct {
+	expiresAt time.Time
+	sessionID string
 }
 
 // Plan is what a recovery pass would do now, decided by the pass's own
@@ -71,7 +83,7 @@ func (r *Recoverer) Plan(ctx context.Context, opts *PlanOpts) (Plan, error) {
 	if err := tx.QueryRow(ctx, `SELECT now()`).Scan(&plan.At); err != nil {
 		return plan, fmt.Errorf("reading the plan's clock: %w", err)
 	}
-	claims, err := scanExpired(ctx, tx, r.cfg.Batch, opts.SessionID)
+	claims, err := scanExpired(ctx, tx, r.cfg.Batch, opts.SessionID, opts.after)
 	if err != nil {
 		return plan, err
 	}
@@ -102,11 +114,17 @@ func (r *Recoverer) Plan(ctx context.Context, opts *PlanOpts) (Plan, error) {
 }
 
 // scanExpired reads the expired claims a pass handles, bounded and in its
-// order; sessionID, when not empty, keeps that session's only.
+// order; sessionID, when not empty, keeps that session's only, and after,
+// when not nil, the claims after it in that order.
 func scanExpired(ctx context.Context, q interface {
 	Query(context.Context, string, ...any) (pgx.Rows, error)
-}, batch int, sessionID string) ([]ledger.Claim, error) {
-	rows, err := q.Query(ctx, expiredSQL, batch, sessionID)
+}, batch int, sessionID string, after *claimCursor) ([]ledger.Claim, error) {
+	var afterAt *time.Time
+	var afterSession string
+	if after != nil {
+		afterAt, afterSession = &after.expiresAt, after.sessionID
+	}
+	rows, err := q.Query(ctx, expiredSQL, batch, sessionID, afterAt, afterSession)
 	if err != nil {
 		return nil, fmt.Errorf("scanning expired claims: %w", err)
 	}

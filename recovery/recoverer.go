@@ -280,7 +280,7 @@ func (r *Recoverer) transientError(ctx context.Context, c ledger.Claim, msg stri
 var errSkipped = errors.New("claim changed or taken over by another process")
 
 func (r *Recoverer) expired(ctx context.Context) ([]ledger.Claim, error) {
-	return scanExpired(ctx, r.pool, r.cfg.Batch, "")
+	return scanExpired(ctx, r.pool, r.cfg.Batch, "", nil)
 }
 
 // Evidence is what a decision rested on, stored with it.
@@ -798,6 +798,7 @@ func (r *Recoverer) redriveFor(ctx context.Context, sessionID string, batch int)
 const expiredSQL = `
 SELECT session_id, execution_id, owner_id, fencing_token, phase, coalesce(assistant_message_id, ''), expires_at
 FROM claims WHERE quarantine_reason IS NULL AND expires_at <= now() AND ($2 = '' OR session_id = $2)
+  AND ($3::timestamptz IS NULL OR (expires_at, session_id) > ($3::timestamptz, $4::text))
 ORDER BY expires_at, session_id LIMIT $1`
 
 // The filters (no claim, not redriven within the interval) apply before the
