@@ -43,3 +43,60 @@ func TestApplyReachesPastTheBatch(t *testing.T) {
 	require.Equal(t, map[string]int{recovery.DecisionRewoken: 3}, a.Decisions)
 	require.Zero(t, b.count(t, `SELECT count(*) FROM claims`))
 }
+
+// A prompt of another session admitted with the continuation's ID between
+// the pass's gather and its insert (message IDs are the senders' to
+// choose, and another session's admission does not wait for this
+// session's lock) must not change the decision: as before decisions were
+// made a pure function, the continuation takes the other ID and the claim
+// is continued, not quarantined.
+func TestContinuationIDTakenByAPromptWhileDeciding(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	b := setup(t)
+	b.admit(t, "a", "a1", "/tool echo {}")
+	ca := b.startTurn(t, "a", "a1")
+	attempt := b.beginAttempt(t, ca, 1, "scripted")
+	calls := b.toolStep(t, ca, attempt, map[string]string{"echo": "idempotent"}, map[string]string{"echo": `{}`})
+	b.settleCall(t, ca, calls[0], "x")
+	b.die(t, "a")
+	b.admit(t, "x", "x1", "another session")
+
+	// The prompt's admission, not yet committed: the pass's gather cannot
+	// see it, its insert waits on it.
+	tx, err := b.pool.Begin(ctx)
+	require.NoError(t, err)
+	defer func() { _ = tx.Rollback(ctx) }()
+	_, err = tx.Exec(ctx, `INSERT INTO inputs (message_id, session_id, text, payload_hash, delivery, wake_pending, kind)
+		VALUES ($1, 'x', 'hi', '\x01', 'queue', true, 'prompt')`, recovery.ContinuationID("exec-a"))
+	require.NoError(t, err)
+
+	type result struct {
+		p   recovery.Pass
+		err error
+	}
+	done := make(chan result, 1)
+	go func() {
+		p, err := b.rec.RunOnce(ctx)
+		done <- result{p, err}
+	}()
+	require.Eventually(t, func() bool {
+		return b.count(t, `SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE '%INSERT INTO inputs%'`) == 1
+	}, 10*time.Second, 10*time.Millisecond, "the pass's continuation insert waits on the prompt's")
+	require.NoError(t, tx.Commit(ctx))
+	var res result
+	select {
+	case res = <-done:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the pass did not finish")
+	}
+	require.NoError(t, res.err)
+	require.Equal(t, map[string]int{recovery.DecisionContinued: 1}, res.p.Decisions)
+	recs := b.records(t, "a")
+	require.Len(t, recs, 1)
+	require.Equal(t, recovery.ContinuationTakenID("exec-a"), recs[0].ContinuationID)
+	require.Equal(t, 1, b.count(t, `SELECT count(*) FROM inputs WHERE message_id = $1 AND session_id = 'a' AND kind = 'continuation'`,
+		recovery.ContinuationTakenID("exec-a")))
+	require.Equal(t, 1, b.count(t, `SELECT count(*) FROM inputs WHERE message_id = $1 AND session_id = 'x' AND kind = 'prompt'`,
+		recovery.ContinuationID("exec-a")))
+}

@@ -388,7 +388,7 @@ func (r *Recoverer) apply(ctx context.Context, tx pgx.Tx, old ledger.Claim, ev E
 		return err
 	}
 	faults.Hit(faults.RecoveryAfterTakeover)
-	if err := r.carryOut(ctx, tx, old, nc, ev, d); err != nil {
+	if err := r.carryOut(ctx, tx, old, nc, ev, &d); err != nil {
 		return err
 	}
 	return r.record(ctx, tx, old, nc, ev, d)
@@ -554,8 +554,9 @@ func continuationID(old ledger.Claim, ev Evidence) (id, reason string) {
 	return "", fmt.Sprintf("continuation input of %s: both IDs are held by other inputs", old.ExecutionID)
 }
 
-// carryOut writes what the decision d names, after the takeover.
-func (r *Recoverer) carryOut(ctx context.Context, tx pgx.Tx, old, nc ledger.Claim, ev Evidence, d Decision) error {
+// carryOut writes what the decision d names, after the takeover;
+// d.ContinuationID becomes the continuation's ID as admitted.
+func (r *Recoverer) carryOut(ctx context.Context, tx pgx.Tx, old, nc ledger.Claim, ev Evidence, d *Decision) error {
 	if d.Decision == DecisionContinued {
 		if d.Rule == RuleIdempotentToolRetry {
 			// Started idempotent calls run again, with their keys.
@@ -582,9 +583,11 @@ func (r *Recoverer) carryOut(ctx context.Context, tx pgx.Tx, old, nc ledger.Clai
 			WHERE execution_id = $1 AND state = 'retry_wait'`, old.ExecutionID); err != nil {
 			return fmt.Errorf("settling deferred attempts: %w", err)
 		}
-		if err := r.admitContinuation(ctx, tx, old, d.ContinuationID); err != nil {
+		id, err := r.admitContinuation(ctx, tx, old, ev, d.ContinuationID)
+		if err != nil {
 			return err
 		}
+		d.ContinuationID = id
 	}
 	if d.Decision == DecisionReconciled {
 		if err := r.reconcile(ctx, tx, old, ev); err != nil {
@@ -670,26 +673,38 @@ func (r *Recoverer) reconcile(ctx context.Context, tx pgx.Tx, old ledger.Claim, 
 	}))
 }
 
-// admitContinuation admits the continuation input id (Decide chose it), of
-// kind continuation: a steer, so that it runs before queued prompts. A
-// second admission is an exact retry; an ID that an input of another
-// session, kind or payload came to hold since the evidence was read is
-// never taken for this one: the decision fails.
-func (r *Recoverer) admitContinuation(ctx context.Context, tx pgx.Tx, old ledger.Claim, id string) error {
+// admitContinuation admits the continuation input (Decide chose its ID
+// on ev), of kind continuation: a steer, so that it runs before queued
+// prompts, and returns the ID it admitted. A second admission is an exact
+// retry. Inputs of other sessions are not serialised by this session's
+// lock, so a prompt of another session may have come to hold the chosen ID
+// since ev was read: the holder it finds joins the evidence and the ID is
+// chosen again by the same rule (continuationID), as the pass chose it
+// before it decided on gathered evidence; an ID held by an input of another
+// session, kind or payload is never taken for this one, and when no ID
+// fits, the decision fails.
+func (r *Recoverer) admitContinuation(ctx context.Context, tx pgx.Tx, old ledger.Claim, ev Evidence, id string) (string, error) {
 	h := continuationHash(old)
-	var session, kind string
-	var hash []byte
-	err := tx.QueryRow(ctx, `INSERT INTO inputs (message_id, session_id, text, payload_hash, delivery, wake_pending, kind)
-		VALUES ($1, $2, '', $3, 'steer', true, 'continuation')
-		ON CONFLICT (message_id) DO UPDATE SET message_id = excluded.message_id
-		RETURNING session_id, kind, payload_hash`, id, old.SessionID, h).Scan(&session, &kind, &hash)
-	if err != nil {
-		return fmt.Errorf("admitting continuation %s: %w", id, err)
+	holders := slices.Clone(ev.ContinuationHolders)
+	for range 3 { // two candidate IDs: at most two holders found here
+		var in InputFact
+		err := tx.QueryRow(ctx, `INSERT INTO inputs (message_id, session_id, text, payload_hash, delivery, wake_pending, kind)
+			VALUES ($1, $2, '', $3, 'steer', true, 'continuation')
+			ON CONFLICT (message_id) DO UPDATE SET message_id = excluded.message_id
+			RETURNING message_id, session_id, kind, payload_hash`, id, old.SessionID, h).Scan(&in.MessageID, &in.SessionID, &in.Kind, &in.PayloadHash)
+		if err != nil {
+			return "", fmt.Errorf("admitting continuation %s: %w", id, err)
+		}
+		if in.Kind == "continuation" && in.SessionID == old.SessionID && bytes.Equal(in.PayloadHash, h) {
+			return id, nil
+		}
+		holders = append(slices.DeleteFunc(holders, func(f InputFact) bool { return f.MessageID == in.MessageID }), in)
+		var reason string
+		if id, reason = continuationID(old, Evidence{ContinuationHolders: holders}); reason != "" {
+			return "", errors.New(reason)
+		}
 	}
-	if kind != "continuation" || session != old.SessionID || !bytes.Equal(hash, h) {
-		return fmt.Errorf("continuation input %s belongs to session %s (kind %s), not %s", id, session, kind, old.SessionID)
-	}
-	return nil
+	return "", fmt.Errorf("continuation input of %s: no ID could be admitted", old.ExecutionID)
 }
 
 func (r *Recoverer) record(ctx context.Context, tx pgx.Tx, old, nc ledger.Claim, ev Evidence, d Decision) error {
