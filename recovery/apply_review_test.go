@@ -100,3 +100,33 @@ func TestContinuationIDTakenByAPromptWhileDeciding(t *testing.T) {
 	require.Equal(t, 1, b.count(t, `SELECT count(*) FROM inputs WHERE message_id = $1 AND session_id = 'x' AND kind = 'prompt'`,
 		recovery.ContinuationID("exec-a")))
 }
+
+// A transient database error while applying one claim says nothing about
+// the claim (invariant 13): the apply leaves it as it was, goes on with the
+// rest, and reports it; a later run applies it.
+func TestApplyLeavesAClaimAfterATransientError(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	b := setup(t)
+	for _, s := range []string{"r0", "r1", "r2"} {
+		b.admit(t, s, s+"m", "hello")
+		_, err := b.claims.Acquire(ctx, s, "exec-"+s, nil)
+		require.NoError(t, err)
+		b.die(t, s)
+	}
+	require.NoError(t, recovery.SetMode(ctx, b.pool, recovery.ModeHold, "ops", "look first"))
+	release := b.holdSession(t, "r1")
+	rec := recovery.New(b.poolWith(t, map[string]string{"lock_timeout": "200ms"}), &recovery.Config{OwnerID: "r", RedriveAfter: time.Hour})
+	a, err := rec.Apply(ctx, &recovery.ApplyOpts{Operator: "ops", Rate: 1000})
+	require.NoError(t, err, "a transient error does not end the run")
+	require.Equal(t, map[string]int{recovery.DecisionRewoken: 2}, a.Decisions)
+	require.Equal(t, 1, a.Retried)
+	require.Equal(t, 1, b.count(t, `SELECT count(*) FROM claims WHERE session_id = 'r1' AND quarantine_reason IS NULL`), "left as it was")
+	require.Zero(t, b.count(t, `SELECT count(*) FROM recoveries WHERE session_id = 'r1'`))
+
+	release()
+	a, err = rec.Apply(ctx, &recovery.ApplyOpts{Operator: "ops", Rate: 1000})
+	require.NoError(t, err)
+	require.Equal(t, map[string]int{recovery.DecisionRewoken: 1}, a.Decisions)
+	require.Zero(t, b.count(t, `SELECT count(*) FROM claims`))
+}

@@ -128,6 +128,9 @@ type Applied struct {
 	ID        int64          `json:"id"`
 	Decisions map[string]int `json:"decisions"`
 	Skipped   int            `json:"skipped"`
+	// Retried counts the claims and lost wakes left as they were after a
+	// transient database error (invariant 13); a later run applies them.
+	Retried int `json:"retried"`
 }
 
 // Apply applies, in any mode, what a pass would do now, one claim or lost
@@ -211,6 +214,14 @@ func (r *Recoverer) Apply(ctx context.Context, opts *ApplyOpts) (Applied, error)
 			case errors.Is(err, errSkipped):
 				res.Skipped++
 				continue
+			case err != nil && ctx.Err() != nil:
+				return res, ctx.Err()
+			case err != nil && pgdb.Transient(err):
+				// Nothing about the claim (invariant 13): it is as it
+				// was, and a later run applies it.
+				res.Retried++
+				r.transientError(ctx, claim, "applying failed transiently; the claim is left for a later run", err)
+				continue
 			case err != nil:
 				return res, fmt.Errorf("applying to %s: %w", c.SessionID, err)
 			}
@@ -234,7 +245,14 @@ func (r *Recoverer) Apply(ctx context.Context, opts *ApplyOpts) (Applied, error)
 					return res, err
 				}
 				n, err := applier.redriveSession(ctx, w.SessionID)
-				if err != nil {
+				switch {
+				case err != nil && ctx.Err() != nil:
+					return res, ctx.Err()
+				case err != nil && pgdb.Transient(err):
+					res.Retried++
+					r.transientError(ctx, ledger.Claim{SessionID: w.SessionID}, "re-waking failed transiently; the session is left for a later run", err)
+					continue
+				case err != nil:
 					return res, fmt.Errorf("re-waking %s: %w", w.SessionID, err)
 				}
 				if n == 0 {
