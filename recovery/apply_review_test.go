@@ -130,3 +130,44 @@ func TestApplyLeavesAClaimAfterATransientError(t *testing.T) {
 	require.Equal(t, map[string]int{recovery.DecisionRewoken: 1}, a.Decisions)
 	require.Zero(t, b.count(t, `SELECT count(*) FROM claims`))
 }
+
+// apply --decision D never carries out another decision: a claim planned
+// as continued whose decision, taken again under the session's lock, is no
+// longer continued (its continuation's ID came to be held by another
+// session's continuation: a pass would quarantine it) is left as it was.
+func TestApplyDecisionIsDecidedAgainUnderTheLock(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	b := setup(t)
+	for _, s := range []string{"a1", "a2"} {
+		b.admit(t, s, s+"m", "/tool echo {}")
+		c := b.startTurn(t, s, s+"m")
+		attempt := b.beginAttempt(t, c, 1, "scripted")
+		calls := b.toolStep(t, c, attempt, map[string]string{"echo": "idempotent"}, map[string]string{"echo": `{}`})
+		b.settleCall(t, c, calls[0], "x")
+		b.die(t, s)
+	}
+	b.admit(t, "x", "x1", "another session")
+	rec := recovery.New(b.pool, &recovery.Config{OwnerID: "r", RedriveAfter: time.Hour})
+	plan, err := rec.Plan(ctx, nil)
+	require.NoError(t, err)
+	require.Len(t, plan.Claims, 2)
+	first, second := plan.Claims[0], plan.Claims[1]
+	require.Equal(t, recovery.DecisionContinued, first.Decision.Decision)
+	require.Equal(t, recovery.DecisionContinued, second.Decision.Decision)
+
+	a, err := rec.Apply(ctx, &recovery.ApplyOpts{Decision: recovery.DecisionContinued, Operator: "ops", Rate: 1000,
+		OnProgressFunc: func(int, string) {
+			// After the first, before the second: another session's
+			// continuation takes the second's ID.
+			b.exec(t, `INSERT INTO inputs (message_id, session_id, text, payload_hash, delivery, wake_pending, promotion_seq, kind)
+				VALUES ($1, 'x', '', '\x00', 'steer', false, nextval('promotion_seq'), 'continuation') ON CONFLICT DO NOTHING`,
+				recovery.ContinuationID(second.ExecutionID))
+		}})
+	require.NoError(t, err)
+	require.Equal(t, map[string]int{recovery.DecisionContinued: 1}, a.Decisions)
+	require.Equal(t, 1, a.Skipped)
+	require.Equal(t, 1, b.count(t, `SELECT count(*) FROM claims WHERE session_id = $1 AND quarantine_reason IS NULL`, second.SessionID),
+		"left as it was, not quarantined")
+	require.Zero(t, b.count(t, `SELECT count(*) FROM recoveries WHERE session_id = $1`, second.SessionID))
+}
