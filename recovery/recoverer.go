@@ -375,7 +375,9 @@ func (r *Recoverer) recoverOnly(ctx context.Context, old ledger.Claim, want stri
 // apply carries out a decision taken on ev, in the transaction that
 // gathered ev under the session's lock: the takeover (compare-and-swap),
 // the decision's writes, its record and its outbox rows commit together
-// (invariant 9). It writes nothing that Decide did not name.
+// (invariant 9). It writes nothing that Decide did not name, except that
+// the continuation moves to its other ID when a prompt of another session
+// took the chosen one since ev was read (admitContinuation).
 func (r *Recoverer) apply(ctx context.Context, tx pgx.Tx, old ledger.Claim, ev Evidence, d Decision) error {
 	if d.Decision == DecisionQuarantined {
 		return r.quarantineTx(ctx, tx, old, d.QuarantineReason)
