@@ -171,3 +171,40 @@ func TestApplyDecisionIsDecidedAgainUnderTheLock(t *testing.T) {
 		"left as it was, not quarantined")
 	require.Zero(t, b.count(t, `SELECT count(*) FROM recoveries WHERE session_id = $1`, second.SessionID))
 }
+
+// A claim whose decision fails deterministically (here: its execution has
+// a decision recorded already, which record refuses) does not end an
+// apply, run after run: without a filter the apply quarantines it as a pass
+// does ("decision failed: ..."); with --decision it is left as it was. The
+// rest is applied either way.
+func TestApplyGoesOnPastAFailedDecision(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	for _, filter := range []string{"", recovery.DecisionRewoken} {
+		t.Run("Filter="+filter, func(t *testing.T) {
+			t.Parallel()
+			b := setup(t)
+			for i, s := range []string{"r0", "r1", "r2"} {
+				b.admit(t, s, s+"m", "hello")
+				_, err := b.claims.Acquire(ctx, s, "exec-"+s, nil)
+				require.NoError(t, err)
+				b.exec(t, `UPDATE claims SET expires_at = now() - interval '1 hour' + $2 * interval '1 second' WHERE session_id = $1`, s, i)
+			}
+			b.exec(t, `INSERT INTO recoveries (execution_id, session_id, phase_found, decision, evidence, token_before, token_after, recovered_by)
+				VALUES ('exec-r1', 'r1', 'ready', 'rewoken', '{}', 1, 2, 'earlier')`)
+			require.NoError(t, recovery.SetMode(ctx, b.pool, recovery.ModeHold, "ops", "look first"))
+			rec := recovery.New(b.pool, &recovery.Config{OwnerID: "r", RedriveAfter: time.Hour})
+			a, err := rec.Apply(ctx, &recovery.ApplyOpts{Decision: filter, Operator: "ops", Rate: 1000})
+			require.NoError(t, err, "one failed decision does not end the run")
+			require.Equal(t, 1, a.Failed)
+			require.Zero(t, b.count(t, `SELECT count(*) FROM claims WHERE session_id IN ('r0', 'r2')`), "the others are applied")
+			if filter == "" {
+				require.Equal(t, map[string]int{recovery.DecisionRewoken: 2, recovery.DecisionQuarantined: 1}, a.Decisions)
+				require.Equal(t, 1, b.count(t, `SELECT count(*) FROM claims WHERE session_id = 'r1' AND quarantine_reason LIKE 'decision failed: %'`))
+			} else {
+				require.Equal(t, map[string]int{recovery.DecisionRewoken: 2}, a.Decisions)
+				require.Equal(t, 1, b.count(t, `SELECT count(*) FROM claims WHERE session_id = 'r1' AND quarantine_reason IS NULL`), "left as it was")
+			}
+		})
+	}
+}

@@ -131,6 +131,10 @@ type Applied struct {
 	// Retried counts the claims and lost wakes left as they were after a
 	// transient database error (invariant 13); a later run applies them.
 	Retried int `json:"retried"`
+	// Failed counts the claims whose decision failed deterministically:
+	// quarantined ("decision failed: ...") as a pass does when the run has
+	// no decision filter, else left as they were.
+	Failed int `json:"failed"`
 }
 
 // Apply applies, in any mode, what a pass would do now, one claim or lost
@@ -138,7 +142,9 @@ type Applied struct {
 // under the session's lock), at most Rate per second and Max in all,
 // audited in recovery_actions and in each decision's recovered_by. A claim
 // whose decision, decided again in its transaction, is not the one asked
-// for is left alone. Nothing it writes depends on the plan that listed the
+// for is left alone; one that meets a transient error is left for a later
+// run, and one whose decision fails for good is quarantined as a pass does
+// (left, with a decision filter), and the run goes on. Nothing it writes depends on the plan that listed the
 // claim: a crash between plan and apply, or in the middle of a run, leaves
 // the rest for the next run, which applies only what is left.
 func (r *Recoverer) Apply(ctx context.Context, opts *ApplyOpts) (Applied, error) {
@@ -223,7 +229,33 @@ func (r *Recoverer) Apply(ctx context.Context, opts *ApplyOpts) (Applied, error)
 				r.transientError(ctx, claim, "applying failed transiently; the claim is left for a later run", err)
 				continue
 			case err != nil:
-				return res, fmt.Errorf("applying to %s: %w", c.SessionID, err)
+				res.Failed++
+				if opts.Decision != "" {
+					// Quarantining would be another decision than the
+					// one asked for: left, and the run goes on.
+					r.log.ErrorContext(ctx, "applying failed; the claim is left as it was",
+						slog.String("session_id", c.SessionID), slog.String("execution_id", c.ExecutionID), slog.Any("error", err))
+					continue
+				}
+				// As a pass does: isolate the failure, so that it cannot
+				// stop this run and every later one at this claim.
+				r.log.ErrorContext(ctx, "applying failed; quarantining the claim",
+					slog.String("session_id", c.SessionID), slog.String("execution_id", c.ExecutionID), slog.Any("error", err))
+				qerr := applier.quarantineClaim(ctx, claim, "decision failed: "+err.Error())
+				switch {
+				case errors.Is(qerr, errSkipped):
+					res.Skipped++
+					continue
+				case qerr != nil && ctx.Err() != nil:
+					return res, ctx.Err()
+				case qerr != nil && pgdb.Transient(qerr):
+					res.Retried++
+					r.transientError(ctx, claim, "quarantining the claim failed transiently; it is left for a later run", qerr)
+					continue
+				case qerr != nil:
+					return res, fmt.Errorf("quarantining %s after a failed decision: %w", c.SessionID, qerr)
+				}
+				d = DecisionQuarantined
 			}
 			applied++
 			res.Decisions[d]++

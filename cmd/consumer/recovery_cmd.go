@@ -326,8 +326,8 @@ func newRecoveryApplyCommand(o *options) *cobra.Command {
 			if asJSON {
 				return json.NewEncoder(cmd.OutOrStdout()).Encode(res)
 			}
-			fmt.Fprintf(cmd.OutOrStdout(), "apply #%d: decisions: %v; skipped (changed since planned, or handled elsewhere): %d; left after a transient error (run again): %d\n",
-				res.ID, res.Decisions, res.Skipped, res.Retried)
+			fmt.Fprintf(cmd.OutOrStdout(), "apply #%d: decisions: %v; skipped (changed since planned, or handled elsewhere): %d; left after a transient error (run again): %d; failed decisions: %d\n",
+				res.ID, res.Decisions, res.Skipped, res.Retried, res.Failed)
 			return nil
 		},
 	}
