@@ -30,6 +30,7 @@ type Metrics struct {
 	FencedWrites       prometheus.Counter
 	WriteRetries       prometheus.Counter
 	RecoveryDecisions  *prometheus.CounterVec
+	RecoveryHeld       *prometheus.GaugeVec
 	RecoveryTransient  prometheus.Counter
 	RedrivenWakes      prometheus.Counter
 	QuarantinedRows    *prometheus.GaugeVec
@@ -96,6 +97,9 @@ func New(reg prometheus.Registerer) *Metrics {
 		RecoveryDecisions: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "promptline_recovery_decisions_total", Help: "Recovery decisions, by decision.",
 		}, []string{"decision"}),
+		RecoveryHeld: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "promptline_recovery_held", Help: "What a held recovery pass planned and left for an operator, by decision; 0 in auto.",
+		}, []string{"decision"}),
 		RecoveryTransient: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "promptline_recovery_transient_errors_total", Help: "Recovery decisions that failed with a transient database error and were left for the next pass.",
 		}),
@@ -135,7 +139,7 @@ func New(reg prometheus.Registerer) *Metrics {
 		}, []string{"result"}),
 	}
 	reg.MustRegister(m.OutboxPublishDelay, m.WakeToStart, m.ProviderAttempts, m.ProviderSeconds, m.ToolCalls, m.ToolCallSeconds, m.ConsumerLag, m.Deltas)
-	reg.MustRegister(m.RecoveryDecisions, m.RecoveryTransient, m.RedrivenWakes, m.QuarantinedRows, m.Claims, m.FencedWrites, m.WriteRetries, m.Admissions, m.AdmissionBatchSize, m.AdmissionSeconds, m.Turns,
+	reg.MustRegister(m.RecoveryDecisions, m.RecoveryHeld, m.RecoveryTransient, m.RedrivenWakes, m.QuarantinedRows, m.Claims, m.FencedWrites, m.WriteRetries, m.Admissions, m.AdmissionBatchSize, m.AdmissionSeconds, m.Turns,
 		m.TurnSeconds, m.ActiveExecutions, m.OutboxPublished, m.OutboxPruned, m.Wakes)
 	return m
 }

@@ -38,6 +38,12 @@
 //     call's, and its continuation (resolve-continue-<round>-<target>) is
 //     admitted once however often the finding is given.
 //
+// A decision is a pure function of the claim and its evidence (Decide):
+// the pass gathers the evidence under the session's lock, decides, then
+// applies in the same transaction; a plan (Recoverer.Plan, `consumer
+// recovery plan`) applies the same function to evidence read in one read
+// only snapshot and writes nothing.
+//
 // Decisions: cleared (phase safe), superseded (the claim's assistant
 // message is not the session's newest), rewoken (phase ready), continued
 // (phase continue, or an idempotent retry), reconciled (phase unknown),

@@ -108,17 +108,7 @@ func Explain(w io.Writer, records []Record, resolutions ...Resolution) {
 		if r.Decision != DecisionQuarantined {
 			fmt.Fprintf(w, "  Fencing token %d → %d: the old execution can write nothing more.\n", r.TokenBefore, r.TokenAfter)
 		}
-		for _, a := range r.Evidence.Attempts {
-			fmt.Fprintf(w, "  Provider attempt %s (step %d, %s) was %s.\n", a.ID, a.Step, a.Provider, a.State)
-		}
-		for _, c := range r.Evidence.ToolCalls {
-			fmt.Fprintf(w, "  Tool call %s (%s, %s) was %s.\n", c.ID, c.Tool, c.Class, c.State)
-		}
-		if r.Evidence.AssistantMessageID != "" {
-			fmt.Fprintf(w, "  Its assistant message %s was %s; the session's newest is %s.\n",
-				r.Evidence.AssistantMessageID, r.Evidence.AssistantStatus, r.Evidence.NewestAssistantID)
-		}
-		fmt.Fprintf(w, "  Inputs waiting: %d.\n", r.Evidence.WaitingInputs)
+		explainEvidence(w, r.Evidence)
 		if r.ContinuationID != "" {
 			state := "not yet promoted"
 			if r.SettledAt != nil {
@@ -128,6 +118,21 @@ func Explain(w io.Writer, records []Record, resolutions ...Resolution) {
 		}
 		explainResolutions(w, "  Resolved", r.Resolutions)
 	}
+}
+
+// explainEvidence writes what a decision rests on.
+func explainEvidence(w io.Writer, ev Evidence) {
+	for _, a := range ev.Attempts {
+		fmt.Fprintf(w, "  Provider attempt %s (step %d, %s) was %s.\n", a.ID, a.Step, a.Provider, a.State)
+	}
+	for _, c := range ev.ToolCalls {
+		fmt.Fprintf(w, "  Tool call %s (%s, %s) was %s.\n", c.ID, c.Tool, c.Class, c.State)
+	}
+	if ev.AssistantMessageID != "" {
+		fmt.Fprintf(w, "  Its assistant message %s was %s; the session's newest is %s.\n",
+			ev.AssistantMessageID, ev.AssistantStatus, ev.NewestAssistantID)
+	}
+	fmt.Fprintf(w, "  Inputs waiting: %d.\n", ev.WaitingInputs)
 }
 
 // explainResolutions writes who resolved what, and what it led to.

@@ -85,6 +85,12 @@ type Config struct {
 	// OnCommitFunc runs after a pass that wrote outbox rows (the relay's
 	// Nudge). Defaults to nothing.
 	OnCommitFunc func()
+	// Mode is ModeAuto or ModeHold, used while no operator has set the
+	// fleet's mode (SetMode: that row wins). Defaults to ModeAuto.
+	Mode string
+	// OnHeldFunc receives, after each pass, what waits by decision: the
+	// plan of a held pass, empty in auto. Defaults to nothing.
+	OnHeldFunc func(counts map[string]int)
 }
 
 // Recoverer runs recovery passes.
@@ -105,6 +111,7 @@ func New(pool *pgxpool.Pool, config *Config) *Recoverer {
 	cfg.Batch = cmp.Or(cfg.Batch, 100)
 	cfg.RedriveAfter = cmp.Or(cfg.RedriveAfter, 30*time.Second)
 	cfg.OwnerID = cmp.Or(cfg.OwnerID, "recovery")
+	cfg.Mode = cmp.Or(cfg.Mode, ModeAuto)
 	cfg.Topics = cfg.Topics.WithDefaults()
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
@@ -158,18 +165,39 @@ type Pass struct {
 	Failed    int // decision failed deterministically; the row was quarantined
 	Retried   int // decision failed transiently; the row is left for the next pass
 	Redriven  int
+	// Held is what a pass in hold planned and left, by decision (lost
+	// wakes as DecisionRedriven); empty in auto.
+	Held map[string]int `json:",omitempty"`
 }
 
 // RunOnce runs one bounded pass: expired claims, then lost wakes.
 func (r *Recoverer) RunOnce(ctx context.Context) (Pass, error) {
 	p := Pass{Decisions: map[string]int{}}
+	mode, err := r.mode(ctx)
+	if err != nil {
+		return p, err
+	}
+	if mode == ModeHold {
+		// Held: plan only, take nothing over, wake nothing; an operator
+		// applies (Apply) or resumes.
+		if p.Held, err = r.held(ctx); err != nil {
+			return p, err
+		}
+		if f := r.cfg.OnHeldFunc; f != nil {
+			f(p.Held)
+		}
+		return p, r.reportQuarantined(ctx)
+	}
+	if f := r.cfg.OnHeldFunc; f != nil {
+		f(map[string]int{})
+	}
 	claims, err := r.expired(ctx)
 	if err != nil {
 		return p, err
 	}
 	wrote := false
 	for _, c := range claims {
-		decision, err := r.recover(ctx, c)
+		decision, failed, err := r.recover(ctx, c)
 		switch {
 		case errors.Is(err, errSkipped):
 			p.Skipped++
@@ -209,6 +237,9 @@ func (r *Recoverer) RunOnce(ctx context.Context) (Pass, error) {
 			}
 		default:
 			wrote = true
+			if failed {
+				p.Failed++
+			}
 			p.Decisions[decision]++
 			if f := r.cfg.OnDecisionFunc; f != nil {
 				f(decision)
@@ -226,14 +257,18 @@ func (r *Recoverer) RunOnce(ctx context.Context) (Pass, error) {
 	if (wrote || n > 0) && r.cfg.OnCommitFunc != nil {
 		r.cfg.OnCommitFunc()
 	}
+	return p, r.reportQuarantined(ctx)
+}
+
+func (r *Recoverer) reportQuarantined(ctx context.Context) error {
 	if f := r.cfg.OnQuarantinedFunc; f != nil {
 		counts, err := QuarantinedCounts(ctx, r.pool)
 		if err != nil {
-			return p, err
+			return err
 		}
 		f(counts)
 	}
-	return p, nil
+	return nil
 }
 
 func (r *Recoverer) transientError(ctx context.Context, c ledger.Claim, msg string, err error) {
@@ -246,22 +281,7 @@ func (r *Recoverer) transientError(ctx context.Context, c ledger.Claim, msg stri
 var errSkipped = errors.New("claim changed or taken over by another process")
 
 func (r *Recoverer) expired(ctx context.Context) ([]ledger.Claim, error) {
-	rows, err := r.pool.Query(ctx, expiredSQL, r.cfg.Batch)
-	if err != nil {
-		return nil, fmt.Errorf("scanning expired claims: %w", err)
-	}
-	var out []ledger.Claim
-	var c ledger.Claim
-	var phase string
-	_, err = pgx.ForEachRow(rows, []any{&c.SessionID, &c.ExecutionID, &c.OwnerID, &c.Token, &phase, &c.AssistantMessageID, &c.ExpiresAt}, func() error {
-		c.Phase = ledger.Phase(phase)
-		out = append(out, c)
-		return nil
-	})
-	if err != nil {
-		return nil, fmt.Errorf("scanning expired claims: %w", err)
-	}
-	return out, nil
+	return scanExpired(ctx, r.pool, r.cfg.Batch, "", nil)
 }
 
 // Evidence is what a decision rested on, stored with it.
@@ -278,6 +298,17 @@ type Evidence struct {
 	Owner              string          `json:"owner"`
 	ExpiredAt          time.Time       `json:"expired_at"`
 	Extra              json.RawMessage `json:"extra,omitempty"`
+	// ContinuationHolders are the inputs that hold the candidate IDs of
+	// the execution's continuation (Decide picks one); not stored.
+	ContinuationHolders []InputFact `json:"-"`
+}
+
+// InputFact is an input holding a continuation's candidate ID.
+type InputFact struct {
+	MessageID   string
+	SessionID   string
+	Kind        string
+	PayloadHash []byte
 }
 
 // AttemptFact is a provider attempt as recovery found it.
@@ -297,12 +328,21 @@ type ToolCallFact struct {
 	State     string `json:"state"`
 }
 
-// recover decides for one expired claim in one transaction.
-func (r *Recoverer) recover(ctx context.Context, old ledger.Claim) (string, error) {
-	var decision string
-	var quarantineReason string
+// recover decides for one expired claim in one transaction: it gathers
+// the evidence, decides on it (Decide, the function the plan applies) and
+// applies the decision. failed says that the decision quarantined the claim
+// because it could not be carried out (a continuation ID held elsewhere),
+// not because the row failed validation.
+func (r *Recoverer) recover(ctx context.Context, old ledger.Claim) (string, bool, error) {
+	return r.recoverOnly(ctx, old, "")
+}
+
+// recoverOnly is recover that, when want is not empty, carries out the
+// decision only if it is want (an operator's apply --decision), and else
+// rolls back having written nothing (errSkipped).
+func (r *Recoverer) recoverOnly(ctx context.Context, old ledger.Claim, want string) (string, bool, error) {
+	var d Decision
 	err := pgdb.InTx(ctx, r.pool, func(tx pgx.Tx) error {
-		decision, quarantineReason = "", ""
 		// The session row first (invariant 7): admission serialises on it,
 		// so the waiting inputs counted below cannot grow before commit;
 		// an input admitted after that commit finds no claim and its own
@@ -314,36 +354,47 @@ func (r *Recoverer) recover(ctx context.Context, old ledger.Claim) (string, erro
 		if err != nil {
 			return err
 		}
-		if reason := validate(old, ev); reason != "" {
-			quarantineReason = reason
-			return r.quarantineTx(ctx, tx, old, reason)
-		}
-		nc, err := ledger.Takeover(ctx, tx, old, "recovery/"+old.ExecutionID, r.cfg.OwnerID, time.Minute)
-		if errors.Is(err, ledger.ErrNotExpired) {
+		d = Decide(old, ev, r.cfg.IdempotentProviders)
+		if want != "" && d.Decision != want {
 			return errSkipped
 		}
-		if err != nil {
-			return err
-		}
-		faults.Hit(faults.RecoveryAfterTakeover)
-		d, err := r.decide(ctx, tx, old, nc, ev)
-		decision = d.decision
-		if err != nil {
-			return err
-		}
-		return r.record(ctx, tx, old, nc, ev, d)
+		return r.apply(ctx, tx, old, ev, d)
 	})
 	if err != nil {
-		return "", err
+		return "", false, err
 	}
-	if quarantineReason != "" {
+	if d.Decision == DecisionQuarantined {
 		r.log.WarnContext(ctx, "claim quarantined", slog.String("session_id", old.SessionID),
-			slog.String("execution_id", old.ExecutionID), slog.String("reason", quarantineReason))
-		return DecisionQuarantined, nil
+			slog.String("execution_id", old.ExecutionID), slog.String("reason", d.QuarantineReason))
+		return DecisionQuarantined, d.failed, nil
 	}
 	r.log.InfoContext(ctx, "recovery decided", slog.String("session_id", old.SessionID),
-		slog.String("execution_id", old.ExecutionID), slog.String("phase", string(old.Phase)), slog.String("decision", decision))
-	return decision, nil
+		slog.String("execution_id", old.ExecutionID), slog.String("phase", string(old.Phase)), slog.String("decision", d.Decision))
+	return d.Decision, false, nil
+}
+
+// apply carries out a decision taken on ev, in the transaction that
+// gathered ev under the session's lock: the takeover (compare-and-swap),
+// the decision's writes, its record and its outbox rows commit together
+// (invariant 9). It writes nothing that Decide did not name, except that
+// the continuation moves to its other ID when a prompt of another session
+// took the chosen one since ev was read (admitContinuation).
+func (r *Recoverer) apply(ctx context.Context, tx pgx.Tx, old ledger.Claim, ev Evidence, d Decision) error {
+	if d.Decision == DecisionQuarantined {
+		return r.quarantineTx(ctx, tx, old, d.QuarantineReason)
+	}
+	nc, err := ledger.Takeover(ctx, tx, old, "recovery/"+old.ExecutionID, r.cfg.OwnerID, time.Minute)
+	if errors.Is(err, ledger.ErrNotExpired) {
+		return errSkipped
+	}
+	if err != nil {
+		return err
+	}
+	faults.Hit(faults.RecoveryAfterTakeover)
+	if err := r.carryOut(ctx, tx, old, nc, ev, &d); err != nil {
+		return err
+	}
+	return r.record(ctx, tx, old, nc, ev, d)
 }
 
 func gather(ctx context.Context, tx pgx.Tx, c ledger.Claim) (Evidence, error) {
@@ -395,6 +446,18 @@ func gather(ctx context.Context, tx pgx.Tx, c ledger.Claim) (Evidence, error) {
 	if err != nil {
 		return ev, fmt.Errorf("counting waiting inputs: %w", err)
 	}
+	rows, err = tx.Query(ctx, `SELECT message_id, session_id, kind, payload_hash FROM inputs WHERE message_id = ANY($1) ORDER BY message_id`,
+		[]string{ContinuationID(c.ExecutionID), ContinuationTakenID(c.ExecutionID)})
+	if err != nil {
+		return ev, fmt.Errorf("reading continuation inputs: %w", err)
+	}
+	var in InputFact
+	if _, err := pgx.ForEachRow(rows, []any{&in.MessageID, &in.SessionID, &in.Kind, &in.PayloadHash}, func() error {
+		ev.ContinuationHolders = append(ev.ContinuationHolders, in)
+		return nil
+	}); err != nil {
+		return ev, fmt.Errorf("reading continuation inputs: %w", err)
+	}
 	return ev, nil
 }
 
@@ -414,73 +477,132 @@ func validate(c ledger.Claim, ev Evidence) string {
 	return ""
 }
 
-type decision struct {
-	decision       string
-	rule           string
-	continuationID string
-	retryAttemptID string
-	retryDeferred  bool // retryAttemptID was deferred (retry_wait), not started
+// Decision is what recovery decides for one expired claim: a pure function
+// of the claim and its evidence (Decide), so that a plan (Plan) and a pass
+// take the same decision on the same evidence.
+type Decision struct {
+	Decision string `json:"decision"`
+	Rule     string `json:"rule,omitempty"`
+	// ContinuationID is the continuation input a continued decision admits.
+	ContinuationID string `json:"continuation_message_id,omitempty"`
+	// RetryAttemptID is the attempt sent again with its idempotency key.
+	RetryAttemptID   string `json:"retry_attempt_id,omitempty"`
+	QuarantineReason string `json:"quarantine_reason,omitempty"`
+
+	retryDeferred bool // RetryAttemptID was deferred (retry_wait), not started
+	failed        bool // quarantined because the decision cannot be carried out
 }
 
-func (r *Recoverer) decide(ctx context.Context, tx pgx.Tx, old, nc ledger.Claim, ev Evidence) (decision, error) {
-	d := decision{}
+// Decide decides for an expired claim on its evidence, reading and writing
+// nothing: idempotentProviders name the providers that honour idempotency
+// keys (Config.IdempotentProviders).
+func Decide(old ledger.Claim, ev Evidence, idempotentProviders []string) Decision {
+	if reason := validate(old, ev); reason != "" {
+		return Decision{Decision: DecisionQuarantined, QuarantineReason: reason}
+	}
+	d := Decision{}
 	superseded := old.AssistantMessageID != "" && ev.NewestAssistantID != old.AssistantMessageID
 	switch {
 	case superseded:
-		d.decision = DecisionSuperseded
+		d.Decision = DecisionSuperseded
 	case old.Phase == ledger.PhaseSafe:
-		d.decision = DecisionCleared
+		d.Decision = DecisionCleared
 	case old.Phase == ledger.PhaseReady:
-		d.decision = DecisionRewoken
+		d.Decision = DecisionRewoken
 	case old.Phase == ledger.PhaseContinue:
-		d.decision = DecisionContinued
-		d.rule, d.retryAttemptID, d.retryDeferred = r.continueRule(ev)
+		d.Decision = DecisionContinued
+		d.Rule, d.RetryAttemptID, d.retryDeferred = continueRule(ev, idempotentProviders)
 	case old.Phase == ledger.PhaseUnknown:
-		d.decision, d.rule, d.retryAttemptID = r.unknownRule(ev)
+		d.Decision, d.Rule, d.RetryAttemptID = unknownRule(ev, idempotentProviders)
 	}
-	if d.decision == DecisionContinued {
-		if d.rule == RuleIdempotentToolRetry {
+	if d.Decision == DecisionContinued {
+		id, reason := continuationID(old, ev)
+		if reason != "" {
+			// The decision cannot be carried out: a failed decision,
+			// quarantined (invariant 10), as before it was decided here.
+			return Decision{Decision: DecisionQuarantined, QuarantineReason: "decision failed: " + reason, failed: true}
+		}
+		d.ContinuationID = id
+	}
+	return d
+}
+
+// continuationHash is the payload hash of an execution's continuation input.
+func continuationHash(old ledger.Claim) []byte {
+	h := sha256.Sum256([]byte("continuation:" + old.SessionID + ":" + old.ExecutionID))
+	return h[:]
+}
+
+// continuationID picks the continuation input's ID from the inputs that
+// hold its candidates: ContinuationID, or ContinuationTakenID when a prompt
+// holds that one (a message ID is the sender's to choose; what an input is
+// says its kind, docs/design.md, invariant 14). An ID held by this very
+// continuation is taken again (an exact retry); one held by an input of
+// another session, kind or payload never is. reason says why none fits.
+func continuationID(old ledger.Claim, ev Evidence) (id, reason string) {
+	h := continuationHash(old)
+	for _, id := range []string{ContinuationID(old.ExecutionID), ContinuationTakenID(old.ExecutionID)} {
+		i := slices.IndexFunc(ev.ContinuationHolders, func(in InputFact) bool { return in.MessageID == id })
+		if i < 0 {
+			return id, ""
+		}
+		in := ev.ContinuationHolders[i]
+		if in.Kind == "continuation" && in.SessionID == old.SessionID && bytes.Equal(in.PayloadHash, h) {
+			return id, ""
+		}
+		if in.Kind == "continuation" && in.SessionID != old.SessionID {
+			return "", fmt.Sprintf("continuation input %s belongs to session %s, not %s", id, in.SessionID, old.SessionID)
+		}
+	}
+	return "", fmt.Sprintf("continuation input of %s: both IDs are held by other inputs", old.ExecutionID)
+}
+
+// carryOut writes what the decision d names, after the takeover;
+// d.ContinuationID becomes the continuation's ID as admitted.
+func (r *Recoverer) carryOut(ctx context.Context, tx pgx.Tx, old, nc ledger.Claim, ev Evidence, d *Decision) error {
+	if d.Decision == DecisionContinued {
+		if d.Rule == RuleIdempotentToolRetry {
 			// Started idempotent calls run again, with their keys.
 			if _, err := tx.Exec(ctx, `UPDATE tool_calls SET state = 'requested', started_at = NULL
 				WHERE session_id = $1 AND state = 'started' AND class = 'idempotent'`, old.SessionID); err != nil {
-				return d, fmt.Errorf("re-arming idempotent tool calls: %w", err)
+				return fmt.Errorf("re-arming idempotent tool calls: %w", err)
 			}
 		}
-		if d.retryAttemptID != "" && d.retryDeferred {
+		if d.RetryAttemptID != "" && d.retryDeferred {
 			// It was answered (a failure) and waited for its retry: the
 			// continuation sends that retry, under the same key.
 			if _, err := tx.Exec(ctx, `UPDATE attempts SET state = 'failed', error = coalesce(error, '') || '; sent again with the same idempotency key by recovery', finished_at = now()
-				WHERE attempt_id = $1 AND state = 'retry_wait'`, d.retryAttemptID); err != nil {
-				return d, fmt.Errorf("settling deferred attempt %s: %w", d.retryAttemptID, err)
+				WHERE attempt_id = $1 AND state = 'retry_wait'`, d.RetryAttemptID); err != nil {
+				return fmt.Errorf("settling deferred attempt %s: %w", d.RetryAttemptID, err)
 			}
-		} else if d.retryAttemptID != "" {
-			if err := ledger.FinishAttempt(ctx, tx, d.retryAttemptID, ledger.AttemptUnknown, OutcomeUnknownText+"; sent again with the same idempotency key", 0, 0); err != nil {
-				return d, err
+		} else if d.RetryAttemptID != "" {
+			if err := ledger.FinishAttempt(ctx, tx, d.RetryAttemptID, ledger.AttemptUnknown, OutcomeUnknownText+"; sent again with the same idempotency key", 0, 0); err != nil {
+				return err
 			}
 		}
 		// An attempt deferred (certainly not sent) is settled: the
 		// continuation sends its step afresh.
 		if _, err := tx.Exec(ctx, `UPDATE attempts SET state = 'failed', error = coalesce(error, '') || '; not sent: continued by recovery', finished_at = now()
 			WHERE execution_id = $1 AND state = 'retry_wait'`, old.ExecutionID); err != nil {
-			return d, fmt.Errorf("settling deferred attempts: %w", err)
+			return fmt.Errorf("settling deferred attempts: %w", err)
 		}
-		id, err := r.admitContinuation(ctx, tx, old)
+		id, err := r.admitContinuation(ctx, tx, old, ev, d.ContinuationID)
 		if err != nil {
-			return d, err
+			return err
 		}
-		d.continuationID = id
+		d.ContinuationID = id
 	}
-	if d.decision == DecisionReconciled {
+	if d.Decision == DecisionReconciled {
 		if err := r.reconcile(ctx, tx, old, nc, ev); err != nil {
-			return d, err
+			return err
 		}
 	}
 	// Every decision clears the claim; invariant 7: with a wake when
 	// inputs wait (a continuation input always waits).
 	if _, err := tx.Exec(ctx, `DELETE FROM claims WHERE session_id = $1 AND fencing_token = $2`, nc.SessionID, nc.Token); err != nil {
-		return d, fmt.Errorf("clearing claim: %w", err)
+		return fmt.Errorf("clearing claim: %w", err)
 	}
-	return d, nil
+	return nil
 }
 
 // continueRule decides for phase continue: an attempt deferred for a
@@ -489,9 +611,9 @@ func (r *Recoverer) decide(ctx context.Context, tx pgx.Tx, old, nc ledger.Claim,
 // 500, with such a provider, is retried): a fresh key would let the
 // provider act twice. Other deferred attempts were certainly not acted on
 // (ErrNotSent, a 429 or 503 refusal) and are sent afresh.
-func (r *Recoverer) continueRule(ev Evidence) (rule, attemptID string, deferred bool) {
+func continueRule(ev Evidence, idempotentProviders []string) (rule, attemptID string, deferred bool) {
 	for _, a := range ev.Attempts {
-		if a.State == ledger.AttemptRetryWait && slices.Contains(r.cfg.IdempotentProviders, a.Provider) {
+		if a.State == ledger.AttemptRetryWait && slices.Contains(idempotentProviders, a.Provider) {
 			return RuleIdempotentProviderRetry, a.ID, true
 		}
 	}
@@ -500,7 +622,7 @@ func (r *Recoverer) continueRule(ev Evidence) (rule, attemptID string, deferred 
 
 // unknownRule decides for phase unknown: reconcile, unless the only
 // uncertain thing may be repeated with its idempotency key.
-func (r *Recoverer) unknownRule(ev Evidence) (string, string, string) {
+func unknownRule(ev Evidence, idempotentProviders []string) (string, string, string) {
 	var startedAttempts []AttemptFact
 	for _, a := range ev.Attempts {
 		if a.State == ledger.AttemptStarted {
@@ -519,7 +641,7 @@ func (r *Recoverer) unknownRule(ev Evidence) (string, string, string) {
 	}
 	switch {
 	case startedSide > 0:
-	case len(startedAttempts) == 1 && startedIdem == 0 && slices.Contains(r.cfg.IdempotentProviders, startedAttempts[0].Provider):
+	case len(startedAttempts) == 1 && startedIdem == 0 && slices.Contains(idempotentProviders, startedAttempts[0].Provider):
 		return DecisionContinued, RuleIdempotentProviderRetry, startedAttempts[0].ID
 	case len(startedAttempts) == 0 && startedIdem > 0:
 		return DecisionContinued, RuleIdempotentToolRetry, ""
@@ -574,36 +696,41 @@ func (r *Recoverer) reconcile(ctx context.Context, tx pgx.Tx, old, nc ledger.Cla
 	}))...)
 }
 
-// admitContinuation admits the deterministic continuation input, of kind
-// continuation: a steer, so that it runs before queued prompts, and
-// returns its ID: ContinuationID, or ContinuationTakenID when a prompt
-// holds that one (a message ID is the sender's to choose; what an input is
-// says its kind, docs/design.md, invariant 14). A second admission is an exact
-// retry; an ID held by an input of another session, kind or payload is
-// never taken for this one.
-func (r *Recoverer) admitContinuation(ctx context.Context, tx pgx.Tx, old ledger.Claim) (string, error) {
-	h := sha256.Sum256([]byte("continuation:" + old.SessionID + ":" + old.ExecutionID))
-	for _, id := range []string{ContinuationID(old.ExecutionID), ContinuationTakenID(old.ExecutionID)} {
-		var session, kind string
-		var hash []byte
+// admitContinuation admits the continuation input (Decide chose its ID
+// on ev), of kind continuation: a steer, so that it runs before queued
+// prompts, and returns the ID it admitted. A second admission is an exact
+// retry. Inputs of other sessions are not serialised by this session's
+// lock, so a prompt of another session may have come to hold the chosen ID
+// since ev was read: the holder it finds joins the evidence and the ID is
+// chosen again by the same rule (continuationID), as the pass chose it
+// before it decided on gathered evidence; an ID held by an input of another
+// session, kind or payload is never taken for this one, and when no ID
+// fits, the decision fails.
+func (r *Recoverer) admitContinuation(ctx context.Context, tx pgx.Tx, old ledger.Claim, ev Evidence, id string) (string, error) {
+	h := continuationHash(old)
+	holders := slices.Clone(ev.ContinuationHolders)
+	for range 3 { // two candidate IDs: at most two holders found here
+		var in InputFact
 		err := tx.QueryRow(ctx, `INSERT INTO inputs (message_id, session_id, text, payload_hash, delivery, wake_pending, kind)
 			VALUES ($1, $2, '', $3, 'steer', true, 'continuation')
 			ON CONFLICT (message_id) DO UPDATE SET message_id = excluded.message_id
-			RETURNING session_id, kind, payload_hash`, id, old.SessionID, h[:]).Scan(&session, &kind, &hash)
+			RETURNING message_id, session_id, kind, payload_hash`, id, old.SessionID, h).Scan(&in.MessageID, &in.SessionID, &in.Kind, &in.PayloadHash)
 		if err != nil {
 			return "", fmt.Errorf("admitting continuation %s: %w", id, err)
 		}
-		if kind == "continuation" && session == old.SessionID && bytes.Equal(hash, h[:]) {
+		if in.Kind == "continuation" && in.SessionID == old.SessionID && bytes.Equal(in.PayloadHash, h) {
 			return id, nil
 		}
-		if kind == "continuation" && session != old.SessionID {
-			return "", fmt.Errorf("continuation input %s belongs to session %s, not %s", id, session, old.SessionID)
+		holders = append(slices.DeleteFunc(holders, func(f InputFact) bool { return f.MessageID == in.MessageID }), in)
+		var reason string
+		if id, reason = continuationID(old, Evidence{ContinuationHolders: holders}); reason != "" {
+			return "", errors.New(reason)
 		}
 	}
-	return "", fmt.Errorf("continuation input of %s: both IDs are held by other inputs", old.ExecutionID)
+	return "", fmt.Errorf("continuation input of %s: no ID could be admitted", old.ExecutionID)
 }
 
-func (r *Recoverer) record(ctx context.Context, tx pgx.Tx, old, nc ledger.Claim, ev Evidence, d decision) error {
+func (r *Recoverer) record(ctx context.Context, tx pgx.Tx, old, nc ledger.Claim, ev Evidence, d Decision) error {
 	evJSON, err := json.Marshal(ev)
 	if err != nil {
 		return err
@@ -616,8 +743,8 @@ func (r *Recoverer) record(ctx context.Context, tx pgx.Tx, old, nc ledger.Claim,
 			token_after = excluded.token_after, continuation_message_id = excluded.continuation_message_id,
 			retry_attempt_id = excluded.retry_attempt_id, recovered_by = excluded.recovered_by, decided_at = now()
 		WHERE recoveries.decision = 'quarantined'`,
-		old.ExecutionID, old.SessionID, string(old.Phase), d.decision, d.rule, evJSON, old.Token, nc.Token,
-		d.continuationID, d.retryAttemptID, r.cfg.OwnerID)
+		old.ExecutionID, old.SessionID, string(old.Phase), d.Decision, d.Rule, evJSON, old.Token, nc.Token,
+		d.ContinuationID, d.RetryAttemptID, r.cfg.OwnerID)
 	if err != nil {
 		return fmt.Errorf("recording recovery of %s: %w", old.ExecutionID, err)
 	}
@@ -628,20 +755,20 @@ func (r *Recoverer) record(ctx context.Context, tx pgx.Tx, old, nc ledger.Claim,
 	}
 	rows := []outbox.Row{outbox.EventRow(r.cfg.Topics.Events, envelope.Event{
 		ID: "recovery.decided:" + old.ExecutionID, Type: envelope.EventRecoveryDecided, SessionID: old.SessionID,
-		At: time.Now().UTC(), ExecutionID: old.ExecutionID, Decision: d.decision, Rule: d.rule,
-		ContinuationMessageID: d.continuationID,
+		At: time.Now().UTC(), ExecutionID: old.ExecutionID, Decision: d.Decision, Rule: d.Rule,
+		ContinuationMessageID: d.ContinuationID,
 	})}
-	if d.continuationID != "" && old.AssistantMessageID != "" && len(ev.TurnMessageIDs) > 0 {
+	if d.ContinuationID != "" && old.AssistantMessageID != "" && len(ev.TurnMessageIDs) > 0 {
 		// The turn goes on: its ID, from the execution, is the same however
 		// often this decision is retried (it commits once, invariant 9).
 		rows = append(rows, outbox.EventRow(r.cfg.Topics.Events, envelope.Event{
 			ID: "turn.recovered:" + old.ExecutionID, Type: envelope.EventTurnRecovered, SessionID: old.SessionID,
 			At: time.Now().UTC(), TurnID: cmp.Or(ev.TurnID, old.AssistantMessageID), MessageIDs: ev.TurnMessageIDs,
-			AssistantMessageID: old.AssistantMessageID, ExecutionID: old.ExecutionID, Rule: d.rule,
-			ContinuationMessageID: d.continuationID,
+			AssistantMessageID: old.AssistantMessageID, ExecutionID: old.ExecutionID, Rule: d.Rule,
+			ContinuationMessageID: d.ContinuationID,
 		}))
 	}
-	if ev.WaitingInputs > 0 || d.continuationID != "" {
+	if ev.WaitingInputs > 0 || d.ContinuationID != "" {
 		rows = append(rows, outbox.WakeRow(r.cfg.Topics.Wakes, old.SessionID, "recovery", time.Now().UTC()))
 	}
 	return outbox.Insert(ctx, tx, rows...)
@@ -680,9 +807,18 @@ func (r *Recoverer) quarantineTx(ctx context.Context, tx pgx.Tx, c ledger.Claim,
 // older than RedriveAfter (their wake was lost), at most once per
 // RedriveAfter per session, bounded and in a stable order.
 func (r *Recoverer) redrive(ctx context.Context) (int, error) {
+	return r.redriveFor(ctx, "", r.cfg.Batch)
+}
+
+// redriveSession re-wakes one session if its wake is lost (an apply).
+func (r *Recoverer) redriveSession(ctx context.Context, sessionID string) (int, error) {
+	return r.redriveFor(ctx, sessionID, 1)
+}
+
+func (r *Recoverer) redriveFor(ctx context.Context, sessionID string, batch int) (int, error) {
 	var n int
 	err := pgdb.InTx(ctx, r.pool, func(tx pgx.Tx) error {
-		rows, err := tx.Query(ctx, redriveSQL, r.cfg.RedriveAfter.Milliseconds(), r.cfg.Batch)
+		rows, err := tx.Query(ctx, redriveSQL, r.cfg.RedriveAfter.Milliseconds(), batch, sessionID)
 		if err != nil {
 			return fmt.Errorf("scanning lost wakes: %w", err)
 		}
@@ -709,7 +845,8 @@ func (r *Recoverer) redrive(ctx context.Context) (int, error) {
 
 const expiredSQL = `
 SELECT session_id, execution_id, owner_id, fencing_token, phase, coalesce(assistant_message_id, ''), expires_at
-FROM claims WHERE quarantine_reason IS NULL AND expires_at <= now()
+FROM claims WHERE quarantine_reason IS NULL AND expires_at <= now() AND ($2 = '' OR session_id = $2)
+  AND ($3::timestamptz IS NULL OR (expires_at, session_id) > ($3::timestamptz, $4::text))
 ORDER BY expires_at, session_id LIMIT $1`
 
 // The filters (no claim, not redriven within the interval) apply before the
@@ -729,6 +866,7 @@ WHERE s.session_id IN (
     WHERE i.admitted_at < now() - $1 * interval '1 millisecond'
       AND (r.redriven_at IS NULL OR r.redriven_at < now() - $1 * interval '1 millisecond')
       AND NOT EXISTS (SELECT 1 FROM claims c WHERE c.session_id = i.session_id)
+      AND ($3 = '' OR i.session_id = $3)
     GROUP BY i.session_id
     ORDER BY min(i.admitted_at), i.session_id
     LIMIT $2)
@@ -736,3 +874,17 @@ WHERE s.session_id IN (
   AND (s.redriven_at IS NULL OR s.redriven_at < now() - $1 * interval '1 millisecond')
 ORDER BY s.session_id
 FOR UPDATE SKIP LOCKED`
+
+// redrivePlanSQL is redriveSQL's selection read without locks (a plan runs
+// read only), with what the plan shows of each session; $3, when not
+// empty, keeps that session only.
+const redrivePlanSQL = `
+SELECT i.session_id, count(*)::int, min(i.admitted_at) FROM waiting_inputs i
+JOIN sessions r ON r.session_id = i.session_id
+WHERE i.admitted_at < now() - $1 * interval '1 millisecond'
+  AND (r.redriven_at IS NULL OR r.redriven_at < now() - $1 * interval '1 millisecond')
+  AND NOT EXISTS (SELECT 1 FROM claims c WHERE c.session_id = i.session_id)
+  AND ($3 = '' OR i.session_id = $3)
+GROUP BY i.session_id
+ORDER BY min(i.admitted_at), i.session_id
+LIMIT $2`

@@ -34,7 +34,7 @@ func TestRedriveScanUsesTheRedriveIndex(t *testing.T) {
 		FROM generate_series(1, 20000) g`)
 	exec(`INSERT INTO claims (session_id, execution_id, owner_id, fencing_token, phase, expires_at)
 		SELECT 's' || g, 'e' || g, 'o', 1, 'ready', now() + interval '1 minute' FROM generate_series(1, 3000) g`)
-	plan := func(name string) string { return pc.Explain(name, `(60000, 100)`) }
+	plan := func(name string) string { return pc.Explain(name, `(60000, 100, '')`) }
 	check := func(stage string) {
 		for _, mode := range []string{"force_generic_plan", "force_custom_plan"} {
 			exec(`SET plan_cache_mode = ` + mode)

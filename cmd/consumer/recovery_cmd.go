@@ -10,7 +10,9 @@ import (
 	"time"
 
 	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
 
+	"github.com/promptline/promptline/internal/kafkautil"
 	"github.com/promptline/promptline/internal/pgdb"
 	"github.com/promptline/promptline/recovery"
 )
@@ -93,7 +95,74 @@ func newRecoveryCommand(o *options) *cobra.Command {
 		},
 	}
 	explain.Flags().BoolVar(&asJSON, "json", false, "print the decisions as JSON")
-	cmd.AddCommand(explain)
+	cmd.AddCommand(explain, newRecoveryPlanCommand(o), newRecoveryModeCommand(o, recovery.ModeHold), newRecoveryModeCommand(o, recovery.ModeAuto),
+		newRecoveryApplyCommand(o))
+	return cmd
+}
+
+// recoveryPolicy is what a recovery pass decides with, for the commands
+// that plan or apply as the consumers' passes do: the same flag names as
+// the consumer's, so that one config file serves both.
+type recoveryPolicy struct {
+	batch        int
+	redriveAfter time.Duration
+	provider     string
+	idempotent   bool
+}
+
+func (p *recoveryPolicy) flags(f *pflag.FlagSet) {
+	f.IntVar(&p.batch, "recovery-batch", 100, "expired claims and lost wakes handled, as by one pass")
+	f.DurationVar(&p.redriveAfter, "redrive-after", 30*time.Second, "age of a waiting input without a claim before its session is woken again")
+	f.StringVar(&p.provider, "provider", "scripted", "the consumers' model provider (the name recorded on attempts)")
+	f.BoolVar(&p.idempotent, "provider-honours-idempotency-keys", false, "the consumers declare that the provider deduplicates by Idempotency-Key")
+}
+
+func (p *recoveryPolicy) config(owner string, topics kafkautil.Topics) (*recovery.Config, error) {
+	if p.batch < 1 {
+		return nil, fmt.Errorf("--recovery-batch: must be at least 1, got %d", p.batch)
+	}
+	if p.redriveAfter < 0 {
+		return nil, fmt.Errorf("--redrive-after: must not be negative, got %s", p.redriveAfter)
+	}
+	cfg := &recovery.Config{Batch: p.batch, RedriveAfter: p.redriveAfter, OwnerID: owner, Topics: topics}
+	if p.idempotent {
+		cfg.IdempotentProviders = []string{p.provider}
+	}
+	return cfg, nil
+}
+
+func newRecoveryPlanCommand(o *options) *cobra.Command {
+	var policy recoveryPolicy
+	var session string
+	var asJSON bool
+	cmd := &cobra.Command{
+		Use:   "plan",
+		Short: "Print what a recovery pass would do now, per expired claim and lost wake, with its evidence; writes nothing",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			cfg, err := policy.config("recovery-plan", o.topics)
+			if err != nil {
+				return err
+			}
+			db, err := openDB(cmd, o)
+			if err != nil {
+				return err
+			}
+			defer db.Close()
+			plan, err := recovery.New(db.Pool, cfg).Plan(cmd.Context(), &recovery.PlanOpts{SessionID: session})
+			if err != nil {
+				return err
+			}
+			if asJSON {
+				return json.NewEncoder(cmd.OutOrStdout()).Encode(plan)
+			}
+			recovery.WritePlan(cmd.OutOrStdout(), plan)
+			return nil
+		},
+	}
+	policy.flags(cmd.Flags())
+	cmd.Flags().StringVar(&session, "session", "", "plan for this session only")
+	cmd.Flags().BoolVar(&asJSON, "json", false, "print the plan as JSON")
 	return cmd
 }
 
@@ -155,5 +224,117 @@ func newQuarantineCommand(o *options) *cobra.Command {
 	release.Flags().StringVar(&operator, "operator", "", "who releases the row (default: the OS user), recorded in the audit")
 	release.Flags().StringVar(&note, "note", "", "what was repaired, recorded in the audit")
 	cmd.AddCommand(list, release)
+	return cmd
+}
+
+// operatorOr names the operator: the flag, else the OS user.
+func operatorOr(operator, what string) (string, error) {
+	if operator == "" {
+		if u, err := user.Current(); err == nil {
+			operator = u.Username
+		}
+	}
+	if operator == "" {
+		return "", fmt.Errorf("--operator: must name who %s", what)
+	}
+	return operator, nil
+}
+
+// newRecoveryModeCommand is `recovery hold` (mode hold) or `recovery
+// resume` (mode auto).
+func newRecoveryModeCommand(o *options, mode string) *cobra.Command {
+	var operator, note string
+	use, short := "resume", "Return every consumer's recovery passes to acting (auto) within one pass; audited"
+	if mode == recovery.ModeHold {
+		use, short = "hold", "Make every consumer's recovery passes only plan, within one pass, until resume; audited"
+	}
+	cmd := &cobra.Command{
+		Use:   use,
+		Short: short,
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			operator, err := operatorOr(operator, "sets the recovery mode")
+			if err != nil {
+				return err
+			}
+			db, err := openDB(cmd, o)
+			if err != nil {
+				return err
+			}
+			defer db.Close()
+			if err := recovery.SetMode(cmd.Context(), db.Pool, mode, operator, note); err != nil {
+				return err
+			}
+			fmt.Fprintf(cmd.OutOrStdout(), "recovery mode: %s (set by %s)\n", mode, operator)
+			return nil
+		},
+	}
+	cmd.Flags().StringVar(&operator, "operator", "", "who sets the mode (default: the OS user), recorded in the audit")
+	cmd.Flags().StringVar(&note, "note", "", "why, recorded in the audit")
+	return cmd
+}
+
+func newRecoveryApplyCommand(o *options) *cobra.Command {
+	var policy recoveryPolicy
+	var opts recovery.ApplyOpts
+	var asJSON bool
+	cmd := &cobra.Command{
+		Use:   "apply",
+		Short: "Apply what a recovery pass would do now (as `recovery plan` shows), at a bounded rate, in any mode; audited, resumable",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			var err error
+			if opts.Operator, err = operatorOr(opts.Operator, "applies"); err != nil {
+				return err
+			}
+			if opts.Rate <= 0 {
+				return fmt.Errorf("--rate: must be more than 0, got %g", opts.Rate)
+			}
+			if opts.Max < 0 {
+				return fmt.Errorf("--max: must not be negative, got %d", opts.Max)
+			}
+			switch opts.Decision {
+			case "", recovery.DecisionCleared, recovery.DecisionSuperseded, recovery.DecisionRewoken, recovery.DecisionContinued,
+				recovery.DecisionReconciled, recovery.DecisionQuarantined, recovery.DecisionRedriven:
+			default:
+				return fmt.Errorf("--decision: unknown decision %q", opts.Decision)
+			}
+			cfg, err := policy.config("", o.topics)
+			if err != nil {
+				return err
+			}
+			db, err := openDB(cmd, o)
+			if err != nil {
+				return err
+			}
+			defer db.Close()
+			progress := cmd.ErrOrStderr()
+			opts.OnProgressFunc = func(n int, last string) {
+				bound := "…"
+				if opts.Max > 0 {
+					bound = fmt.Sprintf("/%d", opts.Max)
+				}
+				fmt.Fprintf(progress, "applied %d%s  %s\n", n, bound, last)
+			}
+			res, err := recovery.New(db.Pool, cfg).Apply(cmd.Context(), &opts)
+			if err != nil {
+				return err
+			}
+			if asJSON {
+				return json.NewEncoder(cmd.OutOrStdout()).Encode(res)
+			}
+			fmt.Fprintf(cmd.OutOrStdout(), "apply #%d: decisions: %v; skipped (changed since planned, or handled elsewhere): %d; left after a transient error (run again): %d; failed decisions: %d\n",
+				res.ID, res.Decisions, res.Skipped, res.Retried, res.Failed)
+			return nil
+		},
+	}
+	policy.flags(cmd.Flags())
+	cmd.Flags().StringVar(&opts.SessionID, "session", "", "apply to this session only")
+	cmd.Flags().StringVar(&opts.Decision, "decision", "", "apply only what a pass decides so (cleared, superseded, rewoken, continued, reconciled, quarantined; redriven for lost wakes)")
+	cmd.Flags().Float64Var(&opts.Rate, "rate", 10, "most decisions applied per second")
+	cmd.Flags().IntVar(&opts.Max, "max", 0, "most decisions applied by this run; 0: no bound")
+	cmd.Flags().StringVar(&opts.Operator, "operator", "", "who applies (default: the OS user), recorded in the audit and in each decision's recovered_by")
+	cmd.Flags().StringVar(&opts.Note, "note", "", "why, recorded in the audit")
+	cmd.Flags().BoolVar(&asJSON, "json", false, "print the result as JSON")
 	return cmd
 }

@@ -328,7 +328,7 @@ func TestConcurrentRecoveryDecidesOnce(t *testing.T) {
 
 // TestRecoveryOperatorCommands runs the operator subcommands as processes
 // on a database left by a crash: `consumer recover` (one pass),
-// `consumer recovery explain`, `consumer quarantine list` and
+// `consumer recovery plan`, `consumer recovery explain`, `consumer quarantine list` and
 // `consumer quarantine release`.
 //
 // It catches: an explanation that does not name the decision, a poison
@@ -356,7 +356,23 @@ func TestRecoveryOperatorCommands(t *testing.T) {
 	}, 10*time.Second, 20*time.Millisecond, "A's claim expires")
 
 	db := []string{"--database-url", b.dbURL}
-	out, stderr, code := runOnce(t, append([]string{"recover", "--json"}, db...)...)
+	// The plan names the decisions the pass then takes, and writes nothing.
+	out, stderr, code := runOnce(t, append([]string{"recovery", "plan", "--json"}, db...)...)
+	require.Zero(t, code, "consumer recovery plan: %s", stderr)
+	var plan recovery.Plan
+	require.NoError(t, json.Unmarshal([]byte(out), &plan), out)
+	planned := map[string]string{}
+	for _, c := range plan.Claims {
+		planned[c.SessionID] = c.Decision.Decision
+	}
+	require.Equal(t, map[string]string{session: recovery.DecisionReconciled, bogus: recovery.DecisionQuarantined}, planned, out)
+	require.Zero(t, b.count(t, `SELECT count(*) FROM recoveries`), "the plan wrote a decision")
+	out, stderr, code = runOnce(t, append([]string{"recovery", "plan", "--session", session}, db...)...)
+	require.Zero(t, code, "consumer recovery plan: %s", stderr)
+	require.Contains(t, out, "Would decide: reconciled")
+	require.NotContains(t, out, bogus)
+
+	out, stderr, code = runOnce(t, append([]string{"recover", "--json"}, db...)...)
 	require.Zero(t, code, "consumer recover: %s", stderr)
 	var pass recovery.Pass
 	require.NoError(t, json.Unmarshal([]byte(out), &pass), out)
@@ -404,4 +420,65 @@ func TestRecoveryOperatorCommands(t *testing.T) {
 	out, _, code = runOnce(t, append([]string{"quarantine", "list"}, db...)...)
 	require.Zero(t, code)
 	require.NotContains(t, out, bogus, "a released row is no longer listed")
+}
+
+// TestRecoveryHoldAndResume: a consumer whose fleet is held
+// (`consumer recovery hold`) takes nothing over however many passes it
+// runs, and shows what waits in promptline_recovery_held; `recovery
+// apply --decision` applies the asked decision only, and `recovery resume`
+// returns the running consumer to automatic recovery within its next pass.
+//
+// It catches: a held pass that takes a claim over or wakes a session, a
+// gauge that does not count what waits, an apply that applies other
+// decisions, and a mode that a running process does not reread.
+func TestRecoveryHoldAndResume(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	const unknown, ready = "s-hold-unknown", "s-hold-ready"
+	pu := prompt(unknown, "uncertain")
+
+	a := b.start(t, "consumer-a", faults.ProviderAfterIntent, "--lease", "1s")
+	b.send(t, pu)
+	requireKilled(t, a.waitExit(t, crashTimeout))
+	// A second expired claim, in phase ready, with a prompt waiting.
+	_, err := b.pool.Exec(t.Context(), `INSERT INTO sessions (session_id, fencing_token) VALUES ($1, 1)`, ready)
+	require.NoError(t, err)
+	_, err = b.pool.Exec(t.Context(), `INSERT INTO claims (session_id, execution_id, owner_id, fencing_token, phase, expires_at)
+		VALUES ($1, 'e-hold-ready', 'owner-gone', 1, 'ready', now() - interval '1 minute')`, ready)
+	require.NoError(t, err)
+
+	db := []string{"--database-url", b.dbURL}
+	_, stderr, code := runOnce(t, append([]string{"recovery", "hold", "--operator", "ops", "--note", "bad deploy"}, db...)...)
+	require.Zero(t, code, "consumer recovery hold: %s", stderr)
+
+	c := b.start(t, "consumer-b", "", recoveryFlags...)
+	base := "http://" + c.waitLog(t, "consumer running", 30*time.Second)["metrics_addr"].(string)
+	held := func(decision string) float64 {
+		_, exposition := httpGet(t, base+"/metrics")
+		v, _ := metricValue(exposition, `promptline_recovery_held{decision="`+decision+`"}`)
+		return v
+	}
+	require.Eventually(t, func() bool { return held(recovery.DecisionReconciled) == 1 && held(recovery.DecisionRewoken) == 1 },
+		30*time.Second, 50*time.Millisecond, "the held pass counts what waits")
+	require.Zero(t, b.count(t, `SELECT count(*) FROM recoveries`), "a held consumer took a claim over")
+	require.Equal(t, 2, b.count(t, `SELECT count(*) FROM claims WHERE session_id IN ($1, $2)`, unknown, ready))
+
+	out, stderr, code := runOnce(t, append([]string{"recovery", "apply", "--decision", "rewoken", "--rate", "5", "--operator", "ops", "--note", "safe ones first", "--json"}, db...)...)
+	require.Zero(t, code, "consumer recovery apply: %s", stderr)
+	var applied recovery.Applied
+	require.NoError(t, json.Unmarshal([]byte(out), &applied), out)
+	require.Equal(t, map[string]int{recovery.DecisionRewoken: 1}, applied.Decisions)
+	require.Equal(t, 1, b.count(t, `SELECT count(*) FROM recoveries WHERE session_id = $1 AND recovered_by LIKE 'apply#%:ops'`, ready))
+	require.Zero(t, b.count(t, `SELECT count(*) FROM recoveries WHERE session_id = $1`, unknown), "apply --decision rewoken applied another decision")
+	require.Eventually(t, func() bool { return held(recovery.DecisionRewoken) == 0 }, 30*time.Second, 50*time.Millisecond)
+	require.Equal(t, 1.0, held(recovery.DecisionReconciled))
+
+	_, stderr, code = runOnce(t, append([]string{"recovery", "resume", "--operator", "ops", "--note", "all clear"}, db...)...)
+	require.Zero(t, code, "consumer recovery resume: %s", stderr)
+	failed := b.events.waitTurn(t, pu.MessageID)
+	require.Equal(t, envelope.EventTurnFailed, failed.Type, "%+v", failed)
+	require.Equal(t, envelope.FailOutcomeUnknown, failed.Reason)
+	require.Equal(t, 1, b.count(t, `SELECT count(*) FROM recoveries WHERE session_id = $1 AND decision = 'reconciled'`, unknown))
+	require.Eventually(t, func() bool { return held(recovery.DecisionReconciled) == 0 }, 30*time.Second, 50*time.Millisecond)
+	require.Equal(t, 3, b.count(t, `SELECT count(*) FROM recovery_actions WHERE operator = 'ops'`), "hold, apply and resume are audited")
 }

@@ -16,6 +16,7 @@ import (
 	"github.com/promptline/promptline/internal/cliconfig"
 	"github.com/promptline/promptline/internal/faults"
 	"github.com/promptline/promptline/internal/kafkautil"
+	"github.com/promptline/promptline/recovery"
 )
 
 // options are the consumer's flags: a public contract (README "Flags").
@@ -39,6 +40,7 @@ type options struct {
 	recoveryInterval  time.Duration
 	recoveryBatch     int
 	redriveAfter      time.Duration
+	recoveryMode      string
 	outboxRetention   time.Duration
 	ledgerRetention   time.Duration
 	dbMaxConns        int32
@@ -86,6 +88,7 @@ func newRootCommandEnv(environ func() []string) *cobra.Command {
 	pf.StringVar(&o.logLevel, "log-level", "info", "log level: debug, info, warn, error")
 	f.DurationVar(&o.recoveryInterval, "recovery-interval", 10*time.Second, "time between recovery passes")
 	f.IntVar(&o.recoveryBatch, "recovery-batch", 100, "expired claims and lost wakes handled per recovery pass")
+	f.StringVar(&o.recoveryMode, "recovery-mode", "auto", "auto: recovery passes act; hold: they only plan, and an operator applies (`consumer recovery apply`); the fleet-wide mode set by `consumer recovery hold|resume` wins over this flag")
 	f.DurationVar(&o.outboxRetention, "outbox-retention", time.Hour, "how long published outbox rows are kept before they are deleted (Kafka keeps what was published); 0 keeps them forever")
 	f.DurationVar(&o.ledgerRetention, "ledger-retention", 7*24*time.Hour, "how long the ledger rows (provider attempts, tool calls) of a settled execution of an idle session are kept before they are deleted; rows recovery may still need are never deleted; 0 keeps them forever")
 	f.DurationVar(&o.redriveAfter, "redrive-after", 30*time.Second, "age of a waiting input without a claim before its session is woken again")
@@ -205,6 +208,8 @@ func (o *options) validate() error {
 		return fmt.Errorf("--lease: must be at least 300ms, got %s", o.lease)
 	case o.recoveryInterval < 100*time.Millisecond:
 		return fmt.Errorf("--recovery-interval: must be at least 100ms, got %s", o.recoveryInterval)
+	case o.recoveryMode != recovery.ModeAuto && o.recoveryMode != recovery.ModeHold:
+		return fmt.Errorf("--recovery-mode: must be auto or hold, got %q", o.recoveryMode)
 	case o.recoveryBatch < 1:
 		return fmt.Errorf("--recovery-batch: must be at least 1, got %d", o.recoveryBatch)
 	case o.outboxRetention != 0 && o.outboxRetention < time.Second:

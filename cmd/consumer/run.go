@@ -27,6 +27,17 @@ func setQuarantined(m *metrics.Metrics, counts map[string]int) {
 	}
 }
 
+// heldDecisions are the labels of promptline_recovery_held, set to 0 when
+// nothing waits so that a resumed fleet's gauge falls back.
+var heldDecisions = []string{recovery.DecisionCleared, recovery.DecisionSuperseded, recovery.DecisionRewoken,
+	recovery.DecisionContinued, recovery.DecisionReconciled, recovery.DecisionQuarantined, recovery.DecisionRedriven}
+
+func setHeld(m *metrics.Metrics, counts map[string]int) {
+	for _, d := range heldDecisions {
+		m.RecoveryHeld.WithLabelValues(d).Set(float64(counts[d]))
+	}
+}
+
 func run(ctx context.Context, o *options, stderr io.Writer) error {
 	level, _ := parseLevel(o.logLevel)
 	log := slog.New(slog.NewJSONHandler(stderr, &slog.HandlerOptions{Level: level}))
@@ -198,6 +209,8 @@ func run(ctx context.Context, o *options, stderr io.Writer) error {
 		OnRedriveFunc:       func(n int) { m.RedrivenWakes.Add(float64(n)) },
 		OnQuarantinedFunc:   func(c map[string]int) { setQuarantined(m, c) },
 		OnCommitFunc:        relay.Nudge,
+		Mode:                o.recoveryMode,
+		OnHeldFunc:          func(c map[string]int) { setHeld(m, c) },
 
 		OnTransientErrorFunc: m.RecoveryTransient.Inc,
 	})

@@ -1,0 +1,56 @@
+package recovery_test
+
+import (
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/promptline/promptline/ledger"
+	"github.com/promptline/promptline/recovery"
+)
+
+// Decide reads and writes nothing: the decision is a function of the claim
+// and its evidence, so a plan and a pass agree on the same evidence.
+func TestDecide(t *testing.T) {
+	t.Parallel()
+	claim := func(phase ledger.Phase, asst string) ledger.Claim {
+		return ledger.Claim{SessionID: "s", ExecutionID: "e", Phase: phase, AssistantMessageID: asst}
+	}
+	for name, tc := range map[string]struct {
+		claim      ledger.Claim
+		ev         recovery.Evidence
+		idempotent []string
+		want       recovery.Decision
+	}{
+		"Ready":      {claim: claim(ledger.PhaseReady, ""), want: recovery.Decision{Decision: recovery.DecisionRewoken}},
+		"Safe":       {claim: claim(ledger.PhaseSafe, "a"), ev: recovery.Evidence{AssistantStatus: "completed", NewestAssistantID: "a"}, want: recovery.Decision{Decision: recovery.DecisionCleared}},
+		"Superseded": {claim: claim(ledger.PhaseContinue, "a"), ev: recovery.Evidence{AssistantStatus: "completed", NewestAssistantID: "b"}, want: recovery.Decision{Decision: recovery.DecisionSuperseded}},
+		"Continue": {claim: claim(ledger.PhaseContinue, "a"), ev: recovery.Evidence{AssistantStatus: "completed", NewestAssistantID: "a"},
+			want: recovery.Decision{Decision: recovery.DecisionContinued, ContinuationID: recovery.ContinuationID("e")}},
+		"ContinueIDHeldByAPrompt": {claim: claim(ledger.PhaseContinue, "a"), ev: recovery.Evidence{AssistantStatus: "completed", NewestAssistantID: "a",
+			ContinuationHolders: []recovery.InputFact{{MessageID: recovery.ContinuationID("e"), SessionID: "s", Kind: "prompt"}}},
+			want: recovery.Decision{Decision: recovery.DecisionContinued, ContinuationID: recovery.ContinuationTakenID("e")}},
+		"ContinueIDHeldByAnotherSession": {claim: claim(ledger.PhaseContinue, "a"), ev: recovery.Evidence{AssistantStatus: "completed", NewestAssistantID: "a",
+			ContinuationHolders: []recovery.InputFact{{MessageID: recovery.ContinuationID("e"), SessionID: "x", Kind: "continuation"}}},
+			want: recovery.Decision{Decision: recovery.DecisionQuarantined, QuarantineReason: "decision failed: continuation input " + recovery.ContinuationID("e") + " belongs to session x, not s"}},
+		"UnknownReconciled": {claim: claim(ledger.PhaseUnknown, "a"), ev: recovery.Evidence{AssistantStatus: "pending", NewestAssistantID: "a",
+			Attempts: []recovery.AttemptFact{{ID: "at", Provider: "p", State: ledger.AttemptStarted}}},
+			want: recovery.Decision{Decision: recovery.DecisionReconciled}},
+		"UnknownIdempotentProvider": {claim: claim(ledger.PhaseUnknown, "a"), idempotent: []string{"p"}, ev: recovery.Evidence{AssistantStatus: "pending", NewestAssistantID: "a",
+			Attempts: []recovery.AttemptFact{{ID: "at", Provider: "p", State: ledger.AttemptStarted}}},
+			want: recovery.Decision{Decision: recovery.DecisionContinued, Rule: recovery.RuleIdempotentProviderRetry, RetryAttemptID: "at", ContinuationID: recovery.ContinuationID("e")}},
+		"UnknownPhase": {claim: claim("bogus", ""), want: recovery.Decision{Decision: recovery.DecisionQuarantined, QuarantineReason: `unknown phase "bogus"`}},
+		"MissingAssistant": {claim: claim(ledger.PhaseReady, "gone"),
+			want: recovery.Decision{Decision: recovery.DecisionQuarantined, QuarantineReason: "claim points at missing assistant message gone"}},
+	} {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			got := recovery.Decide(tc.claim, tc.ev, tc.idempotent)
+			require.Equal(t, tc.want.Decision, got.Decision)
+			require.Equal(t, tc.want.Rule, got.Rule)
+			require.Equal(t, tc.want.ContinuationID, got.ContinuationID)
+			require.Equal(t, tc.want.RetryAttemptID, got.RetryAttemptID)
+			require.Equal(t, tc.want.QuarantineReason, got.QuarantineReason)
+		})
+	}
+}

@@ -1,0 +1,169 @@
+package recovery
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/promptline/promptline/ledger"
+)
+
+// DecisionRedriven is a plan's decision for a lost wake: the session's
+// waiting inputs have no claim and no wake on its way, and a pass wakes it
+// again (Pass.Redriven).
+const DecisionRedriven = "redriven"
+
+// PlanOpts narrows a plan.
+type PlanOpts struct {
+	// SessionID plans for one session only. Defaults to every session.
+	SessionID string
+
+	// after, when set, keeps the claims after it in the pass's order
+	// (expires_at, session_id): an apply pages on past the claims it has
+	// seen, so that claims it leaves (another decision, changed since)
+	// cannot hide the rest behind the batch bound.
+	after *claimCursor
+}
+
+// claimCursor is a position in the pass's order of expired claims.
+type claimCursor struct {
+	expiresAt time.Time
+	sessionID string
+}
+
+// Plan is what a recovery pass would do now, decided by the pass's own
+// function (Decide) on evidence read in one snapshot; nothing is written.
+type Plan struct {
+	// At is when the snapshot was taken (the database's clock).
+	At time.Time `json:"at"`
+	// Claims are the expired claims a pass would handle, in its order.
+	Claims []PlannedClaim `json:"claims"`
+	// LostWakes are the sessions a pass would wake again.
+	LostWakes []LostWake `json:"lost_wakes"`
+}
+
+// PlannedClaim is an expired claim, the decision a pass would take on it
+// and the evidence that decision rests on.
+type PlannedClaim struct {
+	SessionID   string `json:"session_id"`
+	ExecutionID string `json:"execution_id"`
+	Token       int64  `json:"fencing_token"`
+	Decision
+	Evidence Evidence `json:"evidence"`
+}
+
+// LostWake is a session a pass would wake again.
+type LostWake struct {
+	SessionID     string    `json:"session_id"`
+	Decision      string    `json:"decision"`
+	WaitingInputs int       `json:"waiting_inputs"`
+	OldestWaiting time.Time `json:"oldest_waiting_admitted_at"`
+}
+
+// Plan reads, in one REPEATABLE READ READ ONLY transaction, what a pass
+// would handle now (the same bounded scans, Config.Batch) and decides on
+// it with Decide, as the pass does. It takes no lock and writes nothing:
+// a pass that runs after it decides afresh on what it finds then, so a
+// plan that went stale (a claim renewed, taken over, or released since)
+// is never acted on.
+func (r *Recoverer) Plan(ctx context.Context, opts *PlanOpts) (Plan, error) {
+	if opts == nil {
+		opts = &PlanOpts{}
+	}
+	plan := Plan{Claims: []PlannedClaim{}, LostWakes: []LostWake{}}
+	tx, err := r.pool.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: pgx.ReadOnly})
+	if err != nil {
+		return plan, fmt.Errorf("beginning the plan's snapshot: %w", err)
+	}
+	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
+	if err := tx.QueryRow(ctx, `SELECT now()`).Scan(&plan.At); err != nil {
+		return plan, fmt.Errorf("reading the plan's clock: %w", err)
+	}
+	claims, err := scanExpired(ctx, tx, r.cfg.Batch, opts.SessionID, opts.after)
+	if err != nil {
+		return plan, err
+	}
+	for _, c := range claims {
+		ev, err := gather(ctx, tx, c)
+		if err != nil {
+			return plan, fmt.Errorf("planning %s: %w", c.SessionID, err)
+		}
+		plan.Claims = append(plan.Claims, PlannedClaim{SessionID: c.SessionID, ExecutionID: c.ExecutionID, Token: c.Token,
+			Decision: Decide(c, ev, r.cfg.IdempotentProviders), Evidence: ev})
+	}
+	rows, err := tx.Query(ctx, redrivePlanSQL, r.cfg.RedriveAfter.Milliseconds(), r.cfg.Batch, opts.SessionID)
+	if err != nil {
+		return plan, fmt.Errorf("planning lost wakes: %w", err)
+	}
+	var w LostWake
+	if _, err := pgx.ForEachRow(rows, []any{&w.SessionID, &w.WaitingInputs, &w.OldestWaiting}, func() error {
+		w.Decision = DecisionRedriven
+		plan.LostWakes = append(plan.LostWakes, w)
+		return nil
+	}); err != nil {
+		return plan, fmt.Errorf("planning lost wakes: %w", err)
+	}
+	if err := tx.Commit(ctx); err != nil && !errors.Is(err, pgx.ErrTxClosed) {
+		return plan, fmt.Errorf("ending the plan's snapshot: %w", err)
+	}
+	return plan, nil
+}
+
+// scanExpired reads the expired claims a pass handles, bounded and in its
+// order; sessionID, when not empty, keeps that session's only, and after,
+// when not nil, the claims after it in that order.
+func scanExpired(ctx context.Context, q interface {
+	Query(context.Context, string, ...any) (pgx.Rows, error)
+}, batch int, sessionID string, after *claimCursor) ([]ledger.Claim, error) {
+	var afterAt *time.Time
+	var afterSession string
+	if after != nil {
+		afterAt, afterSession = &after.expiresAt, after.sessionID
+	}
+	rows, err := q.Query(ctx, expiredSQL, batch, sessionID, afterAt, afterSession)
+	if err != nil {
+		return nil, fmt.Errorf("scanning expired claims: %w", err)
+	}
+	var out []ledger.Claim
+	var c ledger.Claim
+	var phase string
+	_, err = pgx.ForEachRow(rows, []any{&c.SessionID, &c.ExecutionID, &c.OwnerID, &c.Token, &phase, &c.AssistantMessageID, &c.ExpiresAt}, func() error {
+		c.Phase = ledger.Phase(phase)
+		out = append(out, c)
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("scanning expired claims: %w", err)
+	}
+	return out, nil
+}
+
+// WritePlan writes a plan in the words of `recovery explain`.
+func WritePlan(w io.Writer, p Plan) {
+	fmt.Fprintf(w, "Recovery plan at %s (nothing has been written).\n", p.At.UTC().Format(time.RFC3339))
+	if len(p.Claims) == 0 && len(p.LostWakes) == 0 {
+		fmt.Fprintln(w, "No expired claims and no lost wakes: a pass would do nothing.")
+		return
+	}
+	for _, c := range p.Claims {
+		rec := Record{ExecutionID: c.ExecutionID, SessionID: c.SessionID, PhaseFound: c.Evidence.Phase, Decision: c.Decision.Decision,
+			Rule: c.Rule, Evidence: c.Evidence, ContinuationID: c.ContinuationID, RetryAttemptID: c.RetryAttemptID,
+			QuarantineReason: c.QuarantineReason}
+		fmt.Fprintf(w, "Session %s: execution %s (owner %s) expired at %s in phase %q.\n",
+			c.SessionID, c.ExecutionID, c.Evidence.Owner, c.Evidence.ExpiredAt.UTC().Format(time.RFC3339), c.Evidence.Phase)
+		fmt.Fprintf(w, "  Would decide: %s — %s\n", rec.Decision, because(rec))
+		explainEvidence(w, c.Evidence)
+		if c.ContinuationID != "" {
+			fmt.Fprintf(w, "  Continuation input %s: would be admitted.\n", c.ContinuationID)
+		}
+	}
+	for _, l := range p.LostWakes {
+		fmt.Fprintf(w, "Session %s: %d inputs wait (the oldest admitted at %s) with no claim and no wake on its way.\n",
+			l.SessionID, l.WaitingInputs, l.OldestWaiting.UTC().Format(time.RFC3339))
+		fmt.Fprintf(w, "  Would decide: %s — its wake was lost; the session is woken again.\n", l.Decision)
+	}
+}
