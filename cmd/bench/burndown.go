@@ -15,7 +15,10 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/IBM/sarama"
 	"github.com/jackc/pgx/v5"
+
+	"github.com/promptline/promptline/internal/kafkautil"
 )
 
 // errNoTripCounter: the server's connection cannot be proxied to count
@@ -66,6 +69,9 @@ type burnDownRun struct {
 	// stopped), per turn: the whole cluster's, so the bench's own reads
 	// of the statistics and autovacuum are in it; -1 when not read.
 	WALBytesPerTurn float64 `json:"wal_bytes_per_turn"`
+	// DeltasPerTurn are the messages on session-deltas per turn (live
+	// deltas of a streaming provider); -1 when not read.
+	DeltasPerTurn float64 `json:"deltas_per_turn"`
 	// RoundTripsPerTurn are the requests the consumer waited on per turn
 	// (roundtrips.go), counted only in a run through the counting proxy;
 	// -1 otherwise.
@@ -126,7 +132,7 @@ func measureBurnDown(ctx context.Context, sc *scratchServer, n int, partitions i
 	var dump []tableDump
 	for _, per := range []int{1, 10} {
 		progress("burn-down: %d prompts, %d per session, one consumer process", n, per)
-		r, d, err := burnDownOnce(ctx, sc, bin, n, per, partitions, per == 1, false)
+		r, d, err := burnDownOnce(ctx, sc, bin, n, per, partitions, per == 1, false, promptText)
 		if err != nil {
 			return res, fmt.Errorf("burn-down, %d per session: %w", per, err)
 		}
@@ -143,7 +149,7 @@ func measureBurnDown(ctx context.Context, sc *scratchServer, n int, partitions i
 	res.Efficiency = res.One.TurnsPerSecond / res.Ceiling.TurnsPerSecond
 	tn := max(1, n/5)
 	progress("round trips: %d prompts, 1 per session, through a counting proxy", tn)
-	r, _, err := burnDownOnce(ctx, sc, bin, tn, 1, partitions, false, true)
+	r, _, err := burnDownOnce(ctx, sc, bin, tn, 1, partitions, false, true, promptText)
 	switch {
 	case errors.Is(err, errNoTripCounter):
 		progress("round trips not counted: %v", err)
@@ -155,12 +161,12 @@ func measureBurnDown(ctx context.Context, sc *scratchServer, n int, partitions i
 	return res, nil
 }
 
-// burnDownOnce pre-fills a fresh broker with n prompts, per to a session,
-// starts one consumer process on a fresh database and times it from its
-// start to the last turn event read back. With dump it also returns the
-// rows the run left, for the ceiling.
-func burnDownOnce(ctx context.Context, sc *scratchServer, bin string, n, per int, partitions int32, dump, countTrips bool) (run burnDownRun, dumped []tableDump, err error) {
-	w, err := newWorkloadPer(n, per)
+// burnDownOnce pre-fills a fresh broker with n prompts of text, per to a
+// session, starts one consumer process on a fresh database and times it
+// from its start to the last turn event read back. With dump it also
+// returns the rows the run left, for the ceiling.
+func burnDownOnce(ctx context.Context, sc *scratchServer, bin string, n, per int, partitions int32, dump, countTrips bool, text string) (run burnDownRun, dumped []tableDump, err error) {
+	w, err := newWorkloadText(n, per, text)
 	if err != nil {
 		return run, nil, err
 	}
@@ -266,7 +272,10 @@ func burnDownOnce(ctx context.Context, sc *scratchServer, bin string, n, per int
 		PromptsPerSession: per, Prompts: n, Turns: t, Seconds: secs, TurnsPerSecond: float64(t) / secs,
 		ConsumerCPUMillisPerTurn: msPer(consumerCPU, t), PostgresCPUMillisPerTurn: -1, StatementsPerTurn: -1, NestedStatementsPerTurn: -1,
 		CommitsPerTurn: float64(n1-commits0) / float64(t), CPU: cpuBetween(cpu0, cpu1), RoundTripsPerTurn: -1,
-		WALBytesPerTurn: -1,
+		WALBytesPerTurn: -1, DeltasPerTurn: -1,
+	}
+	if d, err := topicMessages(broker.Addr(), "session-deltas"); err == nil && t > 0 {
+		run.DeltasPerTurn = float64(d) / float64(t)
 	}
 	if walBytes >= 0 && t > 0 {
 		run.WALBytesPerTurn = float64(walBytes) / float64(t)
@@ -307,6 +316,29 @@ func burnDownOnce(ctx context.Context, sc *scratchServer, bin string, n, per int
 		}
 	}
 	return run, dumped, nil
+}
+
+// topicMessages is the number of messages in topic: the sum of its
+// partitions' high-water marks (the bench's topics start empty).
+func topicMessages(addr, topic string) (int64, error) {
+	c, err := sarama.NewClient([]string{addr}, kafkautil.NewConfig("bench-topic-size"))
+	if err != nil {
+		return 0, err
+	}
+	defer c.Close()
+	parts, err := c.Partitions(topic)
+	if err != nil {
+		return 0, err
+	}
+	var n int64
+	for _, p := range parts {
+		hwm, err := c.GetOffset(topic, p, sarama.OffsetNewest)
+		if err != nil {
+			return 0, err
+		}
+		n += hwm
+	}
+	return n, nil
 }
 
 // walLSN is the server's current WAL insert position; false when it

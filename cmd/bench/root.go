@@ -56,6 +56,7 @@ func newRootCommand() *cobra.Command {
 		},
 	}
 	root.AddCommand(newInFlightCommand())
+	root.AddCommand(newStreamCommand())
 	f := root.Flags()
 	f.StringVar(&o.databaseURL, "database-url", os.Getenv("DATABASE_URL"),
 		"Postgres server URL (env DATABASE_URL; default postgres://127.0.0.1:5432/postgres); scratch databases promptline_bench_<random> are created there and dropped")
