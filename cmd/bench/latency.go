@@ -12,10 +12,13 @@ import (
 
 	"github.com/IBM/sarama"
 	"github.com/google/uuid"
+	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
 
 	"github.com/promptline/promptline/envelope"
 	"github.com/promptline/promptline/internal/kafkautil"
 	"github.com/promptline/promptline/ledger"
+	"github.com/promptline/promptline/metrics"
 	"github.com/promptline/promptline/outbox"
 	"github.com/promptline/promptline/pipeline"
 )
@@ -43,6 +46,9 @@ type latencyOpts struct {
 	// Text is every prompt's text. Defaults to promptText (no directive:
 	// the scripted provider answers at once).
 	Text string
+	// Deltas publishes live deltas on session-deltas, as a consumer with
+	// a streaming provider does. Defaults to false.
+	Deltas bool
 }
 
 // percentiles in milliseconds.
@@ -94,6 +100,9 @@ type latencyResult struct {
 	Commits          int64   `json:"commits"`
 	CommitsPerPrompt float64 `json:"commits_per_prompt"`
 	CPU              cpuUse  `json:"cpu"`
+	// DeltasPublished counts the live deltas the broker acknowledged
+	// (with Deltas only).
+	DeltasPublished int64 `json:"deltas_published,omitempty"`
 }
 
 // measureLatency runs the full pipeline (relay, admitter, executor with the
@@ -138,7 +147,24 @@ func measureLatency(ctx context.Context, sc *scratchServer, opts latencyOpts) (r
 	defer relay.Stop()
 	admitter := pipeline.NewAdmitter(db.Pool, &pipeline.AdmitterConfig{OnCommitFunc: relay.Nudge})
 	claims := ledger.NewClaims(db.Pool, &ledger.ClaimsConfig{OwnerID: "bench-" + db.Name})
-	exec := pipeline.NewExecutor(db.Pool, &pipeline.ExecutorConfig{Claims: claims, OnCommitFunc: relay.Nudge})
+	var deltas pipeline.DeltaSink
+	if opts.Deltas {
+		ap, err := sarama.NewAsyncProducer(brokers, pipeline.DeltaProducerConfig(cfg))
+		if err != nil {
+			return res, fmt.Errorf("connecting the deltas producer: %w", err)
+		}
+		dm := metrics.New(prometheus.NewRegistry())
+		dp := pipeline.NewDeltaPublisher(ap, &pipeline.DeltaPublisherConfig{Metrics: dm})
+		defer func() {
+			dp.Close()
+			var published dto.Metric
+			if dm.Deltas.WithLabelValues("published").Write(&published) == nil {
+				res.DeltasPublished = int64(published.GetCounter().GetValue())
+			}
+		}()
+		deltas = dp
+	}
+	exec := pipeline.NewExecutor(db.Pool, &pipeline.ExecutorConfig{Claims: claims, OnCommitFunc: relay.Nudge, Deltas: deltas})
 	defer exec.Stop()
 	handler := &joinSignal{
 		ConsumerGroupHandler: pipeline.NewConsumer(admitter, exec, producer, &pipeline.ConsumerConfig{

@@ -9,6 +9,7 @@ import (
 	"slices"
 	"strings"
 	"text/tabwriter"
+	"time"
 
 	"github.com/spf13/cobra"
 )
@@ -30,6 +31,8 @@ type streamOptions struct {
 	prompts     int
 	rounds      int
 	partitions  int32
+	rate        float64
+	duration    time.Duration
 	json        bool
 }
 
@@ -39,6 +42,11 @@ type streamResult struct {
 	Whole   []burnDownRun    `json:"whole"`
 	Stream  []burnDownRun    `json:"streamed"`
 	Ratios  streamRatioTable `json:"ratios"`
+	// Latency at a fixed offered rate, send → turn.completed: each
+	// prompt its own session, the pipeline in the bench's process.
+	Rate          float64         `json:"latency_offered_per_second"`
+	LatencyWhole  []latencyResult `json:"latency_whole"`
+	LatencyStream []latencyResult `json:"latency_streamed"`
 }
 
 // streamRatioTable compares the medians: streamed / whole.
@@ -70,6 +78,8 @@ func newStreamCommand() *cobra.Command {
 	f.IntVar(&o.prompts, "prompts", 10000, "prompts of each burn-down run, one per session")
 	f.IntVar(&o.rounds, "rounds", 2, "pairs of runs (whole, then streamed)")
 	f.Int32Var(&o.partitions, "partitions", 16, "partitions of the prompts and wakes topics")
+	f.Float64Var(&o.rate, "rate", 300, "offered prompts per second of the latency runs (0 skips them)")
+	f.DurationVar(&o.duration, "duration", 10*time.Second, "length of each latency run")
 	f.BoolVar(&o.json, "json", false, "print the results as JSON")
 	return cmd
 }
@@ -102,6 +112,29 @@ func runStream(ctx context.Context, o *streamOptions, stdout, stderr io.Writer) 
 				return fmt.Errorf("answers streamed, but %.2f deltas per turn reached session-deltas: the measurement would compare nothing", r.DeltasPerTurn)
 			}
 			*v.into = append(*v.into, r)
+		}
+		if o.rate <= 0 {
+			continue
+		}
+		res.Rate = o.rate
+		for _, v := range []struct {
+			name, text string
+			deltas     bool
+			into       *[]latencyResult
+		}{{"whole", whole, false, &res.LatencyWhole}, {"streamed", streamed, true, &res.LatencyStream}} {
+			progress("stream, round %d/%d: latency at %.0f/s for %s, answers %s", i+1, o.rounds, o.rate, o.duration, v.name)
+			l, err := measureLatency(ctx, sc, latencyOpts{Pool: poolOpts{MaxConns: 8}, Partitions: o.partitions, Rate: o.rate,
+				Duration: o.duration, Warmup: warmupFor(o.duration), Text: v.text, Deltas: v.deltas})
+			if err != nil {
+				return fmt.Errorf("latency, answers %s: %w", v.name, err)
+			}
+			switch {
+			case l.Missing > 0 || l.Failed > 0:
+				return fmt.Errorf("latency, answers %s: %d prompts unanswered, %d failed", v.name, l.Missing, l.Failed)
+			case v.deltas && l.DeltasPublished < int64(l.Completed):
+				return fmt.Errorf("latency, answers streamed: %d deltas for %d answers: the measurement would compare nothing", l.DeltasPublished, l.Completed)
+			}
+			*v.into = append(*v.into, l)
 		}
 	}
 	med := func(runs []burnDownRun, f func(burnDownRun) float64) float64 {
@@ -147,6 +180,21 @@ func runStream(ctx context.Context, o *streamOptions, stdout, stderr io.Writer) 
 	row("commits/turn", func(r burnDownRun) float64 { return r.CommitsPerTurn })
 	row("statements/turn", func(r burnDownRun) float64 { return r.StatementsPerTurn })
 	row("deltas/turn", func(r burnDownRun) float64 { return r.DeltasPerTurn })
+	if len(res.LatencyWhole) > 0 {
+		lat := func(name string, f func(latencyResult) float64) {
+			pick := func(ls []latencyResult) float64 {
+				vs := make([]float64, len(ls))
+				for i, l := range ls {
+					vs[i] = f(l)
+				}
+				return median(vs)
+			}
+			w, st := pick(res.LatencyWhole), pick(res.LatencyStream)
+			fmt.Fprintf(tw, "%s\t%.1f\t%.1f\t%.2f\t\n", name, w, st, st/w)
+		}
+		lat(fmt.Sprintf("p50 ms at %.0f/s", res.Rate), func(l latencyResult) float64 { return l.Turn.P50 })
+		lat(fmt.Sprintf("p99 ms at %.0f/s", res.Rate), func(l latencyResult) float64 { return l.Turn.P99 })
+	}
 	return tw.Flush()
 }
 

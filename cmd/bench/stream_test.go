@@ -17,7 +17,7 @@ func TestStreamMeasurement(t *testing.T) {
 	var stdout, stderr bytes.Buffer
 	cmd.SetOut(&stdout)
 	cmd.SetErr(&stderr)
-	cmd.SetArgs([]string{"stream", "--prompts", "200", "--rounds", "1", "--partitions", "4", "--json"})
+	cmd.SetArgs([]string{"stream", "--prompts", "200", "--rounds", "1", "--partitions", "4", "--rate", "50", "--duration", "2s", "--json"})
 	require.NoError(t, cmd.ExecuteContext(context.Background()), stderr.String())
 	var r streamResult
 	require.NoError(t, json.Unmarshal(stdout.Bytes(), &r))
@@ -28,4 +28,9 @@ func TestStreamMeasurement(t *testing.T) {
 	require.Zero(t, r.Whole[0].DeltasPerTurn, "an answer returned whole publishes no delta")
 	require.GreaterOrEqual(t, r.Stream[0].DeltasPerTurn, 1.0)
 	require.InDelta(t, r.Stream[0].TurnsPerSecond/r.Whole[0].TurnsPerSecond, r.Ratios.TurnsPerSecond, 1e-9)
+	require.Len(t, r.LatencyWhole, 1)
+	require.Len(t, r.LatencyStream, 1)
+	require.Zero(t, r.LatencyWhole[0].DeltasPublished)
+	require.GreaterOrEqual(t, r.LatencyStream[0].DeltasPublished, int64(r.LatencyStream[0].Completed))
+	require.Positive(t, r.LatencyStream[0].Turn.P50)
 }
