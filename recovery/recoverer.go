@@ -689,11 +689,49 @@ func (r *Recoverer) reconcile(ctx context.Context, tx pgx.Tx, old, nc ledger.Cla
 		WHERE message_id = $1 AND status = 'pending'`, old.AssistantMessageID, OutcomeUnknownText); err != nil {
 		return fmt.Errorf("reconciling assistant message: %w", err)
 	}
+	failed, err := r.failedMessage(ctx, tx, old, nc, ev)
+	if err != nil {
+		return err
+	}
 	return outbox.Insert(ctx, tx, append(events, outbox.EventRow(r.cfg.Topics.Events, envelope.Event{
-		ID: "turn.failed:" + old.AssistantMessageID, Type: envelope.EventTurnFailed, SessionID: old.SessionID,
-		At: time.Now().UTC(), MessageIDs: ev.TurnMessageIDs, AssistantMessageID: old.AssistantMessageID,
+		ID: "turn.failed:" + failed, Type: envelope.EventTurnFailed, SessionID: old.SessionID,
+		At: time.Now().UTC(), MessageIDs: ev.TurnMessageIDs, AssistantMessageID: failed,
 		Reason: envelope.FailOutcomeUnknown, Error: OutcomeUnknownText,
 	}))...)
+}
+
+// FailedMessageID is the assistant message recovery creates for a turn it
+// reconciles when the claim's own message was named by an earlier
+// failure. The space keeps it out of reach of senders: no envelope
+// message ID has one (envelope.validID).
+func FailedMessageID(executionID string) string { return "recovery-failed " + executionID }
+
+// failedMessage is the assistant message the reconciled turn's turn.failed
+// names: the claim's, unless an earlier reconcile named that one already.
+// That happens when a continuation (recovery's or an operator's
+// resolution) dies before it began a step of its own, while re-running the
+// calls its turn left: its claim still points at the message the first
+// failure named. The second failure then gets an errored message of its
+// own, as the executor creates one for a turn that fails before its step
+// began, so that its turn.failed is a new event (consumers deduplicate on
+// id) and names a message the transcript holds, errored (invariant 12).
+func (r *Recoverer) failedMessage(ctx context.Context, tx pgx.Tx, old, nc ledger.Claim, ev Evidence) (string, error) {
+	var named bool
+	if err := tx.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM recoveries
+		WHERE session_id = $1 AND execution_id <> $2 AND decision = $3 AND evidence->>'assistant_message_id' = $4)`,
+		old.SessionID, old.ExecutionID, DecisionReconciled, old.AssistantMessageID).Scan(&named); err != nil {
+		return "", fmt.Errorf("reading earlier failures of %s: %w", old.AssistantMessageID, err)
+	}
+	if !named {
+		return old.AssistantMessageID, nil
+	}
+	id := FailedMessageID(old.ExecutionID)
+	if _, err := tx.Exec(ctx, `INSERT INTO messages (message_id, session_id, role, status, answers, execution_id, fencing_token, turn_id, error, completed_at)
+		VALUES ($1, $2, 'assistant', 'errored', $3, $4, $5, $6, $7, now())`,
+		id, old.SessionID, ev.TurnMessageIDs, old.ExecutionID, nc.Token, cmp.Or(ev.TurnID, old.AssistantMessageID), OutcomeUnknownText); err != nil {
+		return "", fmt.Errorf("creating the failed turn's assistant message: %w", err)
+	}
+	return id, nil
 }
 
 // admitContinuation admits the continuation input (Decide chose its ID

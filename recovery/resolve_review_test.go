@@ -10,6 +10,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
+	"github.com/promptline/promptline/envelope"
 	"github.com/promptline/promptline/ledger"
 	"github.com/promptline/promptline/pipeline"
 	"github.com/promptline/promptline/recovery"
@@ -94,6 +95,33 @@ func TestResolveAdversarial(t *testing.T) {
 	// script, or Resolve's own retry after a commit that landed unheard)
 	// is not "the same finding twice": it opens round 2 and runs the call
 	// a second time, which no one vouched for (P4).
+	// A resolved turn that fails again must say so with an event that a
+	// consumer deduplicating on id (docs/session-events.md) does not drop,
+	// naming an assistant message of its own, now errored, as
+	// docs/session-events.md promises for outcome_unknown: "a
+	// turn.completed (or another turn.failed) with the same message_ids and
+	// a new assistant_message_id then follows".
+	t.Run("SecondFailureIsANewEvent", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t)
+		_, call := b.unknownCall(t, "s")
+		_, err := b.resolve(t, "s", call.ID, recovery.FindingDidNotRun, "")
+		require.NoError(t, err)
+		b.zombieContinuation(t, "s")
+		require.Equal(t, 1, b.count(t, `SELECT count(*) FROM tool_calls WHERE call_id = $1 AND state = 'unknown'`, call.ID))
+
+		failed := b.outboxEvents(t, "s", envelope.EventTurnFailed)
+		require.Len(t, failed, 2, "the first reconcile and the reconcile of the resolution's continuation")
+		require.Equal(t, envelope.FailOutcomeUnknown, failed[1].Reason)
+		require.NotEqual(t, failed[0].ID, failed[1].ID,
+			"the second turn.failed carries the first one's id: a consumer deduplicating on id never sees the resolved turn fail again")
+		require.NotEqual(t, failed[0].AssistantMessageID, failed[1].AssistantMessageID,
+			"docs/session-events.md: the failure after a resolution names a new assistant message")
+		require.Equal(t, failed[0].MessageIDs, failed[1].MessageIDs, "the same turn")
+		require.Equal(t, 1, b.count(t, `SELECT count(*) FROM messages WHERE message_id = $1 AND role = 'assistant' AND status = 'errored'`,
+			failed[1].AssistantMessageID), "the message it names is in the transcript, errored")
+	})
+
 	t.Run("RepeatedCommandDoesNotVouchForASecondRun", func(t *testing.T) {
 		t.Parallel()
 		b := setup(t)
