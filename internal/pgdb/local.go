@@ -28,9 +28,13 @@ import (
 //
 // Several processes may use it at once (a consumer and a console). Each
 // starts the server if it is not running, and each, when it closes, stops
-// it if no other process is connected; both under one lock file, so that a
-// process starting never meets one stopping. A process killed with SIGKILL
-// leaves the server running; the next one to start finds and uses it.
+// it if no other process uses it; both under one lock file, so that a
+// process starting never meets one stopping. A process uses the cluster
+// while it holds a shared flock on usersFile in the data directory, not
+// while it happens to hold a connection: an idle console's pool has none
+// for a moment whenever it replaces one past its lifetime, or when a
+// backend ends. A process killed with SIGKILL leaves the server running
+// (the kernel drops its locks); the next one to start finds and uses it.
 //
 // Written here, not taken from a library: the libraries that embed Postgres
 // download their own server binaries, which promptline must not do (see
@@ -52,9 +56,16 @@ var ErrNoLocalCluster = errors.New("no database: set --database-url or DATABASE_
 type localCluster struct {
 	*Cluster
 	// app is the application_name of this handle's connections, so that
-	// leaving counts only the connections of others.
+	// leaving counts only the connections of others (a psql, say).
 	app string
+	// users holds the shared flock on usersFile while this handle uses
+	// the cluster.
+	users *os.File
 }
+
+// usersFile, in the data directory, is share-locked by every process that
+// uses the local cluster.
+const usersFile = "promptline.users"
 
 // openLocal starts the local cluster in dir, or finds it running; with
 // mustExist it never creates one. It returns holding the lock: the caller
@@ -98,7 +109,8 @@ func openLocal(ctx context.Context, dir string, mustExist bool) (lc *localCluste
 	}
 	if port, running := c.runningPort(ctx); running {
 		c.Port = port
-		return &localCluster{Cluster: c, app: appName()}, false, release, nil
+		lc, err = useLocal(c)
+		return lc, false, release, err
 	}
 	if c.Port, err = freePort(); err != nil {
 		return nil, false, nil, err
@@ -109,7 +121,46 @@ func openLocal(ctx context.Context, dir string, mustExist bool) (lc *localCluste
 	if err = c.run(ctx, "pg_ctl", "-D", dir, "-o", opts, "-l", filepath.Join(dir, "server.log"), "-w", "-t", "60", "start"); err != nil {
 		return nil, false, nil, fmt.Errorf("local PostgreSQL in %s (remove the directory to start afresh): %w", dir, err)
 	}
-	return &localCluster{Cluster: c, app: appName()}, true, release, nil
+	if lc, err = useLocal(c); err != nil {
+		// Nobody else can use a server this process just started: it
+		// holds the lock.
+		_ = c.run(context.WithoutCancel(ctx), "pg_ctl", "-D", dir, "-m", "fast", "-w", "stop")
+		return nil, false, nil, err
+	}
+	return lc, true, release, nil
+}
+
+// useLocal marks this process as a user of the cluster: a shared flock on
+// usersFile, held until leave. Taken under the lock, whose holder alone
+// ever takes usersFile exclusively, so it never waits.
+func useLocal(c *Cluster) (*localCluster, error) {
+	f, err := os.OpenFile(filepath.Join(c.Dir, usersFile), os.O_RDWR|os.O_CREATE|syscall.O_NOFOLLOW, 0o600)
+	if err != nil {
+		return nil, fmt.Errorf("local PostgreSQL: %w", err)
+	}
+	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_SH|syscall.LOCK_NB); err != nil {
+		f.Close()
+		return nil, fmt.Errorf("local PostgreSQL: locking %s: %w", f.Name(), err)
+	}
+	return &localCluster{Cluster: c, app: appName(), users: f}, nil
+}
+
+// othersUse says whether another process holds usersFile. The caller
+// holds the lock and has let go of its own shared flock.
+func (lc *localCluster) othersUse() (bool, error) {
+	f, err := os.OpenFile(filepath.Join(lc.Dir, usersFile), os.O_RDWR|os.O_CREATE|syscall.O_NOFOLLOW, 0o600)
+	if err != nil {
+		return false, fmt.Errorf("local PostgreSQL: %w", err)
+	}
+	defer f.Close()
+	err = syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB)
+	if errors.Is(err, syscall.EWOULDBLOCK) {
+		return true, nil
+	}
+	if err != nil {
+		return false, fmt.Errorf("local PostgreSQL: locking %s: %w", f.Name(), err)
+	}
+	return false, nil // released with f, before the lock
 }
 
 // initLocal creates the cluster in a new directory beside dir, then
@@ -203,15 +254,20 @@ func (c *Cluster) runningPort(ctx context.Context) (int, bool) {
 	return port, err == nil
 }
 
-// leave stops the server unless another process is connected to it. The
-// count leaves out this handle's own connections, which the server may not
-// have seen close yet.
+// leave stops the server unless another process uses it (usersFile) or
+// is connected to it. The count leaves out this handle's own connections,
+// which the server may not have seen close yet.
 func (lc *localCluster) leave() error {
 	unlock, err := lockLocal(lc.Dir)
 	if err != nil {
+		lc.users.Close()
 		return err
 	}
 	defer unlock()
+	lc.users.Close()
+	if others, err := lc.othersUse(); err != nil || others {
+		return err
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	cfg, err := pgx.ParseConfig(lc.URL("postgres"))

@@ -9,6 +9,7 @@ import (
 	"os"
 	"path/filepath"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
@@ -146,4 +147,40 @@ func TestLocalClusterRefusesADirectoryOthersCouldChange(t *testing.T) {
 	_, err := pgdb.Open(t.Context(), pgdb.OpenOpts{LocalDir: dir})
 	require.ErrorContains(t, err, "mode 0700")
 	require.NoFileExists(t, filepath.Join(dir, "PG_VERSION"))
+}
+
+// A console that holds no connection at the moment another process leaves
+// (pgxpool replaces a connection past its lifetime before it opens the next
+// one; a backend may be terminated or time out) still uses the cluster: the
+// process leaving must not stop the server under it.
+func TestLocalClusterIsNotStoppedUnderAUserWithoutConnections(t *testing.T) {
+	defer pgdb.SetDefaultURL(nothingListens(t))()
+	dir := localDir(t)
+	consumer, _ := openLocal(t, dir, false)
+	console, _ := openLocal(t, dir, true)
+
+	// The console's connections end, as they do between a lifetime's
+	// replacement and the next; it does not open one before the consumer
+	// leaves.
+	var ended int
+	require.NoError(t, consumer.Pool.QueryRow(t.Context(), `SELECT count(*) FROM (
+		SELECT pg_terminate_backend(pid) FROM pg_stat_activity
+		WHERE backend_type = 'client backend' AND pid <> pg_backend_pid()
+		  AND application_name <> current_setting('application_name')) t`).Scan(&ended))
+	require.Positive(t, ended, "the console had connections to end")
+	require.Eventually(t, func() bool {
+		var left int
+		err := consumer.Pool.QueryRow(t.Context(), `SELECT count(*) FROM pg_stat_activity
+			WHERE backend_type = 'client backend' AND application_name <> current_setting('application_name')`).Scan(&left)
+		return err == nil && left == 0
+	}, 10*time.Second, 20*time.Millisecond)
+
+	require.NoError(t, consumer.Close())
+	require.False(t, refused(t, console.URL), "the console still uses the cluster")
+	require.Eventually(t, func() bool {
+		var n int
+		return console.Pool.QueryRow(t.Context(), `SELECT count(*) FROM sessions`).Scan(&n) == nil
+	}, 10*time.Second, 20*time.Millisecond, "and can query it again")
+	require.NoError(t, console.Close())
+	require.True(t, refused(t, console.URL), "the last to leave stops it")
 }
