@@ -87,7 +87,7 @@ func openLocal(ctx context.Context, dir string, mustExist bool) (lc *localCluste
 		gid, _ := strconv.Atoi(u.Gid)
 		c.cred = &syscall.Credential{Uid: uint32(uid), Gid: uint32(gid)}
 	}
-	release, err := lockLocal(dir)
+	release, err := lockLocal(ctx, dir)
 	if err != nil {
 		return nil, false, nil, err
 	}
@@ -215,19 +215,52 @@ func ownedDir(dir string, uid int) (bool, error) {
 	return true, nil
 }
 
+// lockWait bounds the wait for the lock: its holder keeps it for an initdb
+// and a pg_ctl start (60s at most), so one that holds it longer is paused
+// or not promptline's.
+const lockWait = 2 * time.Minute
+
 // lockLocal takes the lock file beside dir; the returned function releases
 // it. flock is released by the kernel when a process dies, so a SIGKILL
-// never leaves it held.
-func lockLocal(dir string) (func(), error) {
-	f, err := os.OpenFile(dir+".lock", os.O_RDWR|os.O_CREATE|syscall.O_NOFOLLOW, 0o600)
+// never leaves it held. The file must be this user's and writable by
+// nobody else: in the shared temp directory another user could have made
+// it, and would then hold the lock at will. The wait ends with ctx, and
+// after lockWait.
+func lockLocal(ctx context.Context, dir string) (func(), error) {
+	name := dir + ".lock"
+	f, err := os.OpenFile(name, os.O_RDWR|os.O_CREATE|syscall.O_NOFOLLOW, 0o600)
 	if err != nil {
 		return nil, fmt.Errorf("local PostgreSQL: %w", err)
 	}
-	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX); err != nil {
+	fi, err := f.Stat()
+	if err != nil {
 		f.Close()
-		return nil, fmt.Errorf("local PostgreSQL: locking %s: %w", f.Name(), err)
+		return nil, fmt.Errorf("local PostgreSQL: %w", err)
 	}
-	return func() { f.Close() }, nil
+	if st, ok := fi.Sys().(*syscall.Stat_t); !fi.Mode().IsRegular() || !ok || int(st.Uid) != os.Geteuid() || fi.Mode().Perm()&0o022 != 0 {
+		f.Close()
+		return nil, fmt.Errorf("local PostgreSQL: %s is not a file of uid %d that only it can write; "+
+			"remove it, or set --database-url or DATABASE_URL", name, os.Geteuid())
+	}
+	ctx, cancel := context.WithTimeout(ctx, lockWait)
+	defer cancel()
+	for {
+		err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB)
+		if err == nil {
+			return func() { f.Close() }, nil
+		}
+		if !errors.Is(err, syscall.EWOULDBLOCK) && !errors.Is(err, syscall.EINTR) {
+			f.Close()
+			return nil, fmt.Errorf("local PostgreSQL: locking %s: %w", name, err)
+		}
+		select {
+		case <-ctx.Done():
+			f.Close()
+			return nil, fmt.Errorf("local PostgreSQL: another process holds %s (one paused while it starts the cluster?): %w",
+				name, context.Cause(ctx))
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
 }
 
 // runningPort reads the port of a running server from postmaster.pid,
@@ -258,7 +291,7 @@ func (c *Cluster) runningPort(ctx context.Context) (int, bool) {
 // is connected to it. The count leaves out this handle's own connections,
 // which the server may not have seen close yet.
 func (lc *localCluster) leave() error {
-	unlock, err := lockLocal(lc.Dir)
+	unlock, err := lockLocal(context.Background(), lc.Dir)
 	if err != nil {
 		lc.users.Close()
 		return err

@@ -8,6 +8,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"syscall"
 	"testing"
 	"time"
 
@@ -183,4 +184,47 @@ func TestLocalClusterIsNotStoppedUnderAUserWithoutConnections(t *testing.T) {
 	}, 10*time.Second, 20*time.Millisecond, "and can query it again")
 	require.NoError(t, console.Close())
 	require.True(t, refused(t, console.URL), "the last to leave stops it")
+}
+
+// A process that holds the lock and never lets go (paused while it starts
+// the cluster, or another user's process holding a file it made) must not
+// hang the next one for good: it waits until its context ends, then says
+// which file.
+func TestLocalClusterLockWaitIsBounded(t *testing.T) {
+	defer pgdb.SetDefaultURL(nothingListens(t))()
+	dir := localDir(t)
+	f, err := os.OpenFile(dir+".lock", os.O_RDWR|os.O_CREATE, 0o600)
+	require.NoError(t, err)
+	require.NoError(t, syscall.Flock(int(f.Fd()), syscall.LOCK_EX))
+	t.Cleanup(func() { f.Close() }) // lets a stuck Open go after a failure
+
+	ctx, cancel := context.WithTimeout(t.Context(), 2*time.Second)
+	defer cancel()
+	done := make(chan error, 1)
+	go func() {
+		db, err := pgdb.Open(ctx, pgdb.OpenOpts{LocalDir: dir})
+		if err == nil {
+			err = db.Close()
+		}
+		done <- err
+	}()
+	select {
+	case err := <-done:
+		require.ErrorContains(t, err, dir+".lock")
+		require.ErrorIs(t, err, context.DeadlineExceeded)
+	case <-time.After(20 * time.Second):
+		require.FailNow(t, "Open still waits for a lock held for good")
+	}
+}
+
+// A lock file others could write is someone else's: refused, never
+// locked, so that another user cannot hold promptline's lock.
+func TestLocalClusterRefusesALockFileOthersCouldChange(t *testing.T) {
+	defer pgdb.SetDefaultURL(nothingListens(t))()
+	dir := localDir(t)
+	require.NoError(t, os.WriteFile(dir+".lock", nil, 0o600))
+	require.NoError(t, os.Chmod(dir+".lock", 0o666))
+	_, err := pgdb.Open(t.Context(), pgdb.OpenOpts{LocalDir: dir})
+	require.ErrorContains(t, err, dir+".lock")
+	require.NoDirExists(t, dir)
 }
