@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"net"
 	"os"
 	"os/exec"
 	"os/user"
@@ -111,6 +112,9 @@ func openLocal(ctx context.Context, dir string, mustExist bool) (lc *localCluste
 		c.Port = port
 		lc, err = useLocal(c)
 		return lc, false, release, err
+	}
+	if err = c.removeStalePidFile(); err != nil {
+		return nil, false, nil, err
 	}
 	if c.Port, err = freePort(); err != nil {
 		return nil, false, nil, err
@@ -265,26 +269,84 @@ func lockLocal(ctx context.Context, dir string) (func(), error) {
 
 // runningPort reads the port of a running server from postmaster.pid,
 // after pg_ctl status says the server is alive (a stale file is left by a
-// server that was killed).
+// server that was killed) and the process it names is a server of this
+// directory (see serves).
 func (c *Cluster) runningPort(ctx context.Context) (int, bool) {
+	pid, port, ok := c.postmasterPid(ctx)
+	if !ok || !c.serves(pid, port) {
+		return 0, false
+	}
+	return port, true
+}
+
+// postmasterPid reads the pid and the port from postmaster.pid when
+// pg_ctl status says the process it names is alive.
+func (c *Cluster) postmasterPid(ctx context.Context) (pid, port int, ok bool) {
 	cmd := exec.CommandContext(ctx, filepath.Join(c.bin, "pg_ctl"), "-D", c.Dir, "status")
+	cmd.Dir = c.Dir
 	if c.cred != nil {
 		cmd.SysProcAttr = &syscall.SysProcAttr{Credential: c.cred}
 	}
 	if cmd.Run() != nil {
-		return 0, false
+		return 0, 0, false
 	}
 	b, err := os.ReadFile(filepath.Join(c.Dir, "postmaster.pid"))
 	if err != nil {
-		return 0, false
+		return 0, 0, false
 	}
-	// Line 4 is the port (PostgreSQL's LOCK_FILE_LINE_PORT).
+	// Line 1 is the pid, line 4 the port (PostgreSQL's LOCK_FILE_LINE_PID
+	// and LOCK_FILE_LINE_PORT).
 	lines := strings.Split(string(b), "\n")
 	if len(lines) < 4 {
-		return 0, false
+		return 0, 0, false
 	}
-	port, err := strconv.Atoi(strings.TrimSpace(lines[3]))
-	return port, err == nil
+	pid, err = strconv.Atoi(strings.TrimSpace(lines[0]))
+	if err != nil {
+		return 0, 0, false
+	}
+	port, err = strconv.Atoi(strings.TrimSpace(lines[3]))
+	return pid, port, err == nil
+}
+
+// serves says whether process pid is a server of this directory: its
+// working directory is the data directory (a postmaster changes into it),
+// or something listens on the socket in the data directory, which only a
+// server run from it makes. A killed server's pid may have gone to
+// another process since (after a reboot pids repeat), which pg_ctl status
+// sees alive.
+func (c *Cluster) serves(pid, port int) bool {
+	if cwd, err := os.Readlink(fmt.Sprintf("/proc/%d/cwd", pid)); err == nil && sameDir(cwd, c.Dir) {
+		return true
+	}
+	conn, err := net.DialTimeout("unix", filepath.Join(c.Dir, fmt.Sprintf(".s.PGSQL.%d", port)), 5*time.Second)
+	if err != nil {
+		return false
+	}
+	_ = conn.Close()
+	return true
+}
+
+func sameDir(a, b string) bool {
+	ra, errA := filepath.EvalSymlinks(a)
+	rb, errB := filepath.EvalSymlinks(b)
+	return errA == nil && errB == nil && ra == rb
+}
+
+// removeStalePidFile removes a postmaster.pid whose process is alive but
+// no server of this directory (runningPort said no): PostgreSQL refuses to
+// start over a lock file whose pid lives. The caller holds the lock, so no
+// process of this user is starting a server here meanwhile.
+func (c *Cluster) removeStalePidFile() error {
+	pid, port, ok := c.postmasterPid(context.Background())
+	if !ok || c.serves(pid, port) {
+		return nil // no file, a dead pid (PostgreSQL starts over it), or a server after all
+	}
+	name := filepath.Join(c.Dir, "postmaster.pid")
+	if err := os.Remove(name); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return fmt.Errorf("local PostgreSQL: %s names pid %d, which is no server of this directory: "+
+			"remove the file: %w", name, pid, err)
+	}
+	return nil
 }
 
 // leave stops the server unless another process uses it (usersFile) or

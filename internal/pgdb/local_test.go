@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"net"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"syscall"
 	"testing"
@@ -227,4 +228,45 @@ func TestLocalClusterRefusesALockFileOthersCouldChange(t *testing.T) {
 	_, err := pgdb.Open(t.Context(), pgdb.OpenOpts{LocalDir: dir})
 	require.ErrorContains(t, err, dir+".lock")
 	require.NoDirExists(t, dir)
+}
+
+// A postmaster.pid left by a server that was killed names a pid the
+// machine may give to another process (soon after a reboot, pids repeat):
+// pg_ctl status then says the server runs, and PostgreSQL refuses to start
+// over the file. The next process must see that no server of this
+// directory runs, and start one.
+func TestLocalClusterStartsOverAStalePidFileWhosePidLives(t *testing.T) {
+	defer pgdb.SetDefaultURL(nothingListens(t))()
+	dir := localDir(t)
+	first, _ := openLocal(t, dir, false)
+	_, err := first.Pool.Exec(t.Context(), `INSERT INTO sessions (session_id, fencing_token) VALUES ('s-kept', 1)`)
+	require.NoError(t, err)
+	require.NoError(t, first.Close())
+	require.True(t, refused(t, first.URL))
+
+	// The process that has the pid now, of the server's user (as root,
+	// "postgres"), whom pg_ctl and PostgreSQL see alive.
+	fi, err := os.Stat(dir)
+	require.NoError(t, err)
+	st := fi.Sys().(*syscall.Stat_t)
+	other := exec.Command("sleep", "60")
+	other.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: st.Uid, Gid: st.Gid, NoSetGroups: os.Geteuid() != 0}}
+	require.NoError(t, other.Start())
+	t.Cleanup(func() { _ = other.Process.Kill(); _ = other.Wait() })
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	port := l.Addr().(*net.TCPAddr).Port
+	require.NoError(t, l.Close())
+	pidFile := fmt.Sprintf("%d\n%s\n%d\n%d\n%s\n127.0.0.1\n  1234567     12\nready   \n",
+		other.Process.Pid, dir, time.Now().Add(-time.Hour).Unix(), port, dir)
+	require.NoError(t, os.WriteFile(filepath.Join(dir, "postmaster.pid"), []byte(pidFile), 0o600))
+	require.NoError(t, os.Chown(filepath.Join(dir, "postmaster.pid"), int(st.Uid), int(st.Gid)))
+
+	again, logs := openLocal(t, dir, true)
+	require.Contains(t, logs, "started=true")
+	var n int
+	require.NoError(t, again.Pool.QueryRow(t.Context(), `SELECT count(*) FROM sessions WHERE session_id = 's-kept'`).Scan(&n))
+	require.Equal(t, 1, n)
+	require.NoError(t, again.Close())
+	require.True(t, refused(t, again.URL))
 }
