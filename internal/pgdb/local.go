@@ -122,8 +122,12 @@ func openLocal(ctx context.Context, dir string, mustExist bool) (lc *localCluste
 	// fsync stays on: this cluster's data is kept, and a machine that
 	// loses power must not leave it corrupt.
 	opts := fmt.Sprintf("-p %d -k %s -c listen_addresses=127.0.0.1 -c synchronous_commit=off -c max_connections=200", c.Port, dir)
-	if err = c.run(ctx, "pg_ctl", "-D", dir, "-o", opts, "-l", filepath.Join(dir, "server.log"), "-w", "-t", "60", "start"); err != nil {
-		return nil, false, nil, fmt.Errorf("local PostgreSQL in %s (remove the directory to start afresh): %w", dir, err)
+	logFile := filepath.Join(dir, "server.log")
+	if err = c.run(ctx, "pg_ctl", "-D", dir, "-o", opts, "-l", logFile, "-w", "-t", "60", "start"); err != nil {
+		// pg_ctl says only "Examine the log output"; the reason is there.
+		// The data directory is kept: the advice is never to remove it.
+		return nil, false, nil, fmt.Errorf("local PostgreSQL in %s did not start; the end of %s:\n%s\n%w",
+			dir, logFile, logTail(logFile, 5), err)
 	}
 	if lc, err = useLocal(c); err != nil {
 		// Nobody else can use a server this process just started: it
@@ -165,6 +169,16 @@ func (lc *localCluster) othersUse() (bool, error) {
 		return false, fmt.Errorf("local PostgreSQL: locking %s: %w", f.Name(), err)
 	}
 	return false, nil // released with f, before the lock
+}
+
+// logTail is the last n lines of the file name, or why it cannot be read.
+func logTail(name string, n int) string {
+	b, err := os.ReadFile(name)
+	if err != nil {
+		return err.Error()
+	}
+	lines := strings.Split(strings.TrimRight(string(b), "\n"), "\n")
+	return strings.Join(lines[max(0, len(lines)-n):], "\n")
 }
 
 // initLocal creates the cluster in a new directory beside dir, then

@@ -270,3 +270,22 @@ func TestLocalClusterStartsOverAStalePidFileWhosePidLives(t *testing.T) {
 	require.NoError(t, again.Close())
 	require.True(t, refused(t, again.URL))
 }
+
+// A server that does not start says why (server.log's last lines) and
+// does not advise removing the directory: the data in it is kept.
+func TestLocalClusterThatCannotStartSaysWhy(t *testing.T) {
+	defer pgdb.SetDefaultURL(nothingListens(t))()
+	dir := localDir(t)
+	first, _ := openLocal(t, dir, false)
+	require.NoError(t, first.Close())
+	f, err := os.OpenFile(filepath.Join(dir, "postgresql.conf"), os.O_WRONLY|os.O_APPEND, 0)
+	require.NoError(t, err)
+	_, err = f.WriteString("\nshared_buffers = 'lots'\n")
+	require.NoError(t, err)
+	require.NoError(t, f.Close())
+
+	_, err = pgdb.Open(t.Context(), pgdb.OpenOpts{LocalDir: dir, LocalMustExist: true, NoMigrate: true})
+	require.ErrorContains(t, err, `"shared_buffers"`, "the reason, from server.log")
+	require.ErrorContains(t, err, filepath.Join(dir, "server.log"))
+	require.NotContains(t, err.Error(), "remove the directory")
+}
