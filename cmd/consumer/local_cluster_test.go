@@ -27,23 +27,7 @@ import (
 func TestConsoleSeesWhatTheConsumerLeftInTheLocalCluster(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	// The temp directory of these processes, so that their local cluster
-	// is the test's own. As root the cluster runs as "postgres", which
-	// must be able to enter it.
-	tmp, err := os.MkdirTemp("", "promptline-localconsole-")
-	require.NoError(t, err)
-	require.NoError(t, os.Chmod(tmp, 0o755))
-	dir := filepath.Join(tmp, fmt.Sprintf("promptline-local-%d", os.Getuid()))
-	t.Cleanup(func() {
-		killServer(t, dir) // what a failed test may leave running
-		require.NoError(t, os.RemoveAll(tmp))
-	})
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
-	nothing := l.Addr().String()
-	require.NoError(t, l.Close())
-	env := []string{"TMPDIR=" + tmp, "DATABASE_URL=", "PROMPTLINE_DATABASE_URL=", "PROMPTLINE_FAULT=",
-		"PROMPTLINE_FAULT_DEFAULT_DATABASE_URL=postgres://" + nothing + "/promptline?sslmode=disable"}
+	env, dir := localClusterEnv(t)
 
 	consumer := startProcEnv(t, "consumer-local", env, "--brokers", b.addr, "--metrics-addr", "127.0.0.1:0",
 		"--partitions", fmt.Sprint(testPartitions), "--group", b.group)
@@ -68,6 +52,51 @@ func TestConsoleSeesWhatTheConsumerLeftInTheLocalCluster(t *testing.T) {
 	}
 	require.Contains(t, get("/sessions"), `href="/session?id=s-local-demo"`)
 	require.Contains(t, get("/session?id=s-local-demo"), "hello from the demo")
+}
+
+// TestMigrateFindsTheLocalClusterTheConsumerLeft: a console of a newer
+// release refuses the local cluster's older schema and says to run
+// `consumer migrate`; without a database that command must migrate the
+// local cluster, not look only at the default address.
+func TestMigrateFindsTheLocalClusterTheConsumerLeft(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	env, dir := localClusterEnv(t)
+	consumer := startProcEnv(t, "consumer-local", env, "--brokers", b.addr, "--metrics-addr", "127.0.0.1:0",
+		"--partitions", fmt.Sprint(testPartitions), "--group", b.group)
+	consumer.waitLog(t, "consumer running", time.Minute)
+	require.True(t, consumer.stop(t).Success(), consumer.stderr.String())
+	require.DirExists(t, dir)
+
+	migrate := startProcEnv(t, "migrate-local", env, "migrate")
+	st := migrate.waitExit(t, time.Minute)
+	require.True(t, st.Success(), migrate.stderr.String())
+	require.Contains(t, migrate.stderr.String(), "using the local PostgreSQL cluster")
+	require.Contains(t, migrate.stderr.String(), "schema at version")
+	require.NoFileExists(t, filepath.Join(dir, "postmaster.pid"), "migrate, leaving last, stopped the server")
+}
+
+// localClusterEnv is the environment of processes whose local cluster is
+// the test's own (their temp directory) and whose default address answers
+// nothing, and the cluster's directory there.
+func localClusterEnv(t *testing.T) (env []string, dir string) {
+	t.Helper()
+	// As root the cluster runs as "postgres", which must be able to enter
+	// the temp directory.
+	tmp, err := os.MkdirTemp("", "promptline-localconsole-")
+	require.NoError(t, err)
+	require.NoError(t, os.Chmod(tmp, 0o755))
+	dir = filepath.Join(tmp, fmt.Sprintf("promptline-local-%d", os.Getuid()))
+	t.Cleanup(func() {
+		killServer(t, dir) // what a failed test may leave running
+		require.NoError(t, os.RemoveAll(tmp))
+	})
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	nothing := l.Addr().String()
+	require.NoError(t, l.Close())
+	return []string{"TMPDIR=" + tmp, "DATABASE_URL=", "PROMPTLINE_DATABASE_URL=", "PROMPTLINE_FAULT=",
+		"PROMPTLINE_FAULT_DEFAULT_DATABASE_URL=postgres://" + nothing + "/promptline?sslmode=disable"}, dir
 }
 
 // killServer ends a server left running in dir (SIGQUIT: immediate

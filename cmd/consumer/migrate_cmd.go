@@ -33,13 +33,12 @@ func newMigrateCommand(o *options) *cobra.Command {
 				return fmt.Errorf("--db-statement-timeout (≥1s), --db-lock-timeout (≥100ms): got %s, %s", stmtTimeout, lockTimeout)
 			}
 			log := slog.New(slog.NewJSONHandler(cmd.ErrOrStderr(), &slog.HandlerOptions{Level: level}))
-			url := o.databaseURL
-			if url == "" {
-				// Migrating a throwaway cluster would be pointless.
-				url = pgdb.DefaultURL
-			}
-			db, err := pgdb.Open(cmd.Context(), pgdb.OpenOpts{URL: url, Logger: log, MaxConns: 2,
-				StatementTimeout: stmtTimeout, LockTimeout: lockTimeout})
+			// Without a URL, the default server, else the local cluster
+			// the consumer left (make demo), whose older schema a newer
+			// console refuses with advice to run this command; never a
+			// new one, which would be pointless to migrate.
+			db, err := pgdb.Open(cmd.Context(), pgdb.OpenOpts{URL: o.databaseURL, Logger: log, MaxConns: 2,
+				StatementTimeout: stmtTimeout, LockTimeout: lockTimeout, LocalMustExist: true})
 			if err != nil {
 				return err
 			}

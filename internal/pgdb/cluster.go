@@ -137,15 +137,24 @@ func StartClusterWith(ctx context.Context, config *ClusterConfig) (*Cluster, err
 	return c, nil
 }
 
-// StopWhenGone starts a watchdog that stops the cluster and removes its
-// directory once process pid is gone. pg_ctl detaches the server, so a
-// test binary killed by its timeout, or with SIGKILL, would otherwise
-// leave its throwaway cluster running for the rest of the machine's life.
-// It polls /proc rather than kill -0, which the "postgres" user it runs as
-// under root may not send to root's process.
-func (c *Cluster) StopWhenGone(pid int) error {
-	const script = `while [ -d "/proc/$1" ]; do sleep 1; done; "$2" -D "$3" -m immediate -w stop >/dev/null 2>&1; rm -rf "$3"`
-	cmd := exec.Command("/bin/sh", "-c", script, "promptline-pg-watchdog", strconv.Itoa(pid), filepath.Join(c.bin, "pg_ctl"), c.Dir)
+// StopWhenClosed starts a watchdog that stops the cluster and removes its
+// directory once the pipe whose read end is r has no writer left: the
+// process holding the write end (inherited by none of its children: Go
+// opens it close-on-exec) is gone, however it ended. pg_ctl detaches the
+// server, so a test binary killed by its timeout, or with SIGKILL, would
+// otherwise leave its throwaway cluster running for the rest of the
+// machine's life. The kernel closes a dying process's files before it
+// becomes a zombie, so, unlike a watch on its pid, this needs no reaper,
+// fears no reused pid and needs no sight of the process in /proc (which
+// the "postgres" user it runs as under root may lack). The caller closes r
+// and keeps the write end open for as long as the cluster is to live.
+func (c *Cluster) StopWhenClosed(r *os.File) error {
+	const script = `cat >/dev/null; "$1" -D "$2" -m immediate -w stop >/dev/null 2>&1; rm -rf "$2"`
+	cmd := exec.Command("/bin/sh", "-c", script, "promptline-pg-watchdog", filepath.Join(c.bin, "pg_ctl"), c.Dir)
+	cmd.Stdin = r
+	// Not the caller's directory: pg_ctl fails in one it cannot read, as
+	// the "postgres" user may not read root's.
+	cmd.Dir = "/"
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true, Credential: c.cred}
 	if err := cmd.Start(); err != nil {
 		return fmt.Errorf("throwaway PostgreSQL: watchdog: %w", err)

@@ -115,10 +115,10 @@ func Open(ctx context.Context, opts OpenOpts) (*DB, error) {
 	}
 	rp := cfg.ConnConfig.RuntimeParams
 	if db.local != nil {
-		// Marks this handle's connections for leaveLocal, and keeps one
-		// open: an idle console must still count as a user.
+		// Marks this handle's connections, which leaveLocal does not
+		// count. This process counts as a user by its shared lock
+		// (local.go), with or without a connection.
 		rp["application_name"] = db.local.app
-		cfg.MinConns = 1
 	}
 	rp["statement_timeout"] = ms(cmp.Or(opts.StatementTimeout, 30*time.Second))
 	rp["lock_timeout"] = ms(cmp.Or(opts.LockTimeout, 10*time.Second))

@@ -74,25 +74,56 @@ func TestThrowawayCluster(t *testing.T) {
 
 // A test binary killed by its timeout leaves no server behind: the
 // watchdog stops the cluster and removes its directory when the process
-// it watches is gone.
+// that holds the write end of its pipe is gone.
 func TestThrowawayClusterStopsWhenItsProcessIsGone(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	c, err := pgdb.StartCluster(ctx, "")
 	require.NoError(t, err)
-	owner := exec.Command("sleep", "60")
-	require.NoError(t, owner.Start())
-	require.NoError(t, c.StopWhenGone(owner.Process.Pid))
+	owner := watchedBy(t, c)
 	conn, err := pgx.Connect(ctx, c.URL("postgres"))
 	require.NoError(t, err, "the watchdog leaves a cluster alone while its process lives")
 	require.NoError(t, conn.Close(ctx))
 	require.NoError(t, owner.Process.Kill())
 	_ = owner.Wait()
+	requireStoppedAndRemoved(t, c)
+}
+
+// A killed process may stay a zombie, never reaped (a container whose
+// first process reaps nothing, a parent killed too): its cluster must stop
+// all the same, once the process can do nothing more.
+func TestThrowawayClusterStopsWhenItsProcessIsKilledButNotReaped(t *testing.T) {
+	t.Parallel()
+	c, err := pgdb.StartCluster(context.Background(), "")
+	require.NoError(t, err)
+	owner := watchedBy(t, c)
+	require.NoError(t, owner.Process.Kill())
+	defer owner.Wait() // reaped only after the assertions
+	requireStoppedAndRemoved(t, c)
+}
+
+// watchedBy starts a process that holds the write end of c's watchdog
+// pipe, and the watchdog; this process keeps no end of it.
+func watchedBy(t *testing.T, c *pgdb.Cluster) *exec.Cmd {
+	t.Helper()
+	r, w, err := os.Pipe()
+	require.NoError(t, err)
+	owner := exec.Command("sleep", "60")
+	owner.ExtraFiles = []*os.File{w}
+	require.NoError(t, owner.Start())
+	require.NoError(t, w.Close())
+	require.NoError(t, c.StopWhenClosed(r))
+	require.NoError(t, r.Close())
+	return owner
+}
+
+func requireStoppedAndRemoved(t *testing.T, c *pgdb.Cluster) {
+	t.Helper()
 	require.Eventually(t, func() bool {
 		_, err := os.Stat(c.Dir)
 		return os.IsNotExist(err)
-	}, 30*time.Second, 100*time.Millisecond, "stopped and removed after its process died")
-	_, err = pgx.Connect(ctx, c.URL("postgres"))
+	}, 15*time.Second, 100*time.Millisecond, "stopped and removed after its process died")
+	_, err := pgx.Connect(context.Background(), c.URL("postgres"))
 	require.Error(t, err)
 }
 

@@ -76,7 +76,7 @@ func server() (pgtestdb.Config, error) {
 					serverErr = fmt.Errorf("tests need PostgreSQL: nothing answers on 127.0.0.1:5432 and none could be started: %w", serverErr)
 					return
 				}
-				if err := cluster.StopWhenGone(os.Getpid()); err != nil {
+				if err := watchCluster(); err != nil {
 					fmt.Fprintln(os.Stderr, err) // a leak only if this binary is killed
 				}
 				raw = cluster.URL("postgres")
@@ -85,6 +85,27 @@ func server() (pgtestdb.Config, error) {
 		serverConf, serverErr = confFromURL(raw)
 	})
 	return serverConf, serverErr
+}
+
+// watchdogPipe is the write end of the throwaway cluster's watchdog pipe,
+// open until this binary exits: referenced here so that no finalizer
+// closes it earlier.
+var watchdogPipe *os.File
+
+// watchCluster has the throwaway cluster stop itself once this binary is
+// gone, however it ends (see pgdb.Cluster.StopWhenClosed).
+func watchCluster() error {
+	r, w, err := os.Pipe()
+	if err != nil {
+		return err
+	}
+	defer r.Close()
+	if err := cluster.StopWhenClosed(r); err != nil {
+		w.Close()
+		return err
+	}
+	watchdogPipe = w
+	return nil
 }
 
 func confFromURL(raw string) (pgtestdb.Config, error) {
