@@ -24,7 +24,7 @@ demo: build ## run the consumer on embedded defaults, publish a few prompts, pri
 
 .PHONY: test
 test: lint examples/node/node_modules tools/mcp/testdata/server-filesystem/node_modules ## the default suite: lint (gofmt, vet, staticcheck), every test (real Postgres, embedded broker over TCP), fuzz seeds
-	$(GO) test -count=1 ./...
+	$(GO) test -count=1 -timeout 20m ./...
 
 # The kafkajs producer example's package (tested in examples/).
 examples/node/node_modules: examples/node/package.json examples/node/package-lock.json
@@ -58,7 +58,7 @@ test/browser: ## the operator console in headless Chromium (Debian package chrom
 
 .PHONY: test/race
 test/race: examples/node/node_modules tools/mcp/testdata/server-filesystem/node_modules ## the default suite under the race detector
-	$(GO) test -race -count=1 ./...
+	$(GO) test -race -count=1 -timeout 30m ./...
 
 .PHONY: test/crash-sweep
 test/crash-sweep: ## the crash sweep: SIGKILL before and after every commit of the scripted workload, a seeded subset of the HTTP leg's (docs/testing.md)
