@@ -36,6 +36,11 @@ func Main(m *testing.M) {
 			fmt.Fprintln(os.Stderr, "stopping throwaway PostgreSQL:", err)
 		}
 	}
+	if watchdogPipe != nil {
+		// The cluster is stopped: its watchdog may end now (it finds
+		// nothing left to stop).
+		_ = watchdogPipe.Close()
+	}
 	if code == 0 {
 		if err := goleak.Find(LeakOptions()...); err != nil {
 			fmt.Fprintln(os.Stderr, "goleak:", err)
