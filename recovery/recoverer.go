@@ -420,11 +420,7 @@ func gather(ctx context.Context, tx pgx.Tx, c ledger.Claim) (Evidence, error) {
 	if err != nil {
 		return ev, fmt.Errorf("reading attempts: %w", err)
 	}
-	var a AttemptFact
-	if _, err := pgx.ForEachRow(rows, []any{&a.ID, &a.Step, &a.Provider, &a.State}, func() error {
-		ev.Attempts = append(ev.Attempts, a)
-		return nil
-	}); err != nil {
+	if ev.Attempts, err = pgx.AppendRows(ev.Attempts, rows, pgx.RowToStructByPos[AttemptFact]); err != nil {
 		return ev, fmt.Errorf("reading attempts: %w", err)
 	}
 	// Calls of the execution, and calls it took over from an earlier one
@@ -434,11 +430,7 @@ func gather(ctx context.Context, tx pgx.Tx, c ledger.Claim) (Evidence, error) {
 	if err != nil {
 		return ev, fmt.Errorf("reading tool calls: %w", err)
 	}
-	var tc ToolCallFact
-	if _, err := pgx.ForEachRow(rows, []any{&tc.ID, &tc.AttemptID, &tc.Tool, &tc.Class, &tc.State}, func() error {
-		ev.ToolCalls = append(ev.ToolCalls, tc)
-		return nil
-	}); err != nil {
+	if ev.ToolCalls, err = pgx.AppendRows(ev.ToolCalls, rows, pgx.RowToStructByPos[ToolCallFact]); err != nil {
 		return ev, fmt.Errorf("reading tool calls: %w", err)
 	}
 	err = tx.QueryRow(ctx, `SELECT count(*) FROM waiting_inputs WHERE session_id = $1`,
@@ -451,11 +443,7 @@ func gather(ctx context.Context, tx pgx.Tx, c ledger.Claim) (Evidence, error) {
 	if err != nil {
 		return ev, fmt.Errorf("reading continuation inputs: %w", err)
 	}
-	var in InputFact
-	if _, err := pgx.ForEachRow(rows, []any{&in.MessageID, &in.SessionID, &in.Kind, &in.PayloadHash}, func() error {
-		ev.ContinuationHolders = append(ev.ContinuationHolders, in)
-		return nil
-	}); err != nil {
+	if ev.ContinuationHolders, err = pgx.AppendRows(ev.ContinuationHolders, rows, pgx.RowToStructByPos[InputFact]); err != nil {
 		return ev, fmt.Errorf("reading continuation inputs: %w", err)
 	}
 	return ev, nil
