@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"log/slog"
+	"math/rand/v2"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -15,6 +16,7 @@ import (
 
 	"github.com/promptline/promptline/internal/faults"
 	"github.com/promptline/promptline/internal/kafkautil"
+	"github.com/promptline/promptline/internal/pgdb"
 	"github.com/promptline/promptline/ledger"
 	"github.com/promptline/promptline/metrics"
 	"github.com/promptline/promptline/tools"
@@ -338,7 +340,7 @@ func (e *Executor) execute(sessionID string, r *sessionRun, log *slog.Logger) {
 		t := first
 		if first != nil {
 			first = nil
-		} else if t, err = ex.promote(ctx); err != nil {
+		} else if t, err = ex.promoteRetried(ctx, log); err != nil {
 			ex.logErr(ctx, log, "promoting inputs", err)
 			if !x.Fenced() {
 				// The promotion may have committed: an answer lost with
@@ -450,13 +452,21 @@ func (e *Executor) acquire(sessionID string, r *sessionRun, log *slog.Logger) (e
 			return ex, first, nil
 		case errors.Is(err, ledger.ErrStale):
 			log.Debug("session changed since it was read; claiming first")
+		case pgdb.Refused(err):
+			// Nothing committed (retryRefused): claim first, from a
+			// fresh read, as for a stale read.
+			log.Warn("claim with the first turn refused by the database; claiming first", slog.Any("error", err))
 		default:
 			return nil, nil, e.logFailure(log, "acquiring claim", err)
 		}
 	}
 	ex = &execution{e: e, sessionID: sessionID}
-	view = &sessionView{}
-	x, err := e.claims.AcquireWaiting(e.ctx, sessionID, newID(), func(b *pgx.Batch) { view.queue(b, sessionID) })
+	var x *ledger.Execution
+	err = retryRefused(e.ctx, log, "claim", func() error {
+		view = &sessionView{}
+		x, err = e.claims.AcquireWaiting(e.ctx, sessionID, newID(), func(b *pgx.Batch) { view.queue(b, sessionID) })
+		return err
+	})
 	switch {
 	case errors.Is(err, ledger.ErrNothingWaiting):
 		return nil, nil, nil
@@ -470,6 +480,53 @@ func (e *Executor) acquire(sessionID string, r *sessionRun, log *slog.Logger) (e
 	faults.Hit(faults.ClaimAfterAcquire)
 	e.claimMetric("acquired")
 	return ex, nil, nil
+}
+
+// A write made before a dispatch (a promotion, a step's intent) that the
+// server refused (pgdb.Refused: a deadlock, a serialization failure, a
+// lock not granted in time) certainly did not commit, so it is run again
+// in place, up to refusedTries times with a backoff doubled from
+// refusedBackoffMin to refusedBackoffMax, each wait drawn in [wait/2,
+// wait) (docs/design.md, invariant 13). Each try opens with the fence,
+// which refuses it once the claim is lost. Any other error may have come
+// after the commit, so the claim is left to expire (see execute) and
+// recovery decides from what committed. Without the retry, one deadlock
+// with a concurrent writer held the session for a whole lease and cost a
+// second recovery decision for one permission reply.
+const (
+	refusedTries      = 8
+	refusedBackoffMin = 20 * time.Millisecond
+	refusedBackoffMax = time.Second
+)
+
+// retryRefused runs try until it returns an error other than a refusal,
+// refusedTries times at most; what names the write in the log.
+func retryRefused(ctx context.Context, log *slog.Logger, what string, try func() error) error {
+	wait := refusedBackoffMin
+	for n := 1; ; n++ {
+		err := try()
+		if err == nil || !pgdb.Refused(err) || n == refusedTries {
+			return err
+		}
+		log.WarnContext(ctx, what+" refused by the database; trying again", slog.Int("try", n), slog.Any("error", err))
+		select {
+		case <-ctx.Done():
+			return err
+		case <-time.After(wait/2 + rand.N(wait/2)):
+		}
+		wait = min(2*wait, refusedBackoffMax)
+	}
+}
+
+// promoteRetried is promote, run again while the server refuses it.
+func (ex *execution) promoteRetried(ctx context.Context, log *slog.Logger) (*turn, error) {
+	var t *turn
+	err := retryRefused(ctx, log, "promotion", func() error {
+		var err error
+		t, err = ex.promote(ctx)
+		return err
+	})
+	return t, err
 }
 
 // logFailure logs "<what> failed" with err, unless the executor is

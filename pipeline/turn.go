@@ -189,11 +189,14 @@ func (ex *execution) runStep(ctx context.Context, t *turn, step int, log *slog.L
 			req, t.begun = *t.begun, nil
 		} else {
 			// Intent: the attempt row and the phase unknown, committed
-			// before the request leaves. A retry of the step reuses its ID.
-			err := ex.write(ctx, func(tx pgx.Tx) error {
-				var err error
-				req, err = ex.beginStep(ctx, tx, t, step, attemptID)
-				return err
+			// before the request leaves. A retry of the step reuses its ID,
+			// as does a try again after the server refused the write.
+			err := retryRefused(ctx, log, "step intent", func() error {
+				return ex.write(ctx, func(tx pgx.Tx) error {
+					var err error
+					req, err = ex.beginStep(ctx, tx, t, step, attemptID)
+					return err
+				})
 			})
 			if err != nil {
 				return false, false, err

@@ -75,3 +75,24 @@ func Transient(err error) bool {
 	}
 	return false
 }
+
+// refusedCodes are the transient SQLSTATEs with which the server refuses a
+// transaction of its own accord: it rolled the transaction back, whichever
+// statement (COMMIT included) received the error.
+var refusedCodes = map[string]bool{
+	"40001": true, // serialization_failure
+	"40P01": true, // deadlock_detected
+	"55P03": true, // lock_not_available (lock_timeout, NOWAIT)
+}
+
+// Refused reports whether err says that the server refused the transaction
+// (a deadlock, a serialization failure, a lock not granted in time), so
+// that the transaction certainly did not commit and running it again is
+// safe even for a write that is not idempotent. Every other transient
+// error may have cut the connection during COMMIT (or, like 57P01 during a
+// synchronous commit's wait, arrived after the commit): the commit is then
+// in doubt, and Refused is false.
+func Refused(err error) bool {
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr) && refusedCodes[pgErr.Code]
+}

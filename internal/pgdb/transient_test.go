@@ -58,6 +58,39 @@ func TestTransient(t *testing.T) {
 	}
 }
 
+// Refused: only the errors after which the transaction certainly did not
+// commit.
+func TestRefused(t *testing.T) {
+	t.Parallel()
+	pg := func(code string) error {
+		return fmt.Errorf("setting phase continue: %w", &pgconn.PgError{Code: code, Message: "x"})
+	}
+	for _, tc := range []struct {
+		name string
+		err  error
+		want bool
+	}{
+		{"Nil", nil, false},
+		{"Deadlock", pg("40P01"), true},
+		{"SerializationFailure", pg("40001"), true},
+		{"LockTimeout", pg("55P03"), true},
+		{"DeadlockJoinedWithLostRollback", errors.Join(pg("40P01"), pgconn.ErrConnClosed), true},
+		{"CompletionUnknown", pg("40003"), false},
+		{"TerminatedBackend", pg("57P01"), false},
+		{"StatementTimeout", pg("57014"), false},
+		{"ConnectionException", pg("08006"), false},
+		{"ConnClosed", fmt.Errorf("committing: %w", pgconn.ErrConnClosed), false},
+		{"UnexpectedEOF", fmt.Errorf("x: %w", io.ErrUnexpectedEOF), false},
+		{"Deadline", fmt.Errorf("x: %w", context.DeadlineExceeded), false},
+		{"UniqueViolation", pg("23505"), false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			require.Equal(t, tc.want, pgdb.Refused(tc.err), "%v", tc.err)
+		})
+	}
+}
+
 // The errors a real server and driver give, not only their codes.
 func TestTransientFromServer(t *testing.T) {
 	t.Parallel()
