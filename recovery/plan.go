@@ -21,6 +21,11 @@ const DecisionRedriven = "redriven"
 type PlanOpts struct {
 	// SessionID plans for one session only. Defaults to every session.
 	SessionID string
+	// All plans every expired claim and lost wake, in pages of Batch in
+	// the one snapshot, not the one batch a pass handles: what waits
+	// after a fleet-wide crash. Its cost grows with the backlog (six
+	// indexed reads per expired claim). Defaults to one batch.
+	All bool
 
 	// after, when set, keeps the claims after it in the pass's order
 	// (expires_at, session_id): an apply pages on past the claims it has
@@ -79,12 +84,24 @@ func (r *Recoverer) Plan(ctx context.Context, opts *PlanOpts) (Plan, error) {
 		if err := tx.QueryRow(ctx, `SELECT now()`).Scan(&plan.At); err != nil {
 			return fmt.Errorf("reading the plan's clock: %w", err)
 		}
-		claims, err := r.planClaims(ctx, tx, opts.SessionID, opts.after)
-		if err != nil {
-			return err
+		after := opts.after
+		for {
+			claims, err := r.planClaims(ctx, tx, opts.SessionID, after)
+			if err != nil {
+				return err
+			}
+			plan.Claims = append(plan.Claims, claims...)
+			if !opts.All || len(claims) < r.cfg.Batch {
+				break
+			}
+			last := claims[len(claims)-1]
+			after = &claimCursor{expiresAt: last.Evidence.ExpiredAt, sessionID: last.SessionID}
 		}
-		plan.Claims = append(plan.Claims, claims...)
-		rows, err := tx.Query(ctx, redrivePlanSQL, r.cfg.RedriveAfter.Milliseconds(), r.cfg.Batch, opts.SessionID)
+		limit := &r.cfg.Batch
+		if opts.All {
+			limit = nil // LIMIT NULL: every lost wake
+		}
+		rows, err := tx.Query(ctx, redrivePlanSQL, r.cfg.RedriveAfter.Milliseconds(), limit, opts.SessionID)
 		if err != nil {
 			return fmt.Errorf("planning lost wakes: %w", err)
 		}

@@ -191,6 +191,7 @@ func (r *Recoverer) RunOnce(ctx context.Context) (Pass, error) {
 		if p.Held, err = r.held(ctx); err != nil {
 			return p, err
 		}
+		r.log.DebugContext(ctx, "recovery pass held", slog.Any("held", p.Held))
 		if f := r.cfg.OnHeldFunc; f != nil {
 			f(p.Held)
 		}

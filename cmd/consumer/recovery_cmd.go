@@ -138,7 +138,7 @@ func (p *recoveryPolicy) config(owner string, topics kafkautil.Topics) (*recover
 func newRecoveryPlanCommand(o *options) *cobra.Command {
 	var policy recoveryPolicy
 	var session string
-	var asJSON bool
+	var asJSON, all bool
 	cmd := &cobra.Command{
 		Use:   "plan",
 		Short: "Print what a recovery pass would do now, per expired claim and lost wake, with its evidence; writes nothing",
@@ -153,7 +153,7 @@ func newRecoveryPlanCommand(o *options) *cobra.Command {
 				return err
 			}
 			defer db.Close()
-			plan, err := recovery.New(db.Pool, cfg).Plan(cmd.Context(), &recovery.PlanOpts{SessionID: session})
+			plan, err := recovery.New(db.Pool, cfg).Plan(cmd.Context(), &recovery.PlanOpts{SessionID: session, All: all})
 			if err != nil {
 				return err
 			}
@@ -166,6 +166,7 @@ func newRecoveryPlanCommand(o *options) *cobra.Command {
 	}
 	policy.flags(cmd.Flags())
 	cmd.Flags().StringVar(&session, "session", "", "plan for this session only")
+	cmd.Flags().BoolVar(&all, "all", false, "plan every expired claim and lost wake that waits, not one pass's --recovery-batch")
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print the plan as JSON")
 	return cmd
 }
