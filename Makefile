@@ -43,7 +43,7 @@ test/short: ## the fast tier: the tests that need no Node, kcat, promtool, Java,
 # The suites that talk to a broker, against Apache Kafka instead of the
 # embedded broker (docs/testing.md, "Apache Kafka"): a node per test, at most
 # PROMPTLINE_TEST_KAFKA_JVMS (2) at once per package, one package at a time.
-KAFKA_TESTS_CONSUMER := ^(TestKcatEndToEnd|TestCrashAfter.*|TestCrashBefore.*|TestCrashDuring.*|TestTwoConsumersOneGroupWithRebalance|TestTwoGroupsEachPromptRunsOnce|TestZombieIsFenced|TestGracefulShutdownReleasesWithWake|TestPermissionRepliesAcrossRestart|TestReplayCommand|TestScaleOutKillOne|TestWatchDeltasLive|TestCrashWhileStreaming|TestResolveAfterCrashedToolIntent|TestResolvedCallKilledAgain)$$
+KAFKA_TESTS_CONSUMER := ^(TestKcatEndToEnd|TestCrashAfter.*|TestCrashBefore.*|TestCrashDuring.*|TestTwoConsumersOneGroupWithRebalance|TestTwoGroupsEachPromptRunsOnce|TestZombieIsFenced|TestGracefulShutdownReleasesWithWake|TestPermissionRepliesAcrossRestart|TestReplayCommand|TestScaleOutKillOne|TestMassCrashHeldThenApplied|TestWatchDeltasLive|TestCrashWhileStreaming|TestResolveAfterCrashedToolIntent|TestResolvedCallKilledAgain)$$
 .PHONY: test/kafka
 test/kafka: examples/node/node_modules tools/mcp/testdata/server-filesystem/node_modules ## the integration, interop, crash, zombie, replay and permission tests and a 45s chaos soak against Apache Kafka (kafka/pom.xml; Java 17, Maven)
 	./scripts/kafka.sh libs >/dev/null

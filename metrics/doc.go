@@ -18,7 +18,7 @@
 //	promptline_fenced_writes_total                execution writes refused by the fence: a sign of split ownership
 //	promptline_execution_write_retries_total      execution writes (a provider's answer, a tool's result, a failed turn, a deferred attempt, a permission ask) retried after a transient database error while their lease lived; a write whose commit's answer was lost is detected, never applied twice
 //	promptline_recovery_decisions_total{decision} recovery decisions: cleared | superseded | rewoken | continued | reconciled | quarantined
-//	promptline_recovery_held{decision}            what a held recovery pass (--recovery-mode hold, or `consumer recovery hold`) planned and left for an operator, by decision (the claims' decisions, and redriven for lost wakes), bounded by --recovery-batch; 0 in auto
+//	promptline_recovery_held{decision}            what a held recovery pass (--recovery-mode hold, or `consumer recovery hold`) planned and left for an operator, by decision (the claims' decisions, and redriven for lost wakes), every one that waits: at most ten pages of --recovery-batch claims are decided per pass, a longer backlog over several passes (the gauge then shows the last whole count); 0 in auto
 //	promptline_recovery_transient_errors_total    recovery decisions that failed with a transient database error (lost connection, lock or statement timeout, deadlock, serialization failure): the claim is left as it was for the next pass, never quarantined
 //	promptline_redriven_wakes_total               sessions re-woken because their wake was lost
 //	promptline_quarantined_rows{kind}             quarantined rows (claim | input | outbox), from the database, refreshed every recovery pass

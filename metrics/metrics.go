@@ -98,7 +98,7 @@ func New(reg prometheus.Registerer) *Metrics {
 			Name: "promptline_recovery_decisions_total", Help: "Recovery decisions, by decision.",
 		}, []string{"decision"}),
 		RecoveryHeld: prometheus.NewGaugeVec(prometheus.GaugeOpts{
-			Name: "promptline_recovery_held", Help: "What a held recovery pass planned and left for an operator, by decision; 0 in auto.",
+			Name: "promptline_recovery_held", Help: "Everything a held recovery pass planned and left for an operator, by decision; 0 in auto.",
 		}, []string{"decision"}),
 		RecoveryTransient: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "promptline_recovery_transient_errors_total", Help: "Recovery decisions that failed with a transient database error and were left for the next pass.",

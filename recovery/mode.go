@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -84,13 +85,116 @@ func (r *Recoverer) mode(ctx context.Context) (string, error) {
 	return r.cfg.Mode, nil
 }
 
-// held plans instead of acting and reports what waits, by decision.
+// heldScan is a held pass's count of the expired claims that wait, by
+// decision, kept between passes: a scan longer than Config.HeldPages pages
+// goes on where the last pass stopped.
+type heldScan struct {
+	after   *claimCursor   // where the running scan goes on; nil: from the start
+	running map[string]int // the running scan's counts so far
+	last    map[string]int // the last whole scan's counts; nil before one ended
+}
+
+// held plans instead of acting and reports what waits, by decision: every
+// expired claim (decided by Decide on its evidence, as a pass would) and
+// every lost wake, not one batch.
+//
+// Cost per pass, bounded: at most Config.HeldPages pages of Config.Batch
+// expired claims, each page one range scan of the claims' expiry index and
+// the pass's six indexed reads per claim (gather), plus one aggregate over
+// the waiting inputs older than RedriveAfter (their partial index) for the
+// lost wakes, all in one read-only snapshot that takes no lock. Up to
+// HeldPages×Batch expired claims (1,000 by default) every pass counts them
+// all afresh; beyond that a scan spans several passes (one page range per
+// pass, in the pass's order, which claims that expire later join at its
+// end), the gauge shows the last whole scan's counts, and a growing lower
+// bound until the first scan ends.
 func (r *Recoverer) held(ctx context.Context) (map[string]int, error) {
-	plan, err := r.Plan(ctx, nil)
+	r.heldMu.Lock()
+	defer r.heldMu.Unlock()
+	h := &r.heldScan
+	if h.running == nil {
+		h.running = map[string]int{}
+	}
+	var lostWakes int
+	err := r.snapshot(ctx, func(tx pgx.Tx) error {
+		for range r.cfg.HeldPages {
+			page, err := r.planClaims(ctx, tx, "", h.after)
+			if err != nil {
+				return err
+			}
+			for _, c := range page {
+				h.running[c.Decision.Decision]++
+			}
+			if len(page) < r.cfg.Batch {
+				h.last, h.running, h.after = h.running, map[string]int{}, nil
+				break
+			}
+			last := page[len(page)-1]
+			h.after = &claimCursor{expiresAt: last.Evidence.ExpiredAt, sessionID: last.SessionID}
+		}
+		if err := tx.QueryRow(ctx, lostWakesCountSQL, r.cfg.RedriveAfter.Milliseconds(), "").Scan(&lostWakes); err != nil {
+			return fmt.Errorf("counting lost wakes: %w", err)
+		}
+		return nil
+	})
 	if err != nil {
 		return nil, err
 	}
-	return plan.Counts(), nil
+	counts := h.last
+	if counts == nil {
+		counts = h.running
+	}
+	out := maps.Clone(counts)
+	if lostWakes > 0 {
+		out[DecisionRedriven] = lostWakes
+	}
+	return out, nil
+}
+
+// Waiting counts, by decision, everything a pass would handle now (the
+// lost wakes as DecisionRedriven), every page of expired claims decided in
+// one read-only snapshot, as Plan decides them; opts.SessionID narrows it.
+// Its cost grows with the backlog (six indexed reads per expired claim):
+// it is for an operator's command (apply's progress bar), not a pass.
+func (r *Recoverer) Waiting(ctx context.Context, opts *PlanOpts) (map[string]int, error) {
+	if opts == nil {
+		opts = &PlanOpts{}
+	}
+	out := map[string]int{}
+	err := r.snapshot(ctx, func(tx pgx.Tx) error {
+		var after *claimCursor
+		for {
+			page, err := r.planClaims(ctx, tx, opts.SessionID, after)
+			if err != nil {
+				return err
+			}
+			for _, c := range page {
+				out[c.Decision.Decision]++
+			}
+			if len(page) < r.cfg.Batch {
+				break
+			}
+			last := page[len(page)-1]
+			after = &claimCursor{expiresAt: last.Evidence.ExpiredAt, sessionID: last.SessionID}
+		}
+		var n int
+		if err := tx.QueryRow(ctx, lostWakesCountSQL, r.cfg.RedriveAfter.Milliseconds(), opts.SessionID).Scan(&n); err != nil {
+			return fmt.Errorf("counting lost wakes: %w", err)
+		}
+		if n > 0 {
+			out[DecisionRedriven] = n
+		}
+		return nil
+	})
+	return out, err
+}
+
+// forgetHeld drops a held scan: a pass in auto acts, and a later hold
+// counts afresh.
+func (r *Recoverer) forgetHeld() {
+	r.heldMu.Lock()
+	defer r.heldMu.Unlock()
+	r.heldScan = heldScan{}
 }
 
 // Counts are the plan's decisions, counted (lost wakes as DecisionRedriven).

@@ -43,6 +43,53 @@ func TestHold(t *testing.T) {
 		require.Equal(t, map[string]int{}, held[len(held)-1], "nothing is held in auto")
 	})
 
+	t.Run("TheHeldGaugeCountsMoreThanOneBatch", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t)
+		planStates(t, b)
+		// Six more expired ready claims and three more lost wakes: with a
+		// batch of 2, what waits is several batches long.
+		for i := range 6 {
+			s := fmt.Sprintf("ready-%d", i)
+			b.admit(t, s, s+"-1", "hello")
+			_, err := b.claims.Acquire(ctx, s, "exec-"+s, nil)
+			require.NoError(t, err)
+			b.die(t, s)
+		}
+		for i := range 3 {
+			s := fmt.Sprintf("lost-%d", i)
+			b.admit(t, s, s+"-1", "lost its wake")
+			b.exec(t, `UPDATE inputs SET admitted_at = now() - interval '1 hour' WHERE session_id = $1`, s)
+		}
+		want := map[string]int{recovery.DecisionContinued: 1, recovery.DecisionReconciled: 1, recovery.DecisionRewoken: 7,
+			recovery.DecisionQuarantined: 2, recovery.DecisionRedriven: 4}
+		before := b.fingerprint(t)
+
+		rec := recovery.New(b.pool, &recovery.Config{OwnerID: "r", Batch: 2, RedriveAfter: time.Minute, Mode: recovery.ModeHold})
+		p, err := rec.RunOnce(ctx)
+		require.NoError(t, err)
+		require.Equal(t, want, p.Held, "one pass counts every page")
+		p, err = rec.RunOnce(ctx)
+		require.NoError(t, err)
+		require.Equal(t, want, p.Held, "the next pass counts them again, not twice")
+
+		// One page per pass: the first passes show a growing lower bound,
+		// then the count of the whole scan, and each scan after it.
+		rec = recovery.New(b.pool, &recovery.Config{OwnerID: "r", Batch: 2, HeldPages: 1, RedriveAfter: time.Minute, Mode: recovery.ModeHold})
+		var claims []int
+		for range 6 {
+			p, err := rec.RunOnce(ctx)
+			require.NoError(t, err)
+			require.Equal(t, 4, p.Held[recovery.DecisionRedriven], "lost wakes are counted whole every pass")
+			claims = append(claims, sum(p.Held)-p.Held[recovery.DecisionRedriven])
+		}
+		require.Equal(t, []int{2, 4, 6, 8, 10, 11}, claims[:6])
+		p, err = rec.RunOnce(ctx)
+		require.NoError(t, err)
+		require.Equal(t, want, p.Held, "a later scan keeps the last whole count while it runs")
+		require.Equal(t, before, b.fingerprint(t), "a held pass wrote")
+	})
+
 	t.Run("TheRowHoldsAnAutoProcess", func(t *testing.T) {
 		t.Parallel()
 		b := setup(t)

@@ -21,6 +21,11 @@ const DecisionRedriven = "redriven"
 type PlanOpts struct {
 	// SessionID plans for one session only. Defaults to every session.
 	SessionID string
+	// All plans every expired claim and lost wake, in pages of Batch in
+	// the one snapshot, not the one batch a pass handles: what waits
+	// after a fleet-wide crash. Its cost grows with the backlog (six
+	// indexed reads per expired claim). Defaults to one batch.
+	All bool
 
 	// after, when set, keeps the claims after it in the pass's order
 	// (expires_at, session_id): an apply pages on past the claims it has
@@ -75,42 +80,78 @@ func (r *Recoverer) Plan(ctx context.Context, opts *PlanOpts) (Plan, error) {
 		opts = &PlanOpts{}
 	}
 	plan := Plan{Claims: []PlannedClaim{}, LostWakes: []LostWake{}}
+	err := r.snapshot(ctx, func(tx pgx.Tx) error {
+		if err := tx.QueryRow(ctx, `SELECT now()`).Scan(&plan.At); err != nil {
+			return fmt.Errorf("reading the plan's clock: %w", err)
+		}
+		after := opts.after
+		for {
+			claims, err := r.planClaims(ctx, tx, opts.SessionID, after)
+			if err != nil {
+				return err
+			}
+			plan.Claims = append(plan.Claims, claims...)
+			if !opts.All || len(claims) < r.cfg.Batch {
+				break
+			}
+			last := claims[len(claims)-1]
+			after = &claimCursor{expiresAt: last.Evidence.ExpiredAt, sessionID: last.SessionID}
+		}
+		limit := &r.cfg.Batch
+		if opts.All {
+			limit = nil // LIMIT NULL: every lost wake
+		}
+		rows, err := tx.Query(ctx, redrivePlanSQL, r.cfg.RedriveAfter.Milliseconds(), limit, opts.SessionID)
+		if err != nil {
+			return fmt.Errorf("planning lost wakes: %w", err)
+		}
+		var w LostWake
+		if _, err := pgx.ForEachRow(rows, []any{&w.SessionID, &w.WaitingInputs, &w.OldestWaiting}, func() error {
+			w.Decision = DecisionRedriven
+			plan.LostWakes = append(plan.LostWakes, w)
+			return nil
+		}); err != nil {
+			return fmt.Errorf("planning lost wakes: %w", err)
+		}
+		return nil
+	})
+	return plan, err
+}
+
+// snapshot runs fn in one REPEATABLE READ READ ONLY transaction: what it
+// reads is one consistent state, and it can write nothing.
+func (r *Recoverer) snapshot(ctx context.Context, fn func(pgx.Tx) error) error {
 	tx, err := r.pool.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: pgx.ReadOnly})
 	if err != nil {
-		return plan, fmt.Errorf("beginning the plan's snapshot: %w", err)
+		return fmt.Errorf("beginning the plan's snapshot: %w", err)
 	}
 	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
-	if err := tx.QueryRow(ctx, `SELECT now()`).Scan(&plan.At); err != nil {
-		return plan, fmt.Errorf("reading the plan's clock: %w", err)
+	if err := fn(tx); err != nil {
+		return err
 	}
-	claims, err := scanExpired(ctx, tx, r.cfg.Batch, opts.SessionID, opts.after)
+	if err := tx.Commit(ctx); err != nil && !errors.Is(err, pgx.ErrTxClosed) {
+		return fmt.Errorf("ending the plan's snapshot: %w", err)
+	}
+	return nil
+}
+
+// planClaims decides, with Decide as the pass does, on one page (Batch) of
+// the expired claims in the pass's order, after the cursor when not nil.
+func (r *Recoverer) planClaims(ctx context.Context, tx pgx.Tx, sessionID string, after *claimCursor) ([]PlannedClaim, error) {
+	claims, err := scanExpired(ctx, tx, r.cfg.Batch, sessionID, after)
 	if err != nil {
-		return plan, err
+		return nil, err
 	}
+	out := make([]PlannedClaim, 0, len(claims))
 	for _, c := range claims {
 		ev, err := gather(ctx, tx, c)
 		if err != nil {
-			return plan, fmt.Errorf("planning %s: %w", c.SessionID, err)
+			return nil, fmt.Errorf("planning %s: %w", c.SessionID, err)
 		}
-		plan.Claims = append(plan.Claims, PlannedClaim{SessionID: c.SessionID, ExecutionID: c.ExecutionID, Token: c.Token,
+		out = append(out, PlannedClaim{SessionID: c.SessionID, ExecutionID: c.ExecutionID, Token: c.Token,
 			Decision: Decide(c, ev, r.cfg.IdempotentProviders), Evidence: ev})
 	}
-	rows, err := tx.Query(ctx, redrivePlanSQL, r.cfg.RedriveAfter.Milliseconds(), r.cfg.Batch, opts.SessionID)
-	if err != nil {
-		return plan, fmt.Errorf("planning lost wakes: %w", err)
-	}
-	var w LostWake
-	if _, err := pgx.ForEachRow(rows, []any{&w.SessionID, &w.WaitingInputs, &w.OldestWaiting}, func() error {
-		w.Decision = DecisionRedriven
-		plan.LostWakes = append(plan.LostWakes, w)
-		return nil
-	}); err != nil {
-		return plan, fmt.Errorf("planning lost wakes: %w", err)
-	}
-	if err := tx.Commit(ctx); err != nil && !errors.Is(err, pgx.ErrTxClosed) {
-		return plan, fmt.Errorf("ending the plan's snapshot: %w", err)
-	}
-	return plan, nil
+	return out, nil
 }
 
 // scanExpired reads the expired claims a pass handles, bounded and in its

@@ -90,6 +90,37 @@ func TestPlan(t *testing.T) {
 		require.Equal(t, plan.Claims, again.Claims, "a plan of unchanged state is the same plan")
 	})
 
+	t.Run("AllPlansEveryPageNotOneBatch", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t)
+		planStates(t, b)
+		for _, w := range []string{"w2", "w3"} {
+			b.admit(t, w, w+"-1", "lost its wake too")
+			b.exec(t, `UPDATE inputs SET admitted_at = now() - interval '1 hour' WHERE session_id = $1`, w)
+		}
+		rec := recovery.New(b.pool, &recovery.Config{OwnerID: "r", Batch: 2, RedriveAfter: time.Minute})
+		one, err := rec.Plan(ctx, nil)
+		require.NoError(t, err)
+		require.Len(t, one.Claims, 2, "a pass's plan: one batch")
+		require.Len(t, one.LostWakes, 2)
+		before := b.fingerprint(t)
+		all, err := rec.Plan(ctx, &recovery.PlanOpts{All: true})
+		require.NoError(t, err)
+		require.Len(t, all.Claims, 5, "every expired claim, in pages of the batch")
+		require.Len(t, all.LostWakes, 3, "every lost wake")
+		require.Equal(t, one.Claims, all.Claims[:2], "in the pass's order")
+		seen := map[string]bool{}
+		for _, c := range all.Claims {
+			require.False(t, seen[c.ExecutionID], "planned twice: %s", c.ExecutionID)
+			seen[c.ExecutionID] = true
+		}
+		waiting, err := rec.Waiting(ctx, nil)
+		require.NoError(t, err)
+		require.Equal(t, map[string]int{recovery.DecisionContinued: 1, recovery.DecisionReconciled: 1, recovery.DecisionRewoken: 1,
+			recovery.DecisionQuarantined: 2, recovery.DecisionRedriven: 3}, waiting, "Waiting counts what the whole plan lists")
+		require.Equal(t, before, b.fingerprint(t), "the plan wrote")
+	})
+
 	t.Run("APassTakesThePlannedDecisions", func(t *testing.T) {
 		t.Parallel()
 		b := setup(t)

@@ -91,6 +91,10 @@ type Config struct {
 	// OnHeldFunc receives, after each pass, what waits by decision: the
 	// plan of a held pass, empty in auto. Defaults to nothing.
 	OnHeldFunc func(counts map[string]int)
+	// HeldPages bounds the pages of Batch expired claims a held pass
+	// plans (decides on, without acting) to count what waits; a scan
+	// longer than that goes on at the next pass. Defaults to 10.
+	HeldPages int
 }
 
 // Recoverer runs recovery passes.
@@ -102,6 +106,9 @@ type Recoverer struct {
 	mu      sync.Mutex
 	cancel  context.CancelFunc
 	stopped chan struct{}
+
+	heldMu   sync.Mutex
+	heldScan heldScan
 }
 
 // New returns a Recoverer.
@@ -112,6 +119,7 @@ func New(pool *pgxpool.Pool, config *Config) *Recoverer {
 	cfg.RedriveAfter = cmp.Or(cfg.RedriveAfter, 30*time.Second)
 	cfg.OwnerID = cmp.Or(cfg.OwnerID, "recovery")
 	cfg.Mode = cmp.Or(cfg.Mode, ModeAuto)
+	cfg.HeldPages = cmp.Or(cfg.HeldPages, 10)
 	cfg.Topics = cfg.Topics.WithDefaults()
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
@@ -183,11 +191,13 @@ func (r *Recoverer) RunOnce(ctx context.Context) (Pass, error) {
 		if p.Held, err = r.held(ctx); err != nil {
 			return p, err
 		}
+		r.log.DebugContext(ctx, "recovery pass held", slog.Any("held", p.Held))
 		if f := r.cfg.OnHeldFunc; f != nil {
 			f(p.Held)
 		}
 		return p, r.reportQuarantined(ctx)
 	}
+	r.forgetHeld()
 	if f := r.cfg.OnHeldFunc; f != nil {
 		f(map[string]int{})
 	}
@@ -914,3 +924,14 @@ WHERE i.admitted_at < now() - $1 * interval '1 millisecond'
 GROUP BY i.session_id
 ORDER BY min(i.admitted_at), i.session_id
 LIMIT $2`
+
+// lostWakesCountSQL counts the sessions redrivePlanSQL selects, whole: one
+// aggregate, no row per session read out; $2, when not empty, keeps that
+// session only.
+const lostWakesCountSQL = `
+SELECT count(DISTINCT i.session_id)::int FROM waiting_inputs i
+JOIN sessions r ON r.session_id = i.session_id
+WHERE i.admitted_at < now() - $1 * interval '1 millisecond'
+  AND (r.redriven_at IS NULL OR r.redriven_at < now() - $1 * interval '1 millisecond')
+  AND NOT EXISTS (SELECT 1 FROM claims c WHERE c.session_id = i.session_id)
+  AND ($2 = '' OR i.session_id = $2)`

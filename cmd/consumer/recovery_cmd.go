@@ -4,13 +4,17 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"os/user"
+	"sync/atomic"
 	"text/tabwriter"
 	"time"
 
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
+	"github.com/vbauerster/mpb/v8"
+	"github.com/vbauerster/mpb/v8/decor"
 
 	"github.com/promptline/promptline/internal/kafkautil"
 	"github.com/promptline/promptline/internal/pgdb"
@@ -134,7 +138,7 @@ func (p *recoveryPolicy) config(owner string, topics kafkautil.Topics) (*recover
 func newRecoveryPlanCommand(o *options) *cobra.Command {
 	var policy recoveryPolicy
 	var session string
-	var asJSON bool
+	var asJSON, all bool
 	cmd := &cobra.Command{
 		Use:   "plan",
 		Short: "Print what a recovery pass would do now, per expired claim and lost wake, with its evidence; writes nothing",
@@ -149,7 +153,7 @@ func newRecoveryPlanCommand(o *options) *cobra.Command {
 				return err
 			}
 			defer db.Close()
-			plan, err := recovery.New(db.Pool, cfg).Plan(cmd.Context(), &recovery.PlanOpts{SessionID: session})
+			plan, err := recovery.New(db.Pool, cfg).Plan(cmd.Context(), &recovery.PlanOpts{SessionID: session, All: all})
 			if err != nil {
 				return err
 			}
@@ -162,6 +166,7 @@ func newRecoveryPlanCommand(o *options) *cobra.Command {
 	}
 	policy.flags(cmd.Flags())
 	cmd.Flags().StringVar(&session, "session", "", "plan for this session only")
+	cmd.Flags().BoolVar(&all, "all", false, "plan every expired claim and lost wake that waits, not one pass's --recovery-batch")
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print the plan as JSON")
 	return cmd
 }
@@ -308,15 +313,26 @@ func newRecoveryApplyCommand(o *options) *cobra.Command {
 				return err
 			}
 			defer db.Close()
-			progress := cmd.ErrOrStderr()
-			opts.OnProgressFunc = func(n int, last string) {
-				bound := "…"
-				if opts.Max > 0 {
-					bound = fmt.Sprintf("/%d", opts.Max)
+			rec := recovery.New(db.Pool, cfg)
+			term := isTerminal(cmd.ErrOrStderr())
+			var total int
+			if term {
+				// The bar's length: what waits of what is asked for,
+				// counted once (a line per item needs no total).
+				waiting, err := rec.Waiting(cmd.Context(), &recovery.PlanOpts{SessionID: opts.SessionID})
+				if err != nil {
+					return err
 				}
-				fmt.Fprintf(progress, "applied %d%s  %s\n", n, bound, last)
+				for d, n := range waiting {
+					if opts.Decision == "" || d == opts.Decision {
+						total += n
+					}
+				}
 			}
-			res, err := recovery.New(db.Pool, cfg).Apply(cmd.Context(), &opts)
+			progress := newApplyProgress(cmd.ErrOrStderr(), term, total, opts.Max)
+			opts.OnProgressFunc = progress.applied
+			res, err := rec.Apply(cmd.Context(), &opts)
+			progress.finish()
 			if err != nil {
 				return err
 			}
@@ -337,4 +353,71 @@ func newRecoveryApplyCommand(o *options) *cobra.Command {
 	cmd.Flags().StringVar(&opts.Note, "note", "", "why, recorded in the audit")
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print the result as JSON")
 	return cmd
+}
+
+// applyProgress shows an apply's progress: on a terminal an mpb bar (the
+// items applied of those that waited when the run began, the rate and the
+// ETA, the last item), otherwise a line per item, fit for logs.
+type applyProgress struct {
+	w        io.Writer
+	max      int
+	progress *mpb.Progress
+	bar      *mpb.Bar
+	total    int64        // the bar's shown total
+	last     atomic.Value // string, read by the bar's decorator
+}
+
+// newApplyProgress draws a bar of total items (at most max when max > 0)
+// when term, else lines.
+func newApplyProgress(w io.Writer, term bool, total, max int) *applyProgress {
+	p := &applyProgress{w: w, max: max}
+	p.last.Store("")
+	if !term {
+		return p
+	}
+	if max > 0 {
+		total = min(total, max)
+	}
+	// term was decided by the caller: render even when mpb cannot tell.
+	p.progress = mpb.New(mpb.WithOutput(w), mpb.WithWidth(30), mpb.WithAutoRefresh())
+	// Built with no total, the bar ends only at finish (a claim that
+	// expires during the run must not find it completed); the count is
+	// the total it shows.
+	p.total = int64(total)
+	p.bar = p.progress.AddBar(0,
+		mpb.PrependDecorators(decor.Name("applied "), decor.CountersNoUnit("%d/%d ")),
+		mpb.AppendDecorators(decor.Percentage(decor.WCSyncSpace), decor.Name(" ETA "), decor.EwmaETA(decor.ET_STYLE_GO, 30),
+			decor.Any(func(decor.Statistics) string { return "  " + p.last.Load().(string) })),
+	)
+	p.bar.SetTotal(p.total, false)
+	return p
+}
+
+// applied is recovery.ApplyOpts.OnProgressFunc.
+func (p *applyProgress) applied(n int, last string) {
+	if p.bar == nil {
+		bound := "…"
+		if p.max > 0 {
+			bound = fmt.Sprintf("/%d", p.max)
+		}
+		fmt.Fprintf(p.w, "applied %d%s  %s\n", n, bound, last)
+		return
+	}
+	p.last.Store(last)
+	if int64(n) > p.total {
+		// Claims that expired since the count lengthen the bar.
+		p.total = int64(n)
+		p.bar.SetTotal(p.total, false)
+	}
+	p.bar.SetCurrent(int64(n))
+}
+
+// finish draws the last state and ends the bar where the run ended: what
+// changed since it was counted, or was handled elsewhere, is not waited for.
+func (p *applyProgress) finish() {
+	if p.bar == nil {
+		return
+	}
+	p.bar.SetTotal(-1, true)
+	p.progress.Wait()
 }
