@@ -88,7 +88,7 @@ func (r *Recoverer) Plan(ctx context.Context, opts *PlanOpts) (Plan, error) {
 		return plan, err
 	}
 	for _, c := range claims {
-		ev, err := gather(ctx, tx, c)
+		ev, err := r.gather(ctx, tx, c)
 		if err != nil {
 			return plan, fmt.Errorf("planning %s: %w", c.SessionID, err)
 		}

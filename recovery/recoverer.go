@@ -91,6 +91,17 @@ type Config struct {
 	// OnHeldFunc receives, after each pass, what waits by decision: the
 	// plan of a held pass, empty in auto. Defaults to nothing.
 	OnHeldFunc func(counts map[string]int)
+	// MaxPerSession caps the recoveries that run a session's turn again
+	// (continued, rewoken) within MaxPerSessionWindow: a claim whose
+	// session had that many already is quarantined with ReasonRecoveryCap
+	// instead (a turn that crashes its process each time it runs must not
+	// loop forever). Defaults to 0: no cap.
+	MaxPerSession int
+	// MaxPerSessionWindow is the window of MaxPerSession. Defaults to 1h.
+	MaxPerSessionWindow time.Duration
+	// OnCappedFunc counts claims quarantined by MaxPerSession. Defaults to
+	// nothing.
+	OnCappedFunc func()
 }
 
 // Recoverer runs recovery passes.
@@ -112,6 +123,7 @@ func New(pool *pgxpool.Pool, config *Config) *Recoverer {
 	cfg.RedriveAfter = cmp.Or(cfg.RedriveAfter, 30*time.Second)
 	cfg.OwnerID = cmp.Or(cfg.OwnerID, "recovery")
 	cfg.Mode = cmp.Or(cfg.Mode, ModeAuto)
+	cfg.MaxPerSessionWindow = cmp.Or(cfg.MaxPerSessionWindow, time.Hour)
 	cfg.Topics = cfg.Topics.WithDefaults()
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
@@ -301,6 +313,56 @@ type Evidence struct {
 	// ContinuationHolders are the inputs that hold the candidate IDs of
 	// the execution's continuation (Decide picks one); not stored.
 	ContinuationHolders []InputFact `json:"-"`
+	// Cap is the session's count against Config.MaxPerSession; nil when
+	// no cap is set.
+	Cap *CapFact `json:"recovery_cap,omitempty"`
+}
+
+// ReasonRecoveryCap begins the quarantine reason of a claim whose session
+// reached Config.MaxPerSession.
+const ReasonRecoveryCap = "recovery_cap"
+
+// CapFact is how often a session's turns were run again by recovery.
+type CapFact struct {
+	// Max and Window are the cap (Config.MaxPerSession in
+	// Config.MaxPerSessionWindow).
+	Max    int    `json:"max"`
+	Window string `json:"window"`
+	// Recovered counts the session's recoveries that ran its turn again
+	// (continued, rewoken) within the window, after the last release of a
+	// claim of the session quarantined by the cap (ReleasedAt).
+	Recovered  int        `json:"recovered"`
+	ReleasedAt *time.Time `json:"released_at,omitempty"`
+}
+
+// reached says that one more recovery that runs the turn again exceeds
+// the cap.
+func (c *CapFact) reached() bool { return c != nil && c.Max > 0 && c.Recovered >= c.Max }
+
+// gather reads the evidence of a decision, with the session's count
+// against the cap when one is set.
+func (r *Recoverer) gather(ctx context.Context, tx pgx.Tx, c ledger.Claim) (Evidence, error) {
+	ev, err := gather(ctx, tx, c)
+	if err != nil || r.cfg.MaxPerSession <= 0 {
+		return ev, err
+	}
+	ev.Cap = &CapFact{Max: r.cfg.MaxPerSession, Window: r.cfg.MaxPerSessionWindow.String()}
+	// A release of a capped claim starts the count afresh: the operator
+	// has looked, and the session runs again (up to the cap) before it is
+	// capped again.
+	err = tx.QueryRow(ctx, `SELECT (SELECT max(released_at) FROM quarantine_releases
+		WHERE kind = 'claim' AND ref = $1 AND reason LIKE 'recovery_cap%')`, c.SessionID).Scan(&ev.Cap.ReleasedAt)
+	if err != nil {
+		return ev, fmt.Errorf("reading the last release of a capped claim: %w", err)
+	}
+	err = tx.QueryRow(ctx, `SELECT count(*) FROM recoveries
+		WHERE session_id = $1 AND decision = ANY($2) AND decided_at > now() - $3 * interval '1 millisecond'
+		  AND ($4::timestamptz IS NULL OR decided_at > $4)`,
+		c.SessionID, []string{DecisionContinued, DecisionRewoken}, r.cfg.MaxPerSessionWindow.Milliseconds(), ev.Cap.ReleasedAt).Scan(&ev.Cap.Recovered)
+	if err != nil {
+		return ev, fmt.Errorf("counting the session's recoveries: %w", err)
+	}
+	return ev, nil
 }
 
 // InputFact is an input holding a continuation's candidate ID.
@@ -350,7 +412,7 @@ func (r *Recoverer) recoverOnly(ctx context.Context, old ledger.Claim, want stri
 		if _, err := tx.Exec(ctx, `SELECT 1 FROM sessions WHERE session_id = $1 FOR UPDATE`, old.SessionID); err != nil {
 			return fmt.Errorf("locking session: %w", err)
 		}
-		ev, err := gather(ctx, tx, old)
+		ev, err := r.gather(ctx, tx, old)
 		if err != nil {
 			return err
 		}
@@ -366,6 +428,11 @@ func (r *Recoverer) recoverOnly(ctx context.Context, old ledger.Claim, want stri
 	if d.Decision == DecisionQuarantined {
 		r.log.WarnContext(ctx, "claim quarantined", slog.String("session_id", old.SessionID),
 			slog.String("execution_id", old.ExecutionID), slog.String("reason", d.QuarantineReason))
+		if d.capped {
+			if f := r.cfg.OnCappedFunc; f != nil {
+				f()
+			}
+		}
 		return DecisionQuarantined, d.failed, nil
 	}
 	r.log.InfoContext(ctx, "recovery decided", slog.String("session_id", old.SessionID),
@@ -479,6 +546,7 @@ type Decision struct {
 
 	retryDeferred bool // RetryAttemptID was deferred (retry_wait), not started
 	failed        bool // quarantined because the decision cannot be carried out
+	capped        bool // quarantined because the session reached its cap (ev.Cap)
 }
 
 // Decide decides for an expired claim on its evidence, reading and writing
@@ -511,6 +579,12 @@ func Decide(old ledger.Claim, ev Evidence, idempotentProviders []string) Decisio
 			return Decision{Decision: DecisionQuarantined, QuarantineReason: "decision failed: " + reason, failed: true}
 		}
 		d.ContinuationID = id
+	}
+	if (d.Decision == DecisionContinued || d.Decision == DecisionRewoken) && ev.Cap.reached() {
+		// It would run the turn again: once too often (Config.MaxPerSession).
+		return Decision{Decision: DecisionQuarantined, capped: true, QuarantineReason: fmt.Sprintf(
+			"%s: the session's turns were run again by recovery %d times within %s (cap %d); this %s is not carried out",
+			ReasonRecoveryCap, ev.Cap.Recovered, ev.Cap.Window, ev.Cap.Max, d.Decision)}
 	}
 	return d
 }
