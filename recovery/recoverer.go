@@ -351,7 +351,7 @@ func (r *Recoverer) gather(ctx context.Context, tx pgx.Tx, c ledger.Claim) (Evid
 	// has looked, and the session runs again (up to the cap) before it is
 	// capped again.
 	err = tx.QueryRow(ctx, `SELECT (SELECT max(released_at) FROM quarantine_releases
-		WHERE kind = 'claim' AND ref = $1 AND reason LIKE 'recovery_cap%')`, c.SessionID).Scan(&ev.Cap.ReleasedAt)
+		WHERE kind = $2 AND ref = $1 AND starts_with(reason, $3))`, c.SessionID, KindClaim, ReasonRecoveryCap+":").Scan(&ev.Cap.ReleasedAt)
 	if err != nil {
 		return ev, fmt.Errorf("reading the last release of a capped claim: %w", err)
 	}
