@@ -75,6 +75,14 @@ func TestRecoveryCapPerSession(t *testing.T) {
 		require.NoError(t, b.pool.QueryRow(ctx, `SELECT quarantine_reason FROM claims WHERE session_id = 's'`).Scan(&reason))
 		require.True(t, strings.HasPrefix(reason, recovery.ReasonRecoveryCap+":"), reason)
 		require.Empty(t, b.pass(t).Decisions, "a quarantined claim is skipped by later passes")
+		recs := b.records(t, "s")
+		capped := recs[len(recs)-1]
+		require.Equal(t, recovery.DecisionQuarantined, capped.Decision)
+		require.Equal(t, &recovery.CapFact{Max: 2, Window: "1h0m0s", Recovered: 2}, capped.Evidence.Cap, "stored with its evidence")
+		words.Reset()
+		recovery.Explain(&words, recs)
+		require.Contains(t, words.String(), "Decision: quarantined — the session reached its recovery cap")
+		require.Contains(t, words.String(), "Recoveries that ran the session's turn again within 1h0m0s: 2 (cap 2).")
 
 		// Released: the session runs again, and the cap counts from the
 		// release, so the next crash is recovered, and the cap is reached

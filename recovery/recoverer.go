@@ -448,7 +448,7 @@ func (r *Recoverer) recoverOnly(ctx context.Context, old ledger.Claim, want stri
 // took the chosen one since ev was read (admitContinuation).
 func (r *Recoverer) apply(ctx context.Context, tx pgx.Tx, old ledger.Claim, ev Evidence, d Decision) error {
 	if d.Decision == DecisionQuarantined {
-		return r.quarantineTx(ctx, tx, old, d.QuarantineReason)
+		return r.quarantineTx(ctx, tx, old, d.QuarantineReason, &ev)
 	}
 	nc, err := ledger.Takeover(ctx, tx, old, "recovery/"+old.ExecutionID, r.cfg.OwnerID, time.Minute)
 	if errors.Is(err, ledger.ErrNotExpired) {
@@ -877,12 +877,21 @@ func (r *Recoverer) record(ctx context.Context, tx pgx.Tx, old, nc ledger.Claim,
 // quarantineClaim marks the claim in its own transaction (after a failed
 // decision).
 func (r *Recoverer) quarantineClaim(ctx context.Context, c ledger.Claim, reason string) error {
-	return pgdb.InTx(ctx, r.pool, func(tx pgx.Tx) error { return r.quarantineTx(ctx, tx, c, reason) })
+	return pgdb.InTx(ctx, r.pool, func(tx pgx.Tx) error { return r.quarantineTx(ctx, tx, c, reason, nil) })
 }
 
 // quarantineTx marks the claim, by compare-and-swap on the values that were
-// scanned, so that later scans skip it until an operator releases it.
-func (r *Recoverer) quarantineTx(ctx context.Context, tx pgx.Tx, c ledger.Claim, reason string) error {
+// scanned, so that later scans skip it until an operator releases it. ev,
+// when not nil, is the evidence the quarantine was decided on, stored with
+// it (a failed decision has none: '{}').
+func (r *Recoverer) quarantineTx(ctx context.Context, tx pgx.Tx, c ledger.Claim, reason string, ev *Evidence) error {
+	evJSON := []byte(`{}`)
+	if ev != nil {
+		var err error
+		if evJSON, err = json.Marshal(ev); err != nil {
+			return err
+		}
+	}
 	tag, err := tx.Exec(ctx, `UPDATE claims SET quarantine_reason = $5, quarantined_at = now()
 		WHERE session_id = $1 AND execution_id = $2 AND fencing_token = $3 AND expires_at = $4 AND quarantine_reason IS NULL`,
 		c.SessionID, c.ExecutionID, c.Token, c.ExpiresAt, reason)
@@ -894,10 +903,10 @@ func (r *Recoverer) quarantineTx(ctx context.Context, tx pgx.Tx, c ledger.Claim,
 	}
 	if _, err := tx.Exec(ctx, `INSERT INTO recoveries (execution_id, session_id, phase_found, decision, evidence,
 			token_before, token_after, recovered_by, quarantine_reason)
-		VALUES ($1, $2, $3, 'quarantined', '{}', $4, $4, $5, $6)
-		ON CONFLICT (execution_id) DO UPDATE SET quarantine_reason = excluded.quarantine_reason, decided_at = now()
+		VALUES ($1, $2, $3, 'quarantined', $7, $4, $4, $5, $6)
+		ON CONFLICT (execution_id) DO UPDATE SET quarantine_reason = excluded.quarantine_reason, evidence = excluded.evidence, decided_at = now()
 		WHERE recoveries.decision = 'quarantined'`,
-		c.ExecutionID, c.SessionID, string(c.Phase), c.Token, r.cfg.OwnerID, reason); err != nil {
+		c.ExecutionID, c.SessionID, string(c.Phase), c.Token, r.cfg.OwnerID, reason, evJSON); err != nil {
 		return fmt.Errorf("recording quarantine of %s: %w", c.SessionID, err)
 	}
 	return nil
