@@ -20,6 +20,7 @@
 //	promptline_recovery_decisions_total{decision} recovery decisions: cleared | superseded | rewoken | continued | reconciled | quarantined
 //	promptline_recovery_held{decision}            what a held recovery pass (--recovery-mode hold, or `consumer recovery hold`) planned and left for an operator, by decision (the claims' decisions, and redriven for lost wakes), every one that waits: at most ten pages of --recovery-batch claims are decided per pass, a longer backlog over several passes (the gauge then shows the last whole count); 0 in auto
 //	promptline_recovery_transient_errors_total    recovery decisions that failed with a transient database error (lost connection, lock or statement timeout, deadlock, serialization failure): the claim is left as it was for the next pass, never quarantined
+//	promptline_recovery_capped_total              expired claims quarantined with reason recovery_cap instead of being continued or re-woken: their session's turn had been run again by recovery --recovery-max-per-session times within --recovery-max-per-session-window (also counted in promptline_recovery_decisions_total{decision="quarantined"})
 //	promptline_redriven_wakes_total               sessions re-woken because their wake was lost
 //	promptline_quarantined_rows{kind}             quarantined rows (claim | input | outbox), from the database, refreshed every recovery pass
 //	promptline_outbox_publish_delay_seconds       histogram, per published batch: the age of its oldest row when marked published (commit-to-publish latency, upper bound)

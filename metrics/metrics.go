@@ -32,6 +32,7 @@ type Metrics struct {
 	RecoveryDecisions  *prometheus.CounterVec
 	RecoveryHeld       *prometheus.GaugeVec
 	RecoveryTransient  prometheus.Counter
+	RecoveryCapped     prometheus.Counter
 	RedrivenWakes      prometheus.Counter
 	QuarantinedRows    *prometheus.GaugeVec
 	OutboxPublishDelay prometheus.Histogram
@@ -103,6 +104,9 @@ func New(reg prometheus.Registerer) *Metrics {
 		RecoveryTransient: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "promptline_recovery_transient_errors_total", Help: "Recovery decisions that failed with a transient database error and were left for the next pass.",
 		}),
+		RecoveryCapped: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "promptline_recovery_capped_total", Help: "Expired claims quarantined with reason recovery_cap: their session's turn was run again by recovery --recovery-max-per-session times within the window.",
+		}),
 		RedrivenWakes: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "promptline_redriven_wakes_total", Help: "Sessions re-woken because their wake was lost.",
 		}),
@@ -139,7 +143,7 @@ func New(reg prometheus.Registerer) *Metrics {
 		}, []string{"result"}),
 	}
 	reg.MustRegister(m.OutboxPublishDelay, m.WakeToStart, m.ProviderAttempts, m.ProviderSeconds, m.ToolCalls, m.ToolCallSeconds, m.ConsumerLag, m.Deltas)
-	reg.MustRegister(m.RecoveryDecisions, m.RecoveryHeld, m.RecoveryTransient, m.RedrivenWakes, m.QuarantinedRows, m.Claims, m.FencedWrites, m.WriteRetries, m.Admissions, m.AdmissionBatchSize, m.AdmissionSeconds, m.Turns,
+	reg.MustRegister(m.RecoveryDecisions, m.RecoveryHeld, m.RecoveryTransient, m.RecoveryCapped, m.RedrivenWakes, m.QuarantinedRows, m.Claims, m.FencedWrites, m.WriteRetries, m.Admissions, m.AdmissionBatchSize, m.AdmissionSeconds, m.Turns,
 		m.TurnSeconds, m.ActiveExecutions, m.OutboxPublished, m.OutboxPruned, m.Wakes)
 	return m
 }

@@ -7,6 +7,8 @@ import (
 	"fmt"
 	"strings"
 	"time"
+
+	"github.com/promptline/promptline/internal/faults"
 )
 
 // ScriptedProvider answers without a model, for demos and tests. By default
@@ -22,6 +24,10 @@ import (
 //	                   lines: several calls in one step)
 //	/loop NAME {json}  request that call at every step, after tool results
 //	                   too: the turn ends at the step limit (max_steps)
+//	/crash             only in a binary built with the faults tag: SIGKILL
+//	                   the process, every time the step is sent (a turn
+//	                   that crashes its process each time it runs); in
+//	                   other builds an ordinary line
 //
 // After tool results it answers "tool results: NAME: OUTPUT; ..." (or the
 // /reply text), so a turn with tools takes two steps.
@@ -40,6 +46,12 @@ func (ScriptedProvider) Complete(ctx context.Context, req ProviderRequest) (Prov
 		for _, line := range strings.Split(m.Text, "\n") {
 			directive, arg, _ := strings.Cut(line, " ")
 			switch directive {
+			case "/crash":
+				if !faults.Enabled {
+					echo = append(echo, line)
+					continue
+				}
+				faults.Crash()
 			case "/reply":
 				reply = &arg
 			case "/sleep":

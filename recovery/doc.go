@@ -44,6 +44,14 @@
 // recovery plan`) applies the same function to evidence read in one read
 // only snapshot and writes nothing.
 //
+// A cap per session (Config.MaxPerSession): a decision that would run a
+// session's turn again (continued, rewoken) when the session's turns were
+// run again MaxPerSession times within the window is a quarantine with
+// reason recovery_cap instead. The count is part of the evidence (Cap),
+// read from the recoveries table, so it survives restarts and every
+// process counts the same; only recoveries decided after the last release
+// of a capped claim of the session count.
+//
 // Decisions: cleared (phase safe), superseded (the claim's assistant
 // message is not the session's newest), rewoken (phase ready), continued
 // (phase continue, or an idempotent retry), reconciled (phase unknown),

@@ -133,6 +133,13 @@ func explainEvidence(w io.Writer, ev Evidence) {
 			ev.AssistantMessageID, ev.AssistantStatus, ev.NewestAssistantID)
 	}
 	fmt.Fprintf(w, "  Inputs waiting: %d.\n", ev.WaitingInputs)
+	if c := ev.Cap; c != nil {
+		since := ""
+		if c.ReleasedAt != nil {
+			since = ", since the release at " + c.ReleasedAt.UTC().Format(time.RFC3339)
+		}
+		fmt.Fprintf(w, "  Recoveries that ran the session's turn again within %s%s: %d (cap %d).\n", c.Window, since, c.Recovered, c.Max)
+	}
 }
 
 // explainResolutions writes who resolved what, and what it led to.
@@ -185,6 +192,9 @@ func because(r Record) string {
 	case DecisionReconciled:
 		return "a provider request or a side-effecting tool call may have been acted on and its outcome was never recorded; it was marked unknown, the turn failed with reason outcome_unknown, and nothing was replayed" + wake(r)
 	case DecisionQuarantined:
+		if strings.HasPrefix(r.QuarantineReason, ReasonRecoveryCap) {
+			return "the session reached its recovery cap (" + r.QuarantineReason + "), so the turn is not run again; it is held until an operator looks and releases it (consumer quarantine release), after which the count starts afresh"
+		}
 		return "the row failed validation: " + r.QuarantineReason + "; it is skipped until an operator repairs and releases it (consumer quarantine release)"
 	}
 	return strings.TrimSpace(r.Decision)

@@ -144,7 +144,7 @@ func (r *Recoverer) planClaims(ctx context.Context, tx pgx.Tx, sessionID string,
 	}
 	out := make([]PlannedClaim, 0, len(claims))
 	for _, c := range claims {
-		ev, err := gather(ctx, tx, c)
+		ev, err := r.gather(ctx, tx, c)
 		if err != nil {
 			return nil, fmt.Errorf("planning %s: %w", c.SessionID, err)
 		}

@@ -95,6 +95,17 @@ type Config struct {
 	// plans (decides on, without acting) to count what waits; a scan
 	// longer than that goes on at the next pass. Defaults to 10.
 	HeldPages int
+	// MaxPerSession caps the recoveries that run a session's turn again
+	// (continued, rewoken) within MaxPerSessionWindow: a claim whose
+	// session had that many already is quarantined with ReasonRecoveryCap
+	// instead (a turn that crashes its process each time it runs must not
+	// loop forever). Defaults to 0: no cap.
+	MaxPerSession int
+	// MaxPerSessionWindow is the window of MaxPerSession. Defaults to 1h.
+	MaxPerSessionWindow time.Duration
+	// OnCappedFunc counts claims quarantined by MaxPerSession. Defaults to
+	// nothing.
+	OnCappedFunc func()
 }
 
 // Recoverer runs recovery passes.
@@ -120,6 +131,7 @@ func New(pool *pgxpool.Pool, config *Config) *Recoverer {
 	cfg.OwnerID = cmp.Or(cfg.OwnerID, "recovery")
 	cfg.Mode = cmp.Or(cfg.Mode, ModeAuto)
 	cfg.HeldPages = cmp.Or(cfg.HeldPages, 10)
+	cfg.MaxPerSessionWindow = cmp.Or(cfg.MaxPerSessionWindow, time.Hour)
 	cfg.Topics = cfg.Topics.WithDefaults()
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
@@ -311,6 +323,56 @@ type Evidence struct {
 	// ContinuationHolders are the inputs that hold the candidate IDs of
 	// the execution's continuation (Decide picks one); not stored.
 	ContinuationHolders []InputFact `json:"-"`
+	// Cap is the session's count against Config.MaxPerSession; nil when
+	// no cap is set.
+	Cap *CapFact `json:"recovery_cap,omitempty"`
+}
+
+// ReasonRecoveryCap begins the quarantine reason of a claim whose session
+// reached Config.MaxPerSession.
+const ReasonRecoveryCap = "recovery_cap"
+
+// CapFact is how often a session's turns were run again by recovery.
+type CapFact struct {
+	// Max and Window are the cap (Config.MaxPerSession in
+	// Config.MaxPerSessionWindow).
+	Max    int    `json:"max"`
+	Window string `json:"window"`
+	// Recovered counts the session's recoveries that ran its turn again
+	// (continued, rewoken) within the window, after the last release of a
+	// claim of the session quarantined by the cap (ReleasedAt).
+	Recovered  int        `json:"recovered"`
+	ReleasedAt *time.Time `json:"released_at,omitempty"`
+}
+
+// reached says that one more recovery that runs the turn again exceeds
+// the cap.
+func (c *CapFact) reached() bool { return c != nil && c.Max > 0 && c.Recovered >= c.Max }
+
+// gather reads the evidence of a decision, with the session's count
+// against the cap when one is set.
+func (r *Recoverer) gather(ctx context.Context, tx pgx.Tx, c ledger.Claim) (Evidence, error) {
+	ev, err := gather(ctx, tx, c)
+	if err != nil || r.cfg.MaxPerSession <= 0 {
+		return ev, err
+	}
+	ev.Cap = &CapFact{Max: r.cfg.MaxPerSession, Window: r.cfg.MaxPerSessionWindow.String()}
+	// A release of a capped claim starts the count afresh: the operator
+	// has looked, and the session runs again (up to the cap) before it is
+	// capped again.
+	err = tx.QueryRow(ctx, `SELECT (SELECT max(released_at) FROM quarantine_releases
+		WHERE kind = $2 AND ref = $1 AND starts_with(reason, $3))`, c.SessionID, KindClaim, ReasonRecoveryCap+":").Scan(&ev.Cap.ReleasedAt)
+	if err != nil {
+		return ev, fmt.Errorf("reading the last release of a capped claim: %w", err)
+	}
+	err = tx.QueryRow(ctx, `SELECT count(*) FROM recoveries
+		WHERE session_id = $1 AND decision = ANY($2) AND decided_at > now() - $3 * interval '1 millisecond'
+		  AND ($4::timestamptz IS NULL OR decided_at > $4)`,
+		c.SessionID, []string{DecisionContinued, DecisionRewoken}, r.cfg.MaxPerSessionWindow.Milliseconds(), ev.Cap.ReleasedAt).Scan(&ev.Cap.Recovered)
+	if err != nil {
+		return ev, fmt.Errorf("counting the session's recoveries: %w", err)
+	}
+	return ev, nil
 }
 
 // InputFact is an input holding a continuation's candidate ID.
@@ -360,7 +422,7 @@ func (r *Recoverer) recoverOnly(ctx context.Context, old ledger.Claim, want stri
 		if _, err := tx.Exec(ctx, `SELECT 1 FROM sessions WHERE session_id = $1 FOR UPDATE`, old.SessionID); err != nil {
 			return fmt.Errorf("locking session: %w", err)
 		}
-		ev, err := gather(ctx, tx, old)
+		ev, err := r.gather(ctx, tx, old)
 		if err != nil {
 			return err
 		}
@@ -376,6 +438,11 @@ func (r *Recoverer) recoverOnly(ctx context.Context, old ledger.Claim, want stri
 	if d.Decision == DecisionQuarantined {
 		r.log.WarnContext(ctx, "claim quarantined", slog.String("session_id", old.SessionID),
 			slog.String("execution_id", old.ExecutionID), slog.String("reason", d.QuarantineReason))
+		if d.capped {
+			if f := r.cfg.OnCappedFunc; f != nil {
+				f()
+			}
+		}
 		return DecisionQuarantined, d.failed, nil
 	}
 	r.log.InfoContext(ctx, "recovery decided", slog.String("session_id", old.SessionID),
@@ -391,7 +458,7 @@ func (r *Recoverer) recoverOnly(ctx context.Context, old ledger.Claim, want stri
 // took the chosen one since ev was read (admitContinuation).
 func (r *Recoverer) apply(ctx context.Context, tx pgx.Tx, old ledger.Claim, ev Evidence, d Decision) error {
 	if d.Decision == DecisionQuarantined {
-		return r.quarantineTx(ctx, tx, old, d.QuarantineReason)
+		return r.quarantineTx(ctx, tx, old, d.QuarantineReason, &ev)
 	}
 	nc, err := ledger.Takeover(ctx, tx, old, "recovery/"+old.ExecutionID, r.cfg.OwnerID, time.Minute)
 	if errors.Is(err, ledger.ErrNotExpired) {
@@ -489,6 +556,7 @@ type Decision struct {
 
 	retryDeferred bool // RetryAttemptID was deferred (retry_wait), not started
 	failed        bool // quarantined because the decision cannot be carried out
+	capped        bool // quarantined because the session reached its cap (ev.Cap)
 }
 
 // Decide decides for an expired claim on its evidence, reading and writing
@@ -521,6 +589,12 @@ func Decide(old ledger.Claim, ev Evidence, idempotentProviders []string) Decisio
 			return Decision{Decision: DecisionQuarantined, QuarantineReason: "decision failed: " + reason, failed: true}
 		}
 		d.ContinuationID = id
+	}
+	if (d.Decision == DecisionContinued || d.Decision == DecisionRewoken) && ev.Cap.reached() {
+		// It would run the turn again: once too often (Config.MaxPerSession).
+		return Decision{Decision: DecisionQuarantined, capped: true, QuarantineReason: fmt.Sprintf(
+			"%s: the session's turns were run again by recovery %d times within %s (cap %d); this %s is not carried out",
+			ReasonRecoveryCap, ev.Cap.Recovered, ev.Cap.Window, ev.Cap.Max, d.Decision)}
 	}
 	return d
 }
@@ -813,12 +887,21 @@ func (r *Recoverer) record(ctx context.Context, tx pgx.Tx, old, nc ledger.Claim,
 // quarantineClaim marks the claim in its own transaction (after a failed
 // decision).
 func (r *Recoverer) quarantineClaim(ctx context.Context, c ledger.Claim, reason string) error {
-	return pgdb.InTx(ctx, r.pool, func(tx pgx.Tx) error { return r.quarantineTx(ctx, tx, c, reason) })
+	return pgdb.InTx(ctx, r.pool, func(tx pgx.Tx) error { return r.quarantineTx(ctx, tx, c, reason, nil) })
 }
 
 // quarantineTx marks the claim, by compare-and-swap on the values that were
-// scanned, so that later scans skip it until an operator releases it.
-func (r *Recoverer) quarantineTx(ctx context.Context, tx pgx.Tx, c ledger.Claim, reason string) error {
+// scanned, so that later scans skip it until an operator releases it. ev,
+// when not nil, is the evidence the quarantine was decided on, stored with
+// it (a failed decision has none: '{}').
+func (r *Recoverer) quarantineTx(ctx context.Context, tx pgx.Tx, c ledger.Claim, reason string, ev *Evidence) error {
+	evJSON := []byte(`{}`)
+	if ev != nil {
+		var err error
+		if evJSON, err = json.Marshal(ev); err != nil {
+			return err
+		}
+	}
 	tag, err := tx.Exec(ctx, `UPDATE claims SET quarantine_reason = $5, quarantined_at = now()
 		WHERE session_id = $1 AND execution_id = $2 AND fencing_token = $3 AND expires_at = $4 AND quarantine_reason IS NULL`,
 		c.SessionID, c.ExecutionID, c.Token, c.ExpiresAt, reason)
@@ -830,10 +913,10 @@ func (r *Recoverer) quarantineTx(ctx context.Context, tx pgx.Tx, c ledger.Claim,
 	}
 	if _, err := tx.Exec(ctx, `INSERT INTO recoveries (execution_id, session_id, phase_found, decision, evidence,
 			token_before, token_after, recovered_by, quarantine_reason)
-		VALUES ($1, $2, $3, 'quarantined', '{}', $4, $4, $5, $6)
-		ON CONFLICT (execution_id) DO UPDATE SET quarantine_reason = excluded.quarantine_reason, decided_at = now()
+		VALUES ($1, $2, $3, 'quarantined', $7, $4, $4, $5, $6)
+		ON CONFLICT (execution_id) DO UPDATE SET quarantine_reason = excluded.quarantine_reason, evidence = excluded.evidence, decided_at = now()
 		WHERE recoveries.decision = 'quarantined'`,
-		c.ExecutionID, c.SessionID, string(c.Phase), c.Token, r.cfg.OwnerID, reason); err != nil {
+		c.ExecutionID, c.SessionID, string(c.Phase), c.Token, r.cfg.OwnerID, reason, evJSON); err != nil {
 		return fmt.Errorf("recording quarantine of %s: %w", c.SessionID, err)
 	}
 	return nil

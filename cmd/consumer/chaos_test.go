@@ -493,8 +493,11 @@ func TestChaosSoak(t *testing.T) {
 	b.events = readTopic(t, b.addr, "session-events")
 	tools, url := newToolServer(t)
 	c.r = &sweepRun{b: b, sandbox: t.TempDir(), tools: tools, toolURL: url, tag: uuid.NewString()[:8], replied: map[string]bool{}}
+	// No recovery cap: the soak's faults hit sessions at random, often
+	// several times a minute each, and every turn must end; the cap is for
+	// a turn that crashes its own process (TestRecoveryCapStopsACrashLoop).
 	c.flags = append(sweepFlags(c.r.sandbox, url), "--lease", chaosLease.String(), "--db-lock-timeout", "500ms",
-		"--log-level", "info")
+		"--log-level", "info", "--recovery-max-per-session", "0")
 	for i := range c.consumers {
 		c.startConsumer(i)
 	}

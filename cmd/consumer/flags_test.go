@@ -61,6 +61,8 @@ func TestFlags(t *testing.T) {
 		{"LedgerRetentionTooShort", []string{"--ledger-retention", "10ms"}, "--ledger-retention"},
 		{"MaxMessageBytesTooSmall", []string{"--max-message-bytes", "100"}, "--max-message-bytes"},
 		{"MaxMessageBytesAboveRequestSize", []string{"--max-message-bytes", "104857600"}, "--max-message-bytes"},
+		{"RecoveryMaxPerSessionNegative", []string{"--recovery-max-per-session", "-1"}, "--recovery-max-per-session:"},
+		{"RecoveryMaxPerSessionWindowNegative", []string{"--recovery-max-per-session-window", "-1s"}, "--recovery-max-per-session-window:"},
 		{"UnknownFlag", []string{"--no-such-flag"}, "--no-such-flag"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -94,6 +96,14 @@ func TestFlags(t *testing.T) {
 			require.Contains(t, stdout, flag)
 		}
 		require.Contains(t, stdout, "broker", "the broker subcommand is listed")
+	})
+
+	t.Run("RecoveryPlanMaxPerSessionNegative", func(t *testing.T) {
+		t.Parallel()
+		_, stderr, code := runOnce(t, "recovery", "plan", "--database-url", "postgres://127.0.0.1:1/none?connect_timeout=1",
+			"--recovery-max-per-session", "-2")
+		require.Equal(t, 1, code, stderr)
+		require.Contains(t, stderr, "--recovery-max-per-session: must not be negative")
 	})
 
 	t.Run("BrokerPartitionsZero", func(t *testing.T) {

@@ -112,6 +112,36 @@ type recoveryPolicy struct {
 	redriveAfter time.Duration
 	provider     string
 	idempotent   bool
+	cap          recoveryCap
+}
+
+// recoveryCap is the cap on recoveries per session, with the consumer's
+// flag names (the plan and apply commands decide with it too).
+type recoveryCap struct {
+	max    int
+	window time.Duration
+}
+
+func (c *recoveryCap) flags(f *pflag.FlagSet) {
+	f.IntVar(&c.max, "recovery-max-per-session", 5, "recoveries that run a session's turn again (continued, rewoken) allowed within --recovery-max-per-session-window; one more is quarantined with reason recovery_cap instead; 0 disables the cap")
+	f.DurationVar(&c.window, "recovery-max-per-session-window", time.Hour, "the window of --recovery-max-per-session; 0 disables the cap")
+}
+
+func (c *recoveryCap) validate() error {
+	switch {
+	case c.max < 0:
+		return fmt.Errorf("--recovery-max-per-session: must not be negative (0 disables the cap), got %d", c.max)
+	case c.window < 0:
+		return fmt.Errorf("--recovery-max-per-session-window: must not be negative (0 disables the cap), got %s", c.window)
+	}
+	return nil
+}
+
+// apply sets the cap in cfg: none when either value is 0.
+func (c *recoveryCap) apply(cfg *recovery.Config) {
+	if c.max > 0 && c.window > 0 {
+		cfg.MaxPerSession, cfg.MaxPerSessionWindow = c.max, c.window
+	}
 }
 
 func (p *recoveryPolicy) flags(f *pflag.FlagSet) {
@@ -119,6 +149,7 @@ func (p *recoveryPolicy) flags(f *pflag.FlagSet) {
 	f.DurationVar(&p.redriveAfter, "redrive-after", 30*time.Second, "age of a waiting input without a claim before its session is woken again")
 	f.StringVar(&p.provider, "provider", "scripted", "the consumers' model provider (the name recorded on attempts)")
 	f.BoolVar(&p.idempotent, "provider-honours-idempotency-keys", false, "the consumers declare that the provider deduplicates by Idempotency-Key")
+	p.cap.flags(f)
 }
 
 func (p *recoveryPolicy) config(owner string, topics kafkautil.Topics) (*recovery.Config, error) {
@@ -128,7 +159,11 @@ func (p *recoveryPolicy) config(owner string, topics kafkautil.Topics) (*recover
 	if p.redriveAfter < 0 {
 		return nil, fmt.Errorf("--redrive-after: must not be negative, got %s", p.redriveAfter)
 	}
+	if err := p.cap.validate(); err != nil {
+		return nil, err
+	}
 	cfg := &recovery.Config{Batch: p.batch, RedriveAfter: p.redriveAfter, OwnerID: owner, Topics: topics}
+	p.cap.apply(cfg)
 	if p.idempotent {
 		cfg.IdempotentProviders = []string{p.provider}
 	}

@@ -41,6 +41,7 @@ type options struct {
 	recoveryBatch     int
 	redriveAfter      time.Duration
 	recoveryMode      string
+	recoveryCap       recoveryCap
 	outboxRetention   time.Duration
 	ledgerRetention   time.Duration
 	dbMaxConns        int32
@@ -89,6 +90,7 @@ func newRootCommandEnv(environ func() []string) *cobra.Command {
 	f.DurationVar(&o.recoveryInterval, "recovery-interval", 10*time.Second, "time between recovery passes")
 	f.IntVar(&o.recoveryBatch, "recovery-batch", 100, "expired claims and lost wakes handled per recovery pass")
 	f.StringVar(&o.recoveryMode, "recovery-mode", "auto", "auto: recovery passes act; hold: they only plan, and an operator applies (`consumer recovery apply`); the fleet-wide mode set by `consumer recovery hold|resume` wins over this flag")
+	o.recoveryCap.flags(f)
 	f.DurationVar(&o.outboxRetention, "outbox-retention", time.Hour, "how long published outbox rows are kept before they are deleted (Kafka keeps what was published); 0 keeps them forever")
 	f.DurationVar(&o.ledgerRetention, "ledger-retention", 7*24*time.Hour, "how long the ledger rows (provider attempts, tool calls) of a settled execution of an idle session are kept before they are deleted; rows recovery may still need are never deleted; 0 keeps them forever")
 	f.DurationVar(&o.redriveAfter, "redrive-after", 30*time.Second, "age of a waiting input without a claim before its session is woken again")
@@ -188,6 +190,9 @@ read).`,
 }
 
 func (o *options) validate() error {
+	if err := o.recoveryCap.validate(); err != nil {
+		return err
+	}
 	switch {
 	case o.partitions < 1:
 		return fmt.Errorf("--partitions: must be at least 1, got %d", o.partitions)

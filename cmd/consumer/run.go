@@ -201,7 +201,7 @@ func run(ctx context.Context, o *options, stderr io.Writer) error {
 		Provider: provider, ProviderName: providerName, Tools: toolbox, PermissionFunc: o.permissions.lookup,
 		ToolTimeout: o.toolTimeout, Deltas: deltas,
 	})
-	rec := recovery.New(db.Pool, &recovery.Config{
+	recCfg := &recovery.Config{
 		Interval: o.recoveryInterval, Batch: o.recoveryBatch, RedriveAfter: o.redriveAfter,
 		OwnerID: owner, Topics: topics, Logger: log.With(slog.String("component", "recovery")),
 		IdempotentProviders: idempotentProviders,
@@ -213,7 +213,10 @@ func run(ctx context.Context, o *options, stderr io.Writer) error {
 		OnHeldFunc:          func(c map[string]int) { setHeld(m, c) },
 
 		OnTransientErrorFunc: m.RecoveryTransient.Inc,
-	})
+		OnCappedFunc:         m.RecoveryCapped.Inc,
+	}
+	o.recoveryCap.apply(recCfg)
+	rec := recovery.New(db.Pool, recCfg)
 	if err := rec.Start(ctx); err != nil {
 		return err
 	}

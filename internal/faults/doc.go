@@ -1,7 +1,9 @@
 // Package faults holds crash points for the crash tests. Hit(name) kills the
 // process with SIGKILL when the binary was built with the "faults" build tag
 // and PROMPTLINE_FAULT names that point; Stall(name) blocks the calling
-// goroutine for good instead. In normal builds both compile to nothing.
+// goroutine for good instead; Crash() kills the process whatever
+// PROMPTLINE_FAULT says (the scripted provider's /crash directive). In
+// normal builds all compile to nothing.
 // PROMPTLINE_FAULT=point@duration stops the goroutine that hits the point
 // for that long before the kill, while the rest of the process runs on.
 //

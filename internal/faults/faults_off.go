@@ -15,6 +15,9 @@ func BeforeCommit(string) int64 { return 0 }
 // AfterCommit does nothing without the faults build tag.
 func AfterCommit(int64, string) {}
 
+// Crash does nothing without the faults build tag.
+func Crash() {}
+
 // Stall does nothing without the faults build tag.
 func Stall(string) {}
 

@@ -53,6 +53,11 @@ func Hit(name string) {
 	}
 }
 
+// Crash kills this process with SIGKILL at once, whatever PROMPTLINE_FAULT
+// says: for a test input that crashes every process that runs it (the
+// scripted provider's /crash).
+func Crash() { die() }
+
 func die() {
 	_ = syscall.Kill(os.Getpid(), syscall.SIGKILL)
 	select {} // SIGKILL is delivered asynchronously; never run past the point.
