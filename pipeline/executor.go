@@ -518,11 +518,15 @@ func retryRefused(ctx context.Context, log *slog.Logger, what string, try func()
 	}
 }
 
-// promoteRetried is promote, run again while the server refuses it.
+// promoteRetried is promote, run again while the server refuses it. A
+// refused try committed nothing, so each try numbers the first step's
+// attempt from the same count: the refused try's number is no step's.
 func (ex *execution) promoteRetried(ctx context.Context, log *slog.Logger) (*turn, error) {
 	var t *turn
+	steps := ex.steps
 	err := retryRefused(ctx, log, "promotion", func() error {
 		var err error
+		ex.steps = steps
 		t, err = ex.promote(ctx)
 		return err
 	})
