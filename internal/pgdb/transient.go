@@ -91,8 +91,10 @@ var refusedCodes = map[string]bool{
 // safe even for a write that is not idempotent. Every other transient
 // error may have cut the connection during COMMIT (or, like 57P01 during a
 // synchronous commit's wait, arrived after the commit): the commit is then
-// in doubt, and Refused is false.
+// in doubt, and Refused is false. Only an ERROR counts: a FATAL with one of
+// these codes (a hot standby's recovery conflict) ends the session, and
+// what it says of a COMMIT is not vouched for here.
 func Refused(err error) bool {
 	var pgErr *pgconn.PgError
-	return errors.As(err, &pgErr) && refusedCodes[pgErr.Code]
+	return errors.As(err, &pgErr) && pgErr.Severity == "ERROR" && refusedCodes[pgErr.Code]
 }

@@ -63,7 +63,7 @@ func TestTransient(t *testing.T) {
 func TestRefused(t *testing.T) {
 	t.Parallel()
 	pg := func(code string) error {
-		return fmt.Errorf("setting phase continue: %w", &pgconn.PgError{Code: code, Message: "x"})
+		return fmt.Errorf("setting phase continue: %w", &pgconn.PgError{Severity: "ERROR", Code: code, Message: "x"})
 	}
 	for _, tc := range []struct {
 		name string
@@ -75,6 +75,7 @@ func TestRefused(t *testing.T) {
 		{"SerializationFailure", pg("40001"), true},
 		{"LockTimeout", pg("55P03"), true},
 		{"DeadlockJoinedWithLostRollback", errors.Join(pg("40P01"), pgconn.ErrConnClosed), true},
+		{"FatalDeadlock", fmt.Errorf("x: %w", &pgconn.PgError{Severity: "FATAL", Code: "40P01", Message: "x"}), false},
 		{"CompletionUnknown", pg("40003"), false},
 		{"TerminatedBackend", pg("57P01"), false},
 		{"StatementTimeout", pg("57014"), false},
