@@ -286,22 +286,25 @@ func madeUnknown(d Decision, ev Evidence) []AttemptFact {
 	return out
 }
 
+// reportQuarantined reads and reports the quarantined rows and the
+// attempts at risk; a failure of one read does not hold back the other.
 func (r *Recoverer) reportQuarantined(ctx context.Context) error {
-	if f := r.cfg.OnAtRiskFunc; f != nil {
-		atRisk, err := ledger.AttemptsAtRisk(ctx, r.pool)
-		if err != nil {
-			return err
-		}
-		f(atRisk)
-	}
+	var errs []error
 	if f := r.cfg.OnQuarantinedFunc; f != nil {
-		counts, err := QuarantinedCounts(ctx, r.pool)
-		if err != nil {
-			return err
+		if counts, err := QuarantinedCounts(ctx, r.pool); err != nil {
+			errs = append(errs, err)
+		} else {
+			f(counts)
 		}
-		f(counts)
 	}
-	return nil
+	if f := r.cfg.OnAtRiskFunc; f != nil {
+		if atRisk, err := ledger.AttemptsAtRisk(ctx, r.pool); err != nil {
+			errs = append(errs, err)
+		} else {
+			f(atRisk)
+		}
+	}
+	return errors.Join(errs...)
 }
 
 func (r *Recoverer) transientError(ctx context.Context, c ledger.Claim, msg string, err error) {
