@@ -3,6 +3,7 @@ package pipeline_test
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"sync"
 	"testing"
 	"time"
@@ -164,6 +165,40 @@ func TestAttemptSpend(t *testing.T) {
 		require.NoError(t, err)
 		require.Empty(t, atRisk)
 	})
+}
+
+// refusedOnce reports a response ID and refuses the first try (429 with a
+// Retry-After), then answers the retry without an ID.
+type refusedOnce struct {
+	mu    sync.Mutex
+	tries int
+}
+
+func (r *refusedOnce) Complete(ctx context.Context, req pipeline.ProviderRequest) (pipeline.ProviderResponse, error) {
+	r.mu.Lock()
+	r.tries++
+	first := r.tries == 1
+	r.mu.Unlock()
+	if first {
+		req.ResponseIDFunc("resp-of-the-refused-try")
+		return pipeline.ProviderResponse{}, &pipeline.RetryAfterError{After: 10 * time.Millisecond, Err: errors.New("429")}
+	}
+	return pipeline.ScriptedProvider{}.Complete(ctx, req)
+}
+
+func TestAttemptSpendOfARetriedAttempt(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	b := setupExec(t)
+	p := &refusedOnce{}
+	e := b.executor(t, "a", p, 5*time.Second, 0)
+	b.admit(t, "s", "m1", "hello")
+	done, err := e.Wake(ctx, "s", 0)
+	require.NoError(t, err)
+	wait(t, done)
+	require.Equal(t, 1, b.answered(t, "m1"))
+	require.Equal(t, 1, b.count(t, `SELECT count(*) FROM attempts WHERE session_id = 's' AND state = 'succeeded'
+		AND tries = 2 AND response_id IS NULL`), "the answered try reported no ID; the refused try's is not its")
 }
 
 // unknownAfter answers every step with ErrOutcomeUnknown after the

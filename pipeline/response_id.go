@@ -90,10 +90,13 @@ func (w *responseIDWrite) wait() string {
 	return id
 }
 
-// keepResponseID remembers an attempt's response ID for its outcome's
-// write.
+// keepResponseID remembers an attempt's response ID (of its latest try)
+// for its outcome's write. A try that reported none forgets an earlier
+// try's: a deferred attempt begun again starts without an ID
+// (beginAttemptSQL), and the outcome must not name another try's.
 func (ex *execution) keepResponseID(attemptID, id string) {
 	if id == "" {
+		delete(ex.responseIDs, attemptID)
 		return
 	}
 	if ex.responseIDs == nil {
