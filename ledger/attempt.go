@@ -50,6 +50,12 @@ type AttemptParams struct {
 	Provider           string
 	IdempotencyKey     string
 	RequestHash        []byte
+	// Model is the model the provider is asked for ("" when it names
+	// none), recorded with the intent.
+	Model string
+	// RequestTokens estimates the request's input tokens, recorded with
+	// the intent (the pipeline's estimate: its request's JSON bytes / 4).
+	RequestTokens int64
 }
 
 // BeginAttempt commits the intent of a provider attempt, with the claim's
@@ -58,7 +64,7 @@ type AttemptParams struct {
 // sent. A retry of the same attempt (after DeferAttempt) counts a try.
 func (x *Execution) BeginAttempt(ctx context.Context, tx pgx.Tx, p AttemptParams) error {
 	tag, err := tx.Exec(ctx, beginAttemptSQL, p.ID, x.claim.SessionID, x.claim.ExecutionID, p.AssistantMessageID,
-		p.Step, p.Provider, p.IdempotencyKey, x.claim.Token, p.RequestHash)
+		p.Step, p.Provider, p.IdempotencyKey, x.claim.Token, p.RequestHash, p.Model, p.RequestTokens)
 	if err != nil {
 		return fmt.Errorf("recording attempt %s: %w", p.ID, err)
 	}
@@ -93,11 +99,37 @@ func AttemptRetry(ctx context.Context, tx pgx.Tx, id string) (tries int, wait ti
 // FinishAttempt records the attempt's outcome (succeeded, failed or
 // unknown) with usage and error text.
 func FinishAttempt(ctx context.Context, tx pgx.Tx, id, state, errText string, inputTokens, outputTokens int64) error {
-	_, err := tx.Exec(ctx, finishAttemptSQL, id, state, errText, inputTokens, outputTokens)
+	return FinishAttemptWith(ctx, tx, id, state, errText, inputTokens, outputTokens, "")
+}
+
+// FinishAttemptWith is FinishAttempt that also records the provider's
+// response ID, unless it is empty or one is recorded already (the
+// best-effort RecordResponseID of the first bytes).
+func FinishAttemptWith(ctx context.Context, tx pgx.Tx, id, state, errText string, inputTokens, outputTokens int64, responseID string) error {
+	_, err := tx.Exec(ctx, finishAttemptSQL, id, state, errText, inputTokens, outputTokens, responseID)
 	if err != nil {
 		return fmt.Errorf("recording outcome of attempt %s: %w", id, err)
 	}
 	return nil
+}
+
+// RecordResponseID records the provider's response or request ID of an
+// attempt still in flight (state started), behind the fence, in a Write
+// transaction of its own: what an operator needs to ask the provider about
+// an attempt that ends unknown. The pipeline calls it as soon as the first
+// bytes of the answer arrive, best effort. It records nothing once the
+// attempt has an outcome (the outcome's own statement records the ID) or
+// an ID; recorded reports whether it wrote.
+func (x *Execution) RecordResponseID(ctx context.Context, attemptID, responseID string) (recorded bool, err error) {
+	err = x.Write(ctx, func(tx pgx.Tx) error {
+		tag, err := tx.Exec(ctx, recordResponseIDSQL, attemptID, x.claim.Token, responseID)
+		if err != nil {
+			return fmt.Errorf("recording response ID of attempt %s: %w", attemptID, err)
+		}
+		recorded = tag.RowsAffected() == 1
+		return nil
+	})
+	return recorded, err
 }
 
 // AttemptState reads an attempt's state ("" when there is no such
@@ -205,15 +237,25 @@ func (x *Execution) SettleCall(ctx context.Context, tx pgx.Tx, callID, attemptID
 // attempt again.
 const beginAttemptSQL = insertAttemptSQL + `
 ON CONFLICT (attempt_id) DO UPDATE SET state = 'started', tries = attempts.tries + 1,
-    next_retry_at = NULL, fencing_token = excluded.fencing_token, started_at = now()
+    next_retry_at = NULL, fencing_token = excluded.fencing_token, started_at = now(),
+    model = excluded.model, request_tokens = excluded.request_tokens, response_id = NULL, response_id_at = NULL
 WHERE attempts.state = 'retry_wait'`
+
+// recordResponseIDSQL names the attempt's fencing token too: an attempt
+// begun again by a later execution (a retry under the same ID) is not
+// this one's to annotate.
+const recordResponseIDSQL = `
+UPDATE attempts SET response_id = $3, response_id_at = now()
+WHERE attempt_id = $1 AND fencing_token = $2 AND state = 'started' AND response_id IS NULL`
 
 const deferAttemptSQL = `
 UPDATE attempts SET state = 'retry_wait', next_retry_at = now() + $2 * interval '1 millisecond', error = $3
 WHERE attempt_id = $1 AND state = 'started'`
 
 const finishAttemptSQL = `
-UPDATE attempts SET state = $2, error = nullif($3, ''), input_tokens = $4, output_tokens = $5, finished_at = now()
+UPDATE attempts SET state = $2, error = nullif($3, ''), input_tokens = $4, output_tokens = $5, finished_at = now(),
+    response_id = coalesce(response_id, nullif($6, '')),
+    response_id_at = CASE WHEN response_id IS NULL AND $6 <> '' THEN now() ELSE response_id_at END
 WHERE attempt_id = $1`
 
 const requestCallSQL = `
@@ -228,3 +270,42 @@ const startCallSQL = `UPDATE tool_calls SET state = 'started', started_at = now(
 const settleCallSQL = `
 UPDATE tool_calls SET state = $2, output = $3, is_error = $4, finished_at = now()
 WHERE call_id = $1 AND state IN ('requested', 'started')`
+
+// AtRisk is the spend at risk of one provider and model: the attempts whose
+// outcome is unknown (they may have been billed) and the sum of their
+// requests' estimated input tokens.
+type AtRisk struct {
+	Provider string
+	Model    string
+	Attempts int64
+	Tokens   int64
+}
+
+// AttemptsAtRisk reads the attempts left unknown, by provider and model
+// ("" when none was recorded): those that no operator resolved (`consumer
+// session resolve`, either finding) and not yet pruned
+// (--ledger-retention). It reads the partial index attempts_unknown, not
+// the ledger.
+func AttemptsAtRisk(ctx context.Context, q interface {
+	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
+}) ([]AtRisk, error) {
+	rows, err := q.Query(ctx, attemptsAtRiskSQL)
+	if err != nil {
+		return nil, fmt.Errorf("reading attempts at risk: %w", err)
+	}
+	all, err := pgx.CollectRows(rows, pgx.RowToStructByPos[AtRisk])
+	if err != nil {
+		return nil, fmt.Errorf("reading attempts at risk: %w", err)
+	}
+	return all, nil
+}
+
+// attemptsAtRiskSQL: an attempt an operator resolved (either finding:
+// it was not sent, and is failed, or it ran, and is spent, not at risk)
+// has a resolution.
+const attemptsAtRiskSQL = `
+SELECT a.provider, coalesce(a.model, ''), count(*), coalesce(sum(a.request_tokens), 0)::bigint
+FROM attempts a
+WHERE a.state = 'unknown'
+  AND NOT EXISTS (SELECT 1 FROM resolutions r WHERE r.target_id = a.attempt_id AND r.target_kind = 'attempt')
+GROUP BY 1, 2 ORDER BY 1, 2`

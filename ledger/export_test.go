@@ -10,10 +10,13 @@ func GroupCommitCounts(c *Claims) (combined, separated int64) {
 const (
 	OpenCallsSQL     = openCallsSQL
 	FinishAttemptSQL = finishAttemptSQL
-	SettleCallSQL    = settleCallSQL
-	StartCallSQL     = startCallSQL
-	PruneSQL         = pruneSQL
-	PruneSettingsSQL = pruneSettingsSQL
+	// RecordResponseIDSQL and AttemptsAtRiskSQL: the spend at risk.
+	RecordResponseIDSQL = recordResponseIDSQL
+	AttemptsAtRiskSQL   = attemptsAtRiskSQL
+	SettleCallSQL       = settleCallSQL
+	StartCallSQL        = startCallSQL
+	PruneSQL            = pruneSQL
+	PruneSettingsSQL    = pruneSettingsSQL
 )
 
 // RolledBack is groupCommit's split decision: whether a failed combined

@@ -169,12 +169,12 @@ func (x *Execution) sendQueued(ctx context.Context, b *pgx.Batch) error {
 // ID violates the key and the transaction rolls back.
 func (x *Execution) QueueBeginAttempt(b *pgx.Batch, p AttemptParams) {
 	b.Queue(insertAttemptSQL, p.ID, x.claim.SessionID, x.claim.ExecutionID, p.AssistantMessageID,
-		p.Step, p.Provider, p.IdempotencyKey, x.claim.Token, p.RequestHash)
+		p.Step, p.Provider, p.IdempotencyKey, x.claim.Token, p.RequestHash, p.Model, p.RequestTokens)
 }
 
-// QueueFinishAttempt is FinishAttempt for a queued write.
-func QueueFinishAttempt(b *pgx.Batch, id, state, errText string, inputTokens, outputTokens int64) {
-	b.Queue(finishAttemptSQL, id, state, errText, inputTokens, outputTokens)
+// QueueFinishAttempt is FinishAttemptWith for a queued write.
+func QueueFinishAttempt(b *pgx.Batch, id, state, errText string, inputTokens, outputTokens int64, responseID string) {
+	b.Queue(finishAttemptSQL, id, state, errText, inputTokens, outputTokens, responseID)
 }
 
 // acquireWaitingSQL locks the session row, and claims with the next token
@@ -208,8 +208,8 @@ WHERE session_id = $1 AND fencing_token = $2
 
 const insertAttemptSQL = `
 INSERT INTO attempts (attempt_id, session_id, execution_id, assistant_message_id, step, provider,
-                      idempotency_key, fencing_token, request_hash, state)
-VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, 'started')`
+                      idempotency_key, fencing_token, request_hash, state, model, request_tokens)
+VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, 'started', nullif($10, ''), $11)`
 
 // staleCode is the SQLSTATE raised by promptline_claim_as_read.
 const staleCode = "PLSTA"

@@ -20,7 +20,8 @@ import (
 var ledgerStatements = []struct{ name, sql, args string }{
 	// recovery.gather
 	{"recovery: attempts of the execution",
-		`SELECT attempt_id, step, provider, state FROM attempts WHERE execution_id = $1 ORDER BY step`, `('e42')`},
+		`SELECT attempt_id, step, provider, state, coalesce(model, ''), coalesce(request_tokens, 0), coalesce(response_id, '')
+		FROM attempts WHERE execution_id = $1 ORDER BY step`, `('e42')`},
 	{"recovery: unsettled calls of the session",
 		`SELECT call_id, attempt_id, tool, class, state FROM tool_calls
 		WHERE session_id = $1 AND state IN ('requested', 'started') ORDER BY requested_at, call_id`, `('s42')`},
@@ -54,7 +55,7 @@ var ledgerStatements = []struct{ name, sql, args string }{
 	// internal/inspect (session show)
 	{"inspect: attempts",
 		`SELECT attempt_id, execution_id, assistant_message_id, step, provider, state, tries, idempotency_key, fencing_token,
-		error, input_tokens, output_tokens, started_at, next_retry_at, finished_at
+		error, input_tokens, output_tokens, model, request_tokens, response_id, started_at, next_retry_at, finished_at
 		FROM attempts WHERE session_id = $1 ORDER BY started_at, step, attempt_id`, `('s42')`},
 	{"inspect: tool calls",
 		`SELECT c.call_id, c.attempt_id, c.execution_id, c.idx, c.model_call_id, c.tool, c.class, c.state, c.idempotency_key,
@@ -63,7 +64,11 @@ var ledgerStatements = []struct{ name, sql, args string }{
 		WHERE c.session_id = $1 ORDER BY a.started_at, a.step, c.attempt_id, c.idx`, `('s42')`},
 	// ledger
 	{"ledger: open calls of an attempt", ledger.OpenCallsSQL, `('e42/step-1')`},
-	{"ledger: finish attempt", ledger.FinishAttemptSQL, `('e42/step-1', 'failed', 'x', 0, 0)`},
+	{"ledger: finish attempt", ledger.FinishAttemptSQL, `('e42/step-1', 'failed', 'x', 0, 0, 'r1')`},
+	{"ledger: record a response ID", ledger.RecordResponseIDSQL, `('e42/step-1', 1, 'r1')`},
+	// recovery's pass (promptline_provider_tokens_at_risk): the partial
+	// index attempts_unknown, never the ledger.
+	{"ledger: attempts at risk", ledger.AttemptsAtRiskSQL, ``},
 	{"ledger: settle call", ledger.SettleCallSQL, `('c42', 'succeeded', 'x', false)`},
 	{"ledger: start call", ledger.StartCallSQL, `('c42')`},
 	{"ledger: prune a batch", ledger.PruneSQL, fmt.Sprintf(`('e42', 500, 86400000, %d)`, ledger.PruneLockKey)},

@@ -27,6 +27,9 @@
 //	promptline_wake_to_start_seconds              histogram of the latency from a wake's at to the executor starting (or joining) the session's run
 //	promptline_provider_attempts_total{outcome}   provider requests sent, by outcome: succeeded | failed | unknown (may have been acted on)
 //	promptline_provider_attempt_seconds{outcome}  histogram of one provider request's latency
+//	promptline_provider_attempts_unknown_total{provider,model} provider attempts that became unknown (they may have been billed): counted by the executor when it records one unknown (a dropped connection, a shutdown mid-request) and by recovery when a committed decision marks one unknown (reconciled after a crash, or sent again with its idempotency key); model is "" when the provider names none
+//	promptline_provider_tokens_at_risk{provider,model} gauge: the sum of the estimated input tokens (a request's JSON bytes / 4, recorded with its intent) of the attempts in state unknown, neither resolved by an operator (`consumer session resolve`) nor pruned (--ledger-retention); read from the database (partial index attempts_unknown) by the recovery loop every pass, in hold too; database-wide, aggregate with max(); a pair seen before and gone falls back to 0
+//	promptline_provider_response_id_write_failures_total best-effort writes of a provider's response ID while its attempt was in flight that failed (logged; the turn went on, and the ID is recorded with the outcome)
 //	promptline_tool_calls_total{outcome}          tool calls settled, by outcome: succeeded | failed (including invalid and declined) | unknown
 //	promptline_tool_call_seconds{outcome}         histogram of one tool run's latency
 //	promptline_kafka_consumer_lag_messages{topic,partition} per partition assigned here: high-water mark minus the next offset to mark; removed when the partition is revoked

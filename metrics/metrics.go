@@ -39,10 +39,20 @@ type Metrics struct {
 	WakeToStart        prometheus.Histogram
 	ProviderAttempts   *prometheus.CounterVec
 	ProviderSeconds    *prometheus.HistogramVec
-	ToolCalls          *prometheus.CounterVec
-	ToolCallSeconds    *prometheus.HistogramVec
-	ConsumerLag        *prometheus.GaugeVec
-	Deltas             *prometheus.CounterVec
+	// ResponseIDWriteFailures counts failed best-effort writes of a
+	// provider's response ID while its attempt was in flight.
+	ResponseIDWriteFailures prometheus.Counter
+	// AttemptsUnknown counts provider attempts recovery reconciled as
+	// unknown, by provider and model.
+	AttemptsUnknown *prometheus.CounterVec
+	// TokensAtRisk is the estimated input tokens of the attempts left
+	// unknown, by provider and model, read from the database every
+	// recovery pass.
+	TokensAtRisk    *prometheus.GaugeVec
+	ToolCalls       *prometheus.CounterVec
+	ToolCallSeconds *prometheus.HistogramVec
+	ConsumerLag     *prometheus.GaugeVec
+	Deltas          *prometheus.CounterVec
 }
 
 // Outcomes of provider attempts and tool calls (the outcome label), as the
@@ -128,6 +138,15 @@ func New(reg prometheus.Registerer) *Metrics {
 			Name: "promptline_provider_attempt_seconds", Help: "Latency of one provider request, by outcome.",
 			Buckets: prometheus.ExponentialBuckets(0.001, 2, 18),
 		}, []string{"outcome"}),
+		ResponseIDWriteFailures: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "promptline_provider_response_id_write_failures_total", Help: "Best-effort writes of a provider's response ID, while its attempt was in flight, that failed; the turn went on.",
+		}),
+		AttemptsUnknown: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "promptline_provider_attempts_unknown_total", Help: "Provider attempts that recovery reconciled as unknown (they may have been billed), by provider and model.",
+		}, []string{"provider", "model"}),
+		TokensAtRisk: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "promptline_provider_tokens_at_risk", Help: "Estimated input tokens of the provider attempts left unknown and not resolved, by provider and model, from the database, refreshed every recovery pass.",
+		}, []string{"provider", "model"}),
 		ToolCalls: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "promptline_tool_calls_total", Help: "Tool calls settled, by outcome: succeeded, failed, unknown.",
 		}, []string{"outcome"}),
@@ -142,6 +161,7 @@ func New(reg prometheus.Registerer) *Metrics {
 			Name: "promptline_deltas_total", Help: "Live text deltas, by result: published (the broker acknowledged it) | dropped (producer full or failing; the turn went on).",
 		}, []string{"result"}),
 	}
+	reg.MustRegister(m.ResponseIDWriteFailures, m.AttemptsUnknown, m.TokensAtRisk)
 	reg.MustRegister(m.OutboxPublishDelay, m.WakeToStart, m.ProviderAttempts, m.ProviderSeconds, m.ToolCalls, m.ToolCallSeconds, m.ConsumerLag, m.Deltas)
 	reg.MustRegister(m.RecoveryDecisions, m.RecoveryHeld, m.RecoveryTransient, m.RecoveryCapped, m.RedrivenWakes, m.QuarantinedRows, m.Claims, m.FencedWrites, m.WriteRetries, m.Admissions, m.AdmissionBatchSize, m.AdmissionSeconds, m.Turns,
 		m.TurnSeconds, m.ActiveExecutions, m.OutboxPublished, m.OutboxPruned, m.Wakes)

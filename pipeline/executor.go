@@ -77,6 +77,7 @@ const (
 // after the current run has settled and released.
 type Executor struct {
 	providerName       string
+	providerModel      string
 	idempotentProvider bool
 
 	pool   *pgxpool.Pool
@@ -123,8 +124,12 @@ func NewExecutor(pool *pgxpool.Pool, config *ExecutorConfig) *Executor {
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	idem, _ := cfg.Provider.(IdempotentProvider)
+	var model string
+	if m, ok := cfg.Provider.(ModelNamer); ok {
+		model = m.ModelName()
+	}
 	return &Executor{
-		providerName: cmp.Or(cfg.ProviderName, "scripted"), idempotentProvider: idem != nil && idem.HonoursIdempotencyKeys(),
+		providerName: cmp.Or(cfg.ProviderName, "scripted"), providerModel: model, idempotentProvider: idem != nil && idem.HonoursIdempotencyKeys(),
 		pool: pool, claims: cfg.Claims, cfg: cfg, log: cfg.Logger,
 		slots: make(chan struct{}, cfg.MaxSessions),
 		runs:  map[string]*sessionRun{}, ctx: ctx, cancel: cancel,
@@ -552,6 +557,10 @@ type execution struct {
 	steps     int // provider steps so far, across turns: numbers attempt IDs
 	// view is the session as read with the claim, for the first promotion.
 	view *sessionView
+	// responseIDs holds the provider's response ID of each attempt of this
+	// execution that reported one (ResponseIDFunc), for its outcome's
+	// write. Only the execution's goroutine touches it.
+	responseIDs map[string]string
 }
 
 // ErrFenced says that an execution lost its right to write.

@@ -42,6 +42,12 @@ type IdempotentProvider interface {
 	HonoursIdempotencyKeys() bool
 }
 
+// ModelNamer is implemented by providers that name the model they ask:
+// the executor records it with each attempt's intent.
+type ModelNamer interface {
+	ModelName() string
+}
+
 // ProviderRequest is one provider step of a turn.
 type ProviderRequest struct {
 	SessionID          string
@@ -70,6 +76,14 @@ type ProviderRequest struct {
 	// A provider that does not stream ignores it. Nil when the process
 	// publishes no deltas.
 	TextDeltaFunc func(text string) `json:"-"`
+	// ResponseIDFunc, when set, takes the provider's response or request
+	// ID (an X-Request-Id header, the id of a stream's first chunk) as
+	// soon as the first bytes of the answer carry it, from Complete's
+	// goroutine, before Complete returns; it never blocks. The executor
+	// records it, best effort, while the attempt is still in flight: what
+	// an operator needs to ask the provider about an attempt that ends
+	// unknown. Only its first non-empty ID counts.
+	ResponseIDFunc func(id string) `json:"-"`
 }
 
 // TranscriptMessage is one message as a provider sees it.
@@ -105,6 +119,9 @@ type ProviderResponse struct {
 	Text      string
 	ToolCalls []ToolCall
 	Usage     Usage
+	// ResponseID is the provider's ID of the response, if it gave one:
+	// recorded with the outcome unless ResponseIDFunc's was recorded.
+	ResponseID string
 }
 
 // Usage counts tokens as the provider reports them.

@@ -130,9 +130,10 @@ func (ex *execution) queueFirstStep(b *pgx.Batch, t *turn, v *sessionView) Provi
 	}
 	b.Queue(insertAssistantSQL, t.assistantID, ex.sessionID, ids(t.inputs), cl.ExecutionID, cl.Token, t.id)
 	outbox.QueueInsert(b, ex.turnStarted(t))
+	hash, tokens := requestFingerprint(req)
 	ex.x.QueueBeginAttempt(b, ledger.AttemptParams{
 		ID: attemptID, AssistantMessageID: t.assistantID, Step: 1, Provider: ex.e.providerName,
-		IdempotencyKey: attemptID, RequestHash: requestHash(req),
+		IdempotencyKey: attemptID, RequestHash: hash, Model: ex.e.providerModel, RequestTokens: tokens,
 	})
 	return req
 }

@@ -20,6 +20,10 @@ import (
 //	/stream DURATION   stream the answer's text a word at a time, DURATION
 //	                   apart, to the request's TextDeltaFunc (live deltas)
 //	/fail MESSAGE      fail the provider step with MESSAGE
+//	/response-id ID    report ID as the provider's response ID at once
+//	                   (ResponseIDFunc), as a real provider's first bytes
+//	                   would; put it before /sleep to have it recorded
+//	                   while the step is in flight
 //	/tool NAME {json}  request a call of tool NAME with that input (several
 //	                   lines: several calls in one step)
 //	/loop NAME {json}  request that call at every step, after tool results
@@ -33,7 +37,13 @@ import (
 // /reply text), so a turn with tools takes two steps.
 type ScriptedProvider struct{}
 
-var _ Provider = ScriptedProvider{}
+var (
+	_ Provider   = ScriptedProvider{}
+	_ ModelNamer = ScriptedProvider{}
+)
+
+// ModelName is "scripted": the model recorded with its attempts.
+func (ScriptedProvider) ModelName() string { return "scripted" }
 
 // Complete runs the directives of the turn's messages.
 func (ScriptedProvider) Complete(ctx context.Context, req ProviderRequest) (ProviderResponse, error) {
@@ -75,6 +85,10 @@ func (ScriptedProvider) Complete(ctx context.Context, req ProviderRequest) (Prov
 					return ProviderResponse{}, fmt.Errorf("scripted provider: /stream %q: %w", arg, err)
 				}
 				stream = d
+			case "/response-id":
+				if !afterTools && req.ResponseIDFunc != nil {
+					req.ResponseIDFunc(strings.TrimSpace(arg))
+				}
 			case "/fail":
 				if !afterTools {
 					return ProviderResponse{}, fmt.Errorf("scripted provider: %s", arg)

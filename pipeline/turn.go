@@ -207,8 +207,11 @@ func (ex *execution) runStep(ctx context.Context, t *turn, step int, log *slog.L
 		if deltas != nil {
 			req.TextDeltaFunc = deltas.write
 		}
+		rid := ex.responseIDRecorder(attemptID, log)
+		req.ResponseIDFunc = rid.report
 		sent := time.Now()
 		resp, perr := ex.e.cfg.Provider.Complete(ctx, req)
+		ex.keepResponseID(attemptID, cmp.Or(rid.wait(), cleanResponseID(resp.ResponseID)))
 		if deltas != nil {
 			// The rest of the text goes out before the response is
 			// committed, so that a UI mostly sees the deltas of a step
@@ -225,10 +228,12 @@ func (ex *execution) runStep(ctx context.Context, t *turn, step int, log *slog.L
 		if ctx.Err() != nil {
 			// Cut off by shutdown: the request may have been acted on.
 			released, err := ex.failTurn(ctx, t, envelope.FailInterrupted, perr, ledger.AttemptUnknown, attemptID)
+			ex.unknownMetric(err)
 			return true, released, err
 		}
 		if errors.Is(perr, ErrOutcomeUnknown) && !ex.e.idempotentProvider {
 			released, err := ex.failTurn(ctx, t, envelope.FailOutcomeUnknown, perr, ledger.AttemptUnknown, attemptID)
+			ex.unknownMetric(err)
 			return true, released, err
 		}
 		if wait, retry := ex.retryable(perr); retry {
@@ -290,9 +295,10 @@ func (ex *execution) beginStep(ctx context.Context, tx pgx.Tx, t *turn, step int
 		key = t.retryKey
 	}
 	req := ex.request(t, attemptID, key, hist)
+	hash, tokens := requestFingerprint(req)
 	return req, ex.x.BeginAttempt(ctx, tx, ledger.AttemptParams{
 		ID: attemptID, AssistantMessageID: t.assistantID, Step: step, Provider: ex.e.providerName,
-		IdempotencyKey: key, RequestHash: requestHash(req),
+		IdempotencyKey: key, RequestHash: hash, Model: ex.e.providerModel, RequestTokens: tokens,
 	})
 }
 
@@ -342,7 +348,7 @@ func (ex *execution) recordResponse(ctx context.Context, t *turn, step int, atte
 		// one round trip.
 		landed := attemptLanded(attemptID, ledger.AttemptSucceeded)
 		released, err := ex.finishQueuedRetried(ctx, landed, ledger.PhaseSafe, t.assistantID, func(b *pgx.Batch) {
-			ledger.QueueFinishAttempt(b, attemptID, ledger.AttemptSucceeded, "", resp.Usage.InputTokens, resp.Usage.OutputTokens)
+			ledger.QueueFinishAttempt(b, attemptID, ledger.AttemptSucceeded, "", resp.Usage.InputTokens, resp.Usage.OutputTokens, ex.responseIDs[attemptID])
 			b.Queue(answerSQL, t.assistantID, resp.Text)
 			outbox.QueueInsert(b, stepDone, eventRow(ex.e.cfg.Topics.Events, envelope.Event{
 				ID: "turn.completed:" + t.assistantID, Type: envelope.EventTurnCompleted, SessionID: ex.sessionID,
@@ -357,7 +363,7 @@ func (ex *execution) recordResponse(ctx context.Context, t *turn, step int, atte
 	}
 	// Tool calls: the response and the calls as requested, phase continue.
 	err = ex.writeRetried(ctx, attemptLanded(attemptID, ledger.AttemptSucceeded), func(tx pgx.Tx) error {
-		if err := ledger.FinishAttempt(ctx, tx, attemptID, ledger.AttemptSucceeded, "", resp.Usage.InputTokens, resp.Usage.OutputTokens); err != nil {
+		if err := ledger.FinishAttemptWith(ctx, tx, attemptID, ledger.AttemptSucceeded, "", resp.Usage.InputTokens, resp.Usage.OutputTokens, ex.responseIDs[attemptID]); err != nil {
 			return err
 		}
 		if resp.Text != "" {
@@ -598,7 +604,7 @@ func (ex *execution) failTurn(ctx context.Context, t *turn, reason string, cause
 			return err
 		}
 		if attemptState != "" && len(attemptID) > 0 {
-			if err := ledger.FinishAttempt(wctx, tx, attemptID[0], attemptState, cause.Error(), 0, 0); err != nil {
+			if err := ledger.FinishAttemptWith(wctx, tx, attemptID[0], attemptState, cause.Error(), 0, 0, ex.responseIDs[attemptID[0]]); err != nil {
 				return err
 			}
 		}
@@ -716,6 +722,15 @@ func (ex *execution) attemptMetric(ctx context.Context, perr error, d time.Durat
 	m.ProviderSeconds.WithLabelValues(outcome).Observe(d.Seconds())
 }
 
+// unknownMetric counts an attempt the executor recorded unknown (the
+// failed turn's write committed: err is nil), as recovery counts those it
+// reconciles: promptline_provider_attempts_unknown_total.
+func (ex *execution) unknownMetric(err error) {
+	if m := ex.e.cfg.Metrics; m != nil && err == nil {
+		m.AttemptsUnknown.WithLabelValues(ex.e.providerName, ex.e.providerModel).Inc()
+	}
+}
+
 // callSecondsMetric observes how long a tool ran, by the outcome runCall
 // decides from the same facts.
 func (ex *execution) callSecondsMetric(ctx context.Context, err error, res tools.Result, d time.Duration) {
@@ -802,10 +817,15 @@ func jsonOrString(b json.RawMessage) json.RawMessage {
 }
 
 // requestHash identifies what was sent, as evidence for recovery.
-func requestHash(req ProviderRequest) []byte {
+// requestFingerprint is the request's hash and its estimated input
+// tokens: the bytes of its JSON encoding (transcript, turn and tool specs,
+// as hashed) divided by 4, rounded up. A provider's own encoding and
+// tokenizer differ; the estimate only sizes what an unknown attempt may
+// have cost (promptline_provider_tokens_at_risk).
+func requestFingerprint(req ProviderRequest) (hash []byte, tokens int64) {
 	b, _ := json.Marshal(req)
 	h := sha256.Sum256(b)
-	return h[:]
+	return h[:], (int64(len(b)) + 3) / 4
 }
 
 const waitingSQL = `

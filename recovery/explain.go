@@ -1,6 +1,7 @@
 package recovery
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -124,6 +125,10 @@ func Explain(w io.Writer, records []Record, resolutions ...Resolution) {
 func explainEvidence(w io.Writer, ev Evidence) {
 	for _, a := range ev.Attempts {
 		fmt.Fprintf(w, "  Provider attempt %s (step %d, %s) was %s.\n", a.ID, a.Step, a.Provider, a.State)
+		if a.Model != "" || a.RequestTokens > 0 || a.ResponseID != "" {
+			fmt.Fprintf(w, "    model %s, about %d input tokens, provider response ID %s.\n",
+				cmp.Or(a.Model, "-"), a.RequestTokens, cmp.Or(a.ResponseID, "none received"))
+		}
 	}
 	for _, c := range ev.ToolCalls {
 		fmt.Fprintf(w, "  Tool call %s (%s, %s) was %s.\n", c.ID, c.Tool, c.Class, c.State)

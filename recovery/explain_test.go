@@ -73,3 +73,21 @@ func TestExplainLeavesOutWhatIsNotThere(t *testing.T) {
 	require.Contains(t, out.String(), "Its assistant message a1 was pending")
 	require.Contains(t, out.String(), "with a wake for the waiting inputs")
 }
+
+// An attempt's spend evidence (model, estimate, response ID) is said when
+// recorded, and its absence is said for an attempt with a model but no ID.
+func TestExplainSaysTheSpendAtRisk(t *testing.T) {
+	t.Parallel()
+	r := recovery.Record{ExecutionID: "e1", SessionID: "s", TokenBefore: 1, TokenAfter: 2, Decision: recovery.DecisionReconciled,
+		PhaseFound: "unknown", Evidence: recovery.Evidence{Owner: "consumer-a", Attempts: []recovery.AttemptFact{
+			{ID: "e1/step-1", Step: 1, Provider: "openai", State: "started", Model: "gpt-x", RequestTokens: 1234, ResponseID: "req-7"},
+			{ID: "e1/step-2", Step: 2, Provider: "openai", State: "started", Model: "gpt-x", RequestTokens: 99},
+			{ID: "e1/step-3", Step: 3, Provider: "old", State: "started"},
+		}}}
+	var out bytes.Buffer
+	recovery.Explain(&out, []recovery.Record{r})
+	text := out.String()
+	require.Contains(t, text, "Provider attempt e1/step-1 (step 1, openai) was started.\n    model gpt-x, about 1234 input tokens, provider response ID req-7.\n")
+	require.Contains(t, text, "Provider attempt e1/step-2 (step 2, openai) was started.\n    model gpt-x, about 99 input tokens, provider response ID none received.\n")
+	require.Contains(t, text, "Provider attempt e1/step-3 (step 3, old) was started.\n  ", "an attempt recorded before the spend columns says nothing more")
+}

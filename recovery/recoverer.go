@@ -79,6 +79,14 @@ type Config struct {
 	OnTransientErrorFunc func()
 	// OnRedriveFunc counts re-woken sessions. Defaults to nothing.
 	OnRedriveFunc func(n int)
+	// OnAttemptUnknownFunc counts each provider attempt that a committed
+	// decision marked unknown (reconciled, or sent again with its
+	// idempotency key), by provider and model. Defaults to nothing.
+	OnAttemptUnknownFunc func(provider, model string)
+	// OnAtRiskFunc receives, after each pass, the attempts left unknown by
+	// provider and model, read from the database (ledger.AttemptsAtRisk).
+	// Defaults to nothing.
+	OnAtRiskFunc func(atRisk []ledger.AtRisk)
 	// OnQuarantinedFunc receives the quarantined row counts by kind after
 	// each pass, read from the database. Defaults to nothing.
 	OnQuarantinedFunc func(counts map[string]int)
@@ -282,15 +290,43 @@ func (r *Recoverer) RunOnce(ctx context.Context) (Pass, error) {
 	return p, r.reportQuarantined(ctx)
 }
 
-func (r *Recoverer) reportQuarantined(ctx context.Context) error {
-	if f := r.cfg.OnQuarantinedFunc; f != nil {
-		counts, err := QuarantinedCounts(ctx, r.pool)
-		if err != nil {
-			return err
+// madeUnknown lists the attempts that carrying out d marks unknown: every
+// attempt in flight or deferred of a reconciled execution (reconcile), or
+// the started attempt sent again with its key. ev was read under the
+// session's lock, after the lease expired: no executor writes them since.
+func madeUnknown(d Decision, ev Evidence) []AttemptFact {
+	var out []AttemptFact
+	for _, a := range ev.Attempts {
+		switch {
+		case d.Decision == DecisionReconciled && (a.State == ledger.AttemptStarted || a.State == ledger.AttemptRetryWait):
+		case d.Decision == DecisionContinued && !d.retryDeferred && a.ID == d.RetryAttemptID && a.State == ledger.AttemptStarted:
+		default:
+			continue
 		}
-		f(counts)
+		out = append(out, a)
 	}
-	return nil
+	return out
+}
+
+// reportQuarantined reads and reports the quarantined rows and the
+// attempts at risk; a failure of one read does not hold back the other.
+func (r *Recoverer) reportQuarantined(ctx context.Context) error {
+	var errs []error
+	if f := r.cfg.OnQuarantinedFunc; f != nil {
+		if counts, err := QuarantinedCounts(ctx, r.pool); err != nil {
+			errs = append(errs, err)
+		} else {
+			f(counts)
+		}
+	}
+	if f := r.cfg.OnAtRiskFunc; f != nil {
+		if atRisk, err := ledger.AttemptsAtRisk(ctx, r.pool); err != nil {
+			errs = append(errs, err)
+		} else {
+			f(atRisk)
+		}
+	}
+	return errors.Join(errs...)
 }
 
 func (r *Recoverer) transientError(ctx context.Context, c ledger.Claim, msg string, err error) {
@@ -389,6 +425,12 @@ type AttemptFact struct {
 	Step     int    `json:"step"`
 	Provider string `json:"provider"`
 	State    string `json:"state"`
+	// What was known of the attempt, as early as it was known: the model,
+	// the estimated input tokens of its request, and the provider's
+	// response or request ID (empty when none arrived before the crash).
+	Model         string `json:"model,omitempty"`
+	RequestTokens int64  `json:"request_tokens,omitempty"`
+	ResponseID    string `json:"response_id,omitempty"`
 }
 
 // ToolCallFact is a tool call as recovery found it.
@@ -414,6 +456,7 @@ func (r *Recoverer) recover(ctx context.Context, old ledger.Claim) (string, bool
 // rolls back having written nothing (errSkipped).
 func (r *Recoverer) recoverOnly(ctx context.Context, old ledger.Claim, want string) (string, bool, error) {
 	var d Decision
+	var ev Evidence
 	err := pgdb.InTx(ctx, r.pool, func(tx pgx.Tx) error {
 		// The session row first (invariant 7): admission serialises on it,
 		// so the waiting inputs counted below cannot grow before commit;
@@ -422,7 +465,8 @@ func (r *Recoverer) recoverOnly(ctx context.Context, old ledger.Claim, want stri
 		if _, err := tx.Exec(ctx, `SELECT 1 FROM sessions WHERE session_id = $1 FOR UPDATE`, old.SessionID); err != nil {
 			return fmt.Errorf("locking session: %w", err)
 		}
-		ev, err := r.gather(ctx, tx, old)
+		var err error
+		ev, err = r.gather(ctx, tx, old)
 		if err != nil {
 			return err
 		}
@@ -434,6 +478,11 @@ func (r *Recoverer) recoverOnly(ctx context.Context, old ledger.Claim, want stri
 	})
 	if err != nil {
 		return "", false, err
+	}
+	if f := r.cfg.OnAttemptUnknownFunc; f != nil {
+		for _, a := range madeUnknown(d, ev) {
+			f(a.Provider, a.Model)
+		}
 	}
 	if d.Decision == DecisionQuarantined {
 		r.log.WarnContext(ctx, "claim quarantined", slog.String("session_id", old.SessionID),
@@ -493,7 +542,8 @@ func gather(ctx context.Context, tx pgx.Tx, c ledger.Claim) (Evidence, error) {
 	if err != nil {
 		return ev, fmt.Errorf("reading newest assistant message: %w", err)
 	}
-	rows, err := tx.Query(ctx, `SELECT attempt_id, step, provider, state FROM attempts WHERE execution_id = $1 ORDER BY step`, c.ExecutionID)
+	rows, err := tx.Query(ctx, `SELECT attempt_id, step, provider, state, coalesce(model, ''), coalesce(request_tokens, 0), coalesce(response_id, '')
+		FROM attempts WHERE execution_id = $1 ORDER BY step`, c.ExecutionID)
 	if err != nil {
 		return ev, fmt.Errorf("reading attempts: %w", err)
 	}

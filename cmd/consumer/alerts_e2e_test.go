@@ -125,20 +125,28 @@ type promServer struct {
 
 // startPrometheus runs Prometheus in a temporary directory with the
 // shipped alerts.yml, scraping target every second and evaluating rules
-// every second. The one change to the rules: PromptlineQuarantinedRows'
-// `for: 1m` becomes `for: 2s`, so that the test is bounded; everything
-// else (expression, labels, annotations) is what ships.
-func startPrometheus(t *testing.T, bin, target string) *promServer {
+// every second. The one change to the rules: the `for:` of each alert
+// named in fast (PromptlineQuarantinedRows' 1m when none is named)
+// becomes `for: 2s`, so that the test is bounded; everything else
+// (expression, labels, annotations) is what ships.
+func startPrometheus(t *testing.T, bin, target string, fast ...string) *promServer {
 	t.Helper()
 	dir := t.TempDir()
 	rules, err := os.ReadFile("../../deployments/prometheus/alerts.yml")
 	require.NoError(t, err)
 	s := string(rules)
-	i := strings.Index(s, "alert: PromptlineQuarantinedRows")
-	require.GreaterOrEqual(t, i, 0)
-	j := strings.Index(s[i:], "for: 1m")
-	require.GreaterOrEqual(t, j, 0, "PromptlineQuarantinedRows has for: 1m")
-	s = s[:i+j] + "for: 2s" + s[i+j+len("for: 1m"):]
+	if len(fast) == 0 {
+		fast = []string{"PromptlineQuarantinedRows"}
+	}
+	for _, name := range fast {
+		i := strings.Index(s, "alert: "+name+"\n")
+		require.GreaterOrEqual(t, i, 0, "alerts.yml has %s", name)
+		j := strings.Index(s[i:], "for: ")
+		require.GreaterOrEqual(t, j, 0, "%s has a for:", name)
+		k := strings.IndexByte(s[i+j:], '\n')
+		require.GreaterOrEqual(t, k, 0)
+		s = s[:i+j] + "for: 2s" + s[i+j+k:]
+	}
 	require.NoError(t, os.WriteFile(filepath.Join(dir, "alerts.yml"), []byte(s), 0o644))
 	config := fmt.Sprintf(`global:
   scrape_interval: 1s

@@ -27,6 +27,30 @@ func setQuarantined(m *metrics.Metrics, counts map[string]int) {
 	}
 }
 
+// atRiskGauge sets promptline_provider_tokens_at_risk from each pass's
+// read of the attempts left unknown; a provider and model seen before and
+// absent now falls back to 0 rather than vanishing. Only the recovery loop
+// calls it.
+type atRiskGauge struct {
+	m    *metrics.Metrics
+	seen map[[2]string]bool
+}
+
+func (g *atRiskGauge) set(atRisk []ledger.AtRisk) {
+	now := map[[2]string]bool{}
+	for _, a := range atRisk {
+		now[[2]string{a.Provider, a.Model}] = true
+		g.m.TokensAtRisk.WithLabelValues(a.Provider, a.Model).Set(float64(a.Tokens))
+	}
+	for k := range g.seen {
+		if !now[k] {
+			g.m.TokensAtRisk.WithLabelValues(k[0], k[1]).Set(0)
+			now[k] = true
+		}
+	}
+	g.seen = now
+}
+
 // heldDecisions are the labels of promptline_recovery_held, set to 0 when
 // nothing waits so that a resumed fleet's gauge falls back.
 var heldDecisions = []string{recovery.DecisionCleared, recovery.DecisionSuperseded, recovery.DecisionRewoken,
@@ -208,9 +232,13 @@ func run(ctx context.Context, o *options, stderr io.Writer) error {
 		OnDecisionFunc:      func(d string) { m.RecoveryDecisions.WithLabelValues(d).Inc() },
 		OnRedriveFunc:       func(n int) { m.RedrivenWakes.Add(float64(n)) },
 		OnQuarantinedFunc:   func(c map[string]int) { setQuarantined(m, c) },
-		OnCommitFunc:        relay.Nudge,
-		Mode:                o.recoveryMode,
-		OnHeldFunc:          func(c map[string]int) { setHeld(m, c) },
+		OnAttemptUnknownFunc: func(provider, model string) {
+			m.AttemptsUnknown.WithLabelValues(provider, model).Inc()
+		},
+		OnAtRiskFunc: (&atRiskGauge{m: m}).set,
+		OnCommitFunc: relay.Nudge,
+		Mode:         o.recoveryMode,
+		OnHeldFunc:   func(c map[string]int) { setHeld(m, c) },
 
 		OnTransientErrorFunc: m.RecoveryTransient.Inc,
 		OnCappedFunc:         m.RecoveryCapped.Inc,

@@ -116,10 +116,11 @@ func Render(w io.Writer, r Report) error {
 		p.line("  none")
 	} else {
 		tw := p.table()
-		p.row(tw, "  ATTEMPT", "STEP", "PROVIDER", "STATE", "TRIES", "IDEMPOTENCY KEY", "TOKEN", "IN/OUT TOKENS", "STARTED", "FINISHED", "ERROR")
+		p.row(tw, "  ATTEMPT", "STEP", "PROVIDER", "MODEL", "STATE", "TRIES", "IDEMPOTENCY KEY", "TOKEN", "EST/IN/OUT TOKENS", "RESPONSE ID", "STARTED", "FINISHED", "ERROR")
 		for _, a := range r.Attempts {
-			p.row(tw, "  "+oneLine(a.AttemptID), strconv.Itoa(a.Step), oneLine(a.Provider), a.State, strconv.Itoa(a.Tries),
-				oneLine(a.IdempotencyKey), strconv.FormatInt(a.FencingToken, 10), num(a.InputTokens)+"/"+num(a.OutputTokens),
+			p.row(tw, "  "+oneLine(a.AttemptID), strconv.Itoa(a.Step), oneLine(a.Provider), oneLine(orDash(a.Model)), a.State, strconv.Itoa(a.Tries),
+				oneLine(a.IdempotencyKey), strconv.FormatInt(a.FencingToken, 10), num(a.RequestTokens)+"/"+num(a.InputTokens)+"/"+num(a.OutputTokens),
+				oneLine(orDash(a.ResponseID)),
 				ts(a.StartedAt), tsp(a.FinishedAt), oneLine(orDash(a.Error)))
 		}
 		p.flush(tw)

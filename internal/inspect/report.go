@@ -163,21 +163,28 @@ type Claim struct {
 
 // Attempt is one provider attempt of the ledger.
 type Attempt struct {
-	AttemptID          string     `json:"attempt_id"`
-	ExecutionID        string     `json:"execution_id"`
-	AssistantMessageID string     `json:"assistant_message_id"`
-	Step               int        `json:"step"`
-	Provider           string     `json:"provider"`
-	State              string     `json:"state"`
-	Tries              int        `json:"tries"`
-	IdempotencyKey     string     `json:"idempotency_key"`
-	FencingToken       int64      `json:"fencing_token"`
-	Error              *string    `json:"error"`
-	InputTokens        *int64     `json:"input_tokens"`
-	OutputTokens       *int64     `json:"output_tokens"`
-	StartedAt          time.Time  `json:"started_at"`
-	NextRetryAt        *time.Time `json:"next_retry_at"`
-	FinishedAt         *time.Time `json:"finished_at"`
+	AttemptID          string  `json:"attempt_id"`
+	ExecutionID        string  `json:"execution_id"`
+	AssistantMessageID string  `json:"assistant_message_id"`
+	Step               int     `json:"step"`
+	Provider           string  `json:"provider"`
+	State              string  `json:"state"`
+	Tries              int     `json:"tries"`
+	IdempotencyKey     string  `json:"idempotency_key"`
+	FencingToken       int64   `json:"fencing_token"`
+	Error              *string `json:"error"`
+	InputTokens        *int64  `json:"input_tokens"`
+	OutputTokens       *int64  `json:"output_tokens"`
+	// Model, RequestTokens (the executor's estimate of the request's input
+	// tokens) and ResponseID (the provider's response or request ID, from
+	// the first bytes of its answer) are what is known of an attempt that
+	// may have been billed; null when not recorded.
+	Model         *string    `json:"model"`
+	RequestTokens *int64     `json:"request_tokens"`
+	ResponseID    *string    `json:"response_id"`
+	StartedAt     time.Time  `json:"started_at"`
+	NextRetryAt   *time.Time `json:"next_retry_at"`
+	FinishedAt    *time.Time `json:"finished_at"`
 }
 
 // ToolCall is one tool invocation of the ledger.
@@ -407,7 +414,7 @@ func readAttempts(ctx context.Context, tx pgx.Tx, r *Report) error {
 	var a Attempt
 	r.Attempts = []Attempt{}
 	_, err = pgx.ForEachRow(rows, []any{&a.AttemptID, &a.ExecutionID, &a.AssistantMessageID, &a.Step, &a.Provider, &a.State,
-		&a.Tries, &a.IdempotencyKey, &a.FencingToken, &a.Error, &a.InputTokens, &a.OutputTokens, &a.StartedAt,
+		&a.Tries, &a.IdempotencyKey, &a.FencingToken, &a.Error, &a.InputTokens, &a.OutputTokens, &a.Model, &a.RequestTokens, &a.ResponseID, &a.StartedAt,
 		&a.NextRetryAt, &a.FinishedAt}, func() error {
 		r.Attempts = append(r.Attempts, a)
 		return nil
@@ -596,7 +603,7 @@ FROM claims WHERE session_id = $1`
 
 const attemptsSQL = `
 SELECT attempt_id, execution_id, assistant_message_id, step, provider, state, tries, idempotency_key, fencing_token,
-       error, input_tokens, output_tokens, started_at, next_retry_at, finished_at
+       error, input_tokens, output_tokens, model, request_tokens, response_id, started_at, next_retry_at, finished_at
 FROM attempts WHERE session_id = $1 ORDER BY started_at, step, attempt_id`
 
 const toolCallsSQL = `

@@ -203,8 +203,10 @@ func TestSession(t *testing.T) {
 			require.Contains(t, out, want)
 		}
 		require.Regexp(t, `(?m)^  \S+/call-0\s+echo\s+idempotent\s+succeeded\s+\S+/call-0\s+\d+\s+\S+Z\s+"hi"$`, out)
-		require.Regexp(t, `(?m)^  \S+\s+1\s+scripted\s+succeeded\s+1\s`, out)
-		require.Regexp(t, `(?m)^  \S+\s+2\s+scripted\s+succeeded\s+1\s`, out)
+		// Provider and model (the scripted provider names itself), and the
+		// estimate before the provider's own counts.
+		require.Regexp(t, `(?m)^  \S+\s+1\s+scripted\s+scripted\s+succeeded\s+1\s.*\s\d+/0/0\s`, out)
+		require.Regexp(t, `(?m)^  \S+\s+2\s+scripted\s+scripted\s+succeeded\s+1\s.*\s\d+/0/0\s`, out)
 		require.NotContains(t, out, "+00:00", "times are in UTC, RFC 3339 with Z")
 
 		// The JSON is snake_case, and every key is there even when unset.
@@ -223,6 +225,11 @@ func TestSession(t *testing.T) {
 		require.NoError(t, json.Unmarshal(top["tool_calls"], &calls))
 		require.Equal(t, "idempotent", calls[0]["class"])
 		require.Equal(t, "hi", calls[0]["output"].(map[string]any)["value"])
+		var attempts []map[string]any
+		require.NoError(t, json.Unmarshal(top["attempts"], &attempts))
+		require.Equal(t, "scripted", attempts[0]["model"])
+		require.Greater(t, attempts[0]["request_tokens"], float64(0))
+		require.Contains(t, attempts[0], "response_id", "null when none was recorded")
 		var back inspect.Report
 		require.NoError(t, json.Unmarshal(raw, &back))
 		require.Equal(t, r, back, "the JSON carries the whole report")

@@ -58,6 +58,24 @@ type exchangeOpts struct {
 	// (within Timeout) and returns the answer's body; its errors are
 	// returned as they are. Defaults to reading the body whole.
 	StreamFunc func(contentType string, body io.Reader) ([]byte, error)
+	// ResponseIDFunc takes the answer's request ID header
+	// (responseIDHeaders) as soon as the headers arrive, whatever the
+	// status. Optional.
+	ResponseIDFunc func(id string)
+}
+
+// responseIDHeaders name the request ID a provider answers with, in the
+// order they are looked for (OpenAI and most gateways send X-Request-Id).
+var responseIDHeaders = []string{"X-Request-Id", "Request-Id", "X-Amzn-Requestid", "Cf-Ray"}
+
+// responseID is the first request ID header of h, or "".
+func responseID(h http.Header) string {
+	for _, name := range responseIDHeaders {
+		if v := h.Get(name); v != "" {
+			return v
+		}
+	}
+	return ""
 }
 
 // noRedirects returns a shallow copy of client that does not follow
@@ -113,6 +131,9 @@ func exchange(ctx context.Context, client *http.Client, opts exchangeOpts) ([]by
 		return nil, fmt.Errorf("%w: %w", pipeline.ErrOutcomeUnknown, err)
 	}
 	defer resp.Body.Close()
+	if id := responseID(resp.Header); id != "" && opts.ResponseIDFunc != nil {
+		opts.ResponseIDFunc(id)
+	}
 
 	if resp.StatusCode < 200 || resp.StatusCode > 299 {
 		excerpt := readExcerpt(resp.Body, opts.Secret)

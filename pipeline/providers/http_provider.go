@@ -135,6 +135,7 @@ func (p *HTTP) Complete(ctx context.Context, req pipeline.ProviderRequest) (pipe
 		IdempotencyKey:         req.IdempotencyKey,
 		HonoursIdempotencyKeys: p.config.HonoursIdempotencyKeys,
 		FencingToken:           req.FencingToken,
+		ResponseIDFunc:         req.ResponseIDFunc,
 		Timeout:                p.config.Timeout,
 	})
 	if err != nil {

@@ -170,6 +170,11 @@ func NewOpenAI(client *http.Client, config *OpenAIConfig) (*OpenAI, error) {
 // HonoursIdempotencyKeys reports OpenAIConfig.HonoursIdempotencyKeys.
 func (p *OpenAI) HonoursIdempotencyKeys() bool { return p.config.HonoursIdempotencyKeys }
 
+// ModelName is the configured model, recorded with each attempt.
+func (p *OpenAI) ModelName() string { return p.config.Model }
+
+var _ pipeline.ModelNamer = (*OpenAI)(nil)
+
 // String describes the provider with the API key redacted. Without it,
 // fmt would print the unexported config field, key included.
 func (p *OpenAI) String() string { return "providers.OpenAI{" + p.config.String() + "}" }
@@ -196,12 +201,13 @@ func (p *OpenAI) Complete(ctx context.Context, req pipeline.ProviderRequest) (pi
 		HonoursIdempotencyKeys: p.config.HonoursIdempotencyKeys,
 		FencingToken:           req.FencingToken,
 		Timeout:                p.config.Timeout,
+		ResponseIDFunc:         req.ResponseIDFunc,
 	}
 	var malformed error
 	if p.config.Stream {
 		opts.Accept = "text/event-stream"
 		opts.StreamFunc = func(contentType string, body io.Reader) ([]byte, error) {
-			raw, err := readOpenAIStream(body, contentType, req.TextDeltaFunc)
+			raw, err := readOpenAIStream(body, contentType, req.TextDeltaFunc, req.ResponseIDFunc)
 			var m *errMalformedStream
 			if errors.As(err, &m) {
 				malformed = m

@@ -24,6 +24,7 @@ type (
 		IncludeUsage bool `json:"include_usage"`
 	}
 	openAIChunk struct {
+		ID      string `json:"id"`
 		Choices []struct {
 			Delta *struct {
 				Content   *string `json:"content"`
@@ -66,8 +67,10 @@ func (e *errMalformedStream) Error() string { return e.err.Error() }
 // ignore stream: true, or answer an error with status 200) is returned as
 // is. A read failure, or a stream that ends before it says it is done (no
 // [DONE] and no finish_reason), wraps ErrOutcomeUnknown: the server may
-// have acted. Anything else wrong is an *errMalformedStream.
-func readOpenAIStream(body io.Reader, contentType string, onText func(string)) ([]byte, error) {
+// have acted. Anything else wrong is an *errMalformedStream. onID (when
+// set) takes each chunk's id (the completion's ID), from the first chunk
+// on.
+func readOpenAIStream(body io.Reader, contentType string, onText, onID func(string)) ([]byte, error) {
 	limited := &io.LimitedReader{R: body, N: responseMax + 1}
 	if mt, _, _ := mime.ParseMediaType(contentType); mt == "application/json" {
 		raw, err := io.ReadAll(limited)
@@ -96,6 +99,9 @@ func readOpenAIStream(body io.Reader, contentType string, onText func(string)) (
 		var c openAIChunk
 		if err := decodeObject(payload, &c); err != nil {
 			return &errMalformedStream{fmt.Errorf("chunk: %w", err)}
+		}
+		if c.ID != "" && onID != nil {
+			onID(c.ID)
 		}
 		if len(c.Error) > 0 && string(c.Error) != "null" {
 			// The server's error, as a non-streamed body would carry it.
