@@ -106,6 +106,26 @@ func TestRecoveryCapPerSession(t *testing.T) {
 		require.Equal(t, map[string]int{recovery.DecisionRewoken: 1}, b.pass(t).Decisions)
 	})
 
+	// A step answered (or a turn ended) since a recovery proves the
+	// session was not looping: recoveries before it do not count. Without
+	// this, five lease expiries of healthy sessions in an hour (a database
+	// stall, a paused process, a fleet-wide crash) would quarantine them.
+	t.Run("ProgressStartsTheCountAfresh", func(t *testing.T) {
+		b, _ := setupCapped(t)
+		for range 2 {
+			crash(t, b)
+			require.Equal(t, map[string]int{recovery.DecisionRewoken: 1}, b.pass(t).Decisions)
+		}
+		b.exec(t, `INSERT INTO messages (message_id, session_id, role, status, completed_at)
+			VALUES ('answered', 's', 'assistant', 'completed', now())`)
+		for range 2 {
+			crash(t, b)
+			require.Equal(t, map[string]int{recovery.DecisionRewoken: 1}, b.pass(t).Decisions, "progress since: counted afresh")
+		}
+		crash(t, b)
+		require.Equal(t, map[string]int{recovery.DecisionQuarantined: 1}, b.pass(t).Decisions, "two without progress since: capped")
+	})
+
 	t.Run("NoCapByDefault", func(t *testing.T) {
 		b := setup(t)
 		b.admit(t, "s", "m1", "hello")

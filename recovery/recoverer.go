@@ -104,8 +104,9 @@ type Config struct {
 	// longer than that goes on at the next pass. Defaults to 10.
 	HeldPages int
 	// MaxPerSession caps the recoveries that run a session's turn again
-	// (continued, rewoken) within MaxPerSessionWindow: a claim whose
-	// session had that many already is quarantined with ReasonRecoveryCap
+	// (continued, rewoken) within MaxPerSessionWindow and since the
+	// session last made progress (a step answered, a turn ended): a claim
+	// whose session had that many already is quarantined with ReasonRecoveryCap
 	// instead (a turn that crashes its process each time it runs must not
 	// loop forever). Defaults to 0: no cap.
 	MaxPerSession int
@@ -401,9 +402,18 @@ func (r *Recoverer) gather(ctx context.Context, tx pgx.Tx, c ledger.Claim) (Evid
 	if err != nil {
 		return ev, fmt.Errorf("reading the last release of a capped claim: %w", err)
 	}
+	// Only recoveries since the session last made progress count: a step
+	// answered, or a turn ended, after a recovery proves it was not a loop
+	// (a turn that crashes its process each time it runs answers nothing).
+	// Counted without it, five lease expiries of a healthy session within
+	// the window (a database stall, a paused process, a fleet-wide crash)
+	// would quarantine it, a transient fault quarantining a valid row
+	// (docs/design.md, invariant 13).
 	err = tx.QueryRow(ctx, `SELECT count(*) FROM recoveries
 		WHERE session_id = $1 AND decision = ANY($2) AND decided_at > now() - $3 * interval '1 millisecond'
-		  AND ($4::timestamptz IS NULL OR decided_at > $4)`,
+		  AND ($4::timestamptz IS NULL OR decided_at > $4)
+		  AND decided_at > coalesce((SELECT max(completed_at) FROM messages
+		      WHERE session_id = $1 AND role = 'assistant' AND status IN ('completed', 'errored')), '-infinity')`,
 		c.SessionID, []string{DecisionContinued, DecisionRewoken}, r.cfg.MaxPerSessionWindow.Milliseconds(), ev.Cap.ReleasedAt).Scan(&ev.Cap.Recovered)
 	if err != nil {
 		return ev, fmt.Errorf("counting the session's recoveries: %w", err)
