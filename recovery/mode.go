@@ -100,7 +100,7 @@ type heldScan struct {
 //
 // Cost per pass, bounded: at most Config.HeldPages pages of Config.Batch
 // expired claims, each page one range scan of the claims' expiry index and
-// the pass's six indexed reads per claim (gather), plus one aggregate over
+// the pass's six indexed reads per claim (gather; eight with the cap), plus one aggregate over
 // the waiting inputs older than RedriveAfter (their partial index) for the
 // lost wakes, all in one read-only snapshot that takes no lock. Up to
 // HeldPages×Batch expired claims (1,000 by default) every pass counts them
@@ -154,7 +154,7 @@ func (r *Recoverer) held(ctx context.Context) (map[string]int, error) {
 // Waiting counts, by decision, everything a pass would handle now (the
 // lost wakes as DecisionRedriven), every page of expired claims decided in
 // one read-only snapshot, as Plan decides them; opts.SessionID narrows it.
-// Its cost grows with the backlog (six indexed reads per expired claim):
+// Its cost grows with the backlog (six indexed reads (eight with the recovery cap) per expired claim):
 // it is for an operator's command (apply's progress bar), not a pass.
 func (r *Recoverer) Waiting(ctx context.Context, opts *PlanOpts) (map[string]int, error) {
 	if opts == nil {
