@@ -20,6 +20,7 @@
 //	promptline_recovery_decisions_total{decision} recovery decisions: cleared | superseded | rewoken | continued | reconciled | quarantined
 //	promptline_recovery_held{decision}            what a held recovery pass (--recovery-mode hold, or `consumer recovery hold`) planned and left for an operator, by decision (the claims' decisions, and redriven for lost wakes), bounded by --recovery-batch; 0 in auto
 //	promptline_recovery_transient_errors_total    recovery decisions that failed with a transient database error (lost connection, lock or statement timeout, deadlock, serialization failure): the claim is left as it was for the next pass, never quarantined
+//	promptline_recovery_deferred_total{kind}      expired claims (kind claim) and lost wakes (kind wake) an automatic recovery pass left for the next one for want of a --recovery-rate token (the fleet's bucket gave none within one --recovery-interval); they stay as they were, nothing is skipped for good
 //	promptline_redriven_wakes_total               sessions re-woken because their wake was lost
 //	promptline_quarantined_rows{kind}             quarantined rows (claim | input | outbox), from the database, refreshed every recovery pass
 //	promptline_outbox_publish_delay_seconds       histogram, per published batch: the age of its oldest row when marked published (commit-to-publish latency, upper bound)

@@ -32,6 +32,7 @@ type Metrics struct {
 	RecoveryDecisions  *prometheus.CounterVec
 	RecoveryHeld       *prometheus.GaugeVec
 	RecoveryTransient  prometheus.Counter
+	RecoveryDeferred   *prometheus.CounterVec
 	RedrivenWakes      prometheus.Counter
 	QuarantinedRows    *prometheus.GaugeVec
 	OutboxPublishDelay prometheus.Histogram
@@ -103,6 +104,9 @@ func New(reg prometheus.Registerer) *Metrics {
 		RecoveryTransient: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "promptline_recovery_transient_errors_total", Help: "Recovery decisions that failed with a transient database error and were left for the next pass.",
 		}),
+		RecoveryDeferred: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "promptline_recovery_deferred_total", Help: "Expired claims (kind claim) and lost wakes (kind wake) a recovery pass left for the next one for want of a --recovery-rate token.",
+		}, []string{"kind"}),
 		RedrivenWakes: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "promptline_redriven_wakes_total", Help: "Sessions re-woken because their wake was lost.",
 		}),
@@ -139,7 +143,7 @@ func New(reg prometheus.Registerer) *Metrics {
 		}, []string{"result"}),
 	}
 	reg.MustRegister(m.OutboxPublishDelay, m.WakeToStart, m.ProviderAttempts, m.ProviderSeconds, m.ToolCalls, m.ToolCallSeconds, m.ConsumerLag, m.Deltas)
-	reg.MustRegister(m.RecoveryDecisions, m.RecoveryHeld, m.RecoveryTransient, m.RedrivenWakes, m.QuarantinedRows, m.Claims, m.FencedWrites, m.WriteRetries, m.Admissions, m.AdmissionBatchSize, m.AdmissionSeconds, m.Turns,
+	reg.MustRegister(m.RecoveryDecisions, m.RecoveryHeld, m.RecoveryTransient, m.RecoveryDeferred, m.RedrivenWakes, m.QuarantinedRows, m.Claims, m.FencedWrites, m.WriteRetries, m.Admissions, m.AdmissionBatchSize, m.AdmissionSeconds, m.Turns,
 		m.TurnSeconds, m.ActiveExecutions, m.OutboxPublished, m.OutboxPruned, m.Wakes)
 	return m
 }

@@ -61,6 +61,9 @@ func TestFlags(t *testing.T) {
 		{"LedgerRetentionTooShort", []string{"--ledger-retention", "10ms"}, "--ledger-retention"},
 		{"MaxMessageBytesTooSmall", []string{"--max-message-bytes", "100"}, "--max-message-bytes"},
 		{"MaxMessageBytesAboveRequestSize", []string{"--max-message-bytes", "104857600"}, "--max-message-bytes"},
+		{"RecoveryRateNegative", []string{"--recovery-rate", "-1"}, "--recovery-rate: must be 0 (unbounded) or a positive number"},
+		{"RecoveryRateNaN", []string{"--recovery-rate", "NaN"}, "--recovery-rate: must be 0 (unbounded) or a positive number"},
+		{"RecoveryRateInf", []string{"--recovery-rate", "+Inf"}, "--recovery-rate: must be 0 (unbounded) or a positive number"},
 		{"UnknownFlag", []string{"--no-such-flag"}, "--no-such-flag"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

@@ -210,6 +210,8 @@ func run(ctx context.Context, o *options, stderr io.Writer) error {
 		OnQuarantinedFunc:   func(c map[string]int) { setQuarantined(m, c) },
 		OnCommitFunc:        relay.Nudge,
 		Mode:                o.recoveryMode,
+		Rate:                o.recoveryRate,
+		OnDeferredFunc:      func(kind string, n int) { m.RecoveryDeferred.WithLabelValues(kind).Add(float64(n)) },
 		OnHeldFunc:          func(c map[string]int) { setHeld(m, c) },
 
 		OnTransientErrorFunc: m.RecoveryTransient.Inc,

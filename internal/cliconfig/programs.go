@@ -25,7 +25,7 @@ var Programs = map[string][]string{
 		"openai-api-key-env", "openai-api-key-file", "openai-base-url", "openai-model", "openai-stream", "operator",
 		"outbox-retention", "output", "partitions", "permission-replies-topic", "progress-interval",
 		"prompts-topic", "provider", "provider-honours-idempotency-keys", "provider-url",
-		"publish-rejects", "ran", "rate", "recovery-batch", "recovery-interval", "recovery-mode", "redrive-after",
+		"publish-rejects", "ran", "rate", "recovery-batch", "recovery-interval", "recovery-mode", "recovery-rate", "redrive-after",
 		"rejects-topic", "replication-factor", "resume-file", "round", "sandbox-dir", "sasl-mechanism", "session",
 		"sasl-password-file", "sasl-token-file", "sasl-user", "shutdown-grace", "tls", "tls-ca-file",
 		"tls-cert-file", "tls-key-file", "tls-server-name", "to-offset", "to-time", "tool-class", "tool-permission", "tool-timeout",
