@@ -459,6 +459,7 @@ func (r *Recoverer) apply(ctx context.Context, tx pgx.Tx, old ledger.Claim, ev E
 		if t.got == 0 {
 			return &noTokenError{After: t.after}
 		}
+		faults.Hit(faults.RecoveryAfterToken)
 		at = &t.at
 	}
 	return r.record(ctx, tx, old, nc, ev, d, at)
