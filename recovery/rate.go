@@ -61,8 +61,11 @@ SELECT EXISTS (SELECT 1 FROM b), coalesce((SELECT got FROM u), 0), coalesce((SEL
 
 // ensureBucketSQL puts the bucket's row back if it is missing (the
 // migration creates it): without it every paced decision would wait for
-// good.
-const ensureBucketSQL = `INSERT INTO recovery_rate (tokens) VALUES (0) ON CONFLICT (singleton) DO NOTHING`
+// good. Only when a plain read (which waits for no lock) finds no row: an
+// INSERT ... ON CONFLICT would wait for a taker's uncommitted UPDATE of
+// the row (a zombie's), and with it the whole pass.
+const ensureBucketSQL = `INSERT INTO recovery_rate (tokens) SELECT 0 WHERE NOT EXISTS (SELECT 1 FROM recovery_rate)
+ON CONFLICT (singleton) DO NOTHING`
 
 // taken is what a take got: got tokens at at, or, when got is short,
 // after is how long until the next one can be had.

@@ -261,7 +261,7 @@ func TestRecoveryRateNeverWaitsForTheBucket(t *testing.T) {
 
 	zombie, err := b.pool.Begin(ctx)
 	require.NoError(t, err)
-	_, err = zombie.Exec(ctx, `SELECT 1 FROM recovery_rate FOR UPDATE`)
+	_, err = zombie.Exec(ctx, `UPDATE recovery_rate SET tokens = 0, updated_at = clock_timestamp()`) // its take, uncommitted
 	require.NoError(t, err)
 	rollback := sync.OnceFunc(func() { require.NoError(t, zombie.Rollback(ctx)) })
 	t.Cleanup(rollback)
