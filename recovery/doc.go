@@ -37,7 +37,6 @@
 //     never while a claim holds the session or a newer turn superseded the
 //     call's, and its continuation (resolve-continue-<round>-<target>) is
 //     admitted once however often the finding is given.
-//
 //   - Pacing (Config.Rate, --recovery-rate). A decision that wakes a
 //     session, and each re-wake of a lost wake, takes a token from the
 //     fleet's bucket (rate.go) in its own transaction, so a rollback
