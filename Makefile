@@ -107,10 +107,15 @@ $(STATICCHECK):
 	mv $(BIN)/.staticcheck/staticcheck $@ && rmdir $(BIN)/.staticcheck
 
 .PHONY: bench
-bench: ## print admission throughput, the raw ceiling, end-to-end latency, the burn-down figures, ten thousand turns in flight, relay figures (BENCH_FLAGS='--kafka both': also on Apache Kafka)
+bench: ## print admission throughput, the raw ceiling, end-to-end latency, the burn-down figures, ten thousand turns in flight, relay figures, a paced mass recovery (BENCH_FLAGS='--kafka both': also on Apache Kafka)
 	$(GO) run ./cmd/bench $(BENCH_FLAGS)
 	$(GO) run ./cmd/bench inflight
 	$(GO) test -run '^$$' -bench . -benchtime 2x ./outbox
+	$(GO) test -run '^$$' -bench BenchmarkRecoveryRate -benchtime 1x -timeout 20m ./recovery
+
+.PHONY: bench/recovery
+bench/recovery: ## print a mass recovery paced by --recovery-rate: 10,000 expired claims, two recoverers, decisions per second (RECOVERY_BENCH_FLAGS='-recovery-bench.rate 0': unbounded)
+	$(GO) test -run '^$$' -bench BenchmarkRecoveryRate -benchtime 1x -timeout 20m ./recovery $(RECOVERY_BENCH_FLAGS)
 
 .PHONY: bench/inflight
 bench/inflight: ## print ten thousand turns in flight: one consumer process on an Apache Kafka node, 1,000 prompts/s for 30s each sleeping 10s, then a burst of 10,000 (Java 17, Maven)

@@ -33,6 +33,7 @@ type Metrics struct {
 	RecoveryHeld       *prometheus.GaugeVec
 	RecoveryTransient  prometheus.Counter
 	RecoveryCapped     prometheus.Counter
+	RecoveryDeferred   *prometheus.CounterVec
 	RedrivenWakes      prometheus.Counter
 	QuarantinedRows    *prometheus.GaugeVec
 	OutboxPublishDelay prometheus.Histogram
@@ -117,6 +118,9 @@ func New(reg prometheus.Registerer) *Metrics {
 		RecoveryCapped: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "promptline_recovery_capped_total", Help: "Expired claims quarantined with reason recovery_cap: their session's turn was run again by recovery --recovery-max-per-session times within the window.",
 		}),
+		RecoveryDeferred: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "promptline_recovery_deferred_total", Help: "Expired claims (kind claim) and lost wakes (kind wake) a recovery pass left for the next one for want of a --recovery-rate token.",
+		}, []string{"kind"}),
 		RedrivenWakes: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "promptline_redriven_wakes_total", Help: "Sessions re-woken because their wake was lost.",
 		}),
@@ -163,7 +167,7 @@ func New(reg prometheus.Registerer) *Metrics {
 	}
 	reg.MustRegister(m.ResponseIDWriteFailures, m.AttemptsUnknown, m.TokensAtRisk)
 	reg.MustRegister(m.OutboxPublishDelay, m.WakeToStart, m.ProviderAttempts, m.ProviderSeconds, m.ToolCalls, m.ToolCallSeconds, m.ConsumerLag, m.Deltas)
-	reg.MustRegister(m.RecoveryDecisions, m.RecoveryHeld, m.RecoveryTransient, m.RecoveryCapped, m.RedrivenWakes, m.QuarantinedRows, m.Claims, m.FencedWrites, m.WriteRetries, m.Admissions, m.AdmissionBatchSize, m.AdmissionSeconds, m.Turns,
+	reg.MustRegister(m.RecoveryDecisions, m.RecoveryHeld, m.RecoveryTransient, m.RecoveryCapped, m.RecoveryDeferred, m.RedrivenWakes, m.QuarantinedRows, m.Claims, m.FencedWrites, m.WriteRetries, m.Admissions, m.AdmissionBatchSize, m.AdmissionSeconds, m.Turns,
 		m.TurnSeconds, m.ActiveExecutions, m.OutboxPublished, m.OutboxPruned, m.Wakes)
 	return m
 }

@@ -37,6 +37,12 @@
 //     never while a claim holds the session or a newer turn superseded the
 //     call's, and its continuation (resolve-continue-<round>-<target>) is
 //     admitted once however often the finding is given.
+//   - Pacing (Config.Rate, --recovery-rate). A decision that wakes a
+//     session, and each re-wake of a lost wake, takes a token from the
+//     fleet's bucket (rate.go) in its own transaction, so a rollback
+//     returns it; the bucket is read FOR UPDATE SKIP LOCKED, so no pass
+//     waits for it while holding a lock, and what a pass cannot pace
+//     within its interval stays as it was for the next pass.
 //
 // A decision is a pure function of the claim and its evidence (Decide):
 // the pass gathers the evidence under the session's lock, decides, then

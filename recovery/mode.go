@@ -268,6 +268,9 @@ func (r *Recoverer) Apply(ctx context.Context, opts *ApplyOpts) (Applied, error)
 	}
 	cfg := r.cfg
 	cfg.OwnerID = fmt.Sprintf("apply#%d:%s", res.ID, opts.Operator)
+	// The operator's --rate paces the run, not the fleet's bucket
+	// (Config.Rate bounds automatic passes only).
+	cfg.Rate = 0
 	applier := &Recoverer{pool: r.pool, cfg: cfg, log: r.log}
 	applied := 0
 	defer func() {

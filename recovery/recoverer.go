@@ -115,6 +115,18 @@ type Config struct {
 	// OnCappedFunc counts claims quarantined by MaxPerSession. Defaults to
 	// nothing.
 	OnCappedFunc func()
+	// Rate bounds, per second and across every recoverer on the database
+	// (a token bucket in Postgres: rate.go), the decisions of automatic
+	// passes that wake a session (paced): continuations, re-armed ready
+	// claims, decisions whose session has inputs waiting, and re-wakes of
+	// lost wakes. A pass waits for tokens, holding no lock, for at most
+	// Interval, and leaves what is left for the next pass (expired claims
+	// and lost wakes as they were). An operator's Apply is paced by its
+	// own ApplyOpts.Rate instead. Defaults to 0: unbounded.
+	Rate float64
+	// OnDeferredFunc counts what a pass left for the next one for want of
+	// a token, by kind (claim or wake). Defaults to nothing.
+	OnDeferredFunc func(kind string, n int)
 }
 
 // Recoverer runs recovery passes.
@@ -194,6 +206,9 @@ type Pass struct {
 	Failed    int // decision failed deterministically; the row was quarantined
 	Retried   int // decision failed transiently; the row is left for the next pass
 	Redriven  int
+	// Deferred counts the claims and lost wakes left for the next pass
+	// for want of a recovery token (Config.Rate).
+	Deferred int `json:",omitempty"`
 	// Held is what a pass in hold planned and left, by decision (lost
 	// wakes as DecisionRedriven); empty in auto.
 	Held map[string]int `json:",omitempty"`
@@ -222,16 +237,29 @@ func (r *Recoverer) RunOnce(ctx context.Context) (Pass, error) {
 	if f := r.cfg.OnHeldFunc; f != nil {
 		f(map[string]int{})
 	}
+	// The pass waits for recovery tokens at most one interval: what it
+	// cannot decide by then is the next pass's.
+	deadline := time.Now().Add(r.cfg.Interval)
+	if r.cfg.Rate > 0 {
+		if _, err := r.pool.Exec(ctx, ensureBucketSQL); err != nil {
+			return p, fmt.Errorf("checking the recovery bucket: %w", err)
+		}
+	}
 	claims, err := r.expired(ctx)
 	if err != nil {
 		return p, err
 	}
 	wrote := false
 	for _, c := range claims {
-		decision, failed, err := r.recover(ctx, c)
+		decision, failed, err := r.recoverPaced(ctx, c, deadline)
 		switch {
 		case errors.Is(err, errSkipped):
 			p.Skipped++
+		case errors.Is(err, errDeferred):
+			p.Deferred++
+			if f := r.cfg.OnDeferredFunc; f != nil {
+				f("claim", 1)
+			}
 		case err != nil:
 			if ctx.Err() != nil {
 				return p, ctx.Err()
@@ -277,11 +305,17 @@ func (r *Recoverer) RunOnce(ctx context.Context) (Pass, error) {
 			}
 		}
 	}
-	n, err := r.redrive(ctx)
+	n, deferred, err := r.redrivePaced(ctx, deadline)
 	if err != nil {
 		return p, err
 	}
 	p.Redriven = n
+	if deferred > 0 {
+		p.Deferred += deferred
+		if f := r.cfg.OnDeferredFunc; f != nil {
+			f("wake", deferred)
+		}
+	}
 	if n > 0 && r.cfg.OnRedriveFunc != nil {
 		r.cfg.OnRedriveFunc(n)
 	}
@@ -461,6 +495,25 @@ func (r *Recoverer) recover(ctx context.Context, old ledger.Claim) (string, bool
 	return r.recoverOnly(ctx, old, "")
 }
 
+// recoverPaced is recover that, when the decision needs a token and the
+// bucket has none, waits (the decision rolled back: no lock is held) and
+// tries again, until deadline; then it returns errDeferred.
+func (r *Recoverer) recoverPaced(ctx context.Context, old ledger.Claim, deadline time.Time) (string, bool, error) {
+	for {
+		decision, failed, err := r.recover(ctx, old)
+		var nt *noTokenError
+		if !errors.As(err, &nt) {
+			return decision, failed, err
+		}
+		if time.Now().Add(nt.After).After(deadline) {
+			return "", false, errDeferred
+		}
+		if err := waitCtx(ctx, nt.After); err != nil {
+			return "", false, err
+		}
+	}
+}
+
 // recoverOnly is recover that, when want is not empty, carries out the
 // decision only if it is want (an operator's apply --decision), and else
 // rolls back having written nothing (errSkipped).
@@ -530,7 +583,22 @@ func (r *Recoverer) apply(ctx context.Context, tx pgx.Tx, old ledger.Claim, ev E
 	if err := r.carryOut(ctx, tx, old, nc, ev, &d); err != nil {
 		return err
 	}
-	return r.record(ctx, tx, old, nc, ev, d)
+	var at *time.Time
+	if r.cfg.Rate > 0 && paced(ev, d) {
+		// Late in the transaction, so that the bucket's row is held for
+		// the record and the commit only; a rollback from here on (a
+		// crash, a failed insert) returns the token.
+		t, err := r.takeTokens(ctx, tx, 1)
+		if err != nil {
+			return err
+		}
+		if t.got == 0 {
+			return &noTokenError{After: t.after}
+		}
+		faults.Hit(faults.RecoveryAfterToken)
+		at = &t.at
+	}
+	return r.record(ctx, tx, old, nc, ev, d, at)
 }
 
 func gather(ctx context.Context, tx pgx.Tx, c ledger.Claim) (Evidence, error) {
@@ -900,21 +968,23 @@ func (r *Recoverer) admitContinuation(ctx context.Context, tx pgx.Tx, old ledger
 	return "", fmt.Errorf("continuation input of %s: no ID could be admitted", old.ExecutionID)
 }
 
-func (r *Recoverer) record(ctx context.Context, tx pgx.Tx, old, nc ledger.Claim, ev Evidence, d Decision) error {
+// record stores the decision, decided at at (the time its token was
+// taken, so that recoveries.decided_at shows the pace) or now().
+func (r *Recoverer) record(ctx context.Context, tx pgx.Tx, old, nc ledger.Claim, ev Evidence, d Decision, at *time.Time) error {
 	evJSON, err := json.Marshal(ev)
 	if err != nil {
 		return err
 	}
 	tag, err := tx.Exec(ctx, `INSERT INTO recoveries (execution_id, session_id, phase_found, decision, rule, evidence,
-			token_before, token_after, continuation_message_id, retry_attempt_id, recovered_by)
-		VALUES ($1, $2, $3, $4, nullif($5, ''), $6, $7, $8, nullif($9, ''), nullif($10, ''), $11)
+			token_before, token_after, continuation_message_id, retry_attempt_id, recovered_by, decided_at)
+		VALUES ($1, $2, $3, $4, nullif($5, ''), $6, $7, $8, nullif($9, ''), nullif($10, ''), $11, coalesce($12, now()))
 		ON CONFLICT (execution_id) DO UPDATE SET phase_found = excluded.phase_found, decision = excluded.decision,
 			rule = excluded.rule, evidence = excluded.evidence, token_before = excluded.token_before,
 			token_after = excluded.token_after, continuation_message_id = excluded.continuation_message_id,
-			retry_attempt_id = excluded.retry_attempt_id, recovered_by = excluded.recovered_by, decided_at = now()
+			retry_attempt_id = excluded.retry_attempt_id, recovered_by = excluded.recovered_by, decided_at = excluded.decided_at
 		WHERE recoveries.decision = 'quarantined'`,
 		old.ExecutionID, old.SessionID, string(old.Phase), d.Decision, d.Rule, evJSON, old.Token, nc.Token,
-		d.ContinuationID, d.RetryAttemptID, r.cfg.OwnerID)
+		d.ContinuationID, d.RetryAttemptID, r.cfg.OwnerID, at)
 	if err != nil {
 		return fmt.Errorf("recording recovery of %s: %w", old.ExecutionID, err)
 	}
@@ -938,7 +1008,7 @@ func (r *Recoverer) record(ctx context.Context, tx pgx.Tx, old, nc ledger.Claim,
 			ContinuationMessageID: d.ContinuationID,
 		}))
 	}
-	if ev.WaitingInputs > 0 || d.ContinuationID != "" {
+	if wakes(ev, d) {
 		rows = append(rows, outbox.WakeRow(r.cfg.Topics.Wakes, old.SessionID, "recovery", time.Now().UTC()))
 	}
 	return outbox.Insert(ctx, tx, rows...)
@@ -982,21 +1052,40 @@ func (r *Recoverer) quarantineTx(ctx context.Context, tx pgx.Tx, c ledger.Claim,
 	return nil
 }
 
-// redrive re-wakes sessions whose waiting inputs have no claim and are
-// older than RedriveAfter (their wake was lost), at most once per
-// RedriveAfter per session, bounded and in a stable order.
-func (r *Recoverer) redrive(ctx context.Context) (int, error) {
-	return r.redriveFor(ctx, "", r.cfg.Batch)
+// redrivePaced re-wakes sessions whose waiting inputs have no claim and
+// are older than RedriveAfter (their wake was lost), at most once per
+// RedriveAfter per session, bounded and in a stable order; with a Rate,
+// one token per session, waiting for tokens (holding nothing) until
+// deadline. deferred counts the sessions found and left for the next pass
+// for want of a token.
+func (r *Recoverer) redrivePaced(ctx context.Context, deadline time.Time) (n, deferred int, err error) {
+	for n < r.cfg.Batch {
+		woken, left, after, err := r.redriveFor(ctx, "", r.cfg.Batch-n, r.cfg.Rate > 0)
+		n += woken
+		if err != nil || left == 0 {
+			return n, 0, err
+		}
+		if time.Now().Add(after).After(deadline) {
+			return n, left, nil
+		}
+		if err := waitCtx(ctx, after); err != nil {
+			return n, 0, err
+		}
+	}
+	return n, 0, nil
 }
 
 // redriveSession re-wakes one session if its wake is lost (an apply).
 func (r *Recoverer) redriveSession(ctx context.Context, sessionID string) (int, error) {
-	return r.redriveFor(ctx, sessionID, 1)
+	n, _, _, err := r.redriveFor(ctx, sessionID, 1, false)
+	return n, err
 }
 
-func (r *Recoverer) redriveFor(ctx context.Context, sessionID string, batch int) (int, error) {
-	var n int
-	err := pgdb.InTx(ctx, r.pool, func(tx pgx.Tx) error {
+// redriveFor re-wakes up to batch sessions whose wake was lost; when
+// paced, as many as the bucket gives tokens for: left are the sessions
+// found and not woken, after how long until the next token.
+func (r *Recoverer) redriveFor(ctx context.Context, sessionID string, batch int, pace bool) (n, left int, after time.Duration, err error) {
+	err = pgdb.InTx(ctx, r.pool, func(tx pgx.Tx) error {
 		rows, err := tx.Query(ctx, redriveSQL, r.cfg.RedriveAfter.Milliseconds(), batch, sessionID)
 		if err != nil {
 			return fmt.Errorf("scanning lost wakes: %w", err)
@@ -1004,6 +1093,16 @@ func (r *Recoverer) redriveFor(ctx context.Context, sessionID string, batch int)
 		sessions, err := pgx.CollectRows(rows, pgx.RowTo[string])
 		if err != nil {
 			return fmt.Errorf("scanning lost wakes: %w", err)
+		}
+		if pace && len(sessions) > 0 {
+			// The sessions are locked (SKIP LOCKED, as admission locks
+			// them); the bucket never makes this wait (takeTokens).
+			t, err := r.takeTokens(ctx, tx, len(sessions))
+			if err != nil {
+				return err
+			}
+			left, after = len(sessions)-t.got, t.after
+			sessions = sessions[:t.got]
 		}
 		n = len(sessions)
 		if n == 0 {
@@ -1019,7 +1118,10 @@ func (r *Recoverer) redriveFor(ctx context.Context, sessionID string, batch int)
 		}
 		return outbox.Insert(ctx, tx, wakes...)
 	})
-	return n, err
+	if err != nil {
+		return 0, 0, 0, err
+	}
+	return n, left, after, nil
 }
 
 const expiredSQL = `

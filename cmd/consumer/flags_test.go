@@ -63,6 +63,9 @@ func TestFlags(t *testing.T) {
 		{"MaxMessageBytesAboveRequestSize", []string{"--max-message-bytes", "104857600"}, "--max-message-bytes"},
 		{"RecoveryMaxPerSessionNegative", []string{"--recovery-max-per-session", "-1"}, "--recovery-max-per-session:"},
 		{"RecoveryMaxPerSessionWindowNegative", []string{"--recovery-max-per-session-window", "-1s"}, "--recovery-max-per-session-window:"},
+		{"RecoveryRateNegative", []string{"--recovery-rate", "-1"}, "--recovery-rate: must be 0 (unbounded) or a positive number"},
+		{"RecoveryRateNaN", []string{"--recovery-rate", "NaN"}, "--recovery-rate: must be 0 (unbounded) or a positive number"},
+		{"RecoveryRateInf", []string{"--recovery-rate", "+Inf"}, "--recovery-rate: must be 0 (unbounded) or a positive number"},
 		{"UnknownFlag", []string{"--no-such-flag"}, "--no-such-flag"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

@@ -208,7 +208,8 @@ func TestRuntimeRole(t *testing.T) {
 	b.send(t, p)
 	requireKilled(t, crashing.waitExit(t, crashTimeout))
 
-	rec := b.start(t, "consumer-2", "", append([]string{"--migrate=false"}, recoveryFlags...)...)
+	// Paced (--recovery-rate): the runtime role takes the fleet's tokens.
+	rec := b.start(t, "consumer-2", "", append([]string{"--migrate=false", "--recovery-rate", "100"}, recoveryFlags...)...)
 	turn := b.events.waitTurn(t, p.MessageID)
 	require.Equal(t, envelope.EventTurnCompleted, turn.Type, "%+v", turn)
 	require.Equal(t, "tool results: echo: x", turn.Text)
@@ -233,6 +234,8 @@ func TestRuntimeRole(t *testing.T) {
 	var version int64
 	require.NoError(t, conn.QueryRow(ctx, `SELECT max(version_id) FROM goose_db_version`).Scan(&version), "the runtime role reads the schema version")
 	require.Equal(t, pgdb.LatestVersion(), version)
+	_, err = conn.Exec(ctx, `UPDATE recovery_rate SET tokens = tokens`)
+	require.NoError(t, err, "the runtime role takes recovery tokens (default table grants)")
 	requireDenied(t, conn, `CREATE TABLE intruder (id int)`)
 	requireDenied(t, conn, `CREATE TABLE public.intruder (id int)`)
 	requireDenied(t, conn, `CREATE TEMP TABLE intruder (id int)`)
@@ -335,5 +338,7 @@ func TestConsoleRole(t *testing.T) {
 	requireDenied(t, conn, `DELETE FROM outbox`)
 	requireDenied(t, conn, `DELETE FROM quarantine_releases`)
 	requireDenied(t, conn, `TRUNCATE inputs`)
+	_, err = conn.Exec(ctx, `UPDATE recovery_rate SET tokens = tokens`)
+	require.NoError(t, err, "the runtime role takes recovery tokens (default table grants)")
 	requireDenied(t, conn, `CREATE TABLE intruder (id int)`)
 }

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"os"
 	"slices"
 	"strings"
@@ -42,6 +43,7 @@ type options struct {
 	redriveAfter      time.Duration
 	recoveryMode      string
 	recoveryCap       recoveryCap
+	recoveryRate      float64
 	outboxRetention   time.Duration
 	ledgerRetention   time.Duration
 	dbMaxConns        int32
@@ -91,6 +93,7 @@ func newRootCommandEnv(environ func() []string) *cobra.Command {
 	f.IntVar(&o.recoveryBatch, "recovery-batch", 100, "expired claims and lost wakes handled per recovery pass")
 	f.StringVar(&o.recoveryMode, "recovery-mode", "auto", "auto: recovery passes act; hold: they only plan, and an operator applies (`consumer recovery apply`); the fleet-wide mode set by `consumer recovery hold|resume` wins over this flag")
 	o.recoveryCap.flags(f)
+	f.Float64Var(&o.recoveryRate, "recovery-rate", 0, "most recovery decisions per second that wake a session (continuations, re-armed ready claims, re-wakes of lost wakes), across the whole fleet (a token bucket in Postgres, docs/runbook.md); what a pass cannot pace in one --recovery-interval is left for the next; 0: unbounded")
 	f.DurationVar(&o.outboxRetention, "outbox-retention", time.Hour, "how long published outbox rows are kept before they are deleted (Kafka keeps what was published); 0 keeps them forever")
 	f.DurationVar(&o.ledgerRetention, "ledger-retention", 7*24*time.Hour, "how long the ledger rows (provider attempts, tool calls) of a settled execution of an idle session are kept before they are deleted; rows recovery may still need are never deleted; 0 keeps them forever")
 	f.DurationVar(&o.redriveAfter, "redrive-after", 30*time.Second, "age of a waiting input without a claim before its session is woken again")
@@ -215,6 +218,8 @@ func (o *options) validate() error {
 		return fmt.Errorf("--recovery-interval: must be at least 100ms, got %s", o.recoveryInterval)
 	case o.recoveryMode != recovery.ModeAuto && o.recoveryMode != recovery.ModeHold:
 		return fmt.Errorf("--recovery-mode: must be auto or hold, got %q", o.recoveryMode)
+	case math.IsNaN(o.recoveryRate) || math.IsInf(o.recoveryRate, 0) || o.recoveryRate < 0:
+		return fmt.Errorf("--recovery-rate: must be 0 (unbounded) or a positive number of decisions per second, got %g", o.recoveryRate)
 	case o.recoveryBatch < 1:
 		return fmt.Errorf("--recovery-batch: must be at least 1, got %d", o.recoveryBatch)
 	case o.outboxRetention != 0 && o.outboxRetention < time.Second:

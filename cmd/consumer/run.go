@@ -235,10 +235,12 @@ func run(ctx context.Context, o *options, stderr io.Writer) error {
 		OnAttemptUnknownFunc: func(provider, model string) {
 			m.AttemptsUnknown.WithLabelValues(provider, model).Inc()
 		},
-		OnAtRiskFunc: (&atRiskGauge{m: m}).set,
-		OnCommitFunc: relay.Nudge,
-		Mode:         o.recoveryMode,
-		OnHeldFunc:   func(c map[string]int) { setHeld(m, c) },
+		OnAtRiskFunc:   (&atRiskGauge{m: m}).set,
+		OnCommitFunc:   relay.Nudge,
+		Mode:           o.recoveryMode,
+		Rate:           o.recoveryRate,
+		OnDeferredFunc: func(kind string, n int) { m.RecoveryDeferred.WithLabelValues(kind).Add(float64(n)) },
+		OnHeldFunc:     func(c map[string]int) { setHeld(m, c) },
 
 		OnTransientErrorFunc: m.RecoveryTransient.Inc,
 		OnCappedFunc:         m.RecoveryCapped.Inc,

@@ -26,7 +26,7 @@ var Programs = map[string][]string{
 		"outbox-retention", "output", "partitions", "permission-replies-topic", "progress-interval",
 		"prompts-topic", "provider", "provider-honours-idempotency-keys", "provider-url",
 		"publish-rejects", "ran", "rate", "recovery-batch", "recovery-interval", "recovery-max-per-session",
-		"recovery-max-per-session-window", "recovery-mode", "redrive-after",
+		"recovery-max-per-session-window", "recovery-mode", "recovery-rate", "redrive-after",
 		"rejects-topic", "replication-factor", "resume-file", "round", "sandbox-dir", "sasl-mechanism", "session",
 		"sasl-password-file", "sasl-token-file", "sasl-user", "shutdown-grace", "tls", "tls-ca-file",
 		"tls-cert-file", "tls-key-file", "tls-server-name", "to-offset", "to-time", "tool-class", "tool-permission", "tool-timeout",

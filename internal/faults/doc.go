@@ -52,4 +52,8 @@ const (
 	// decision not yet committed (it commits in the same transaction, so
 	// the next pass finds the claim as it was).
 	RecoveryAfterTakeover = "recovery.after-takeover"
+	// RecoveryAfterToken: a paced recovery decision (--recovery-rate)
+	// took its token from the fleet's bucket, in the decision's
+	// transaction, not yet committed: the rollback returns the token.
+	RecoveryAfterToken = "recovery.after-token"
 )
