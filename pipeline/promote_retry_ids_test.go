@@ -23,18 +23,8 @@ func TestRefusedPromotionKeepsAttemptNumbering(t *testing.T) {
 	e := b.executor(t, "p", pipeline.ScriptedProvider{}, time.Minute, 0)
 	b.admit(t, "s", "m1", "first")
 	b.admit(t, "s", "m2", "second")
-	_, err := b.pool.Exec(ctx, `
-		CREATE SEQUENCE m2_tries;
-		CREATE FUNCTION refuse_first_m2() RETURNS trigger LANGUAGE plpgsql AS $$
-		BEGIN
-			IF nextval('m2_tries') = 1 THEN
-				RAISE EXCEPTION 'injected deadlock' USING ERRCODE = '40P01';
-			END IF;
-			RETURN NEW;
-		END $$;
-		CREATE TRIGGER refuse_first_m2 BEFORE UPDATE OF promotion_seq ON inputs
-			FOR EACH ROW WHEN (OLD.promotion_seq IS NULL AND NEW.promotion_seq IS NOT NULL AND NEW.message_id = 'm2')
-			EXECUTE FUNCTION refuse_first_m2()`)
+	_, err := b.pool.Exec(ctx, refuseOnce("m2", "40P01", `BEFORE UPDATE OF promotion_seq ON inputs
+		FOR EACH ROW WHEN (OLD.promotion_seq IS NULL AND NEW.promotion_seq IS NOT NULL AND NEW.message_id = 'm2')`))
 	require.NoError(t, err)
 
 	done, err := e.Wake(ctx, "s", 0)

@@ -31,18 +31,8 @@ func TestPromotionRetriedAfterARefusal(t *testing.T) {
 	ctx := context.Background()
 
 	park := func(t *testing.T, code string) (*execBundle, *pipeline.Executor, chan string) {
-		return parkedReply(t, fmt.Sprintf(`
-			CREATE SEQUENCE promotion_tries;
-			CREATE FUNCTION refuse_first_promotion() RETURNS trigger LANGUAGE plpgsql AS $$
-			BEGIN
-				IF nextval('promotion_tries') = 1 THEN
-					RAISE EXCEPTION 'injected refusal' USING ERRCODE = '%s';
-				END IF;
-				RETURN NEW;
-			END $$;
-			CREATE TRIGGER refuse_first_promotion BEFORE UPDATE OF promotion_seq ON inputs
-				FOR EACH ROW WHEN (OLD.promotion_seq IS NULL AND NEW.promotion_seq IS NOT NULL)
-				EXECUTE FUNCTION refuse_first_promotion()`, code))
+		return parkedReply(t, refuseOnce("promotion", code, `BEFORE UPDATE OF promotion_seq ON inputs
+			FOR EACH ROW WHEN (OLD.promotion_seq IS NULL AND NEW.promotion_seq IS NOT NULL)`))
 	}
 	tries := func(t *testing.T, b *execBundle) int {
 		var n int
@@ -93,17 +83,8 @@ func TestStepIntentRetriedAfterARefusal(t *testing.T) {
 	claims := ledger.NewClaims(b.pool, &ledger.ClaimsConfig{Lease: time.Minute, OwnerID: "p"})
 	e := pipeline.NewExecutor(b.pool, &pipeline.ExecutorConfig{Claims: claims, Tools: reg})
 	t.Cleanup(e.Stop)
-	_, err := b.pool.Exec(ctx, `
-		CREATE SEQUENCE intent_tries;
-		CREATE FUNCTION refuse_first_second_step() RETURNS trigger LANGUAGE plpgsql AS $$
-		BEGIN
-			IF nextval('intent_tries') = 1 THEN
-				RAISE EXCEPTION 'injected deadlock' USING ERRCODE = '40P01';
-			END IF;
-			RETURN NEW;
-		END $$;
-		CREATE TRIGGER refuse_first_second_step BEFORE INSERT ON attempts
-			FOR EACH ROW WHEN (NEW.step = 2) EXECUTE FUNCTION refuse_first_second_step()`)
+	_, err := b.pool.Exec(ctx, refuseOnce("intent", "40P01", `BEFORE INSERT ON attempts
+		FOR EACH ROW WHEN (NEW.step = 2)`))
 	require.NoError(t, err)
 
 	b.admit(t, "s", "m1", `/tool echo {"text": "hi"}`)
@@ -133,17 +114,7 @@ func TestRefusedClaimWithFirstTurnClaimsFirst(t *testing.T) {
 	ctx := context.Background()
 	b := setupExec(t)
 	e := b.executor(t, "p", pipeline.ScriptedProvider{}, time.Minute, 0)
-	_, err := b.pool.Exec(ctx, `
-		CREATE SEQUENCE claim_tries;
-		CREATE FUNCTION refuse_first_claim() RETURNS trigger LANGUAGE plpgsql AS $$
-		BEGIN
-			IF nextval('claim_tries') = 1 THEN
-				RAISE EXCEPTION 'injected serialization failure' USING ERRCODE = '40001';
-			END IF;
-			RETURN NEW;
-		END $$;
-		CREATE TRIGGER refuse_first_claim BEFORE INSERT ON claims
-			FOR EACH ROW EXECUTE FUNCTION refuse_first_claim()`)
+	_, err := b.pool.Exec(ctx, refuseOnce("claim", "40001", `BEFORE INSERT ON claims FOR EACH ROW`))
 	require.NoError(t, err)
 	b.admit(t, "s", "m1", "plain")
 
@@ -160,17 +131,7 @@ func TestRefusedClaimWithFirstTurnClaimsFirst(t *testing.T) {
 func TestRefusedClaimTakenAgain(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	b, e, runs := parkedReply(t, `
-		CREATE SEQUENCE claim_tries;
-		CREATE FUNCTION refuse_first_claim() RETURNS trigger LANGUAGE plpgsql AS $$
-		BEGIN
-			IF nextval('claim_tries') = 1 THEN
-				RAISE EXCEPTION 'injected lock timeout' USING ERRCODE = '55P03';
-			END IF;
-			RETURN NEW;
-		END $$;
-		CREATE TRIGGER refuse_first_claim BEFORE INSERT ON claims
-			FOR EACH ROW EXECUTE FUNCTION refuse_first_claim()`)
+	b, e, runs := parkedReply(t, refuseOnce("claim", "55P03", `BEFORE INSERT ON claims FOR EACH ROW`))
 	done, err := e.Wake(ctx, "s", 0)
 	require.NoError(t, err)
 	wait(t, done)
@@ -208,4 +169,23 @@ func parkedReply(t *testing.T, inject string) (*execBundle, *pipeline.Executor, 
 	_, err = b.pool.Exec(ctx, inject)
 	require.NoError(t, err)
 	return b, e, runs
+}
+
+// refuseOnce returns the SQL of a trigger that refuses the first write it
+// fires on with SQLSTATE code, and lets every later one through. timing is
+// the trigger's clause up to its EXECUTE ("BEFORE INSERT ON claims FOR EACH
+// ROW ..."). The sequence name_tries counts the tries, as a sequence's
+// nextval is not rolled back with the refused transaction.
+func refuseOnce(name, code, timing string) string {
+	return fmt.Sprintf(`
+		CREATE SEQUENCE %[1]s_tries;
+		CREATE FUNCTION refuse_first_%[1]s() RETURNS trigger LANGUAGE plpgsql AS $$
+		BEGIN
+			IF nextval('%[1]s_tries') = 1 THEN
+				RAISE EXCEPTION 'injected refusal' USING ERRCODE = '%[2]s';
+			END IF;
+			RETURN NEW;
+		END $$;
+		CREATE TRIGGER refuse_first_%[1]s %[3]s
+			EXECUTE FUNCTION refuse_first_%[1]s()`, name, code, timing)
 }

@@ -14,6 +14,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/promptline/promptline/console"
+	"github.com/promptline/promptline/internal/pgdb"
 )
 
 // newConsoleCommand is `consumer console`: the operator console in the
@@ -39,35 +40,34 @@ func newConsoleCommand(o *options) *cobra.Command {
 			if err := console.CheckAddr(addr, token != ""); err != nil {
 				return err
 			}
-			db, err := openDB(cmd, o)
-			if err != nil {
-				return err
-			}
-			defer db.Close()
-			level, _ := parseLevel(o.logLevel)
-			log := slog.New(slog.NewJSONHandler(cmd.ErrOrStderr(), &slog.HandlerOptions{Level: level}))
-			srv, err := console.New(db.Pool, &console.Config{Token: token, Logger: log, Topics: o.topics})
-			if err != nil {
-				return err
-			}
-			ln, err := net.Listen("tcp", addr)
-			if err != nil {
-				return err
-			}
-			hs := &http.Server{Handler: srv, ReadHeaderTimeout: 5 * time.Second}
-			done := make(chan error, 1)
-			go func() { done <- hs.Serve(ln) }()
-			url := "http://" + ln.Addr().String() + "/"
-			fmt.Fprintf(cmd.OutOrStdout(), "console: %s\n", url)
-			log.Info("console serving", slog.String("addr", ln.Addr().String()), slog.Bool("token", token != ""))
-			select {
-			case err := <-done:
-				return err
-			case <-cmd.Context().Done():
-			}
-			ctx, cancel := context.WithTimeout(context.WithoutCancel(cmd.Context()), 5*time.Second)
-			defer cancel()
-			return hs.Shutdown(ctx)
+			return withDB(cmd, o, func(db *pgdb.DB) error {
+				log, err := operatorLogger(cmd, o)
+				if err != nil {
+					return err
+				}
+				srv, err := console.New(db.Pool, &console.Config{Token: token, Logger: log, Topics: o.topics})
+				if err != nil {
+					return err
+				}
+				ln, err := net.Listen("tcp", addr)
+				if err != nil {
+					return err
+				}
+				hs := &http.Server{Handler: srv, ReadHeaderTimeout: 5 * time.Second}
+				done := make(chan error, 1)
+				go func() { done <- hs.Serve(ln) }()
+				url := "http://" + ln.Addr().String() + "/"
+				fmt.Fprintf(cmd.OutOrStdout(), "console: %s\n", url)
+				log.Info("console serving", slog.String("addr", ln.Addr().String()), slog.Bool("token", token != ""))
+				select {
+				case err := <-done:
+					return err
+				case <-cmd.Context().Done():
+				}
+				ctx, cancel := context.WithTimeout(context.WithoutCancel(cmd.Context()), 5*time.Second)
+				defer cancel()
+				return hs.Shutdown(ctx)
+			})
 		},
 	}
 	cmd.Flags().StringVar(&addr, "addr", "127.0.0.1:9470", "listen address of the console; other than loopback only with --console-token-file")

@@ -21,18 +21,32 @@ import (
 	"github.com/promptline/promptline/recovery"
 )
 
-// openDB opens and migrates the database for an operator command.
-func openDB(cmd *cobra.Command, o *options) (*pgdb.DB, error) {
-	if _, err := parseLevel(o.logLevel); err != nil {
+// withDB opens the database for an operator command, runs fn with it and
+// closes it. Operator commands inspect an existing database: without a URL,
+// the default server, else the local cluster the consumer left (make demo),
+// never a new one. They never change the schema: a database behind this
+// binary is refused with advice to run `consumer migrate`.
+func withDB(cmd *cobra.Command, o *options, fn func(db *pgdb.DB) error) error {
+	log, err := operatorLogger(cmd, o)
+	if err != nil {
+		return err
+	}
+	db, err := pgdb.Open(cmd.Context(), pgdb.OpenOpts{URL: o.databaseURL, Logger: log, NoMigrate: true, LocalMustExist: true})
+	if err != nil {
+		return err
+	}
+	defer db.Close()
+	return fn(db)
+}
+
+// operatorLogger is an operator command's logger: JSON on the command's
+// stderr, at --log-level.
+func operatorLogger(cmd *cobra.Command, o *options) (*slog.Logger, error) {
+	level, err := parseLevel(o.logLevel)
+	if err != nil {
 		return nil, err
 	}
-	level, _ := parseLevel(o.logLevel)
-	log := slog.New(slog.NewJSONHandler(cmd.ErrOrStderr(), &slog.HandlerOptions{Level: level}))
-	// Operator commands inspect an existing database: without a URL, the
-	// default server, else the local cluster the consumer left (make demo),
-	// never a new one. They never change the schema: a database behind
-	// this binary is refused with advice to run `consumer migrate`.
-	return pgdb.Open(cmd.Context(), pgdb.OpenOpts{URL: o.databaseURL, Logger: log, NoMigrate: true, LocalMustExist: true})
+	return slog.New(slog.NewJSONHandler(cmd.ErrOrStderr(), &slog.HandlerOptions{Level: level})), nil
 }
 
 func newRecoverCommand(o *options) *cobra.Command {
@@ -47,25 +61,22 @@ func newRecoverCommand(o *options) *cobra.Command {
 			if batch < 1 {
 				return fmt.Errorf("--recovery-batch: must be at least 1, got %d", batch)
 			}
-			db, err := openDB(cmd, o)
-			if err != nil {
-				return err
-			}
-			defer db.Close()
-			owner := "recover-command"
-			if u, err := user.Current(); err == nil {
-				owner += ":" + u.Username
-			}
-			p, err := recovery.New(db.Pool, &recovery.Config{Batch: batch, RedriveAfter: redriveAfter, OwnerID: owner, Topics: o.topics}).RunOnce(cmd.Context())
-			if err != nil {
-				return err
-			}
-			if asJSON {
-				return json.NewEncoder(cmd.OutOrStdout()).Encode(p)
-			}
-			fmt.Fprintf(cmd.OutOrStdout(), "decisions: %v; skipped (taken over elsewhere): %d; failed and quarantined: %d; failed transiently, left for the next pass: %d; sessions re-woken: %d\n",
-				p.Decisions, p.Skipped, p.Failed, p.Retried, p.Redriven)
-			return nil
+			return withDB(cmd, o, func(db *pgdb.DB) error {
+				owner := "recover-command"
+				if u, err := user.Current(); err == nil {
+					owner += ":" + u.Username
+				}
+				p, err := recovery.New(db.Pool, &recovery.Config{Batch: batch, RedriveAfter: redriveAfter, OwnerID: owner, Topics: o.topics}).RunOnce(cmd.Context())
+				if err != nil {
+					return err
+				}
+				if asJSON {
+					return json.NewEncoder(cmd.OutOrStdout()).Encode(p)
+				}
+				fmt.Fprintf(cmd.OutOrStdout(), "decisions: %v; skipped (taken over elsewhere): %d; failed and quarantined: %d; failed transiently, left for the next pass: %d; sessions re-woken: %d\n",
+					p.Decisions, p.Skipped, p.Failed, p.Retried, p.Redriven)
+				return nil
+			})
 		},
 	}
 	cmd.Flags().IntVar(&batch, "recovery-batch", 100, "expired claims and lost wakes handled in this pass")
@@ -82,20 +93,17 @@ func newRecoveryCommand(o *options) *cobra.Command {
 		Short: "Print a session's recovery decisions and the evidence they rested on, and operators' resolutions, in words",
 		Args:  cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			db, err := openDB(cmd, o)
-			if err != nil {
-				return err
-			}
-			defer db.Close()
-			x, err := recovery.ExplainSession(cmd.Context(), db.Pool, args[0])
-			if err != nil {
-				return err
-			}
-			if asJSON {
-				return json.NewEncoder(cmd.OutOrStdout()).Encode(x.Records)
-			}
-			recovery.Explain(cmd.OutOrStdout(), x.Records, x.Unattached...)
-			return nil
+			return withDB(cmd, o, func(db *pgdb.DB) error {
+				x, err := recovery.ExplainSession(cmd.Context(), db.Pool, args[0])
+				if err != nil {
+					return err
+				}
+				if asJSON {
+					return json.NewEncoder(cmd.OutOrStdout()).Encode(x.Records)
+				}
+				recovery.Explain(cmd.OutOrStdout(), x.Records, x.Unattached...)
+				return nil
+			})
 		},
 	}
 	explain.Flags().BoolVar(&asJSON, "json", false, "print the decisions as JSON")
@@ -183,20 +191,17 @@ func newRecoveryPlanCommand(o *options) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			db, err := openDB(cmd, o)
-			if err != nil {
-				return err
-			}
-			defer db.Close()
-			plan, err := recovery.New(db.Pool, cfg).Plan(cmd.Context(), &recovery.PlanOpts{SessionID: session, All: all})
-			if err != nil {
-				return err
-			}
-			if asJSON {
-				return json.NewEncoder(cmd.OutOrStdout()).Encode(plan)
-			}
-			recovery.WritePlan(cmd.OutOrStdout(), plan)
-			return nil
+			return withDB(cmd, o, func(db *pgdb.DB) error {
+				plan, err := recovery.New(db.Pool, cfg).Plan(cmd.Context(), &recovery.PlanOpts{SessionID: session, All: all})
+				if err != nil {
+					return err
+				}
+				if asJSON {
+					return json.NewEncoder(cmd.OutOrStdout()).Encode(plan)
+				}
+				recovery.WritePlan(cmd.OutOrStdout(), plan)
+				return nil
+			})
 		},
 	}
 	policy.flags(cmd.Flags())
@@ -214,24 +219,21 @@ func newQuarantineCommand(o *options) *cobra.Command {
 		Short: "List quarantined rows with their reasons",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			db, err := openDB(cmd, o)
-			if err != nil {
-				return err
-			}
-			defer db.Close()
-			rows, err := recovery.ListQuarantined(cmd.Context(), db.Pool)
-			if err != nil {
-				return err
-			}
-			if asJSON {
-				return json.NewEncoder(cmd.OutOrStdout()).Encode(rows)
-			}
-			w := tabwriter.NewWriter(cmd.OutOrStdout(), 0, 4, 2, ' ', 0)
-			fmt.Fprintln(w, "KIND\tID\tSESSION\tQUARANTINED\tREASON")
-			for _, r := range rows {
-				fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\n", r.Kind, r.ID, r.SessionID, r.QuarantinedAt.UTC().Format(time.RFC3339), r.Reason)
-			}
-			return w.Flush()
+			return withDB(cmd, o, func(db *pgdb.DB) error {
+				rows, err := recovery.ListQuarantined(cmd.Context(), db.Pool)
+				if err != nil {
+					return err
+				}
+				if asJSON {
+					return json.NewEncoder(cmd.OutOrStdout()).Encode(rows)
+				}
+				w := tabwriter.NewWriter(cmd.OutOrStdout(), 0, 4, 2, ' ', 0)
+				fmt.Fprintln(w, "KIND\tID\tSESSION\tQUARANTINED\tREASON")
+				for _, r := range rows {
+					fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\n", r.Kind, r.ID, r.SessionID, r.QuarantinedAt.UTC().Format(time.RFC3339), r.Reason)
+				}
+				return w.Flush()
+			})
 		},
 	}
 	list.Flags().BoolVar(&asJSON, "json", false, "print the rows as JSON")
@@ -249,16 +251,13 @@ func newQuarantineCommand(o *options) *cobra.Command {
 			if operator == "" {
 				return errors.New("--operator: must name who releases the row")
 			}
-			db, err := openDB(cmd, o)
-			if err != nil {
-				return err
-			}
-			defer db.Close()
-			if err := recovery.Release(cmd.Context(), db.Pool, args[0], args[1], &recovery.ReleaseOpts{Operator: operator, Note: note, Topics: o.topics}); err != nil {
-				return err
-			}
-			fmt.Fprintf(cmd.OutOrStdout(), "released %s %s\n", args[0], args[1])
-			return nil
+			return withDB(cmd, o, func(db *pgdb.DB) error {
+				if err := recovery.Release(cmd.Context(), db.Pool, args[0], args[1], &recovery.ReleaseOpts{Operator: operator, Note: note, Topics: o.topics}); err != nil {
+					return err
+				}
+				fmt.Fprintf(cmd.OutOrStdout(), "released %s %s\n", args[0], args[1])
+				return nil
+			})
 		},
 	}
 	release.Flags().StringVar(&operator, "operator", "", "who releases the row (default: the OS user), recorded in the audit")
@@ -297,16 +296,13 @@ func newRecoveryModeCommand(o *options, mode string) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			db, err := openDB(cmd, o)
-			if err != nil {
-				return err
-			}
-			defer db.Close()
-			if err := recovery.SetMode(cmd.Context(), db.Pool, mode, operator, note); err != nil {
-				return err
-			}
-			fmt.Fprintf(cmd.OutOrStdout(), "recovery mode: %s (set by %s)\n", mode, operator)
-			return nil
+			return withDB(cmd, o, func(db *pgdb.DB) error {
+				if err := recovery.SetMode(cmd.Context(), db.Pool, mode, operator, note); err != nil {
+					return err
+				}
+				fmt.Fprintf(cmd.OutOrStdout(), "recovery mode: %s (set by %s)\n", mode, operator)
+				return nil
+			})
 		},
 	}
 	cmd.Flags().StringVar(&operator, "operator", "", "who sets the mode (default: the OS user), recorded in the audit")
@@ -343,40 +339,37 @@ func newRecoveryApplyCommand(o *options) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			db, err := openDB(cmd, o)
-			if err != nil {
-				return err
-			}
-			defer db.Close()
-			rec := recovery.New(db.Pool, cfg)
-			term := isTerminal(cmd.ErrOrStderr())
-			var total int
-			if term {
-				// The bar's length: what waits of what is asked for,
-				// counted once (a line per item needs no total).
-				waiting, err := rec.Waiting(cmd.Context(), &recovery.PlanOpts{SessionID: opts.SessionID})
+			return withDB(cmd, o, func(db *pgdb.DB) error {
+				rec := recovery.New(db.Pool, cfg)
+				term := isTerminal(cmd.ErrOrStderr())
+				var total int
+				if term {
+					// The bar's length: what waits of what is asked for,
+					// counted once (a line per item needs no total).
+					waiting, err := rec.Waiting(cmd.Context(), &recovery.PlanOpts{SessionID: opts.SessionID})
+					if err != nil {
+						return err
+					}
+					for d, n := range waiting {
+						if opts.Decision == "" || d == opts.Decision {
+							total += n
+						}
+					}
+				}
+				progress := newApplyProgress(cmd.ErrOrStderr(), term, total, opts.Max)
+				opts.OnProgressFunc = progress.applied
+				res, err := rec.Apply(cmd.Context(), &opts)
+				progress.finish()
 				if err != nil {
 					return err
 				}
-				for d, n := range waiting {
-					if opts.Decision == "" || d == opts.Decision {
-						total += n
-					}
+				if asJSON {
+					return json.NewEncoder(cmd.OutOrStdout()).Encode(res)
 				}
-			}
-			progress := newApplyProgress(cmd.ErrOrStderr(), term, total, opts.Max)
-			opts.OnProgressFunc = progress.applied
-			res, err := rec.Apply(cmd.Context(), &opts)
-			progress.finish()
-			if err != nil {
-				return err
-			}
-			if asJSON {
-				return json.NewEncoder(cmd.OutOrStdout()).Encode(res)
-			}
-			fmt.Fprintf(cmd.OutOrStdout(), "apply #%d: decisions: %v; skipped (changed since planned, or handled elsewhere): %d; left after a transient error (run again): %d; failed decisions: %d\n",
-				res.ID, res.Decisions, res.Skipped, res.Retried, res.Failed)
-			return nil
+				fmt.Fprintf(cmd.OutOrStdout(), "apply #%d: decisions: %v; skipped (changed since planned, or handled elsewhere): %d; left after a transient error (run again): %d; failed decisions: %d\n",
+					res.ID, res.Decisions, res.Skipped, res.Retried, res.Failed)
+				return nil
+			})
 		},
 	}
 	policy.flags(cmd.Flags())

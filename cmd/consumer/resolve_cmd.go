@@ -8,6 +8,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/promptline/promptline/internal/pgdb"
 	"github.com/promptline/promptline/recovery"
 )
 
@@ -58,33 +59,30 @@ another finding was recorded before.`,
 			if operator == "" {
 				return errors.New("--operator: must name who found it out")
 			}
-			db, err := openDB(cmd, o)
-			if err != nil {
-				return err
-			}
-			defer db.Close()
-			res, err := recovery.Resolve(cmd.Context(), db.Pool, args[0], args[1], &recovery.ResolveOpts{
-				Finding: finding, Output: output, Operator: operator, Note: note, Round: round, Topics: o.topics,
-			})
-			if err != nil {
-				return err
-			}
-			if asJSON {
-				return json.NewEncoder(cmd.OutOrStdout()).Encode(res)
-			}
-			r := res.Resolution
-			out := cmd.OutOrStdout()
-			if res.Already {
-				fmt.Fprintf(out, "%s %s was resolved before (round %d, %s, by %s): nothing more done\n", r.TargetKind, r.TargetID, r.Round, r.Finding, r.ResolvedBy)
+			return withDB(cmd, o, func(db *pgdb.DB) error {
+				res, err := recovery.Resolve(cmd.Context(), db.Pool, args[0], args[1], &recovery.ResolveOpts{
+					Finding: finding, Output: output, Operator: operator, Note: note, Round: round, Topics: o.topics,
+				})
+				if err != nil {
+					return err
+				}
+				if asJSON {
+					return json.NewEncoder(cmd.OutOrStdout()).Encode(res)
+				}
+				r := res.Resolution
+				out := cmd.OutOrStdout()
+				if res.Already {
+					fmt.Fprintf(out, "%s %s was resolved before (round %d, %s, by %s): nothing more done\n", r.TargetKind, r.TargetID, r.Round, r.Finding, r.ResolvedBy)
+					return nil
+				}
+				fmt.Fprintf(out, "resolved %s %s (round %d): %s\n", r.TargetKind, r.TargetID, r.Round, r.Finding)
+				if r.ContinuationID != "" {
+					fmt.Fprintf(out, "admitted continuation %s; the session's consumer runs it\n", r.ContinuationID)
+				} else {
+					fmt.Fprintln(out, "no continuation: the attempt's answer is lost, so the turn does not go on; send the prompt again if it should")
+				}
 				return nil
-			}
-			fmt.Fprintf(out, "resolved %s %s (round %d): %s\n", r.TargetKind, r.TargetID, r.Round, r.Finding)
-			if r.ContinuationID != "" {
-				fmt.Fprintf(out, "admitted continuation %s; the session's consumer runs it\n", r.ContinuationID)
-			} else {
-				fmt.Fprintln(out, "no continuation: the attempt's answer is lost, so the turn does not go on; send the prompt again if it should")
-			}
-			return nil
+			})
 		},
 	}
 	cmd.Flags().BoolVar(&ran, "ran", false, "the call ran (or the provider acted on the attempt)")
