@@ -239,7 +239,7 @@ func (ex *execution) runStep(ctx context.Context, t *turn, step int, log *slog.L
 		if wait, retry := ex.retryable(perr); retry {
 			var tries int
 			deferred := func(ctx context.Context, tx pgx.Tx) (bool, error) {
-				state, err := ledger.AttemptState(ctx, tx, attemptID)
+				state, err := ledger.ReadAttemptState(ctx, tx, attemptID)
 				if err != nil || state != ledger.AttemptRetryWait {
 					return false, err
 				}
@@ -428,7 +428,7 @@ func (ex *execution) runCall(ctx context.Context, turnID string, p ledger.CallPa
 	// started (retried as it was, it would fail as not requested, and the
 	// call, never run, would end unknown).
 	intent := func(ctx context.Context, tx pgx.Tx) (bool, error) {
-		state, err := ledger.CallState(ctx, tx, p.ID)
+		state, err := ledger.ReadCallState(ctx, tx, p.ID)
 		return state == ledger.CallStarted, err
 	}
 	started := ex.toolEvent(envelope.EventToolStarted, turnID, p, "")
@@ -524,7 +524,7 @@ func (ex *execution) runTool(ctx context.Context, tool tools.Tool, call tools.Ca
 // a step sets the phase continue in the same transaction. After a
 // cancellation (a shutdown past its grace) it writes once, on a context
 // that outlives it (afterCancel).
-func (ex *execution) settleCall(ctx context.Context, turnID string, p ledger.CallParams, c ToolCall, state, output string, isError bool) error {
+func (ex *execution) settleCall(ctx context.Context, turnID string, p ledger.CallParams, c ToolCall, state ledger.CallState, output string, isError bool) error {
 	cl := ex.x.Claim()
 	var last bool
 	settled := func(ctx context.Context, tx pgx.Tx) (settled bool, err error) {
@@ -549,7 +549,7 @@ func (ex *execution) settleCall(ctx context.Context, turnID string, p ledger.Cal
 		if _, err := tx.Exec(ctx, insertPartSQL, p.ID, 0, "text", output); err != nil {
 			return err
 		}
-		return outbox.Insert(ctx, tx, ex.toolEvent(envelope.EventToolCompleted, turnID, p, state))
+		return outbox.Insert(ctx, tx, ex.toolEvent(envelope.EventToolCompleted, turnID, p, string(state)))
 	})
 	if err == nil {
 		ex.callMetric(state)
@@ -564,7 +564,7 @@ func (ex *execution) settleCall(ctx context.Context, turnID string, p ledger.Cal
 // outcome (unless empty), the assistant message errored (created if the
 // step never began), phase safe, and turn.failed, in one transaction. After a cancellation it writes once on a
 // context that outlives it (afterCancel); the fence still applies.
-func (ex *execution) failTurn(ctx context.Context, t *turn, reason string, cause error, attemptState string, attemptID ...string) (released bool, err error) {
+func (ex *execution) failTurn(ctx context.Context, t *turn, reason string, cause error, attemptState ledger.AttemptState, attemptID ...string) (released bool, err error) {
 	wctx, finish := ctx, ex.finishRetried
 	if ctx.Err() != nil {
 		var cancel context.CancelFunc
@@ -595,7 +595,7 @@ func (ex *execution) failTurn(ctx context.Context, t *turn, reason string, cause
 		var interrupted []outbox.Row
 		var p ledger.CallParams
 		if _, err := pgx.ForEachRow(rows, []any{&p.ID, &p.ModelCallID, &p.Tool, &p.Class}, func() error {
-			interrupted = append(interrupted, ex.toolEvent(envelope.EventToolCompleted, t.id, p, ledger.CallInterrupted))
+			interrupted = append(interrupted, ex.toolEvent(envelope.EventToolCompleted, t.id, p, string(ledger.CallInterrupted)))
 			return nil
 		}); err != nil {
 			return fmt.Errorf("interrupting calls not run: %w", err)
@@ -750,7 +750,7 @@ func (ex *execution) callSecondsMetric(ctx context.Context, err error, res tools
 
 // callMetric counts a settled tool call (invalid and declined calls are
 // failed) by the state settleCall records.
-func (ex *execution) callMetric(state string) {
+func (ex *execution) callMetric(state ledger.CallState) {
 	m := ex.e.cfg.Metrics
 	if m == nil {
 		return
