@@ -148,7 +148,7 @@ func (ex *execution) runTurn(ctx context.Context, t *turn, log *slog.Logger) (re
 	if errors.Is(err, errDeclined) {
 		// Declining halts the continuation: the calls not run are
 		// interrupted, the turn fails with reason declined, the claim goes.
-		return ex.failTurn(ctx, t, envelope.FailDeclined, errDeclined, "")
+		return ex.failTurn(ctx, t, envelope.FailDeclined, errDeclined, failOpts{})
 	}
 	return released, err
 }
@@ -164,7 +164,7 @@ func (ex *execution) runTurnSteps(ctx context.Context, t *turn, log *slog.Logger
 	}
 	for step := 1; ; step++ {
 		if step > maxSteps {
-			return ex.failTurn(ctx, t, envelope.FailMaxSteps, fmt.Errorf("the model asked for tools %d times in one turn", maxSteps), "")
+			return ex.failTurn(ctx, t, envelope.FailMaxSteps, fmt.Errorf("the model asked for tools %d times in one turn", maxSteps), failOpts{})
 		}
 		done, released, err := ex.runStep(ctx, t, step, log)
 		if err != nil || done {
@@ -227,12 +227,12 @@ func (ex *execution) runStep(ctx context.Context, t *turn, step int, log *slog.L
 		}
 		if ctx.Err() != nil {
 			// Cut off by shutdown: the request may have been acted on.
-			released, err := ex.failTurn(ctx, t, envelope.FailInterrupted, perr, ledger.AttemptUnknown, attemptID)
+			released, err := ex.failTurn(ctx, t, envelope.FailInterrupted, perr, failOpts{AttemptID: attemptID, AttemptState: ledger.AttemptUnknown})
 			ex.unknownMetric(err)
 			return true, released, err
 		}
 		if errors.Is(perr, ErrOutcomeUnknown) && !ex.e.idempotentProvider {
-			released, err := ex.failTurn(ctx, t, envelope.FailOutcomeUnknown, perr, ledger.AttemptUnknown, attemptID)
+			released, err := ex.failTurn(ctx, t, envelope.FailOutcomeUnknown, perr, failOpts{AttemptID: attemptID, AttemptState: ledger.AttemptUnknown})
 			ex.unknownMetric(err)
 			return true, released, err
 		}
@@ -261,7 +261,7 @@ func (ex *execution) runStep(ctx context.Context, t *turn, step int, log *slog.L
 				log.WarnContext(ctx, "provider attempt will be retried", append([]any{slog.String("attempt_id", attemptID),
 					slog.Int("tries", tries), slog.Duration("after", wait)}, ex.errorAttrs(ctx, perr)...)...)
 				if !sleep(ctx, wait) {
-					released, err := ex.failTurn(ctx, t, envelope.FailInterrupted, perr, ledger.AttemptFailed, attemptID)
+					released, err := ex.failTurn(ctx, t, envelope.FailInterrupted, perr, failOpts{AttemptID: attemptID, AttemptState: ledger.AttemptFailed})
 					return true, released, err
 				}
 				continue
@@ -271,7 +271,7 @@ func (ex *execution) runStep(ctx context.Context, t *turn, step int, log *slog.L
 		if errors.Is(perr, ErrUnsupported) {
 			reason = envelope.FailUnsupported
 		}
-		released, err := ex.failTurn(ctx, t, reason, perr, ledger.AttemptFailed, attemptID)
+		released, err := ex.failTurn(ctx, t, reason, perr, failOpts{AttemptID: attemptID, AttemptState: ledger.AttemptFailed})
 		return true, released, err
 	}
 }
@@ -560,11 +560,18 @@ func (ex *execution) settleCall(ctx context.Context, turnID string, p ledger.Cal
 	return err
 }
 
+// failOpts is what a failing turn records of its provider attempt: the
+// zero value records none (the turn failed before or between attempts).
+type failOpts struct {
+	AttemptID    string              // the attempt whose outcome is recorded
+	AttemptState ledger.AttemptState // its outcome; "" records nothing
+}
+
 // failTurn settles a turn that ends without an answer: the attempt's
 // outcome (unless empty), the assistant message errored (created if the
 // step never began), phase safe, and turn.failed, in one transaction. After a cancellation it writes once on a
 // context that outlives it (afterCancel); the fence still applies.
-func (ex *execution) failTurn(ctx context.Context, t *turn, reason string, cause error, attemptState ledger.AttemptState, attemptID ...string) (released bool, err error) {
+func (ex *execution) failTurn(ctx context.Context, t *turn, reason string, cause error, o failOpts) (released bool, err error) {
 	wctx, finish := ctx, ex.finishRetried
 	if ctx.Err() != nil {
 		var cancel context.CancelFunc
@@ -603,8 +610,8 @@ func (ex *execution) failTurn(ctx context.Context, t *turn, reason string, cause
 		if err := outbox.Insert(wctx, tx, interrupted...); err != nil {
 			return err
 		}
-		if attemptState != "" && len(attemptID) > 0 {
-			if err := ledger.FinishAttemptWith(wctx, tx, attemptID[0], attemptState, cause.Error(), 0, 0, ex.responseIDs[attemptID[0]]); err != nil {
+		if o.AttemptState != "" {
+			if err := ledger.FinishAttemptWith(wctx, tx, o.AttemptID, o.AttemptState, cause.Error(), 0, 0, ex.responseIDs[o.AttemptID]); err != nil {
 				return err
 			}
 		}
