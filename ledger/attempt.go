@@ -10,23 +10,30 @@ import (
 	"github.com/jackc/pgx/v5"
 )
 
+// AttemptState is a provider attempt's state, stored as text in
+// attempts.state.
+type AttemptState string
+
 // Attempt states.
 const (
-	AttemptStarted   = "started"    // intent committed; the request may be in flight
-	AttemptRetryWait = "retry_wait" // retry at next_retry_at: certainly not acted on, or (a provider that honours keys) with the same key
-	AttemptSucceeded = "succeeded"
-	AttemptFailed    = "failed"
-	AttemptUnknown   = "unknown" // outcome not known; never replayed automatically
+	AttemptStarted   AttemptState = "started"    // intent committed; the request may be in flight
+	AttemptRetryWait AttemptState = "retry_wait" // retry at next_retry_at: certainly not acted on, or (a provider that honours keys) with the same key
+	AttemptSucceeded AttemptState = "succeeded"
+	AttemptFailed    AttemptState = "failed"
+	AttemptUnknown   AttemptState = "unknown" // outcome not known; never replayed automatically
 )
+
+// CallState is a tool call's state, stored as text in tool_calls.state.
+type CallState string
 
 // Tool call states.
 const (
-	CallRequested   = "requested" // the model asked; not dispatched
-	CallStarted     = "started"   // intent committed; the tool may be running
-	CallSucceeded   = "succeeded"
-	CallFailed      = "failed"
-	CallUnknown     = "unknown"     // outcome not known; a side-effecting call is never re-run
-	CallInterrupted = "interrupted" // never dispatched, and never will be
+	CallRequested   CallState = "requested" // the model asked; not dispatched
+	CallStarted     CallState = "started"   // intent committed; the tool may be running
+	CallSucceeded   CallState = "succeeded"
+	CallFailed      CallState = "failed"
+	CallUnknown     CallState = "unknown"     // outcome not known; a side-effecting call is never re-run
+	CallInterrupted CallState = "interrupted" // never dispatched, and never will be
 )
 
 // ContinuationPrefix starts the message ID of every continuation input
@@ -98,15 +105,15 @@ func AttemptRetry(ctx context.Context, tx pgx.Tx, id string) (tries int, wait ti
 
 // FinishAttempt records the attempt's outcome (succeeded, failed or
 // unknown) with usage and error text.
-func FinishAttempt(ctx context.Context, tx pgx.Tx, id, state, errText string, inputTokens, outputTokens int64) error {
+func FinishAttempt(ctx context.Context, tx pgx.Tx, id string, state AttemptState, errText string, inputTokens, outputTokens int64) error {
 	return FinishAttemptWith(ctx, tx, id, state, errText, inputTokens, outputTokens, "")
 }
 
 // FinishAttemptWith is FinishAttempt that also records the provider's
 // response ID, unless it is empty or one is recorded already (the
 // best-effort RecordResponseID of the first bytes).
-func FinishAttemptWith(ctx context.Context, tx pgx.Tx, id, state, errText string, inputTokens, outputTokens int64, responseID string) error {
-	_, err := tx.Exec(ctx, finishAttemptSQL, id, state, errText, inputTokens, outputTokens, responseID)
+func FinishAttemptWith(ctx context.Context, tx pgx.Tx, id string, state AttemptState, errText string, inputTokens, outputTokens int64, responseID string) error {
+	_, err := tx.Exec(ctx, finishAttemptSQL, id, string(state), errText, inputTokens, outputTokens, responseID)
 	if err != nil {
 		return fmt.Errorf("recording outcome of attempt %s: %w", id, err)
 	}
@@ -132,10 +139,10 @@ func (x *Execution) RecordResponseID(ctx context.Context, attemptID, responseID 
 	return recorded, err
 }
 
-// AttemptState reads an attempt's state ("" when there is no such
+// ReadAttemptState reads an attempt's state ("" when there is no such
 // attempt): what a retried write checks to know whether it committed.
-func AttemptState(ctx context.Context, tx pgx.Tx, id string) (string, error) {
-	var state string
+func ReadAttemptState(ctx context.Context, tx pgx.Tx, id string) (AttemptState, error) {
+	var state AttemptState
 	err := tx.QueryRow(ctx, `SELECT state FROM attempts WHERE attempt_id = $1`, id).Scan(&state)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return "", nil
@@ -146,9 +153,9 @@ func AttemptState(ctx context.Context, tx pgx.Tx, id string) (string, error) {
 	return state, nil
 }
 
-// CallState reads a tool call's state ("" when there is no such call).
-func CallState(ctx context.Context, tx pgx.Tx, callID string) (string, error) {
-	var state string
+// ReadCallState reads a tool call's state ("" when there is no such call).
+func ReadCallState(ctx context.Context, tx pgx.Tx, callID string) (CallState, error) {
+	var state CallState
 	err := tx.QueryRow(ctx, `SELECT state FROM tool_calls WHERE call_id = $1`, callID).Scan(&state)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return "", nil
@@ -163,7 +170,7 @@ func CallState(ctx context.Context, tx pgx.Tx, callID string) (string, error) {
 // SettleCall that committed), and whether no call of its attempt is still
 // open, as SettleCall's last.
 func CallSettled(ctx context.Context, tx pgx.Tx, callID, attemptID string) (settled, last bool, err error) {
-	state, err := CallState(ctx, tx, callID)
+	state, err := ReadCallState(ctx, tx, callID)
 	if err != nil || state == "" || state == CallRequested || state == CallStarted {
 		return false, false, err
 	}
@@ -219,8 +226,8 @@ func (x *Execution) StartCall(ctx context.Context, tx pgx.Tx, callID string) err
 // SettleCall records a call's result. When it was the step's last unsettled
 // call, the same transaction sets the phase to continue (the model must see
 // the results), and last is true.
-func (x *Execution) SettleCall(ctx context.Context, tx pgx.Tx, callID, attemptID, state, output string, isError bool) (last bool, err error) {
-	if _, err := tx.Exec(ctx, settleCallSQL, callID, state, output, isError); err != nil {
+func (x *Execution) SettleCall(ctx context.Context, tx pgx.Tx, callID, attemptID string, state CallState, output string, isError bool) (last bool, err error) {
+	if _, err := tx.Exec(ctx, settleCallSQL, callID, string(state), output, isError); err != nil {
 		return false, fmt.Errorf("settling tool call %s: %w", callID, err)
 	}
 	var open int

@@ -59,7 +59,7 @@ func TestAttemptsAndCalls(t *testing.T) {
 		require.Equal(t, ledger.PhaseUnknown, c.Phase)
 		require.Equal(t, "a1", c.AssistantMessageID)
 		state, tries := attempt(t, b, p.ID)
-		require.Equal(t, ledger.AttemptStarted, state)
+		require.Equal(t, string(ledger.AttemptStarted), state)
 		require.Equal(t, 1, tries)
 	})
 
@@ -74,7 +74,7 @@ func TestAttemptsAndCalls(t *testing.T) {
 		}))
 		require.Equal(t, ledger.PhaseContinue, phase(t, b).Phase, "a deferred attempt was certainly not acted on")
 		state, _ := attempt(t, b, p.ID)
-		require.Equal(t, ledger.AttemptRetryWait, state)
+		require.Equal(t, string(ledger.AttemptRetryWait), state)
 		require.NoError(t, x.Write(ctx, func(tx pgx.Tx) error {
 			tries, wait, err := ledger.AttemptRetry(ctx, tx, p.ID)
 			require.Equal(t, 1, tries)
@@ -85,7 +85,7 @@ func TestAttemptsAndCalls(t *testing.T) {
 
 		require.NoError(t, x.Write(ctx, func(tx pgx.Tx) error { return x.BeginAttempt(ctx, tx, p) }))
 		state, tries := attempt(t, b, p.ID)
-		require.Equal(t, ledger.AttemptStarted, state)
+		require.Equal(t, string(ledger.AttemptStarted), state)
 		require.Equal(t, 2, tries, "a retry counts a try")
 		require.Equal(t, ledger.PhaseUnknown, phase(t, b).Phase)
 	})
@@ -100,7 +100,7 @@ func TestAttemptsAndCalls(t *testing.T) {
 		var in, out int64
 		require.NoError(t, b.pool.QueryRow(ctx, `SELECT state, error, input_tokens, output_tokens FROM attempts WHERE attempt_id = $1`, p.ID).
 			Scan(&state, &errText, &in, &out))
-		require.Equal(t, []any{ledger.AttemptFailed, "boom", int64(7), int64(9)}, []any{state, errText, in, out})
+		require.Equal(t, []any{string(ledger.AttemptFailed), "boom", int64(7), int64(9)}, []any{state, errText, in, out})
 
 		err := x.Write(ctx, func(tx pgx.Tx) error {
 			return ledger.FinishAttempt(ctx, tx, p.ID, "nonsense", "", 0, 0)
@@ -162,6 +162,6 @@ func TestAttemptsAndCalls(t *testing.T) {
 		require.NoError(t, err, "a settled call is not settled again")
 		var state string
 		require.NoError(t, b.pool.QueryRow(ctx, `SELECT state FROM tool_calls WHERE call_id = 'c2'`).Scan(&state))
-		require.Equal(t, ledger.CallInterrupted, state)
+		require.Equal(t, string(ledger.CallInterrupted), state)
 	})
 }

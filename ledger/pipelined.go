@@ -173,8 +173,8 @@ func (x *Execution) QueueBeginAttempt(b *pgx.Batch, p AttemptParams) {
 }
 
 // QueueFinishAttempt is FinishAttemptWith for a queued write.
-func QueueFinishAttempt(b *pgx.Batch, id, state, errText string, inputTokens, outputTokens int64, responseID string) {
-	b.Queue(finishAttemptSQL, id, state, errText, inputTokens, outputTokens, responseID)
+func QueueFinishAttempt(b *pgx.Batch, id string, state AttemptState, errText string, inputTokens, outputTokens int64, responseID string) {
+	b.Queue(finishAttemptSQL, id, string(state), errText, inputTokens, outputTokens, responseID)
 }
 
 // acquireWaitingSQL locks the session row, and claims with the next token

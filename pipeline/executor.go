@@ -648,9 +648,9 @@ func (ex *execution) finishOnce(ctx context.Context, _ ledger.LandedFunc, fn fun
 }
 
 // attemptLanded says whether the attempt's outcome is already state.
-func attemptLanded(id, state string) ledger.LandedFunc {
+func attemptLanded(id string, state ledger.AttemptState) ledger.LandedFunc {
 	return func(ctx context.Context, tx pgx.Tx) (bool, error) {
-		got, err := ledger.AttemptState(ctx, tx, id)
+		got, err := ledger.ReadAttemptState(ctx, tx, id)
 		return got == state, err
 	}
 }

@@ -165,7 +165,7 @@ func TestPermissions(t *testing.T) {
 		require.Len(t, done, 2, "one tool.completed per interrupted call")
 		for i, c := range steps[0].ToolCalls {
 			require.Equal(t, c.CallID, done[i].CallID)
-			require.Equal(t, ledger.CallInterrupted, done[i].Outcome)
+			require.Equal(t, string(ledger.CallInterrupted), done[i].Outcome)
 			require.Equal(t, c.ModelCallID, done[i].ModelCallID)
 			require.Equal(t, c.Tool, done[i].Tool)
 			require.Equal(t, c.Class, done[i].Class)

@@ -148,7 +148,7 @@ func (ex *execution) runTurn(ctx context.Context, t *turn, log *slog.Logger) (re
 	if errors.Is(err, errDeclined) {
 		// Declining halts the continuation: the calls not run are
 		// interrupted, the turn fails with reason declined, the claim goes.
-		return ex.failTurn(ctx, t, envelope.FailDeclined, errDeclined, "")
+		return ex.failTurn(ctx, t, envelope.FailDeclined, errDeclined, failOpts{})
 	}
 	return released, err
 }
@@ -164,7 +164,7 @@ func (ex *execution) runTurnSteps(ctx context.Context, t *turn, log *slog.Logger
 	}
 	for step := 1; ; step++ {
 		if step > maxSteps {
-			return ex.failTurn(ctx, t, envelope.FailMaxSteps, fmt.Errorf("the model asked for tools %d times in one turn", maxSteps), "")
+			return ex.failTurn(ctx, t, envelope.FailMaxSteps, fmt.Errorf("the model asked for tools %d times in one turn", maxSteps), failOpts{})
 		}
 		done, released, err := ex.runStep(ctx, t, step, log)
 		if err != nil || done {
@@ -227,19 +227,19 @@ func (ex *execution) runStep(ctx context.Context, t *turn, step int, log *slog.L
 		}
 		if ctx.Err() != nil {
 			// Cut off by shutdown: the request may have been acted on.
-			released, err := ex.failTurn(ctx, t, envelope.FailInterrupted, perr, ledger.AttemptUnknown, attemptID)
+			released, err := ex.failTurn(ctx, t, envelope.FailInterrupted, perr, failOpts{AttemptID: attemptID, AttemptState: ledger.AttemptUnknown})
 			ex.unknownMetric(err)
 			return true, released, err
 		}
 		if errors.Is(perr, ErrOutcomeUnknown) && !ex.e.idempotentProvider {
-			released, err := ex.failTurn(ctx, t, envelope.FailOutcomeUnknown, perr, ledger.AttemptUnknown, attemptID)
+			released, err := ex.failTurn(ctx, t, envelope.FailOutcomeUnknown, perr, failOpts{AttemptID: attemptID, AttemptState: ledger.AttemptUnknown})
 			ex.unknownMetric(err)
 			return true, released, err
 		}
 		if wait, retry := ex.retryable(perr); retry {
 			var tries int
 			deferred := func(ctx context.Context, tx pgx.Tx) (bool, error) {
-				state, err := ledger.AttemptState(ctx, tx, attemptID)
+				state, err := ledger.ReadAttemptState(ctx, tx, attemptID)
 				if err != nil || state != ledger.AttemptRetryWait {
 					return false, err
 				}
@@ -261,7 +261,7 @@ func (ex *execution) runStep(ctx context.Context, t *turn, step int, log *slog.L
 				log.WarnContext(ctx, "provider attempt will be retried", append([]any{slog.String("attempt_id", attemptID),
 					slog.Int("tries", tries), slog.Duration("after", wait)}, ex.errorAttrs(ctx, perr)...)...)
 				if !sleep(ctx, wait) {
-					released, err := ex.failTurn(ctx, t, envelope.FailInterrupted, perr, ledger.AttemptFailed, attemptID)
+					released, err := ex.failTurn(ctx, t, envelope.FailInterrupted, perr, failOpts{AttemptID: attemptID, AttemptState: ledger.AttemptFailed})
 					return true, released, err
 				}
 				continue
@@ -271,7 +271,7 @@ func (ex *execution) runStep(ctx context.Context, t *turn, step int, log *slog.L
 		if errors.Is(perr, ErrUnsupported) {
 			reason = envelope.FailUnsupported
 		}
-		released, err := ex.failTurn(ctx, t, reason, perr, ledger.AttemptFailed, attemptID)
+		released, err := ex.failTurn(ctx, t, reason, perr, failOpts{AttemptID: attemptID, AttemptState: ledger.AttemptFailed})
 		return true, released, err
 	}
 }
@@ -428,7 +428,7 @@ func (ex *execution) runCall(ctx context.Context, turnID string, p ledger.CallPa
 	// started (retried as it was, it would fail as not requested, and the
 	// call, never run, would end unknown).
 	intent := func(ctx context.Context, tx pgx.Tx) (bool, error) {
-		state, err := ledger.CallState(ctx, tx, p.ID)
+		state, err := ledger.ReadCallState(ctx, tx, p.ID)
 		return state == ledger.CallStarted, err
 	}
 	started := ex.toolEvent(envelope.EventToolStarted, turnID, p, "")
@@ -524,7 +524,7 @@ func (ex *execution) runTool(ctx context.Context, tool tools.Tool, call tools.Ca
 // a step sets the phase continue in the same transaction. After a
 // cancellation (a shutdown past its grace) it writes once, on a context
 // that outlives it (afterCancel).
-func (ex *execution) settleCall(ctx context.Context, turnID string, p ledger.CallParams, c ToolCall, state, output string, isError bool) error {
+func (ex *execution) settleCall(ctx context.Context, turnID string, p ledger.CallParams, c ToolCall, state ledger.CallState, output string, isError bool) error {
 	cl := ex.x.Claim()
 	var last bool
 	settled := func(ctx context.Context, tx pgx.Tx) (settled bool, err error) {
@@ -549,7 +549,7 @@ func (ex *execution) settleCall(ctx context.Context, turnID string, p ledger.Cal
 		if _, err := tx.Exec(ctx, insertPartSQL, p.ID, 0, "text", output); err != nil {
 			return err
 		}
-		return outbox.Insert(ctx, tx, ex.toolEvent(envelope.EventToolCompleted, turnID, p, state))
+		return outbox.Insert(ctx, tx, ex.toolEvent(envelope.EventToolCompleted, turnID, p, string(state)))
 	})
 	if err == nil {
 		ex.callMetric(state)
@@ -560,11 +560,18 @@ func (ex *execution) settleCall(ctx context.Context, turnID string, p ledger.Cal
 	return err
 }
 
+// failOpts is what a failing turn records of its provider attempt: the
+// zero value records none (the turn failed before or between attempts).
+type failOpts struct {
+	AttemptID    string              // the attempt whose outcome is recorded
+	AttemptState ledger.AttemptState // its outcome; "" records nothing
+}
+
 // failTurn settles a turn that ends without an answer: the attempt's
 // outcome (unless empty), the assistant message errored (created if the
 // step never began), phase safe, and turn.failed, in one transaction. After a cancellation it writes once on a
 // context that outlives it (afterCancel); the fence still applies.
-func (ex *execution) failTurn(ctx context.Context, t *turn, reason string, cause error, attemptState string, attemptID ...string) (released bool, err error) {
+func (ex *execution) failTurn(ctx context.Context, t *turn, reason string, cause error, o failOpts) (released bool, err error) {
 	wctx, finish := ctx, ex.finishRetried
 	if ctx.Err() != nil {
 		var cancel context.CancelFunc
@@ -595,7 +602,7 @@ func (ex *execution) failTurn(ctx context.Context, t *turn, reason string, cause
 		var interrupted []outbox.Row
 		var p ledger.CallParams
 		if _, err := pgx.ForEachRow(rows, []any{&p.ID, &p.ModelCallID, &p.Tool, &p.Class}, func() error {
-			interrupted = append(interrupted, ex.toolEvent(envelope.EventToolCompleted, t.id, p, ledger.CallInterrupted))
+			interrupted = append(interrupted, ex.toolEvent(envelope.EventToolCompleted, t.id, p, string(ledger.CallInterrupted)))
 			return nil
 		}); err != nil {
 			return fmt.Errorf("interrupting calls not run: %w", err)
@@ -603,8 +610,8 @@ func (ex *execution) failTurn(ctx context.Context, t *turn, reason string, cause
 		if err := outbox.Insert(wctx, tx, interrupted...); err != nil {
 			return err
 		}
-		if attemptState != "" && len(attemptID) > 0 {
-			if err := ledger.FinishAttemptWith(wctx, tx, attemptID[0], attemptState, cause.Error(), 0, 0, ex.responseIDs[attemptID[0]]); err != nil {
+		if o.AttemptState != "" {
+			if err := ledger.FinishAttemptWith(wctx, tx, o.AttemptID, o.AttemptState, cause.Error(), 0, 0, ex.responseIDs[o.AttemptID]); err != nil {
 				return err
 			}
 		}
@@ -750,7 +757,7 @@ func (ex *execution) callSecondsMetric(ctx context.Context, err error, res tools
 
 // callMetric counts a settled tool call (invalid and declined calls are
 // failed) by the state settleCall records.
-func (ex *execution) callMetric(state string) {
+func (ex *execution) callMetric(state ledger.CallState) {
 	m := ex.e.cfg.Metrics
 	if m == nil {
 		return

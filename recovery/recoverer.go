@@ -465,10 +465,10 @@ type InputFact struct {
 
 // AttemptFact is a provider attempt as recovery found it.
 type AttemptFact struct {
-	ID       string `json:"id"`
-	Step     int    `json:"step"`
-	Provider string `json:"provider"`
-	State    string `json:"state"`
+	ID       string              `json:"id"`
+	Step     int                 `json:"step"`
+	Provider string              `json:"provider"`
+	State    ledger.AttemptState `json:"state"`
 	// What was known of the attempt, as early as it was known: the model,
 	// the estimated input tokens of its request, and the provider's
 	// response or request ID (empty when none arrived before the crash).
@@ -479,11 +479,11 @@ type AttemptFact struct {
 
 // ToolCallFact is a tool call as recovery found it.
 type ToolCallFact struct {
-	ID        string `json:"id"`
-	AttemptID string `json:"attempt_id"`
-	Tool      string `json:"tool"`
-	Class     string `json:"class"`
-	State     string `json:"state"`
+	ID        string           `json:"id"`
+	AttemptID string           `json:"attempt_id"`
+	Tool      string           `json:"tool"`
+	Class     string           `json:"class"`
+	State     ledger.CallState `json:"state"`
 }
 
 // recover decides for one expired claim in one transaction: it gathers

@@ -235,7 +235,7 @@ func resolveOnce(ctx context.Context, pool *pgxpool.Pool, sessionID, targetID st
 		// The target is unknown again when the continuation of its last
 		// round ran it (a re-armed call) and its outcome was lost once more:
 		// a new occurrence, which that round's finding does not vouch for.
-		again := prev != nil && t.State == ledger.CallUnknown && prev.SettledAt != nil && prev.Finding == FindingDidNotRun
+		again := prev != nil && t.State == string(ledger.CallUnknown) && prev.SettledAt != nil && prev.Finding == FindingDidNotRun
 		round := *pinned
 		switch {
 		case round == 0 && prev != nil && !again:
@@ -267,7 +267,7 @@ func resolveOnce(ctx context.Context, pool *pgxpool.Pool, sessionID, targetID st
 			}
 			return fmt.Errorf("%s %s: %w: no round %d to resolve: %s; nothing was recorded", t.Kind, targetID, ErrNoRound, round, latest)
 		}
-		if t.State != ledger.CallUnknown {
+		if t.State != string(ledger.CallUnknown) {
 			return fmt.Errorf("%s %s is %s: %w; there is nothing to resolve", t.Kind, targetID, t.State, ErrNotUnknown)
 		}
 		if err := refuseSuperseded(ctx, tx, t); err != nil {
@@ -337,7 +337,7 @@ func resolveOnce(ctx context.Context, pool *pgxpool.Pool, sessionID, targetID st
 			rows = append([]outbox.Row{outbox.EventRow(topics.Events, envelope.Event{
 				ID: "tool.completed:" + targetID + "@resolve-" + strconv.Itoa(round), Type: envelope.EventToolCompleted,
 				SessionID: sessionID, At: time.Now().UTC(), TurnID: turnID, CallID: targetID, ModelCallID: t.ModelCallID,
-				Tool: t.Tool, Class: t.Class, Outcome: ledger.CallSucceeded,
+				Tool: t.Tool, Class: t.Class, Outcome: string(ledger.CallSucceeded),
 			})}, rows...)
 		}
 		return outbox.Insert(ctx, tx, rows...)

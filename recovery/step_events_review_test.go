@@ -113,10 +113,10 @@ func TestStepEventsAcrossResolution(t *testing.T) {
 		done := b.outboxEvents(t, "s", envelope.EventToolCompleted)
 		require.Len(t, done, 2, "one tool.completed per call recovery settled")
 		schema := eventSchema(t)
-		for i, want := range []string{ledger.CallUnknown, ledger.CallInterrupted} {
+		for i, want := range []ledger.CallState{ledger.CallUnknown, ledger.CallInterrupted} {
 			e := done[i]
 			require.Equal(t, calls[i].ID, e.CallID)
-			require.Equal(t, want, e.Outcome)
+			require.Equal(t, string(want), e.Outcome)
 			require.Equal(t, calls[i].ModelCallID, e.ModelCallID)
 			require.Equal(t, calls[i].Tool, e.Tool)
 			require.Equal(t, calls[i].Class, e.Class)
@@ -151,7 +151,7 @@ func TestStepEventsAcrossResolution(t *testing.T) {
 			outcomes, ids = append(outcomes, e.Outcome), append(ids, e.ID)
 		}
 		require.NotEmpty(t, outcomes, "no tool.completed for call %s", call.ID)
-		require.Equal(t, ledger.CallSucceeded, outcomes[len(outcomes)-1], "the latest tool.completed is the call's outcome")
+		require.Equal(t, string(ledger.CallSucceeded), outcomes[len(outcomes)-1], "the latest tool.completed is the call's outcome")
 		require.Len(t, outcomes, 2, "unknown (recovery), then succeeded (the finding), once however often it is resolved: %v", outcomes)
 		require.NotEqual(t, ids[0], ids[1])
 	})

@@ -153,16 +153,16 @@ func TestResolveAfterCrashedToolIntent(t *testing.T) {
 // order: recovery's outcome after the kill, then the one the operator's
 // finding led to. Each outcome the ledger took is announced, under an id
 // of its own.
-func requireToolOutcomes(t *testing.T, b *testBundle, session, call string, want ...string) {
+func requireToolOutcomes(t *testing.T, b *testBundle, session, call string, want ...ledger.CallState) {
 	t.Helper()
-	var got []string
+	var got []ledger.CallState
 	require.Eventually(t, func() bool {
 		got = nil
 		seen := map[string]bool{}
 		for _, e := range b.events.events(t) {
 			if e.SessionID == session && e.Type == envelope.EventToolCompleted && e.CallID == call && !seen[e.ID] {
 				seen[e.ID] = true
-				got = append(got, e.Outcome)
+				got = append(got, ledger.CallState(e.Outcome))
 			}
 		}
 		return slices.Equal(got, want)
