@@ -40,6 +40,17 @@ import (
 // this many at once, then the rate: a ramp, not a wall.
 func rateBurst(rate float64) float64 { return math.Max(1, rate) }
 
+// maxRate bounds the rate the bucket computes with: a configured rate
+// above it is as good as unbounded, and the refill (rate times the seconds
+// since the last take) must stay well inside float8 (Postgres raises on an
+// overflow, a deterministic error that would quarantine every paced claim).
+const maxRate = 1e9
+
+// maxTokenWait bounds the wait for the next token: at a tiny rate the wait
+// in nanoseconds overflows a time.Duration (negative: a pass that never
+// reaches its deadline); any wait past the pass's budget defers alike.
+const maxTokenWait = 24 * time.Hour
+
 // rateBusyWait is how long a pass waits before trying again when another
 // transaction holds the bucket: that one commits within a statement or two.
 const rateBusyWait = 5 * time.Millisecond
@@ -87,7 +98,7 @@ func (r *Recoverer) takeTokens(ctx context.Context, tx pgx.Tx, n int) (taken, er
 		left float64
 		at   *time.Time
 	)
-	rate := r.cfg.Rate
+	rate := math.Min(r.cfg.Rate, maxRate)
 	if err := tx.QueryRow(ctx, takeTokensSQL, rate, rateBurst(rate), n).Scan(&free, &t.got, &left, &at); err != nil {
 		return t, fmt.Errorf("taking recovery tokens: %w", err)
 	}
@@ -98,7 +109,10 @@ func (r *Recoverer) takeTokens(ctx context.Context, tx pgx.Tx, n int) (taken, er
 	case !free:
 		t.after = rateBusyWait
 	case t.got < n:
-		t.after = time.Duration((1 - left) / rate * float64(time.Second))
+		t.after = maxTokenWait
+		if s := (1 - left) / rate; s < maxTokenWait.Seconds() {
+			t.after = time.Duration(s * float64(time.Second))
+		}
 	}
 	return t, nil
 }

@@ -291,3 +291,39 @@ func TestRecoveryRateNeverWaitsForTheBucket(t *testing.T) {
 	require.Equal(t, 1, p.Decisions[recovery.DecisionRewoken])
 	require.Zero(t, b.count(t, `SELECT count(*) FROM claims`))
 }
+
+// An extreme --recovery-rate is a rate, not an error: a rate too large for
+// the bucket's arithmetic (float8 overflow in Postgres) must not make every
+// paced decision fail and quarantine its claim, and one too small for a
+// time.Duration must not turn the wait for the next token negative (a
+// pass spinning on the database for its whole interval).
+func TestRecoveryRateExtremeRates(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	b := setup(t)
+	b.expiredReady(t, "huge", 3)
+	b.exec(t, `UPDATE recovery_rate SET tokens = 0, updated_at = clock_timestamp() - interval '5 seconds'`)
+	rec := recovery.New(b.pool, &recovery.Config{OwnerID: "rec", Batch: 10, RedriveAfter: time.Hour,
+		Rate: 1e308, Interval: time.Second})
+	p, err := rec.RunOnce(ctx)
+	require.NoError(t, err)
+	require.Zero(t, p.Failed, "no decision failed on the bucket's arithmetic")
+	require.Zero(t, p.Decisions[recovery.DecisionQuarantined], "no claim quarantined for a large rate")
+	require.Equal(t, 3, p.Decisions[recovery.DecisionRewoken]+p.Decisions[recovery.DecisionContinued], "every claim decided")
+
+	b.expiredReady(t, "tiny", 1)
+	b.fillBucket(t, 0)
+	var tries int
+	rec = recovery.New(b.pool, &recovery.Config{OwnerID: "rec2", Batch: 10, RedriveAfter: time.Hour,
+		Rate: 1e-12, Interval: 300 * time.Millisecond,
+		OnDeferredFunc: func(string, int) { tries++ }})
+	tctx, cancel := context.WithTimeout(ctx, 20*time.Second)
+	defer cancel()
+	p, err = rec.RunOnce(tctx)
+	require.NoError(t, err, "the pass ends (it does not spin on a negative wait)")
+	require.Equal(t, 1, p.Deferred, "the claim is left for a later pass")
+	require.Equal(t, 1, tries)
+	var attempts int
+	require.NoError(t, b.pool.QueryRow(ctx, `SELECT count(*) FROM recoveries WHERE session_id LIKE 'tiny-%'`).Scan(&attempts))
+	require.Zero(t, attempts)
+}
