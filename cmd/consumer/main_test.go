@@ -117,10 +117,18 @@ func startProcEnv(t *testing.T, name string, env []string, args ...string) *proc
 		st := p.stop(t)
 		t.Logf("%s (%s) stderr:\n%s", p.name, st, p.stderr.String())
 		if !st.Success() {
-			t.Errorf("%s: SIGTERM should stop the consumer cleanly, it ended with %s", p.name, st)
+			// The tail goes on the same line: make's filtered output of the
+			// long suites keeps this line, not the log above.
+			t.Errorf("%s: SIGTERM should stop the consumer cleanly, it ended with %s; its last lines: %q", p.name, st, lastLines(p.stderr.String(), 3))
 		}
 	})
 	return p
+}
+
+// lastLines is the last n lines of s.
+func lastLines(s string, n int) []string {
+	lines := strings.Split(strings.TrimRight(s, "\n"), "\n")
+	return lines[max(0, len(lines)-n):]
 }
 
 func (p *proc) running() bool {

@@ -62,9 +62,16 @@ func setHeld(m *metrics.Metrics, counts map[string]int) {
 	}
 }
 
-func run(ctx context.Context, o *options, stderr io.Writer) error {
+func run(ctx context.Context, o *options, stderr io.Writer) (err error) {
 	level, _ := parseLevel(o.logLevel)
 	log := slog.New(slog.NewJSONHandler(stderr, &slog.HandlerOptions{Level: level}))
+	// A signal may come at any step of the start; it stops the consumer as
+	// at any other time, exit 0 (the deferred closes still run).
+	defer func() {
+		if stoppedDuringStartup(ctx, err, log) {
+			err = nil
+		}
+	}()
 	topics := o.topics.WithDefaults()
 
 	brokers := o.brokers
@@ -127,12 +134,16 @@ func run(ctx context.Context, o *options, stderr io.Writer) error {
 	defer srv.Close()
 
 	if o.createTopics {
-		admin, err := sarama.NewClusterAdmin(brokers, cfg)
+		admin, err := awaitStart(ctx, func() (sarama.ClusterAdmin, error) {
+			return sarama.NewClusterAdmin(brokers, cfg)
+		}, func(a sarama.ClusterAdmin) { _ = a.Close() })
 		if err != nil {
 			return fmt.Errorf("connecting to Kafka %v: %w", brokers, o.security.Explain(err))
 		}
-		created, err := kafkautil.EnsureTopics(admin, topics, o.partitions, o.replicationFactor, log)
-		admin.Close()
+		created, err := awaitStart(ctx, func() ([]string, error) {
+			defer admin.Close()
+			return kafkautil.EnsureTopics(admin, topics, o.partitions, o.replicationFactor, log)
+		}, nil)
 		if err != nil {
 			return o.security.Explain(err)
 		}
@@ -141,7 +152,8 @@ func run(ctx context.Context, o *options, stderr io.Writer) error {
 		}
 	}
 
-	client, err := sarama.NewClient(brokers, cfg)
+	client, err := awaitStart(ctx, func() (sarama.Client, error) { return sarama.NewClient(brokers, cfg) },
+		func(c sarama.Client) { _ = c.Close() })
 	if err != nil {
 		return fmt.Errorf("connecting to Kafka %v: %w", brokers, o.security.Explain(err))
 	}
@@ -212,7 +224,9 @@ func run(ctx context.Context, o *options, stderr io.Writer) error {
 	// The providers that stream: openai when asked, and the scripted one,
 	// whose /stream directive shows deltas on the demo's defaults.
 	if o.provider.kind == "scripted" || o.provider.kind == "openai" && o.provider.openaiStream {
-		ap, err := sarama.NewAsyncProducer(brokers, pipeline.DeltaProducerConfig(cfg))
+		ap, err := awaitStart(ctx, func() (sarama.AsyncProducer, error) {
+			return sarama.NewAsyncProducer(brokers, pipeline.DeltaProducerConfig(cfg))
+		}, func(p sarama.AsyncProducer) { _ = p.Close() })
 		if err != nil {
 			return fmt.Errorf("connecting the deltas producer to Kafka %v: %w", brokers, o.security.Explain(err))
 		}
@@ -263,7 +277,9 @@ func run(ctx context.Context, o *options, stderr io.Writer) error {
 	// Readiness and per-partition lag, around the handler.
 	observed := &observedHandler{ConsumerGroupHandler: handler, ready: ready, lag: m.ConsumerLag}
 
-	group, err := sarama.NewConsumerGroup(brokers, o.group, groupCfg)
+	group, err := awaitStart(ctx, func() (sarama.ConsumerGroup, error) {
+		return sarama.NewConsumerGroup(brokers, o.group, groupCfg)
+	}, func(g sarama.ConsumerGroup) { _ = g.Close() })
 	if err != nil {
 		return fmt.Errorf("joining consumer group %q: %w", o.group, o.security.Explain(err))
 	}
