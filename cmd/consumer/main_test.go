@@ -131,6 +131,25 @@ func lastLines(s string, n int) []string {
 	return lines[max(0, len(lines)-n):]
 }
 
+// waitStarted waits, at most timeout, for the process's first output or
+// its exit. A process signalled before main installed its handlers dies
+// of the signal whatever its code does (a crash-sweep run stopped its
+// second consumer a few milliseconds after starting it); the consumer's
+// first line ("consumer starting") comes after them.
+func (p *proc) waitStarted(timeout time.Duration) {
+	deadline := time.NewTimer(timeout)
+	defer deadline.Stop()
+	for p.stderr.String() == "" {
+		select {
+		case <-p.stderr.Changed():
+		case <-p.exited:
+			return
+		case <-deadline.C:
+			return
+		}
+	}
+}
+
 func (p *proc) running() bool {
 	select {
 	case <-p.exited:
@@ -143,6 +162,7 @@ func (p *proc) running() bool {
 // stop sends SIGTERM and waits for the exit, SIGKILL after 30s.
 func (p *proc) stop(t *testing.T) *os.ProcessState {
 	t.Helper()
+	p.waitStarted(10 * time.Second)
 	if p.running() {
 		_ = p.cmd.Process.Signal(syscall.SIGTERM)
 	}

@@ -72,6 +72,8 @@ func run(ctx context.Context, o *options, stderr io.Writer) (err error) {
 			err = nil
 		}
 	}()
+	// The first line: main's signal handlers are installed by now.
+	log.Info("consumer starting")
 	topics := o.topics.WithDefaults()
 
 	brokers := o.brokers
