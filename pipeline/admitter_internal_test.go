@@ -20,11 +20,6 @@ func prompt(msg, sess, text string, resume bool) Incoming {
 	return Incoming{Prompt: envelope.Prompt{MessageID: msg, SessionID: sess, Text: text, Resume: &resume}}
 }
 
-func count(t *testing.T, pool *pgxpool.Pool, sql string, args ...any) int {
-	t.Helper()
-	return testkit.Count(t, pool, sql, args...)
-}
-
 // Every copy of a message ID in a batch is classified against the stored
 // row when there is one, as if each copy had come in a batch of its own
 // (docs/design.md, P2, invariants 2 and 3).
@@ -41,7 +36,7 @@ func TestAdmitClassifiesEveryCopyAgainstTheStoredRow(t *testing.T) {
 		return &bundle{pool: pool, a: NewAdmitter(pool, &AdmitterConfig{})}
 	}
 	wakes := func(t *testing.T, b *bundle, sess string) int {
-		return count(t, b.pool, `SELECT count(*) FROM outbox WHERE topic = 'wakes' AND key = $1`, sess)
+		return testkit.Count(t, b.pool, `SELECT count(*) FROM outbox WHERE topic = 'wakes' AND key = $1`, sess)
 	}
 
 	t.Run("ExactRetryBehindAConflictArmsTheWake", func(t *testing.T) {
@@ -54,7 +49,7 @@ func TestAdmitClassifiesEveryCopyAgainstTheStoredRow(t *testing.T) {
 		got, err := b.a.Admit(ctx, []Incoming{prompt("x", "s", "b", true), prompt("x", "s", "a", true)})
 		require.NoError(t, err)
 		require.Equal(t, []Outcome{Conflict, Duplicate}, got)
-		require.Equal(t, 1, count(t, b.pool, `SELECT count(*) FROM inputs WHERE message_id = 'x' AND text = 'a' AND wake_pending`),
+		require.Equal(t, 1, testkit.Count(t, b.pool, `SELECT count(*) FROM inputs WHERE message_id = 'x' AND text = 'a' AND wake_pending`),
 			"the exact retry armed the wake (invariant 3); the conflict changed nothing")
 		require.Equal(t, 1, wakes(t, b, "s"))
 	})
@@ -76,8 +71,8 @@ func TestAdmitClassifiesEveryCopyAgainstTheStoredRow(t *testing.T) {
 		got, err := b.a.Admit(ctx, []Incoming{prompt("x", "s", "a", false), prompt("x", "t", "a", true), prompt("x", "s", "a", true)})
 		require.NoError(t, err)
 		require.Equal(t, []Outcome{Admitted, Conflict, Duplicate}, got)
-		require.Equal(t, 1, count(t, b.pool, `SELECT count(*) FROM inputs WHERE message_id = 'x' AND session_id = 's' AND wake_pending`))
-		require.Zero(t, count(t, b.pool, `SELECT count(*) FROM sessions WHERE session_id = 't'`), "the conflict's session is not created")
+		require.Equal(t, 1, testkit.Count(t, b.pool, `SELECT count(*) FROM inputs WHERE message_id = 'x' AND session_id = 's' AND wake_pending`))
+		require.Zero(t, testkit.Count(t, b.pool, `SELECT count(*) FROM sessions WHERE session_id = 't'`), "the conflict's session is not created")
 	})
 
 	t.Run("ConflictFromAnotherSessionTouchesNoSession", func(t *testing.T) {
@@ -97,9 +92,9 @@ func TestAdmitClassifiesEveryCopyAgainstTheStoredRow(t *testing.T) {
 		s1, t1 := read()
 		require.Equal(t, s0, s1, "a conflict does not touch the stored row's session")
 		require.Equal(t, t0, t1, "a conflict does not touch its own session")
-		require.Zero(t, count(t, b.pool, `SELECT count(*) FROM sessions WHERE session_id = 'u'`), "nor creates it")
-		require.Zero(t, count(t, b.pool, `SELECT count(*) FROM inputs WHERE wake_pending`))
-		require.Zero(t, count(t, b.pool, `SELECT count(*) FROM outbox WHERE topic = 'wakes'`))
+		require.Zero(t, testkit.Count(t, b.pool, `SELECT count(*) FROM sessions WHERE session_id = 'u'`), "nor creates it")
+		require.Zero(t, testkit.Count(t, b.pool, `SELECT count(*) FROM inputs WHERE wake_pending`))
+		require.Zero(t, testkit.Count(t, b.pool, `SELECT count(*) FROM outbox WHERE topic = 'wakes'`))
 	})
 
 	t.Run("LoserOfAConcurrentFirstAdmissionTouchesNoSession", func(t *testing.T) {
@@ -124,13 +119,13 @@ func TestAdmitClassifiesEveryCopyAgainstTheStoredRow(t *testing.T) {
 			done <- got
 		}()
 		require.Eventually(t, func() bool {
-			return count(t, b.pool, `SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()
+			return testkit.Count(t, b.pool, `SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()
 				AND wait_event_type = 'Lock' AND query LIKE '%INSERT INTO inputs%'`) == 1
 		}, 5*time.Second, 5*time.Millisecond, "the admission waits on the uncommitted row")
 		require.NoError(t, tx.Commit(ctx))
 		require.Equal(t, []Outcome{Conflict}, <-done)
-		require.Zero(t, count(t, b.pool, `SELECT count(*) FROM sessions WHERE session_id = 's'`), "the loser's session is not created")
-		require.Zero(t, count(t, b.pool, `SELECT count(*) FROM outbox`))
+		require.Zero(t, testkit.Count(t, b.pool, `SELECT count(*) FROM sessions WHERE session_id = 's'`), "the loser's session is not created")
+		require.Zero(t, testkit.Count(t, b.pool, `SELECT count(*) FROM outbox`))
 	})
 
 	t.Run("ThroughTheCombinedGroup", func(t *testing.T) {
@@ -176,7 +171,7 @@ func TestAdmitClassifiesEveryCopyAgainstTheStoredRow(t *testing.T) {
 		wg.Wait()
 		require.Equal(t, [][]Outcome{{Admitted}, {Admitted}, {Conflict}, {Duplicate, Conflict}}, results)
 		require.Equal(t, int64(3), g.transactions.Load(), "the last two batches were combined")
-		require.Equal(t, 1, count(t, b.pool, `SELECT count(*) FROM inputs WHERE message_id = 'x' AND text = 'a' AND wake_pending`))
+		require.Equal(t, 1, testkit.Count(t, b.pool, `SELECT count(*) FROM inputs WHERE message_id = 'x' AND text = 'a' AND wake_pending`))
 		require.Equal(t, 1, wakes(t, b, "s"))
 	})
 }

@@ -10,6 +10,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/promptline/promptline/envelope"
+	"github.com/promptline/promptline/internal/testkit"
 	"github.com/promptline/promptline/ledger"
 	"github.com/promptline/promptline/pipeline"
 	"github.com/promptline/promptline/tools"
@@ -83,19 +84,7 @@ func TestFailedTurnNamesAnExistingMessage(t *testing.T) {
 	// requireFailedTurnReadable checks the one turn.failed event: its
 	// assistant message is in the transcript, errored, answering m1.
 	requireFailedTurnReadable := func(t *testing.T, b *bundle, reason string) {
-		rows, err := b.pool.Query(ctx, `SELECT payload FROM outbox WHERE topic = 'session-events' ORDER BY id`)
-		require.NoError(t, err)
-		var failed []envelope.Event
-		for rows.Next() {
-			var p []byte
-			require.NoError(t, rows.Scan(&p))
-			e, err := envelope.DecodeEvent(p)
-			require.NoError(t, err)
-			if e.Type == envelope.EventTurnFailed {
-				failed = append(failed, e)
-			}
-		}
-		require.NoError(t, rows.Err())
+		failed := testkit.SessionEvents(t, b.pool, "s", envelope.EventTurnFailed)
 		require.Len(t, failed, 1)
 		require.Equal(t, reason, failed[0].Reason)
 		require.Equal(t, []string{"m1"}, failed[0].MessageIDs)

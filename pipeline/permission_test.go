@@ -6,10 +6,10 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
 	"github.com/promptline/promptline/envelope"
+	"github.com/promptline/promptline/internal/testkit"
 	"github.com/promptline/promptline/ledger"
 	"github.com/promptline/promptline/pipeline"
 	"github.com/promptline/promptline/recovery"
@@ -66,21 +66,6 @@ func TestPermissions(t *testing.T) {
 		require.NoError(t, err)
 		return out
 	}
-	events := func(t *testing.T, b *bundle, typ string) []envelope.Event {
-		rows, err := b.pool.Query(ctx, `SELECT payload FROM outbox WHERE topic = 'session-events' ORDER BY id`)
-		require.NoError(t, err)
-		payloads, err := pgx.CollectRows(rows, pgx.RowTo[[]byte])
-		require.NoError(t, err)
-		var out []envelope.Event
-		for _, p := range payloads {
-			e, err := envelope.DecodeEvent(p)
-			require.NoError(t, err)
-			if e.Type == typ {
-				out = append(out, e)
-			}
-		}
-		return out
-	}
 
 	t.Run("AskParksTheSessionAndOnceResumesIt", func(t *testing.T) {
 		t.Parallel()
@@ -89,7 +74,7 @@ func TestPermissions(t *testing.T) {
 		runOnce(t, b.exec(), "s")
 		require.Zero(t, b.count(t, `SELECT count(*) FROM claims`), "parked: the claim is released")
 		id := requestID(t, b)
-		asked := events(t, b, envelope.EventPermissionAsked)
+		asked := testkit.SessionEvents(t, b.pool, "s", envelope.EventPermissionAsked)
 		require.Len(t, asked, 1)
 		require.Equal(t, "echo", asked[0].Tool)
 		require.Equal(t, id, asked[0].RequestID)
@@ -105,7 +90,7 @@ func TestPermissions(t *testing.T) {
 		require.Equal(t, envelope.ReasonConflict, out.Reason, "another reply to an answered request")
 		runOnce(t, b.exec(), "s") // a new process: the request survived
 		require.Len(t, b.runs, 1, "the tool ran once")
-		completed := events(t, b, envelope.EventTurnCompleted)
+		completed := testkit.SessionEvents(t, b.pool, "s", envelope.EventTurnCompleted)
 		require.Len(t, completed, 2)
 		require.Equal(t, []string{"m1"}, completed[0].MessageIDs)
 		require.Equal(t, "tool results: echo: hi", completed[0].Text)
@@ -122,8 +107,8 @@ func TestPermissions(t *testing.T) {
 		b.admit(t, "s", "m2", `/tool echo {"text": "two"}`)
 		runOnce(t, b.exec(), "s")
 		require.Len(t, b.runs, 2)
-		require.Len(t, events(t, b, envelope.EventPermissionAsked), 1, "asked once")
-		completed := events(t, b, envelope.EventTurnCompleted)
+		require.Len(t, testkit.SessionEvents(t, b.pool, "s", envelope.EventPermissionAsked), 1, "asked once")
+		completed := testkit.SessionEvents(t, b.pool, "s", envelope.EventTurnCompleted)
 		require.Len(t, completed, 2)
 		require.Equal(t, []string{"m2"}, completed[1].MessageIDs)
 	})
@@ -137,13 +122,13 @@ func TestPermissions(t *testing.T) {
 		require.Equal(t, pipeline.Admitted, reply(t, b, requestID(t, b), envelope.ReplyReject, "").Outcome)
 		runOnce(t, b.exec(), "s")
 		require.Empty(t, b.runs)
-		failed := events(t, b, envelope.EventTurnFailed)
+		failed := testkit.SessionEvents(t, b.pool, "s", envelope.EventTurnFailed)
 		require.Len(t, failed, 1)
 		require.Equal(t, envelope.FailDeclined, failed[0].Reason)
 		require.Equal(t, []string{"m1"}, failed[0].MessageIDs)
 		require.Equal(t, 1, b.count(t, `SELECT count(*) FROM tool_calls WHERE state = 'interrupted'`))
 		require.Zero(t, b.count(t, `SELECT count(*) FROM claims`), "claim cleared")
-		require.Len(t, events(t, b, envelope.EventTurnCompleted), 1, "the session goes on with its next prompt")
+		require.Len(t, testkit.SessionEvents(t, b.pool, "s", envelope.EventTurnCompleted), 1, "the session goes on with its next prompt")
 	})
 
 	// The declined call and the calls after it never run: each has its
@@ -158,10 +143,10 @@ func TestPermissions(t *testing.T) {
 		require.Equal(t, pipeline.Admitted, reply(t, b, requestID(t, b), envelope.ReplyReject, "").Outcome)
 		runOnce(t, b.exec(), "s")
 		require.Empty(t, b.runs)
-		steps := events(t, b, envelope.EventStepCompleted)
+		steps := testkit.SessionEvents(t, b.pool, "s", envelope.EventStepCompleted)
 		require.Len(t, steps, 1)
 		require.Len(t, steps[0].ToolCalls, 2)
-		done := events(t, b, envelope.EventToolCompleted)
+		done := testkit.SessionEvents(t, b.pool, "s", envelope.EventToolCompleted)
 		require.Len(t, done, 2, "one tool.completed per interrupted call")
 		for i, c := range steps[0].ToolCalls {
 			require.Equal(t, c.CallID, done[i].CallID)
@@ -172,7 +157,7 @@ func TestPermissions(t *testing.T) {
 			require.Equal(t, steps[0].TurnID, done[i].TurnID)
 			require.Equal(t, 1, b.count(t, `SELECT count(*) FROM tool_calls WHERE call_id = $1 AND state = 'interrupted'`, c.CallID))
 		}
-		require.Len(t, events(t, b, envelope.EventTurnFailed), 1)
+		require.Len(t, testkit.SessionEvents(t, b.pool, "s", envelope.EventTurnFailed), 1)
 	})
 
 	t.Run("RejectWithMessageIsFeedbackAndTheTurnContinues", func(t *testing.T) {
@@ -183,7 +168,7 @@ func TestPermissions(t *testing.T) {
 		require.Equal(t, pipeline.Admitted, reply(t, b, requestID(t, b), envelope.ReplyReject, "use the other tool").Outcome)
 		runOnce(t, b.exec(), "s")
 		require.Empty(t, b.runs)
-		completed := events(t, b, envelope.EventTurnCompleted)
+		completed := testkit.SessionEvents(t, b.pool, "s", envelope.EventTurnCompleted)
 		require.Len(t, completed, 1)
 		require.Equal(t, "tool results: echo: declined: use the other tool", completed[0].Text)
 	})
@@ -227,7 +212,7 @@ func TestPermissions(t *testing.T) {
 				if tc.reply == envelope.ReplyOnce {
 					require.Len(t, b.runs, 1, "the tool ran")
 					var texts []string
-					for _, e := range events(t, b, envelope.EventTurnCompleted) {
+					for _, e := range testkit.SessionEvents(t, b.pool, "s", envelope.EventTurnCompleted) {
 						if slices.Equal(e.MessageIDs, []string{"m1"}) {
 							texts = append(texts, e.Text)
 						}
@@ -235,7 +220,7 @@ func TestPermissions(t *testing.T) {
 					require.Equal(t, []string{"tool results: echo: hi"}, texts, "the resumed turn completed")
 				} else {
 					require.Empty(t, b.runs)
-					failed := events(t, b, envelope.EventTurnFailed)
+					failed := testkit.SessionEvents(t, b.pool, "s", envelope.EventTurnFailed)
 					require.Len(t, failed, 1)
 					require.Equal(t, envelope.FailDeclined, failed[0].Reason)
 				}
@@ -264,7 +249,7 @@ func TestPermissions(t *testing.T) {
 		require.Equal(t, pipeline.Conflict, out.Outcome)
 		require.Equal(t, envelope.ReasonConflict, out.Reason)
 		require.Equal(t, 1, b.count(t, `SELECT count(*) FROM permission_requests WHERE status = 'pending'`), "rolled back: the request still waits")
-		require.Empty(t, events(t, b, envelope.EventPermissionReplied))
+		require.Empty(t, testkit.SessionEvents(t, b.pool, "s", envelope.EventPermissionReplied))
 	})
 
 	t.Run("NoPromptCanHoldTheTakenIDs", func(t *testing.T) {

@@ -9,11 +9,11 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/santhosh-tekuri/jsonschema/v6"
 	"github.com/stretchr/testify/require"
 
 	"github.com/promptline/promptline/envelope"
+	"github.com/promptline/promptline/internal/testkit"
 	"github.com/promptline/promptline/pipeline"
 	"github.com/promptline/promptline/tools"
 )
@@ -183,18 +183,12 @@ func TestStepEventsOfTheTransactionalPromotion(t *testing.T) {
 
 	var got []string
 	var turnID string
-	rows, err := b.pool.Query(ctx, `SELECT convert_from(payload, 'UTF8')::jsonb ->> 'id', coalesce(convert_from(payload, 'UTF8')::jsonb ->> 'turn_id', '')
-		FROM outbox WHERE topic = 'session-events' AND key = 's' ORDER BY id`)
-	require.NoError(t, err)
-	var id, turn string
-	_, err = pgx.ForEachRow(rows, []any{&id, &turn}, func() error {
-		got = append(got, id)
-		if strings.HasPrefix(id, "turn.started:") {
-			turnID = turn
+	for _, e := range testkit.SessionEvents(t, b.pool, "s") {
+		got = append(got, e.ID)
+		if strings.HasPrefix(e.ID, "turn.started:") {
+			turnID = e.TurnID
 		}
-		return nil
-	})
-	require.NoError(t, err)
+	}
 	require.NotEmpty(t, turnID, "no turn.started: %v", got)
 	require.Equal(t, []string{"input.admitted:m1", "turn.started:" + turnID, "step.completed:" + turnID, "turn.completed:" + turnID}, got)
 }

@@ -10,7 +10,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
@@ -123,17 +122,13 @@ func TestWriteAfterDispatchRetried(t *testing.T) {
 		require.NoError(t, err)
 		wait(t, done)
 	}
+	// events lists the events of type typ of msg's turns (every test
+	// here runs session s).
 	events := func(t *testing.T, b *bundle, msg, typ string) []envelope.Event {
 		t.Helper()
-		rows, err := b.pool.Query(ctx, `SELECT payload FROM outbox WHERE topic = 'session-events' ORDER BY id`)
-		require.NoError(t, err)
-		payloads, err := pgx.CollectRows(rows, pgx.RowTo[[]byte])
-		require.NoError(t, err)
 		var out []envelope.Event
-		for _, p := range payloads {
-			e, err := envelope.DecodeEvent(p)
-			require.NoError(t, err)
-			if e.Type == typ && contains(e.MessageIDs, msg) {
+		for _, e := range testkit.SessionEvents(t, b.pool, "s", typ) {
+			if contains(e.MessageIDs, msg) {
 				out = append(out, e)
 			}
 		}

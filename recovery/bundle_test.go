@@ -188,23 +188,6 @@ func (b *testBundle) records(t *testing.T, session string) []recovery.Record {
 	return recs
 }
 
-func (b *testBundle) outboxEvents(t *testing.T, session, typ string) []envelope.Event {
-	t.Helper()
-	rows, err := b.pool.Query(context.Background(), `SELECT payload FROM outbox WHERE topic = 'session-events' AND key = $1 ORDER BY id`, session)
-	require.NoError(t, err)
-	payloads, err := pgx.CollectRows(rows, pgx.RowTo[[]byte])
-	require.NoError(t, err)
-	var out []envelope.Event
-	for _, p := range payloads {
-		e, err := envelope.DecodeEvent(p)
-		require.NoError(t, err)
-		if e.Type == typ {
-			out = append(out, e)
-		}
-	}
-	return out
-}
-
 func (b *testBundle) wakes(t *testing.T, session string) int {
 	return b.count(t, `SELECT count(*) FROM outbox WHERE topic = 'wakes' AND key = $1`, session)
 }

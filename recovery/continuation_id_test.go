@@ -6,6 +6,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/promptline/promptline/envelope"
+	"github.com/promptline/promptline/internal/testkit"
 	"github.com/promptline/promptline/recovery"
 	"github.com/promptline/promptline/tools"
 )
@@ -35,7 +36,7 @@ func TestContinuationWhoseIDAPromptHolds(t *testing.T) {
 	reg := tools.NewRegistry()
 	require.NoError(t, reg.Register(tools.NewEcho()))
 	b.run(t, &recorder{}, reg, "s")
-	completed := b.outboxEvents(t, "s", envelope.EventTurnCompleted)
+	completed := testkit.SessionEvents(t, b.pool, "s", envelope.EventTurnCompleted)
 	require.Len(t, completed, 2)
 	require.Equal(t, []string{"m1"}, completed[0].MessageIDs, "the continuation answers the original prompt")
 	require.Equal(t, []string{recovery.ContinuationID("exec-s")}, completed[1].MessageIDs, "the prompt ran as a prompt")

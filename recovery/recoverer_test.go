@@ -12,6 +12,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/promptline/promptline/envelope"
+	"github.com/promptline/promptline/internal/testkit"
 	"github.com/promptline/promptline/ledger"
 	"github.com/promptline/promptline/recovery"
 	"github.com/promptline/promptline/tools"
@@ -37,7 +38,7 @@ func TestRecovery(t *testing.T) {
 		rec := &recorder{}
 		b.run(t, rec, nil, "s")
 		require.Len(t, rec.all(), 1, "the prompt runs once")
-		require.Len(t, b.outboxEvents(t, "s", envelope.EventRecoveryDecided), 1)
+		require.Len(t, testkit.SessionEvents(t, b.pool, "s", envelope.EventRecoveryDecided), 1)
 	})
 
 	t.Run("SafeIsCleared", func(t *testing.T) {
@@ -67,7 +68,7 @@ func TestRecovery(t *testing.T) {
 		require.Equal(t, 1, p.Decisions[recovery.DecisionReconciled])
 		require.Equal(t, 1, b.count(t, `SELECT count(*) FROM attempts WHERE attempt_id = $1 AND state = 'unknown'`, attempt))
 		require.Equal(t, 1, b.count(t, `SELECT count(*) FROM messages WHERE message_id = $1 AND status = 'errored' AND error = $2`, c.assistant, recovery.OutcomeUnknownText))
-		failed := b.outboxEvents(t, "s", envelope.EventTurnFailed)
+		failed := testkit.SessionEvents(t, b.pool, "s", envelope.EventTurnFailed)
 		require.Len(t, failed, 1)
 		require.Equal(t, envelope.FailOutcomeUnknown, failed[0].Reason)
 		require.Equal(t, []string{"m1"}, failed[0].MessageIDs)
@@ -113,7 +114,7 @@ func TestRecovery(t *testing.T) {
 		require.Equal(t, "tool", last.Role)
 		require.Equal(t, "hi", last.Text, "the continuation's request contains the settled tool result")
 		require.Equal(t, 1, b.count(t, `SELECT count(*) FROM recoveries WHERE continuation_message_id = $1 AND settled_at IS NOT NULL`, contID))
-		completed := b.outboxEvents(t, "s", envelope.EventTurnCompleted)
+		completed := testkit.SessionEvents(t, b.pool, "s", envelope.EventTurnCompleted)
 		require.Len(t, completed, 1)
 		require.Equal(t, []string{"m1"}, completed[0].MessageIDs, "the continuation answers the original prompt")
 		require.Equal(t, "tool results: echo: hi", completed[0].Text)
@@ -222,7 +223,7 @@ func TestRecovery(t *testing.T) {
 		rec := &recorder{}
 		b.run(t, rec, nil, "s")
 		require.Len(t, rec.all(), 1)
-		completed := b.outboxEvents(t, "s", envelope.EventTurnCompleted)
+		completed := testkit.SessionEvents(t, b.pool, "s", envelope.EventTurnCompleted)
 		require.Len(t, completed, 1, "the prompt is answered")
 		require.Equal(t, []string{"m1"}, completed[0].MessageIDs)
 		require.Equal(t, c.assistant, completed[0].AssistantMessageID, "in the message the deferred step left pending")
@@ -248,7 +249,7 @@ func TestRecovery(t *testing.T) {
 		b.run(t, rec, nil, "s")
 		require.Len(t, rec.all(), 1)
 		require.Equal(t, attempt, rec.all()[0].IdempotencyKey, "the step is sent again under the key it may have been acted on with")
-		completed := b.outboxEvents(t, "s", envelope.EventTurnCompleted)
+		completed := testkit.SessionEvents(t, b.pool, "s", envelope.EventTurnCompleted)
 		require.Len(t, completed, 1, "the prompt is answered")
 		require.Equal(t, c.assistant, completed[0].AssistantMessageID, "in the message the deferred step left pending")
 	})

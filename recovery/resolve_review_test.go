@@ -11,6 +11,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/promptline/promptline/envelope"
+	"github.com/promptline/promptline/internal/testkit"
 	"github.com/promptline/promptline/ledger"
 	"github.com/promptline/promptline/pipeline"
 	"github.com/promptline/promptline/recovery"
@@ -110,7 +111,7 @@ func TestResolveAdversarial(t *testing.T) {
 		b.zombieContinuation(t, "s")
 		require.Equal(t, 1, b.count(t, `SELECT count(*) FROM tool_calls WHERE call_id = $1 AND state = 'unknown'`, call.ID))
 
-		failed := b.outboxEvents(t, "s", envelope.EventTurnFailed)
+		failed := testkit.SessionEvents(t, b.pool, "s", envelope.EventTurnFailed)
 		require.Len(t, failed, 2, "the first reconcile and the reconcile of the resolution's continuation")
 		require.Equal(t, envelope.FailOutcomeUnknown, failed[1].Reason)
 		require.NotEqual(t, failed[0].ID, failed[1].ID,

@@ -11,6 +11,7 @@ import (
 
 	"github.com/promptline/promptline/envelope"
 	"github.com/promptline/promptline/internal/pgdb"
+	"github.com/promptline/promptline/internal/testkit"
 	"github.com/promptline/promptline/ledger"
 	"github.com/promptline/promptline/recovery"
 	"github.com/promptline/promptline/tools"
@@ -85,7 +86,7 @@ func (b *testBundle) registry(t *testing.T, tool tools.Tool) *tools.Registry {
 
 func (b *testBundle) completed(t *testing.T, session string) []envelope.Event {
 	t.Helper()
-	return b.outboxEvents(t, session, envelope.EventTurnCompleted)
+	return testkit.SessionEvents(t, b.pool, session, envelope.EventTurnCompleted)
 }
 
 // TestResolve covers `consumer session resolve` below the command: an

@@ -12,6 +12,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/promptline/promptline/envelope"
+	"github.com/promptline/promptline/internal/testkit"
 	"github.com/promptline/promptline/ledger"
 	"github.com/promptline/promptline/pipeline"
 	"github.com/promptline/promptline/recovery"
@@ -66,10 +67,10 @@ func TestStepEventsAcrossResolution(t *testing.T) {
 		b := setup(t)
 		b.admit(t, "s", "m1", `/tool append_line {"line":"x"}`)
 		b.run(t, &failAfterFirst{}, b.registry(t, lostTool{}), "s")
-		first := b.outboxEvents(t, "s", envelope.EventToolCompleted)
+		first := testkit.SessionEvents(t, b.pool, "s", envelope.EventToolCompleted)
 		require.Len(t, first, 1)
 		require.Equal(t, "unknown", first[0].Outcome)
-		require.Len(t, b.outboxEvents(t, "s", envelope.EventTurnFailed), 1)
+		require.Len(t, testkit.SessionEvents(t, b.pool, "s", envelope.EventTurnFailed), 1)
 
 		_, err := b.resolve(t, "s", first[0].CallID, recovery.FindingDidNotRun, "")
 		require.NoError(t, err)
@@ -77,7 +78,7 @@ func TestStepEventsAcrossResolution(t *testing.T) {
 		b.run(t, &recorder{}, b.registry(t, tool), "s")
 		require.Len(t, tool.runs(), 1, "the continuation runs the re-armed call")
 
-		done := b.outboxEvents(t, "s", envelope.EventToolCompleted)
+		done := testkit.SessionEvents(t, b.pool, "s", envelope.EventToolCompleted)
 		require.Len(t, done, 2)
 		require.Equal(t, first[0].CallID, done[1].CallID)
 		require.Equal(t, "succeeded", done[1].Outcome)
@@ -87,7 +88,7 @@ func TestStepEventsAcrossResolution(t *testing.T) {
 
 		// The re-run is a second dispatch, which the operator vouched for:
 		// a UI must see the call running again.
-		started := b.outboxEvents(t, "s", envelope.EventToolStarted)
+		started := testkit.SessionEvents(t, b.pool, "s", envelope.EventToolStarted)
 		require.Len(t, started, 2)
 		require.Equal(t, started[0].CallID, started[1].CallID)
 		require.NotEqual(t, started[0].ID, started[1].ID,
@@ -110,7 +111,7 @@ func TestStepEventsAcrossResolution(t *testing.T) {
 		b.die(t, "s")
 		require.Equal(t, 1, b.pass(t).Decisions[recovery.DecisionReconciled])
 
-		done := b.outboxEvents(t, "s", envelope.EventToolCompleted)
+		done := testkit.SessionEvents(t, b.pool, "s", envelope.EventToolCompleted)
 		require.Len(t, done, 2, "one tool.completed per call recovery settled")
 		schema := eventSchema(t)
 		for i, want := range []ledger.CallState{ledger.CallUnknown, ledger.CallInterrupted} {
@@ -126,7 +127,7 @@ func TestStepEventsAcrossResolution(t *testing.T) {
 			requireValid(t, schema, e)
 		}
 		require.NotEqual(t, done[0].ID, done[1].ID)
-		failed := b.outboxEvents(t, "s", envelope.EventTurnFailed)
+		failed := testkit.SessionEvents(t, b.pool, "s", envelope.EventTurnFailed)
 		require.Len(t, failed, 1)
 	})
 
@@ -144,7 +145,7 @@ func TestStepEventsAcrossResolution(t *testing.T) {
 		require.True(t, again.Already)
 
 		var outcomes, ids []string
-		for _, e := range b.outboxEvents(t, "s", envelope.EventToolCompleted) {
+		for _, e := range testkit.SessionEvents(t, b.pool, "s", envelope.EventToolCompleted) {
 			require.Equal(t, call.ID, e.CallID)
 			require.Equal(t, c.assistant, e.TurnID)
 			requireValid(t, eventSchema(t), e)
@@ -177,7 +178,7 @@ func TestStepNumbersAcrossResolution(t *testing.T) {
 	require.NoError(t, err)
 	b.run(t, &recorder{}, nil, "s")
 	require.Len(t, b.completed(t, "s"), 1, "the continuation answered")
-	steps := b.outboxEvents(t, "s", envelope.EventStepCompleted)
+	steps := testkit.SessionEvents(t, b.pool, "s", envelope.EventStepCompleted)
 	require.Len(t, steps, 1)
 	require.Equal(t, c.assistant, steps[0].TurnID)
 	require.Equal(t, 1, steps[0].Step, "the step sent again is the turn's first completed step, not a step after the one that never completed")

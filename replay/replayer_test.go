@@ -92,11 +92,6 @@ func (b *testBundle) run(t *testing.T, pool *pgxpool.Pool, topic string, cfg rep
 	return rep
 }
 
-func count(t *testing.T, pool *pgxpool.Pool, sql string, args ...any) int {
-	t.Helper()
-	return testkit.Count(t, pool, sql, args...)
-}
-
 // inputs lists the admitted inputs: what a replay rebuilds.
 func inputs(t *testing.T, pool *pgxpool.Pool) []string {
 	t.Helper()
@@ -117,7 +112,7 @@ func rowCounts(t *testing.T, pool *pgxpool.Pool) map[string]int {
 	t.Helper()
 	out := map[string]int{}
 	for _, table := range []string{"inputs", "sessions", "outbox", "messages"} {
-		out[table] = count(t, pool, "SELECT count(*) FROM "+table)
+		out[table] = testkit.Count(t, pool, "SELECT count(*) FROM "+table)
 	}
 	return out
 }
@@ -170,7 +165,7 @@ func TestReplay(t *testing.T) {
 		t.Parallel()
 		b := setup(t)
 		m := b.publishMixed(t, b.pool)
-		before := count(t, b.pool, "SELECT count(*) FROM inputs")
+		before := testkit.Count(t, b.pool, "SELECT count(*) FROM inputs")
 
 		rep := b.run(t, b.pool, "prompts", replay.Config{}, replay.Bounds{})
 		require.True(t, rep.Complete)
@@ -201,11 +196,11 @@ func TestReplay(t *testing.T) {
 
 		// The rows: one input per fresh prompt, no wake armed, the
 		// conflicting one unchanged.
-		require.Equal(t, before+len(m.fresh), count(t, b.pool, "SELECT count(*) FROM inputs"))
-		require.Zero(t, count(t, b.pool, "SELECT count(*) FROM inputs WHERE source_topic = 'prompts' AND wake_pending"))
-		require.Equal(t, 1, count(t, b.pool, "SELECT count(*) FROM inputs WHERE message_id = $1 AND text = 'the original'", m.conflict.MessageID))
-		require.Zero(t, count(t, b.pool, "SELECT count(*) FROM outbox WHERE topic = 'wakes' AND key LIKE 's-fresh-%'"))
-		require.Equal(t, len(m.fresh), count(t, b.pool, "SELECT count(*) FROM outbox WHERE topic = 'session-events' AND key LIKE 's-fresh-%'"))
+		require.Equal(t, before+len(m.fresh), testkit.Count(t, b.pool, "SELECT count(*) FROM inputs"))
+		require.Zero(t, testkit.Count(t, b.pool, "SELECT count(*) FROM inputs WHERE source_topic = 'prompts' AND wake_pending"))
+		require.Equal(t, 1, testkit.Count(t, b.pool, "SELECT count(*) FROM inputs WHERE message_id = $1 AND text = 'the original'", m.conflict.MessageID))
+		require.Zero(t, testkit.Count(t, b.pool, "SELECT count(*) FROM outbox WHERE topic = 'wakes' AND key LIKE 's-fresh-%'"))
+		require.Equal(t, len(m.fresh), testkit.Count(t, b.pool, "SELECT count(*) FROM outbox WHERE topic = 'session-events' AND key LIKE 's-fresh-%'"))
 
 		// A second identical replay admits nothing.
 		rows := rowCounts(t, b.pool)
@@ -230,7 +225,7 @@ func TestReplay(t *testing.T) {
 		require.Equal(t, int64(40), rep.Totals.Admitted)
 		require.Len(t, inputs(t, first), 40)
 		require.Equal(t, inputs(t, first), inputs(t, second), "the inputs are a function of the topic")
-		require.Equal(t, 7, count(t, second, "SELECT count(*) FROM sessions"))
+		require.Equal(t, 7, testkit.Count(t, second, "SELECT count(*) FROM sessions"))
 	})
 
 	t.Run("DryRunWritesNothing", func(t *testing.T) {
@@ -329,14 +324,14 @@ func TestReplay(t *testing.T) {
 		}
 		rep := b.run(t, b.pool, "prompts", replay.Config{}, replay.Bounds{})
 		require.Equal(t, int64(2), rep.Totals.Admitted)
-		require.Zero(t, count(t, b.pool, "SELECT count(*) FROM inputs WHERE wake_pending"))
-		require.Zero(t, count(t, b.pool, "SELECT count(*) FROM outbox WHERE topic = 'wakes'"))
+		require.Zero(t, testkit.Count(t, b.pool, "SELECT count(*) FROM inputs WHERE wake_pending"))
+		require.Zero(t, testkit.Count(t, b.pool, "SELECT count(*) FROM outbox WHERE topic = 'wakes'"))
 
 		// An exact retry with resume true (a replay with --wake) arms them.
 		again := b.run(t, b.pool, "prompts", replay.Config{Wake: true}, replay.Bounds{})
 		require.Equal(t, int64(2), again.Totals.Duplicate)
-		require.Equal(t, 2, count(t, b.pool, "SELECT count(*) FROM inputs WHERE wake_pending"))
-		require.Equal(t, 2, count(t, b.pool, "SELECT count(*) FROM outbox WHERE topic = 'wakes'"))
+		require.Equal(t, 2, testkit.Count(t, b.pool, "SELECT count(*) FROM inputs WHERE wake_pending"))
+		require.Equal(t, 2, testkit.Count(t, b.pool, "SELECT count(*) FROM outbox WHERE topic = 'wakes'"))
 
 		// Once armed, a further wake replay changes nothing.
 		rows := rowCounts(t, b.pool)
@@ -385,7 +380,7 @@ func TestReplay(t *testing.T) {
 				require.Equal(t, "unknown_request", j.OriginalReason)
 			}
 		}
-		require.Equal(t, 1, count(t, b.pool, "SELECT count(*) FROM inputs WHERE message_id = $1 AND source_topic = 'prompts' AND source_partition = 2 AND source_offset = 40", big.MessageID))
+		require.Equal(t, 1, testkit.Count(t, b.pool, "SELECT count(*) FROM inputs WHERE message_id = $1 AND source_topic = 'prompts' AND source_partition = 2 AND source_offset = 40", big.MessageID))
 	})
 
 	t.Run("PublishRejects", func(t *testing.T) {
@@ -428,8 +423,8 @@ func TestReplayHeaders(t *testing.T) {
 		require.Equal(t, int64(1), rep.Totals.Admitted)
 		require.Equal(t, int64(2), rep.Totals.Malformed)
 		require.Equal(t, map[string]int64{envelope.ReasonTooManyHeaders: 1, envelope.ReasonHeadersTooLarge: 1}, rep.Reasons)
-		require.Equal(t, 1, count(t, b.pool, "SELECT count(*) FROM inputs"))
-		require.Equal(t, 1, count(t, b.pool, "SELECT count(*) FROM inputs WHERE message_id = $1", fine.MessageID))
+		require.Equal(t, 1, testkit.Count(t, b.pool, "SELECT count(*) FROM inputs"))
+		require.Equal(t, 1, testkit.Count(t, b.pool, "SELECT count(*) FROM inputs WHERE message_id = $1", fine.MessageID))
 	})
 
 	t.Run("RejectKeepsTheOriginalHeaders", func(t *testing.T) {
@@ -473,7 +468,7 @@ func TestReplayHeaders(t *testing.T) {
 		rep := b.run(t, b.pool, "prompts.rejects", replay.Config{Limits: envelope.Limits{MaxValueBytes: 4 << 20}}, replay.Bounds{})
 		require.Zero(t, rep.Totals.Admitted)
 		require.Equal(t, map[string]int64{replay.ReasonTruncated: 1}, rep.Reasons)
-		require.Zero(t, count(t, b.pool, "SELECT count(*) FROM inputs"))
+		require.Zero(t, testkit.Count(t, b.pool, "SELECT count(*) FROM inputs"))
 	})
 
 	// Re-admitting a too_many_headers reject after raising the limit:
@@ -498,7 +493,7 @@ func TestReplayHeaders(t *testing.T) {
 
 		rep = b.run(t, b.pool, "prompts.rejects", replay.Config{Limits: envelope.Limits{MaxHeaders: 33}}, replay.Bounds{})
 		require.Equal(t, int64(1), rep.Totals.Admitted)
-		require.Equal(t, 1, count(t, b.pool, "SELECT count(*) FROM inputs WHERE message_id = $1 AND source_offset = 9", p.MessageID))
+		require.Equal(t, 1, testkit.Count(t, b.pool, "SELECT count(*) FROM inputs WHERE message_id = $1 AND source_offset = 9", p.MessageID))
 	})
 }
 
@@ -543,7 +538,7 @@ func TestReplayTransactions(t *testing.T) {
 	require.False(t, rep.Interrupted)
 	require.Equal(t, int64(2), rep.Totals.Admitted)
 	require.Equal(t, int64(2), rep.Totals.Messages)
-	require.Zero(t, count(t, b.pool, "SELECT count(*) FROM inputs WHERE message_id = $1", aborted.MessageID))
+	require.Zero(t, testkit.Count(t, b.pool, "SELECT count(*) FROM inputs WHERE message_id = $1", aborted.MessageID))
 	for _, p := range rep.Partitions {
 		require.Equal(t, p.To, p.Next)
 	}

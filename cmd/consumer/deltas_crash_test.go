@@ -9,6 +9,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/promptline/promptline/envelope"
+	"github.com/promptline/promptline/internal/testkit"
 )
 
 // TestCrashWhileStreaming: the promise is "a crash loses deltas, never the
@@ -37,7 +38,7 @@ func TestCrashWhileStreaming(t *testing.T) {
 
 		require.Equal(t, 1, b.count(t, `SELECT count(*) FROM attempts WHERE session_id = $1 AND state = 'started'`, session),
 			"killed after the attempt's intent, before its response")
-		require.Zero(t, outboxEvents(t, b, session, envelope.EventStepCompleted), "the step had not committed")
+		require.Zero(t, testkit.CountEvents(t, b.pool, session, envelope.EventStepCompleted), "the step had not committed")
 		require.Len(t, srv.requestKeys(), 1)
 
 		b.startStreaming(t, "consumer-2", srv, append(append([]string{}, recoveryFlags...), extra...)...)
@@ -58,7 +59,7 @@ func TestCrashWhileStreaming(t *testing.T) {
 		require.Len(t, srv.requestKeys(), 1, "not replayed")
 		require.Equal(t, 1, b.count(t, `SELECT count(*) FROM attempts WHERE session_id = $1 AND state = 'unknown'`, session))
 		require.Equal(t, 1, b.count(t, assistantAnswering+` AND status = 'errored'`, p.MessageID))
-		require.Zero(t, outboxEvents(t, b, session, envelope.EventStepCompleted), "no text committed")
+		require.Zero(t, testkit.CountEvents(t, b.pool, session, envelope.EventStepCompleted), "no text committed")
 
 		// The deltas seen are a beginning of the answer the server was
 		// streaming, all of the errored message (which turn.failed names):
@@ -90,7 +91,7 @@ func TestCrashWhileStreaming(t *testing.T) {
 		require.NotEmpty(t, keys[0])
 		require.Equal(t, keys[0], keys[1], "sent again with its key")
 		require.Equal(t, 1, b.count(t, assistantAnswering+` AND status = 'completed'`, p.MessageID), "one answer")
-		require.Equal(t, 1, outboxEvents(t, b, session, envelope.EventStepCompleted))
+		require.Equal(t, 1, testkit.CountEvents(t, b.pool, session, envelope.EventStepCompleted))
 
 		// Every sending's deltas are a beginning of the answer; the last
 		// sending's (seq from 1 again) are the whole answer.

@@ -19,6 +19,7 @@ import (
 
 	"github.com/promptline/promptline/envelope"
 	"github.com/promptline/promptline/internal/faults"
+	"github.com/promptline/promptline/internal/testkit"
 )
 
 // The ledger (issue "ledger") on real processes: a side-effecting tool
@@ -94,7 +95,7 @@ func TestCrashAfterSideEffectingToolIntent(t *testing.T) {
 		"the call is unknown")
 	require.Equal(t, 1, b.count(t, `SELECT count(*) FROM recoveries WHERE session_id = $1 AND decision = 'reconciled'`, session))
 	require.Equal(t, 1, distinctIDs(b.events.turnEvents(t, first.MessageID)), "one turn event for the first prompt")
-	require.Equal(t, 1, outboxEvents(t, b, session, envelope.EventTurnFailed), "one turn.failed written")
+	require.Equal(t, 1, testkit.CountEvents(t, b.pool, session, envelope.EventTurnFailed), "one turn.failed written")
 }
 
 // stepServer is a model service speaking docs/providers.md's contract,

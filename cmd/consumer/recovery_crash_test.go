@@ -10,6 +10,7 @@ import (
 
 	"github.com/promptline/promptline/envelope"
 	"github.com/promptline/promptline/internal/faults"
+	"github.com/promptline/promptline/internal/testkit"
 	"github.com/promptline/promptline/recovery"
 )
 
@@ -28,15 +29,6 @@ const stepAfterSettle = "step.after-settle"
 // recoveryFlags start a consumer whose recovery runs often and whose
 // claims expire fast.
 var recoveryFlags = []string{"--lease", "1s", "--recovery-interval", "300ms"}
-
-// outboxEvents counts the session events of type typ written for session,
-// published or not. Event IDs are deterministic, so counting distinct IDs
-// on Kafka would hide a second write of the same event; the outbox does not.
-func outboxEvents(t *testing.T, b *testBundle, session, typ string) int {
-	t.Helper()
-	return b.count(t, `SELECT count(*) FROM outbox WHERE topic = 'session-events' AND key = $1
-		AND convert_from(payload, 'UTF8')::jsonb ->> 'type' = $2`, session, typ)
-}
 
 // claimOf reads a session's claim: execution, token and phase.
 func claimOf(t *testing.T, b *testBundle, session string) (executionID string, token int64, phase string) {
@@ -107,7 +99,7 @@ func TestRecoveryAfterClaimAcquire(t *testing.T) {
 	require.Equal(t, envelope.EventTurnCompleted, turn.Type, "%+v", turn)
 	require.Equal(t, "tool results: echo: acquired", turn.Text)
 
-	require.Equal(t, 1, outboxEvents(t, b, session, envelope.EventTurnCompleted), "one turn.completed")
+	require.Equal(t, 1, testkit.CountEvents(t, b.pool, session, envelope.EventTurnCompleted), "one turn.completed")
 	require.Equal(t, 1, distinctIDs(b.events.turnEvents(t, p.MessageID)))
 	require.Equal(t, 1, b.count(t, `SELECT count(*) FROM tool_calls WHERE session_id = $1`, session), "one call row")
 	require.Equal(t, 1, b.count(t, `SELECT count(*) FROM tool_calls WHERE session_id = $1 AND call_id = $2 AND state = 'succeeded'`,
@@ -187,8 +179,8 @@ func TestRecoveryRetriesIdempotentTool(t *testing.T) {
 	require.Equal(t, 1, b.count(t, `SELECT count(*) FROM inputs WHERE session_id = $1 AND message_id LIKE 'recovery-continue-%'`, session),
 		"exactly one continuation")
 	require.Equal(t, 1, b.count(t, `SELECT count(*) FROM inputs WHERE message_id = $1 AND promotion_seq IS NOT NULL`, recovery.ContinuationID(execID)))
-	require.Equal(t, 1, outboxEvents(t, b, session, envelope.EventTurnCompleted))
-	require.Zero(t, outboxEvents(t, b, session, envelope.EventTurnFailed))
+	require.Equal(t, 1, testkit.CountEvents(t, b.pool, session, envelope.EventTurnCompleted))
+	require.Zero(t, testkit.CountEvents(t, b.pool, session, envelope.EventTurnFailed))
 }
 
 // TestRecoveryContinuesAfterSettledStep: killed after the last tool result
@@ -239,7 +231,7 @@ func TestRecoveryContinuesAfterSettledStep(t *testing.T) {
 		AND decision = 'continued' AND rule IS NULL AND continuation_message_id = $2`, execID, recovery.ContinuationID(execID)))
 	require.Equal(t, 1, b.count(t, `SELECT count(*) FROM inputs WHERE session_id = $1 AND message_id LIKE 'recovery-continue-%'`, session),
 		"exactly one continuation")
-	require.Equal(t, 1, outboxEvents(t, b, session, envelope.EventTurnCompleted))
+	require.Equal(t, 1, testkit.CountEvents(t, b.pool, session, envelope.EventTurnCompleted))
 }
 
 // TestCrashDuringRecovery: consumer A dies with a provider intent committed;
@@ -271,7 +263,7 @@ func TestCrashDuringRecovery(t *testing.T) {
 	gotExec, gotToken, gotPhase := claimOf(t, b, session)
 	require.Equal(t, []any{execID, token, "unknown"}, []any{gotExec, gotToken, gotPhase}, "the claim is as A left it")
 	require.Zero(t, b.count(t, `SELECT count(*) FROM recoveries WHERE session_id = $1`, session), "nothing of B's decision committed")
-	require.Zero(t, outboxEvents(t, b, session, envelope.EventRecoveryDecided))
+	require.Zero(t, testkit.CountEvents(t, b.pool, session, envelope.EventRecoveryDecided))
 
 	b.start(t, "consumer-c", "", recoveryFlags...)
 	failed := b.events.waitTurn(t, p.MessageID)
@@ -283,8 +275,8 @@ func TestCrashDuringRecovery(t *testing.T) {
 	require.Equal(t, 1, b.count(t, `SELECT count(*) FROM recoveries WHERE session_id = $1`, session), "one recovery")
 	require.Equal(t, 1, b.count(t, `SELECT count(*) FROM recoveries WHERE execution_id = $1 AND decision = 'reconciled'
 		AND token_before = $2 AND token_after > $2`, execID, token))
-	require.Equal(t, 1, outboxEvents(t, b, session, envelope.EventTurnFailed), "one turn.failed")
-	require.Equal(t, 1, outboxEvents(t, b, session, envelope.EventRecoveryDecided), "one recovery.decided")
+	require.Equal(t, 1, testkit.CountEvents(t, b.pool, session, envelope.EventTurnFailed), "one turn.failed")
+	require.Equal(t, 1, testkit.CountEvents(t, b.pool, session, envelope.EventRecoveryDecided), "one recovery.decided")
 	require.Equal(t, 1, distinctIDs(b.events.turnEvents(t, p.MessageID)))
 	require.Equal(t, 1, b.count(t, `SELECT count(*) FROM attempts WHERE session_id = $1 AND state = 'unknown'`, session))
 	require.Zero(t, b.count(t, `SELECT count(*) FROM claims WHERE session_id = $1`, session), "the claim is cleared")
@@ -318,9 +310,9 @@ func TestConcurrentRecoveryDecidesOnce(t *testing.T) {
 
 	require.Equal(t, 1, b.count(t, `SELECT count(*) FROM recoveries WHERE session_id = $1`, session), "one decision")
 	require.Equal(t, 1, b.count(t, `SELECT count(*) FROM recoveries WHERE execution_id = $1 AND decision = 'reconciled'`, execID))
-	require.Equal(t, 1, outboxEvents(t, b, session, envelope.EventRecoveryDecided), "one recovery.decided written")
+	require.Equal(t, 1, testkit.CountEvents(t, b.pool, session, envelope.EventRecoveryDecided), "one recovery.decided written")
 	require.Equal(t, 1, distinctIDs(recoveryDecidedIDs(t, b.events, session)), "one recovery.decided event id")
-	require.Equal(t, 1, outboxEvents(t, b, session, envelope.EventTurnFailed), "one turn.failed written")
+	require.Equal(t, 1, testkit.CountEvents(t, b.pool, session, envelope.EventTurnFailed), "one turn.failed written")
 	require.Equal(t, 1, countLogs(r1, "recovery decided", session)+countLogs(r2, "recovery decided", session),
 		"one of the two decided")
 	require.Zero(t, b.count(t, `SELECT count(*) FROM claims WHERE session_id = $1`, session), "the claim is cleared, not quarantined")

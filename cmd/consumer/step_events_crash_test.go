@@ -9,6 +9,7 @@ import (
 
 	"github.com/promptline/promptline/envelope"
 	"github.com/promptline/promptline/internal/faults"
+	"github.com/promptline/promptline/internal/testkit"
 	"github.com/promptline/promptline/recovery"
 )
 
@@ -38,8 +39,8 @@ func TestStepEventIDsStableAcrossRecovery(t *testing.T) {
 	require.NoError(t, b.pool.QueryRow(t.Context(), `SELECT c.call_id, m.turn_id FROM tool_calls c
 		JOIN attempts a USING (attempt_id) JOIN messages m ON m.message_id = a.assistant_message_id
 		WHERE c.session_id = $1 AND c.state = 'started'`, session).Scan(&callID, &turnID))
-	require.Equal(t, 1, outboxEvents(t, b, session, envelope.EventToolStarted), "tool.started committed with the intent")
-	require.Zero(t, outboxEvents(t, b, session, envelope.EventToolCompleted))
+	require.Equal(t, 1, testkit.CountEvents(t, b.pool, session, envelope.EventToolStarted), "tool.started committed with the intent")
+	require.Zero(t, testkit.CountEvents(t, b.pool, session, envelope.EventToolCompleted))
 
 	b.start(t, "consumer-2", "", recoveryFlags...)
 	turn := b.events.waitTurn(t, p.MessageID)
@@ -96,9 +97,9 @@ func TestStepEventIDsStableAcrossRecovery(t *testing.T) {
 
 	// The outbox: the re-run wrote tool.started again (its own id), every
 	// other step event once.
-	require.Equal(t, 2, outboxEvents(t, b, session, envelope.EventToolStarted))
+	require.Equal(t, 2, testkit.CountEvents(t, b.pool, session, envelope.EventToolStarted))
 	for _, typ := range []string{envelope.EventTurnStarted, envelope.EventToolCompleted, envelope.EventTurnRecovered} {
-		require.Equal(t, 1, outboxEvents(t, b, session, typ), typ)
+		require.Equal(t, 1, testkit.CountEvents(t, b.pool, session, typ), typ)
 	}
-	require.Equal(t, 2, outboxEvents(t, b, session, envelope.EventStepCompleted))
+	require.Equal(t, 2, testkit.CountEvents(t, b.pool, session, envelope.EventStepCompleted))
 }

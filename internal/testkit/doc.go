@@ -8,8 +8,9 @@
 // TestMain, which also stops the throwaway cluster and checks for leaked
 // goroutines.
 //
-// Also: PlanConn, for tests of query plans; SyncBuffer, a process's output
-// that a test waits on; the one-time setup of the producer examples in
-// other languages (examples.go); and, in pgproxy, a Postgres-aware TCP
-// proxy that injects database faults (cuts, stalls, the ambiguous commit).
+// Also: Count and SessionEvents, to read what a test's database holds;
+// PlanConn, for tests of query plans; SyncBuffer, a process's output that
+// a test waits on; the one-time setup of the producer examples in other
+// languages (examples.go); and, in pgproxy, a Postgres-aware TCP proxy
+// that injects database faults (cuts, stalls, the ambiguous commit).
 package testkit
