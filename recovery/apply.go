@@ -256,7 +256,7 @@ func (r *Recoverer) record(ctx context.Context, tx pgx.Tx, old, nc ledger.Claim,
 	}
 	rows := []outbox.Row{outbox.EventRow(r.cfg.Topics.Events, envelope.Event{
 		ID: "recovery.decided:" + old.ExecutionID, Type: envelope.EventRecoveryDecided, SessionID: old.SessionID,
-		At: time.Now().UTC(), ExecutionID: old.ExecutionID, Decision: d.Decision, Rule: d.Rule,
+		At: time.Now().UTC(), ExecutionID: old.ExecutionID, Decision: string(d.Decision), Rule: d.Rule,
 		ContinuationMessageID: d.ContinuationID,
 	})}
 	if d.ContinuationID != "" && old.AssistantMessageID != "" && len(ev.TurnMessageIDs) > 0 {

@@ -9,14 +9,19 @@ import (
 	"github.com/promptline/promptline/ledger"
 )
 
+// DecisionKind names what recovery decided for a claim. Its values are
+// public: the decision label of the metrics, the recoveries table, the
+// events and the commands' output carry them as they are.
+type DecisionKind string
+
 // Decisions.
 const (
-	DecisionCleared     = "cleared"
-	DecisionSuperseded  = "superseded"
-	DecisionRewoken     = "rewoken"
-	DecisionContinued   = "continued"
-	DecisionReconciled  = "reconciled"
-	DecisionQuarantined = "quarantined"
+	DecisionCleared     DecisionKind = "cleared"
+	DecisionSuperseded  DecisionKind = "superseded"
+	DecisionRewoken     DecisionKind = "rewoken"
+	DecisionContinued   DecisionKind = "continued"
+	DecisionReconciled  DecisionKind = "reconciled"
+	DecisionQuarantined DecisionKind = "quarantined"
 )
 
 // Rules: exceptions to "never replay an uncertain call".
@@ -53,8 +58,8 @@ func validate(c ledger.Claim, ev Evidence) string {
 // of the claim and its evidence (Decide), so that a plan (Plan) and a pass
 // take the same decision on the same evidence.
 type Decision struct {
-	Decision string `json:"decision"`
-	Rule     string `json:"rule,omitempty"`
+	Decision DecisionKind `json:"decision"`
+	Rule     string       `json:"rule,omitempty"`
 	// ContinuationID is the continuation input a continued decision admits.
 	ContinuationID string `json:"continuation_message_id,omitempty"`
 	// RetryAttemptID is the attempt sent again with its idempotency key.
@@ -86,7 +91,7 @@ func Decide(old ledger.Claim, ev Evidence, idempotentProviders []string) Decisio
 		d.Decision = DecisionContinued
 		d.Rule, d.RetryAttemptID, d.retryDeferred = continueRule(ev, idempotentProviders)
 	case old.Phase == ledger.PhaseUnknown:
-		d.Decision, d.Rule, d.RetryAttemptID = unknownRule(ev, idempotentProviders)
+		d = unknownRule(ev, idempotentProviders)
 	}
 	if d.Decision == DecisionContinued {
 		id, reason := continuationID(old, ev)
@@ -152,8 +157,9 @@ func continueRule(ev Evidence, idempotentProviders []string) (rule, attemptID st
 }
 
 // unknownRule decides for phase unknown: reconcile, unless the only
-// uncertain thing may be repeated with its idempotency key.
-func unknownRule(ev Evidence, idempotentProviders []string) (string, string, string) {
+// uncertain thing may be repeated with its idempotency key: the decision,
+// its rule and the attempt it sends again, if any.
+func unknownRule(ev Evidence, idempotentProviders []string) Decision {
 	var startedAttempts []AttemptFact
 	for _, a := range ev.Attempts {
 		if a.State == ledger.AttemptStarted {
@@ -173,9 +179,9 @@ func unknownRule(ev Evidence, idempotentProviders []string) (string, string, str
 	switch {
 	case startedSide > 0:
 	case len(startedAttempts) == 1 && startedIdem == 0 && slices.Contains(idempotentProviders, startedAttempts[0].Provider):
-		return DecisionContinued, RuleIdempotentProviderRetry, startedAttempts[0].ID
+		return Decision{Decision: DecisionContinued, Rule: RuleIdempotentProviderRetry, RetryAttemptID: startedAttempts[0].ID}
 	case len(startedAttempts) == 0 && startedIdem > 0:
-		return DecisionContinued, RuleIdempotentToolRetry, ""
+		return Decision{Decision: DecisionContinued, Rule: RuleIdempotentToolRetry}
 	}
-	return DecisionReconciled, "", ""
+	return Decision{Decision: DecisionReconciled}
 }

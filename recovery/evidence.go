@@ -83,7 +83,7 @@ func (r *Recoverer) gather(ctx context.Context, tx pgx.Tx, c ledger.Claim) (Evid
 		  AND ($4::timestamptz IS NULL OR decided_at > $4)
 		  AND decided_at > coalesce((SELECT max(completed_at) FROM messages
 		      WHERE session_id = $1 AND role = 'assistant' AND status IN ('completed', 'errored')), '-infinity')`,
-		c.SessionID, []string{DecisionContinued, DecisionRewoken}, r.cfg.MaxPerSessionWindow.Milliseconds(), ev.Cap.ReleasedAt).Scan(&ev.Cap.Recovered)
+		c.SessionID, []string{string(DecisionContinued), string(DecisionRewoken)}, r.cfg.MaxPerSessionWindow.Milliseconds(), ev.Cap.ReleasedAt).Scan(&ev.Cap.Recovered)
 	if err != nil {
 		return ev, fmt.Errorf("counting the session's recoveries: %w", err)
 	}

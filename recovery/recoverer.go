@@ -37,7 +37,7 @@ type Config struct {
 	// Logger defaults to discarding.
 	Logger *slog.Logger
 	// OnDecisionFunc counts decisions (metrics). Defaults to nothing.
-	OnDecisionFunc func(decision string)
+	OnDecisionFunc func(decision DecisionKind)
 	// OnTransientErrorFunc counts decisions that failed with a transient
 	// database error (pgdb.Transient) and were left for the next pass.
 	// Defaults to nothing.
@@ -63,7 +63,7 @@ type Config struct {
 	Mode string
 	// OnHeldFunc receives, after each pass, what waits by decision: the
 	// plan of a held pass, empty in auto. Defaults to nothing.
-	OnHeldFunc func(counts map[string]int)
+	OnHeldFunc func(counts map[DecisionKind]int)
 	// HeldPages bounds the pages of Batch expired claims a held pass
 	// plans (decides on, without acting) to count what waits; a scan
 	// longer than that goes on at the next pass. Defaults to 10.
@@ -166,7 +166,7 @@ func (r *Recoverer) Stop() {
 
 // Pass reports one pass.
 type Pass struct {
-	Decisions map[string]int
+	Decisions map[DecisionKind]int
 	Skipped   int // taken over by another process first
 	Failed    int // decision failed deterministically; the row was quarantined
 	Retried   int // decision failed transiently; the row is left for the next pass
@@ -176,12 +176,12 @@ type Pass struct {
 	Deferred int `json:",omitempty"`
 	// Held is what a pass in hold planned and left, by decision (lost
 	// wakes as DecisionRedriven); empty in auto.
-	Held map[string]int `json:",omitempty"`
+	Held map[DecisionKind]int `json:",omitempty"`
 }
 
 // RunOnce runs one bounded pass: expired claims, then lost wakes.
 func (r *Recoverer) RunOnce(ctx context.Context) (Pass, error) {
-	p := Pass{Decisions: map[string]int{}}
+	p := Pass{Decisions: map[DecisionKind]int{}}
 	mode, err := r.mode(ctx)
 	if err != nil {
 		return p, err
@@ -200,7 +200,7 @@ func (r *Recoverer) RunOnce(ctx context.Context) (Pass, error) {
 	}
 	r.forgetHeld()
 	if f := r.cfg.OnHeldFunc; f != nil {
-		f(map[string]int{})
+		f(map[DecisionKind]int{})
 	}
 	// The pass waits for recovery tokens at most one interval: what it
 	// cannot decide by then is the next pass's.
@@ -347,14 +347,14 @@ func (r *Recoverer) expired(ctx context.Context) ([]ledger.Claim, error) {
 // applies the decision. failed says that the decision quarantined the claim
 // because it could not be carried out (a continuation ID held elsewhere),
 // not because the row failed validation.
-func (r *Recoverer) recover(ctx context.Context, old ledger.Claim) (string, bool, error) {
+func (r *Recoverer) recover(ctx context.Context, old ledger.Claim) (DecisionKind, bool, error) {
 	return r.recoverOnly(ctx, old, "")
 }
 
 // recoverPaced is recover that, when the decision needs a token and the
 // bucket has none, waits (the decision rolled back: no lock is held) and
 // tries again, until deadline; then it returns errDeferred.
-func (r *Recoverer) recoverPaced(ctx context.Context, old ledger.Claim, deadline time.Time) (string, bool, error) {
+func (r *Recoverer) recoverPaced(ctx context.Context, old ledger.Claim, deadline time.Time) (DecisionKind, bool, error) {
 	for {
 		decision, failed, err := r.recover(ctx, old)
 		var nt *noTokenError
@@ -373,7 +373,7 @@ func (r *Recoverer) recoverPaced(ctx context.Context, old ledger.Claim, deadline
 // recoverOnly is recover that, when want is not empty, carries out the
 // decision only if it is want (an operator's apply --decision), and else
 // rolls back having written nothing (errSkipped).
-func (r *Recoverer) recoverOnly(ctx context.Context, old ledger.Claim, want string) (string, bool, error) {
+func (r *Recoverer) recoverOnly(ctx context.Context, old ledger.Claim, want DecisionKind) (DecisionKind, bool, error) {
 	var d Decision
 	var ev Evidence
 	err := pgdb.InTx(ctx, r.pool, func(tx pgx.Tx) error {
@@ -414,7 +414,7 @@ func (r *Recoverer) recoverOnly(ctx context.Context, old ledger.Claim, want stri
 		return DecisionQuarantined, d.failed, nil
 	}
 	r.log.InfoContext(ctx, "recovery decided", slog.String("session_id", old.SessionID),
-		slog.String("execution_id", old.ExecutionID), slog.String("phase", string(old.Phase)), slog.String("decision", d.Decision))
+		slog.String("execution_id", old.ExecutionID), slog.String("phase", string(old.Phase)), slog.String("decision", string(d.Decision)))
 	return d.Decision, false, nil
 }
 
