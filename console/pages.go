@@ -154,7 +154,7 @@ func (s *Server) release(w http.ResponseWriter, r *http.Request) {
 }
 
 // decisions lists the kinds of recovery decisions, for the filter.
-var decisionKinds = []string{recovery.DecisionCleared, recovery.DecisionSuperseded, recovery.DecisionRewoken,
+var decisionKinds = []recovery.DecisionKind{recovery.DecisionCleared, recovery.DecisionSuperseded, recovery.DecisionRewoken,
 	recovery.DecisionContinued, recovery.DecisionReconciled, recovery.DecisionQuarantined}
 
 func (s *Server) recoveryPage(w http.ResponseWriter, r *http.Request) {

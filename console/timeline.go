@@ -244,7 +244,7 @@ func drawTimeline(r inspect.Report, recs []recovery.Record, releases []inspect.R
 	for _, rec := range recs {
 		y := laneY(laneOf[rec.ExecutionID])
 		label := fmt.Sprintf("%s · token %d→%d", rec.Decision, rec.TokenBefore, rec.TokenAfter)
-		t.Shapes = append(t.Shapes, Shape{X: x(rec.DecidedAt), Y: y, H: tlLaneH - 4, Kind: "rule", Class: "recovery " + rec.Decision,
+		t.Shapes = append(t.Shapes, Shape{X: x(rec.DecidedAt), Y: y, H: tlLaneH - 4, Kind: "rule", Class: "recovery " + string(rec.Decision),
 			Title: fmt.Sprintf("recovery of %s found phase %q and decided %s; fencing token %d → %d", rec.ExecutionID, rec.PhaseFound, rec.Decision, rec.TokenBefore, rec.TokenAfter),
 			Label: label})
 	}

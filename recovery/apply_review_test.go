@@ -36,11 +36,11 @@ func TestApplyReachesPastTheBatch(t *testing.T) {
 	require.NoError(t, recovery.SetMode(ctx, b.pool, recovery.ModeHold, "ops", "look first"))
 	a, err := rec.Apply(ctx, &recovery.ApplyOpts{Decision: recovery.DecisionReconciled, Operator: "ops", Rate: 1000})
 	require.NoError(t, err)
-	require.Equal(t, map[string]int{recovery.DecisionReconciled: 1}, a.Decisions, "the reconciled claim behind two batches of rewoken ones")
+	require.Equal(t, map[recovery.DecisionKind]int{recovery.DecisionReconciled: 1}, a.Decisions, "the reconciled claim behind two batches of rewoken ones")
 
 	a, err = rec.Apply(ctx, &recovery.ApplyOpts{Operator: "ops", Rate: 1000})
 	require.NoError(t, err)
-	require.Equal(t, map[string]int{recovery.DecisionRewoken: 3}, a.Decisions)
+	require.Equal(t, map[recovery.DecisionKind]int{recovery.DecisionRewoken: 3}, a.Decisions)
 	require.Zero(t, b.count(t, `SELECT count(*) FROM claims`))
 }
 
@@ -91,7 +91,7 @@ func TestContinuationIDTakenByAPromptWhileDeciding(t *testing.T) {
 		t.Fatal("the pass did not finish")
 	}
 	require.NoError(t, res.err)
-	require.Equal(t, map[string]int{recovery.DecisionContinued: 1}, res.p.Decisions)
+	require.Equal(t, map[recovery.DecisionKind]int{recovery.DecisionContinued: 1}, res.p.Decisions)
 	recs := b.records(t, "a")
 	require.Len(t, recs, 1)
 	require.Equal(t, recovery.ContinuationTakenID("exec-a"), recs[0].ContinuationID)
@@ -119,7 +119,7 @@ func TestApplyLeavesAClaimAfterATransientError(t *testing.T) {
 	rec := recovery.New(b.poolWith(t, map[string]string{"lock_timeout": "200ms"}), &recovery.Config{OwnerID: "r", RedriveAfter: time.Hour})
 	a, err := rec.Apply(ctx, &recovery.ApplyOpts{Operator: "ops", Rate: 1000})
 	require.NoError(t, err, "a transient error does not end the run")
-	require.Equal(t, map[string]int{recovery.DecisionRewoken: 2}, a.Decisions)
+	require.Equal(t, map[recovery.DecisionKind]int{recovery.DecisionRewoken: 2}, a.Decisions)
 	require.Equal(t, 1, a.Retried)
 	require.Equal(t, 1, b.count(t, `SELECT count(*) FROM claims WHERE session_id = 'r1' AND quarantine_reason IS NULL`), "left as it was")
 	require.Zero(t, b.count(t, `SELECT count(*) FROM recoveries WHERE session_id = 'r1'`))
@@ -127,7 +127,7 @@ func TestApplyLeavesAClaimAfterATransientError(t *testing.T) {
 	release()
 	a, err = rec.Apply(ctx, &recovery.ApplyOpts{Operator: "ops", Rate: 1000})
 	require.NoError(t, err)
-	require.Equal(t, map[string]int{recovery.DecisionRewoken: 1}, a.Decisions)
+	require.Equal(t, map[recovery.DecisionKind]int{recovery.DecisionRewoken: 1}, a.Decisions)
 	require.Zero(t, b.count(t, `SELECT count(*) FROM claims`))
 }
 
@@ -165,7 +165,7 @@ func TestApplyDecisionIsDecidedAgainUnderTheLock(t *testing.T) {
 				recovery.ContinuationID(second.ExecutionID))
 		}})
 	require.NoError(t, err)
-	require.Equal(t, map[string]int{recovery.DecisionContinued: 1}, a.Decisions)
+	require.Equal(t, map[recovery.DecisionKind]int{recovery.DecisionContinued: 1}, a.Decisions)
 	require.Equal(t, 1, a.Skipped)
 	require.Equal(t, 1, b.count(t, `SELECT count(*) FROM claims WHERE session_id = $1 AND quarantine_reason IS NULL`, second.SessionID),
 		"left as it was, not quarantined")
@@ -180,8 +180,8 @@ func TestApplyDecisionIsDecidedAgainUnderTheLock(t *testing.T) {
 func TestApplyGoesOnPastAFailedDecision(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	for _, filter := range []string{"", recovery.DecisionRewoken} {
-		t.Run("Filter="+filter, func(t *testing.T) {
+	for _, filter := range []recovery.DecisionKind{"", recovery.DecisionRewoken} {
+		t.Run("Filter="+string(filter), func(t *testing.T) {
 			t.Parallel()
 			b := setup(t)
 			for i, s := range []string{"r0", "r1", "r2"} {
@@ -199,10 +199,10 @@ func TestApplyGoesOnPastAFailedDecision(t *testing.T) {
 			require.Equal(t, 1, a.Failed)
 			require.Zero(t, b.count(t, `SELECT count(*) FROM claims WHERE session_id IN ('r0', 'r2')`), "the others are applied")
 			if filter == "" {
-				require.Equal(t, map[string]int{recovery.DecisionRewoken: 2, recovery.DecisionQuarantined: 1}, a.Decisions)
+				require.Equal(t, map[recovery.DecisionKind]int{recovery.DecisionRewoken: 2, recovery.DecisionQuarantined: 1}, a.Decisions)
 				require.Equal(t, 1, b.count(t, `SELECT count(*) FROM claims WHERE session_id = 'r1' AND quarantine_reason LIKE 'decision failed: %'`))
 			} else {
-				require.Equal(t, map[string]int{recovery.DecisionRewoken: 2}, a.Decisions)
+				require.Equal(t, map[recovery.DecisionKind]int{recovery.DecisionRewoken: 2}, a.Decisions)
 				require.Equal(t, 1, b.count(t, `SELECT count(*) FROM claims WHERE session_id = 'r1' AND quarantine_reason IS NULL`), "left as it was")
 			}
 		})

@@ -50,7 +50,7 @@ func TestRecoveryCapPerSession(t *testing.T) {
 		b, newRec := setupCapped(t)
 		for range 2 {
 			crash(t, b)
-			require.Equal(t, map[string]int{recovery.DecisionRewoken: 1}, b.pass(t).Decisions)
+			require.Equal(t, map[recovery.DecisionKind]int{recovery.DecisionRewoken: 1}, b.pass(t).Decisions)
 		}
 		crash(t, b)
 
@@ -69,7 +69,7 @@ func TestRecoveryCapPerSession(t *testing.T) {
 		require.Contains(t, words.String(), "Recoveries that ran the session's turn again within 1h0m0s: 2 (cap 2).")
 
 		wakes := b.wakes(t, "s")
-		require.Equal(t, map[string]int{recovery.DecisionQuarantined: 1}, b.pass(t).Decisions)
+		require.Equal(t, map[recovery.DecisionKind]int{recovery.DecisionQuarantined: 1}, b.pass(t).Decisions)
 		require.Equal(t, wakes, b.wakes(t, "s"), "capped: no wake")
 		reason := ""
 		require.NoError(t, b.pool.QueryRow(ctx, `SELECT quarantine_reason FROM claims WHERE session_id = 's'`).Scan(&reason))
@@ -88,22 +88,22 @@ func TestRecoveryCapPerSession(t *testing.T) {
 		// release, so the next crash is recovered, and the cap is reached
 		// again only after two more.
 		require.NoError(t, recovery.Release(ctx, b.pool, recovery.KindClaim, "s", &recovery.ReleaseOpts{Operator: "op", Note: "looked"}))
-		require.Equal(t, map[string]int{recovery.DecisionRewoken: 1}, b.pass(t).Decisions, "the released claim is recovered")
+		require.Equal(t, map[recovery.DecisionKind]int{recovery.DecisionRewoken: 1}, b.pass(t).Decisions, "the released claim is recovered")
 		crash(t, b)
-		require.Equal(t, map[string]int{recovery.DecisionRewoken: 1}, b.pass(t).Decisions)
+		require.Equal(t, map[recovery.DecisionKind]int{recovery.DecisionRewoken: 1}, b.pass(t).Decisions)
 		crash(t, b)
-		require.Equal(t, map[string]int{recovery.DecisionQuarantined: 1}, b.pass(t).Decisions, "two since the release: capped again")
+		require.Equal(t, map[recovery.DecisionKind]int{recovery.DecisionQuarantined: 1}, b.pass(t).Decisions, "two since the release: capped again")
 	})
 
 	t.Run("OutsideTheWindowNotCounted", func(t *testing.T) {
 		b, _ := setupCapped(t)
 		for range 2 {
 			crash(t, b)
-			require.Equal(t, map[string]int{recovery.DecisionRewoken: 1}, b.pass(t).Decisions)
+			require.Equal(t, map[recovery.DecisionKind]int{recovery.DecisionRewoken: 1}, b.pass(t).Decisions)
 		}
 		b.exec(t, `UPDATE recoveries SET decided_at = decided_at - interval '61 minutes'`)
 		crash(t, b)
-		require.Equal(t, map[string]int{recovery.DecisionRewoken: 1}, b.pass(t).Decisions)
+		require.Equal(t, map[recovery.DecisionKind]int{recovery.DecisionRewoken: 1}, b.pass(t).Decisions)
 	})
 
 	// A step answered (or a turn ended) since a recovery proves the
@@ -114,16 +114,16 @@ func TestRecoveryCapPerSession(t *testing.T) {
 		b, _ := setupCapped(t)
 		for range 2 {
 			crash(t, b)
-			require.Equal(t, map[string]int{recovery.DecisionRewoken: 1}, b.pass(t).Decisions)
+			require.Equal(t, map[recovery.DecisionKind]int{recovery.DecisionRewoken: 1}, b.pass(t).Decisions)
 		}
 		b.exec(t, `INSERT INTO messages (message_id, session_id, role, status, completed_at)
 			VALUES ('answered', 's', 'assistant', 'completed', now())`)
 		for range 2 {
 			crash(t, b)
-			require.Equal(t, map[string]int{recovery.DecisionRewoken: 1}, b.pass(t).Decisions, "progress since: counted afresh")
+			require.Equal(t, map[recovery.DecisionKind]int{recovery.DecisionRewoken: 1}, b.pass(t).Decisions, "progress since: counted afresh")
 		}
 		crash(t, b)
-		require.Equal(t, map[string]int{recovery.DecisionQuarantined: 1}, b.pass(t).Decisions, "two without progress since: capped")
+		require.Equal(t, map[recovery.DecisionKind]int{recovery.DecisionQuarantined: 1}, b.pass(t).Decisions, "two without progress since: capped")
 	})
 
 	t.Run("NoCapByDefault", func(t *testing.T) {
@@ -131,7 +131,7 @@ func TestRecoveryCapPerSession(t *testing.T) {
 		b.admit(t, "s", "m1", "hello")
 		for range 4 {
 			crash(t, b)
-			require.Equal(t, map[string]int{recovery.DecisionRewoken: 1}, b.pass(t).Decisions)
+			require.Equal(t, map[recovery.DecisionKind]int{recovery.DecisionRewoken: 1}, b.pass(t).Decisions)
 		}
 	})
 }

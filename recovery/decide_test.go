@@ -1,6 +1,7 @@
 package recovery_test
 
 import (
+	"crypto/sha256"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -59,6 +60,66 @@ func TestDecide(t *testing.T) {
 			want: recovery.Decision{Decision: recovery.DecisionCleared}},
 		"CapReachedSuperseded": {claim: claim(ledger.PhaseContinue, "a"), ev: recovery.Evidence{AssistantStatus: "completed", NewestAssistantID: "b", Cap: &recovery.CapFact{Max: 1, Recovered: 5}},
 			want: recovery.Decision{Decision: recovery.DecisionSuperseded}},
+		// Phase continue: a deferred retry to a provider that honours keys
+		// is sent again with its key; any other deferred attempt afresh.
+		"ContinueDeferredIdempotentProvider": {claim: claim(ledger.PhaseContinue, "a"), idempotent: []string{"p"}, ev: recovery.Evidence{AssistantStatus: "completed", NewestAssistantID: "a",
+			Attempts: []recovery.AttemptFact{{ID: "at1", Provider: "p", State: ledger.AttemptSucceeded}, {ID: "at2", Provider: "p", State: ledger.AttemptRetryWait}}},
+			want: recovery.Decision{Decision: recovery.DecisionContinued, Rule: recovery.RuleIdempotentProviderRetry, RetryAttemptID: "at2", ContinuationID: recovery.ContinuationID("e")}},
+		"ContinueDeferredOtherProvider": {claim: claim(ledger.PhaseContinue, "a"), idempotent: []string{"p"}, ev: recovery.Evidence{AssistantStatus: "completed", NewestAssistantID: "a",
+			Attempts: []recovery.AttemptFact{{ID: "at", Provider: "q", State: ledger.AttemptRetryWait}}},
+			want: recovery.Decision{Decision: recovery.DecisionContinued, ContinuationID: recovery.ContinuationID("e")}},
+		"ContinueWithoutAssistant": {claim: claim(ledger.PhaseContinue, ""),
+			want: recovery.Decision{Decision: recovery.DecisionQuarantined, QuarantineReason: "phase continue without an assistant message"}},
+		// The continuation's ID: an exact retry takes its own ID again;
+		// a continuation of this session with another payload, like a
+		// prompt, moves it to the other ID; with both held, none fits.
+		"ContinueIDHeldByItself": {claim: claim(ledger.PhaseContinue, "a"), ev: recovery.Evidence{AssistantStatus: "completed", NewestAssistantID: "a",
+			ContinuationHolders: []recovery.InputFact{{MessageID: recovery.ContinuationID("e"), SessionID: "s", Kind: "continuation", PayloadHash: continuationHash("s", "e")}}},
+			want: recovery.Decision{Decision: recovery.DecisionContinued, ContinuationID: recovery.ContinuationID("e")}},
+		"ContinueIDHeldByAnotherPayload": {claim: claim(ledger.PhaseContinue, "a"), ev: recovery.Evidence{AssistantStatus: "completed", NewestAssistantID: "a",
+			ContinuationHolders: []recovery.InputFact{{MessageID: recovery.ContinuationID("e"), SessionID: "s", Kind: "continuation", PayloadHash: continuationHash("s", "other")}}},
+			want: recovery.Decision{Decision: recovery.DecisionContinued, ContinuationID: recovery.ContinuationTakenID("e")}},
+		"ContinueBothIDsHeld": {claim: claim(ledger.PhaseContinue, "a"), ev: recovery.Evidence{AssistantStatus: "completed", NewestAssistantID: "a",
+			ContinuationHolders: []recovery.InputFact{{MessageID: recovery.ContinuationID("e"), SessionID: "s", Kind: "prompt"}, {MessageID: recovery.ContinuationTakenID("e"), SessionID: "s", Kind: "prompt"}}},
+			want: recovery.Decision{Decision: recovery.DecisionQuarantined, QuarantineReason: "decision failed: continuation input of e: both IDs are held by other inputs"}},
+		// Phase unknown: reconcile, unless the only uncertain thing is one
+		// started attempt to a provider that honours keys, or started
+		// idempotent calls and no started attempt.
+		"UnknownNothingStarted": {claim: claim(ledger.PhaseUnknown, "a"), idempotent: []string{"p"}, ev: recovery.Evidence{AssistantStatus: "pending", NewestAssistantID: "a",
+			Attempts:  []recovery.AttemptFact{{ID: "at", Provider: "p", State: ledger.AttemptRetryWait}},
+			ToolCalls: []recovery.ToolCallFact{{ID: "c", Class: "idempotent", State: ledger.CallRequested}}},
+			want: recovery.Decision{Decision: recovery.DecisionReconciled}},
+		"UnknownIdempotentCalls": {claim: claim(ledger.PhaseUnknown, "a"), ev: recovery.Evidence{AssistantStatus: "pending", NewestAssistantID: "a",
+			ToolCalls: []recovery.ToolCallFact{{ID: "c1", Class: "idempotent", State: ledger.CallStarted}, {ID: "c2", Class: "side_effecting", State: ledger.CallRequested}}},
+			want: recovery.Decision{Decision: recovery.DecisionContinued, Rule: recovery.RuleIdempotentToolRetry, ContinuationID: recovery.ContinuationID("e")}},
+		"UnknownSideEffectingCall": {claim: claim(ledger.PhaseUnknown, "a"), ev: recovery.Evidence{AssistantStatus: "pending", NewestAssistantID: "a",
+			ToolCalls: []recovery.ToolCallFact{{ID: "c1", Class: "idempotent", State: ledger.CallStarted}, {ID: "c2", Class: "side_effecting", State: ledger.CallStarted}}},
+			want: recovery.Decision{Decision: recovery.DecisionReconciled}},
+		"UnknownIdempotentProviderAndSideEffectingCall": {claim: claim(ledger.PhaseUnknown, "a"), idempotent: []string{"p"}, ev: recovery.Evidence{AssistantStatus: "pending", NewestAssistantID: "a",
+			Attempts:  []recovery.AttemptFact{{ID: "at", Provider: "p", State: ledger.AttemptStarted}},
+			ToolCalls: []recovery.ToolCallFact{{ID: "c", Class: "side_effecting", State: ledger.CallStarted}}},
+			want: recovery.Decision{Decision: recovery.DecisionReconciled}},
+		"UnknownIdempotentProviderAndIdempotentCall": {claim: claim(ledger.PhaseUnknown, "a"), idempotent: []string{"p"}, ev: recovery.Evidence{AssistantStatus: "pending", NewestAssistantID: "a",
+			Attempts:  []recovery.AttemptFact{{ID: "at", Provider: "p", State: ledger.AttemptStarted}},
+			ToolCalls: []recovery.ToolCallFact{{ID: "c", Class: "idempotent", State: ledger.CallStarted}}},
+			want: recovery.Decision{Decision: recovery.DecisionReconciled}},
+		"UnknownTwoStartedAttempts": {claim: claim(ledger.PhaseUnknown, "a"), idempotent: []string{"p"}, ev: recovery.Evidence{AssistantStatus: "pending", NewestAssistantID: "a",
+			Attempts: []recovery.AttemptFact{{ID: "at1", Provider: "p", State: ledger.AttemptStarted}, {ID: "at2", Provider: "p", State: ledger.AttemptStarted}}},
+			want: recovery.Decision{Decision: recovery.DecisionReconciled}},
+		"UnknownWithoutAssistant": {claim: claim(ledger.PhaseUnknown, ""), ev: recovery.Evidence{NewestAssistantID: "b"},
+			want: recovery.Decision{Decision: recovery.DecisionReconciled}},
+		// Superseded comes first: whatever the phase, a turn that is no
+		// longer the session's newest is not run again nor reconciled.
+		"SupersededUnknown": {claim: claim(ledger.PhaseUnknown, "a"), ev: recovery.Evidence{AssistantStatus: "pending", NewestAssistantID: "b",
+			ToolCalls: []recovery.ToolCallFact{{ID: "c", Class: "side_effecting", State: ledger.CallStarted}}},
+			want: recovery.Decision{Decision: recovery.DecisionSuperseded}},
+		"SupersededSafe": {claim: claim(ledger.PhaseSafe, "a"), ev: recovery.Evidence{AssistantStatus: "completed", NewestAssistantID: "b"},
+			want: recovery.Decision{Decision: recovery.DecisionSuperseded}},
+		"SupersededReady": {claim: claim(ledger.PhaseReady, "a"), ev: recovery.Evidence{AssistantStatus: "completed", NewestAssistantID: "b"},
+			want: recovery.Decision{Decision: recovery.DecisionSuperseded}},
+		"CapReachedIdempotentCalls": {claim: claim(ledger.PhaseUnknown, "a"), ev: recovery.Evidence{AssistantStatus: "pending", NewestAssistantID: "a",
+			ToolCalls: []recovery.ToolCallFact{{ID: "c", Class: "idempotent", State: ledger.CallStarted}}, Cap: &recovery.CapFact{Max: 1, Window: "1h0m0s", Recovered: 1}},
+			want: recovery.Decision{Decision: recovery.DecisionQuarantined, QuarantineReason: "recovery_cap: the session's turns were run again by recovery 1 times within 1h0m0s (cap 1); this continued is not carried out"}},
 		"UnknownPhase": {claim: claim("bogus", ""), want: recovery.Decision{Decision: recovery.DecisionQuarantined, QuarantineReason: `unknown phase "bogus"`}},
 		"MissingAssistant": {claim: claim(ledger.PhaseReady, "gone"),
 			want: recovery.Decision{Decision: recovery.DecisionQuarantined, QuarantineReason: "claim points at missing assistant message gone"}},
@@ -73,4 +134,11 @@ func TestDecide(t *testing.T) {
 			require.Equal(t, tc.want.QuarantineReason, got.QuarantineReason)
 		})
 	}
+}
+
+// continuationHash is the payload hash recovery gives an execution's
+// continuation input, written out here so that the test pins it.
+func continuationHash(sessionID, executionID string) []byte {
+	h := sha256.Sum256([]byte("continuation:" + sessionID + ":" + executionID))
+	return h[:]
 }

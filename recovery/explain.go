@@ -17,20 +17,20 @@ import (
 
 // Record is one stored recovery decision.
 type Record struct {
-	ExecutionID      string     `json:"execution_id"`
-	SessionID        string     `json:"session_id"`
-	PhaseFound       string     `json:"phase_found"`
-	Decision         string     `json:"decision"`
-	Rule             string     `json:"rule,omitempty"`
-	Evidence         Evidence   `json:"evidence"`
-	TokenBefore      int64      `json:"token_before"`
-	TokenAfter       int64      `json:"token_after"`
-	ContinuationID   string     `json:"continuation_message_id,omitempty"`
-	RetryAttemptID   string     `json:"retry_attempt_id,omitempty"`
-	RecoveredBy      string     `json:"recovered_by"`
-	DecidedAt        time.Time  `json:"decided_at"`
-	SettledAt        *time.Time `json:"settled_at,omitempty"`
-	QuarantineReason string     `json:"quarantine_reason,omitempty"`
+	ExecutionID      string       `json:"execution_id"`
+	SessionID        string       `json:"session_id"`
+	PhaseFound       string       `json:"phase_found"`
+	Decision         DecisionKind `json:"decision"`
+	Rule             string       `json:"rule,omitempty"`
+	Evidence         Evidence     `json:"evidence"`
+	TokenBefore      int64        `json:"token_before"`
+	TokenAfter       int64        `json:"token_after"`
+	ContinuationID   string       `json:"continuation_message_id,omitempty"`
+	RetryAttemptID   string       `json:"retry_attempt_id,omitempty"`
+	RecoveredBy      string       `json:"recovered_by"`
+	DecidedAt        time.Time    `json:"decided_at"`
+	SettledAt        *time.Time   `json:"settled_at,omitempty"`
+	QuarantineReason string       `json:"quarantine_reason,omitempty"`
 	// Resolutions are the operators' findings on what this execution left
 	// unknown (consumer session resolve).
 	Resolutions []Resolution `json:"resolutions,omitempty"`
@@ -202,7 +202,7 @@ func because(r Record) string {
 		}
 		return "the row failed validation: " + r.QuarantineReason + "; it is skipped until an operator repairs and releases it (consumer quarantine release)"
 	}
-	return strings.TrimSpace(r.Decision)
+	return strings.TrimSpace(string(r.Decision))
 }
 
 func wake(r Record) string {

@@ -20,8 +20,9 @@ func TestExplainEachDecision(t *testing.T) {
 			Attempts:  []recovery.AttemptFact{{ID: "e1/step-1", Step: 1, Provider: "http", State: "started"}},
 			ToolCalls: []recovery.ToolCallFact{{ID: "e1/step-1/call-0", Tool: "append_line", Class: "side_effecting", State: "started"}}}}
 	cases := map[string]struct {
-		decision, rule, phase, continuation, quarantine string
-		want                                            []string
+		decision                              recovery.DecisionKind
+		rule, phase, continuation, quarantine string
+		want                                  []string
 	}{
 		"cleared":    {decision: recovery.DecisionCleared, phase: "safe", want: []string{"the turn had completed", "with a wake for the waiting inputs"}},
 		"superseded": {decision: recovery.DecisionSuperseded, phase: "continue", want: []string{"no longer the session's newest"}},
@@ -44,7 +45,7 @@ func TestExplainEachDecision(t *testing.T) {
 		recovery.Explain(&out, []recovery.Record{r})
 		text := out.String()
 		require.Contains(t, text, "execution e1 (owner consumer-a) expired at 2026-01-02T03:04:05Z in phase \""+c.phase+"\"", name)
-		require.Contains(t, text, "Decision: "+c.decision, name)
+		require.Contains(t, text, "Decision: "+string(c.decision), name)
 		for _, w := range c.want {
 			require.Contains(t, text, w, name)
 		}

@@ -89,9 +89,9 @@ func (r *Recoverer) mode(ctx context.Context) (string, error) {
 // decision, kept between passes: a scan longer than Config.HeldPages pages
 // goes on where the last pass stopped.
 type heldScan struct {
-	after   *claimCursor   // where the running scan goes on; nil: from the start
-	running map[string]int // the running scan's counts so far
-	last    map[string]int // the last whole scan's counts; nil before one ended
+	after   *claimCursor         // where the running scan goes on; nil: from the start
+	running map[DecisionKind]int // the running scan's counts so far
+	last    map[DecisionKind]int // the last whole scan's counts; nil before one ended
 }
 
 // held plans instead of acting and reports what waits, by decision: every
@@ -108,12 +108,12 @@ type heldScan struct {
 // pass, in the pass's order, which claims that expire later join at its
 // end), the gauge shows the last whole scan's counts, and a growing lower
 // bound until the first scan ends.
-func (r *Recoverer) held(ctx context.Context) (map[string]int, error) {
+func (r *Recoverer) held(ctx context.Context) (map[DecisionKind]int, error) {
 	r.heldMu.Lock()
 	defer r.heldMu.Unlock()
 	h := &r.heldScan
 	if h.running == nil {
-		h.running = map[string]int{}
+		h.running = map[DecisionKind]int{}
 	}
 	var lostWakes int
 	err := r.snapshot(ctx, func(tx pgx.Tx) error {
@@ -126,7 +126,7 @@ func (r *Recoverer) held(ctx context.Context) (map[string]int, error) {
 				h.running[c.Decision.Decision]++
 			}
 			if len(page) < r.cfg.Batch {
-				h.last, h.running, h.after = h.running, map[string]int{}, nil
+				h.last, h.running, h.after = h.running, map[DecisionKind]int{}, nil
 				break
 			}
 			last := page[len(page)-1]
@@ -156,11 +156,11 @@ func (r *Recoverer) held(ctx context.Context) (map[string]int, error) {
 // one read-only snapshot, as Plan decides them; opts.SessionID narrows it.
 // Its cost grows with the backlog (six indexed reads (eight with the recovery cap) per expired claim):
 // it is for an operator's command (apply's progress bar), not a pass.
-func (r *Recoverer) Waiting(ctx context.Context, opts *PlanOpts) (map[string]int, error) {
+func (r *Recoverer) Waiting(ctx context.Context, opts *PlanOpts) (map[DecisionKind]int, error) {
 	if opts == nil {
 		opts = &PlanOpts{}
 	}
-	out := map[string]int{}
+	out := map[DecisionKind]int{}
 	err := r.snapshot(ctx, func(tx pgx.Tx) error {
 		var after *claimCursor
 		for {
@@ -198,8 +198,8 @@ func (r *Recoverer) forgetHeld() {
 }
 
 // Counts are the plan's decisions, counted (lost wakes as DecisionRedriven).
-func (p Plan) Counts() map[string]int {
-	out := map[string]int{}
+func (p Plan) Counts() map[DecisionKind]int {
+	out := map[DecisionKind]int{}
 	for _, c := range p.Claims {
 		out[c.Decision.Decision]++
 	}
@@ -215,7 +215,7 @@ type ApplyOpts struct {
 	SessionID string
 	// Decision applies only the claims a pass decides so (or, with
 	// DecisionRedriven, the lost wakes). Defaults to every decision.
-	Decision string
+	Decision DecisionKind
 	// Rate bounds the decisions applied per second. Defaults to 10.
 	Rate float64
 	// Max bounds the decisions applied by this run. Defaults to no bound.
@@ -229,9 +229,9 @@ type ApplyOpts struct {
 
 // Applied reports an apply run.
 type Applied struct {
-	ID        int64          `json:"id"`
-	Decisions map[string]int `json:"decisions"`
-	Skipped   int            `json:"skipped"`
+	ID        int64                `json:"id"`
+	Decisions map[DecisionKind]int `json:"decisions"`
+	Skipped   int                  `json:"skipped"`
 	// Retried counts the claims and lost wakes left as they were after a
 	// transient database error (invariant 13); a later run applies them.
 	Retried int `json:"retried"`
@@ -252,7 +252,7 @@ type Applied struct {
 // claim: a crash between plan and apply, or in the middle of a run, leaves
 // the rest for the next run, which applies only what is left.
 func (r *Recoverer) Apply(ctx context.Context, opts *ApplyOpts) (Applied, error) {
-	res := Applied{Decisions: map[string]int{}}
+	res := Applied{Decisions: map[DecisionKind]int{}}
 	if opts.Operator == "" {
 		return res, errors.New("recovery apply: an operator must be named")
 	}
@@ -370,7 +370,7 @@ func (r *Recoverer) Apply(ctx context.Context, opts *ApplyOpts) (Applied, error)
 				f(d)
 			}
 			if f := opts.OnProgressFunc; f != nil {
-				f(applied, c.SessionID+": "+d)
+				f(applied, c.SessionID+": "+string(d))
 			}
 		}
 		if opts.Decision == "" || opts.Decision == DecisionRedriven {
@@ -404,7 +404,7 @@ func (r *Recoverer) Apply(ctx context.Context, opts *ApplyOpts) (Applied, error)
 					f(n)
 				}
 				if f := opts.OnProgressFunc; f != nil {
-					f(applied, w.SessionID+": "+DecisionRedriven)
+					f(applied, w.SessionID+": "+string(DecisionRedriven))
 				}
 			}
 		}

@@ -19,18 +19,18 @@ func TestHold(t *testing.T) {
 		t.Parallel()
 		b := setup(t)
 		planStates(t, b)
-		var held []map[string]int
+		var held []map[recovery.DecisionKind]int
 		rec := recovery.New(b.pool, &recovery.Config{OwnerID: "r", RedriveAfter: time.Minute, Mode: recovery.ModeHold,
-			OnHeldFunc: func(c map[string]int) { held = append(held, c) }})
+			OnHeldFunc: func(c map[recovery.DecisionKind]int) { held = append(held, c) }})
 		before := b.fingerprint(t)
 		p, err := rec.RunOnce(ctx)
 		require.NoError(t, err)
 		require.Empty(t, p.Decisions)
 		require.Zero(t, p.Redriven)
-		want := map[string]int{recovery.DecisionContinued: 1, recovery.DecisionReconciled: 1, recovery.DecisionRewoken: 1,
+		want := map[recovery.DecisionKind]int{recovery.DecisionContinued: 1, recovery.DecisionReconciled: 1, recovery.DecisionRewoken: 1,
 			recovery.DecisionQuarantined: 2, recovery.DecisionRedriven: 1}
 		require.Equal(t, want, p.Held)
-		require.Equal(t, []map[string]int{want}, held)
+		require.Equal(t, []map[recovery.DecisionKind]int{want}, held)
 		require.Equal(t, before, b.fingerprint(t), "a held pass wrote")
 
 		// Resume: the row wins over the flag; the next pass decides.
@@ -40,7 +40,7 @@ func TestHold(t *testing.T) {
 		require.Equal(t, 5, p.Decisions[recovery.DecisionContinued]+p.Decisions[recovery.DecisionReconciled]+
 			p.Decisions[recovery.DecisionRewoken]+p.Decisions[recovery.DecisionQuarantined])
 		require.Equal(t, 1, p.Redriven)
-		require.Equal(t, map[string]int{}, held[len(held)-1], "nothing is held in auto")
+		require.Equal(t, map[recovery.DecisionKind]int{}, held[len(held)-1], "nothing is held in auto")
 	})
 
 	t.Run("TheHeldGaugeCountsMoreThanOneBatch", func(t *testing.T) {
@@ -61,7 +61,7 @@ func TestHold(t *testing.T) {
 			b.admit(t, s, s+"-1", "lost its wake")
 			b.exec(t, `UPDATE inputs SET admitted_at = now() - interval '1 hour' WHERE session_id = $1`, s)
 		}
-		want := map[string]int{recovery.DecisionContinued: 1, recovery.DecisionReconciled: 1, recovery.DecisionRewoken: 7,
+		want := map[recovery.DecisionKind]int{recovery.DecisionContinued: 1, recovery.DecisionReconciled: 1, recovery.DecisionRewoken: 7,
 			recovery.DecisionQuarantined: 2, recovery.DecisionRedriven: 4}
 		before := b.fingerprint(t)
 
@@ -120,7 +120,7 @@ func TestHold(t *testing.T) {
 		// One decision only.
 		a, err := rec.Apply(ctx, &recovery.ApplyOpts{Decision: recovery.DecisionReconciled, Operator: "ops", Note: "checked u", Rate: 100})
 		require.NoError(t, err)
-		require.Equal(t, map[string]int{recovery.DecisionReconciled: 1}, a.Decisions)
+		require.Equal(t, map[recovery.DecisionKind]int{recovery.DecisionReconciled: 1}, a.Decisions)
 		require.Equal(t, 1, b.count(t, `SELECT count(*) FROM recoveries WHERE session_id = 'u' AND decision = 'reconciled' AND recovered_by = $1`,
 			"apply#"+itoa(a.ID)+":ops"))
 		require.Equal(t, 4, b.count(t, `SELECT count(*) FROM claims`), "only the asked decision was applied")
@@ -152,7 +152,7 @@ func TestHold(t *testing.T) {
 	})
 }
 
-func sum(m map[string]int) int {
+func sum(m map[recovery.DecisionKind]int) int {
 	n := 0
 	for _, v := range m {
 		n += v

@@ -15,7 +15,7 @@ import (
 // DecisionRedriven is a plan's decision for a lost wake: the session's
 // waiting inputs have no claim and no wake on its way, and a pass wakes it
 // again (Pass.Redriven).
-const DecisionRedriven = "redriven"
+const DecisionRedriven DecisionKind = "redriven"
 
 // PlanOpts narrows a plan.
 type PlanOpts struct {
@@ -63,10 +63,10 @@ type PlannedClaim struct {
 
 // LostWake is a session a pass would wake again.
 type LostWake struct {
-	SessionID     string    `json:"session_id"`
-	Decision      string    `json:"decision"`
-	WaitingInputs int       `json:"waiting_inputs"`
-	OldestWaiting time.Time `json:"oldest_waiting_admitted_at"`
+	SessionID     string       `json:"session_id"`
+	Decision      DecisionKind `json:"decision"`
+	WaitingInputs int          `json:"waiting_inputs"`
+	OldestWaiting time.Time    `json:"oldest_waiting_admitted_at"`
 }
 
 // Plan reads, in one REPEATABLE READ READ ONLY transaction, what a pass

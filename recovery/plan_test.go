@@ -116,7 +116,7 @@ func TestPlan(t *testing.T) {
 		}
 		waiting, err := rec.Waiting(ctx, nil)
 		require.NoError(t, err)
-		require.Equal(t, map[string]int{recovery.DecisionContinued: 1, recovery.DecisionReconciled: 1, recovery.DecisionRewoken: 1,
+		require.Equal(t, map[recovery.DecisionKind]int{recovery.DecisionContinued: 1, recovery.DecisionReconciled: 1, recovery.DecisionRewoken: 1,
 			recovery.DecisionQuarantined: 2, recovery.DecisionRedriven: 3}, waiting, "Waiting counts what the whole plan lists")
 		require.Equal(t, before, b.fingerprint(t), "the plan wrote")
 	})
@@ -129,14 +129,14 @@ func TestPlan(t *testing.T) {
 		plan, err := rec.Plan(ctx, nil)
 		require.NoError(t, err)
 		planned := map[string]recovery.Decision{}
-		counts := map[string]int{}
+		counts := map[recovery.DecisionKind]int{}
 		for _, c := range plan.Claims {
 			planned[c.SessionID] = c.Decision
 			counts[c.Decision.Decision]++
 		}
-		require.Equal(t, map[string]string{"a": recovery.DecisionContinued, "u": recovery.DecisionReconciled,
+		require.Equal(t, map[string]recovery.DecisionKind{"a": recovery.DecisionContinued, "u": recovery.DecisionReconciled,
 			"r": recovery.DecisionRewoken, "q": recovery.DecisionQuarantined, "c": recovery.DecisionQuarantined},
-			map[string]string{"a": planned["a"].Decision, "u": planned["u"].Decision, "r": planned["r"].Decision,
+			map[string]recovery.DecisionKind{"a": planned["a"].Decision, "u": planned["u"].Decision, "r": planned["r"].Decision,
 				"q": planned["q"].Decision, "c": planned["c"].Decision})
 		require.Equal(t, recovery.ContinuationID("exec-a"), planned["a"].ContinuationID)
 		require.Equal(t, []recovery.LostWake{{SessionID: "w", Decision: recovery.DecisionRedriven, WaitingInputs: 1,

@@ -45,19 +45,19 @@ func (b *testBundle) holdSession(t *testing.T, session string) func() {
 // decisions records the decisions a recoverer reports to its callback.
 type decisions struct {
 	mu  sync.Mutex
-	all []string
+	all []recovery.DecisionKind
 }
 
-func (d *decisions) add(s string) {
+func (d *decisions) add(s recovery.DecisionKind) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	d.all = append(d.all, s)
 }
 
-func (d *decisions) get() []string {
+func (d *decisions) get() []recovery.DecisionKind {
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	return append([]string(nil), d.all...)
+	return append([]recovery.DecisionKind(nil), d.all...)
 }
 
 // A transient database error during a decision says nothing about the
@@ -94,7 +94,7 @@ func TestRecoveryTransientErrors(t *testing.T) {
 		p, err := rec.RunOnce(ctx)
 		require.NoError(t, err)
 		require.Equal(t, 1, p.Decisions[recovery.DecisionRewoken], "the next pass completes the decision")
-		require.Equal(t, []string{recovery.DecisionRewoken}, seen.get())
+		require.Equal(t, []recovery.DecisionKind{recovery.DecisionRewoken}, seen.get())
 		require.Zero(t, b.count(t, `SELECT count(*) FROM claims`))
 		require.Equal(t, wakes+1, b.wakes(t, "s"))
 	}
@@ -185,7 +185,7 @@ func TestRecoveryDecisionFailureQuarantineIsCounted(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, 1, p.Failed)
 	require.Equal(t, 1, p.Decisions[recovery.DecisionQuarantined])
-	require.Equal(t, []string{recovery.DecisionQuarantined}, seen.get(), "the quarantine is counted like the other decisions")
+	require.Equal(t, []recovery.DecisionKind{recovery.DecisionQuarantined}, seen.get(), "the quarantine is counted like the other decisions")
 	rows, err := recovery.ListQuarantined(ctx, b.pool)
 	require.NoError(t, err)
 	require.Len(t, rows, 1)

@@ -38,7 +38,7 @@ func TestRecoveryClearingDecisionsWakeWaitingInputs(t *testing.T) {
 
 	for _, tc := range []struct {
 		name     string
-		decision string
+		decision recovery.DecisionKind
 		crash    func(t *testing.T, b *testBundle, c *crashed)
 	}{
 		{"ReconciledUnknownAttempt", recovery.DecisionReconciled, func(t *testing.T, b *testBundle, c *crashed) {
@@ -69,7 +69,7 @@ func TestRecoveryClearingDecisionsWakeWaitingInputs(t *testing.T) {
 			b.exec(t, `DELETE FROM outbox WHERE topic = 'wakes'`) // admission's wakes were consumed long ago
 
 			p := b.pass(t)
-			require.Equal(t, map[string]int{tc.decision: 1}, p.Decisions)
+			require.Equal(t, map[recovery.DecisionKind]int{tc.decision: 1}, p.Decisions)
 			require.Zero(t, b.count(t, `SELECT count(*) FROM claims`), "the claim is cleared")
 			require.Equal(t, 1, b.count(t, `SELECT count(*) FROM waiting_inputs WHERE session_id = 's'`), "m2 waits")
 			wakes := b.recoveryWakes(t, "s")

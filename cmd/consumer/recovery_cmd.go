@@ -374,7 +374,7 @@ func newRecoveryApplyCommand(o *options) *cobra.Command {
 	}
 	policy.flags(cmd.Flags())
 	cmd.Flags().StringVar(&opts.SessionID, "session", "", "apply to this session only")
-	cmd.Flags().StringVar(&opts.Decision, "decision", "", "apply only what a pass decides so (cleared, superseded, rewoken, continued, reconciled, quarantined; redriven for lost wakes)")
+	cmd.Flags().StringVar((*string)(&opts.Decision), "decision", "", "apply only what a pass decides so (cleared, superseded, rewoken, continued, reconciled, quarantined; redriven for lost wakes)")
 	cmd.Flags().Float64Var(&opts.Rate, "rate", 10, "most decisions applied per second")
 	cmd.Flags().IntVar(&opts.Max, "max", 0, "most decisions applied by this run; 0: no bound")
 	cmd.Flags().StringVar(&opts.Operator, "operator", "", "who applies (default: the OS user), recorded in the audit and in each decision's recovered_by")

@@ -353,11 +353,11 @@ func TestRecoveryOperatorCommands(t *testing.T) {
 	require.Zero(t, code, "consumer recovery plan: %s", stderr)
 	var plan recovery.Plan
 	require.NoError(t, json.Unmarshal([]byte(out), &plan), out)
-	planned := map[string]string{}
+	planned := map[string]recovery.DecisionKind{}
 	for _, c := range plan.Claims {
 		planned[c.SessionID] = c.Decision.Decision
 	}
-	require.Equal(t, map[string]string{session: recovery.DecisionReconciled, bogus: recovery.DecisionQuarantined}, planned, out)
+	require.Equal(t, map[string]recovery.DecisionKind{session: recovery.DecisionReconciled, bogus: recovery.DecisionQuarantined}, planned, out)
 	require.Zero(t, b.count(t, `SELECT count(*) FROM recoveries`), "the plan wrote a decision")
 	out, stderr, code = runOnce(t, append([]string{"recovery", "plan", "--session", session}, db...)...)
 	require.Zero(t, code, "consumer recovery plan: %s", stderr)
@@ -368,7 +368,7 @@ func TestRecoveryOperatorCommands(t *testing.T) {
 	require.Zero(t, code, "consumer recover: %s", stderr)
 	var pass recovery.Pass
 	require.NoError(t, json.Unmarshal([]byte(out), &pass), out)
-	require.Equal(t, map[string]int{recovery.DecisionReconciled: 1, recovery.DecisionQuarantined: 1}, pass.Decisions, out)
+	require.Equal(t, map[recovery.DecisionKind]int{recovery.DecisionReconciled: 1, recovery.DecisionQuarantined: 1}, pass.Decisions, out)
 
 	out, stderr, code = runOnce(t, append([]string{"recovery", "explain", session}, db...)...)
 	require.Zero(t, code, "consumer recovery explain: %s", stderr)
@@ -445,9 +445,9 @@ func TestRecoveryHoldAndResume(t *testing.T) {
 
 	c := b.start(t, "consumer-b", "", recoveryFlags...)
 	base := "http://" + c.waitLog(t, "consumer running", 30*time.Second)["metrics_addr"].(string)
-	held := func(decision string) float64 {
+	held := func(decision recovery.DecisionKind) float64 {
 		_, exposition := httpGet(t, base+"/metrics")
-		v, _ := metricValue(exposition, `promptline_recovery_held{decision="`+decision+`"}`)
+		v, _ := metricValue(exposition, `promptline_recovery_held{decision="`+string(decision)+`"}`)
 		return v
 	}
 	require.Eventually(t, func() bool { return held(recovery.DecisionReconciled) == 1 && held(recovery.DecisionRewoken) == 1 },
@@ -459,7 +459,7 @@ func TestRecoveryHoldAndResume(t *testing.T) {
 	require.Zero(t, code, "consumer recovery apply: %s", stderr)
 	var applied recovery.Applied
 	require.NoError(t, json.Unmarshal([]byte(out), &applied), out)
-	require.Equal(t, map[string]int{recovery.DecisionRewoken: 1}, applied.Decisions)
+	require.Equal(t, map[recovery.DecisionKind]int{recovery.DecisionRewoken: 1}, applied.Decisions)
 	require.Equal(t, 1, b.count(t, `SELECT count(*) FROM recoveries WHERE session_id = $1 AND recovered_by LIKE 'apply#%:ops'`, ready))
 	require.Zero(t, b.count(t, `SELECT count(*) FROM recoveries WHERE session_id = $1`, unknown), "apply --decision rewoken applied another decision")
 	require.Eventually(t, func() bool { return held(recovery.DecisionRewoken) == 0 }, 30*time.Second, 50*time.Millisecond)

@@ -95,9 +95,9 @@ func TestMassCrashHeldThenApplied(t *testing.T) {
 	// A batch smaller than what waits: the held gauge counts past it.
 	c := b.start(t, "consumer-4", "", "--lease", "1s", "--recovery-interval", "300ms", "--recovery-batch", "5")
 	base := "http://" + c.waitLog(t, "consumer running", 30*time.Second)["metrics_addr"].(string)
-	held := func(decision string) float64 {
+	held := func(decision recovery.DecisionKind) float64 {
 		_, exposition := httpGet(t, base+"/metrics")
-		v, _ := metricValue(exposition, `promptline_recovery_held{decision="`+decision+`"}`)
+		v, _ := metricValue(exposition, `promptline_recovery_held{decision="`+string(decision)+`"}`)
 		return v
 	}
 	require.Eventually(t, func() bool { return held(recovery.DecisionReconciled) == sessions }, 30*time.Second, 50*time.Millisecond,
@@ -113,7 +113,7 @@ func TestMassCrashHeldThenApplied(t *testing.T) {
 	require.Zero(t, code, "consumer recovery plan: %s", stderr)
 	var plan recovery.Plan
 	require.NoError(t, json.Unmarshal([]byte(out), &plan), out)
-	planned := map[string]string{}
+	planned := map[string]recovery.DecisionKind{}
 	for _, pc := range plan.Claims {
 		planned[pc.ExecutionID] = pc.Decision.Decision
 	}
@@ -130,7 +130,7 @@ func TestMassCrashHeldThenApplied(t *testing.T) {
 	require.Zero(t, code, "consumer recovery apply: %s", stderr)
 	var res recovery.Applied
 	require.NoError(t, json.Unmarshal([]byte(out), &res), out)
-	require.Equal(t, map[string]int{recovery.DecisionReconciled: applied}, res.Decisions)
+	require.Equal(t, map[recovery.DecisionKind]int{recovery.DecisionReconciled: applied}, res.Decisions)
 	require.Equal(t, applied, strings.Count(stderr, "applied "), "a line per item without a terminal: %s", stderr)
 	var span float64
 	require.NoError(t, b.pool.QueryRow(t.Context(), `SELECT extract(epoch FROM max(decided_at) - min(decided_at))::float8 FROM recoveries

@@ -53,12 +53,12 @@ func (g *atRiskGauge) set(atRisk []ledger.AtRisk) {
 
 // heldDecisions are the labels of promptline_recovery_held, set to 0 when
 // nothing waits so that a resumed fleet's gauge falls back.
-var heldDecisions = []string{recovery.DecisionCleared, recovery.DecisionSuperseded, recovery.DecisionRewoken,
+var heldDecisions = []recovery.DecisionKind{recovery.DecisionCleared, recovery.DecisionSuperseded, recovery.DecisionRewoken,
 	recovery.DecisionContinued, recovery.DecisionReconciled, recovery.DecisionQuarantined, recovery.DecisionRedriven}
 
-func setHeld(m *metrics.Metrics, counts map[string]int) {
+func setHeld(m *metrics.Metrics, counts map[recovery.DecisionKind]int) {
 	for _, d := range heldDecisions {
-		m.RecoveryHeld.WithLabelValues(d).Set(float64(counts[d]))
+		m.RecoveryHeld.WithLabelValues(string(d)).Set(float64(counts[d]))
 	}
 }
 
@@ -245,7 +245,7 @@ func run(ctx context.Context, o *options, stderr io.Writer) (err error) {
 		Interval: o.recoveryInterval, Batch: o.recoveryBatch, RedriveAfter: o.redriveAfter,
 		OwnerID: owner, Topics: topics, Logger: log.With(slog.String("component", "recovery")),
 		IdempotentProviders: idempotentProviders,
-		OnDecisionFunc:      func(d string) { m.RecoveryDecisions.WithLabelValues(d).Inc() },
+		OnDecisionFunc:      func(d recovery.DecisionKind) { m.RecoveryDecisions.WithLabelValues(string(d)).Inc() },
 		OnRedriveFunc:       func(n int) { m.RedrivenWakes.Add(float64(n)) },
 		OnQuarantinedFunc:   func(c map[string]int) { setQuarantined(m, c) },
 		OnAttemptUnknownFunc: func(provider, model string) {
@@ -256,7 +256,7 @@ func run(ctx context.Context, o *options, stderr io.Writer) (err error) {
 		Mode:           o.recoveryMode,
 		Rate:           o.recoveryRate,
 		OnDeferredFunc: func(kind string, n int) { m.RecoveryDeferred.WithLabelValues(kind).Add(float64(n)) },
-		OnHeldFunc:     func(c map[string]int) { setHeld(m, c) },
+		OnHeldFunc:     func(c map[recovery.DecisionKind]int) { setHeld(m, c) },
 
 		OnTransientErrorFunc: m.RecoveryTransient.Inc,
 		OnCappedFunc:         m.RecoveryCapped.Inc,

@@ -1,0 +1,314 @@
+package recovery
+
+import (
+	"bytes"
+	"cmp"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"slices"
+	"strconv"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/promptline/promptline/envelope"
+	"github.com/promptline/promptline/internal/faults"
+	"github.com/promptline/promptline/internal/pgdb"
+	"github.com/promptline/promptline/ledger"
+	"github.com/promptline/promptline/outbox"
+)
+
+// OutcomeUnknownText marks an assistant message reconciled after a restart.
+const OutcomeUnknownText = "outcome unknown after restart"
+
+// apply carries out a decision taken on ev, in the transaction that
+// gathered ev under the session's lock: the takeover (compare-and-swap),
+// the decision's writes, its record and its outbox rows commit together
+// (invariant 9). It writes nothing that Decide did not name, except that
+// the continuation moves to its other ID when a prompt of another session
+// took the chosen one since ev was read (admitContinuation).
+func (r *Recoverer) apply(ctx context.Context, tx pgx.Tx, old ledger.Claim, ev Evidence, d Decision) error {
+	if d.Decision == DecisionQuarantined {
+		return r.quarantineTx(ctx, tx, old, d.QuarantineReason, &ev)
+	}
+	nc, err := ledger.Takeover(ctx, tx, old, "recovery/"+old.ExecutionID, r.cfg.OwnerID, time.Minute)
+	if errors.Is(err, ledger.ErrNotExpired) {
+		return errSkipped
+	}
+	if err != nil {
+		return err
+	}
+	faults.Hit(faults.RecoveryAfterTakeover)
+	if err := r.carryOut(ctx, tx, old, nc, ev, &d); err != nil {
+		return err
+	}
+	var at *time.Time
+	if r.cfg.Rate > 0 && paced(ev, d) {
+		// Late in the transaction, so that the bucket's row is held for
+		// the record and the commit only; a rollback from here on (a
+		// crash, a failed insert) returns the token.
+		t, err := r.takeTokens(ctx, tx, 1)
+		if err != nil {
+			return err
+		}
+		if t.got == 0 {
+			return &noTokenError{After: t.after}
+		}
+		faults.Hit(faults.RecoveryAfterToken)
+		at = &t.at
+	}
+	return r.record(ctx, tx, old, nc, ev, d, at)
+}
+
+// carryOut writes what the decision d names, after the takeover;
+// d.ContinuationID becomes the continuation's ID as admitted.
+func (r *Recoverer) carryOut(ctx context.Context, tx pgx.Tx, old, nc ledger.Claim, ev Evidence, d *Decision) error {
+	if d.Decision == DecisionContinued {
+		if d.Rule == RuleIdempotentToolRetry {
+			// Started idempotent calls run again, with their keys.
+			if _, err := tx.Exec(ctx, `UPDATE tool_calls SET state = 'requested', started_at = NULL
+				WHERE session_id = $1 AND state = 'started' AND class = 'idempotent'`, old.SessionID); err != nil {
+				return fmt.Errorf("re-arming idempotent tool calls: %w", err)
+			}
+		}
+		if d.RetryAttemptID != "" && d.retryDeferred {
+			// It was answered (a failure) and waited for its retry: the
+			// continuation sends that retry, under the same key.
+			if _, err := tx.Exec(ctx, `UPDATE attempts SET state = 'failed', error = coalesce(error, '') || '; sent again with the same idempotency key by recovery', finished_at = now()
+				WHERE attempt_id = $1 AND state = 'retry_wait'`, d.RetryAttemptID); err != nil {
+				return fmt.Errorf("settling deferred attempt %s: %w", d.RetryAttemptID, err)
+			}
+		} else if d.RetryAttemptID != "" {
+			if err := ledger.FinishAttempt(ctx, tx, d.RetryAttemptID, ledger.AttemptUnknown, OutcomeUnknownText+"; sent again with the same idempotency key", 0, 0); err != nil {
+				return err
+			}
+		}
+		// An attempt deferred (certainly not sent) is settled: the
+		// continuation sends its step afresh.
+		if _, err := tx.Exec(ctx, `UPDATE attempts SET state = 'failed', error = coalesce(error, '') || '; not sent: continued by recovery', finished_at = now()
+			WHERE execution_id = $1 AND state = 'retry_wait'`, old.ExecutionID); err != nil {
+			return fmt.Errorf("settling deferred attempts: %w", err)
+		}
+		id, err := r.admitContinuation(ctx, tx, old, ev, d.ContinuationID)
+		if err != nil {
+			return err
+		}
+		d.ContinuationID = id
+	}
+	if d.Decision == DecisionReconciled {
+		if err := r.reconcile(ctx, tx, old, nc, ev); err != nil {
+			return err
+		}
+	}
+	// Every decision clears the claim; invariant 7: with a wake when
+	// inputs wait (a continuation input always waits).
+	if _, err := tx.Exec(ctx, `DELETE FROM claims WHERE session_id = $1 AND fencing_token = $2`, nc.SessionID, nc.Token); err != nil {
+		return fmt.Errorf("clearing claim: %w", err)
+	}
+	return nil
+}
+
+// reconcile marks what is uncertain, never replays it: started attempts
+// and calls unknown, calls never dispatched interrupted (each call's
+// tool.completed says so), the assistant message errored; the turn fails
+// with reason outcome_unknown. nc is the takeover claim, whose fencing
+// token names the outcomes it commits (as the executor's do).
+func (r *Recoverer) reconcile(ctx context.Context, tx pgx.Tx, old, nc ledger.Claim, ev Evidence) error {
+	if _, err := tx.Exec(ctx, `UPDATE attempts SET state = 'unknown', error = $2, finished_at = now()
+		WHERE execution_id = $1 AND state IN ('started', 'retry_wait')`, old.ExecutionID, OutcomeUnknownText); err != nil {
+		return fmt.Errorf("reconciling attempts: %w", err)
+	}
+	// Each call's outcome is announced (tool.completed), in the order the
+	// calls were requested, before the turn's end.
+	rows, err := tx.Query(ctx, `WITH settled AS (
+			UPDATE tool_calls SET state = CASE state WHEN 'started' THEN 'unknown' ELSE 'interrupted' END,
+			output = CASE state WHEN 'started' THEN $2 ELSE 'interrupted: never dispatched' END, is_error = true, finished_at = now()
+			WHERE session_id = $1 AND state IN ('requested', 'started')
+			RETURNING call_id, model_call_id, tool, class, state, requested_at, attempt_id, idx)
+		SELECT call_id, model_call_id, tool, class, state FROM settled ORDER BY requested_at, attempt_id, idx`,
+		old.SessionID, OutcomeUnknownText)
+	if err != nil {
+		return fmt.Errorf("reconciling tool calls: %w", err)
+	}
+	var events []outbox.Row
+	var e envelope.Event
+	if _, err := pgx.ForEachRow(rows, []any{&e.CallID, &e.ModelCallID, &e.Tool, &e.Class, &e.Outcome}, func() error {
+		e.ID = "tool.completed:" + e.CallID + "@" + strconv.FormatInt(nc.Token, 10)
+		e.Type, e.SessionID, e.At = envelope.EventToolCompleted, old.SessionID, time.Now().UTC()
+		e.TurnID = cmp.Or(ev.TurnID, old.AssistantMessageID)
+		events = append(events, outbox.EventRow(r.cfg.Topics.Events, e))
+		return nil
+	}); err != nil {
+		return fmt.Errorf("reconciling tool calls: %w", err)
+	}
+	if old.AssistantMessageID == "" {
+		return outbox.Insert(ctx, tx, events...)
+	}
+	if _, err := tx.Exec(ctx, `UPDATE messages SET status = 'errored', error = $2, completed_at = now()
+		WHERE message_id = $1 AND status = 'pending'`, old.AssistantMessageID, OutcomeUnknownText); err != nil {
+		return fmt.Errorf("reconciling assistant message: %w", err)
+	}
+	failed, err := r.failedMessage(ctx, tx, old, nc, ev)
+	if err != nil {
+		return err
+	}
+	return outbox.Insert(ctx, tx, append(events, outbox.EventRow(r.cfg.Topics.Events, envelope.Event{
+		ID: "turn.failed:" + failed, Type: envelope.EventTurnFailed, SessionID: old.SessionID,
+		At: time.Now().UTC(), MessageIDs: ev.TurnMessageIDs, AssistantMessageID: failed,
+		Reason: envelope.FailOutcomeUnknown, Error: OutcomeUnknownText,
+	}))...)
+}
+
+// FailedMessageID is the assistant message recovery creates for a turn it
+// reconciles when the claim's own message was named by an earlier
+// failure. The space keeps it out of reach of senders: no envelope
+// message ID has one (envelope.validID).
+func FailedMessageID(executionID string) string { return "recovery-failed " + executionID }
+
+// failedMessage is the assistant message the reconciled turn's turn.failed
+// names: the claim's, unless an earlier reconcile named that one already.
+// That happens when a continuation (recovery's or an operator's
+// resolution) dies before it began a step of its own, while re-running the
+// calls its turn left: its claim still points at the message the first
+// failure named. The second failure then gets an errored message of its
+// own, as the executor creates one for a turn that fails before its step
+// began, so that its turn.failed is a new event (consumers deduplicate on
+// id) and names a message the transcript holds, errored (invariant 12).
+func (r *Recoverer) failedMessage(ctx context.Context, tx pgx.Tx, old, nc ledger.Claim, ev Evidence) (string, error) {
+	var named bool
+	if err := tx.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM recoveries
+		WHERE session_id = $1 AND execution_id <> $2 AND decision = $3 AND evidence->>'assistant_message_id' = $4)`,
+		old.SessionID, old.ExecutionID, DecisionReconciled, old.AssistantMessageID).Scan(&named); err != nil {
+		return "", fmt.Errorf("reading earlier failures of %s: %w", old.AssistantMessageID, err)
+	}
+	if !named {
+		return old.AssistantMessageID, nil
+	}
+	id := FailedMessageID(old.ExecutionID)
+	if _, err := tx.Exec(ctx, `INSERT INTO messages (message_id, session_id, role, status, answers, execution_id, fencing_token, turn_id, error, completed_at)
+		VALUES ($1, $2, 'assistant', 'errored', $3, $4, $5, $6, $7, now())`,
+		id, old.SessionID, ev.TurnMessageIDs, old.ExecutionID, nc.Token, cmp.Or(ev.TurnID, old.AssistantMessageID), OutcomeUnknownText); err != nil {
+		return "", fmt.Errorf("creating the failed turn's assistant message: %w", err)
+	}
+	return id, nil
+}
+
+// admitContinuation admits the continuation input (Decide chose its ID
+// on ev), of kind continuation: a steer, so that it runs before queued
+// prompts, and returns the ID it admitted. A second admission is an exact
+// retry. Inputs of other sessions are not serialised by this session's
+// lock, so a prompt of another session may have come to hold the chosen ID
+// since ev was read: the holder it finds joins the evidence and the ID is
+// chosen again by the same rule (continuationID), as the pass chose it
+// before it decided on gathered evidence; an ID held by an input of another
+// session, kind or payload is never taken for this one, and when no ID
+// fits, the decision fails.
+func (r *Recoverer) admitContinuation(ctx context.Context, tx pgx.Tx, old ledger.Claim, ev Evidence, id string) (string, error) {
+	h := continuationHash(old)
+	holders := slices.Clone(ev.ContinuationHolders)
+	for range 3 { // two candidate IDs: at most two holders found here
+		var in InputFact
+		err := tx.QueryRow(ctx, `INSERT INTO inputs (message_id, session_id, text, payload_hash, delivery, wake_pending, kind)
+			VALUES ($1, $2, '', $3, 'steer', true, 'continuation')
+			ON CONFLICT (message_id) DO UPDATE SET message_id = excluded.message_id
+			RETURNING message_id, session_id, kind, payload_hash`, id, old.SessionID, h).Scan(&in.MessageID, &in.SessionID, &in.Kind, &in.PayloadHash)
+		if err != nil {
+			return "", fmt.Errorf("admitting continuation %s: %w", id, err)
+		}
+		if in.Kind == "continuation" && in.SessionID == old.SessionID && bytes.Equal(in.PayloadHash, h) {
+			return id, nil
+		}
+		holders = append(slices.DeleteFunc(holders, func(f InputFact) bool { return f.MessageID == in.MessageID }), in)
+		var reason string
+		if id, reason = continuationID(old, Evidence{ContinuationHolders: holders}); reason != "" {
+			return "", errors.New(reason)
+		}
+	}
+	return "", fmt.Errorf("continuation input of %s: no ID could be admitted", old.ExecutionID)
+}
+
+// record stores the decision, decided at at (the time its token was
+// taken, so that recoveries.decided_at shows the pace) or now().
+func (r *Recoverer) record(ctx context.Context, tx pgx.Tx, old, nc ledger.Claim, ev Evidence, d Decision, at *time.Time) error {
+	evJSON, err := json.Marshal(ev)
+	if err != nil {
+		return err
+	}
+	tag, err := tx.Exec(ctx, `INSERT INTO recoveries (execution_id, session_id, phase_found, decision, rule, evidence,
+			token_before, token_after, continuation_message_id, retry_attempt_id, recovered_by, decided_at)
+		VALUES ($1, $2, $3, $4, nullif($5, ''), $6, $7, $8, nullif($9, ''), nullif($10, ''), $11, coalesce($12, now()))
+		ON CONFLICT (execution_id) DO UPDATE SET phase_found = excluded.phase_found, decision = excluded.decision,
+			rule = excluded.rule, evidence = excluded.evidence, token_before = excluded.token_before,
+			token_after = excluded.token_after, continuation_message_id = excluded.continuation_message_id,
+			retry_attempt_id = excluded.retry_attempt_id, recovered_by = excluded.recovered_by, decided_at = excluded.decided_at
+		WHERE recoveries.decision = 'quarantined'`,
+		old.ExecutionID, old.SessionID, string(old.Phase), d.Decision, d.Rule, evJSON, old.Token, nc.Token,
+		d.ContinuationID, d.RetryAttemptID, r.cfg.OwnerID, at)
+	if err != nil {
+		return fmt.Errorf("recording recovery of %s: %w", old.ExecutionID, err)
+	}
+	if tag.RowsAffected() != 1 {
+		// Only a quarantine (repaired and released since) may be followed
+		// by a decision; a second decision for one execution is a bug.
+		return fmt.Errorf("recording recovery of %s: it was decided before", old.ExecutionID)
+	}
+	rows := []outbox.Row{outbox.EventRow(r.cfg.Topics.Events, envelope.Event{
+		ID: "recovery.decided:" + old.ExecutionID, Type: envelope.EventRecoveryDecided, SessionID: old.SessionID,
+		At: time.Now().UTC(), ExecutionID: old.ExecutionID, Decision: string(d.Decision), Rule: d.Rule,
+		ContinuationMessageID: d.ContinuationID,
+	})}
+	if d.ContinuationID != "" && old.AssistantMessageID != "" && len(ev.TurnMessageIDs) > 0 {
+		// The turn goes on: its ID, from the execution, is the same however
+		// often this decision is retried (it commits once, invariant 9).
+		rows = append(rows, outbox.EventRow(r.cfg.Topics.Events, envelope.Event{
+			ID: "turn.recovered:" + old.ExecutionID, Type: envelope.EventTurnRecovered, SessionID: old.SessionID,
+			At: time.Now().UTC(), TurnID: cmp.Or(ev.TurnID, old.AssistantMessageID), MessageIDs: ev.TurnMessageIDs,
+			AssistantMessageID: old.AssistantMessageID, ExecutionID: old.ExecutionID, Rule: d.Rule,
+			ContinuationMessageID: d.ContinuationID,
+		}))
+	}
+	if wakes(ev, d) {
+		rows = append(rows, outbox.WakeRow(r.cfg.Topics.Wakes, old.SessionID, "recovery", time.Now().UTC()))
+	}
+	return outbox.Insert(ctx, tx, rows...)
+}
+
+// quarantineClaim marks the claim in its own transaction (after a failed
+// decision).
+func (r *Recoverer) quarantineClaim(ctx context.Context, c ledger.Claim, reason string) error {
+	return pgdb.InTx(ctx, r.pool, func(tx pgx.Tx) error { return r.quarantineTx(ctx, tx, c, reason, nil) })
+}
+
+// quarantineTx marks the claim, by compare-and-swap on the values that were
+// scanned, so that later scans skip it until an operator releases it. ev,
+// when not nil, is the evidence the quarantine was decided on, stored with
+// it (a failed decision has none: '{}').
+func (r *Recoverer) quarantineTx(ctx context.Context, tx pgx.Tx, c ledger.Claim, reason string, ev *Evidence) error {
+	evJSON := []byte(`{}`)
+	if ev != nil {
+		var err error
+		if evJSON, err = json.Marshal(ev); err != nil {
+			return err
+		}
+	}
+	tag, err := tx.Exec(ctx, `UPDATE claims SET quarantine_reason = $5, quarantined_at = now()
+		WHERE session_id = $1 AND execution_id = $2 AND fencing_token = $3 AND expires_at = $4 AND quarantine_reason IS NULL`,
+		c.SessionID, c.ExecutionID, c.Token, c.ExpiresAt, reason)
+	if err != nil {
+		return fmt.Errorf("quarantining claim of %s: %w", c.SessionID, err)
+	}
+	if tag.RowsAffected() == 0 {
+		return errSkipped
+	}
+	if _, err := tx.Exec(ctx, `INSERT INTO recoveries (execution_id, session_id, phase_found, decision, evidence,
+			token_before, token_after, recovered_by, quarantine_reason)
+		VALUES ($1, $2, $3, 'quarantined', $7, $4, $4, $5, $6)
+		ON CONFLICT (execution_id) DO UPDATE SET quarantine_reason = excluded.quarantine_reason, evidence = excluded.evidence, decided_at = now()
+		WHERE recoveries.decision = 'quarantined'`,
+		c.ExecutionID, c.SessionID, string(c.Phase), c.Token, r.cfg.OwnerID, reason, evJSON); err != nil {
+		return fmt.Errorf("recording quarantine of %s: %w", c.SessionID, err)
+	}
+	return nil
+}
