@@ -41,14 +41,15 @@ const (
 // is cheap (a short interval is fine, it is cancelled at each Stop).
 // Build its dependencies (pools, producers) before the call, and warm up
 // any that start goroutines of their own on first use, or the leak check
-// counts them.
-func Stress(t *testing.T, svc Service) {
+// counts them; ignore lists the goroutines of a dependency that it must
+// not count (beyond testkit.LeakOptions).
+func Stress(t *testing.T, svc Service, ignore ...goleak.Option) {
 	t.Helper()
 	// The leak check counts every goroutine of the test binary started
 	// meanwhile, so no other test may run beside this one; t.Setenv
 	// panics in a parallel test, which says so early.
 	t.Setenv("PROMPTLINE_STARTSTOP_STRESS", "1")
-	ignore := goleak.IgnoreCurrent()
+	ignore = append(ignore, goleak.IgnoreCurrent())
 	ctx := t.Context()
 
 	within(t, "Stop before Start", svc.Stop)
@@ -89,7 +90,7 @@ func Stress(t *testing.T, svc Service) {
 		"Start after the ctx of the last one ended")
 	within(t, "the last Stop", svc.Stop)
 
-	if err := goleak.Find(append(testkit.LeakOptions(), ignore)...); err != nil {
+	if err := goleak.Find(append(testkit.LeakOptions(), ignore...)...); err != nil {
 		t.Errorf("goroutines left after the last Stop: %v", err)
 	}
 }
