@@ -132,7 +132,7 @@ func TestPruner(t *testing.T) {
 	})
 
 	// A failed pass is logged and retried at the next interval.
-	t.Run("StartLogsFailedPasses", func(t *testing.T) {
+	t.Run("RunLogsFailedPasses", func(t *testing.T) {
 		t.Parallel()
 		pool, _ := testkit.Pool(t)
 		closed, err := pgxpool.New(ctx, pool.Config().ConnString())
