@@ -46,7 +46,7 @@ func setup(t *testing.T, cfg console.Config) *testBundle {
 		Claims: ledger.NewClaims(pool, &ledger.ClaimsConfig{Lease: 5 * time.Second, OwnerID: "console-test"}),
 		Tools:  reg,
 	})
-	t.Cleanup(e.Stop)
+	t.Cleanup(e.StopNow)
 	b := &testBundle{pool: pool, admitter: pipeline.NewAdmitter(pool, &pipeline.AdmitterConfig{}), exec: e, log: testkit.NewSyncBuffer()}
 	cfg.Logger = slogTo(b.log)
 	if cfg.Registry == nil {

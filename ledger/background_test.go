@@ -72,7 +72,7 @@ func TestKeepAliveWarnsOnlyOnFailedRenewals(t *testing.T) {
 		10*time.Second, 20*time.Millisecond)
 }
 
-// The pruner's Run logs what it pruned, and warns about a failed pass,
+// The pruner's loop logs what it pruned, and warns about a failed pass,
 // each only when it happened.
 func TestPrunerRunLogsWhatHappened(t *testing.T) {
 	t.Parallel()
@@ -85,10 +85,8 @@ func TestPrunerRunLogsWhatHappened(t *testing.T) {
 		Retention: 24 * time.Hour, Interval: 20 * time.Millisecond,
 		Logger: slog.New(slog.NewTextHandler(logs, nil)),
 	})
-	rctx, cancel := context.WithCancel(ctx)
-	done := make(chan struct{})
-	go func() { defer close(done); p.Run(rctx) }()
-	t.Cleanup(func() { cancel(); <-done })
+	require.NoError(t, p.Start(ctx))
+	t.Cleanup(p.Stop)
 
 	// The info line follows the warning check of the same pass.
 	require.Eventually(t, func() bool { return strings.Contains(logs.String(), "ledger pruned") }, 10*time.Second, 20*time.Millisecond)

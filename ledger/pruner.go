@@ -11,6 +11,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/promptline/promptline/internal/pgdb"
+	"github.com/promptline/promptline/internal/startstop"
 )
 
 // The ledger (attempts and tool calls) is evidence for recovery while an
@@ -86,6 +87,8 @@ type Pruner struct {
 	// when it reaches the end. Executions kept (young, unsettled, claimed)
 	// are stepped over, so they never stop the walk (invariant 10).
 	after string
+
+	loop startstop.Loop
 }
 
 // NewPruner returns a Pruner; it panics when the retention is not positive.
@@ -107,7 +110,7 @@ func NewPruner(pool *pgxpool.Pool, config *PrunerConfig) *Pruner {
 // prunable executions, tool calls and attempts together. It ends early at
 // the end of the walk (the next pass starts over) or when another pruner
 // holds PruneLockKey. It returns the attempts and tool calls removed. Not
-// safe for concurrent use: Run calls it from one goroutine.
+// safe for concurrent use: the loop of Start calls it from one goroutine.
 func (p *Pruner) Prune(ctx context.Context) (attempts, calls int, err error) {
 	for range p.cfg.MaxBatches {
 		var (
@@ -141,9 +144,21 @@ func (p *Pruner) Prune(ctx context.Context) (attempts, calls int, err error) {
 	return attempts, calls, nil
 }
 
-// Run prunes every Interval until ctx ends. It blocks; run it in a
-// goroutine, and cancel ctx to stop it.
-func (p *Pruner) Run(ctx context.Context) {
+// Start prunes every Interval, in a goroutine, until ctx ends or Stop is
+// called; it returns at once, and fails while the pruner runs. A stopped
+// pruner may be started again, and goes on with the walk where it ended.
+func (p *Pruner) Start(ctx context.Context) error {
+	if err := p.loop.Start(ctx, p.run); err != nil {
+		return fmt.Errorf("starting ledger pruner: %w", err)
+	}
+	return nil
+}
+
+// Stop ends the pruning loop, cancelling a pass under way, and waits for
+// it. It may be called twice, and before Start.
+func (p *Pruner) Stop() { p.loop.Stop() }
+
+func (p *Pruner) run(ctx context.Context) {
 	t := time.NewTicker(p.cfg.Interval)
 	defer t.Stop()
 	for {

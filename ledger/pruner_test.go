@@ -8,6 +8,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/promptline/promptline/internal/startstop/startstoptest"
 	"github.com/promptline/promptline/ledger"
 )
 
@@ -183,26 +184,29 @@ func TestPruner(t *testing.T) {
 		require.Equal(t, 1, a)
 	})
 
-	t.Run("RunPrunesUntilStopped", func(t *testing.T) {
+	t.Run("StartPrunesUntilStopped", func(t *testing.T) {
 		t.Parallel()
 		b := setup(t, 0)
 		b.session(t, "s", 0)
 		b.execution(t, "s", "e", 2, 1, old)
 		p := ledger.NewPruner(b.pool, &ledger.PrunerConfig{Retention: retention, Interval: 20 * time.Millisecond})
-		rctx, cancel := context.WithCancel(ctx)
-		done := make(chan struct{})
-		go func() { defer close(done); p.Run(rctx) }()
+		require.NoError(t, p.Start(ctx))
 		require.Eventually(t, func() bool { return b.ledgerRows(t, "e") == 0 }, 10*time.Second, 20*time.Millisecond)
-		cancel()
-		select {
-		case <-done:
-		case <-time.After(10 * time.Second):
-			t.Fatal("Run did not return after its context ended")
-		}
+		p.Stop()
 	})
 
 	t.Run("RetentionMustBePositive", func(t *testing.T) {
 		t.Parallel()
 		require.Panics(t, func() { ledger.NewPruner(nil, &ledger.PrunerConfig{}) })
+	})
+}
+
+// Not parallel: the stress test's leak check counts every goroutine.
+func TestPrunerStartStop(t *testing.T) {
+	t.Run("Stress", func(t *testing.T) {
+		b := setup(t, 0)
+		b.session(t, "s", 0)
+		b.execution(t, "s", "e", 2, 1, 48*time.Hour)
+		startstoptest.Stress(t, ledger.NewPruner(b.pool, &ledger.PrunerConfig{Retention: 24 * time.Hour, Interval: time.Millisecond}))
 	})
 }

@@ -8,6 +8,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/promptline/promptline/internal/startstop"
 )
 
 // Published rows are deleted once they were published longer ago than the
@@ -54,6 +56,7 @@ const PruneLockKey int64 = 0x6f757470726e
 type Pruner struct {
 	pool *pgxpool.Pool
 	cfg  PrunerConfig
+	loop startstop.Loop
 }
 
 // NewPruner returns a Pruner; it panics when the retention is not positive.
@@ -99,9 +102,21 @@ func (p *Pruner) Prune(ctx context.Context) (int, error) {
 	return total, nil
 }
 
-// Run prunes every Interval until ctx ends. It blocks; run it in a
-// goroutine.
-func (p *Pruner) Run(ctx context.Context) {
+// Start prunes every Interval, in a goroutine, until ctx ends or Stop is
+// called; it returns at once, and fails while the pruner runs. A stopped
+// pruner may be started again.
+func (p *Pruner) Start(ctx context.Context) error {
+	if err := p.loop.Start(ctx, p.run); err != nil {
+		return fmt.Errorf("starting outbox pruner: %w", err)
+	}
+	return nil
+}
+
+// Stop ends the pruning loop, cancelling a pass under way, and waits for
+// it. It may be called twice, and before Start.
+func (p *Pruner) Stop() { p.loop.Stop() }
+
+func (p *Pruner) run(ctx context.Context) {
 	t := time.NewTicker(p.cfg.Interval)
 	defer t.Stop()
 	for {

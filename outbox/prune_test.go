@@ -9,6 +9,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
+	"github.com/promptline/promptline/internal/startstop/startstoptest"
 	"github.com/promptline/promptline/internal/testkit"
 )
 
@@ -120,17 +121,14 @@ func TestPruner(t *testing.T) {
 		require.Equal(t, 7, n)
 	})
 
-	t.Run("RunPrunesEveryInterval", func(t *testing.T) {
+	t.Run("StartPrunesEveryInterval", func(t *testing.T) {
 		t.Parallel()
 		pool, _ := testkit.Pool(t)
 		p := NewPruner(pool, &PrunerConfig{Retention: time.Hour, Interval: 20 * time.Millisecond})
-		ctx, cancel := context.WithCancel(ctx)
-		done := make(chan struct{})
-		go func() { defer close(done); p.Run(ctx) }()
+		require.NoError(t, p.Start(ctx))
+		defer p.Stop()
 		fill(t, pool, "old", 7, 2*time.Hour)
 		require.Eventually(t, func() bool { return countKey(t, pool, "old") == 0 }, 10*time.Second, 10*time.Millisecond)
-		cancel()
-		<-done
 	})
 
 	// A failed pass is logged and retried at the next interval.
@@ -142,15 +140,21 @@ func TestPruner(t *testing.T) {
 		closed.Close()
 		logs := &logRecorder{}
 		p := NewPruner(closed, &PrunerConfig{Retention: time.Hour, Interval: 10 * time.Millisecond, Logger: slog.New(logs)})
-		ctx, cancel := context.WithCancel(ctx)
-		done := make(chan struct{})
-		go func() { defer close(done); p.Run(ctx) }()
+		require.NoError(t, p.Start(ctx))
 		require.Eventually(t, func() bool { return len(logs.warnings()) >= 2 }, 10*time.Second, 10*time.Millisecond)
-		cancel()
-		<-done
+		p.Stop()
 		require.Contains(t, logs.warnings()[0], "outbox pruning failed; retrying at the next interval")
 		require.Contains(t, logs.warnings()[0], "closed pool")
 	})
 
 	require.Panics(t, func() { NewPruner(nil, &PrunerConfig{}) }, "a pruner without retention")
+}
+
+// Not parallel: the stress test's leak check counts every goroutine.
+func TestPrunerStartStop(t *testing.T) {
+	t.Run("Stress", func(t *testing.T) {
+		pool, _ := testkit.Pool(t)
+		fill(t, pool, "old", 7, 2*time.Hour)
+		startstoptest.Stress(t, NewPruner(pool, &PrunerConfig{Retention: time.Hour, Interval: time.Millisecond}))
+	})
 }

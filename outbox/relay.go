@@ -19,6 +19,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/promptline/promptline/internal/faults"
+	"github.com/promptline/promptline/internal/startstop"
 )
 
 // RelayLockKey is the Postgres advisory lock (single bigint form, scoped to
@@ -145,9 +146,7 @@ type Relay struct {
 	// is.
 	deliveries int64
 
-	mu     sync.Mutex
-	cancel context.CancelFunc
-	done   chan struct{}
+	loop startstop.Loop
 
 	// idleSignal, when set (by tests in this package), receives a value
 	// each time the loop settles into waiting for a nudge or the poll timer,
@@ -183,24 +182,12 @@ func NewRelay(pool *pgxpool.Pool, producer sarama.SyncProducer, config *RelayCon
 }
 
 // Start runs the relay loop in a goroutine until ctx is done or Stop is
-// called, and returns at once. A stopped relay may be started again.
+// called, and returns at once; it fails while the loop runs. A stopped
+// relay may be started again.
 func (r *Relay) Start(ctx context.Context) error {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	if r.done != nil {
-		select {
-		case <-r.done:
-		default:
-			return errors.New("starting outbox relay: already running")
-		}
+	if err := r.loop.Start(ctx, r.run); err != nil {
+		return fmt.Errorf("starting outbox relay: %w", err)
 	}
-	ctx, cancel := context.WithCancel(ctx)
-	done := make(chan struct{})
-	r.cancel, r.done = cancel, done
-	go func() {
-		defer close(done)
-		r.run(ctx)
-	}()
 	return nil
 }
 
@@ -208,16 +195,7 @@ func (r *Relay) Start(ctx context.Context) error {
 // last pass over what is committed (bounded by 5s) so that a graceful
 // shutdown leaves nothing for the next process. Stop may be called twice,
 // and before Start.
-func (r *Relay) Stop() {
-	r.mu.Lock()
-	cancel, done := r.cancel, r.done
-	r.mu.Unlock()
-	if done == nil {
-		return
-	}
-	cancel()
-	<-done
-}
+func (r *Relay) Stop() { r.loop.Stop() }
 
 // Nudge tells the loop that rows were just committed in this process, so it
 // looks at once instead of at the next poll. It never blocks, and nudges

@@ -13,8 +13,10 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
+	"go.uber.org/goleak"
 
 	"github.com/promptline/promptline/internal/kafkautil"
+	"github.com/promptline/promptline/internal/startstop/startstoptest"
 	"github.com/promptline/promptline/internal/testkit"
 )
 
@@ -589,6 +591,33 @@ func createTopic(t *testing.T, addr, topic string, partitions int32, configs map
 	require.NoError(t, admin.CreateTopic(topic, &sarama.TopicDetail{
 		NumPartitions: partitions, ReplicationFactor: 1, ConfigEntries: configs,
 	}, false))
+}
+
+// Not parallel: the stress test's leak check counts every goroutine.
+func TestRelayStartStop(t *testing.T) {
+	t.Run("Stress", func(t *testing.T) {
+		ctx := context.Background()
+		b := setup(t)
+		relay := NewRelay(b.pool, b.producer, &RelayConfig{PollInterval: time.Millisecond, Logger: slog.New(b.logs)})
+		keys := []string{"k0", "k1", "k2", "k3", "k4", "k5", "k6", "k7"}
+		for i, k := range keys {
+			commit(t, b.pool, row(k, i))
+		}
+		// The producer starts goroutines for each partition it first
+		// sends to: send to these before the leak check's snapshot.
+		require.NoError(t, relay.Flush(ctx))
+		for i, k := range keys {
+			commit(t, b.pool, row(k, len(keys)+i))
+		}
+
+		// The embedded broker reads each request in a goroutine that
+		// waits for the next one: the producer's requests leave one per
+		// connection, which ends with the producer.
+		startstoptest.Stress(t, relay, goleak.IgnoreAnyFunction("github.com/twmb/franz-go/pkg/kfake.(*clientConn).read.func1"))
+		require.Zero(t, unpublished(t, b.pool), "each Stop makes a last pass")
+		readTopic(t, b.broker.Addr(), testTopic, 2*len(keys))
+		require.Empty(t, b.logs.warnings())
+	})
 }
 
 // Partial failures of a publish: what Kafka took is marked, what it

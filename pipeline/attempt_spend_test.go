@@ -82,7 +82,7 @@ func TestAttemptSpend(t *testing.T) {
 		}
 		claims := ledger.NewClaims(b.pool, &ledger.ClaimsConfig{Lease: 5 * time.Second, OwnerID: "a"})
 		e := pipeline.NewExecutor(b.pool, &pipeline.ExecutorConfig{Claims: claims, Provider: p, ProviderName: "prov", Tools: reg})
-		t.Cleanup(e.Stop)
+		t.Cleanup(e.StopNow)
 
 		// Two steps: the first is queued with the claim, the second begun
 		// after the tool's result; both record what is known.
@@ -119,7 +119,7 @@ func TestAttemptSpend(t *testing.T) {
 		}
 		claims := ledger.NewClaims(b.pool, &ledger.ClaimsConfig{Lease: 5 * time.Second, OwnerID: "a"})
 		e := pipeline.NewExecutor(b.pool, &pipeline.ExecutorConfig{Claims: claims, Provider: p, Metrics: m})
-		t.Cleanup(e.Stop)
+		t.Cleanup(e.StopNow)
 
 		b.admit(t, "s", "m1", "hello")
 		done, err := e.Wake(ctx, "s", 0)
@@ -140,7 +140,7 @@ func TestAttemptSpend(t *testing.T) {
 		p := &spendProvider{}
 		claims := ledger.NewClaims(b.pool, &ledger.ClaimsConfig{Lease: 5 * time.Second, OwnerID: "a"})
 		e := pipeline.NewExecutor(b.pool, &pipeline.ExecutorConfig{Claims: claims, Provider: unknownAfter{p}, ProviderName: "prov", Metrics: m})
-		t.Cleanup(e.Stop)
+		t.Cleanup(e.StopNow)
 
 		b.admit(t, "s", "m1", "hello")
 		done, err := e.Wake(ctx, "s", 0)

@@ -143,7 +143,7 @@ func setup(t *testing.T, opts setupOpts) *testBundle {
 		cancel()
 		wg.Wait()
 		require.NoError(t, group.Close())
-		exec.Stop()
+		exec.StopNow()
 		relay.Stop()
 		require.NoError(t, producer.Close())
 		require.NoError(t, client.Close())

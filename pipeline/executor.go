@@ -253,10 +253,12 @@ func (e *Executor) Revoke(partitions []int32) {
 	}
 }
 
-// Shutdown stops taking wakes, lets running turns finish until ctx ends
-// (the grace), then cancels what remains; every run then settles its turn
-// and releases its claim (with a wake where input waits). It returns when
-// all runs have ended and may be called twice.
+// Shutdown is the graceful stop: it stops taking wakes, lets running
+// turns finish until ctx ends (the grace), then cancels what remains;
+// every run then settles its turn and releases its claim (with a wake
+// where input waits). It returns when all runs have ended. It and StopNow
+// may be called twice, and together. A stopped executor does not start
+// again: build another.
 func (e *Executor) Shutdown(ctx context.Context) {
 	e.mu.Lock()
 	e.stopping = true
@@ -277,8 +279,9 @@ func (e *Executor) Shutdown(ctx context.Context) {
 	e.cancel()
 }
 
-// Stop is Shutdown without grace.
-func (e *Executor) Stop() {
+// StopNow is the hard stop: Shutdown without grace, running turns
+// cancelled at once (they still settle and release).
+func (e *Executor) StopNow() {
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel()
 	e.Shutdown(ctx)

@@ -35,7 +35,7 @@ func (b *execBundle) executor(t *testing.T, owner string, provider pipeline.Prov
 	t.Helper()
 	claims := ledger.NewClaims(b.pool, &ledger.ClaimsConfig{Lease: lease, OwnerID: owner})
 	e := pipeline.NewExecutor(b.pool, &pipeline.ExecutorConfig{Claims: claims, Provider: provider, MaxSessions: maxSessions})
-	t.Cleanup(e.Stop)
+	t.Cleanup(e.StopNow)
 	return e
 }
 
@@ -202,6 +202,31 @@ func TestExecutor(t *testing.T) {
 		require.Equal(t, int32(1), p.calls.Load(), "the interrupted call is not retried")
 	})
 
+	// The hard stop ends a graceful one waiting without a deadline, and
+	// either may be called again once stopped.
+	t.Run("StopNowAndShutdownTogetherAndTwice", func(t *testing.T) {
+		t.Parallel()
+		b := setupExec(t)
+		p := newBlockingProvider()
+		e := b.executor(t, "a", p, 5*time.Second, 0)
+		b.admit(t, "s", "m1", "first")
+		_, err := e.Wake(ctx, "s", 0)
+		require.NoError(t, err)
+		<-p.started
+		var wg sync.WaitGroup
+		wg.Go(func() { e.Shutdown(context.Background()) }) // waits for the gate, never opened
+		wg.Go(e.StopNow)
+		stopped := make(chan struct{})
+		go func() { wg.Wait(); close(stopped) }()
+		wait(t, stopped)
+		require.Zero(t, b.count(t, `SELECT count(*) FROM claims`), "the cancelled turn released its claim")
+
+		e.StopNow()
+		e.Shutdown(context.Background())
+		_, err = e.Wake(ctx, "s2", 0)
+		require.ErrorIs(t, err, pipeline.ErrStopped)
+	})
+
 	t.Run("MaxSessionsAppliesBackpressure", func(t *testing.T) {
 		t.Parallel()
 		b := setupExec(t)
@@ -298,7 +323,7 @@ func TestClaimTakenAsRead(t *testing.T) {
 			phases := &phaseLog{}
 			claims := ledger.NewClaims(b.pool, &ledger.ClaimsConfig{Lease: 5 * time.Second, OwnerID: "a", OnPhaseFunc: phases.add})
 			e := pipeline.NewExecutor(b.pool, &pipeline.ExecutorConfig{Claims: claims})
-			t.Cleanup(e.Stop)
+			t.Cleanup(e.StopNow)
 			b.admit(t, "s", "queued", "first in line")
 			var once sync.Once
 			pipeline.SetAfterRead(e, func() {

@@ -73,7 +73,7 @@ func TestFailedTurnNamesAnExistingMessage(t *testing.T) {
 					b.dangling = append(b.dangling, id)
 				}
 			}})
-		t.Cleanup(e.Stop)
+		t.Cleanup(e.StopNow)
 		return e
 	}
 	runOnce := func(t *testing.T, e *pipeline.Executor) {

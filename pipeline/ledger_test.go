@@ -52,7 +52,7 @@ func TestLedger(t *testing.T) {
 		rec := &recordingScripted{}
 		claims := ledger.NewClaims(b.pool, &ledger.ClaimsConfig{Lease: 5 * time.Second, OwnerID: "a", OnPhaseFunc: phases.add})
 		e := pipeline.NewExecutor(b.pool, &pipeline.ExecutorConfig{Claims: claims, Provider: rec, Tools: reg})
-		t.Cleanup(e.Stop)
+		t.Cleanup(e.StopNow)
 
 		b.admit(t, "s", "m1", "/tool echo {\"text\": \"hi\"}\n/tool append_line {\"file\": \"log.txt\", \"line\": \"one\"}")
 		done, err := e.Wake(ctx, "s", 0)
@@ -101,7 +101,7 @@ func TestLedger(t *testing.T) {
 		_ = e
 		claims := ledger.NewClaims(b.pool, &ledger.ClaimsConfig{OwnerID: "b"})
 		e2 := pipeline.NewExecutor(b.pool, &pipeline.ExecutorConfig{Claims: claims, Tools: reg})
-		t.Cleanup(e2.Stop)
+		t.Cleanup(e2.StopNow)
 		b.admit(t, "s", "m1", "/tool echo {\"wrong\": 1}\n/tool nosuch {}")
 		done, err := e2.Wake(ctx, "s", 0)
 		require.NoError(t, err)

@@ -46,7 +46,7 @@ func TestPermissions(t *testing.T) {
 			claims := ledger.NewClaims(b.pool, &ledger.ClaimsConfig{Lease: 5 * time.Second, OwnerID: "p"})
 			e := pipeline.NewExecutor(b.pool, &pipeline.ExecutorConfig{Claims: claims, Tools: reg,
 				PermissionFunc: func(string) tools.Permission { return tools.Ask }})
-			t.Cleanup(e.Stop)
+			t.Cleanup(e.StopNow)
 			return e
 		}
 		return b

@@ -82,7 +82,7 @@ func TestStepIntentRetriedAfterARefusal(t *testing.T) {
 	require.NoError(t, reg.Register(countingEcho{Tool: tools.NewEcho(), runs: runs}))
 	claims := ledger.NewClaims(b.pool, &ledger.ClaimsConfig{Lease: time.Minute, OwnerID: "p"})
 	e := pipeline.NewExecutor(b.pool, &pipeline.ExecutorConfig{Claims: claims, Tools: reg})
-	t.Cleanup(e.Stop)
+	t.Cleanup(e.StopNow)
 	_, err := b.pool.Exec(ctx, refuseOnce("intent", "40P01", `BEFORE INSERT ON attempts
 		FOR EACH ROW WHEN (NEW.step = 2)`))
 	require.NoError(t, err)
@@ -154,7 +154,7 @@ func parkedReply(t *testing.T, inject string) (*execBundle, *pipeline.Executor, 
 	claims := ledger.NewClaims(b.pool, &ledger.ClaimsConfig{Lease: time.Minute, OwnerID: "p"})
 	e := pipeline.NewExecutor(b.pool, &pipeline.ExecutorConfig{Claims: claims, Tools: reg,
 		PermissionFunc: func(string) tools.Permission { return tools.Ask }})
-	t.Cleanup(e.Stop)
+	t.Cleanup(e.StopNow)
 
 	b.admit(t, "s", "m1", `/tool echo {"text": "hi"}`)
 	done, err := e.Wake(ctx, "s", 0)

@@ -41,7 +41,7 @@ func TestToolErrorsHideURLSecrets(t *testing.T) {
 		require.NoError(t, reg.Register(leakyTool{notRun: notRun}))
 		claims := ledger.NewClaims(b.pool, &ledger.ClaimsConfig{Lease: 5 * time.Second, OwnerID: "a"})
 		e := pipeline.NewExecutor(b.pool, &pipeline.ExecutorConfig{Claims: claims, Tools: reg})
-		t.Cleanup(e.Stop)
+		t.Cleanup(e.StopNow)
 		b.admit(t, "s", "m1", "/tool leaky {}")
 		done, err := e.Wake(context.Background(), "s", 0)
 		require.NoError(t, err)

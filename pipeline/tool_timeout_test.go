@@ -64,7 +64,7 @@ func TestToolTimeout(t *testing.T) {
 		require.NoError(t, reg.Register(tool))
 		claims := ledger.NewClaims(b.pool, &ledger.ClaimsConfig{Lease: 5 * time.Second, OwnerID: "a"})
 		e := pipeline.NewExecutor(b.pool, &pipeline.ExecutorConfig{Claims: claims, Tools: reg, ToolTimeout: timeout})
-		t.Cleanup(e.Stop)
+		t.Cleanup(e.StopNow)
 		// Runs before e.Stop: lets an abandoned call's goroutine end (and,
 		// without a bound on tool calls, lets the test fail rather than hang).
 		t.Cleanup(func() { close(tool.release) })

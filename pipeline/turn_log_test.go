@@ -36,7 +36,7 @@ func TestTurnFailedLogsNoPromptText(t *testing.T) {
 			log := slog.New(slog.NewJSONHandler(logs, &slog.HandlerOptions{Level: tc.level}))
 			claims := ledger.NewClaims(b.pool, &ledger.ClaimsConfig{Lease: 5 * time.Second, OwnerID: "a", Logger: log})
 			e := pipeline.NewExecutor(b.pool, &pipeline.ExecutorConfig{Claims: claims, Logger: log})
-			t.Cleanup(e.Stop)
+			t.Cleanup(e.StopNow)
 			b.admit(t, "s", "m1", "/fail "+secret)
 			done, err := e.Wake(context.Background(), "s", 0)
 			require.NoError(t, err)

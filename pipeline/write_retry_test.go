@@ -113,7 +113,7 @@ func TestWriteAfterDispatchRetried(t *testing.T) {
 			cfg.PermissionFunc = func(string) tools.Permission { return perm[0] }
 		}
 		b.exec = pipeline.NewExecutor(ppool, cfg)
-		t.Cleanup(b.exec.Stop)
+		t.Cleanup(b.exec.StopNow)
 		return b
 	}
 	run := func(t *testing.T, b *bundle, session string) {
@@ -305,7 +305,7 @@ func TestWriteAfterDispatchRetried(t *testing.T) {
 		b.proxy.Refuse(true)
 		b.proxy.CutAll()
 		stopped := make(chan struct{})
-		go func() { b.exec.Stop(); close(stopped) }()
+		go func() { b.exec.StopNow(); close(stopped) }()
 		select {
 		case <-stopped:
 		case <-time.After(5 * time.Second):

@@ -197,7 +197,7 @@ func (b *testBundle) run(t *testing.T, provider pipeline.Provider, reg *tools.Re
 	t.Helper()
 	claims := ledger.NewClaims(b.pool, &ledger.ClaimsConfig{Lease: time.Minute, OwnerID: "new-process"})
 	e := pipeline.NewExecutor(b.pool, &pipeline.ExecutorConfig{Claims: claims, Provider: provider, Tools: reg})
-	defer e.Stop()
+	defer e.StopNow()
 	done, err := e.Wake(context.Background(), session, 0)
 	require.NoError(t, err)
 	select {

@@ -73,7 +73,7 @@ func (m *recoveryMachine) Steer(t *rapid.T) {
 	hold, held := m.holdAt("provider")
 	defer m.unhold()
 	e := m.executor("steered")
-	defer e.Stop()
+	defer e.StopNow()
 	done, err := e.Wake(context.Background(), s, 0)
 	if err != nil {
 		t.Fatal(err)
@@ -140,7 +140,7 @@ func (m *recoveryMachine) Transient(t *rapid.T) {
 		lock = `LOCK TABLE attempts IN SHARE MODE`
 	}
 	e := m.executorOn(m.victim, "victim")
-	defer e.Stop()
+	defer e.StopNow()
 	var release func()
 	if where == "start" {
 		release = m.lockRow(t, lock)

@@ -212,7 +212,7 @@ func (m *recoveryMachine) Run(t *rapid.T) {
 
 func (m *recoveryMachine) run(t *rapid.T, s string) {
 	e := m.executor("clean")
-	defer e.Stop()
+	defer e.StopNow()
 	done, err := e.Wake(context.Background(), s, 0)
 	if err != nil {
 		t.Fatal(err)
@@ -235,7 +235,7 @@ func (m *recoveryMachine) Crash(t *rapid.T) {
 	hold, held := m.holdAt(where)
 	defer m.unhold()
 	e := m.executor("zombie")
-	defer e.Stop()
+	defer e.StopNow()
 	done, err := e.Wake(context.Background(), s, 0)
 	if err != nil {
 		t.Fatal(err)

@@ -14,6 +14,7 @@ import (
 
 	"github.com/promptline/promptline/internal/kafkautil"
 	"github.com/promptline/promptline/internal/pgdb"
+	"github.com/promptline/promptline/internal/startstop"
 	"github.com/promptline/promptline/ledger"
 )
 
@@ -100,9 +101,7 @@ type Recoverer struct {
 	cfg  Config
 	log  *slog.Logger
 
-	mu      sync.Mutex
-	cancel  context.CancelFunc
-	stopped chan struct{}
+	loop startstop.Loop
 
 	heldMu   sync.Mutex
 	heldScan heldScan
@@ -125,43 +124,33 @@ func New(pool *pgxpool.Pool, config *Config) *Recoverer {
 	return &Recoverer{pool: pool, cfg: cfg, log: cfg.Logger}
 }
 
-// Start runs a pass every Interval until Stop or ctx ends; it returns at once.
+// Start runs a pass at once and then every Interval, in a goroutine,
+// until Stop or ctx ends; it returns at once, and fails while the loop
+// runs. A stopped recoverer may be started again.
 func (r *Recoverer) Start(ctx context.Context) error {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	if r.cancel != nil {
-		return errors.New("recovery: already started")
+	if err := r.loop.Start(ctx, r.run); err != nil {
+		return fmt.Errorf("recovery: %w", err)
 	}
-	ctx, r.cancel = context.WithCancel(ctx)
-	r.stopped = make(chan struct{})
-	go func() {
-		defer close(r.stopped)
-		t := time.NewTicker(r.cfg.Interval)
-		defer t.Stop()
-		for {
-			if _, err := r.RunOnce(ctx); err != nil && ctx.Err() == nil {
-				r.log.WarnContext(ctx, "recovery pass failed", slog.Any("error", err))
-			}
-			select {
-			case <-ctx.Done():
-				return
-			case <-t.C:
-			}
-		}
-	}()
 	return nil
 }
 
-// Stop ends the loop and waits for it; it may be called twice.
-func (r *Recoverer) Stop() {
-	r.mu.Lock()
-	cancel, stopped := r.cancel, r.stopped
-	r.mu.Unlock()
-	if cancel == nil {
-		return
+// Stop ends the loop, cancelling a pass under way, and waits for it; it
+// may be called twice, and before Start.
+func (r *Recoverer) Stop() { r.loop.Stop() }
+
+func (r *Recoverer) run(ctx context.Context) {
+	t := time.NewTicker(r.cfg.Interval)
+	defer t.Stop()
+	for {
+		if _, err := r.RunOnce(ctx); err != nil && ctx.Err() == nil {
+			r.log.WarnContext(ctx, "recovery pass failed", slog.Any("error", err))
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
 	}
-	cancel()
-	<-stopped
 }
 
 // Pass reports one pass.

@@ -12,6 +12,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/promptline/promptline/envelope"
+	"github.com/promptline/promptline/internal/startstop/startstoptest"
 	"github.com/promptline/promptline/internal/testkit"
 	"github.com/promptline/promptline/ledger"
 	"github.com/promptline/promptline/recovery"
@@ -415,3 +416,35 @@ func TestRecovery(t *testing.T) {
 }
 
 var _ = ledger.PhaseReady
+
+// Not parallel: the stress test's leak check counts every goroutine.
+func TestRecovererStartStop(t *testing.T) {
+	t.Run("FirstPassAtOnce", func(t *testing.T) {
+		b := setup(t)
+		b.admit(t, "s", "m1", "hello")
+		_, err := b.claims.Acquire(context.Background(), "s", "exec-s", nil)
+		require.NoError(t, err)
+		b.die(t, "s")
+		decided := make(chan recovery.DecisionKind, 1)
+		rec := recovery.New(b.pool, &recovery.Config{OwnerID: "r", Interval: time.Hour, RedriveAfter: time.Hour,
+			OnDecisionFunc: func(d recovery.DecisionKind) { decided <- d }})
+		require.NoError(t, rec.Start(context.Background()))
+		defer rec.Stop()
+		// With an hour between passes, only the first can have decided.
+		select {
+		case d := <-decided:
+			require.Equal(t, recovery.DecisionRewoken, d)
+		case <-time.After(15 * time.Second):
+			t.Fatal("no decision from the first pass")
+		}
+	})
+
+	t.Run("Stress", func(t *testing.T) {
+		b := setup(t)
+		b.admit(t, "s", "m1", "hello")
+		_, err := b.claims.Acquire(context.Background(), "s", "exec-s", nil)
+		require.NoError(t, err)
+		b.die(t, "s") // work for the passes, which Stop may cancel midway
+		startstoptest.Stress(t, recovery.New(b.pool, &recovery.Config{OwnerID: "r", Interval: time.Millisecond, RedriveAfter: time.Hour}))
+	})
+}

@@ -65,7 +65,7 @@ func (b *testBundle) zombieContinuation(t *testing.T, session string) *stallTool
 	claims := ledger.NewClaims(b.pool, &ledger.ClaimsConfig{Lease: time.Minute, OwnerID: "zombie-process"})
 	e := pipeline.NewExecutor(b.pool, &pipeline.ExecutorConfig{Claims: claims, Provider: &recorder{}, Tools: b.registry(t, tool),
 		ToolTimeout: time.Minute})
-	defer e.Stop()
+	defer e.StopNow()
 	done, err := e.Wake(context.Background(), session, 0)
 	require.NoError(t, err)
 	select {

@@ -89,8 +89,8 @@ equivalent=$(
 		envelope envelope.go:390:12 CONDITIONALS_BOUNDARY
 		ledger pipelined.go:237:51 CONDITIONALS_NEGATION
 		ledger retry.go:125:11 CONDITIONALS_BOUNDARY
-		outbox relay.go:486:15 CONDITIONALS_BOUNDARY
-		outbox relay.go:502:17 CONDITIONALS_BOUNDARY
+		outbox relay.go:464:15 CONDITIONALS_BOUNDARY
+		outbox relay.go:480:17 CONDITIONALS_BOUNDARY
 	EOF
 )
 

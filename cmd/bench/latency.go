@@ -165,7 +165,7 @@ func measureLatency(ctx context.Context, sc *scratchServer, opts latencyOpts) (r
 		deltas = dp
 	}
 	exec := pipeline.NewExecutor(db.Pool, &pipeline.ExecutorConfig{Claims: claims, OnCommitFunc: relay.Nudge, Deltas: deltas})
-	defer exec.Stop()
+	defer exec.StopNow()
 	handler := &joinSignal{
 		ConsumerGroupHandler: pipeline.NewConsumer(admitter, exec, producer, &pipeline.ConsumerConfig{
 			WakesPartitions: kafkautil.PartitionCount(client, kafkautil.Topics{}.WithDefaults().Wakes),

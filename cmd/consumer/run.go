@@ -186,19 +186,19 @@ func run(ctx context.Context, o *options, stderr io.Writer) (err error) {
 			Retention: o.outboxRetention, Logger: log.With(slog.String("component", "outbox-pruner")),
 			OnPruned: func(n int) { m.OutboxPruned.Add(float64(n)) },
 		})
-		pctx, stopPruner := context.WithCancel(ctx)
-		pruned := make(chan struct{})
-		go func() { defer close(pruned); pruner.Run(pctx) }()
-		defer func() { stopPruner(); <-pruned }()
+		if err := pruner.Start(ctx); err != nil {
+			return err
+		}
+		defer pruner.Stop()
 	}
 	if o.ledgerRetention > 0 {
 		pruner := ledger.NewPruner(db.Pool, &ledger.PrunerConfig{
 			Retention: o.ledgerRetention, Logger: log.With(slog.String("component", "ledger-pruner")),
 		})
-		lctx, stopPruner := context.WithCancel(ctx)
-		pruned := make(chan struct{})
-		go func() { defer close(pruned); pruner.Run(lctx) }()
-		defer func() { stopPruner(); <-pruned }()
+		if err := pruner.Start(ctx); err != nil {
+			return err
+		}
+		defer pruner.Stop()
 	}
 
 	admitter := pipeline.NewAdmitter(db.Pool, &pipeline.AdmitterConfig{

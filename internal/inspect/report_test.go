@@ -50,7 +50,7 @@ func setup(t *testing.T, opts setupOpts) *testBundle {
 		cfg.PermissionFunc = func(string) tools.Permission { return opts.permission }
 	}
 	e := pipeline.NewExecutor(pool, cfg)
-	t.Cleanup(e.Stop)
+	t.Cleanup(e.StopNow)
 	return &testBundle{pool: pool, admitter: pipeline.NewAdmitter(pool, &pipeline.AdmitterConfig{}), exec: e}
 }
 

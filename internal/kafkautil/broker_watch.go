@@ -13,6 +13,8 @@ import (
 	"time"
 
 	"github.com/IBM/sarama"
+
+	"github.com/promptline/promptline/internal/startstop"
 )
 
 // BrokerWatch cuts a stopped broker out of every Sarama client that dials
@@ -51,9 +53,8 @@ type BrokerWatch struct {
 	probing  map[string]bool
 	probes   map[string]*sarama.Broker // read and written by run's probes
 
-	cancel context.CancelFunc
-	done   chan struct{}
-	wg     sync.WaitGroup // the probes in flight
+	loop startstop.Loop
+	wg   sync.WaitGroup // the probes in flight
 }
 
 // BrokerWatchConfig configures a BrokerWatch.
@@ -141,26 +142,21 @@ func (w *BrokerWatch) Dial(network, addr string) (net.Conn, error) {
 	return wc, nil
 }
 
-// Start begins watching; it returns at once.
+// Start begins watching, until ctx ends or Stop is called; it returns at
+// once, and fails while the watch runs. A stopped watch may be started
+// again; what it knew of the cluster (the brokers fenced) stays.
 func (w *BrokerWatch) Start(ctx context.Context) error {
-	ctx, w.cancel = context.WithCancel(ctx)
-	w.done = make(chan struct{})
-	go w.run(ctx)
+	if err := w.loop.Start(ctx, w.run); err != nil {
+		return fmt.Errorf("starting the broker watch: %w", err)
+	}
 	return nil
 }
 
-// Stop ends the watch; it may be called twice. The clients' connections
-// stay theirs.
-func (w *BrokerWatch) Stop() {
-	if w.cancel == nil {
-		return
-	}
-	w.cancel()
-	<-w.done
-}
+// Stop ends the watch and waits for its probes in flight; it may be called
+// twice, and before Start. The clients' connections stay theirs.
+func (w *BrokerWatch) Stop() { w.loop.Stop() }
 
 func (w *BrokerWatch) run(ctx context.Context) {
-	defer close(w.done)
 	var client sarama.Client
 	defer func() {
 		if client != nil {

@@ -9,6 +9,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/promptline/promptline/internal/kafkautil"
+	"github.com/promptline/promptline/internal/startstop/startstoptest"
 	"github.com/promptline/promptline/internal/testkit"
 )
 
@@ -74,4 +75,15 @@ func TestBrokerWatchIsNotFooledByAWaitingJoinGroup(t *testing.T) {
 	default:
 	}
 	<-joined
+}
+
+// Not parallel: the stress test's leak check counts every goroutine.
+func TestBrokerWatchStartStop(t *testing.T) {
+	t.Run("Stress", func(t *testing.T) {
+		b := testkit.Broker(t, 1)
+		w := kafkautil.NewBrokerWatch([]string{b.Addr()}, kafkautil.NewConfig("test"), &kafkautil.BrokerWatchConfig{
+			Interval: time.Millisecond,
+		})
+		startstoptest.Stress(t, w)
+	})
 }
