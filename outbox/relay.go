@@ -193,8 +193,12 @@ func (r *Relay) Start(ctx context.Context) error {
 
 // Stop ends the loop and waits for it. Before exiting, the loop makes one
 // last pass over what is committed (bounded by 5s) so that a graceful
-// shutdown leaves nothing for the next process. Stop may be called twice,
-// and before Start.
+// shutdown leaves nothing for the next process. That pass comes when the
+// loop ends: if Start's ctx ended first, it came then, and a later Stop
+// publishes nothing committed since. A process that commits rows after
+// its signal (turns finishing within the shutdown grace) starts the relay
+// with context.WithoutCancel, so that Stop's pass sees them. Stop may be
+// called twice, and before Start.
 func (r *Relay) Stop() { r.loop.Stop() }
 
 // Nudge tells the loop that rows were just committed in this process, so it

@@ -135,19 +135,21 @@ func lastLines(s string, n int) []string {
 // its exit. A process signalled before main installed its handlers dies
 // of the signal whatever its code does (a crash-sweep run stopped its
 // second consumer a few milliseconds after starting it); the consumer's
-// first line ("consumer starting") comes after them.
-func (p *proc) waitStarted(timeout time.Duration) {
+// first line ("consumer starting") comes after them. It reports false
+// when the timeout ran out first.
+func (p *proc) waitStarted(timeout time.Duration) bool {
 	deadline := time.NewTimer(timeout)
 	defer deadline.Stop()
 	for p.stderr.String() == "" {
 		select {
 		case <-p.stderr.Changed():
 		case <-p.exited:
-			return
+			return true
 		case <-deadline.C:
-			return
+			return false
 		}
 	}
+	return true
 }
 
 func (p *proc) running() bool {
@@ -162,7 +164,9 @@ func (p *proc) running() bool {
 // stop sends SIGTERM and waits for the exit, SIGKILL after 30s.
 func (p *proc) stop(t *testing.T) *os.ProcessState {
 	t.Helper()
-	p.waitStarted(10 * time.Second)
+	if !p.waitStarted(10 * time.Second) {
+		t.Logf("%s wrote nothing within 10s of its start; signalling it anyway", p.name)
+	}
 	if p.running() {
 		_ = p.cmd.Process.Signal(syscall.SIGTERM)
 	}

@@ -67,8 +67,9 @@ func run(ctx context.Context, o *options, stderr io.Writer) (err error) {
 	log := slog.New(slog.NewJSONHandler(stderr, &slog.HandlerOptions{Level: level}))
 	// A signal may come at any step of the start; it stops the consumer as
 	// at any other time, exit 0 (the deferred closes still run).
+	running := false // set once the consumer runs: no error after that is a start's
 	defer func() {
-		if stoppedDuringStartup(ctx, err, log) {
+		if stoppedDuringStartup(ctx, err, running, log) {
 			err = nil
 		}
 	}()
@@ -301,6 +302,7 @@ func run(ctx context.Context, o *options, stderr io.Writer) (err error) {
 		}
 	}()
 
+	running = true
 	log.Info("consumer running", slog.Any("brokers", brokers), slog.String("group", o.group),
 		slog.String("metrics_addr", srv.Addr()), slog.String("owner", owner))
 	consumed := make(chan struct{})

@@ -34,15 +34,17 @@ func awaitStart[T any](ctx context.Context, open func() (T, error), closeFn func
 			}
 		}()
 		var zero T
-		return zero, context.Cause(ctx)
+		return zero, ctx.Err() // not Cause: stoppedDuringStartup looks for context.Canceled
 	}
 }
 
 // stoppedDuringStartup reports whether run's error is only the signal that
-// came while the consumer still started: the service's normal stop, which
-// run logs and turns into a clean exit.
-func stoppedDuringStartup(ctx context.Context, err error, log *slog.Logger) bool {
-	if err == nil || ctx.Err() == nil || !errors.Is(err, context.Canceled) {
+// came while the consumer still started (running is false): the service's
+// normal stop, which run logs and turns into a clean exit. Any other error
+// (a refused login, a statement timeout, a missing topic) is not, signal or
+// not.
+func stoppedDuringStartup(ctx context.Context, err error, running bool, log *slog.Logger) bool {
+	if err == nil || running || ctx.Err() == nil || !errors.Is(err, context.Canceled) {
 		return false
 	}
 	log.Info("consumer stopped during startup", slog.String("interrupted", err.Error()))

@@ -75,9 +75,10 @@ func TestSigtermDuringStartupStopsCleanly(t *testing.T) {
 			case <-time.After(60 * time.Second):
 				require.FailNow(t, "the consumer never connected to the silent "+tc.name, p.stderr.String())
 			}
-			time.Sleep(200 * time.Millisecond) // let the connection's first request go out
+			signalled := time.Now()
 			require.NoError(t, p.cmd.Process.Signal(syscall.SIGTERM))
-			st := p.waitExit(t, 15*time.Second)
+			st := p.waitExit(t, 10*time.Second)
+			t.Logf("exited %s after the signal", time.Since(signalled).Round(time.Millisecond))
 			require.True(t, st.Success(), "SIGTERM during startup should stop the consumer cleanly, it ended with %s\n%s", st, p.stderr.String())
 			require.NotNil(t, findLog(p.stderr.String(), "consumer stopped during startup"), p.stderr.String())
 		})

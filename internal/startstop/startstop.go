@@ -26,7 +26,9 @@ var ErrStarted = errors.New("already started")
 // Loop runs one service's loop under the contract above. A service keeps a
 // Loop in a field and implements its Start and Stop with it, so that each
 // documents what its own stop does (the relay's last pass, say). The zero
-// Loop is ready for use; it must not be copied after first use.
+// Loop is ready for use; it must not be copied after first use. run, and
+// what it calls, must not call the Loop's Start or Stop: Stop holds the
+// Loop while it waits for run to return.
 type Loop struct {
 	// mu is held across a whole Stop, so that a Start racing with it
 	// waits for the loop to end instead of seeing it half stopped.
