@@ -78,8 +78,8 @@ func StartApacheKafka(tb testing.TB, nodes int) *ApacheKafka {
 		if err == nil {
 			return k
 		}
-		if try < 3 && ctx.Err() == nil && k.portTaken() {
-			tb.Logf("Apache Kafka: a port was taken before the node bound it; starting again on new ports (%v)", err)
+		if try < 3 && ctx.Err() == nil && (k.portTaken() || k.diedSilently()) {
+			tb.Logf("Apache Kafka: a port was taken before the node bound it, or a node died before its first line; starting again on new ports (%v)", err)
 			k.Stop()
 			continue
 		}
@@ -120,6 +120,32 @@ func (k *ApacheKafka) start(ctx context.Context, tb testing.TB, dir string, node
 func (k *ApacheKafka) portTaken() bool {
 	for i := range k.nodes {
 		if apachekafka.PortTaken(k.NodeDir(i + 1)) {
+			return true
+		}
+	}
+	return false
+}
+
+// diedSilently says whether a node exited before it wrote a line to
+// either log: the JVM died before Kafka ran (one did so, once, on a
+// loaded machine, its state lost), which is nothing the test did.
+func (k *ApacheKafka) diedSilently() bool {
+	for i, nd := range k.nodes {
+		if nd == nil {
+			continue
+		}
+		select {
+		case <-nd.done:
+		default:
+			continue
+		}
+		empty := true
+		for _, f := range []string{"server.log", "stdout.log"} {
+			if st, err := os.Stat(filepath.Join(k.NodeDir(i+1), "logs", f)); err == nil && st.Size() > 0 {
+				empty = false
+			}
+		}
+		if empty {
 			return true
 		}
 	}
@@ -207,7 +233,7 @@ func (k *ApacheKafka) awaitMetadata(ctx context.Context) error {
 			}
 			select {
 			case <-nd.done:
-				return fmt.Errorf("node %d exited: %s", i+1, tail(filepath.Join(k.NodeDir(i+1), "logs", "stdout.log"), 20))
+				return fmt.Errorf("node %d exited (%s): %s", i+1, nd.cmd.ProcessState, tail(filepath.Join(k.NodeDir(i+1), "logs", "stdout.log"), 20))
 			default:
 			}
 		}
