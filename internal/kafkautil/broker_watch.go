@@ -152,42 +152,9 @@ func (w *BrokerWatch) Start(ctx context.Context) error {
 	return nil
 }
 
-// Stop ends the watch and waits for its probes in flight (one request
-// each, bounded by their read timeout); it may be called twice, and
-// before Start. It does not wait for a metadata read in flight: against a
-// broker that accepts and answers nothing, Sarama's ignores any context
-// and waits out its read timeouts (more than 15s were seen), and a signal
-// during the start must not wait for that; the read ends on its own and
-// closes its client. The clients' connections stay theirs.
+// Stop ends the watch and waits for its probes in flight; it may be called
+// twice, and before Start. The clients' connections stay theirs.
 func (w *BrokerWatch) Stop() { w.loop.Stop() }
-
-// refreshed is what one metadata read of the watch found.
-type refreshed struct {
-	client sarama.Client // nil while no broker answers
-	alive  []string
-	err    error
-}
-
-// refresh reads the cluster's metadata with client, built first when nil.
-func (w *BrokerWatch) refresh(client sarama.Client) refreshed {
-	if client == nil {
-		// No broker answers yet: the clients say so themselves; try
-		// again at the next tick.
-		c, err := sarama.NewClient(w.seeds, w.probe)
-		if err != nil {
-			return refreshed{err: err}
-		}
-		client = c
-	}
-	if err := client.RefreshMetadata(w.topics...); err != nil {
-		return refreshed{client: client, err: err}
-	}
-	var alive []string
-	for _, b := range client.Brokers() {
-		alive = append(alive, b.Addr())
-	}
-	return refreshed{client: client, alive: alive}
-}
 
 func (w *BrokerWatch) run(ctx context.Context) {
 	var client sarama.Client
@@ -195,8 +162,7 @@ func (w *BrokerWatch) run(ctx context.Context) {
 		if client != nil {
 			_ = client.Close()
 		}
-		// A probe of a stopped broker ends at its read timeout (3s, one
-		// request: bounded, unlike the metadata read).
+		// A probe of a stopped broker ends at its read timeout.
 		w.wg.Wait()
 		w.mu.Lock()
 		probes := slices.Collect(maps.Values(w.probes))
@@ -208,24 +174,19 @@ func (w *BrokerWatch) run(ctx context.Context) {
 	tick := time.NewTicker(w.config.Interval)
 	defer tick.Stop()
 	for {
-		// The read runs aside, so that the end of ctx ends the watch at
-		// once; an abandoned read closes its client when it returns.
-		done := make(chan refreshed, 1)
-		go func(c sarama.Client) { done <- w.refresh(c) }(client)
-		select {
-		case <-ctx.Done():
-			go func() {
-				if r := <-done; r.client != nil {
-					_ = r.client.Close()
+		if client == nil {
+			// No broker answers yet: the clients say so themselves; try
+			// again at the next tick.
+			client, _ = sarama.NewClient(w.seeds, w.probe)
+		}
+		if client != nil {
+			if err := client.RefreshMetadata(w.topics...); err == nil {
+				var alive []string
+				for _, b := range client.Brokers() {
+					alive = append(alive, b.Addr())
 				}
-			}()
-			client = nil
-			return
-		case r := <-done:
-			client = r.client
-			if r.err == nil {
-				w.observe(ctx, r.alive)
-				for _, a := range r.alive {
+				w.observe(ctx, alive)
+				for _, a := range alive {
 					w.probe1(a)
 				}
 			}
