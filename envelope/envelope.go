@@ -114,8 +114,10 @@ type Limits struct {
 	MaxHeaderBytes int
 }
 
+// MaxValueBytesDefault is Limits.MaxValueBytes when it is zero.
+const MaxValueBytesDefault = 1 << 20
+
 const (
-	maxValueBytesDefault  = 1 << 20
 	maxIDLengthDefault    = 128
 	maxDepthDefault       = 16
 	maxHeadersDefault     = 32
@@ -123,7 +125,7 @@ const (
 )
 
 func (l Limits) withDefaults() Limits {
-	l.MaxValueBytes = cmp.Or(l.MaxValueBytes, maxValueBytesDefault)
+	l.MaxValueBytes = cmp.Or(l.MaxValueBytes, MaxValueBytesDefault)
 	l.MaxIDLength = cmp.Or(l.MaxIDLength, maxIDLengthDefault)
 	l.MaxTextBytes = cmp.Or(l.MaxTextBytes, l.MaxValueBytes)
 	l.MaxDepth = cmp.Or(l.MaxDepth, maxDepthDefault)

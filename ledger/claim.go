@@ -77,7 +77,8 @@ type ClaimsConfig struct {
 	OnPhaseFunc func(c Claim, phase Phase)
 }
 
-const leaseDefault = 30 * time.Second
+// LeaseDefault is ClaimsConfig.Lease when it is zero.
+const LeaseDefault = 30 * time.Second
 
 // Claims acquires and releases session claims.
 type Claims struct {
@@ -89,7 +90,7 @@ type Claims struct {
 // NewClaims returns Claims.
 func NewClaims(pool *pgxpool.Pool, config *ClaimsConfig) *Claims {
 	cfg := *config
-	cfg.Lease = cmp.Or(cfg.Lease, leaseDefault)
+	cfg.Lease = cmp.Or(cfg.Lease, LeaseDefault)
 	cfg.OwnerID = cmp.Or(cfg.OwnerID, "unknown-owner")
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)

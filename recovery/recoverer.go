@@ -110,13 +110,13 @@ type Recoverer struct {
 // New returns a Recoverer.
 func New(pool *pgxpool.Pool, config *Config) *Recoverer {
 	cfg := *config
-	cfg.Interval = cmp.Or(cfg.Interval, 10*time.Second)
-	cfg.Batch = cmp.Or(cfg.Batch, 100)
-	cfg.RedriveAfter = cmp.Or(cfg.RedriveAfter, 30*time.Second)
+	cfg.Interval = cmp.Or(cfg.Interval, IntervalDefault)
+	cfg.Batch = cmp.Or(cfg.Batch, BatchDefault)
+	cfg.RedriveAfter = cmp.Or(cfg.RedriveAfter, RedriveAfterDefault)
 	cfg.OwnerID = cmp.Or(cfg.OwnerID, "recovery")
 	cfg.Mode = cmp.Or(cfg.Mode, ModeAuto)
 	cfg.HeldPages = cmp.Or(cfg.HeldPages, 10)
-	cfg.MaxPerSessionWindow = cmp.Or(cfg.MaxPerSessionWindow, time.Hour)
+	cfg.MaxPerSessionWindow = cmp.Or(cfg.MaxPerSessionWindow, MaxPerSessionWindowDefault)
 	cfg.Topics = cfg.Topics.WithDefaults()
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
@@ -412,3 +412,12 @@ SELECT session_id, execution_id, owner_id, fencing_token, phase, coalesce(assist
 FROM claims WHERE quarantine_reason IS NULL AND expires_at <= now() AND ($2 = '' OR session_id = $2)
   AND ($3::timestamptz IS NULL OR (expires_at, session_id) > ($3::timestamptz, $4::text))
 ORDER BY expires_at, session_id LIMIT $1`
+
+// The defaults of Config, exported so that the consumer's flags state
+// them once.
+const (
+	IntervalDefault            = 10 * time.Second
+	BatchDefault               = 100
+	RedriveAfterDefault        = 30 * time.Second
+	MaxPerSessionWindowDefault = time.Hour
+)

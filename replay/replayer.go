@@ -68,11 +68,14 @@ type Config struct {
 // that was sent, so it is never admitted from the rejects topic.
 const ReasonTruncated = "truncated"
 
+// The defaults of Config's MaxBatch and MaxRejections, exported so that
+// the replay command's flags state them once.
 const (
-	maxBatchDefault      = 1000
-	lingerDefault        = 10 * time.Millisecond
-	maxRejectionsDefault = 1000
+	MaxBatchDefault      = 1000
+	MaxRejectionsDefault = 1000
 )
+
+const lingerDefault = 10 * time.Millisecond
 
 // Replayer replays ranges of a topic through admission.
 type Replayer struct {
@@ -97,9 +100,9 @@ type Replayer struct {
 func New(pool *pgxpool.Pool, client sarama.Client, rejects sarama.SyncProducer, config *Config) (*Replayer, error) {
 	cfg := *config
 	cfg.Topics = cfg.Topics.WithDefaults()
-	cfg.MaxBatch = cmp.Or(cfg.MaxBatch, maxBatchDefault)
+	cfg.MaxBatch = cmp.Or(cfg.MaxBatch, MaxBatchDefault)
 	cfg.Linger = cmp.Or(cfg.Linger, lingerDefault)
-	cfg.MaxRejections = max(0, cmp.Or(cfg.MaxRejections, maxRejectionsDefault))
+	cfg.MaxRejections = max(0, cmp.Or(cfg.MaxRejections, MaxRejectionsDefault))
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}

@@ -79,8 +79,8 @@ func newRecoverCommand(o *options) *cobra.Command {
 			})
 		},
 	}
-	cmd.Flags().IntVar(&batch, "recovery-batch", 100, "expired claims and lost wakes handled in this pass")
-	cmd.Flags().DurationVar(&redriveAfter, "redrive-after", 30*time.Second, "age of a waiting input without a claim before its session is woken again")
+	cmd.Flags().IntVar(&batch, "recovery-batch", recovery.BatchDefault, "expired claims and lost wakes handled in this pass")
+	cmd.Flags().DurationVar(&redriveAfter, "redrive-after", recovery.RedriveAfterDefault, "age of a waiting input without a claim before its session is woken again")
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print the pass as JSON")
 	return cmd
 }
@@ -132,7 +132,7 @@ type recoveryCap struct {
 
 func (c *recoveryCap) flags(f *pflag.FlagSet) {
 	f.IntVar(&c.max, "recovery-max-per-session", 5, "recoveries that run a session's turn again (continued, rewoken) allowed within --recovery-max-per-session-window; one more is quarantined with reason recovery_cap instead; 0 disables the cap")
-	f.DurationVar(&c.window, "recovery-max-per-session-window", time.Hour, "the window of --recovery-max-per-session; 0 disables the cap")
+	f.DurationVar(&c.window, "recovery-max-per-session-window", recovery.MaxPerSessionWindowDefault, "the window of --recovery-max-per-session; 0 disables the cap")
 }
 
 func (c *recoveryCap) validate() error {
@@ -153,8 +153,8 @@ func (c *recoveryCap) apply(cfg *recovery.Config) {
 }
 
 func (p *recoveryPolicy) flags(f *pflag.FlagSet) {
-	f.IntVar(&p.batch, "recovery-batch", 100, "expired claims and lost wakes handled, as by one pass")
-	f.DurationVar(&p.redriveAfter, "redrive-after", 30*time.Second, "age of a waiting input without a claim before its session is woken again")
+	f.IntVar(&p.batch, "recovery-batch", recovery.BatchDefault, "expired claims and lost wakes handled, as by one pass")
+	f.DurationVar(&p.redriveAfter, "redrive-after", recovery.RedriveAfterDefault, "age of a waiting input without a claim before its session is woken again")
 	f.StringVar(&p.provider, "provider", "scripted", "the consumers' model provider (the name recorded on attempts)")
 	f.BoolVar(&p.idempotent, "provider-honours-idempotency-keys", false, "the consumers declare that the provider deduplicates by Idempotency-Key")
 	p.cap.flags(f)

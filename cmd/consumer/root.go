@@ -14,9 +14,12 @@ import (
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
 
+	"github.com/promptline/promptline/envelope"
 	"github.com/promptline/promptline/internal/cliconfig"
 	"github.com/promptline/promptline/internal/faults"
 	"github.com/promptline/promptline/internal/kafkautil"
+	"github.com/promptline/promptline/internal/pgdb"
+	"github.com/promptline/promptline/ledger"
 	"github.com/promptline/promptline/recovery"
 )
 
@@ -89,14 +92,14 @@ func newRootCommandEnv(environ func() []string) *cobra.Command {
 	f.StringVar(&o.metricsAddr, "metrics-addr", "127.0.0.1:9464", "address serving /metrics and /healthz")
 	f.StringVar(&o.group, "group", "promptline", "Kafka consumer group")
 	pf.StringVar(&o.logLevel, "log-level", "info", "log level: debug, info, warn, error")
-	f.DurationVar(&o.recoveryInterval, "recovery-interval", 10*time.Second, "time between recovery passes")
-	f.IntVar(&o.recoveryBatch, "recovery-batch", 100, "expired claims and lost wakes handled per recovery pass")
+	f.DurationVar(&o.recoveryInterval, "recovery-interval", recovery.IntervalDefault, "time between recovery passes")
+	f.IntVar(&o.recoveryBatch, "recovery-batch", recovery.BatchDefault, "expired claims and lost wakes handled per recovery pass")
 	f.StringVar(&o.recoveryMode, "recovery-mode", "auto", "auto: recovery passes act; hold: they only plan, and an operator applies (`consumer recovery apply`); the fleet-wide mode set by `consumer recovery hold|resume` wins over this flag")
 	o.recoveryCap.flags(f)
 	f.Float64Var(&o.recoveryRate, "recovery-rate", 0, "most recovery decisions per second that wake a session (continuations, re-armed ready claims, re-wakes of lost wakes), across the whole fleet (a token bucket in Postgres, docs/runbook.md); what a pass cannot pace in one --recovery-interval is left for the next; 0: unbounded")
 	f.DurationVar(&o.outboxRetention, "outbox-retention", time.Hour, "how long published outbox rows are kept before they are deleted (Kafka keeps what was published); 0 keeps them forever")
 	f.DurationVar(&o.ledgerRetention, "ledger-retention", 7*24*time.Hour, "how long the ledger rows (provider attempts, tool calls) of a settled execution of an idle session are kept before they are deleted; rows recovery may still need are never deleted; 0 keeps them forever")
-	f.DurationVar(&o.redriveAfter, "redrive-after", 30*time.Second, "age of a waiting input without a claim before its session is woken again")
+	f.DurationVar(&o.redriveAfter, "redrive-after", recovery.RedriveAfterDefault, "age of a waiting input without a claim before its session is woken again")
 	f.Int32Var(&o.partitions, "partitions", 16, "partitions of topics created at start")
 	f.BoolVar(&o.createTopics, "create-topics", true, "create missing topics at start (with --partitions and --replication-factor)")
 	f.Int16Var(&o.replicationFactor, "replication-factor", 1, "replication factor of topics created at start (3 on a production cluster)")
@@ -104,7 +107,7 @@ func newRootCommandEnv(environ func() []string) *cobra.Command {
 	f.IntVar(&o.maxSessions, "max-sessions", 256, "sessions executing at once in this process")
 	f.IntVar(&o.maxBatch, "max-batch", 500, "most prompts admitted in one transaction")
 	f.BoolVar(&o.localWakes, "local-wakes", true, "start a session at once when a prompt admitted here belongs to a wakes partition this process owns (its wake, arriving from Kafka, then waits for that run)")
-	f.IntVar(&o.maxValueBytes, "max-value-bytes", 1<<20, "largest accepted prompt value in bytes")
+	f.IntVar(&o.maxValueBytes, "max-value-bytes", envelope.MaxValueBytesDefault, "largest accepted prompt value in bytes")
 	f.IntVar(&o.maxMessageBytes, "max-message-bytes", kafkautil.MaxMessageBytesDefault, "largest message the Kafka producer sends (rejects, events, wakes); every topic's max.message.bytes must be at least 61 bytes more (a record batch's header); a larger reject is published truncated")
 	f.StringVar(&o.provider.kind, "provider", "scripted", "model provider: scripted (no model; demos and tests), http, openai")
 	f.StringVar(&o.provider.url, "provider-url", "", "URL the http provider POSTs turns to (docs/providers.md)")
@@ -121,12 +124,12 @@ func newRootCommandEnv(environ func() []string) *cobra.Command {
 	f.StringVar(&o.provider.sandboxDir, "sandbox-dir", "", "directory the append_line demo tool writes in (scripted provider); empty: a temporary directory")
 	f.StringArrayVar(&o.permissionFlags, "tool-permission", nil, "tool policy NAME=allow|deny|ask (repeatable); ask parks the session until a reply on the permission-replies topic; tools default to allow")
 	f.StringVar(&o.topics.PermissionReplies, "permission-replies-topic", "permission-replies", "topic of replies to permission requests")
-	f.DurationVar(&o.dbTimeouts[0], "db-statement-timeout", 30*time.Second, "Postgres statement_timeout of every connection")
-	f.DurationVar(&o.dbTimeouts[1], "db-lock-timeout", 10*time.Second, "Postgres lock_timeout of every connection")
-	f.DurationVar(&o.dbTimeouts[2], "db-idle-in-transaction-timeout", 60*time.Second, "Postgres idle_in_transaction_session_timeout: a paused process cannot hold locks longer")
+	f.DurationVar(&o.dbTimeouts[0], "db-statement-timeout", pgdb.StatementTimeoutDefault, "Postgres statement_timeout of every connection")
+	f.DurationVar(&o.dbTimeouts[1], "db-lock-timeout", pgdb.LockTimeoutDefault, "Postgres lock_timeout of every connection")
+	f.DurationVar(&o.dbTimeouts[2], "db-idle-in-transaction-timeout", pgdb.IdleInTxTimeoutDefault, "Postgres idle_in_transaction_session_timeout: a paused process cannot hold locks longer")
 	f.BoolVar(&o.migrate, "migrate", true, "apply pending migrations at start; false: only check the schema version (the runtime role has no DDL rights; run `consumer migrate` as the owner)")
 	f.Int32Var(&o.dbMaxConns, "db-max-conns", 32, "Postgres connections in this process's pool (admission per partition, executions, relay)")
-	f.DurationVar(&o.lease, "lease", 30*time.Second, "claim lease; a live execution renews it every lease/3 by the database clock")
+	f.DurationVar(&o.lease, "lease", ledger.LeaseDefault, "claim lease; a live execution renews it every lease/3 by the database clock")
 	f.DurationVar(&o.shutdownGrace, "shutdown-grace", 30*time.Second, "time running turns get to finish on SIGTERM")
 	f.DurationVar(&o.toolTimeout, "tool-timeout", 30*time.Second, "bound of one tool call: past it the call's outcome is unknown (never re-run automatically) and the turn goes on")
 	f.StringVar(&o.topics.Prompts, "prompts-topic", "prompts", "topic of incoming prompts")

@@ -58,6 +58,14 @@ type OpenOpts struct {
 	Logger    *slog.Logger
 }
 
+// The defaults of Options' timeouts, exported so that the consumer's
+// flags state them once.
+const (
+	StatementTimeoutDefault = 30 * time.Second
+	LockTimeoutDefault      = 10 * time.Second
+	IdleInTxTimeoutDefault  = 60 * time.Second
+)
+
 // DB is an open, migrated database.
 type DB struct {
 	Pool  *pgxpool.Pool
@@ -120,9 +128,9 @@ func Open(ctx context.Context, opts OpenOpts) (*DB, error) {
 		// (local.go), with or without a connection.
 		rp["application_name"] = db.local.app
 	}
-	rp["statement_timeout"] = ms(cmp.Or(opts.StatementTimeout, 30*time.Second))
-	rp["lock_timeout"] = ms(cmp.Or(opts.LockTimeout, 10*time.Second))
-	rp["idle_in_transaction_session_timeout"] = ms(cmp.Or(opts.IdleInTxTimeout, 60*time.Second))
+	rp["statement_timeout"] = ms(cmp.Or(opts.StatementTimeout, StatementTimeoutDefault))
+	rp["lock_timeout"] = ms(cmp.Or(opts.LockTimeout, LockTimeoutDefault))
+	rp["idle_in_transaction_session_timeout"] = ms(cmp.Or(opts.IdleInTxTimeout, IdleInTxTimeoutDefault))
 	if faults.Enabled {
 		cfg.ConnConfig.Tracer = &commitTracer{wrote: map[*pgx.Conn]string{}}
 	}
