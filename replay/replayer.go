@@ -18,6 +18,7 @@ import (
 
 	"github.com/promptline/promptline/envelope"
 	"github.com/promptline/promptline/internal/kafkautil"
+	"github.com/promptline/promptline/internal/retry"
 	"github.com/promptline/promptline/pipeline"
 )
 
@@ -444,7 +445,7 @@ func (r *Replayer) classify(ctx, work context.Context, good []decoded, outcomes 
 		ids[k] = d.in.Prompt.MessageID
 	}
 	var prior map[string]existing
-	err := retry(ctx, r.log, "reading admitted inputs", func() error {
+	err := retried(ctx, r.log, "reading admitted inputs", func() error {
 		var err error
 		prior, err = lookup(work, r.pool, ids)
 		return err
@@ -477,7 +478,7 @@ func (r *Replayer) classify(ctx, work context.Context, good []decoded, outcomes 
 		in[k] = d.in
 	}
 	var got []pipeline.Outcome
-	err = retry(ctx, r.log, "admitting", func() error {
+	err = retried(ctx, r.log, "admitting", func() error {
 		var err error
 		got, err = r.admitter.Admit(work, in)
 		return err
@@ -567,28 +568,19 @@ func header(m *sarama.ConsumerMessage, key string) string {
 	return ""
 }
 
-// retry runs f until it succeeds, backing off, for at most retryAttempts
-// attempts or until ctx (the stop signal) ends.
-func retry(ctx context.Context, log *slog.Logger, what string, f func() error) error {
-	backoff := 100 * time.Millisecond
-	for attempt := 1; ; attempt++ {
-		err := f()
-		if err == nil {
-			return nil
-		}
-		if attempt == retryAttempts {
-			return fmt.Errorf("%s: %w", what, err)
-		}
-		log.WarnContext(ctx, what+" failed; retrying", slog.Any("error", err), slog.Duration("backoff", backoff))
-		t := time.NewTimer(backoff)
-		select {
-		case <-t.C:
-		case <-ctx.Done():
-			t.Stop()
-			return fmt.Errorf("%s: %w", what, err)
-		}
-		backoff = min(2*backoff, 5*time.Second)
+// retried runs f until it succeeds, backing off, for at most
+// retryAttempts tries or until ctx (the stop signal) ends.
+func retried(ctx context.Context, log *slog.Logger, what string, f func() error) error {
+	err := retry.Do(ctx, retry.Policy{
+		Min: 100 * time.Millisecond, Max: 5 * time.Second, Tries: retryAttempts,
+		OnRetry: func(_ int, err error, wait time.Duration) {
+			log.WarnContext(ctx, what+" failed; retrying", slog.Any("error", err), slog.Duration("backoff", wait))
+		},
+	}, f)
+	if err != nil {
+		return fmt.Errorf("%s: %w", what, err)
 	}
+	return nil
 }
 
 const retryAttempts = 6
