@@ -12,6 +12,8 @@ import (
 	"time"
 
 	"github.com/IBM/sarama"
+
+	"github.com/promptline/promptline/internal/retry"
 )
 
 // RejectPublisher sends rejects to the rejects topic for live admission
@@ -49,49 +51,63 @@ func (rp *RejectPublisher) Publish(ctx context.Context, rejects []*sarama.Produc
 	for i, r := range rejects {
 		pending[i] = &pendingReject{orig: r, budget: cmp.Or(rp.MaxMessageBytes, MaxMessageBytesDefault)}
 	}
-	backoff := 100 * time.Millisecond
-	for len(pending) > 0 {
-		var again []*pendingReject
-		var transient error
-		for _, call := range sendCalls(pending) {
-			msgs, failed := rp.send(call)
-			for i, p := range call {
-				perr, ok := failed[msgs[i]]
-				switch {
-				case !ok:
-					rp.count(p.orig, "rejected")
-				case !tooLarge(perr):
-					transient = perr
-					again = append(again, p)
-				case len(call) > 1:
-					// The broker's limit is on a record batch: refused
-					// together, it may fit alone.
-					p.alone = true
-					again = append(again, p)
-				case p.shrink(msgs[i]):
-					rp.log().WarnContext(ctx, "reject refused for its size; publishing it truncated", slog.Any("error", perr),
-						slog.Int("limit", p.budget), slog.String("reason", header(p.orig, "reason")))
-					again = append(again, p)
-				default:
-					rp.log().ErrorContext(ctx, "reject refused for its size even without its value; dropped (the original stays in its topic)",
-						slog.Any("error", perr), slog.String("reason", header(p.orig, "reason")),
-						slog.String("source_topic", header(p.orig, "source_topic")),
-						slog.String("source_partition", header(p.orig, "source_partition")),
-						slog.String("source_offset", header(p.orig, "source_offset")))
-					rp.count(p.orig, "reject_unpublished")
-				}
+	// A round that only shrank or split rejects goes on at once; one
+	// with a transient failure waits first.
+	err := retry.Do(ctx, retry.Policy{
+		Min: 100 * time.Millisecond, Max: 5 * time.Second,
+		OnRetry: func(_ int, err error, wait time.Duration) {
+			rp.log().WarnContext(ctx, "publishing rejects failed; retrying", slog.Any("error", err), slog.Duration("backoff", wait))
+		},
+	}, func() error {
+		for len(pending) > 0 {
+			var transient error
+			if pending, transient = rp.round(ctx, pending); transient != nil {
+				return transient
 			}
 		}
-		pending = again
-		if transient != nil {
-			rp.log().WarnContext(ctx, "publishing rejects failed; retrying", slog.Any("error", transient), slog.Duration("backoff", backoff))
-			if !sleep(ctx, backoff) {
-				return ctx.Err()
+		return nil
+	})
+	if err != nil && ctx.Err() != nil {
+		return ctx.Err()
+	}
+	return err
+}
+
+// round sends pending once and returns the rejects to send again and the
+// last transient failure, if there was one.
+func (rp *RejectPublisher) round(ctx context.Context, pending []*pendingReject) ([]*pendingReject, error) {
+	var again []*pendingReject
+	var transient error
+	for _, call := range sendCalls(pending) {
+		msgs, failed := rp.send(call)
+		for i, p := range call {
+			perr, ok := failed[msgs[i]]
+			switch {
+			case !ok:
+				rp.count(p.orig, "rejected")
+			case !tooLarge(perr):
+				transient = perr
+				again = append(again, p)
+			case len(call) > 1:
+				// The broker's limit is on a record batch: refused
+				// together, it may fit alone.
+				p.alone = true
+				again = append(again, p)
+			case p.shrink(msgs[i]):
+				rp.log().WarnContext(ctx, "reject refused for its size; publishing it truncated", slog.Any("error", perr),
+					slog.Int("limit", p.budget), slog.String("reason", header(p.orig, "reason")))
+				again = append(again, p)
+			default:
+				rp.log().ErrorContext(ctx, "reject refused for its size even without its value; dropped (the original stays in its topic)",
+					slog.Any("error", perr), slog.String("reason", header(p.orig, "reason")),
+					slog.String("source_topic", header(p.orig, "source_topic")),
+					slog.String("source_partition", header(p.orig, "source_partition")),
+					slog.String("source_offset", header(p.orig, "source_offset")))
+				rp.count(p.orig, "reject_unpublished")
 			}
-			backoff = min(2*backoff, 5*time.Second)
 		}
 	}
-	return nil
+	return again, transient
 }
 
 // sendCalls splits pending, in order, into the calls to send: each run of
@@ -143,17 +159,6 @@ func (rp *RejectPublisher) log() *slog.Logger {
 		return slog.New(slog.DiscardHandler)
 	}
 	return rp.Logger
-}
-
-func sleep(ctx context.Context, d time.Duration) bool {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-t.C:
-		return true
-	case <-ctx.Done():
-		return false
-	}
 }
 
 func header(m *sarama.ProducerMessage, key string) string {
