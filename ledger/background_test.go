@@ -81,7 +81,7 @@ func TestPrunerRunLogsWhatHappened(t *testing.T) {
 	b.session(t, "s", 0)
 	b.execution(t, "s", "e", 2, 1, 48*time.Hour)
 	logs := &syncBuffer{}
-	p := ledger.NewPruner(b.pool, &ledger.PrunerConfig{
+	p := mustPruner(t, b.pool, &ledger.PrunerConfig{
 		Retention: 24 * time.Hour, Interval: 20 * time.Millisecond,
 		Logger: slog.New(slog.NewTextHandler(logs, nil)),
 	})
@@ -107,7 +107,7 @@ func TestPrunerOnPrunedOnlyAfterDeletes(t *testing.T) {
 	b.session(t, "s", 0)
 	b.execution(t, "s", "young", 1, 1, time.Minute)
 	var got [][2]int
-	p := ledger.NewPruner(b.pool, &ledger.PrunerConfig{
+	p := mustPruner(t, b.pool, &ledger.PrunerConfig{
 		Retention: 24 * time.Hour,
 		OnPruned:  func(a, c int) { got = append(got, [2]int{a, c}) },
 	})

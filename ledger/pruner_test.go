@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
 	"github.com/promptline/promptline/internal/startstop/startstoptest"
@@ -103,7 +104,7 @@ func TestPruner(t *testing.T) {
 			require.NotZero(t, kept[e], e)
 		}
 		var pruned [][2]int
-		p := ledger.NewPruner(b.pool, &ledger.PrunerConfig{Retention: retention, BatchSize: 2,
+		p := mustPruner(t, b.pool, &ledger.PrunerConfig{Retention: retention, BatchSize: 2,
 			OnPruned: func(a, c int) { pruned = append(pruned, [2]int{a, c}) }})
 		attempts, calls, err := p.Prune(ctx)
 		require.NoError(t, err)
@@ -147,7 +148,7 @@ func TestPruner(t *testing.T) {
 		for i := range 6 {
 			b.execution(t, "s", fmt.Sprintf("b-old-%d", i), 1, 1, old)
 		}
-		p := ledger.NewPruner(b.pool, &ledger.PrunerConfig{Retention: retention, BatchSize: 2, MaxBatches: 4})
+		p := mustPruner(t, b.pool, &ledger.PrunerConfig{Retention: retention, BatchSize: 2, MaxBatches: 4})
 		var passes []int
 		for range 4 {
 			a, _, err := p.Prune(ctx)
@@ -172,7 +173,7 @@ func TestPruner(t *testing.T) {
 		_, err = other.Exec(ctx, `SELECT pg_advisory_xact_lock($1)`, ledger.PruneLockKey)
 		require.NoError(t, err)
 
-		p := ledger.NewPruner(b.pool, &ledger.PrunerConfig{Retention: retention})
+		p := mustPruner(t, b.pool, &ledger.PrunerConfig{Retention: retention})
 		a, _, err := p.Prune(ctx)
 		require.NoError(t, err, "another pruner's batch is not an error")
 		require.Zero(t, a)
@@ -189,7 +190,7 @@ func TestPruner(t *testing.T) {
 		b := setup(t, 0)
 		b.session(t, "s", 0)
 		b.execution(t, "s", "e", 2, 1, old)
-		p := ledger.NewPruner(b.pool, &ledger.PrunerConfig{Retention: retention, Interval: 20 * time.Millisecond})
+		p := mustPruner(t, b.pool, &ledger.PrunerConfig{Retention: retention, Interval: 20 * time.Millisecond})
 		require.NoError(t, p.Start(ctx))
 		require.Eventually(t, func() bool { return b.ledgerRows(t, "e") == 0 }, 10*time.Second, 20*time.Millisecond)
 		p.Stop()
@@ -197,7 +198,11 @@ func TestPruner(t *testing.T) {
 
 	t.Run("RetentionMustBePositive", func(t *testing.T) {
 		t.Parallel()
-		require.Panics(t, func() { ledger.NewPruner(nil, &ledger.PrunerConfig{}) })
+		for _, retention := range []time.Duration{0, -time.Second} {
+			p, err := ledger.NewPruner(nil, &ledger.PrunerConfig{Retention: retention})
+			require.ErrorContains(t, err, "PrunerConfig.Retention must be positive", "retention %v", retention)
+			require.Nil(t, p)
+		}
 	})
 }
 
@@ -207,6 +212,13 @@ func TestPrunerStartStop(t *testing.T) {
 		b := setup(t, 0)
 		b.session(t, "s", 0)
 		b.execution(t, "s", "e", 2, 1, 48*time.Hour)
-		startstoptest.Stress(t, ledger.NewPruner(b.pool, &ledger.PrunerConfig{Retention: 24 * time.Hour, Interval: time.Millisecond}))
+		startstoptest.Stress(t, mustPruner(t, b.pool, &ledger.PrunerConfig{Retention: 24 * time.Hour, Interval: time.Millisecond}))
 	})
+}
+
+func mustPruner(t testing.TB, pool *pgxpool.Pool, cfg *ledger.PrunerConfig) *ledger.Pruner {
+	t.Helper()
+	p, err := ledger.NewPruner(pool, cfg)
+	require.NoError(t, err)
+	return p
 }

@@ -59,17 +59,17 @@ type Pruner struct {
 	loop startstop.Loop
 }
 
-// NewPruner returns a Pruner; it panics when the retention is not positive.
-func NewPruner(pool *pgxpool.Pool, config *PrunerConfig) *Pruner {
+// NewPruner returns a Pruner, or an error when the retention is not positive.
+func NewPruner(pool *pgxpool.Pool, config *PrunerConfig) (*Pruner, error) {
 	c := *config
 	if c.Retention <= 0 {
-		panic("outbox: PrunerConfig.Retention must be positive")
+		return nil, fmt.Errorf("outbox: PrunerConfig.Retention must be positive, not %v", c.Retention)
 	}
 	c.Interval = cmp.Or(c.Interval, min(c.Retention, pruneIntervalMax))
 	c.BatchSize = cmp.Or(c.BatchSize, pruneBatchDefault)
 	c.MaxBatches = cmp.Or(c.MaxBatches, pruneMaxBatchesDefault)
 	c.Logger = cmp.Or(c.Logger, slog.New(slog.DiscardHandler))
-	return &Pruner{pool: pool, cfg: c}
+	return &Pruner{pool: pool, cfg: c}, nil
 }
 
 // Prune runs one pass over the oldest rows, in batches of BatchSize by ID

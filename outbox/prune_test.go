@@ -50,7 +50,7 @@ func TestPruner(t *testing.T) {
 		fill(t, pool, "recent", 5, time.Minute)
 
 		var batches []int
-		p := NewPruner(pool, &PrunerConfig{Retention: time.Hour, BatchSize: 10, OnPruned: func(n int) { batches = append(batches, n) }})
+		p := mustPruner(t, pool, &PrunerConfig{Retention: time.Hour, BatchSize: 10, OnPruned: func(n int) { batches = append(batches, n) }})
 		n, err := p.Prune(ctx)
 		require.NoError(t, err)
 		require.Equal(t, 37, n)
@@ -72,7 +72,7 @@ func TestPruner(t *testing.T) {
 		t.Parallel()
 		pool, _ := testkit.Pool(t)
 		fill(t, pool, "old", 50, 2*time.Hour)
-		p := NewPruner(pool, &PrunerConfig{Retention: time.Hour, BatchSize: 10, MaxBatches: 2})
+		p := mustPruner(t, pool, &PrunerConfig{Retention: time.Hour, BatchSize: 10, MaxBatches: 2})
 		n, err := p.Prune(ctx)
 		require.NoError(t, err)
 		require.Equal(t, 20, n)
@@ -89,7 +89,7 @@ func TestPruner(t *testing.T) {
 		fill(t, pool, "recent", 30, time.Minute)
 		fill(t, pool, "late", 5, 2*time.Hour) // published long ago, but written after young rows
 		var batches int
-		p := NewPruner(pool, &PrunerConfig{Retention: time.Hour, BatchSize: 10, OnPruned: func(int) { batches++ }})
+		p := mustPruner(t, pool, &PrunerConfig{Retention: time.Hour, BatchSize: 10, OnPruned: func(int) { batches++ }})
 		n, err := p.Prune(ctx)
 		require.NoError(t, err)
 		require.Equal(t, 5, n)
@@ -109,7 +109,7 @@ func TestPruner(t *testing.T) {
 		_, err = other.Exec(ctx, `SELECT pg_advisory_xact_lock($1)`, PruneLockKey)
 		require.NoError(t, err)
 
-		p := NewPruner(pool, &PrunerConfig{Retention: time.Hour})
+		p := mustPruner(t, pool, &PrunerConfig{Retention: time.Hour})
 		n, err := p.Prune(ctx)
 		require.NoError(t, err)
 		require.Zero(t, n, "another pruner's batch runs")
@@ -124,7 +124,7 @@ func TestPruner(t *testing.T) {
 	t.Run("StartPrunesEveryInterval", func(t *testing.T) {
 		t.Parallel()
 		pool, _ := testkit.Pool(t)
-		p := NewPruner(pool, &PrunerConfig{Retention: time.Hour, Interval: 20 * time.Millisecond})
+		p := mustPruner(t, pool, &PrunerConfig{Retention: time.Hour, Interval: 20 * time.Millisecond})
 		require.NoError(t, p.Start(ctx))
 		defer p.Stop()
 		fill(t, pool, "old", 7, 2*time.Hour)
@@ -139,7 +139,7 @@ func TestPruner(t *testing.T) {
 		require.NoError(t, err)
 		closed.Close()
 		logs := &logRecorder{}
-		p := NewPruner(closed, &PrunerConfig{Retention: time.Hour, Interval: 10 * time.Millisecond, Logger: slog.New(logs)})
+		p := mustPruner(t, closed, &PrunerConfig{Retention: time.Hour, Interval: 10 * time.Millisecond, Logger: slog.New(logs)})
 		require.NoError(t, p.Start(ctx))
 		require.Eventually(t, func() bool { return len(logs.warnings()) >= 2 }, 10*time.Second, 10*time.Millisecond)
 		p.Stop()
@@ -147,7 +147,8 @@ func TestPruner(t *testing.T) {
 		require.Contains(t, logs.warnings()[0], "closed pool")
 	})
 
-	require.Panics(t, func() { NewPruner(nil, &PrunerConfig{}) }, "a pruner without retention")
+	_, err := NewPruner(nil, &PrunerConfig{})
+	require.ErrorContains(t, err, "PrunerConfig.Retention must be positive", "a pruner without retention")
 }
 
 // Not parallel: the stress test's leak check counts every goroutine.
@@ -155,6 +156,13 @@ func TestPrunerStartStop(t *testing.T) {
 	t.Run("Stress", func(t *testing.T) {
 		pool, _ := testkit.Pool(t)
 		fill(t, pool, "old", 7, 2*time.Hour)
-		startstoptest.Stress(t, NewPruner(pool, &PrunerConfig{Retention: time.Hour, Interval: time.Millisecond}))
+		startstoptest.Stress(t, mustPruner(t, pool, &PrunerConfig{Retention: time.Hour, Interval: time.Millisecond}))
 	})
+}
+
+func mustPruner(t testing.TB, pool *pgxpool.Pool, cfg *PrunerConfig) *Pruner {
+	t.Helper()
+	p, err := NewPruner(pool, cfg)
+	require.NoError(t, err)
+	return p
 }

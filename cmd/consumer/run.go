@@ -183,19 +183,25 @@ func run(ctx context.Context, o *options, stderr io.Writer) (err error) {
 	}
 	defer relay.Stop()
 	if o.outboxRetention > 0 {
-		pruner := outbox.NewPruner(db.Pool, &outbox.PrunerConfig{
+		pruner, err := outbox.NewPruner(db.Pool, &outbox.PrunerConfig{
 			Retention: o.outboxRetention, Logger: log.With(slog.String("component", "outbox-pruner")),
 			OnPruned: func(n int) { m.OutboxPruned.Add(float64(n)) },
 		})
+		if err != nil {
+			return err
+		}
 		if err := pruner.Start(ctx); err != nil {
 			return err
 		}
 		defer pruner.Stop()
 	}
 	if o.ledgerRetention > 0 {
-		pruner := ledger.NewPruner(db.Pool, &ledger.PrunerConfig{
+		pruner, err := ledger.NewPruner(db.Pool, &ledger.PrunerConfig{
 			Retention: o.ledgerRetention, Logger: log.With(slog.String("component", "ledger-pruner")),
 		})
+		if err != nil {
+			return err
+		}
 		if err := pruner.Start(ctx); err != nil {
 			return err
 		}
