@@ -16,6 +16,8 @@ import (
 	"github.com/promptline/promptline/ledger"
 	"github.com/promptline/promptline/metrics"
 	"github.com/promptline/promptline/pipeline"
+	"github.com/promptline/promptline/provider"
+	"github.com/promptline/promptline/provider/scripted"
 	"github.com/promptline/promptline/tools"
 )
 
@@ -24,15 +26,15 @@ import (
 // real provider's headers would, then holding the step until hold
 // returns.
 type spendProvider struct {
-	hold func(req pipeline.ProviderRequest)
+	hold func(req provider.Request)
 
 	mu   sync.Mutex
-	reqs []pipeline.ProviderRequest
+	reqs []provider.Request
 }
 
 func (p *spendProvider) ModelName() string { return "model-x" }
 
-func (p *spendProvider) Complete(ctx context.Context, req pipeline.ProviderRequest) (pipeline.ProviderResponse, error) {
+func (p *spendProvider) Complete(ctx context.Context, req provider.Request) (provider.Response, error) {
 	p.mu.Lock()
 	p.reqs = append(p.reqs, req)
 	p.mu.Unlock()
@@ -41,18 +43,18 @@ func (p *spendProvider) Complete(ctx context.Context, req pipeline.ProviderReque
 	if p.hold != nil {
 		p.hold(req)
 	}
-	return pipeline.ScriptedProvider{}.Complete(ctx, req)
+	return scripted.ScriptedProvider{}.Complete(ctx, req)
 }
 
-func (p *spendProvider) requests() []pipeline.ProviderRequest {
+func (p *spendProvider) requests() []provider.Request {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	return append([]pipeline.ProviderRequest(nil), p.reqs...)
+	return append([]provider.Request(nil), p.reqs...)
 }
 
 // estimate is the executor's documented estimate of a request's input
 // tokens: its JSON bytes / 4, rounded up.
-func estimate(t *testing.T, req pipeline.ProviderRequest) int64 {
+func estimate(t *testing.T, req provider.Request) int64 {
 	b, err := json.Marshal(req)
 	assert.NoError(t, err)
 	return (int64(len(b)) + 3) / 4
@@ -71,7 +73,7 @@ func TestAttemptSpend(t *testing.T) {
 		// While each step is in flight, its intent already holds the model
 		// and the estimate, and the response ID arrives before the answer.
 		// (hold runs on the executor's goroutine: assert, not require.)
-		p.hold = func(req pipeline.ProviderRequest) {
+		p.hold = func(req provider.Request) {
 			assert.Eventually(t, func() bool {
 				var n int
 				err := b.pool.QueryRow(ctx, `SELECT count(*) FROM attempts WHERE attempt_id = $1 AND state = 'started'
@@ -113,7 +115,7 @@ func TestAttemptSpend(t *testing.T) {
 		require.NoError(t, err)
 		m := metrics.New(prometheus.NewRegistry())
 		p := &spendProvider{}
-		p.hold = func(pipeline.ProviderRequest) {
+		p.hold = func(provider.Request) {
 			assert.Eventually(t, func() bool { return counterValue(m.ResponseIDWriteFailures) == 1 },
 				10*time.Second, 5*time.Millisecond, "the failed write is counted")
 		}
@@ -174,16 +176,16 @@ type refusedOnce struct {
 	tries int
 }
 
-func (r *refusedOnce) Complete(ctx context.Context, req pipeline.ProviderRequest) (pipeline.ProviderResponse, error) {
+func (r *refusedOnce) Complete(ctx context.Context, req provider.Request) (provider.Response, error) {
 	r.mu.Lock()
 	r.tries++
 	first := r.tries == 1
 	r.mu.Unlock()
 	if first {
 		req.ResponseIDFunc("resp-of-the-refused-try")
-		return pipeline.ProviderResponse{}, &pipeline.RetryAfterError{After: 10 * time.Millisecond, Err: errors.New("429")}
+		return provider.Response{}, &provider.RetryAfterError{After: 10 * time.Millisecond, Err: errors.New("429")}
 	}
-	return pipeline.ScriptedProvider{}.Complete(ctx, req)
+	return scripted.ScriptedProvider{}.Complete(ctx, req)
 }
 
 func TestAttemptSpendOfARetriedAttempt(t *testing.T) {
@@ -201,17 +203,17 @@ func TestAttemptSpendOfARetriedAttempt(t *testing.T) {
 		AND tries = 2 AND response_id IS NULL`), "the answered try reported no ID; the refused try's is not its")
 }
 
-// unknownAfter answers every step with ErrOutcomeUnknown after the
+// unknownAfter answers every step with provider.ErrOutcomeUnknown after the
 // wrapped provider saw it (and reported its response ID).
 type unknownAfter struct{ p *spendProvider }
 
 func (u unknownAfter) ModelName() string { return u.p.ModelName() }
 
-func (u unknownAfter) Complete(ctx context.Context, req pipeline.ProviderRequest) (pipeline.ProviderResponse, error) {
+func (u unknownAfter) Complete(ctx context.Context, req provider.Request) (provider.Response, error) {
 	if _, err := u.p.Complete(ctx, req); err != nil {
-		return pipeline.ProviderResponse{}, err
+		return provider.Response{}, err
 	}
-	return pipeline.ProviderResponse{}, pipeline.ErrOutcomeUnknown
+	return provider.Response{}, provider.ErrOutcomeUnknown
 }
 
 // counterValue reads a counter.

@@ -23,6 +23,7 @@ import (
 	"github.com/promptline/promptline/metrics"
 	"github.com/promptline/promptline/outbox"
 	"github.com/promptline/promptline/pipeline"
+	"github.com/promptline/promptline/provider"
 	"github.com/promptline/promptline/tools"
 )
 
@@ -42,7 +43,7 @@ type testBundle struct {
 }
 
 type setupOpts struct {
-	provider pipeline.Provider
+	provider provider.Provider
 	limits   envelope.Limits
 	lease    time.Duration
 	metrics  *metrics.Metrics

@@ -11,6 +11,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/promptline/promptline/ledger"
+	"github.com/promptline/promptline/provider"
 )
 
 // continuation promotes a continuation input that recovery admitted: it
@@ -87,7 +88,7 @@ func (ex *execution) continueTurn(ctx context.Context, tx pgx.Tx, oldAssistant, 
 	if err != nil {
 		return nil, fmt.Errorf("reading the recovered turn's inputs: %w", err)
 	}
-	var m TranscriptMessage
+	var m provider.TranscriptMessage
 	if _, err := pgx.ForEachRow(rows, []any{&m.ID, &m.Text}, func() error {
 		m.Role = "user"
 		t.inputs = append(t.inputs, m)
@@ -122,7 +123,7 @@ func (ex *execution) continueTurn(ctx context.Context, tx pgx.Tx, oldAssistant, 
 	var input []byte
 	if _, err := pgx.ForEachRow(calls, []any{&p.ID, &p.AttemptID, &p.Index, &p.ModelCallID, &p.Tool, &p.Class, &input, &p.IdempotencyKey}, func() error {
 		p.Input = json.RawMessage(append([]byte(nil), input...))
-		t.pendingCalls = append(t.pendingCalls, pendingCall{params: p, call: ToolCall{ID: p.ModelCallID, Name: p.Tool, Input: p.Input}})
+		t.pendingCalls = append(t.pendingCalls, pendingCall{params: p, call: provider.ToolCall{ID: p.ModelCallID, Name: p.Tool, Input: p.Input}})
 		return nil
 	}); err != nil {
 		return nil, fmt.Errorf("reading requested tool calls: %w", err)

@@ -18,13 +18,13 @@ import (
 	"github.com/promptline/promptline/envelope"
 	"github.com/promptline/promptline/internal/testkit"
 	"github.com/promptline/promptline/metrics"
-	"github.com/promptline/promptline/pipeline"
-	"github.com/promptline/promptline/pipeline/providers"
+	"github.com/promptline/promptline/provider"
+	"github.com/promptline/promptline/provider/providers"
 )
 
 // streamingProvider is the OpenAI-compatible provider with stream: true
 // against a server that streams cfg over server-sent events.
-func streamingProvider(t *testing.T, cfg testkit.OpenAIStreamConfig) pipeline.Provider {
+func streamingProvider(t *testing.T, cfg testkit.OpenAIStreamConfig) provider.Provider {
 	t.Helper()
 	srv := httptest.NewServer(testkit.OpenAIStreamHandler(cfg))
 	t.Cleanup(srv.Close)

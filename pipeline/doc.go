@@ -6,7 +6,8 @@
 // permission policy, parks a turn on a permission ask and resumes it with
 // the reply, takes recovery's continuations up, stores the answer and
 // announces it through the outbox). The Provider contract and its error
-// classes are in provider.go; the network providers in providers/.
+// classes are in package provider; the network providers in
+// provider/providers.
 //
 // When the process that admitted a prompt also owns its session's wakes
 // partition, it starts the session at once (a local wake, hint.go); the

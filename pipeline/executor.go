@@ -19,6 +19,8 @@ import (
 	"github.com/promptline/promptline/internal/pgdb"
 	"github.com/promptline/promptline/ledger"
 	"github.com/promptline/promptline/metrics"
+	"github.com/promptline/promptline/provider"
+	"github.com/promptline/promptline/provider/scripted"
 	"github.com/promptline/promptline/tools"
 )
 
@@ -29,7 +31,7 @@ type ExecutorConfig struct {
 	// Topics names the outbox targets. Defaults to kafkautil's defaults.
 	Topics kafkautil.Topics
 	// Provider answers turns. Defaults to ScriptedProvider.
-	Provider Provider
+	Provider provider.Provider
 	// ProviderName is recorded with each attempt. Defaults to "scripted".
 	ProviderName string
 	// Tools the model may call. Defaults to none.
@@ -114,7 +116,7 @@ func NewExecutor(pool *pgxpool.Pool, config *ExecutorConfig) *Executor {
 		panic("pipeline: ExecutorConfig.Claims is required")
 	}
 	cfg.Topics = cfg.Topics.WithDefaults()
-	cfg.Provider = cmp.Or[Provider](cfg.Provider, ScriptedProvider{})
+	cfg.Provider = cmp.Or[provider.Provider](cfg.Provider, scripted.ScriptedProvider{})
 	cfg.MaxSessions = cmp.Or(cfg.MaxSessions, maxSessionsDefault)
 	cfg.ToolTimeout = cmp.Or(cfg.ToolTimeout, toolTimeoutDefault)
 	cfg.DeltaInterval = cmp.Or(cfg.DeltaInterval, deltaIntervalDefault)
@@ -123,9 +125,9 @@ func NewExecutor(pool *pgxpool.Pool, config *ExecutorConfig) *Executor {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	idem, _ := cfg.Provider.(IdempotentProvider)
+	idem, _ := cfg.Provider.(provider.IdempotentProvider)
 	var model string
-	if m, ok := cfg.Provider.(ModelNamer); ok {
+	if m, ok := cfg.Provider.(provider.ModelNamer); ok {
 		model = m.ModelName()
 	}
 	return &Executor{

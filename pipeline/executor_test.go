@@ -15,6 +15,8 @@ import (
 	"github.com/promptline/promptline/internal/testkit"
 	"github.com/promptline/promptline/ledger"
 	"github.com/promptline/promptline/pipeline"
+	"github.com/promptline/promptline/provider"
+	"github.com/promptline/promptline/provider/scripted"
 )
 
 // execBundle is an Executor on a real database without Kafka: prompts are
@@ -31,7 +33,7 @@ func setupExec(t *testing.T) *execBundle {
 	return &execBundle{pool: pool, admitter: pipeline.NewAdmitter(pool, &pipeline.AdmitterConfig{})}
 }
 
-func (b *execBundle) executor(t *testing.T, owner string, provider pipeline.Provider, lease time.Duration, maxSessions int) *pipeline.Executor {
+func (b *execBundle) executor(t *testing.T, owner string, provider provider.Provider, lease time.Duration, maxSessions int) *pipeline.Executor {
 	t.Helper()
 	claims := ledger.NewClaims(b.pool, &ledger.ClaimsConfig{Lease: lease, OwnerID: owner})
 	e := pipeline.NewExecutor(b.pool, &pipeline.ExecutorConfig{Claims: claims, Provider: provider, MaxSessions: maxSessions})
@@ -75,14 +77,14 @@ func newBlockingProvider() *blockingProvider {
 	return &blockingProvider{started: make(chan string, 16), gate: make(chan struct{})}
 }
 
-func (p *blockingProvider) Complete(ctx context.Context, req pipeline.ProviderRequest) (pipeline.ProviderResponse, error) {
+func (p *blockingProvider) Complete(ctx context.Context, req provider.Request) (provider.Response, error) {
 	p.calls.Add(1)
 	p.started <- req.Turn[0].ID
 	select {
 	case <-p.gate:
-		return pipeline.ProviderResponse{Text: "ok"}, nil
+		return provider.Response{Text: "ok"}, nil
 	case <-ctx.Done():
-		return pipeline.ProviderResponse{}, ctx.Err()
+		return provider.Response{}, ctx.Err()
 	}
 }
 
@@ -97,7 +99,7 @@ func TestExecutor(t *testing.T) {
 		b := setupExec(t)
 		p := newBlockingProvider()
 		holder := b.executor(t, "holder", p, 5*time.Second, 0)
-		other := b.executor(t, "other", pipeline.ScriptedProvider{}, 5*time.Second, 0)
+		other := b.executor(t, "other", scripted.ScriptedProvider{}, 5*time.Second, 0)
 
 		b.admit(t, "s", "m1", "first")
 		done1, err := holder.Wake(ctx, "s", 0)
@@ -123,7 +125,7 @@ func TestExecutor(t *testing.T) {
 	t.Run("InputAdmittedAfterReleaseGetsItsOwnWake", func(t *testing.T) {
 		t.Parallel()
 		b := setupExec(t)
-		e := b.executor(t, "a", pipeline.ScriptedProvider{}, 5*time.Second, 0)
+		e := b.executor(t, "a", scripted.ScriptedProvider{}, 5*time.Second, 0)
 		b.admit(t, "s", "m1", "first")
 		done, err := e.Wake(ctx, "s", 0)
 		require.NoError(t, err)

@@ -13,6 +13,8 @@ import (
 	"github.com/promptline/promptline/internal/testkit"
 	"github.com/promptline/promptline/ledger"
 	"github.com/promptline/promptline/pipeline"
+	"github.com/promptline/promptline/provider"
+	"github.com/promptline/promptline/provider/scripted"
 	"github.com/promptline/promptline/tools"
 )
 
@@ -25,13 +27,13 @@ const danglingClaimSQL = `SELECT count(*) FROM claims c WHERE coalesce(c.assista
 // the step limit.
 type loopingProvider struct{}
 
-func (loopingProvider) Complete(_ context.Context, req pipeline.ProviderRequest) (pipeline.ProviderResponse, error) {
+func (loopingProvider) Complete(_ context.Context, req provider.Request) (provider.Response, error) {
 	for _, m := range req.Turn {
 		if m.Text == "loop" {
-			return pipeline.ProviderResponse{ToolCalls: []pipeline.ToolCall{{ID: "c", Name: "echo", Input: json.RawMessage(`{"text": "again"}`)}}}, nil
+			return provider.Response{ToolCalls: []provider.ToolCall{{ID: "c", Name: "echo", Input: json.RawMessage(`{"text": "again"}`)}}}, nil
 		}
 	}
-	return pipeline.ScriptedProvider{}.Complete(context.Background(), req)
+	return scripted.ScriptedProvider{}.Complete(context.Background(), req)
 }
 
 // TestFailedTurnNamesAnExistingMessage: a turn that fails after its first
@@ -54,7 +56,7 @@ func TestFailedTurnNamesAnExistingMessage(t *testing.T) {
 	}
 	// executor builds an executor whose every commit is followed by a look
 	// at the claim, before the execution goes on.
-	executor := func(t *testing.T, b *bundle, provider pipeline.Provider, perm tools.Permission) *pipeline.Executor {
+	executor := func(t *testing.T, b *bundle, provider provider.Provider, perm tools.Permission) *pipeline.Executor {
 		reg := tools.NewRegistry()
 		require.NoError(t, reg.Register(tools.NewEcho()))
 		claims := ledger.NewClaims(b.pool, &ledger.ClaimsConfig{Lease: 5 * time.Second, OwnerID: "f"})

@@ -14,6 +14,8 @@ import (
 	"github.com/promptline/promptline/envelope"
 	"github.com/promptline/promptline/ledger"
 	"github.com/promptline/promptline/pipeline"
+	"github.com/promptline/promptline/provider"
+	"github.com/promptline/promptline/provider/scripted"
 	"github.com/promptline/promptline/tools"
 )
 
@@ -97,7 +99,7 @@ func TestLedger(t *testing.T) {
 		b := setupExec(t)
 		reg := tools.NewRegistry()
 		require.NoError(t, reg.Register(tools.NewEcho()))
-		e := b.executor(t, "a", pipeline.ScriptedProvider{}, 5*time.Second, 0)
+		e := b.executor(t, "a", scripted.ScriptedProvider{}, 5*time.Second, 0)
 		_ = e
 		claims := ledger.NewClaims(b.pool, &ledger.ClaimsConfig{OwnerID: "b"})
 		e2 := pipeline.NewExecutor(b.pool, &pipeline.ExecutorConfig{Claims: claims, Tools: reg})
@@ -120,23 +122,23 @@ func TestLedger(t *testing.T) {
 // recordingScripted is the scripted provider, remembering each request.
 type recordingScripted struct {
 	mu   sync.Mutex
-	reqs []pipeline.ProviderRequest
+	reqs []provider.Request
 }
 
-func (r *recordingScripted) Complete(ctx context.Context, req pipeline.ProviderRequest) (pipeline.ProviderResponse, error) {
+func (r *recordingScripted) Complete(ctx context.Context, req provider.Request) (provider.Response, error) {
 	r.mu.Lock()
 	r.reqs = append(r.reqs, req)
 	r.mu.Unlock()
-	return pipeline.ScriptedProvider{}.Complete(ctx, req)
+	return scripted.ScriptedProvider{}.Complete(ctx, req)
 }
 
-func (r *recordingScripted) request(i int) pipeline.ProviderRequest {
+func (r *recordingScripted) request(i int) provider.Request {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	return r.reqs[i]
 }
 
-func roles(ms []pipeline.TranscriptMessage) []string {
+func roles(ms []provider.TranscriptMessage) []string {
 	var out []string
 	for _, m := range ms {
 		out = append(out, m.Role)

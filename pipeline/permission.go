@@ -17,6 +17,7 @@ import (
 	"github.com/promptline/promptline/internal/pgdb"
 	"github.com/promptline/promptline/ledger"
 	"github.com/promptline/promptline/outbox"
+	"github.com/promptline/promptline/provider"
 	"github.com/promptline/promptline/tools"
 )
 
@@ -65,7 +66,7 @@ func (ex *execution) permission(tool string) tools.Permission {
 // the durable request (and the session's "always" grants): granted runs,
 // rejected with a message returns the message as feedback for the model,
 // rejected without one declines the turn, anything else parks the session.
-func (ex *execution) checkPermission(ctx context.Context, p ledger.CallParams, c ToolCall) (feedback string, err error) {
+func (ex *execution) checkPermission(ctx context.Context, p ledger.CallParams, c provider.ToolCall) (feedback string, err error) {
 	switch ex.permission(c.Name) {
 	case tools.Allow:
 		return "", nil
@@ -107,7 +108,7 @@ func (ex *execution) checkPermission(ctx context.Context, p ledger.CallParams, c
 // when the reply arrives first: the turn is continued twice, answered
 // twice, and the tool asked for again. Safe makes recovery clear the claim
 // and wake the session when the reply waits (invariant 7).
-func (ex *execution) park(ctx context.Context, p ledger.CallParams, c ToolCall) error {
+func (ex *execution) park(ctx context.Context, p ledger.CallParams, c provider.ToolCall) error {
 	meta, _ := json.Marshal(map[string]any{"input": jsonOrString(c.Input), "model_call_id": c.ID})
 	// Idempotent (the request is inserted once, and announced only then):
 	// a retry after a commit whose answer was lost changes nothing more.

@@ -11,7 +11,8 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/promptline/promptline/envelope"
-	"github.com/promptline/promptline/pipeline"
+	"github.com/promptline/promptline/provider"
+	"github.com/promptline/promptline/provider/scripted"
 )
 
 func TestStraightPath(t *testing.T) {
@@ -238,33 +239,33 @@ func newGatedProvider() *gatedProvider {
 	return g
 }
 
-func (g *gatedProvider) Complete(ctx context.Context, req pipeline.ProviderRequest) (pipeline.ProviderResponse, error) {
+func (g *gatedProvider) Complete(ctx context.Context, req provider.Request) (provider.Response, error) {
 	select {
 	case <-g.once:
 		close(g.started)
 		select {
 		case <-g.release:
 		case <-ctx.Done():
-			return pipeline.ProviderResponse{}, ctx.Err()
+			return provider.Response{}, ctx.Err()
 		}
 	default:
 	}
-	return pipeline.ScriptedProvider{}.Complete(ctx, req)
+	return scripted.ScriptedProvider{}.Complete(ctx, req)
 }
 
 type recordingProvider struct {
 	mu   sync.Mutex
-	reqs []pipeline.ProviderRequest
+	reqs []provider.Request
 }
 
-func (r *recordingProvider) Complete(_ context.Context, req pipeline.ProviderRequest) (pipeline.ProviderResponse, error) {
+func (r *recordingProvider) Complete(_ context.Context, req provider.Request) (provider.Response, error) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.reqs = append(r.reqs, req)
-	return pipeline.ProviderResponse{Text: "recorded"}, nil
+	return provider.Response{Text: "recorded"}, nil
 }
 
-func (r *recordingProvider) last() pipeline.ProviderRequest {
+func (r *recordingProvider) last() provider.Request {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	return r.reqs[len(r.reqs)-1]

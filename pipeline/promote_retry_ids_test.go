@@ -7,7 +7,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/promptline/promptline/pipeline"
+	"github.com/promptline/promptline/provider/scripted"
 )
 
 // A promotion the server refused committed nothing, so its try again must
@@ -20,7 +20,7 @@ func TestRefusedPromotionKeepsAttemptNumbering(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	b := setupExec(t)
-	e := b.executor(t, "p", pipeline.ScriptedProvider{}, time.Minute, 0)
+	e := b.executor(t, "p", scripted.ScriptedProvider{}, time.Minute, 0)
 	b.admit(t, "s", "m1", "first")
 	b.admit(t, "s", "m2", "second")
 	_, err := b.pool.Exec(ctx, refuseOnce("m2", "40P01", `BEFORE UPDATE OF promotion_seq ON inputs

@@ -11,6 +11,7 @@ import (
 	"github.com/promptline/promptline/envelope"
 	"github.com/promptline/promptline/ledger"
 	"github.com/promptline/promptline/pipeline"
+	"github.com/promptline/promptline/provider/scripted"
 	"github.com/promptline/promptline/tools"
 )
 
@@ -113,7 +114,7 @@ func TestRefusedClaimWithFirstTurnClaimsFirst(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	b := setupExec(t)
-	e := b.executor(t, "p", pipeline.ScriptedProvider{}, time.Minute, 0)
+	e := b.executor(t, "p", scripted.ScriptedProvider{}, time.Minute, 0)
 	_, err := b.pool.Exec(ctx, refuseOnce("claim", "40001", `BEFORE INSERT ON claims FOR EACH ROW`))
 	require.NoError(t, err)
 	b.admit(t, "s", "m1", "plain")

@@ -10,6 +10,7 @@ import (
 	"github.com/promptline/promptline/envelope"
 	"github.com/promptline/promptline/ledger"
 	"github.com/promptline/promptline/outbox"
+	"github.com/promptline/promptline/provider"
 )
 
 // The common turn's transactions run on queued writes
@@ -29,7 +30,7 @@ import (
 // turn, as it would have had it been admitted a moment later.
 type sessionView struct {
 	waiting []waitingInput
-	history []TranscriptMessage
+	history []provider.TranscriptMessage
 }
 
 // kind is the input's (KindPrompt, KindPermissionReply, KindContinuation):
@@ -79,7 +80,7 @@ func (ex *execution) readView(ctx context.Context) (*sessionView, error) {
 // same transaction promote commits.
 func (ex *execution) promoteQueued(ctx context.Context, v *sessionView) (*turn, error) {
 	t := newTurn(pickTurn(v.waiting))
-	var req ProviderRequest
+	var req provider.Request
 	err := ex.x.WriteQueued(ctx, ledger.PhaseUnknown, t.assistantID, func(b *pgx.Batch) {
 		req = ex.queueFirstStep(b, t, v)
 	})
@@ -100,7 +101,7 @@ func (ex *execution) claimFirstTurn(ctx context.Context, read ledger.SessionRead
 	for i, w := range v.waiting {
 		waiting[i] = w.id
 	}
-	var req ProviderRequest
+	var req provider.Request
 	x, err := ex.e.claims.AcquireAsRead(ctx, ex.sessionID, newID(), read, waiting, ledger.PhaseUnknown, t.assistantID,
 		func(b *pgx.Batch, x *ledger.Execution) {
 			ex.x = x
@@ -118,7 +119,7 @@ func (ex *execution) claimFirstTurn(ctx context.Context, read ledger.SessionRead
 // queueFirstStep queues the promotion of t's inputs (taken from v), their
 // user messages, t's pending assistant message and the first step's
 // attempt intent, and returns the step's request.
-func (ex *execution) queueFirstStep(b *pgx.Batch, t *turn, v *sessionView) ProviderRequest {
+func (ex *execution) queueFirstStep(b *pgx.Batch, t *turn, v *sessionView) provider.Request {
 	cl := ex.x.Claim()
 	attemptID := ex.nextAttemptID()
 	// The transcript after promotion: the stored one, then the turn's user
@@ -173,14 +174,14 @@ func newTurn(pick []waitingInput) *turn {
 	t := &turn{id: newID(), promotedAt: time.Now()}
 	t.assistantID = t.id
 	for _, w := range pick {
-		t.inputs = append(t.inputs, TranscriptMessage{ID: w.id, Role: "user", Text: w.text})
+		t.inputs = append(t.inputs, provider.TranscriptMessage{ID: w.id, Role: "user", Text: w.text})
 	}
 	return t
 }
 
 // request is the provider request of t's current step.
-func (ex *execution) request(t *turn, attemptID, key string, hist []TranscriptMessage) ProviderRequest {
-	return ProviderRequest{
+func (ex *execution) request(t *turn, attemptID, key string, hist []provider.TranscriptMessage) provider.Request {
+	return provider.Request{
 		SessionID: ex.sessionID, AssistantMessageID: t.assistantID, AttemptID: attemptID,
 		IdempotencyKey: key, FencingToken: ex.x.Claim().Token, Messages: hist, Turn: t.inputs, Tools: ex.toolSpecs(),
 	}

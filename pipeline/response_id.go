@@ -45,7 +45,7 @@ func (ex *execution) responseIDRecorder(attemptID string, log *slog.Logger) *res
 	return &responseIDWrite{ex: ex, attemptID: attemptID, log: log}
 }
 
-// report is ProviderRequest.ResponseIDFunc.
+// report is provider.Request.ResponseIDFunc.
 func (w *responseIDWrite) report(id string) {
 	id = cleanResponseID(id)
 	if id == "" {

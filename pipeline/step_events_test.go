@@ -14,7 +14,7 @@ import (
 
 	"github.com/promptline/promptline/envelope"
 	"github.com/promptline/promptline/internal/testkit"
-	"github.com/promptline/promptline/pipeline"
+	"github.com/promptline/promptline/provider/scripted"
 	"github.com/promptline/promptline/tools"
 )
 
@@ -175,7 +175,7 @@ func TestStepEventsOfTheTransactionalPromotion(t *testing.T) {
 	_, err := b.pool.Exec(ctx, `INSERT INTO inputs (message_id, session_id, text, payload_hash, delivery, wake_pending, kind)
 		VALUES ('orphan-continuation', 's', '', '\x00', 'steer', true, 'continuation')`)
 	require.NoError(t, err)
-	done, err := b.executor(t, "x", pipeline.ScriptedProvider{}, 5*time.Second, 0).Wake(ctx, "s", 0)
+	done, err := b.executor(t, "x", scripted.ScriptedProvider{}, 5*time.Second, 0).Wake(ctx, "s", 0)
 	require.NoError(t, err)
 	wait(t, done)
 	require.Equal(t, 1, b.count(t, `SELECT count(*) FROM inputs WHERE message_id = 'orphan-continuation' AND quarantine_reason IS NOT NULL`))

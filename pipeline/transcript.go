@@ -6,6 +6,8 @@ import (
 	"fmt"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/promptline/promptline/provider"
 )
 
 // unsettledResult stands in for the result of a tool call that has none: a
@@ -15,7 +17,7 @@ const unsettledResult = "no result: the call was interrupted before it ran, or i
 // history reads the session's transcript as a provider sees it: user
 // messages, completed assistant messages (text and tool calls) and tool
 // results, oldest first; every tool call is followed by a result.
-func history(ctx context.Context, tx pgx.Tx, sessionID string) ([]TranscriptMessage, error) {
+func history(ctx context.Context, tx pgx.Tx, sessionID string) ([]provider.TranscriptMessage, error) {
 	rows, err := tx.Query(ctx, historySQL, sessionID)
 	if err != nil {
 		return nil, fmt.Errorf("reading transcript: %w", err)
@@ -28,8 +30,8 @@ func history(ctx context.Context, tx pgx.Tx, sessionID string) ([]TranscriptMess
 }
 
 // scanHistory reads historySQL's rows into messages, orphans unsettled.
-func scanHistory(rows pgx.Rows) ([]TranscriptMessage, error) {
-	var out []TranscriptMessage
+func scanHistory(rows pgx.Rows) ([]provider.TranscriptMessage, error) {
+	var out []provider.TranscriptMessage
 	var (
 		id, role   string
 		toolCallID *string
@@ -38,7 +40,7 @@ func scanHistory(rows pgx.Rows) ([]TranscriptMessage, error) {
 	)
 	_, err := pgx.ForEachRow(rows, []any{&id, &role, &toolCallID, &isError, &kind, &body}, func() error {
 		if len(out) == 0 || out[len(out)-1].ID != id {
-			m := TranscriptMessage{ID: id, Role: role, IsError: isError}
+			m := provider.TranscriptMessage{ID: id, Role: role, IsError: isError}
 			if toolCallID != nil {
 				m.ToolCallID = *toolCallID
 			}
@@ -54,7 +56,7 @@ func scanHistory(rows pgx.Rows) ([]TranscriptMessage, error) {
 			if err := json.Unmarshal([]byte(*body), &p); err != nil {
 				return fmt.Errorf("message %s: malformed tool call part: %w", id, err)
 			}
-			m.ToolCalls = append(m.ToolCalls, ToolCall(p))
+			m.ToolCalls = append(m.ToolCalls, provider.ToolCall(p))
 		}
 		return nil
 	})
@@ -66,7 +68,7 @@ func scanHistory(rows pgx.Rows) ([]TranscriptMessage, error) {
 
 // settleOrphans places a synthetic error result after every tool call that
 // has none, and drops results whose call is not in the transcript.
-func settleOrphans(in []TranscriptMessage) []TranscriptMessage {
+func settleOrphans(in []provider.TranscriptMessage) []provider.TranscriptMessage {
 	answered := map[string]bool{}
 	called := map[string]bool{}
 	for _, m := range in {
@@ -77,7 +79,7 @@ func settleOrphans(in []TranscriptMessage) []TranscriptMessage {
 			called[c.ID] = true
 		}
 	}
-	out := make([]TranscriptMessage, 0, len(in))
+	out := make([]provider.TranscriptMessage, 0, len(in))
 	for i := 0; i < len(in); i++ {
 		m := in[i]
 		if m.Role == "tool" && !called[m.ToolCallID] {
@@ -96,7 +98,7 @@ func settleOrphans(in []TranscriptMessage) []TranscriptMessage {
 		}
 		for _, c := range m.ToolCalls {
 			if !answered[c.ID] {
-				out = append(out, TranscriptMessage{ID: c.ID + "/unsettled", Role: "tool", ToolCallID: c.ID, IsError: true, Text: unsettledResult})
+				out = append(out, provider.TranscriptMessage{ID: c.ID + "/unsettled", Role: "tool", ToolCallID: c.ID, IsError: true, Text: unsettledResult})
 			}
 		}
 	}

@@ -4,6 +4,8 @@ import (
 	"testing"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/promptline/promptline/provider"
 )
 
 // A provider never receives a tool call without its result: missing
@@ -11,9 +13,9 @@ import (
 // results whose call is not in the transcript are dropped.
 func TestSettleOrphans(t *testing.T) {
 	t.Parallel()
-	in := []TranscriptMessage{
+	in := []provider.TranscriptMessage{
 		{ID: "u1", Role: "user", Text: "go"},
-		{ID: "a1", Role: "assistant", ToolCalls: []ToolCall{{ID: "c1", Name: "echo"}, {ID: "c2", Name: "append_line"}}},
+		{ID: "a1", Role: "assistant", ToolCalls: []provider.ToolCall{{ID: "c1", Name: "echo"}, {ID: "c2", Name: "append_line"}}},
 		{ID: "r1", Role: "tool", ToolCallID: "c1", Text: "ok"},
 		{ID: "stray", Role: "tool", ToolCallID: "c-nowhere", Text: "?"},
 		{ID: "u2", Role: "user", Text: "next"},
@@ -29,7 +31,7 @@ func TestSettleOrphans(t *testing.T) {
 	require.Equal(t, msgIDs(out), msgIDs(settleOrphans(out)))
 }
 
-func msgIDs(ms []TranscriptMessage) []string {
+func msgIDs(ms []provider.TranscriptMessage) []string {
 	var out []string
 	for _, m := range ms {
 		out = append(out, m.ID)

@@ -19,18 +19,19 @@ import (
 	"github.com/promptline/promptline/ledger"
 	"github.com/promptline/promptline/metrics"
 	"github.com/promptline/promptline/outbox"
+	"github.com/promptline/promptline/provider"
 	"github.com/promptline/promptline/tools"
 )
 
 // turn is one promoted batch of inputs and the steps that answer it.
 type turn struct {
 	id          string // the turn's first assistant message ID
-	inputs      []TranscriptMessage
+	inputs      []provider.TranscriptMessage
 	assistantID string // the current step's assistant message
 	promotedAt  time.Time
 	// begun is the request whose attempt intent is already committed (the
 	// first step's, with the promotion).
-	begun *ProviderRequest
+	begun *provider.Request
 	// A continuation (recovery admitted it) first runs the calls its
 	// predecessor requested and never dispatched (or that recovery
 	// re-armed), and may send its first step with the idempotency key of
@@ -44,7 +45,7 @@ type turn struct {
 
 type pendingCall struct {
 	params ledger.CallParams
-	call   ToolCall
+	call   provider.ToolCall
 }
 
 // promote takes the next turn's inputs: every waiting steer if any (they
@@ -184,7 +185,7 @@ func (ex *execution) runStep(ctx context.Context, t *turn, step int, log *slog.L
 		attemptID = ex.nextAttemptID()
 	}
 	for {
-		var req ProviderRequest
+		var req provider.Request
 		if t.begun != nil {
 			req, t.begun = *t.begun, nil
 		} else {
@@ -231,7 +232,7 @@ func (ex *execution) runStep(ctx context.Context, t *turn, step int, log *slog.L
 			ex.unknownMetric(err)
 			return true, released, err
 		}
-		if errors.Is(perr, ErrOutcomeUnknown) && !ex.e.idempotentProvider {
+		if errors.Is(perr, provider.ErrOutcomeUnknown) && !ex.e.idempotentProvider {
 			released, err := ex.failTurn(ctx, t, envelope.FailOutcomeUnknown, perr, failOpts{AttemptID: attemptID, AttemptState: ledger.AttemptUnknown})
 			ex.unknownMetric(err)
 			return true, released, err
@@ -268,7 +269,7 @@ func (ex *execution) runStep(ctx context.Context, t *turn, step int, log *slog.L
 			}
 		}
 		reason := envelope.FailProviderError
-		if errors.Is(perr, ErrUnsupported) {
+		if errors.Is(perr, provider.ErrUnsupported) {
 			reason = envelope.FailUnsupported
 		}
 		released, err := ex.failTurn(ctx, t, reason, perr, failOpts{AttemptID: attemptID, AttemptState: ledger.AttemptFailed})
@@ -279,16 +280,16 @@ func (ex *execution) runStep(ctx context.Context, t *turn, step int, log *slog.L
 // beginStep commits (in tx) the intent of the step's provider attempt —
 // creating the step's assistant message after the first — and returns the
 // request to send.
-func (ex *execution) beginStep(ctx context.Context, tx pgx.Tx, t *turn, step int, attemptID string) (ProviderRequest, error) {
+func (ex *execution) beginStep(ctx context.Context, tx pgx.Tx, t *turn, step int, attemptID string) (provider.Request, error) {
 	cl := ex.x.Claim()
 	// The step's assistant message (the first step's exists already, made
 	// with the promotion).
 	if _, err := tx.Exec(ctx, insertAssistantSQL+` ON CONFLICT (message_id) DO NOTHING`, t.assistantID, ex.sessionID, ids(t.inputs), cl.ExecutionID, cl.Token, t.id); err != nil {
-		return ProviderRequest{}, fmt.Errorf("creating assistant message: %w", err)
+		return provider.Request{}, fmt.Errorf("creating assistant message: %w", err)
 	}
 	hist, err := history(ctx, tx, ex.sessionID)
 	if err != nil {
-		return ProviderRequest{}, err
+		return provider.Request{}, err
 	}
 	key := attemptID
 	if step == 1 && t.retryKey != "" {
@@ -312,15 +313,15 @@ func (ex *execution) nextAttemptID() string {
 // retryable says whether a failed attempt may be sent again, and after how
 // long: only when the request certainly was not acted on, or when the
 // provider honours idempotency keys (the retry carries the same key) and
-// did not refuse the request itself (ErrUnsupported, ErrRejected).
+// did not refuse the request itself (provider.ErrUnsupported, provider.ErrRejected).
 func (ex *execution) retryable(err error) (time.Duration, bool) {
-	var ra *RetryAfterError
+	var ra *provider.RetryAfterError
 	switch {
 	case errors.As(err, &ra):
 		return ra.After, true
-	case errors.Is(err, ErrNotSent):
+	case errors.Is(err, provider.ErrNotSent):
 		return 200 * time.Millisecond, true
-	case ex.e.idempotentProvider && !errors.Is(err, ErrUnsupported) && !errors.Is(err, ErrRejected):
+	case ex.e.idempotentProvider && !errors.Is(err, provider.ErrUnsupported) && !errors.Is(err, provider.ErrRejected):
 		return 200 * time.Millisecond, true
 	}
 	return 0, false
@@ -332,7 +333,7 @@ func (ex *execution) retryable(err error) (time.Duration, bool) {
 // safe, turn.completed in the same transaction); with them, the phase is
 // continue (nothing is in flight; the model must see their results) and
 // the calls run next.
-func (ex *execution) recordResponse(ctx context.Context, t *turn, step int, attemptID string, resp ProviderResponse, log *slog.Logger) (done, released bool, err error) {
+func (ex *execution) recordResponse(ctx context.Context, t *turn, step int, attemptID string, resp provider.Response, log *slog.Logger) (done, released bool, err error) {
 	calls := make([]ledger.CallParams, len(resp.ToolCalls))
 	for i, c := range resp.ToolCalls {
 		calls[i] = ledger.CallParams{
@@ -408,7 +409,7 @@ type toolCallPart struct {
 // runCall runs one requested tool call between its intent and its result.
 // Invalid input (unknown tool, schema mismatch) is a failed call returned
 // to the model, not a crash.
-func (ex *execution) runCall(ctx context.Context, turnID string, p ledger.CallParams, c ToolCall, log *slog.Logger) error {
+func (ex *execution) runCall(ctx context.Context, turnID string, p ledger.CallParams, c provider.ToolCall, log *slog.Logger) error {
 	tool, ok := ex.lookup(c.Name)
 	if err := ex.validate(c); err != nil || !ok {
 		if err == nil {
@@ -524,7 +525,7 @@ func (ex *execution) runTool(ctx context.Context, tool tools.Tool, call tools.Ca
 // a step sets the phase continue in the same transaction. After a
 // cancellation (a shutdown past its grace) it writes once, on a context
 // that outlives it (afterCancel).
-func (ex *execution) settleCall(ctx context.Context, turnID string, p ledger.CallParams, c ToolCall, state ledger.CallState, output string, isError bool) error {
+func (ex *execution) settleCall(ctx context.Context, turnID string, p ledger.CallParams, c provider.ToolCall, state ledger.CallState, output string, isError bool) error {
 	cl := ex.x.Claim()
 	var last bool
 	settled := func(ctx context.Context, tx pgx.Tx) (settled bool, err error) {
@@ -710,7 +711,7 @@ func (ex *execution) turnMetric(outcome string, t *turn) {
 
 // attemptMetric counts one provider request by the outcome the process
 // saw: a response (succeeded), an error that may have been acted on
-// (unknown: ErrOutcomeUnknown, or cut off by cancellation), or any other
+// (unknown: provider.ErrOutcomeUnknown, or cut off by cancellation), or any other
 // error (failed).
 func (ex *execution) attemptMetric(ctx context.Context, perr error, d time.Duration) {
 	m := ex.e.cfg.Metrics
@@ -720,7 +721,7 @@ func (ex *execution) attemptMetric(ctx context.Context, perr error, d time.Durat
 	outcome := metrics.OutcomeSucceeded
 	switch {
 	case perr == nil:
-	case errors.Is(perr, ErrOutcomeUnknown) || ctx.Err() != nil:
+	case errors.Is(perr, provider.ErrOutcomeUnknown) || ctx.Err() != nil:
 		outcome = metrics.OutcomeUnknown
 	default:
 		outcome = metrics.OutcomeFailed
@@ -772,13 +773,13 @@ func (ex *execution) callMetric(state ledger.CallState) {
 	m.ToolCalls.WithLabelValues(outcome).Inc()
 }
 
-func (ex *execution) toolSpecs() []ToolSpec {
+func (ex *execution) toolSpecs() []provider.ToolSpec {
 	if ex.e.cfg.Tools == nil {
 		return nil
 	}
-	var out []ToolSpec
+	var out []provider.ToolSpec
 	for _, s := range ex.e.cfg.Tools.Specs() {
-		out = append(out, ToolSpec{Name: s.Name, Description: s.Description, InputSchema: s.InputSchema})
+		out = append(out, provider.ToolSpec{Name: s.Name, Description: s.Description, InputSchema: s.InputSchema})
 	}
 	return out
 }
@@ -790,7 +791,7 @@ func (ex *execution) lookup(name string) (tools.Tool, bool) {
 	return ex.e.cfg.Tools.Lookup(name)
 }
 
-func (ex *execution) validate(c ToolCall) error {
+func (ex *execution) validate(c provider.ToolCall) error {
 	if ex.e.cfg.Tools == nil {
 		return fmt.Errorf("no tools are configured")
 	}
@@ -799,7 +800,7 @@ func (ex *execution) validate(c ToolCall) error {
 
 // classOf is the call's declared class; an unknown tool or an unresolvable
 // class counts as side-effecting, the safe assumption.
-func (ex *execution) classOf(c ToolCall) tools.Class {
+func (ex *execution) classOf(c provider.ToolCall) tools.Class {
 	t, ok := ex.lookup(c.Name)
 	if !ok {
 		return tools.SideEffecting
@@ -807,7 +808,7 @@ func (ex *execution) classOf(c ToolCall) tools.Class {
 	return tools.ResolveClass(t, c.Input)
 }
 
-func ids(ms []TranscriptMessage) []string {
+func ids(ms []provider.TranscriptMessage) []string {
 	out := make([]string, len(ms))
 	for i, m := range ms {
 		out[i] = m.ID
@@ -829,7 +830,7 @@ func jsonOrString(b json.RawMessage) json.RawMessage {
 // as hashed) divided by 4, rounded up. A provider's own encoding and
 // tokenizer differ; the estimate only sizes what an unknown attempt may
 // have cost (promptline_provider_tokens_at_risk).
-func requestFingerprint(req ProviderRequest) (hash []byte, tokens int64) {
+func requestFingerprint(req provider.Request) (hash []byte, tokens int64) {
 	b, _ := json.Marshal(req)
 	h := sha256.Sum256(b)
 	return h[:], (int64(len(b)) + 3) / 4

@@ -6,6 +6,7 @@ import (
 	"log/slog"
 
 	"github.com/promptline/promptline/internal/redact"
+	"github.com/promptline/promptline/provider"
 )
 
 // logTurnFailed logs a failed turn (errorAttrs says what of the cause).
@@ -22,7 +23,7 @@ func (ex *execution) logTurnFailed(ctx context.Context, t *turn, reason string, 
 // published with the turn (turn.failed), not logged at the default level.
 func (ex *execution) errorAttrs(ctx context.Context, err error) []any {
 	attrs := []any{slog.String("error_class", errorClass(err))}
-	var se *StatusError
+	var se *provider.StatusError
 	if errors.As(err, &se) {
 		attrs = append(attrs, slog.Int("status", se.Code))
 	}
@@ -34,8 +35,8 @@ func (ex *execution) errorAttrs(ctx context.Context, err error) []any {
 
 // errorClass names what kind of failure err is, without its text.
 func errorClass(err error) string {
-	var ra *RetryAfterError
-	var se *StatusError
+	var ra *provider.RetryAfterError
+	var se *provider.StatusError
 	switch {
 	case err == nil:
 		return "none"
@@ -45,15 +46,15 @@ func errorClass(err error) string {
 		return "deadline_exceeded"
 	case errors.Is(err, errDeclined):
 		return "declined"
-	case errors.Is(err, ErrUnsupported):
+	case errors.Is(err, provider.ErrUnsupported):
 		return "unsupported"
-	case errors.Is(err, ErrRejected):
+	case errors.Is(err, provider.ErrRejected):
 		return "rejected"
 	case errors.As(err, &ra):
 		return "retry_after"
-	case errors.Is(err, ErrNotSent):
+	case errors.Is(err, provider.ErrNotSent):
 		return "not_sent"
-	case errors.Is(err, ErrOutcomeUnknown):
+	case errors.Is(err, provider.ErrOutcomeUnknown):
 		return "outcome_unknown"
 	case errors.As(err, &se):
 		return "status"

@@ -18,6 +18,8 @@ import (
 	"github.com/promptline/promptline/internal/testkit/pgproxy"
 	"github.com/promptline/promptline/ledger"
 	"github.com/promptline/promptline/pipeline"
+	"github.com/promptline/promptline/provider"
+	"github.com/promptline/promptline/provider/scripted"
 	"github.com/promptline/promptline/tools"
 )
 
@@ -61,12 +63,12 @@ type gateProvider struct {
 	gate     chan struct{}
 }
 
-func (p *gateProvider) Complete(ctx context.Context, req pipeline.ProviderRequest) (pipeline.ProviderResponse, error) {
+func (p *gateProvider) Complete(ctx context.Context, req provider.Request) (provider.Response, error) {
 	p.calls.Add(1)
 	if p.notSent.Swap(false) {
-		return pipeline.ProviderResponse{}, fmt.Errorf("connection refused: %w", pipeline.ErrNotSent)
+		return provider.Response{}, fmt.Errorf("connection refused: %w", provider.ErrNotSent)
 	}
-	resp, err := pipeline.ScriptedProvider{}.Complete(ctx, req)
+	resp, err := scripted.ScriptedProvider{}.Complete(ctx, req)
 	if p.armed.Swap(false) {
 		p.answered <- struct{}{}
 		<-p.gate

@@ -16,6 +16,8 @@ import (
 	"github.com/promptline/promptline/internal/testkit"
 	"github.com/promptline/promptline/ledger"
 	"github.com/promptline/promptline/pipeline"
+	"github.com/promptline/promptline/provider"
+	"github.com/promptline/promptline/provider/scripted"
 	"github.com/promptline/promptline/recovery"
 	"github.com/promptline/promptline/tools"
 )
@@ -193,7 +195,7 @@ func (b *testBundle) wakes(t *testing.T, session string) int {
 }
 
 // run wakes an executor on the session and waits until it is idle.
-func (b *testBundle) run(t *testing.T, provider pipeline.Provider, reg *tools.Registry, session string) {
+func (b *testBundle) run(t *testing.T, provider provider.Provider, reg *tools.Registry, session string) {
 	t.Helper()
 	claims := ledger.NewClaims(b.pool, &ledger.ClaimsConfig{Lease: time.Minute, OwnerID: "new-process"})
 	e := pipeline.NewExecutor(b.pool, &pipeline.ExecutorConfig{Claims: claims, Provider: provider, Tools: reg})
@@ -210,20 +212,20 @@ func (b *testBundle) run(t *testing.T, provider pipeline.Provider, reg *tools.Re
 // recorder is the scripted provider, remembering requests.
 type recorder struct {
 	mu   sync.Mutex
-	reqs []pipeline.ProviderRequest
+	reqs []provider.Request
 }
 
-func (r *recorder) Complete(ctx context.Context, req pipeline.ProviderRequest) (pipeline.ProviderResponse, error) {
+func (r *recorder) Complete(ctx context.Context, req provider.Request) (provider.Response, error) {
 	r.mu.Lock()
 	r.reqs = append(r.reqs, req)
 	r.mu.Unlock()
-	return pipeline.ScriptedProvider{}.Complete(ctx, req)
+	return scripted.ScriptedProvider{}.Complete(ctx, req)
 }
 
-func (r *recorder) all() []pipeline.ProviderRequest {
+func (r *recorder) all() []provider.Request {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	return append([]pipeline.ProviderRequest(nil), r.reqs...)
+	return append([]provider.Request(nil), r.reqs...)
 }
 
 // keyTool is an idempotent tool that counts runs per idempotency key.

@@ -21,6 +21,8 @@ import (
 	"github.com/promptline/promptline/internal/testkit"
 	"github.com/promptline/promptline/ledger"
 	"github.com/promptline/promptline/pipeline"
+	"github.com/promptline/promptline/provider"
+	"github.com/promptline/promptline/provider/scripted"
 	"github.com/promptline/promptline/recovery"
 	"github.com/promptline/promptline/tools"
 )
@@ -64,7 +66,7 @@ type holdingProvider struct {
 	held chan struct{}
 }
 
-func (p *holdingProvider) Complete(ctx context.Context, req pipeline.ProviderRequest) (pipeline.ProviderResponse, error) {
+func (p *holdingProvider) Complete(ctx context.Context, req provider.Request) (provider.Response, error) {
 	p.mu.Lock()
 	hold, held := p.hold, p.held
 	p.hold = nil // one call is held, not the ones after it
@@ -74,17 +76,17 @@ func (p *holdingProvider) Complete(ctx context.Context, req pipeline.ProviderReq
 		select {
 		case <-hold:
 		case <-ctx.Done():
-			return pipeline.ProviderResponse{}, ctx.Err()
+			return provider.Response{}, ctx.Err()
 		}
 	}
 	for _, m := range req.Turn {
 		if m.Text == "/loop" {
 			// A model that asks for a tool at every step: the turn ends at
 			// the step limit, after a tool step.
-			return pipeline.ProviderResponse{ToolCalls: []pipeline.ToolCall{{ID: "c", Name: "idem", Input: json.RawMessage(`{}`)}}}, nil
+			return provider.Response{ToolCalls: []provider.ToolCall{{ID: "c", Name: "idem", Input: json.RawMessage(`{}`)}}}, nil
 		}
 	}
-	return pipeline.ScriptedProvider{}.Complete(ctx, req)
+	return scripted.ScriptedProvider{}.Complete(ctx, req)
 }
 
 // recoveryMachine interleaves admissions, clean runs, crashes at random

@@ -13,7 +13,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/promptline/promptline/pipeline"
+	"github.com/promptline/promptline/provider"
 )
 
 func TestParseRetryAfter(t *testing.T) {
@@ -120,7 +120,7 @@ func FuzzDecodeOpenAIResponse(f *testing.F) {
 	})
 }
 
-func checkDecoded(t *testing.T, calls []pipeline.ToolCall) {
+func checkDecoded(t *testing.T, calls []provider.ToolCall) {
 	seen := map[string]bool{}
 	for _, c := range calls {
 		require.NotEmpty(t, c.ID)

@@ -15,7 +15,7 @@ import (
 	"time"
 
 	urlredact "github.com/promptline/promptline/internal/redact"
-	"github.com/promptline/promptline/pipeline"
+	"github.com/promptline/promptline/provider"
 )
 
 // HTTPConfig configures the HTTP provider.
@@ -86,8 +86,8 @@ type HTTP struct {
 }
 
 var (
-	_ pipeline.Provider           = (*HTTP)(nil)
-	_ pipeline.IdempotentProvider = (*HTTP)(nil)
+	_ provider.Provider           = (*HTTP)(nil)
+	_ provider.IdempotentProvider = (*HTTP)(nil)
 )
 
 // NewHTTP returns an HTTP provider that sends its requests through a copy
@@ -120,13 +120,13 @@ func (p *HTTP) GoString() string { return p.String() }
 func (p *HTTP) LogValue() slog.Value { return p.config.LogValue() }
 
 // Complete POSTs the step and decodes the answer.
-func (p *HTTP) Complete(ctx context.Context, req pipeline.ProviderRequest) (pipeline.ProviderResponse, error) {
+func (p *HTTP) Complete(ctx context.Context, req provider.Request) (provider.Response, error) {
 	if err := p.config.Validate(); err != nil {
-		return pipeline.ProviderResponse{}, fmt.Errorf("%w: %w", pipeline.ErrNotSent, err)
+		return provider.Response{}, fmt.Errorf("%w: %w", provider.ErrNotSent, err)
 	}
 	body, err := encodeHTTPRequest(req)
 	if err != nil {
-		return pipeline.ProviderResponse{}, fmt.Errorf("http provider: encoding step %s: %w", req.AttemptID, err)
+		return provider.Response{}, fmt.Errorf("http provider: encoding step %s: %w", req.AttemptID, err)
 	}
 	raw, err := exchange(ctx, p.client, exchangeOpts{
 		URL:                    p.config.URL,
@@ -139,11 +139,11 @@ func (p *HTTP) Complete(ctx context.Context, req pipeline.ProviderRequest) (pipe
 		Timeout:                p.config.Timeout,
 	})
 	if err != nil {
-		return pipeline.ProviderResponse{}, wrapStepError("http provider", req.AttemptID, err)
+		return provider.Response{}, wrapStepError("http provider", req.AttemptID, err)
 	}
 	resp, err := decodeHTTPResponse(raw)
 	if err != nil {
-		return pipeline.ProviderResponse{}, fmt.Errorf("http provider: step %s: malformed response: %w", req.AttemptID, err)
+		return provider.Response{}, fmt.Errorf("http provider: step %s: malformed response: %w", req.AttemptID, err)
 	}
 	return resp, nil
 }
@@ -188,7 +188,7 @@ type (
 	}
 )
 
-func encodeHTTPRequest(req pipeline.ProviderRequest) ([]byte, error) {
+func encodeHTTPRequest(req provider.Request) ([]byte, error) {
 	out := httpRequest{
 		SessionID:          req.SessionID,
 		AssistantMessageID: req.AssistantMessageID,
@@ -208,7 +208,7 @@ func encodeHTTPRequest(req pipeline.ProviderRequest) ([]byte, error) {
 		for _, c := range m.ToolCalls {
 			input, err := jsonObject(c.Input, "{}")
 			if err != nil {
-				return nil, fmt.Errorf("message %s: tool call %s: input: %w: %w", m.ID, c.ID, err, pipeline.ErrUnsupported)
+				return nil, fmt.Errorf("message %s: tool call %s: input: %w: %w", m.ID, c.ID, err, provider.ErrUnsupported)
 			}
 			hm.ToolCalls = append(hm.ToolCalls, httpToolCall{ID: c.ID, Name: c.Name, Input: input})
 		}
@@ -217,7 +217,7 @@ func encodeHTTPRequest(req pipeline.ProviderRequest) ([]byte, error) {
 	for _, t := range req.Tools {
 		schema, err := jsonObject(t.InputSchema, `{"type":"object"}`)
 		if err != nil {
-			return nil, fmt.Errorf("tool %s: input schema: %w: %w", t.Name, err, pipeline.ErrUnsupported)
+			return nil, fmt.Errorf("tool %s: input schema: %w: %w", t.Name, err, provider.ErrUnsupported)
 		}
 		out.Tools = append(out.Tools, httpTool{Name: t.Name, Description: t.Description, InputSchema: schema})
 	}
@@ -227,38 +227,38 @@ func encodeHTTPRequest(req pipeline.ProviderRequest) ([]byte, error) {
 // decodeHTTPResponse decodes and checks a 2xx body: a JSON object with
 // "text", "tool_calls" or both; every tool call with an id, a name and an
 // object as input; usage optional.
-func decodeHTTPResponse(raw []byte) (pipeline.ProviderResponse, error) {
+func decodeHTTPResponse(raw []byte) (provider.Response, error) {
 	var r httpResponse
 	if err := decodeObject(raw, &r); err != nil {
-		return pipeline.ProviderResponse{}, err
+		return provider.Response{}, err
 	}
 	if r.Text == nil && r.ToolCalls == nil {
-		return pipeline.ProviderResponse{}, errors.New(`neither "text" nor "tool_calls" is present`)
+		return provider.Response{}, errors.New(`neither "text" nor "tool_calls" is present`)
 	}
-	var resp pipeline.ProviderResponse
+	var resp provider.Response
 	if r.Text != nil {
 		resp.Text = *r.Text
 	}
 	if r.ToolCalls != nil {
 		for i, c := range *r.ToolCalls {
 			if c.Input == nil {
-				return pipeline.ProviderResponse{}, fmt.Errorf("tool_calls[%d]: \"input\" is missing", i)
+				return provider.Response{}, fmt.Errorf("tool_calls[%d]: \"input\" is missing", i)
 			}
 			call, err := checkToolCall(i, c.ID, c.Name, "input", c.Input)
 			if err != nil {
-				return pipeline.ProviderResponse{}, err
+				return provider.Response{}, err
 			}
 			resp.ToolCalls = append(resp.ToolCalls, call)
 		}
 	}
 	if err := checkToolCallIDs(resp.ToolCalls); err != nil {
-		return pipeline.ProviderResponse{}, err
+		return provider.Response{}, err
 	}
 	if r.Usage != nil {
 		if r.Usage.InputTokens < 0 || r.Usage.OutputTokens < 0 {
-			return pipeline.ProviderResponse{}, fmt.Errorf("usage has negative token counts (%d, %d)", r.Usage.InputTokens, r.Usage.OutputTokens)
+			return provider.Response{}, fmt.Errorf("usage has negative token counts (%d, %d)", r.Usage.InputTokens, r.Usage.OutputTokens)
 		}
-		resp.Usage = pipeline.Usage{InputTokens: r.Usage.InputTokens, OutputTokens: r.Usage.OutputTokens}
+		resp.Usage = provider.Usage{InputTokens: r.Usage.InputTokens, OutputTokens: r.Usage.OutputTokens}
 	}
 	return resp, nil
 }
@@ -277,23 +277,23 @@ func decodeObject(raw []byte, v any) error {
 
 // checkToolCall checks one tool call the model requested.
 // field names the input in the wire format, for the error message.
-func checkToolCall(i int, id, name, field string, input []byte) (pipeline.ToolCall, error) {
+func checkToolCall(i int, id, name, field string, input []byte) (provider.ToolCall, error) {
 	if id == "" {
-		return pipeline.ToolCall{}, fmt.Errorf("tool call %d: \"id\" is missing or empty", i)
+		return provider.ToolCall{}, fmt.Errorf("tool call %d: \"id\" is missing or empty", i)
 	}
 	if name == "" {
-		return pipeline.ToolCall{}, fmt.Errorf("tool call %d (%s): \"name\" is missing or empty", i, id)
+		return provider.ToolCall{}, fmt.Errorf("tool call %d (%s): \"name\" is missing or empty", i, id)
 	}
 	obj, err := jsonObject(input, "")
 	if err != nil {
-		return pipeline.ToolCall{}, fmt.Errorf("tool call %d (%s, %s): %s: %w", i, id, name, field, err)
+		return provider.ToolCall{}, fmt.Errorf("tool call %d (%s, %s): %s: %w", i, id, name, field, err)
 	}
-	return pipeline.ToolCall{ID: id, Name: name, Input: obj}, nil
+	return provider.ToolCall{ID: id, Name: name, Input: obj}, nil
 }
 
 // checkToolCallIDs rejects an answer that names two calls alike: results
 // are matched to calls by ID.
-func checkToolCallIDs(calls []pipeline.ToolCall) error {
+func checkToolCallIDs(calls []provider.ToolCall) error {
 	seen := make(map[string]bool, len(calls))
 	for _, c := range calls {
 		if seen[c.ID] {
@@ -328,28 +328,28 @@ func excerpt(b []byte) string {
 	return string(b)
 }
 
-func checkRole(m pipeline.TranscriptMessage) error {
+func checkRole(m provider.TranscriptMessage) error {
 	switch m.Role {
 	case "user", "assistant":
 		return nil
 	case "tool":
 		if m.ToolCallID == "" {
-			return fmt.Errorf("message %s: tool result without a tool call id: %w", m.ID, pipeline.ErrUnsupported)
+			return fmt.Errorf("message %s: tool result without a tool call id: %w", m.ID, provider.ErrUnsupported)
 		}
 		return nil
 	}
-	return fmt.Errorf("message %s: unknown role %q: %w", m.ID, m.Role, pipeline.ErrUnsupported)
+	return fmt.Errorf("message %s: unknown role %q: %w", m.ID, m.Role, provider.ErrUnsupported)
 }
 
 // wrapStepError says which provider and step failed, keeping the error's
-// class: a *pipeline.RetryAfterError stays the outermost error, so that a
+// class: a *provider.RetryAfterError stays the outermost error, so that a
 // caller can type-assert it as well as errors.As it.
-func wrapStepError(provider, attemptID string, err error) error {
-	var ra *pipeline.RetryAfterError
+func wrapStepError(name, attemptID string, err error) error {
+	var ra *provider.RetryAfterError
 	if errors.As(err, &ra) {
-		return &pipeline.RetryAfterError{After: ra.After, Err: fmt.Errorf("%s: step %s: %w", provider, attemptID, ra.Err)}
+		return &provider.RetryAfterError{After: ra.After, Err: fmt.Errorf("%s: step %s: %w", name, attemptID, ra.Err)}
 	}
-	return fmt.Errorf("%s: step %s: %w", provider, attemptID, err)
+	return fmt.Errorf("%s: step %s: %w", name, attemptID, err)
 }
 
 func validateURL(field, raw string) error {

@@ -14,8 +14,8 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/promptline/promptline/pipeline"
-	"github.com/promptline/promptline/pipeline/providers"
+	"github.com/promptline/promptline/provider"
+	"github.com/promptline/promptline/provider/providers"
 )
 
 const testKey = "sk-test-0123456789abcdefSECRET"
@@ -62,12 +62,12 @@ func TestOpenAI(t *testing.T) {
 
 		resp, err := bundle.provider.Complete(context.Background(), sampleRequest())
 		require.NoError(t, err)
-		require.Equal(t, pipeline.ProviderResponse{
-			ToolCalls: []pipeline.ToolCall{
+		require.Equal(t, provider.Response{
+			ToolCalls: []provider.ToolCall{
 				{ID: "call_a", Name: "weather", Input: []byte(`{"city":"Lyon"}`)},
 				{ID: "call_b", Name: "news", Input: []byte(`{}`)},
 			},
-			Usage: pipeline.Usage{InputTokens: 321, OutputTokens: 12},
+			Usage: provider.Usage{InputTokens: 321, OutputTokens: 12},
 		}, resp)
 
 		got := bundle.server.next(t)
@@ -151,7 +151,7 @@ func TestOpenAI(t *testing.T) {
 
 		resp, err := bundle.provider.Complete(context.Background(), sampleRequest())
 		require.NoError(t, err)
-		require.Equal(t, pipeline.ProviderResponse{Text: "18°C and clear.", Usage: pipeline.Usage{InputTokens: 5, OutputTokens: 6}}, resp)
+		require.Equal(t, provider.Response{Text: "18°C and clear.", Usage: provider.Usage{InputTokens: 5, OutputTokens: 6}}, resp)
 	})
 
 	t.Run("MalformedResponses", func(t *testing.T) {
@@ -190,7 +190,7 @@ func TestOpenAI(t *testing.T) {
 
 		_, err := bundle.provider.Complete(context.Background(), sampleRequest())
 		requireClass(t, err, retryAfter)
-		var ra *pipeline.RetryAfterError
+		var ra *provider.RetryAfterError
 		require.ErrorAs(t, err, &ra)
 		require.Equal(t, 20*time.Second, ra.After)
 		require.ErrorContains(t, err, "Rate limit reached")

@@ -12,8 +12,8 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/promptline/promptline/internal/testkit"
-	"github.com/promptline/promptline/pipeline"
-	"github.com/promptline/promptline/pipeline/providers"
+	"github.com/promptline/promptline/provider"
+	"github.com/promptline/promptline/provider/providers"
 )
 
 func setupOpenAIStream(t *testing.T, respond func(http.ResponseWriter, *http.Request, int)) *openAIBundle {
@@ -56,7 +56,7 @@ func TestOpenAIStream(t *testing.T) {
 		req.TextDeltaFunc = f.add
 		resp, err := bundle.provider.Complete(context.Background(), req)
 		require.NoError(t, err)
-		require.Equal(t, pipeline.ProviderResponse{Text: "Hello, world", Usage: pipeline.Usage{InputTokens: 9, OutputTokens: 4}}, resp)
+		require.Equal(t, provider.Response{Text: "Hello, world", Usage: provider.Usage{InputTokens: 9, OutputTokens: 4}}, resp)
 		require.Equal(t, []string{"Hel", "lo, ", "wor", "ld"}, f.got)
 
 		got := bundle.server.next(t)
@@ -82,12 +82,12 @@ func TestOpenAIStream(t *testing.T) {
 		req.TextDeltaFunc = f.add
 		resp, err := bundle.provider.Complete(context.Background(), req)
 		require.NoError(t, err)
-		require.Equal(t, pipeline.ProviderResponse{
-			ToolCalls: []pipeline.ToolCall{
+		require.Equal(t, provider.Response{
+			ToolCalls: []provider.ToolCall{
 				{ID: "call_a", Name: "weather", Input: []byte(`{"city":"Lyon"}`)},
 				{ID: "call_b", Name: "news", Input: []byte(`{}`)},
 			},
-			Usage: pipeline.Usage{InputTokens: 3, OutputTokens: 2},
+			Usage: provider.Usage{InputTokens: 3, OutputTokens: 2},
 		}, resp)
 		require.Empty(t, f.got, "no text, no fragments")
 	})
@@ -104,7 +104,7 @@ func TestOpenAIStream(t *testing.T) {
 		t.Parallel()
 		bundle := setupOpenAIStream(t, sse(`data: {"choices":[{"index":0,"delta":{"content":"Hel"}}]}`+"\n\n"))
 		_, err := bundle.provider.Complete(context.Background(), sampleRequest())
-		require.ErrorIs(t, err, pipeline.ErrOutcomeUnknown)
+		require.ErrorIs(t, err, provider.ErrOutcomeUnknown)
 	})
 
 	t.Run("MalformedChunkFailsTheStepWithoutTheKey", func(t *testing.T) {
@@ -112,8 +112,8 @@ func TestOpenAIStream(t *testing.T) {
 		bundle := setupOpenAIStream(t, sse("data: {not json "+testKey+"\n\ndata: [DONE]\n\n"))
 		_, err := bundle.provider.Complete(context.Background(), sampleRequest())
 		require.ErrorContains(t, err, "malformed response")
-		require.NotErrorIs(t, err, pipeline.ErrOutcomeUnknown)
-		require.NotErrorIs(t, err, pipeline.ErrNotSent)
+		require.NotErrorIs(t, err, provider.ErrOutcomeUnknown)
+		require.NotErrorIs(t, err, provider.ErrNotSent)
 		require.NotContains(t, err.Error(), testKey)
 	})
 
@@ -128,7 +128,7 @@ func TestOpenAIStream(t *testing.T) {
 		t.Parallel()
 		bundle := setupOpenAIStream(t, reply(400, `{"error":{"message":"bad"}}`))
 		_, err := bundle.provider.Complete(context.Background(), sampleRequest())
-		require.ErrorIs(t, err, pipeline.ErrRejected)
+		require.ErrorIs(t, err, provider.ErrRejected)
 	})
 
 	t.Run("NotStreamingSendsNoStreamMember", func(t *testing.T) {

@@ -10,7 +10,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/promptline/promptline/pipeline"
+	"github.com/promptline/promptline/provider"
 )
 
 // ids collects the response IDs a provider reports.
@@ -95,8 +95,8 @@ func TestResponseID(t *testing.T) {
 	t.Run("OpenAINamesItsModel", func(t *testing.T) {
 		t.Parallel()
 		bundle := setupOpenAIStream(t, sse(""))
-		var p pipeline.Provider = bundle.provider
-		namer, ok := p.(pipeline.ModelNamer)
+		var p provider.Provider = bundle.provider
+		namer, ok := p.(provider.ModelNamer)
 		require.True(t, ok)
 		require.Equal(t, bundle.config.Model, namer.ModelName())
 		require.NotEmpty(t, namer.ModelName())

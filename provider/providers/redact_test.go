@@ -11,8 +11,8 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/promptline/promptline/pipeline"
-	"github.com/promptline/promptline/pipeline/providers"
+	"github.com/promptline/promptline/provider"
+	"github.com/promptline/promptline/provider/providers"
 )
 
 // TestProviderErrorsHideURLSecrets: a provider's error is stored with the
@@ -22,9 +22,9 @@ func TestProviderErrorsHideURLSecrets(t *testing.T) {
 	t.Parallel()
 	cfg := &providers.HTTPConfig{URL: "http://u:hunter2@127.0.0.1:1/v1/step?token=t0ken"}
 	require.NoError(t, cfg.Validate())
-	_, err := providers.NewHTTP(http.DefaultClient, cfg).Complete(context.Background(), pipeline.ProviderRequest{AttemptID: "a1", SessionID: "s"})
+	_, err := providers.NewHTTP(http.DefaultClient, cfg).Complete(context.Background(), provider.Request{AttemptID: "a1", SessionID: "s"})
 	require.Error(t, err)
-	require.ErrorIs(t, err, pipeline.ErrNotSent, "the class survives the redaction")
+	require.ErrorIs(t, err, provider.ErrNotSent, "the class survives the redaction")
 	require.NotContains(t, err.Error(), "hunter2")
 	require.NotContains(t, err.Error(), "t0ken")
 	require.Contains(t, err.Error(), "token=****")
@@ -43,7 +43,7 @@ func TestProviderErrorsHideURLSecrets(t *testing.T) {
 	require.NotContains(t, err.Error(), "t0ken")
 }
 
-// TestProviderStatusError: a non-2xx answer is a *pipeline.StatusError, so
+// TestProviderStatusError: a non-2xx answer is a *provider.StatusError, so
 // that logs at the default level can name its status without its body
 // (which often echoes the prompt).
 func TestProviderStatusError(t *testing.T) {
@@ -54,9 +54,9 @@ func TestProviderStatusError(t *testing.T) {
 	t.Cleanup(srv.Close)
 	cfg := &providers.HTTPConfig{URL: srv.URL}
 	require.NoError(t, cfg.Validate())
-	_, err := providers.NewHTTP(srv.Client(), cfg).Complete(context.Background(), pipeline.ProviderRequest{AttemptID: "a1", SessionID: "s"})
-	var se *pipeline.StatusError
+	_, err := providers.NewHTTP(srv.Client(), cfg).Complete(context.Background(), provider.Request{AttemptID: "a1", SessionID: "s"})
+	var se *provider.StatusError
 	require.ErrorAs(t, err, &se)
 	require.Equal(t, http.StatusBadRequest, se.Code)
-	require.ErrorIs(t, err, pipeline.ErrRejected)
+	require.ErrorIs(t, err, provider.ErrRejected)
 }

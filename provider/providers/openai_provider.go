@@ -13,7 +13,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/promptline/promptline/pipeline"
+	"github.com/promptline/promptline/provider"
 )
 
 // OpenAIConfig configures the OpenAI provider.
@@ -50,7 +50,7 @@ type OpenAIConfig struct {
 	LegacyMaxTokens bool
 	// Stream asks for the answer as a stream (stream: true, with
 	// stream_options include_usage): its text reaches
-	// ProviderRequest.TextDeltaFunc as it arrives (live deltas). The
+	// provider.Request.TextDeltaFunc as it arrives (live deltas). The
 	// answer, its tool calls and usage are the same as without it, and
 	// are committed at the end of the step as always. Defaults to false.
 	Stream bool
@@ -142,8 +142,8 @@ type OpenAI struct {
 }
 
 var (
-	_ pipeline.Provider           = (*OpenAI)(nil)
-	_ pipeline.IdempotentProvider = (*OpenAI)(nil)
+	_ provider.Provider           = (*OpenAI)(nil)
+	_ provider.IdempotentProvider = (*OpenAI)(nil)
 )
 
 // NewOpenAI returns an OpenAI provider that sends its requests through a
@@ -173,7 +173,7 @@ func (p *OpenAI) HonoursIdempotencyKeys() bool { return p.config.HonoursIdempote
 // ModelName is the configured model, recorded with each attempt.
 func (p *OpenAI) ModelName() string { return p.config.Model }
 
-var _ pipeline.ModelNamer = (*OpenAI)(nil)
+var _ provider.ModelNamer = (*OpenAI)(nil)
 
 // String describes the provider with the API key redacted. Without it,
 // fmt would print the unexported config field, key included.
@@ -187,10 +187,10 @@ func (p *OpenAI) LogValue() slog.Value { return p.config.LogValue() }
 
 // Complete sends the transcript to /chat/completions and decodes the
 // first choice.
-func (p *OpenAI) Complete(ctx context.Context, req pipeline.ProviderRequest) (pipeline.ProviderResponse, error) {
+func (p *OpenAI) Complete(ctx context.Context, req provider.Request) (provider.Response, error) {
 	body, err := p.encodeRequest(req)
 	if err != nil {
-		return pipeline.ProviderResponse{}, fmt.Errorf("openai provider: encoding step %s: %w", req.AttemptID, err)
+		return provider.Response{}, fmt.Errorf("openai provider: encoding step %s: %w", req.AttemptID, err)
 	}
 	opts := exchangeOpts{
 		URL:                    p.url,
@@ -218,16 +218,16 @@ func (p *OpenAI) Complete(ctx context.Context, req pipeline.ProviderRequest) (pi
 	}
 	raw, err := exchange(ctx, p.client, opts)
 	if malformed != nil {
-		return pipeline.ProviderResponse{}, fmt.Errorf("openai provider: step %s: malformed response: %s", req.AttemptID, redact(malformed.Error(), p.config.APIKey))
+		return provider.Response{}, fmt.Errorf("openai provider: step %s: malformed response: %s", req.AttemptID, redact(malformed.Error(), p.config.APIKey))
 	}
 	if err != nil {
-		return pipeline.ProviderResponse{}, wrapStepError("openai provider", req.AttemptID, err)
+		return provider.Response{}, wrapStepError("openai provider", req.AttemptID, err)
 	}
 	resp, err := decodeOpenAIResponse(raw)
 	if err != nil {
 		// The chain of a decoding error carries no class; its text is
 		// rebuilt so that no part of the body can carry the key out.
-		return pipeline.ProviderResponse{}, fmt.Errorf("openai provider: step %s: malformed response: %s", req.AttemptID, redact(err.Error(), p.config.APIKey))
+		return provider.Response{}, fmt.Errorf("openai provider: step %s: malformed response: %s", req.AttemptID, redact(err.Error(), p.config.APIKey))
 	}
 	return resp, nil
 }
@@ -300,7 +300,7 @@ type (
 	}
 )
 
-func (p *OpenAI) encodeRequest(req pipeline.ProviderRequest) ([]byte, error) {
+func (p *OpenAI) encodeRequest(req provider.Request) ([]byte, error) {
 	out := openAIRequest{
 		Model:    p.config.Model,
 		Messages: make([]openAIMessage, 0, len(req.Messages)+1),
@@ -331,7 +331,7 @@ func (p *OpenAI) encodeRequest(req pipeline.ProviderRequest) ([]byte, error) {
 			for _, c := range m.ToolCalls {
 				args, err := jsonObject(c.Input, "{}")
 				if err != nil {
-					return nil, fmt.Errorf("message %s: tool call %s: input: %w: %w", m.ID, c.ID, err, pipeline.ErrUnsupported)
+					return nil, fmt.Errorf("message %s: tool call %s: input: %w: %w", m.ID, c.ID, err, provider.ErrUnsupported)
 				}
 				om.ToolCalls = append(om.ToolCalls, openAIToolCall{
 					ID:       c.ID,
@@ -353,7 +353,7 @@ func (p *OpenAI) encodeRequest(req pipeline.ProviderRequest) ([]byte, error) {
 		if len(t.InputSchema) > 0 {
 			schema, err := jsonObject(t.InputSchema, "")
 			if err != nil {
-				return nil, fmt.Errorf("tool %s: input schema: %w: %w", t.Name, err, pipeline.ErrUnsupported)
+				return nil, fmt.Errorf("tool %s: input schema: %w: %w", t.Name, err, provider.ErrUnsupported)
 			}
 			params = schema
 		}
@@ -368,25 +368,25 @@ func (p *OpenAI) encodeRequest(req pipeline.ProviderRequest) ([]byte, error) {
 // decodeOpenAIResponse decodes and checks a 2xx body: the first choice's
 // message, with content, tool calls or both; each tool call a function
 // whose arguments string holds a JSON object.
-func decodeOpenAIResponse(raw []byte) (pipeline.ProviderResponse, error) {
+func decodeOpenAIResponse(raw []byte) (provider.Response, error) {
 	var r openAIResponse
 	if err := decodeObject(raw, &r); err != nil {
-		return pipeline.ProviderResponse{}, err
+		return provider.Response{}, err
 	}
 	if len(r.Choices) == 0 {
 		if r.Error != nil {
-			return pipeline.ProviderResponse{}, fmt.Errorf("server reported an error: %q (type %q, code %v)", r.Error.Message, r.Error.Type, r.Error.Code)
+			return provider.Response{}, fmt.Errorf("server reported an error: %q (type %q, code %v)", r.Error.Message, r.Error.Type, r.Error.Code)
 		}
-		return pipeline.ProviderResponse{}, errors.New(`"choices" is missing or empty`)
+		return provider.Response{}, errors.New(`"choices" is missing or empty`)
 	}
 	msg := r.Choices[0].Message
 	if msg == nil {
-		return pipeline.ProviderResponse{}, errors.New(`choices[0] has no "message"`)
+		return provider.Response{}, errors.New(`choices[0] has no "message"`)
 	}
 	if msg.Content == nil && msg.ToolCalls == nil && msg.Refusal == nil {
-		return pipeline.ProviderResponse{}, errors.New(`choices[0].message has neither "content" nor "tool_calls"`)
+		return provider.Response{}, errors.New(`choices[0].message has neither "content" nor "tool_calls"`)
 	}
-	var resp pipeline.ProviderResponse
+	var resp provider.Response
 	switch {
 	case msg.Content != nil:
 		resp.Text = *msg.Content
@@ -397,29 +397,29 @@ func decodeOpenAIResponse(raw []byte) (pipeline.ProviderResponse, error) {
 	if msg.ToolCalls != nil {
 		for i, c := range *msg.ToolCalls {
 			if c.Type != "" && c.Type != "function" {
-				return pipeline.ProviderResponse{}, fmt.Errorf("tool call %d (%s): type %q is not supported", i, c.ID, c.Type)
+				return provider.Response{}, fmt.Errorf("tool call %d (%s): type %q is not supported", i, c.ID, c.Type)
 			}
 			if c.Function == nil {
-				return pipeline.ProviderResponse{}, fmt.Errorf("tool call %d (%s): \"function\" is missing", i, c.ID)
+				return provider.Response{}, fmt.Errorf("tool call %d (%s): \"function\" is missing", i, c.ID)
 			}
 			if c.Function.Arguments == nil {
-				return pipeline.ProviderResponse{}, fmt.Errorf("tool call %d (%s): \"arguments\" is missing", i, c.ID)
+				return provider.Response{}, fmt.Errorf("tool call %d (%s): \"arguments\" is missing", i, c.ID)
 			}
 			call, err := checkToolCall(i, c.ID, c.Function.Name, "arguments", []byte(*c.Function.Arguments))
 			if err != nil {
-				return pipeline.ProviderResponse{}, err
+				return provider.Response{}, err
 			}
 			resp.ToolCalls = append(resp.ToolCalls, call)
 		}
 	}
 	if err := checkToolCallIDs(resp.ToolCalls); err != nil {
-		return pipeline.ProviderResponse{}, err
+		return provider.Response{}, err
 	}
 	if r.Usage != nil {
 		if r.Usage.PromptTokens < 0 || r.Usage.CompletionTokens < 0 {
-			return pipeline.ProviderResponse{}, fmt.Errorf("usage has negative token counts (%d, %d)", r.Usage.PromptTokens, r.Usage.CompletionTokens)
+			return provider.Response{}, fmt.Errorf("usage has negative token counts (%d, %d)", r.Usage.PromptTokens, r.Usage.CompletionTokens)
 		}
-		resp.Usage = pipeline.Usage{InputTokens: r.Usage.PromptTokens, OutputTokens: r.Usage.CompletionTokens}
+		resp.Usage = provider.Usage{InputTokens: r.Usage.PromptTokens, OutputTokens: r.Usage.CompletionTokens}
 	}
 	return resp, nil
 }

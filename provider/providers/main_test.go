@@ -11,7 +11,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/promptline/promptline/internal/testkit"
-	"github.com/promptline/promptline/pipeline"
+	"github.com/promptline/promptline/provider"
 )
 
 // No database is used here; testkit.Main is for goleak.
@@ -111,25 +111,25 @@ func closedAddr(t *testing.T) string {
 
 // sampleRequest is a step after one tool round: the user asked, the
 // assistant called two tools, one answered and one failed.
-func sampleRequest() pipeline.ProviderRequest {
-	user := pipeline.TranscriptMessage{ID: "m-1", Role: "user", Text: "What is the weather in Paris?"}
-	return pipeline.ProviderRequest{
+func sampleRequest() provider.Request {
+	user := provider.TranscriptMessage{ID: "m-1", Role: "user", Text: "What is the weather in Paris?"}
+	return provider.Request{
 		SessionID:          "s-1",
 		AssistantMessageID: "a-1",
 		AttemptID:          "e-1/2",
 		IdempotencyKey:     "e-1/2/key",
 		FencingToken:       42,
-		Messages: []pipeline.TranscriptMessage{
+		Messages: []provider.TranscriptMessage{
 			user,
-			{ID: "a-1", Role: "assistant", Text: "Let me look.", ToolCalls: []pipeline.ToolCall{
+			{ID: "a-1", Role: "assistant", Text: "Let me look.", ToolCalls: []provider.ToolCall{
 				{ID: "call-1", Name: "weather", Input: []byte(`{ "city": "Paris" }`)},
 				{ID: "call-2", Name: "news", Input: []byte(`{"city":"Paris"}`)},
 			}},
 			{ID: "t-1", Role: "tool", ToolCallID: "call-1", Text: "18°C, clear"},
 			{ID: "t-2", Role: "tool", ToolCallID: "call-2", Text: "outcome unknown after restart", IsError: true},
 		},
-		Turn: []pipeline.TranscriptMessage{user},
-		Tools: []pipeline.ToolSpec{
+		Turn: []provider.TranscriptMessage{user},
+		Tools: []provider.ToolSpec{
 			{Name: "weather", Description: "Current weather in a city.", InputSchema: []byte(`{"type":"object","properties":{"city":{"type":"string"}},"required":["city"]}`)},
 			{Name: "news", Description: "Headlines."},
 		},

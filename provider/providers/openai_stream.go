@@ -11,7 +11,7 @@ import (
 	"mime"
 	"strings"
 
-	"github.com/promptline/promptline/pipeline"
+	"github.com/promptline/promptline/provider"
 )
 
 // The streamed Chat Completions format (stream: true): server-sent events
@@ -75,7 +75,7 @@ func readOpenAIStream(body io.Reader, contentType string, onText, onID func(stri
 	if mt, _, _ := mime.ParseMediaType(contentType); mt == "application/json" {
 		raw, err := io.ReadAll(limited)
 		if err != nil {
-			return nil, fmt.Errorf("%w: reading response: %w", pipeline.ErrOutcomeUnknown, err)
+			return nil, fmt.Errorf("%w: reading response: %w", provider.ErrOutcomeUnknown, err)
 		}
 		if limited.N <= 0 {
 			return nil, &errMalformedStream{fmt.Errorf("larger than %d bytes", responseMax)}
@@ -159,7 +159,7 @@ func readOpenAIStream(body io.Reader, contentType string, onText, onID func(stri
 			return nil, &errMalformedStream{fmt.Errorf("larger than %d bytes", responseMax)}
 		}
 		if err != nil && !errors.Is(err, io.EOF) {
-			return nil, fmt.Errorf("%w: reading stream: %w", pipeline.ErrOutcomeUnknown, err)
+			return nil, fmt.Errorf("%w: reading stream: %w", provider.ErrOutcomeUnknown, err)
 		}
 		eof := err != nil
 		line = bytes.TrimRight(line, "\r\n")
@@ -194,7 +194,7 @@ func readOpenAIStream(body io.Reader, contentType string, onText, onID func(stri
 		}
 	}
 	if !done && !finished {
-		return nil, fmt.Errorf("%w: the stream ended before the answer did (no [DONE], no finish_reason)", pipeline.ErrOutcomeUnknown)
+		return nil, fmt.Errorf("%w: the stream ended before the answer did (no [DONE], no finish_reason)", provider.ErrOutcomeUnknown)
 	}
 	if !sawChoice {
 		return nil, &errMalformedStream{errors.New("the stream carried no choice")}

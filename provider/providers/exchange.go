@@ -14,7 +14,7 @@ import (
 	"time"
 
 	urlredact "github.com/promptline/promptline/internal/redact"
-	"github.com/promptline/promptline/pipeline"
+	"github.com/promptline/promptline/provider"
 )
 
 const (
@@ -92,10 +92,10 @@ func noRedirects(client *http.Client) *http.Client {
 }
 
 // exchange POSTs opts.Body and returns the body of a 2xx response. Its
-// errors follow the classes of pipeline.Provider: ErrNotSent when the
+// errors follow the classes of provider.Provider: ErrNotSent when the
 // request certainly did not leave; ErrOutcomeUnknown when it may have
 // arrived and no complete answer came back (reset, EOF, timeout,
-// cancellation, a body cut off); *pipeline.RetryAfterError for 429 and
+// cancellation, a body cut off); *provider.RetryAfterError for 429 and
 // 503; ErrRejected for a status that refuses the request itself
 // (refusesRequest); a plain error when the server answered with another
 // failure.
@@ -107,7 +107,7 @@ func exchange(ctx context.Context, client *http.Client, opts exchangeOpts) ([]by
 	if err != nil {
 		// Built nothing, sent nothing; the message of url.Parse errors
 		// holds only the URL, which is configuration, not a secret.
-		return nil, fmt.Errorf("building request: %w: %w", pipeline.ErrNotSent, err)
+		return nil, fmt.Errorf("building request: %w: %w", provider.ErrNotSent, err)
 	}
 	for name, value := range opts.Headers {
 		req.Header.Set(name, value)
@@ -126,9 +126,9 @@ func exchange(ctx context.Context, client *http.Client, opts exchangeOpts) ([]by
 		// The error names the URL; it is stored, published and logged.
 		err = urlredact.Error(err)
 		if notSent(err) {
-			return nil, fmt.Errorf("%w: %w", pipeline.ErrNotSent, err)
+			return nil, fmt.Errorf("%w: %w", provider.ErrNotSent, err)
 		}
-		return nil, fmt.Errorf("%w: %w", pipeline.ErrOutcomeUnknown, err)
+		return nil, fmt.Errorf("%w: %w", provider.ErrOutcomeUnknown, err)
 	}
 	defer resp.Body.Close()
 	if id := responseID(resp.Header); id != "" && opts.ResponseIDFunc != nil {
@@ -137,19 +137,19 @@ func exchange(ctx context.Context, client *http.Client, opts exchangeOpts) ([]by
 
 	if resp.StatusCode < 200 || resp.StatusCode > 299 {
 		excerpt := readExcerpt(resp.Body, opts.Secret)
-		var statusErr error = &pipeline.StatusError{Code: resp.StatusCode, Err: fmt.Errorf("status %s: %q", resp.Status, excerpt)}
+		var statusErr error = &provider.StatusError{Code: resp.StatusCode, Err: fmt.Errorf("status %s: %q", resp.Status, excerpt)}
 		if resp.StatusCode >= 300 && resp.StatusCode <= 399 {
-			statusErr = &pipeline.StatusError{Code: resp.StatusCode,
+			statusErr = &provider.StatusError{Code: resp.StatusCode,
 				Err: fmt.Errorf("status %s (redirects are not followed; location %q)", resp.Status, urlredact.URL(resp.Header.Get("Location")))}
 		}
 		if resp.StatusCode == http.StatusTooManyRequests || resp.StatusCode == http.StatusServiceUnavailable {
-			return nil, &pipeline.RetryAfterError{
+			return nil, &provider.RetryAfterError{
 				After: parseRetryAfter(resp.Header.Get("Retry-After"), time.Now()),
 				Err:   statusErr,
 			}
 		}
 		if refusesRequest(resp.StatusCode) {
-			return nil, fmt.Errorf("%w: %w", pipeline.ErrRejected, statusErr)
+			return nil, fmt.Errorf("%w: %w", provider.ErrRejected, statusErr)
 		}
 		return nil, statusErr
 	}
@@ -160,7 +160,7 @@ func exchange(ctx context.Context, client *http.Client, opts exchangeOpts) ([]by
 	body, err := io.ReadAll(io.LimitReader(resp.Body, responseMax+1))
 	if err != nil {
 		// The answer was cut off: what the server did is not known.
-		return nil, fmt.Errorf("%w: reading response (status %s): %w", pipeline.ErrOutcomeUnknown, resp.Status, err)
+		return nil, fmt.Errorf("%w: reading response (status %s): %w", provider.ErrOutcomeUnknown, resp.Status, err)
 	}
 	if len(body) > responseMax {
 		return nil, fmt.Errorf("malformed response (status %s): larger than %d bytes", resp.Status, responseMax)

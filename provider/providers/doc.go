@@ -1,21 +1,21 @@
-// Package providers holds the pipeline.Provider implementations that talk
+// Package providers holds the provider.Provider implementations that talk
 // to a model over the network: HTTP, which POSTs each step as documented
 // JSON to any service (docs/providers.md), and OpenAI, which speaks the
 // Chat Completions API with tool calling to api.openai.com or a
 // compatible server.
 //
-// Both classify failures as pipeline.Provider requires, because the class
+// Both classify failures as provider.Provider requires, because the class
 // decides whether the executor may send the step again (P4):
 //
-//   - pipeline.ErrNotSent only when dialing failed, so the request never
+//   - provider.ErrNotSent only when dialing failed, so the request never
 //     left; a reset or EOF after the connection existed is not proof;
-//   - pipeline.ErrOutcomeUnknown when the request may have arrived and no
+//   - provider.ErrOutcomeUnknown when the request may have arrived and no
 //     complete answer came back: reset, EOF, timeout, cancellation, a
 //     response body cut off;
-//   - *pipeline.RetryAfterError for HTTP 429 and 503, with the delay of
+//   - *provider.RetryAfterError for HTTP 429 and 503, with the delay of
 //     Retry-After (seconds or HTTP-date; 1s when absent; at most 5m);
-//   - pipeline.ErrUnsupported for a transcript they cannot encode;
-//   - pipeline.ErrRejected when the server refused the request itself: a
+//   - provider.ErrUnsupported for a transcript they cannot encode;
+//   - provider.ErrRejected when the server refused the request itself: a
 //     redirect (not followed) or a 4xx other than 408, 409, 425 and 429
 //     (400 bad request, 401 bad key, 403, 404 unknown model, 422, ...),
 //     which the same request would meet again;

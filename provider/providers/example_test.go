@@ -9,8 +9,8 @@ import (
 	"net/http"
 	"net/http/httptest"
 
-	"github.com/promptline/promptline/pipeline"
-	"github.com/promptline/promptline/pipeline/providers"
+	"github.com/promptline/promptline/provider"
+	"github.com/promptline/promptline/provider/providers"
 )
 
 // ExampleHTTP pins the HTTP provider's wire contract: the headers and body
@@ -31,21 +31,21 @@ func ExampleHTTP() {
 	}))
 	defer srv.Close()
 
-	provider := providers.NewHTTP(srv.Client(), &providers.HTTPConfig{URL: srv.URL + "/v1/step"})
-	user := pipeline.TranscriptMessage{ID: "m-1", Role: "user", Text: "Weather in Paris?"}
-	resp, err := provider.Complete(context.Background(), pipeline.ProviderRequest{
+	p := providers.NewHTTP(srv.Client(), &providers.HTTPConfig{URL: srv.URL + "/v1/step"})
+	user := provider.TranscriptMessage{ID: "m-1", Role: "user", Text: "Weather in Paris?"}
+	resp, err := p.Complete(context.Background(), provider.Request{
 		SessionID:          "s-1",
 		AssistantMessageID: "a-1",
 		AttemptID:          "e-1/2",
 		IdempotencyKey:     "e-1/2/key",
 		FencingToken:       7,
-		Messages: []pipeline.TranscriptMessage{
+		Messages: []provider.TranscriptMessage{
 			user,
-			{ID: "a-1", Role: "assistant", ToolCalls: []pipeline.ToolCall{{ID: "call-1", Name: "weather", Input: json.RawMessage(`{"city": "Paris"}`)}}},
+			{ID: "a-1", Role: "assistant", ToolCalls: []provider.ToolCall{{ID: "call-1", Name: "weather", Input: json.RawMessage(`{"city": "Paris"}`)}}},
 			{ID: "t-1", Role: "tool", ToolCallID: "call-1", Text: "18°C, clear"},
 		},
-		Turn:  []pipeline.TranscriptMessage{user},
-		Tools: []pipeline.ToolSpec{{Name: "weather", Description: "Current weather in a city.", InputSchema: json.RawMessage(`{"type": "object", "properties": {"city": {"type": "string"}}}`)}},
+		Turn:  []provider.TranscriptMessage{user},
+		Tools: []provider.ToolSpec{{Name: "weather", Description: "Current weather in a city.", InputSchema: json.RawMessage(`{"type": "object", "properties": {"city": {"type": "string"}}}`)}},
 	})
 	if err != nil {
 		fmt.Println("error:", err)

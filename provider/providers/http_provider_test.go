@@ -13,8 +13,8 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/promptline/promptline/pipeline"
-	"github.com/promptline/promptline/pipeline/providers"
+	"github.com/promptline/promptline/provider"
+	"github.com/promptline/promptline/provider/providers"
 )
 
 type httpBundle struct {
@@ -50,12 +50,12 @@ const (
 func requireClass(t *testing.T, err error, class errClass) {
 	t.Helper()
 	require.Error(t, err)
-	var ra *pipeline.RetryAfterError
+	var ra *provider.RetryAfterError
 	got := map[errClass]bool{
-		notSent:        errors.Is(err, pipeline.ErrNotSent),
-		outcomeUnknown: errors.Is(err, pipeline.ErrOutcomeUnknown),
+		notSent:        errors.Is(err, provider.ErrNotSent),
+		outcomeUnknown: errors.Is(err, provider.ErrOutcomeUnknown),
 		retryAfter:     errors.As(err, &ra),
-		rejected:       errors.Is(err, pipeline.ErrRejected),
+		rejected:       errors.Is(err, provider.ErrRejected),
 	}
 	for c, is := range got {
 		require.Equal(t, c == class, is, "class %d of %v", c, err)
@@ -116,13 +116,13 @@ func TestHTTP(t *testing.T) {
 
 		resp, err := bundle.provider.Complete(context.Background(), sampleRequest())
 		require.NoError(t, err)
-		require.Equal(t, pipeline.ProviderResponse{
+		require.Equal(t, provider.Response{
 			Text: "Checking two things.",
-			ToolCalls: []pipeline.ToolCall{
+			ToolCalls: []provider.ToolCall{
 				{ID: "call-3", Name: "weather", Input: []byte(`{"city":"Lyon"}`)},
 				{ID: "call-4", Name: "news", Input: []byte(`{}`)},
 			},
-			Usage: pipeline.Usage{InputTokens: 120, OutputTokens: 17},
+			Usage: provider.Usage{InputTokens: 120, OutputTokens: 17},
 		}, resp)
 	})
 
@@ -132,7 +132,7 @@ func TestHTTP(t *testing.T) {
 
 		resp, err := bundle.provider.Complete(context.Background(), sampleRequest())
 		require.NoError(t, err)
-		require.Equal(t, pipeline.ProviderResponse{Text: "Hello."}, resp)
+		require.Equal(t, provider.Response{Text: "Hello."}, resp)
 	})
 
 	t.Run("MalformedResponses", func(t *testing.T) {
@@ -203,7 +203,7 @@ func TestHTTP(t *testing.T) {
 
 		_, err := bundle.provider.Complete(context.Background(), sampleRequest())
 		requireClass(t, err, retryAfter)
-		var ra *pipeline.RetryAfterError
+		var ra *provider.RetryAfterError
 		require.ErrorAs(t, err, &ra)
 		require.Equal(t, 7*time.Second, ra.After)
 		require.ErrorContains(t, err, "429")
@@ -218,7 +218,7 @@ func TestHTTP(t *testing.T) {
 		})
 
 		_, err := bundle.provider.Complete(context.Background(), sampleRequest())
-		var ra *pipeline.RetryAfterError
+		var ra *provider.RetryAfterError
 		require.ErrorAs(t, err, &ra)
 		// The date has whole seconds and time has passed since it was
 		// taken.
@@ -231,7 +231,7 @@ func TestHTTP(t *testing.T) {
 		bundle := setupHTTP(t, nil, reply(503, ``))
 
 		_, err := bundle.provider.Complete(context.Background(), sampleRequest())
-		var ra *pipeline.RetryAfterError
+		var ra *provider.RetryAfterError
 		require.ErrorAs(t, err, &ra)
 		require.Equal(t, time.Second, ra.After)
 	})
@@ -369,11 +369,11 @@ func TestHTTP(t *testing.T) {
 
 	t.Run("UnencodableTranscriptIsUnsupported", func(t *testing.T) {
 		t.Parallel()
-		for name, mutate := range map[string]func(*pipeline.ProviderRequest){
-			"UnknownRole":          func(r *pipeline.ProviderRequest) { r.Messages[0].Role = "system" },
-			"ToolResultWithoutID":  func(r *pipeline.ProviderRequest) { r.Messages[2].ToolCallID = "" },
-			"ToolCallInputInvalid": func(r *pipeline.ProviderRequest) { r.Messages[1].ToolCalls[0].Input = []byte(`{"city":`) },
-			"SchemaNotAnObject":    func(r *pipeline.ProviderRequest) { r.Tools[0].InputSchema = []byte(`"string"`) },
+		for name, mutate := range map[string]func(*provider.Request){
+			"UnknownRole":          func(r *provider.Request) { r.Messages[0].Role = "system" },
+			"ToolResultWithoutID":  func(r *provider.Request) { r.Messages[2].ToolCallID = "" },
+			"ToolCallInputInvalid": func(r *provider.Request) { r.Messages[1].ToolCalls[0].Input = []byte(`{"city":`) },
+			"SchemaNotAnObject":    func(r *provider.Request) { r.Tools[0].InputSchema = []byte(`"string"`) },
 		} {
 			t.Run(name, func(t *testing.T) {
 				t.Parallel()
@@ -382,7 +382,7 @@ func TestHTTP(t *testing.T) {
 				mutate(&req)
 
 				_, err := bundle.provider.Complete(context.Background(), req)
-				require.ErrorIs(t, err, pipeline.ErrUnsupported)
+				require.ErrorIs(t, err, provider.ErrUnsupported)
 				requireClass(t, err, plain)
 				require.Equal(t, 0, bundle.server.count())
 			})

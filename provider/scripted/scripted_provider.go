@@ -1,4 +1,4 @@
-package pipeline
+package scripted
 
 import (
 	"cmp"
@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/promptline/promptline/internal/faults"
+	"github.com/promptline/promptline/provider"
 )
 
 // ScriptedProvider answers without a model, for demos and tests. By default
@@ -38,18 +39,18 @@ import (
 type ScriptedProvider struct{}
 
 var (
-	_ Provider   = ScriptedProvider{}
-	_ ModelNamer = ScriptedProvider{}
+	_ provider.Provider   = ScriptedProvider{}
+	_ provider.ModelNamer = ScriptedProvider{}
 )
 
 // ModelName is "scripted": the model recorded with its attempts.
 func (ScriptedProvider) ModelName() string { return "scripted" }
 
 // Complete runs the directives of the turn's messages.
-func (ScriptedProvider) Complete(ctx context.Context, req ProviderRequest) (ProviderResponse, error) {
+func (ScriptedProvider) Complete(ctx context.Context, req provider.Request) (provider.Response, error) {
 	var reply *string
 	var echo []string
-	var calls, loop []ToolCall
+	var calls, loop []provider.ToolCall
 	var stream time.Duration
 	afterTools := len(req.Messages) > 0 && req.Messages[len(req.Messages)-1].Role == "tool"
 	for _, m := range req.Turn {
@@ -70,19 +71,19 @@ func (ScriptedProvider) Complete(ctx context.Context, req ProviderRequest) (Prov
 				}
 				d, err := time.ParseDuration(strings.TrimSpace(arg))
 				if err != nil {
-					return ProviderResponse{}, fmt.Errorf("scripted provider: /sleep %q: %w", arg, err)
+					return provider.Response{}, fmt.Errorf("scripted provider: /sleep %q: %w", arg, err)
 				}
 				t := time.NewTimer(d)
 				select {
 				case <-ctx.Done():
 					t.Stop()
-					return ProviderResponse{}, ctx.Err()
+					return provider.Response{}, ctx.Err()
 				case <-t.C:
 				}
 			case "/stream":
 				d, err := time.ParseDuration(strings.TrimSpace(arg))
 				if err != nil {
-					return ProviderResponse{}, fmt.Errorf("scripted provider: /stream %q: %w", arg, err)
+					return provider.Response{}, fmt.Errorf("scripted provider: /stream %q: %w", arg, err)
 				}
 				stream = d
 			case "/response-id":
@@ -91,28 +92,28 @@ func (ScriptedProvider) Complete(ctx context.Context, req ProviderRequest) (Prov
 				}
 			case "/fail":
 				if !afterTools {
-					return ProviderResponse{}, fmt.Errorf("scripted provider: %s", arg)
+					return provider.Response{}, fmt.Errorf("scripted provider: %s", arg)
 				}
 			case "/loop":
 				name, input, _ := strings.Cut(strings.TrimSpace(arg), " ")
-				loop = append(loop, ToolCall{ID: fmt.Sprintf("loop-%d", len(loop)), Name: name, Input: json.RawMessage(cmp.Or(strings.TrimSpace(input), "{}"))})
+				loop = append(loop, provider.ToolCall{ID: fmt.Sprintf("loop-%d", len(loop)), Name: name, Input: json.RawMessage(cmp.Or(strings.TrimSpace(input), "{}"))})
 			case "/tool":
 				name, input, _ := strings.Cut(strings.TrimSpace(arg), " ")
 				input = strings.TrimSpace(input)
 				if input == "" {
 					input = "{}"
 				}
-				calls = append(calls, ToolCall{ID: fmt.Sprintf("call-%d", len(calls)), Name: name, Input: json.RawMessage(input)})
+				calls = append(calls, provider.ToolCall{ID: fmt.Sprintf("call-%d", len(calls)), Name: name, Input: json.RawMessage(input)})
 			default:
 				echo = append(echo, line)
 			}
 		}
 	}
 	if len(loop) > 0 {
-		return ProviderResponse{ToolCalls: loop}, nil
+		return provider.Response{ToolCalls: loop}, nil
 	}
 	if !afterTools && len(calls) > 0 {
-		return ProviderResponse{ToolCalls: calls}, nil
+		return provider.Response{ToolCalls: calls}, nil
 	}
 	var text string
 	switch {
@@ -125,10 +126,10 @@ func (ScriptedProvider) Complete(ctx context.Context, req ProviderRequest) (Prov
 	}
 	if stream > 0 && req.TextDeltaFunc != nil {
 		if err := streamWords(ctx, text, stream, req.TextDeltaFunc); err != nil {
-			return ProviderResponse{}, err
+			return provider.Response{}, err
 		}
 	}
-	return ProviderResponse{Text: text}, nil
+	return provider.Response{Text: text}, nil
 }
 
 // streamWords hands text to delta a word (with the space after it) at a
@@ -156,7 +157,7 @@ func streamWords(ctx context.Context, text string, gap time.Duration, delta func
 }
 
 // toolResults summarises the results after the last assistant message.
-func toolResults(msgs []TranscriptMessage) string {
+func toolResults(msgs []provider.TranscriptMessage) string {
 	start := len(msgs)
 	for start > 0 && msgs[start-1].Role == "tool" {
 		start--

@@ -1,4 +1,4 @@
-package pipeline
+package provider
 
 import (
 	"context"
@@ -33,11 +33,11 @@ import (
 //     recorded failed; retried only when the provider honours idempotency
 //     keys, with the same key.
 type Provider interface {
-	Complete(ctx context.Context, req ProviderRequest) (ProviderResponse, error)
+	Complete(ctx context.Context, req Request) (Response, error)
 }
 
 // IdempotentProvider is implemented by providers that may declare that the
-// remote side deduplicates requests by ProviderRequest.IdempotencyKey.
+// remote side deduplicates requests by Request.IdempotencyKey.
 type IdempotentProvider interface {
 	HonoursIdempotencyKeys() bool
 }
@@ -48,8 +48,8 @@ type ModelNamer interface {
 	ModelName() string
 }
 
-// ProviderRequest is one provider step of a turn.
-type ProviderRequest struct {
+// Request is one provider step of a turn.
+type Request struct {
 	SessionID          string
 	AssistantMessageID string
 	// AttemptID is derived from the execution and the step number.
@@ -72,7 +72,7 @@ type ProviderRequest struct {
 	// TextDeltaFunc, when set, takes the answer's text as a streaming
 	// provider receives it, fragment by fragment, in order, from
 	// Complete's goroutine; it never blocks. The fragments are for
-	// display only (live deltas): ProviderResponse.Text stays the answer.
+	// display only (live deltas): Response.Text stays the answer.
 	// A provider that does not stream ignores it. Nil when the process
 	// publishes no deltas.
 	TextDeltaFunc func(text string) `json:"-"`
@@ -113,9 +113,9 @@ type ToolCall struct {
 	Input json.RawMessage
 }
 
-// ProviderResponse is the answer of one provider step: text, tool calls,
+// Response is the answer of one provider step: text, tool calls,
 // or both.
-type ProviderResponse struct {
+type Response struct {
 	Text      string
 	ToolCalls []ToolCall
 	Usage     Usage
