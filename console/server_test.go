@@ -15,6 +15,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
+	"github.com/promptline/promptline/admission"
 	"github.com/promptline/promptline/console"
 	"github.com/promptline/promptline/envelope"
 	"github.com/promptline/promptline/internal/testkit"
@@ -29,7 +30,7 @@ import (
 // and recovery, and a console serving it over HTTP.
 type testBundle struct {
 	pool     *pgxpool.Pool
-	admitter *pipeline.Admitter
+	admitter *admission.Admitter
 	exec     *pipeline.Executor
 	srv      *httptest.Server
 	log      *testkit.SyncBuffer
@@ -47,7 +48,7 @@ func setup(t *testing.T, cfg console.Config) *testBundle {
 		Tools:  reg,
 	})
 	t.Cleanup(e.StopNow)
-	b := &testBundle{pool: pool, admitter: pipeline.NewAdmitter(pool, &pipeline.AdmitterConfig{}), exec: e, log: testkit.NewSyncBuffer()}
+	b := &testBundle{pool: pool, admitter: admission.NewAdmitter(pool, &admission.AdmitterConfig{}), exec: e, log: testkit.NewSyncBuffer()}
 	cfg.Logger = slogTo(b.log)
 	if cfg.Registry == nil {
 		cfg.Registry = metrics.NewRegistry()
@@ -61,12 +62,12 @@ func setup(t *testing.T, cfg console.Config) *testBundle {
 
 func (b *testBundle) admit(t *testing.T, session, msg, text string) {
 	t.Helper()
-	out, err := b.admitter.Admit(context.Background(), []pipeline.Incoming{{
+	out, err := b.admitter.Admit(context.Background(), []admission.Incoming{{
 		Prompt: envelope.Prompt{MessageID: msg, SessionID: session, Text: text, Delivery: envelope.DeliveryQueue},
-		Source: pipeline.Source{Topic: "prompts", Partition: 0, Offset: 1},
+		Source: admission.Source{Topic: "prompts", Partition: 0, Offset: 1},
 	}})
 	require.NoError(t, err)
-	require.Equal(t, []pipeline.Outcome{pipeline.Admitted}, out)
+	require.Equal(t, []admission.Outcome{admission.Admitted}, out)
 }
 
 func (b *testBundle) run(t *testing.T, session string) {

@@ -16,6 +16,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
+	"github.com/promptline/promptline/admission"
 	"github.com/promptline/promptline/envelope"
 	"github.com/promptline/promptline/internal/kafkautil"
 	"github.com/promptline/promptline/internal/testkit"
@@ -92,7 +93,7 @@ func setup(t *testing.T, opts setupOpts) *testBundle {
 	log := slog.New(slog.NewTextHandler(logw, &slog.HandlerOptions{Level: slog.LevelDebug}))
 	relay := outbox.NewRelay(pool, producer, &outbox.RelayConfig{PollInterval: 20 * time.Millisecond, Logger: log})
 	require.NoError(t, relay.Start(ctx))
-	admitter := pipeline.NewAdmitter(pool, &pipeline.AdmitterConfig{OnCommitFunc: relay.Nudge, Logger: log})
+	admitter := admission.NewAdmitter(pool, &admission.AdmitterConfig{OnCommitFunc: relay.Nudge, Logger: log})
 	claims := ledger.NewClaims(pool, &ledger.ClaimsConfig{Lease: cmp.Or(opts.lease, 5*time.Second), OwnerID: t.Name(), Logger: log})
 	var deltas pipeline.DeltaSink
 	if opts.deltas {

@@ -11,6 +11,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
@@ -19,6 +20,7 @@ import (
 	"github.com/promptline/promptline/internal/pgdb"
 	"github.com/promptline/promptline/ledger"
 	"github.com/promptline/promptline/metrics"
+	"github.com/promptline/promptline/outbox"
 	"github.com/promptline/promptline/provider"
 	"github.com/promptline/promptline/provider/scripted"
 	"github.com/promptline/promptline/tools"
@@ -659,3 +661,10 @@ func attemptLanded(id string, state ledger.AttemptState) ledger.LandedFunc {
 		return got == state, err
 	}
 }
+
+var (
+	eventRow = outbox.EventRow
+	wakeRow  = outbox.WakeRow
+)
+
+func newID() string { return uuid.Must(uuid.NewV7()).String() }

@@ -11,6 +11,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
+	"github.com/promptline/promptline/admission"
 	"github.com/promptline/promptline/envelope"
 	"github.com/promptline/promptline/internal/testkit"
 	"github.com/promptline/promptline/ledger"
@@ -24,13 +25,13 @@ import (
 // would be published is read from the outbox table.
 type execBundle struct {
 	pool     *pgxpool.Pool
-	admitter *pipeline.Admitter
+	admitter *admission.Admitter
 }
 
 func setupExec(t *testing.T) *execBundle {
 	t.Helper()
 	pool, _ := testkit.Pool(t)
-	return &execBundle{pool: pool, admitter: pipeline.NewAdmitter(pool, &pipeline.AdmitterConfig{})}
+	return &execBundle{pool: pool, admitter: admission.NewAdmitter(pool, &admission.AdmitterConfig{})}
 }
 
 func (b *execBundle) executor(t *testing.T, owner string, provider provider.Provider, lease time.Duration, maxSessions int) *pipeline.Executor {
@@ -43,7 +44,7 @@ func (b *execBundle) executor(t *testing.T, owner string, provider provider.Prov
 
 func (b *execBundle) admit(t *testing.T, session, msg, text string) {
 	t.Helper()
-	_, err := b.admitter.Admit(context.Background(), []pipeline.Incoming{{Prompt: envelope.Prompt{MessageID: msg, SessionID: session, Text: text, Delivery: envelope.DeliveryQueue}}})
+	_, err := b.admitter.Admit(context.Background(), []admission.Incoming{{Prompt: envelope.Prompt{MessageID: msg, SessionID: session, Text: text, Delivery: envelope.DeliveryQueue}}})
 	require.NoError(t, err)
 }
 
@@ -331,7 +332,7 @@ func TestClaimTakenAsRead(t *testing.T) {
 			pipeline.SetAfterRead(e, func() {
 				if changed {
 					once.Do(func() {
-						_, err := b.admitter.Admit(ctx, []pipeline.Incoming{{Prompt: envelope.Prompt{
+						_, err := b.admitter.Admit(ctx, []admission.Incoming{{Prompt: envelope.Prompt{
 							MessageID: "steer", SessionID: "s", Text: "steer", Delivery: envelope.DeliverySteer}}})
 						require.NoError(t, err)
 					})

@@ -9,6 +9,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/promptline/promptline/admission"
 	"github.com/promptline/promptline/envelope"
 	"github.com/promptline/promptline/internal/testkit"
 	"github.com/promptline/promptline/ledger"
@@ -107,9 +108,9 @@ func TestFailedTurnNamesAnExistingMessage(t *testing.T) {
 		runOnce(t, executor(t, b, nil, tools.Ask))
 		var requestID string
 		require.NoError(t, b.pool.QueryRow(ctx, `SELECT request_id FROM permission_requests WHERE status = 'pending'`).Scan(&requestID))
-		out, err := b.admitter.AdmitReply(ctx, nil, envelope.PermissionReply{RequestID: requestID, Reply: envelope.ReplyReject}, pipeline.Source{Topic: "permission-replies"})
+		out, err := b.admitter.AdmitReply(ctx, nil, envelope.PermissionReply{RequestID: requestID, Reply: envelope.ReplyReject}, admission.Source{Topic: "permission-replies"})
 		require.NoError(t, err)
-		require.Equal(t, pipeline.Admitted, out.Outcome)
+		require.Equal(t, admission.Admitted, out.Outcome)
 		b.admit(t, "s", "m2", "after") // waits: the claim is kept past the failed turn
 
 		runOnce(t, executor(t, b, nil, tools.Ask))

@@ -8,6 +8,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/promptline/promptline/admission"
 	"github.com/promptline/promptline/envelope"
 	"github.com/promptline/promptline/internal/testkit"
 	"github.com/promptline/promptline/ledger"
@@ -61,8 +62,8 @@ func TestPermissions(t *testing.T) {
 		require.NoError(t, b.pool.QueryRow(ctx, `SELECT request_id FROM permission_requests WHERE status = 'pending'`).Scan(&id))
 		return id
 	}
-	reply := func(t *testing.T, b *bundle, id, r, msg string) pipeline.ReplyOutcome {
-		out, err := b.admitter.AdmitReply(ctx, nil, envelope.PermissionReply{RequestID: id, Reply: r, Message: msg}, pipeline.Source{Topic: "permission-replies"})
+	reply := func(t *testing.T, b *bundle, id, r, msg string) admission.ReplyOutcome {
+		out, err := b.admitter.AdmitReply(ctx, nil, envelope.PermissionReply{RequestID: id, Reply: r, Message: msg}, admission.Source{Topic: "permission-replies"})
 		require.NoError(t, err)
 		return out
 	}
@@ -84,8 +85,8 @@ func TestPermissions(t *testing.T) {
 		runOnce(t, b.exec(), "s")
 		require.Zero(t, b.answered(t, "m2"), "nothing else of a parked session runs")
 
-		require.Equal(t, pipeline.Admitted, reply(t, b, id, envelope.ReplyOnce, "").Outcome)
-		require.Equal(t, pipeline.Duplicate, reply(t, b, id, envelope.ReplyOnce, "").Outcome, "an exact retry of the reply")
+		require.Equal(t, admission.Admitted, reply(t, b, id, envelope.ReplyOnce, "").Outcome)
+		require.Equal(t, admission.Duplicate, reply(t, b, id, envelope.ReplyOnce, "").Outcome, "an exact retry of the reply")
 		out := reply(t, b, id, envelope.ReplyReject, "")
 		require.Equal(t, envelope.ReasonConflict, out.Reason, "another reply to an answered request")
 		runOnce(t, b.exec(), "s") // a new process: the request survived
@@ -102,7 +103,7 @@ func TestPermissions(t *testing.T) {
 		b := setupPerm(t)
 		b.admit(t, "s", "m1", `/tool echo {"text": "one"}`)
 		runOnce(t, b.exec(), "s")
-		require.Equal(t, pipeline.Admitted, reply(t, b, requestID(t, b), envelope.ReplyAlways, "").Outcome)
+		require.Equal(t, admission.Admitted, reply(t, b, requestID(t, b), envelope.ReplyAlways, "").Outcome)
 		runOnce(t, b.exec(), "s")
 		b.admit(t, "s", "m2", `/tool echo {"text": "two"}`)
 		runOnce(t, b.exec(), "s")
@@ -119,7 +120,7 @@ func TestPermissions(t *testing.T) {
 		b.admit(t, "s", "m1", `/tool echo {"text": "no"}`)
 		runOnce(t, b.exec(), "s")
 		b.admit(t, "s", "m2", "after")
-		require.Equal(t, pipeline.Admitted, reply(t, b, requestID(t, b), envelope.ReplyReject, "").Outcome)
+		require.Equal(t, admission.Admitted, reply(t, b, requestID(t, b), envelope.ReplyReject, "").Outcome)
 		runOnce(t, b.exec(), "s")
 		require.Empty(t, b.runs)
 		failed := testkit.SessionEvents(t, b.pool, "s", envelope.EventTurnFailed)
@@ -140,7 +141,7 @@ func TestPermissions(t *testing.T) {
 		b := setupPerm(t)
 		b.admit(t, "s", "m1", "/tool echo {\"text\": \"no\"}\n/tool echo {\"text\": \"nor\"}")
 		runOnce(t, b.exec(), "s")
-		require.Equal(t, pipeline.Admitted, reply(t, b, requestID(t, b), envelope.ReplyReject, "").Outcome)
+		require.Equal(t, admission.Admitted, reply(t, b, requestID(t, b), envelope.ReplyReject, "").Outcome)
 		runOnce(t, b.exec(), "s")
 		require.Empty(t, b.runs)
 		steps := testkit.SessionEvents(t, b.pool, "s", envelope.EventStepCompleted)
@@ -165,7 +166,7 @@ func TestPermissions(t *testing.T) {
 		b := setupPerm(t)
 		b.admit(t, "s", "m1", `/tool echo {"text": "x"}`)
 		runOnce(t, b.exec(), "s")
-		require.Equal(t, pipeline.Admitted, reply(t, b, requestID(t, b), envelope.ReplyReject, "use the other tool").Outcome)
+		require.Equal(t, admission.Admitted, reply(t, b, requestID(t, b), envelope.ReplyReject, "use the other tool").Outcome)
 		runOnce(t, b.exec(), "s")
 		require.Empty(t, b.runs)
 		completed := testkit.SessionEvents(t, b.pool, "s", envelope.EventTurnCompleted)
@@ -178,7 +179,7 @@ func TestPermissions(t *testing.T) {
 		b := setupPerm(t)
 		b.admit(t, "s", "m1", `/tool echo {"text": "x"}`)
 		runOnce(t, b.exec(), "s")
-		out, err := b.admitter.AdmitReply(ctx, []byte("other"), envelope.PermissionReply{RequestID: requestID(t, b), Reply: envelope.ReplyOnce}, pipeline.Source{})
+		out, err := b.admitter.AdmitReply(ctx, []byte("other"), envelope.PermissionReply{RequestID: requestID(t, b), Reply: envelope.ReplyOnce}, admission.Source{})
 		require.NoError(t, err)
 		require.Equal(t, envelope.ReasonKeyMismatch, out.Reason)
 		require.Equal(t, 1, b.count(t, `SELECT count(*) FROM permission_requests WHERE status = 'pending'`), "nothing changed")
@@ -204,7 +205,7 @@ func TestPermissions(t *testing.T) {
 				b.admit(t, tc.session, hostile, "not a reply")
 				runOnce(t, b.exec(), tc.session)
 
-				require.Equal(t, pipeline.Admitted, reply(t, b, id, tc.reply, "").Outcome)
+				require.Equal(t, admission.Admitted, reply(t, b, id, tc.reply, "").Outcome)
 				runOnce(t, b.exec(), "s")
 				if tc.session != "s" {
 					runOnce(t, b.exec(), tc.session)
@@ -228,7 +229,7 @@ func TestPermissions(t *testing.T) {
 				require.Zero(t, b.count(t, `SELECT count(*) FROM inputs WHERE quarantine_reason IS NOT NULL`), "nothing quarantined")
 				require.Zero(t, b.count(t, `SELECT count(*) FROM inputs WHERE promotion_seq IS NULL`), "nothing left waiting")
 				require.Equal(t, 1, b.count(t, `SELECT count(*) FROM inputs WHERE message_id = $1 AND kind = 'permission_reply' AND session_id = 's'`,
-					pipeline.ReplyTakenPrefix+id), "the reply's input took the ID no prompt can hold")
+					admission.ReplyTakenPrefix+id), "the reply's input took the ID no prompt can hold")
 			})
 		}
 	})
@@ -241,12 +242,12 @@ func TestPermissions(t *testing.T) {
 		id := requestID(t, b)
 		// Neither a prompt (that one) nor anything a sender can write (the
 		// other): only a bug could hold both.
-		b.admit(t, "s", pipeline.ReplyPrefix+id, "a prompt")
+		b.admit(t, "s", admission.ReplyPrefix+id, "a prompt")
 		_, err := b.pool.Exec(ctx, `INSERT INTO inputs (message_id, session_id, text, payload_hash, delivery, wake_pending, kind)
-			VALUES ($1, 's', '', '\x00', 'steer', false, 'continuation')`, pipeline.ReplyTakenPrefix+id)
+			VALUES ($1, 's', '', '\x00', 'steer', false, 'continuation')`, admission.ReplyTakenPrefix+id)
 		require.NoError(t, err)
 		out := reply(t, b, id, envelope.ReplyOnce, "")
-		require.Equal(t, pipeline.Conflict, out.Outcome)
+		require.Equal(t, admission.Conflict, out.Outcome)
 		require.Equal(t, envelope.ReasonConflict, out.Reason)
 		require.Equal(t, 1, b.count(t, `SELECT count(*) FROM permission_requests WHERE status = 'pending'`), "rolled back: the request still waits")
 		require.Empty(t, testkit.SessionEvents(t, b.pool, "s", envelope.EventPermissionReplied))
@@ -254,7 +255,7 @@ func TestPermissions(t *testing.T) {
 
 	t.Run("NoPromptCanHoldTheTakenIDs", func(t *testing.T) {
 		t.Parallel()
-		for _, id := range []string{pipeline.ReplyTakenPrefix + "r", recovery.ContinuationTakenID("e")} {
+		for _, id := range []string{admission.ReplyTakenPrefix + "r", recovery.ContinuationTakenID("e")} {
 			_, err := envelope.Decode([]byte("s"), mustJSON(map[string]string{"message_id": id, "session_id": "s", "text": "x"}), envelope.Limits{})
 			var rej *envelope.RejectError
 			require.ErrorAs(t, err, &rej, id)

@@ -8,6 +8,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/promptline/promptline/admission"
 	"github.com/promptline/promptline/envelope"
 	"github.com/promptline/promptline/ledger"
 	"github.com/promptline/promptline/pipeline"
@@ -164,9 +165,9 @@ func parkedReply(t *testing.T, inject string) (*execBundle, *pipeline.Executor, 
 	var requestID string
 	require.NoError(t, b.pool.QueryRow(ctx, `SELECT request_id FROM permission_requests WHERE status = 'pending'`).Scan(&requestID))
 	out, err := b.admitter.AdmitReply(ctx, nil, envelope.PermissionReply{RequestID: requestID, Reply: envelope.ReplyOnce},
-		pipeline.Source{Topic: "permission-replies"})
+		admission.Source{Topic: "permission-replies"})
 	require.NoError(t, err)
-	require.Equal(t, pipeline.Admitted, out.Outcome)
+	require.Equal(t, admission.Admitted, out.Outcome)
 	_, err = b.pool.Exec(ctx, inject)
 	require.NoError(t, err)
 	return b, e, runs

@@ -7,6 +7,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/promptline/promptline/admission"
 	"github.com/promptline/promptline/envelope"
 	"github.com/promptline/promptline/ledger"
 	"github.com/promptline/promptline/outbox"
@@ -33,7 +34,8 @@ type sessionView struct {
 	history []provider.TranscriptMessage
 }
 
-// kind is the input's (KindPrompt, KindPermissionReply, KindContinuation):
+// kind is the input's (admission.KindPrompt, admission.KindPermissionReply,
+// admission.KindContinuation):
 // what the input is, whatever its ID says.
 type waitingInput struct{ id, text, delivery, kind string }
 
@@ -55,7 +57,7 @@ func (v *sessionView) queue(b *pgx.Batch, sessionID string) {
 // or permission reply, which take the transactional path.
 func (v *sessionView) plain() bool {
 	for _, w := range v.waiting {
-		if w.kind != KindPrompt {
+		if w.kind != admission.KindPrompt {
 			return false
 		}
 	}

@@ -13,6 +13,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/promptline/promptline/admission"
 	"github.com/promptline/promptline/envelope"
 	"github.com/promptline/promptline/internal/faults"
 	"github.com/promptline/promptline/internal/redact"
@@ -110,9 +111,9 @@ func (ex *execution) selectTurn(ctx context.Context, tx pgx.Tx) (*turn, error) {
 	}
 	for _, w := range all {
 		switch {
-		case w.kind == KindContinuation:
+		case w.kind == admission.KindContinuation:
 			return ex.continuation(ctx, tx, w.id)
-		case w.kind == KindPermissionReply:
+		case w.kind == admission.KindPermissionReply:
 			return ex.resume(ctx, tx, w.id)
 		}
 	}

@@ -13,6 +13,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
+	"github.com/promptline/promptline/admission"
 	"github.com/promptline/promptline/envelope"
 	"github.com/promptline/promptline/internal/testkit"
 	"github.com/promptline/promptline/internal/testkit/pgproxy"
@@ -101,7 +102,7 @@ func TestWriteAfterDispatchRetried(t *testing.T) {
 		require.NoError(t, err)
 		t.Cleanup(ppool.Close)
 		b := &bundle{
-			execBundle: &execBundle{pool: pool, admitter: pipeline.NewAdmitter(pool, &pipeline.AdmitterConfig{})},
+			execBundle: &execBundle{pool: pool, admitter: admission.NewAdmitter(pool, &admission.AdmitterConfig{})},
 			proxy:      proxy, tool: &effectTool{}, block: &blockTool{started: make(chan struct{}, 1)},
 			provider: &gateProvider{answered: make(chan struct{}, 1), gate: make(chan struct{})},
 		}

@@ -12,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
+	"github.com/promptline/promptline/admission"
 	"github.com/promptline/promptline/envelope"
 	"github.com/promptline/promptline/internal/testkit"
 	"github.com/promptline/promptline/ledger"
@@ -28,7 +29,7 @@ import (
 type testBundle struct {
 	pool     *pgxpool.Pool
 	url      string // the test database, for pools of other settings
-	admitter *pipeline.Admitter
+	admitter *admission.Admitter
 	claims   *ledger.Claims
 	rec      *recovery.Recoverer
 }
@@ -39,7 +40,7 @@ func setup(t *testing.T) *testBundle {
 	return &testBundle{
 		pool:     pool,
 		url:      url,
-		admitter: pipeline.NewAdmitter(pool, &pipeline.AdmitterConfig{}),
+		admitter: admission.NewAdmitter(pool, &admission.AdmitterConfig{}),
 		claims:   ledger.NewClaims(pool, &ledger.ClaimsConfig{Lease: time.Minute, OwnerID: "dead-process"}),
 		rec:      recovery.New(pool, &recovery.Config{Batch: 100, OwnerID: "recovery-test", RedriveAfter: time.Hour}),
 	}
@@ -47,7 +48,7 @@ func setup(t *testing.T) *testBundle {
 
 func (b *testBundle) admit(t *testing.T, session, msg, text string) {
 	t.Helper()
-	_, err := b.admitter.Admit(context.Background(), []pipeline.Incoming{{Prompt: envelope.Prompt{
+	_, err := b.admitter.Admit(context.Background(), []admission.Incoming{{Prompt: envelope.Prompt{
 		MessageID: msg, SessionID: session, Text: text, Delivery: envelope.DeliveryQueue}}})
 	require.NoError(t, err)
 }

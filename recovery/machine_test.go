@@ -17,6 +17,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"pgregory.net/rapid"
 
+	"github.com/promptline/promptline/admission"
 	"github.com/promptline/promptline/envelope"
 	"github.com/promptline/promptline/internal/testkit"
 	"github.com/promptline/promptline/ledger"
@@ -103,7 +104,7 @@ type recoveryMachine struct {
 	pool     *pgxpool.Pool
 	prefix   string
 	sessions []string
-	admitter *pipeline.Admitter
+	admitter *admission.Admitter
 	provider *holdingProvider
 	side     *runCounter
 	idem     *runCounter
@@ -132,7 +133,7 @@ var machineRuns atomic.Int64
 
 func newRecoveryMachine(t *rapid.T, pool, victim *pgxpool.Pool) *recoveryMachine {
 	m := &recoveryMachine{t: t, pool: pool, victim: victim, prefix: fmt.Sprintf("rm%d-", machineRuns.Add(1)),
-		admitter: pipeline.NewAdmitter(pool, &pipeline.AdmitterConfig{}),
+		admitter: admission.NewAdmitter(pool, &admission.AdmitterConfig{}),
 		provider: &holdingProvider{},
 		side:     &runCounter{name: "side", class: tools.SideEffecting, runs: map[string]int{}},
 		idem:     &runCounter{name: "idem", class: tools.Idempotent, runs: map[string]int{}},
@@ -199,7 +200,7 @@ func (m *recoveryMachine) Admit(t *rapid.T) {
 
 func (m *recoveryMachine) admit(t *rapid.T, s, text string, delivery envelope.Delivery) {
 	m.seq++
-	_, err := m.admitter.Admit(context.Background(), []pipeline.Incoming{{Prompt: envelope.Prompt{
+	_, err := m.admitter.Admit(context.Background(), []admission.Incoming{{Prompt: envelope.Prompt{
 		MessageID: fmt.Sprintf("%sm%d", m.prefix, m.seq), SessionID: s, Text: text, Delivery: delivery}}})
 	if err != nil {
 		t.Fatal(err)

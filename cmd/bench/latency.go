@@ -15,6 +15,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
 
+	"github.com/promptline/promptline/admission"
 	"github.com/promptline/promptline/envelope"
 	"github.com/promptline/promptline/internal/kafkautil"
 	"github.com/promptline/promptline/ledger"
@@ -145,7 +146,7 @@ func measureLatency(ctx context.Context, sc *scratchServer, opts latencyOpts) (r
 		return res, err
 	}
 	defer relay.Stop()
-	admitter := pipeline.NewAdmitter(db.Pool, &pipeline.AdmitterConfig{OnCommitFunc: relay.Nudge})
+	admitter := admission.NewAdmitter(db.Pool, &admission.AdmitterConfig{OnCommitFunc: relay.Nudge})
 	claims := ledger.NewClaims(db.Pool, &ledger.ClaimsConfig{OwnerID: "bench-" + db.Name})
 	var deltas pipeline.DeltaSink
 	if opts.Deltas {

@@ -11,6 +11,7 @@ import (
 	"github.com/IBM/sarama"
 	"github.com/google/uuid"
 
+	"github.com/promptline/promptline/admission"
 	"github.com/promptline/promptline/envelope"
 	"github.com/promptline/promptline/internal/kafkautil"
 	"github.com/promptline/promptline/internal/pgdb"
@@ -202,7 +203,7 @@ func run(ctx context.Context, o *options, stderr io.Writer) (err error) {
 		defer pruner.Stop()
 	}
 
-	admitter := pipeline.NewAdmitter(db.Pool, &pipeline.AdmitterConfig{
+	admitter := admission.NewAdmitter(db.Pool, &admission.AdmitterConfig{
 		Topics: topics, Logger: log, Metrics: m, OnCommitFunc: relay.Nudge,
 	})
 	provider, providerName, toolbox, cleanupTools, err := o.provider.build(ctx, log)

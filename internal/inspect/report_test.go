@@ -15,6 +15,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
+	"github.com/promptline/promptline/admission"
 	"github.com/promptline/promptline/envelope"
 	"github.com/promptline/promptline/internal/inspect"
 	"github.com/promptline/promptline/internal/testkit"
@@ -29,7 +30,7 @@ import (
 // shows here.
 type testBundle struct {
 	pool     *pgxpool.Pool
-	admitter *pipeline.Admitter
+	admitter *admission.Admitter
 	exec     *pipeline.Executor
 }
 
@@ -51,17 +52,17 @@ func setup(t *testing.T, opts setupOpts) *testBundle {
 	}
 	e := pipeline.NewExecutor(pool, cfg)
 	t.Cleanup(e.StopNow)
-	return &testBundle{pool: pool, admitter: pipeline.NewAdmitter(pool, &pipeline.AdmitterConfig{}), exec: e}
+	return &testBundle{pool: pool, admitter: admission.NewAdmitter(pool, &admission.AdmitterConfig{}), exec: e}
 }
 
 func (b *testBundle) admit(t *testing.T, session, msg, text string) {
 	t.Helper()
-	out, err := b.admitter.Admit(context.Background(), []pipeline.Incoming{{
+	out, err := b.admitter.Admit(context.Background(), []admission.Incoming{{
 		Prompt: envelope.Prompt{MessageID: msg, SessionID: session, Text: text, Delivery: envelope.DeliveryQueue},
-		Source: pipeline.Source{Topic: "prompts", Partition: 2, Offset: 7},
+		Source: admission.Source{Topic: "prompts", Partition: 2, Offset: 7},
 	}})
 	require.NoError(t, err)
-	require.Equal(t, []pipeline.Outcome{pipeline.Admitted}, out)
+	require.Equal(t, []admission.Outcome{admission.Admitted}, out)
 }
 
 // run wakes the session and waits until it went idle.
@@ -302,7 +303,7 @@ func TestSession(t *testing.T) {
 		require.Regexp(t, `(?m)^  `+regexp.QuoteMeta(q.RequestID)+`\s+echo\s+pending\s+-\s+\S+Z\s+-\s+-\s+-$`, text)
 
 		_, err := b.admitter.AdmitReply(ctx, nil, envelope.PermissionReply{RequestID: q.RequestID, Reply: envelope.ReplyReject, Message: "not now"},
-			pipeline.Source{Topic: "permission-replies"})
+			admission.Source{Topic: "permission-replies"})
 		require.NoError(t, err)
 		r = b.report(t, "s")
 		require.Equal(t, inspect.StateWaiting, r.State, "the reply's input waits for its wake")

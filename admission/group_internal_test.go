@@ -1,4 +1,4 @@
-package pipeline
+package admission
 
 import (
 	"context"
@@ -22,7 +22,7 @@ func TestAdmitGroupCombinesWaitingBatches(t *testing.T) {
 	ctx := context.Background()
 	var wakes []string
 	var mu sync.Mutex
-	g := newAdmitGroup(NewAdmitter(pool, &AdmitterConfig{}), 3, func(w []outbox.Row) {
+	g := NewGroup(NewAdmitter(pool, &AdmitterConfig{}), 3, func(w []outbox.Row) {
 		mu.Lock()
 		defer mu.Unlock()
 		for _, r := range w {
@@ -32,7 +32,7 @@ func TestAdmitGroupCombinesWaitingBatches(t *testing.T) {
 	prompt := func(msg, sess, text string) Incoming {
 		return Incoming{Prompt: envelope.Prompt{MessageID: msg, SessionID: sess, Text: text}}
 	}
-	_, err := g.admit(ctx, []Incoming{prompt("m0", "blocked", "first")})
+	_, err := g.Admit(ctx, []Incoming{prompt("m0", "blocked", "first")})
 	require.NoError(t, err)
 	require.Equal(t, int64(1), g.transactions.Load())
 
@@ -61,7 +61,7 @@ func TestAdmitGroupCombinesWaitingBatches(t *testing.T) {
 	for i, b := range batches {
 		results[i] = make(chan result, 1)
 		go func() {
-			out, err := g.admit(ctx, b)
+			out, err := g.Admit(ctx, b)
 			results[i] <- result{out, err}
 		}()
 		require.Eventually(t, func() bool {

@@ -1,4 +1,4 @@
-package pipeline
+package admission
 
 import (
 	"context"
@@ -133,7 +133,7 @@ func TestAdmitClassifiesEveryCopyAgainstTheStoredRow(t *testing.T) {
 		b := setup(t)
 		_, err := b.a.Admit(ctx, []Incoming{prompt("x", "s", "a", false), prompt("m0", "blocked", "first", true)})
 		require.NoError(t, err)
-		g := newAdmitGroup(b.a, 8, func([]outbox.Row) {})
+		g := NewGroup(b.a, 8, func([]outbox.Row) {})
 
 		// Hold a session row: two transactions (maxAdmitInFlight) wait on
 		// it, and the two partitions' batches behind them are combined.
@@ -154,7 +154,7 @@ func TestAdmitClassifiesEveryCopyAgainstTheStoredRow(t *testing.T) {
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
-				out, err := g.admit(ctx, batch)
+				out, err := g.Admit(ctx, batch)
 				if err == nil {
 					results[i] = out
 				}

@@ -1,4 +1,4 @@
-package pipeline
+package admission
 
 import (
 	"context"
@@ -8,7 +8,7 @@ import (
 	"github.com/promptline/promptline/outbox"
 )
 
-// admitGroup admits the batches of several partitions together: each
+// Group admits the batches of several partitions together: each
 // partition's goroutine takes the prompts it has at hand, and under light
 // load that is one or two, so every prompt paid a transaction of its own
 // (three round trips and a commit). Batches that wait while a transaction
@@ -23,7 +23,7 @@ import (
 // idempotent). There is no background goroutine (groupflush.Queue): a
 // sender that finds fewer than maxAdmitInFlight transactions running starts
 // one, which drains the queue and ends.
-type admitGroup struct {
+type Group struct {
 	admitter    *Admitter
 	afterCommit func(wakes []outbox.Row)
 	queue       groupflush.Queue[*admitRequest]
@@ -50,8 +50,11 @@ const (
 	soloBatch        = 64
 )
 
-func newAdmitGroup(admitter *Admitter, maxBatch int, afterCommit func(wakes []outbox.Row)) *admitGroup {
-	g := &admitGroup{admitter: admitter, afterCommit: afterCommit}
+// NewGroup admits through admitter, at most maxBatch prompts a transaction;
+// afterCommit, when not nil, runs right after each commit with the wake rows
+// it committed.
+func NewGroup(admitter *Admitter, maxBatch int, afterCommit func(wakes []outbox.Row)) *Group {
+	g := &Group{admitter: admitter, afterCommit: afterCommit}
 	g.queue = groupflush.Queue[*admitRequest]{
 		Max: maxAdmitInFlight,
 		// Whole batches, up to maxBatch prompts (at least one batch).
@@ -68,9 +71,9 @@ func newAdmitGroup(admitter *Admitter, maxBatch int, afterCommit func(wakes []ou
 	return g
 }
 
-// admit admits batch, with the batches of other partitions that wait, and
+// Admit admits batch, with the batches of other partitions that wait, and
 // returns its outcomes.
-func (g *admitGroup) admit(ctx context.Context, batch []Incoming) ([]Outcome, error) {
+func (g *Group) Admit(ctx context.Context, batch []Incoming) ([]Outcome, error) {
 	if len(batch) == 0 {
 		return nil, nil
 	}
@@ -84,7 +87,7 @@ func (g *admitGroup) admit(ctx context.Context, batch []Incoming) ([]Outcome, er
 	return r.outcomes, r.err
 }
 
-func (g *admitGroup) flush(reqs []*admitRequest) {
+func (g *Group) flush(reqs []*admitRequest) {
 	// A partition whose assignment ended meanwhile is not admitted: its
 	// next owner redelivers the batch.
 	live := reqs[:0:0]
@@ -117,4 +120,9 @@ func (g *admitGroup) flush(reqs []*admitRequest) {
 		}
 		close(r.done)
 	}
+}
+
+// AdmitAlone admits batch in a transaction of its own.
+func (g *Group) AdmitAlone(ctx context.Context, batch []Incoming) ([]Outcome, error) {
+	return g.admitter.admit(ctx, batch, g.afterCommit)
 }

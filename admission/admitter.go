@@ -1,4 +1,4 @@
-package pipeline
+package admission
 
 import (
 	"bytes"
@@ -10,7 +10,6 @@ import (
 	"slices"
 	"time"
 
-	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
@@ -332,8 +331,6 @@ var (
 	eventRow = outbox.EventRow
 	wakeRow  = outbox.WakeRow
 )
-
-func newID() string { return uuid.Must(uuid.NewV7()).String() }
 
 // lockSessionsSQL returns the IDs stored at its snapshot, and upserts the
 // sessions of the copies that may write: a new ID's first copy, and a
