@@ -18,10 +18,10 @@ import (
 	"github.com/promptline/promptline/admission"
 	"github.com/promptline/promptline/console"
 	"github.com/promptline/promptline/envelope"
+	"github.com/promptline/promptline/executor"
 	"github.com/promptline/promptline/internal/testkit"
 	"github.com/promptline/promptline/ledger"
 	"github.com/promptline/promptline/metrics"
-	"github.com/promptline/promptline/pipeline"
 	"github.com/promptline/promptline/recovery"
 	"github.com/promptline/promptline/tools"
 )
@@ -31,7 +31,7 @@ import (
 type testBundle struct {
 	pool     *pgxpool.Pool
 	admitter *admission.Admitter
-	exec     *pipeline.Executor
+	exec     *executor.Executor
 	srv      *httptest.Server
 	log      *testkit.SyncBuffer
 }
@@ -43,7 +43,7 @@ func setup(t *testing.T, cfg console.Config) *testBundle {
 	pool, _ := testkit.Pool(t)
 	reg := tools.NewRegistry()
 	require.NoError(t, reg.Register(tools.NewEcho()))
-	e := pipeline.NewExecutor(pool, &pipeline.ExecutorConfig{
+	e := executor.NewExecutor(pool, &executor.ExecutorConfig{
 		Claims: ledger.NewClaims(pool, &ledger.ClaimsConfig{Lease: 5 * time.Second, OwnerID: "console-test"}),
 		Tools:  reg,
 	})

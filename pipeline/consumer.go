@@ -16,6 +16,7 @@ import (
 
 	"github.com/promptline/promptline/admission"
 	"github.com/promptline/promptline/envelope"
+	"github.com/promptline/promptline/executor"
 	"github.com/promptline/promptline/internal/faults"
 	"github.com/promptline/promptline/internal/kafkautil"
 	"github.com/promptline/promptline/metrics"
@@ -63,7 +64,7 @@ type localRoute struct {
 // session it woke went idle.
 type Consumer struct {
 	admitter  *admission.Admitter
-	exec      *Executor
+	exec      *executor.Executor
 	rejectPub *kafkautil.RejectPublisher
 	cfg       ConsumerConfig
 	log       *slog.Logger
@@ -75,7 +76,7 @@ type Consumer struct {
 var _ sarama.ConsumerGroupHandler = (*Consumer)(nil)
 
 // NewConsumer returns a Consumer. rejects publishes to the rejects topic.
-func NewConsumer(admitter *admission.Admitter, exec *Executor, rejects sarama.SyncProducer, config *ConsumerConfig) *Consumer {
+func NewConsumer(admitter *admission.Admitter, exec *executor.Executor, rejects sarama.SyncProducer, config *ConsumerConfig) *Consumer {
 	cfg := *config
 	cfg.Topics = cfg.Topics.WithDefaults()
 	cfg.MaxBatch = cmp.Or(cfg.MaxBatch, maxBatchDefault)

@@ -14,9 +14,9 @@ import (
 
 	"github.com/promptline/promptline/admission"
 	"github.com/promptline/promptline/envelope"
+	"github.com/promptline/promptline/executor"
 	"github.com/promptline/promptline/internal/testkit"
 	"github.com/promptline/promptline/ledger"
-	"github.com/promptline/promptline/pipeline"
 	"github.com/promptline/promptline/provider"
 	"github.com/promptline/promptline/provider/scripted"
 	"github.com/promptline/promptline/recovery"
@@ -199,7 +199,7 @@ func (b *testBundle) wakes(t *testing.T, session string) int {
 func (b *testBundle) run(t *testing.T, provider provider.Provider, reg *tools.Registry, session string) {
 	t.Helper()
 	claims := ledger.NewClaims(b.pool, &ledger.ClaimsConfig{Lease: time.Minute, OwnerID: "new-process"})
-	e := pipeline.NewExecutor(b.pool, &pipeline.ExecutorConfig{Claims: claims, Provider: provider, Tools: reg})
+	e := executor.NewExecutor(b.pool, &executor.ExecutorConfig{Claims: claims, Provider: provider, Tools: reg})
 	defer e.StopNow()
 	done, err := e.Wake(context.Background(), session, 0)
 	require.NoError(t, err)

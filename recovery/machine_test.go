@@ -19,9 +19,9 @@ import (
 
 	"github.com/promptline/promptline/admission"
 	"github.com/promptline/promptline/envelope"
+	"github.com/promptline/promptline/executor"
 	"github.com/promptline/promptline/internal/testkit"
 	"github.com/promptline/promptline/ledger"
-	"github.com/promptline/promptline/pipeline"
 	"github.com/promptline/promptline/provider"
 	"github.com/promptline/promptline/provider/scripted"
 	"github.com/promptline/promptline/recovery"
@@ -159,15 +159,15 @@ func newRecoveryMachine(t *rapid.T, pool, victim *pgxpool.Pool) *recoveryMachine
 	return m
 }
 
-func (m *recoveryMachine) executor(owner string) *pipeline.Executor {
+func (m *recoveryMachine) executor(owner string) *executor.Executor {
 	return m.executorOn(m.pool, owner)
 }
 
 // executorOn is an executor whose every statement runs on pool. The tool
 // "ask" runs only with permission (docs/design.md, invariant 11).
-func (m *recoveryMachine) executorOn(pool *pgxpool.Pool, owner string) *pipeline.Executor {
+func (m *recoveryMachine) executorOn(pool *pgxpool.Pool, owner string) *executor.Executor {
 	claims := ledger.NewClaims(pool, &ledger.ClaimsConfig{Lease: time.Minute, OwnerID: owner})
-	return pipeline.NewExecutor(pool, &pipeline.ExecutorConfig{Claims: claims, Provider: m.provider, Tools: m.reg,
+	return executor.NewExecutor(pool, &executor.ExecutorConfig{Claims: claims, Provider: m.provider, Tools: m.reg,
 		PermissionFunc: func(tool string) tools.Permission {
 			if tool == "ask" {
 				return tools.Ask

@@ -17,10 +17,10 @@ import (
 
 	"github.com/promptline/promptline/admission"
 	"github.com/promptline/promptline/envelope"
+	"github.com/promptline/promptline/executor"
 	"github.com/promptline/promptline/internal/inspect"
 	"github.com/promptline/promptline/internal/testkit"
 	"github.com/promptline/promptline/ledger"
-	"github.com/promptline/promptline/pipeline"
 	"github.com/promptline/promptline/tools"
 )
 
@@ -31,7 +31,7 @@ import (
 type testBundle struct {
 	pool     *pgxpool.Pool
 	admitter *admission.Admitter
-	exec     *pipeline.Executor
+	exec     *executor.Executor
 }
 
 type setupOpts struct {
@@ -43,14 +43,14 @@ func setup(t *testing.T, opts setupOpts) *testBundle {
 	pool, _ := testkit.Pool(t)
 	reg := tools.NewRegistry()
 	require.NoError(t, reg.Register(tools.NewEcho()))
-	cfg := &pipeline.ExecutorConfig{
+	cfg := &executor.ExecutorConfig{
 		Claims: ledger.NewClaims(pool, &ledger.ClaimsConfig{Lease: 5 * time.Second, OwnerID: "inspect-test"}),
 		Tools:  reg,
 	}
 	if opts.permission != "" {
 		cfg.PermissionFunc = func(string) tools.Permission { return opts.permission }
 	}
-	e := pipeline.NewExecutor(pool, cfg)
+	e := executor.NewExecutor(pool, cfg)
 	t.Cleanup(e.StopNow)
 	return &testBundle{pool: pool, admitter: admission.NewAdmitter(pool, &admission.AdmitterConfig{}), exec: e}
 }
