@@ -166,7 +166,7 @@ func (e *RetryAfterError) Unwrap() error { return e.Err }
 // StatusError is a provider's answer with a non-2xx HTTP status. Its text
 // (Err) holds an excerpt of the answer's body, which often echoes the
 // request, prompt text included: logs at the default level name only the
-// Code (see logTurnFailed).
+// Code (see the executor's logTurnFailed).
 type StatusError struct {
 	Code int
 	Err  error
