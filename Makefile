@@ -47,7 +47,7 @@ KAFKA_TESTS_CONSUMER := ^(TestKcatEndToEnd|TestCrashAfter.*|TestCrashBefore.*|Te
 .PHONY: test/kafka
 test/kafka: examples/node/node_modules tools/mcp/testdata/server-filesystem/node_modules ## the integration, interop, crash, zombie, replay and permission tests and a 45s chaos soak against Apache Kafka (kafka/pom.xml; Java 17, Maven)
 	./scripts/kafka.sh libs >/dev/null
-	PROMPTLINE_TEST_KAFKA=apache $(GO) test -count=1 -p 1 -timeout 60m ./internal/testkit ./internal/kafkautil ./outbox ./replay ./pipeline ./cmd/producer
+	PROMPTLINE_TEST_KAFKA=apache $(GO) test -count=1 -p 1 -timeout 60m ./internal/testkit ./internal/kafkautil ./outbox ./replay ./pipeline ./executor ./cmd/producer
 	PROMPTLINE_TEST_KAFKA=apache $(GO) test -count=1 -p 1 -timeout 60m -run '$(KAFKA_TESTS_CONSUMER)' ./cmd/consumer
 	$(MAKE) --no-print-directory chaos/kafka CHAOS_DURATION=$${CHAOS_DURATION:-45s}
 
@@ -71,7 +71,7 @@ test/db-faults: ## database faults through a proxy: every ambiguous commit of th
 	  | grep -E '^(=== RUN|--- FAIL|FAIL|ok|PASS)|ambiguous-commit sweep:|random connection cuts|pg_terminate_backend during|database outage:|^ +FAIL |^ +--- FAIL|^panic:|^ +[a-z_]+_test\.go:[0-9]+: .*(should stop|did not exit|still running)|^[[:space:]]+(Error Trace|Error|Messages):' ; exit $${PIPESTATUS[0]}
 
 .PHONY: test/mutation
-test/mutation: ## mutation score of ledger, recovery, outbox, envelope and pipeline's admission and execution (docs/testing.md; MUTATION_PKGS chooses)
+test/mutation: ## mutation score of ledger, recovery, outbox, envelope, admission and executor (docs/testing.md; MUTATION_PKGS chooses)
 	GO=$(GO) ./scripts/mutation.sh $(BIN)
 
 .PHONY: chaos

@@ -15,12 +15,13 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
+	"github.com/promptline/promptline/admission"
 	"github.com/promptline/promptline/console"
 	"github.com/promptline/promptline/envelope"
+	"github.com/promptline/promptline/executor"
 	"github.com/promptline/promptline/internal/testkit"
 	"github.com/promptline/promptline/ledger"
 	"github.com/promptline/promptline/metrics"
-	"github.com/promptline/promptline/pipeline"
 	"github.com/promptline/promptline/recovery"
 	"github.com/promptline/promptline/tools"
 )
@@ -29,8 +30,8 @@ import (
 // and recovery, and a console serving it over HTTP.
 type testBundle struct {
 	pool     *pgxpool.Pool
-	admitter *pipeline.Admitter
-	exec     *pipeline.Executor
+	admitter *admission.Admitter
+	exec     *executor.Executor
 	srv      *httptest.Server
 	log      *testkit.SyncBuffer
 }
@@ -42,12 +43,12 @@ func setup(t *testing.T, cfg console.Config) *testBundle {
 	pool, _ := testkit.Pool(t)
 	reg := tools.NewRegistry()
 	require.NoError(t, reg.Register(tools.NewEcho()))
-	e := pipeline.NewExecutor(pool, &pipeline.ExecutorConfig{
+	e := executor.NewExecutor(pool, &executor.ExecutorConfig{
 		Claims: ledger.NewClaims(pool, &ledger.ClaimsConfig{Lease: 5 * time.Second, OwnerID: "console-test"}),
 		Tools:  reg,
 	})
 	t.Cleanup(e.StopNow)
-	b := &testBundle{pool: pool, admitter: pipeline.NewAdmitter(pool, &pipeline.AdmitterConfig{}), exec: e, log: testkit.NewSyncBuffer()}
+	b := &testBundle{pool: pool, admitter: admission.NewAdmitter(pool, &admission.AdmitterConfig{}), exec: e, log: testkit.NewSyncBuffer()}
 	cfg.Logger = slogTo(b.log)
 	if cfg.Registry == nil {
 		cfg.Registry = metrics.NewRegistry()
@@ -61,12 +62,12 @@ func setup(t *testing.T, cfg console.Config) *testBundle {
 
 func (b *testBundle) admit(t *testing.T, session, msg, text string) {
 	t.Helper()
-	out, err := b.admitter.Admit(context.Background(), []pipeline.Incoming{{
+	out, err := b.admitter.Admit(context.Background(), []admission.Incoming{{
 		Prompt: envelope.Prompt{MessageID: msg, SessionID: session, Text: text, Delivery: envelope.DeliveryQueue},
-		Source: pipeline.Source{Topic: "prompts", Partition: 0, Offset: 1},
+		Source: admission.Source{Topic: "prompts", Partition: 0, Offset: 1},
 	}})
 	require.NoError(t, err)
-	require.Equal(t, []pipeline.Outcome{pipeline.Admitted}, out)
+	require.Equal(t, []admission.Outcome{admission.Admitted}, out)
 }
 
 func (b *testBundle) run(t *testing.T, session string) {

@@ -1,9 +1,7 @@
 package pipeline_test
 
 import (
-	"cmp"
 	"context"
-	"encoding/json"
 	"fmt"
 	"io"
 	"log/slog"
@@ -16,14 +14,15 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
+	"github.com/promptline/promptline/admission"
 	"github.com/promptline/promptline/envelope"
+	"github.com/promptline/promptline/executor"
 	"github.com/promptline/promptline/internal/kafkautil"
 	"github.com/promptline/promptline/internal/testkit"
 	"github.com/promptline/promptline/ledger"
 	"github.com/promptline/promptline/metrics"
 	"github.com/promptline/promptline/outbox"
 	"github.com/promptline/promptline/pipeline"
-	"github.com/promptline/promptline/tools"
 )
 
 const testPartitions = 4
@@ -38,14 +37,10 @@ type testBundle struct {
 	producer sarama.SyncProducer
 	events   *topicReader
 	rejects  *topicReader
-	deltas   *topicReader // with setupOpts.deltas
 }
 
 type setupOpts struct {
-	provider pipeline.Provider
-	limits   envelope.Limits
-	lease    time.Duration
-	metrics  *metrics.Metrics
+	metrics *metrics.Metrics
 	// maxSessions bounds the executor's sessions (default: the executor's).
 	maxSessions int
 	// noLocalWakes leaves out the consumer's WakesPartitions: every
@@ -53,19 +48,10 @@ type setupOpts struct {
 	noLocalWakes bool
 	// rejectsTopic names the rejects topic (default: prompts.rejects).
 	rejectsTopic string
-	// maxMessageBytes is the producer's limit (default: kafkautil's).
-	maxMessageBytes int
 	// logs receives the log lines too (default: only the test's log).
 	logs io.Writer
 	// replies makes the consumer group consume permission-replies too.
 	replies bool
-	// tools is the executor's tool registry (default: none).
-	tools *tools.Registry
-	// deltas publishes live deltas on session-deltas (b.deltas reads them).
-	deltas bool
-	// deltasMaxMessageBytes is the deltas producer's limit (default:
-	// the process's).
-	deltasMaxMessageBytes int
 }
 
 func setup(t *testing.T, opts setupOpts) *testBundle {
@@ -76,9 +62,6 @@ func setup(t *testing.T, opts setupOpts) *testBundle {
 	ctx, cancel := context.WithCancel(context.Background())
 
 	cfg := kafkautil.NewConfig(t.Name())
-	if opts.maxMessageBytes > 0 {
-		cfg.Producer.MaxMessageBytes = opts.maxMessageBytes
-	}
 	client, err := sarama.NewClient(brokers, cfg)
 	require.NoError(t, err)
 	producer, err := sarama.NewSyncProducerFromClient(client)
@@ -91,25 +74,12 @@ func setup(t *testing.T, opts setupOpts) *testBundle {
 	log := slog.New(slog.NewTextHandler(logw, &slog.HandlerOptions{Level: slog.LevelDebug}))
 	relay := outbox.NewRelay(pool, producer, &outbox.RelayConfig{PollInterval: 20 * time.Millisecond, Logger: log})
 	require.NoError(t, relay.Start(ctx))
-	admitter := pipeline.NewAdmitter(pool, &pipeline.AdmitterConfig{OnCommitFunc: relay.Nudge, Logger: log})
-	claims := ledger.NewClaims(pool, &ledger.ClaimsConfig{Lease: cmp.Or(opts.lease, 5*time.Second), OwnerID: t.Name(), Logger: log})
-	var deltas pipeline.DeltaSink
-	if opts.deltas {
-		dcfg := pipeline.DeltaProducerConfig(cfg)
-		if opts.deltasMaxMessageBytes > 0 {
-			dcfg.Producer.MaxMessageBytes = opts.deltasMaxMessageBytes
-		}
-		ap, err := sarama.NewAsyncProducer(brokers, dcfg)
-		require.NoError(t, err)
-		dp := pipeline.NewDeltaPublisher(ap, &pipeline.DeltaPublisherConfig{Metrics: opts.metrics, Logger: log})
-		t.Cleanup(dp.Close)
-		deltas = dp
-	}
-	exec := pipeline.NewExecutor(pool, &pipeline.ExecutorConfig{
-		Claims: claims, Provider: opts.provider, OnCommitFunc: relay.Nudge, Logger: log, Metrics: opts.metrics, MaxSessions: opts.maxSessions,
-		Tools: opts.tools, Deltas: deltas,
+	admitter := admission.NewAdmitter(pool, &admission.AdmitterConfig{OnCommitFunc: relay.Nudge, Logger: log})
+	claims := ledger.NewClaims(pool, &ledger.ClaimsConfig{Lease: 5 * time.Second, OwnerID: t.Name(), Logger: log})
+	exec := executor.NewExecutor(pool, &executor.ExecutorConfig{
+		Claims: claims, OnCommitFunc: relay.Nudge, Logger: log, Metrics: opts.metrics, MaxSessions: opts.maxSessions,
 	})
-	ccfg := &pipeline.ConsumerConfig{Limits: opts.limits, Logger: log, Metrics: opts.metrics, MaxMessageBytes: opts.maxMessageBytes,
+	ccfg := &pipeline.ConsumerConfig{Logger: log, Metrics: opts.metrics,
 		Topics: kafkautil.Topics{Rejects: opts.rejectsTopic}}
 	if !opts.noLocalWakes {
 		ccfg.WakesPartitions = kafkautil.PartitionCount(client, "wakes")
@@ -133,9 +103,6 @@ func setup(t *testing.T, opts setupOpts) *testBundle {
 
 	b := &testBundle{pool: pool, dbURL: dbURL, brokers: brokers, producer: producer}
 	b.events = readTopic(t, brokers, "session-events")
-	if opts.deltas {
-		b.deltas = readTopic(t, brokers, "session-deltas")
-	}
 	if opts.rejectsTopic == "" { // a test naming one creates it when it wants
 		b.rejects = readTopic(t, brokers, "prompts.rejects")
 	}
@@ -292,12 +259,4 @@ func (w testWriter) Write(p []byte) (int, error) {
 // id returns a message or session ID unique to this test.
 func id(t *testing.T, what string) string {
 	return fmt.Sprintf("%s-%s", strings.NewReplacer("/", "-", "_", "-").Replace(t.Name()), what)
-}
-
-func mustJSON(v any) []byte {
-	b, err := json.Marshal(v)
-	if err != nil {
-		panic(err)
-	}
-	return b
 }

@@ -14,7 +14,9 @@ import (
 	"github.com/IBM/sarama"
 	"github.com/jackc/pgx/v5/pgconn"
 
+	"github.com/promptline/promptline/admission"
 	"github.com/promptline/promptline/envelope"
+	"github.com/promptline/promptline/executor"
 	"github.com/promptline/promptline/internal/faults"
 	"github.com/promptline/promptline/internal/kafkautil"
 	"github.com/promptline/promptline/metrics"
@@ -61,20 +63,20 @@ type localRoute struct {
 // admission committed (or its reject was published), a wake's after the
 // session it woke went idle.
 type Consumer struct {
-	admitter  *Admitter
-	exec      *Executor
+	admitter  *admission.Admitter
+	exec      *executor.Executor
 	rejectPub *kafkautil.RejectPublisher
 	cfg       ConsumerConfig
 	log       *slog.Logger
 	route     atomic.Pointer[localRoute] // nil: no local wakes
 
-	admissions *admitGroup
+	admissions *admission.Group
 }
 
 var _ sarama.ConsumerGroupHandler = (*Consumer)(nil)
 
 // NewConsumer returns a Consumer. rejects publishes to the rejects topic.
-func NewConsumer(admitter *Admitter, exec *Executor, rejects sarama.SyncProducer, config *ConsumerConfig) *Consumer {
+func NewConsumer(admitter *admission.Admitter, exec *executor.Executor, rejects sarama.SyncProducer, config *ConsumerConfig) *Consumer {
 	cfg := *config
 	cfg.Topics = cfg.Topics.WithDefaults()
 	cfg.MaxBatch = cmp.Or(cfg.MaxBatch, maxBatchDefault)
@@ -89,7 +91,7 @@ func NewConsumer(admitter *Admitter, exec *Executor, rejects sarama.SyncProducer
 				m.Admissions.WithLabelValues(outcome, reason).Inc()
 			}
 		}}
-	c.admissions = newAdmitGroup(admitter, cfg.MaxBatch, c.afterAdmission)
+	c.admissions = admission.NewGroup(admitter, cfg.MaxBatch, c.afterAdmission)
 	return c
 }
 
@@ -215,7 +217,7 @@ func (c *Consumer) consumePrompts(s sarama.ConsumerGroupSession, claim sarama.Co
 // can fix becomes a reject instead (docs/design.md, invariant 13): a data error
 // of Postgres for one prompt, a reject too large to publish whole.
 func (c *Consumer) handlePrompts(ctx context.Context, batch []*sarama.ConsumerMessage) error {
-	var good []Incoming
+	var good []admission.Incoming
 	var goodMsgs []*sarama.ConsumerMessage
 	var rejects []*sarama.ProducerMessage
 	for _, m := range batch {
@@ -228,22 +230,22 @@ func (c *Consumer) handlePrompts(ctx context.Context, batch []*sarama.ConsumerMe
 			rejects = append(rejects, c.reject(m, asReject(err)))
 			continue
 		}
-		good = append(good, Incoming{Prompt: p, Source: Source{Topic: m.Topic, Partition: m.Partition, Offset: m.Offset}})
+		good = append(good, admission.Incoming{Prompt: p, Source: admission.Source{Topic: m.Topic, Partition: m.Partition, Offset: m.Offset}})
 		goodMsgs = append(goodMsgs, m)
 	}
-	outcomes, err := c.admitRetrying(ctx, good, c.admissions.admit)
+	outcomes, err := c.admitRetrying(ctx, good, c.admissions.Admit)
 	if isDataError(err) {
 		// A data error fails the whole transaction, which may have held the
-		// batches of other partitions too (admitGroup): first this batch
+		// batches of other partitions too (admission.Group): first this batch
 		// alone, then, if it is this batch, its prompts one by one, so that
 		// only the prompts Postgres refuses are rejected. One by one is the
 		// batch's order, and a later copy of an ID is then classified
 		// against the stored first one, as the batch would have.
-		outcomes, err = c.admitRetrying(ctx, good, c.admitAlone)
+		outcomes, err = c.admitRetrying(ctx, good, c.admissions.AdmitAlone)
 		if isDataError(err) {
-			outcomes = make([]Outcome, len(good))
+			outcomes = make([]admission.Outcome, len(good))
 			for i := range good {
-				o, err := c.admitRetrying(ctx, good[i:i+1], c.admitAlone)
+				o, err := c.admitRetrying(ctx, good[i:i+1], c.admissions.AdmitAlone)
 				switch {
 				case isDataError(err):
 					rejects = append(rejects, c.reject(goodMsgs[i], dataReject(err)))
@@ -260,7 +262,7 @@ func (c *Consumer) handlePrompts(ctx context.Context, batch []*sarama.ConsumerMe
 		return err
 	}
 	for i, o := range outcomes {
-		if o == Conflict {
+		if o == admission.Conflict {
 			p := good[i].Prompt
 			rejects = append(rejects, c.reject(goodMsgs[i], &envelope.RejectError{
 				Reason: envelope.ReasonConflict,
@@ -271,17 +273,12 @@ func (c *Consumer) handlePrompts(ctx context.Context, batch []*sarama.ConsumerMe
 	return c.rejectPub.Publish(ctx, rejects)
 }
 
-// admitAlone admits batch in a transaction of its own.
-func (c *Consumer) admitAlone(ctx context.Context, batch []Incoming) ([]Outcome, error) {
-	return c.admitter.admit(ctx, batch, c.afterAdmission)
-}
-
 // admitRetrying runs admit until it succeeds, retrying with a bounded
 // backoff every error but a data error (isDataError), which it returns
 // with the outcomes of nothing; it also returns when ctx ends.
-func (c *Consumer) admitRetrying(ctx context.Context, batch []Incoming,
-	admit func(context.Context, []Incoming) ([]Outcome, error),
-) ([]Outcome, error) {
+func (c *Consumer) admitRetrying(ctx context.Context, batch []admission.Incoming,
+	admit func(context.Context, []admission.Incoming) ([]admission.Outcome, error),
+) ([]admission.Outcome, error) {
 	backoff := 100 * time.Millisecond
 	for {
 		outcomes, err := admit(ctx, batch)
@@ -488,7 +485,7 @@ func (c *Consumer) handleReply(ctx context.Context, m *sarama.ConsumerMessage) (
 	}
 	backoff := 100 * time.Millisecond
 	for {
-		out, err := c.admitter.AdmitReply(ctx, m.Key, r, Source{Topic: m.Topic, Partition: m.Partition, Offset: m.Offset})
+		out, err := c.admitter.AdmitReply(ctx, m.Key, r, admission.Source{Topic: m.Topic, Partition: m.Partition, Offset: m.Offset})
 		switch {
 		case err == nil && out.Reason != "":
 			return []*sarama.ProducerMessage{c.reject(m, &envelope.RejectError{Reason: out.Reason, Detail: out.Detail})}, nil

@@ -12,10 +12,13 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
+	"github.com/promptline/promptline/admission"
 	"github.com/promptline/promptline/envelope"
+	"github.com/promptline/promptline/executor"
 	"github.com/promptline/promptline/internal/testkit"
 	"github.com/promptline/promptline/ledger"
-	"github.com/promptline/promptline/pipeline"
+	"github.com/promptline/promptline/provider"
+	"github.com/promptline/promptline/provider/scripted"
 	"github.com/promptline/promptline/recovery"
 	"github.com/promptline/promptline/tools"
 )
@@ -26,7 +29,7 @@ import (
 type testBundle struct {
 	pool     *pgxpool.Pool
 	url      string // the test database, for pools of other settings
-	admitter *pipeline.Admitter
+	admitter *admission.Admitter
 	claims   *ledger.Claims
 	rec      *recovery.Recoverer
 }
@@ -37,7 +40,7 @@ func setup(t *testing.T) *testBundle {
 	return &testBundle{
 		pool:     pool,
 		url:      url,
-		admitter: pipeline.NewAdmitter(pool, &pipeline.AdmitterConfig{}),
+		admitter: admission.NewAdmitter(pool, &admission.AdmitterConfig{}),
 		claims:   ledger.NewClaims(pool, &ledger.ClaimsConfig{Lease: time.Minute, OwnerID: "dead-process"}),
 		rec:      recovery.New(pool, &recovery.Config{Batch: 100, OwnerID: "recovery-test", RedriveAfter: time.Hour}),
 	}
@@ -45,7 +48,7 @@ func setup(t *testing.T) *testBundle {
 
 func (b *testBundle) admit(t *testing.T, session, msg, text string) {
 	t.Helper()
-	_, err := b.admitter.Admit(context.Background(), []pipeline.Incoming{{Prompt: envelope.Prompt{
+	_, err := b.admitter.Admit(context.Background(), []admission.Incoming{{Prompt: envelope.Prompt{
 		MessageID: msg, SessionID: session, Text: text, Delivery: envelope.DeliveryQueue}}})
 	require.NoError(t, err)
 }
@@ -193,10 +196,10 @@ func (b *testBundle) wakes(t *testing.T, session string) int {
 }
 
 // run wakes an executor on the session and waits until it is idle.
-func (b *testBundle) run(t *testing.T, provider pipeline.Provider, reg *tools.Registry, session string) {
+func (b *testBundle) run(t *testing.T, provider provider.Provider, reg *tools.Registry, session string) {
 	t.Helper()
 	claims := ledger.NewClaims(b.pool, &ledger.ClaimsConfig{Lease: time.Minute, OwnerID: "new-process"})
-	e := pipeline.NewExecutor(b.pool, &pipeline.ExecutorConfig{Claims: claims, Provider: provider, Tools: reg})
+	e := executor.NewExecutor(b.pool, &executor.ExecutorConfig{Claims: claims, Provider: provider, Tools: reg})
 	defer e.StopNow()
 	done, err := e.Wake(context.Background(), session, 0)
 	require.NoError(t, err)
@@ -210,20 +213,20 @@ func (b *testBundle) run(t *testing.T, provider pipeline.Provider, reg *tools.Re
 // recorder is the scripted provider, remembering requests.
 type recorder struct {
 	mu   sync.Mutex
-	reqs []pipeline.ProviderRequest
+	reqs []provider.Request
 }
 
-func (r *recorder) Complete(ctx context.Context, req pipeline.ProviderRequest) (pipeline.ProviderResponse, error) {
+func (r *recorder) Complete(ctx context.Context, req provider.Request) (provider.Response, error) {
 	r.mu.Lock()
 	r.reqs = append(r.reqs, req)
 	r.mu.Unlock()
-	return pipeline.ScriptedProvider{}.Complete(ctx, req)
+	return scripted.ScriptedProvider{}.Complete(ctx, req)
 }
 
-func (r *recorder) all() []pipeline.ProviderRequest {
+func (r *recorder) all() []provider.Request {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	return append([]pipeline.ProviderRequest(nil), r.reqs...)
+	return append([]provider.Request(nil), r.reqs...)
 }
 
 // keyTool is an idempotent tool that counts runs per idempotency key.

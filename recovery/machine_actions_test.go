@@ -10,8 +10,8 @@ import (
 	"github.com/jackc/pgx/v5"
 	"pgregory.net/rapid"
 
+	"github.com/promptline/promptline/admission"
 	"github.com/promptline/promptline/envelope"
-	"github.com/promptline/promptline/pipeline"
 )
 
 // victimApp is the application_name of the victim pool's backends.
@@ -57,11 +57,11 @@ func (m *recoveryMachine) reply(t *rapid.T, id, how string) {
 	case "feedback":
 		r.Reply, r.Message = envelope.ReplyReject, "not that, try another way"
 	}
-	out, err := m.admitter.AdmitReply(context.Background(), nil, r, pipeline.Source{Topic: "permission-replies"})
+	out, err := m.admitter.AdmitReply(context.Background(), nil, r, admission.Source{Topic: "permission-replies"})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if out.Outcome != pipeline.Admitted {
+	if out.Outcome != admission.Admitted {
 		t.Fatalf("the reply to pending request %s was not admitted: %+v", id, out)
 	}
 }

@@ -17,10 +17,13 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"pgregory.net/rapid"
 
+	"github.com/promptline/promptline/admission"
 	"github.com/promptline/promptline/envelope"
+	"github.com/promptline/promptline/executor"
 	"github.com/promptline/promptline/internal/testkit"
 	"github.com/promptline/promptline/ledger"
-	"github.com/promptline/promptline/pipeline"
+	"github.com/promptline/promptline/provider"
+	"github.com/promptline/promptline/provider/scripted"
 	"github.com/promptline/promptline/recovery"
 	"github.com/promptline/promptline/tools"
 )
@@ -64,7 +67,7 @@ type holdingProvider struct {
 	held chan struct{}
 }
 
-func (p *holdingProvider) Complete(ctx context.Context, req pipeline.ProviderRequest) (pipeline.ProviderResponse, error) {
+func (p *holdingProvider) Complete(ctx context.Context, req provider.Request) (provider.Response, error) {
 	p.mu.Lock()
 	hold, held := p.hold, p.held
 	p.hold = nil // one call is held, not the ones after it
@@ -74,17 +77,17 @@ func (p *holdingProvider) Complete(ctx context.Context, req pipeline.ProviderReq
 		select {
 		case <-hold:
 		case <-ctx.Done():
-			return pipeline.ProviderResponse{}, ctx.Err()
+			return provider.Response{}, ctx.Err()
 		}
 	}
 	for _, m := range req.Turn {
 		if m.Text == "/loop" {
 			// A model that asks for a tool at every step: the turn ends at
 			// the step limit, after a tool step.
-			return pipeline.ProviderResponse{ToolCalls: []pipeline.ToolCall{{ID: "c", Name: "idem", Input: json.RawMessage(`{}`)}}}, nil
+			return provider.Response{ToolCalls: []provider.ToolCall{{ID: "c", Name: "idem", Input: json.RawMessage(`{}`)}}}, nil
 		}
 	}
-	return pipeline.ScriptedProvider{}.Complete(ctx, req)
+	return scripted.ScriptedProvider{}.Complete(ctx, req)
 }
 
 // recoveryMachine interleaves admissions, clean runs, crashes at random
@@ -101,7 +104,7 @@ type recoveryMachine struct {
 	pool     *pgxpool.Pool
 	prefix   string
 	sessions []string
-	admitter *pipeline.Admitter
+	admitter *admission.Admitter
 	provider *holdingProvider
 	side     *runCounter
 	idem     *runCounter
@@ -130,7 +133,7 @@ var machineRuns atomic.Int64
 
 func newRecoveryMachine(t *rapid.T, pool, victim *pgxpool.Pool) *recoveryMachine {
 	m := &recoveryMachine{t: t, pool: pool, victim: victim, prefix: fmt.Sprintf("rm%d-", machineRuns.Add(1)),
-		admitter: pipeline.NewAdmitter(pool, &pipeline.AdmitterConfig{}),
+		admitter: admission.NewAdmitter(pool, &admission.AdmitterConfig{}),
 		provider: &holdingProvider{},
 		side:     &runCounter{name: "side", class: tools.SideEffecting, runs: map[string]int{}},
 		idem:     &runCounter{name: "idem", class: tools.Idempotent, runs: map[string]int{}},
@@ -156,15 +159,15 @@ func newRecoveryMachine(t *rapid.T, pool, victim *pgxpool.Pool) *recoveryMachine
 	return m
 }
 
-func (m *recoveryMachine) executor(owner string) *pipeline.Executor {
+func (m *recoveryMachine) executor(owner string) *executor.Executor {
 	return m.executorOn(m.pool, owner)
 }
 
 // executorOn is an executor whose every statement runs on pool. The tool
 // "ask" runs only with permission (docs/design.md, invariant 11).
-func (m *recoveryMachine) executorOn(pool *pgxpool.Pool, owner string) *pipeline.Executor {
+func (m *recoveryMachine) executorOn(pool *pgxpool.Pool, owner string) *executor.Executor {
 	claims := ledger.NewClaims(pool, &ledger.ClaimsConfig{Lease: time.Minute, OwnerID: owner})
-	return pipeline.NewExecutor(pool, &pipeline.ExecutorConfig{Claims: claims, Provider: m.provider, Tools: m.reg,
+	return executor.NewExecutor(pool, &executor.ExecutorConfig{Claims: claims, Provider: m.provider, Tools: m.reg,
 		PermissionFunc: func(tool string) tools.Permission {
 			if tool == "ask" {
 				return tools.Ask
@@ -197,7 +200,7 @@ func (m *recoveryMachine) Admit(t *rapid.T) {
 
 func (m *recoveryMachine) admit(t *rapid.T, s, text string, delivery envelope.Delivery) {
 	m.seq++
-	_, err := m.admitter.Admit(context.Background(), []pipeline.Incoming{{Prompt: envelope.Prompt{
+	_, err := m.admitter.Admit(context.Background(), []admission.Incoming{{Prompt: envelope.Prompt{
 		MessageID: fmt.Sprintf("%sm%d", m.prefix, m.seq), SessionID: s, Text: text, Delivery: delivery}}})
 	if err != nil {
 		t.Fatal(err)

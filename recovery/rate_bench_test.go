@@ -12,10 +12,10 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
+	"github.com/promptline/promptline/admission"
 	"github.com/promptline/promptline/envelope"
 	"github.com/promptline/promptline/internal/testkit"
 	"github.com/promptline/promptline/ledger"
-	"github.com/promptline/promptline/pipeline"
 	"github.com/promptline/promptline/recovery"
 )
 
@@ -45,16 +45,16 @@ func benchRecoveryRate(b *testing.B, n int, rate float64, recoverers int) {
 	b.StopTimer()
 	ctx := context.Background()
 	pool, _ := testkit.Pool(b)
-	admitter := pipeline.NewAdmitter(pool, &pipeline.AdmitterConfig{})
+	admitter := admission.NewAdmitter(pool, &admission.AdmitterConfig{})
 	claims := ledger.NewClaims(pool, &ledger.ClaimsConfig{Lease: time.Minute, OwnerID: "dead-process"})
 	sessions := make([]string, n)
 	for i := range sessions {
 		sessions[i] = fmt.Sprintf("s-%05d", i)
 	}
 	for lo := 0; lo < n; lo += 500 {
-		var in []pipeline.Incoming
+		var in []admission.Incoming
 		for _, s := range sessions[lo:min(lo+500, n)] {
-			in = append(in, pipeline.Incoming{Prompt: envelope.Prompt{MessageID: "m-" + s, SessionID: s, Text: "hello", Delivery: envelope.DeliveryQueue}})
+			in = append(in, admission.Incoming{Prompt: envelope.Prompt{MessageID: "m-" + s, SessionID: s, Text: "hello", Delivery: envelope.DeliveryQueue}})
 		}
 		_, err := admitter.Admit(ctx, in)
 		require.NoError(b, err)

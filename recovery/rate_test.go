@@ -10,8 +10,8 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
+	"github.com/promptline/promptline/admission"
 	"github.com/promptline/promptline/envelope"
-	"github.com/promptline/promptline/pipeline"
 	"github.com/promptline/promptline/recovery"
 )
 
@@ -21,11 +21,11 @@ import (
 func (b *testBundle) expiredReady(t *testing.T, prefix string, n int) []string {
 	t.Helper()
 	ctx := context.Background()
-	in := make([]pipeline.Incoming, n)
+	in := make([]admission.Incoming, n)
 	sessions := make([]string, n)
 	for i := range n {
 		sessions[i] = fmt.Sprintf("%s-%03d", prefix, i)
-		in[i] = pipeline.Incoming{Prompt: envelope.Prompt{MessageID: "m-" + sessions[i], SessionID: sessions[i],
+		in[i] = admission.Incoming{Prompt: envelope.Prompt{MessageID: "m-" + sessions[i], SessionID: sessions[i],
 			Text: "hello", Delivery: envelope.DeliveryQueue}}
 	}
 	_, err := b.admitter.Admit(ctx, in)

@@ -11,9 +11,9 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/promptline/promptline/envelope"
+	"github.com/promptline/promptline/executor"
 	"github.com/promptline/promptline/internal/testkit"
 	"github.com/promptline/promptline/ledger"
-	"github.com/promptline/promptline/pipeline"
 	"github.com/promptline/promptline/recovery"
 	"github.com/promptline/promptline/tools"
 )
@@ -63,7 +63,7 @@ func (b *testBundle) zombieContinuation(t *testing.T, session string) *stallTool
 	t.Helper()
 	tool := newStallTool()
 	claims := ledger.NewClaims(b.pool, &ledger.ClaimsConfig{Lease: time.Minute, OwnerID: "zombie-process"})
-	e := pipeline.NewExecutor(b.pool, &pipeline.ExecutorConfig{Claims: claims, Provider: &recorder{}, Tools: b.registry(t, tool),
+	e := executor.NewExecutor(b.pool, &executor.ExecutorConfig{Claims: claims, Provider: &recorder{}, Tools: b.registry(t, tool),
 		ToolTimeout: time.Minute})
 	defer e.StopNow()
 	done, err := e.Wake(context.Background(), session, 0)

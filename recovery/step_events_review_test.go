@@ -14,7 +14,8 @@ import (
 	"github.com/promptline/promptline/envelope"
 	"github.com/promptline/promptline/internal/testkit"
 	"github.com/promptline/promptline/ledger"
-	"github.com/promptline/promptline/pipeline"
+	"github.com/promptline/promptline/provider"
+	"github.com/promptline/promptline/provider/scripted"
 	"github.com/promptline/promptline/recovery"
 	"github.com/promptline/promptline/tools"
 )
@@ -38,15 +39,15 @@ type failAfterFirst struct {
 	n  int
 }
 
-func (f *failAfterFirst) Complete(ctx context.Context, req pipeline.ProviderRequest) (pipeline.ProviderResponse, error) {
+func (f *failAfterFirst) Complete(ctx context.Context, req provider.Request) (provider.Response, error) {
 	f.mu.Lock()
 	f.n++
 	n := f.n
 	f.mu.Unlock()
 	if n > 1 {
-		return pipeline.ProviderResponse{}, errors.New("provider down")
+		return provider.Response{}, errors.New("provider down")
 	}
-	return pipeline.ScriptedProvider{}.Complete(ctx, req)
+	return scripted.ScriptedProvider{}.Complete(ctx, req)
 }
 
 // TestStepEventsAcrossResolution: step events of a turn an operator

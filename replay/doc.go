@@ -13,7 +13,7 @@
 // Invariants:
 //
 //  1. Every message is decoded with envelope.Decode and admitted through
-//     pipeline.Admitter, batched: each one is admitted, a duplicate, a
+//     admission.Admitter, batched: each one is admitted, a duplicate, a
 //     conflict or malformed, and never admitted twice (P2).
 //  2. A message ID already in inputs is classified by a read-only query
 //     with admission's rule (same ID and envelope.Prompt.Hash: duplicate;

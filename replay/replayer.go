@@ -16,10 +16,10 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/promptline/promptline/admission"
 	"github.com/promptline/promptline/envelope"
 	"github.com/promptline/promptline/internal/kafkautil"
 	"github.com/promptline/promptline/internal/retry"
-	"github.com/promptline/promptline/pipeline"
 )
 
 // Config configures a Replayer.
@@ -83,7 +83,7 @@ type Replayer struct {
 	pool     *pgxpool.Pool
 	client   sarama.Client
 	rejects  *kafkautil.RejectPublisher
-	admitter *pipeline.Admitter
+	admitter *admission.Admitter
 	cfg      Config
 	log      *slog.Logger
 	limiter  *limiter
@@ -122,7 +122,7 @@ func New(pool *pgxpool.Pool, client sarama.Client, rejects sarama.SyncProducer, 
 	return &Replayer{
 		pool: pool, client: client, cfg: cfg, log: cfg.Logger,
 		rejects:    &kafkautil.RejectPublisher{Producer: rejects, MaxMessageBytes: cfg.MaxMessageBytes, Logger: cfg.Logger},
-		admitter:   pipeline.NewAdmitter(pool, &pipeline.AdmitterConfig{Topics: cfg.Topics, Logger: cfg.Logger}),
+		admitter:   admission.NewAdmitter(pool, &admission.AdmitterConfig{Topics: cfg.Topics, Logger: cfg.Logger}),
 		limiter:    newLimiter(cfg.Rate),
 		reasons:    map[string]int64{},
 		wouldAdmit: map[string][]byte{},
@@ -321,7 +321,7 @@ type result struct {
 
 type decoded struct {
 	i  int // index in the batch
-	in pipeline.Incoming
+	in admission.Incoming
 }
 
 // process decodes, classifies and admits one batch. ctx is the stop
@@ -333,14 +333,14 @@ func (r *Replayer) process(ctx, work context.Context, topic string, batch []*sar
 	fromRejects := topic == r.cfg.Topics.Rejects
 	for i, m := range batch {
 		var orig, source string
-		src := pipeline.Source{Topic: m.Topic, Partition: m.Partition, Offset: m.Offset}
+		src := admission.Source{Topic: m.Topic, Partition: m.Partition, Offset: m.Offset}
 		if fromRejects {
 			orig = header(m, "reason")
 			st := header(m, "source_topic")
 			sp, perr := strconv.ParseInt(header(m, "source_partition"), 10, 32)
 			so, oerr := strconv.ParseInt(header(m, "source_offset"), 10, 64)
 			if st != "" && perr == nil && oerr == nil {
-				src = pipeline.Source{Topic: st, Partition: int32(sp), Offset: so}
+				src = admission.Source{Topic: st, Partition: int32(sp), Offset: so}
 				source = fmt.Sprintf("%s/%d/%d", st, sp, so)
 			}
 			if st != "" && st != r.cfg.Topics.Prompts {
@@ -390,7 +390,7 @@ func (r *Replayer) process(ctx, work context.Context, topic string, batch []*sar
 		if !r.cfg.Wake {
 			p.Resume = new(false)
 		}
-		good = append(good, decoded{i: i, in: pipeline.Incoming{Prompt: p, Source: src}})
+		good = append(good, decoded{i: i, in: admission.Incoming{Prompt: p, Source: src}})
 		if fromRejects {
 			rejs[i] = Rejection{OriginalReason: orig, Source: source} // kept only if rejected again
 		}
@@ -473,11 +473,11 @@ func (r *Replayer) classify(ctx, work context.Context, good []decoded, outcomes 
 	if len(toAdmit) == 0 {
 		return nil
 	}
-	in := make([]pipeline.Incoming, len(toAdmit))
+	in := make([]admission.Incoming, len(toAdmit))
 	for k, d := range toAdmit {
 		in[k] = d.in
 	}
-	var got []pipeline.Outcome
+	var got []admission.Outcome
 	err = retried(ctx, r.log, "admitting", func() error {
 		var err error
 		got, err = r.admitter.Admit(work, in)
@@ -488,9 +488,9 @@ func (r *Replayer) classify(ctx, work context.Context, good []decoded, outcomes 
 	}
 	for k, d := range toAdmit {
 		switch got[k] {
-		case pipeline.Admitted:
+		case admission.Admitted:
 			outcomes[d.i] = Admitted
-		case pipeline.Duplicate:
+		case admission.Duplicate:
 			outcomes[d.i] = Duplicate
 		default:
 			outcomes[d.i] = Conflict

@@ -14,10 +14,10 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
+	"github.com/promptline/promptline/admission"
 	"github.com/promptline/promptline/envelope"
 	"github.com/promptline/promptline/internal/kafkautil"
 	"github.com/promptline/promptline/internal/testkit"
-	"github.com/promptline/promptline/pipeline"
 	"github.com/promptline/promptline/replay"
 )
 
@@ -137,11 +137,11 @@ func (b *testBundle) publishMixed(t *testing.T, pool *pgxpool.Pool) mixed {
 	original := prompt("s-conflict", "the original")
 	m.conflict = original
 	m.conflict.Text = "another text under the same message_id"
-	var pre []pipeline.Incoming
+	var pre []admission.Incoming
 	for _, p := range append(m.dup, original) {
-		pre = append(pre, pipeline.Incoming{Prompt: p, Source: pipeline.Source{Topic: "elsewhere"}})
+		pre = append(pre, admission.Incoming{Prompt: p, Source: admission.Source{Topic: "elsewhere"}})
 	}
-	_, err := pipeline.NewAdmitter(pool, &pipeline.AdmitterConfig{}).Admit(t.Context(), pre)
+	_, err := admission.NewAdmitter(pool, &admission.AdmitterConfig{}).Admit(t.Context(), pre)
 	require.NoError(t, err)
 
 	for _, p := range m.fresh {

@@ -69,12 +69,13 @@ if ! [ -x "$gremlins" ] || ! $go version -m "$gremlins" 2>/dev/null | grep -q "m
 	GOBIN=$bin $go install "github.com/go-gremlins/gremlins/cmd/gremlins@$version"
 fi
 
-# The measured code of each package. pipeline: admission (admitter,
-# admitgroup) and execution (executor); the Kafka plumbing, the turn loop's
-# helpers and the providers are not measured.
-pkgs=${MUTATION_PKGS:-envelope ledger recovery outbox pipeline}
+# The measured code of each package. admission: the admitter and its
+# group; executor: the executor; the Kafka plumbing (pipeline), the turn
+# loop's helpers and the providers are not measured.
+pkgs=${MUTATION_PKGS:-envelope ledger recovery outbox admission executor}
 declare -A exclude=(
-	[pipeline]='pipeline/(providers/|consumer|continuation|hint|permission|provider|queued|scripted_provider|transcript|turn|turn_log)'
+	[admission]='admission/admit_reply'
+	[executor]='executor/(continuation|local_wakes|permission|promotion|queued|step|tool_call|transcript|turn)'
 )
 
 # Survivors that no test can kill: the mutant behaves like the code

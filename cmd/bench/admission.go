@@ -14,6 +14,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
 
+	"github.com/promptline/promptline/admission"
 	"github.com/promptline/promptline/internal/kafkautil"
 	"github.com/promptline/promptline/metrics"
 	"github.com/promptline/promptline/pipeline"
@@ -97,7 +98,7 @@ func measureAdmission(ctx context.Context, sc *scratchServer, brokers []string, 
 		return res, fmt.Errorf("connecting rejects producer: %w", err)
 	}
 	defer rejects.Close()
-	admitter := pipeline.NewAdmitter(db.Pool, &pipeline.AdmitterConfig{Metrics: m})
+	admitter := admission.NewAdmitter(db.Pool, &admission.AdmitterConfig{Metrics: m})
 	handler := &joinSignal{
 		ConsumerGroupHandler: pipeline.NewConsumer(admitter, nil, rejects, &pipeline.ConsumerConfig{MaxBatch: opts.MaxBatch, Metrics: m}),
 		joined:               make(chan struct{}),

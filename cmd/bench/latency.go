@@ -15,7 +15,9 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
 
+	"github.com/promptline/promptline/admission"
 	"github.com/promptline/promptline/envelope"
+	"github.com/promptline/promptline/executor"
 	"github.com/promptline/promptline/internal/kafkautil"
 	"github.com/promptline/promptline/ledger"
 	"github.com/promptline/promptline/metrics"
@@ -145,16 +147,16 @@ func measureLatency(ctx context.Context, sc *scratchServer, opts latencyOpts) (r
 		return res, err
 	}
 	defer relay.Stop()
-	admitter := pipeline.NewAdmitter(db.Pool, &pipeline.AdmitterConfig{OnCommitFunc: relay.Nudge})
+	admitter := admission.NewAdmitter(db.Pool, &admission.AdmitterConfig{OnCommitFunc: relay.Nudge})
 	claims := ledger.NewClaims(db.Pool, &ledger.ClaimsConfig{OwnerID: "bench-" + db.Name})
-	var deltas pipeline.DeltaSink
+	var deltas executor.DeltaSink
 	if opts.Deltas {
-		ap, err := sarama.NewAsyncProducer(brokers, pipeline.DeltaProducerConfig(cfg))
+		ap, err := sarama.NewAsyncProducer(brokers, executor.DeltaProducerConfig(cfg))
 		if err != nil {
 			return res, fmt.Errorf("connecting the deltas producer: %w", err)
 		}
 		dm := metrics.New(prometheus.NewRegistry())
-		dp := pipeline.NewDeltaPublisher(ap, &pipeline.DeltaPublisherConfig{Metrics: dm})
+		dp := executor.NewDeltaPublisher(ap, &executor.DeltaPublisherConfig{Metrics: dm})
 		defer func() {
 			dp.Close()
 			var published dto.Metric
@@ -164,7 +166,7 @@ func measureLatency(ctx context.Context, sc *scratchServer, opts latencyOpts) (r
 		}()
 		deltas = dp
 	}
-	exec := pipeline.NewExecutor(db.Pool, &pipeline.ExecutorConfig{Claims: claims, OnCommitFunc: relay.Nudge, Deltas: deltas})
+	exec := executor.NewExecutor(db.Pool, &executor.ExecutorConfig{Claims: claims, OnCommitFunc: relay.Nudge, Deltas: deltas})
 	defer exec.StopNow()
 	handler := &joinSignal{
 		ConsumerGroupHandler: pipeline.NewConsumer(admitter, exec, producer, &pipeline.ConsumerConfig{

@@ -10,8 +10,9 @@ import (
 	"time"
 
 	"github.com/promptline/promptline/internal/redact"
-	"github.com/promptline/promptline/pipeline"
-	"github.com/promptline/promptline/pipeline/providers"
+	"github.com/promptline/promptline/provider"
+	"github.com/promptline/promptline/provider/providers"
+	"github.com/promptline/promptline/provider/scripted"
 	"github.com/promptline/promptline/tools"
 	"github.com/promptline/promptline/tools/mcp"
 )
@@ -104,7 +105,7 @@ func (p *providerOptions) registerMCPTools(ctx context.Context, reg *tools.Regis
 // build returns the provider, its name as recorded on attempts, and the
 // tools. The demo tools (echo, append_line) come with the scripted
 // provider only: append_line writes files, in a sandbox directory.
-func (p *providerOptions) build(ctx context.Context, log *slog.Logger) (pipeline.Provider, string, *tools.Registry, func(), error) {
+func (p *providerOptions) build(ctx context.Context, log *slog.Logger) (provider.Provider, string, *tools.Registry, func(), error) {
 	reg := tools.NewRegistry()
 	closeMCP, err := p.registerMCPTools(ctx, reg, log)
 	if err != nil {
@@ -118,7 +119,7 @@ func (p *providerOptions) build(ctx context.Context, log *slog.Logger) (pipeline
 	return prov, name, reg, func() { cleanup(); closeMCP() }, nil
 }
 
-func (p *providerOptions) buildProvider(reg *tools.Registry, log *slog.Logger) (pipeline.Provider, string, *tools.Registry, func(), error) {
+func (p *providerOptions) buildProvider(reg *tools.Registry, log *slog.Logger) (provider.Provider, string, *tools.Registry, func(), error) {
 	cleanup := func() {}
 	switch p.kind {
 	case "scripted":
@@ -142,7 +143,7 @@ func (p *providerOptions) buildProvider(reg *tools.Registry, log *slog.Logger) (
 		if err := p.registerHTTPTool(reg); err != nil {
 			return nil, "", nil, nil, err
 		}
-		return pipeline.ScriptedProvider{}, "scripted", reg, cleanup, nil
+		return scripted.ScriptedProvider{}, "scripted", reg, cleanup, nil
 	case "http":
 		cfg := &providers.HTTPConfig{URL: p.url, HonoursIdempotencyKeys: p.idempotent}
 		if err := cfg.Validate(); err != nil {

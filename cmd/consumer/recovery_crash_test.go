@@ -193,7 +193,7 @@ func TestRecoveryRetriesIdempotentTool(t *testing.T) {
 // attempt intent (phase unknown), and provider.after-intent fires only
 // after it. This test uses the point step.after-settle (right after the
 // settling commit whose SettleCall returned last = true, in
-// pipeline/turn.go settleCall) and fails when it does not exist.
+// executor/tool_call.go settleCall) and fails when it does not exist.
 //
 // It catches: a continue claim that is cleared or re-woken (the turn never
 // ends), a second continuation, and a continuation that runs the settled
@@ -211,7 +211,7 @@ func TestRecoveryContinuesAfterSettledStep(t *testing.T) {
 		return !crashing.running() || len(b.events.turnEvents(t, p.MessageID)) > 0
 	}, crashTimeout, 20*time.Millisecond, "neither a crash nor a turn")
 	require.False(t, crashing.running(),
-		"the turn ended and the consumer still runs: the crash point %q was never reached (it does not exist yet: add faults.Hit(%q) after the commit that settles a step's last tool call, phase continue, in pipeline/turn.go)",
+		"the turn ended and the consumer still runs: the crash point %q was never reached (it does not exist yet: add faults.Hit(%q) after the commit that settles a step's last tool call, phase continue, in executor/tool_call.go)",
 		stepAfterSettle, stepAfterSettle)
 	requireKilled(t, crashing.waitExit(t, crashTimeout))
 	execID, _, phase := claimOf(t, b, session)

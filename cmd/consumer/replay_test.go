@@ -16,10 +16,10 @@ import (
 	"github.com/IBM/sarama"
 	"github.com/stretchr/testify/require"
 
+	"github.com/promptline/promptline/admission"
 	"github.com/promptline/promptline/envelope"
 	"github.com/promptline/promptline/internal/kafkautil"
 	"github.com/promptline/promptline/internal/testkit"
-	"github.com/promptline/promptline/pipeline"
 	"github.com/promptline/promptline/replay"
 )
 
@@ -118,11 +118,11 @@ func TestReplayCommand(t *testing.T) {
 		orig := queued("s-c", "original")
 		conflict := orig
 		conflict.Text = "reused id, other text"
-		var pre []pipeline.Incoming
+		var pre []admission.Incoming
 		for _, p := range append(dup, orig) {
-			pre = append(pre, pipeline.Incoming{Prompt: p})
+			pre = append(pre, admission.Incoming{Prompt: p})
 		}
-		_, err := pipeline.NewAdmitter(b.pool, &pipeline.AdmitterConfig{}).Admit(t.Context(), pre)
+		_, err := admission.NewAdmitter(b.pool, &admission.AdmitterConfig{}).Admit(t.Context(), pre)
 		require.NoError(t, err)
 		for _, p := range append(append(fresh, dup...), conflict) {
 			b.send(t, p)

@@ -11,7 +11,9 @@ import (
 	"github.com/IBM/sarama"
 	"github.com/google/uuid"
 
+	"github.com/promptline/promptline/admission"
 	"github.com/promptline/promptline/envelope"
+	"github.com/promptline/promptline/executor"
 	"github.com/promptline/promptline/internal/kafkautil"
 	"github.com/promptline/promptline/internal/pgdb"
 	"github.com/promptline/promptline/ledger"
@@ -208,7 +210,7 @@ func run(ctx context.Context, o *options, stderr io.Writer) (err error) {
 		defer pruner.Stop()
 	}
 
-	admitter := pipeline.NewAdmitter(db.Pool, &pipeline.AdmitterConfig{
+	admitter := admission.NewAdmitter(db.Pool, &admission.AdmitterConfig{
 		Topics: topics, Logger: log, Metrics: m, OnCommitFunc: relay.Nudge,
 	})
 	provider, providerName, toolbox, cleanupTools, err := o.provider.build(ctx, log)
@@ -229,21 +231,21 @@ func run(ctx context.Context, o *options, stderr io.Writer) (err error) {
 	// Live deltas go out with a producer of their own, straight, never
 	// through the outbox: they are not durable, and a broken deltas topic
 	// drops them (counted) without touching the turn.
-	var deltas pipeline.DeltaSink
+	var deltas executor.DeltaSink
 	// The providers that stream: openai when asked, and the scripted one,
 	// whose /stream directive shows deltas on the demo's defaults.
 	if o.provider.kind == "scripted" || o.provider.kind == "openai" && o.provider.openaiStream {
 		ap, err := awaitStart(ctx, func() (sarama.AsyncProducer, error) {
-			return sarama.NewAsyncProducer(brokers, pipeline.DeltaProducerConfig(cfg))
+			return sarama.NewAsyncProducer(brokers, executor.DeltaProducerConfig(cfg))
 		}, func(p sarama.AsyncProducer) { _ = p.Close() })
 		if err != nil {
 			return fmt.Errorf("connecting the deltas producer to Kafka %v: %w", brokers, o.security.Explain(err))
 		}
-		dp := pipeline.NewDeltaPublisher(ap, &pipeline.DeltaPublisherConfig{Topic: topics.Deltas, Metrics: m, Logger: log})
+		dp := executor.NewDeltaPublisher(ap, &executor.DeltaPublisherConfig{Topic: topics.Deltas, Metrics: m, Logger: log})
 		defer dp.Close()
 		deltas = dp
 	}
-	exec := pipeline.NewExecutor(db.Pool, &pipeline.ExecutorConfig{
+	exec := executor.NewExecutor(db.Pool, &executor.ExecutorConfig{
 		Claims: claims, Topics: topics, MaxSessions: o.maxSessions, Logger: log, Metrics: m, OnCommitFunc: relay.Nudge,
 		Provider: provider, ProviderName: providerName, Tools: toolbox, PermissionFunc: o.permissions.lookup,
 		ToolTimeout: o.toolTimeout, Deltas: deltas,

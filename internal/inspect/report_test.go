@@ -15,11 +15,12 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
+	"github.com/promptline/promptline/admission"
 	"github.com/promptline/promptline/envelope"
+	"github.com/promptline/promptline/executor"
 	"github.com/promptline/promptline/internal/inspect"
 	"github.com/promptline/promptline/internal/testkit"
 	"github.com/promptline/promptline/ledger"
-	"github.com/promptline/promptline/pipeline"
 	"github.com/promptline/promptline/tools"
 )
 
@@ -29,8 +30,8 @@ import (
 // shows here.
 type testBundle struct {
 	pool     *pgxpool.Pool
-	admitter *pipeline.Admitter
-	exec     *pipeline.Executor
+	admitter *admission.Admitter
+	exec     *executor.Executor
 }
 
 type setupOpts struct {
@@ -42,26 +43,26 @@ func setup(t *testing.T, opts setupOpts) *testBundle {
 	pool, _ := testkit.Pool(t)
 	reg := tools.NewRegistry()
 	require.NoError(t, reg.Register(tools.NewEcho()))
-	cfg := &pipeline.ExecutorConfig{
+	cfg := &executor.ExecutorConfig{
 		Claims: ledger.NewClaims(pool, &ledger.ClaimsConfig{Lease: 5 * time.Second, OwnerID: "inspect-test"}),
 		Tools:  reg,
 	}
 	if opts.permission != "" {
 		cfg.PermissionFunc = func(string) tools.Permission { return opts.permission }
 	}
-	e := pipeline.NewExecutor(pool, cfg)
+	e := executor.NewExecutor(pool, cfg)
 	t.Cleanup(e.StopNow)
-	return &testBundle{pool: pool, admitter: pipeline.NewAdmitter(pool, &pipeline.AdmitterConfig{}), exec: e}
+	return &testBundle{pool: pool, admitter: admission.NewAdmitter(pool, &admission.AdmitterConfig{}), exec: e}
 }
 
 func (b *testBundle) admit(t *testing.T, session, msg, text string) {
 	t.Helper()
-	out, err := b.admitter.Admit(context.Background(), []pipeline.Incoming{{
+	out, err := b.admitter.Admit(context.Background(), []admission.Incoming{{
 		Prompt: envelope.Prompt{MessageID: msg, SessionID: session, Text: text, Delivery: envelope.DeliveryQueue},
-		Source: pipeline.Source{Topic: "prompts", Partition: 2, Offset: 7},
+		Source: admission.Source{Topic: "prompts", Partition: 2, Offset: 7},
 	}})
 	require.NoError(t, err)
-	require.Equal(t, []pipeline.Outcome{pipeline.Admitted}, out)
+	require.Equal(t, []admission.Outcome{admission.Admitted}, out)
 }
 
 // run wakes the session and waits until it went idle.
@@ -302,7 +303,7 @@ func TestSession(t *testing.T) {
 		require.Regexp(t, `(?m)^  `+regexp.QuoteMeta(q.RequestID)+`\s+echo\s+pending\s+-\s+\S+Z\s+-\s+-\s+-$`, text)
 
 		_, err := b.admitter.AdmitReply(ctx, nil, envelope.PermissionReply{RequestID: q.RequestID, Reply: envelope.ReplyReject, Message: "not now"},
-			pipeline.Source{Topic: "permission-replies"})
+			admission.Source{Topic: "permission-replies"})
 		require.NoError(t, err)
 		r = b.report(t, "s")
 		require.Equal(t, inspect.StateWaiting, r.State, "the reply's input waits for its wake")

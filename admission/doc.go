@@ -1,0 +1,13 @@
+// Package admission takes prompts and permission replies into Postgres
+// exactly once, with their outbox wake in the same transaction (P2;
+// docs/design.md, invariants 1-3). Admitter admits a batch in one
+// transaction and classifies every prompt (Admitted, Duplicate, Conflict);
+// AdmitReply admits a permission reply and the input that resumes its
+// parked turn. Group combines the batches that several partitions have at
+// hand at once into one transaction.
+//
+// Admission owns the inputs table and the kinds of input (KindPrompt,
+// KindPermissionReply, KindContinuation) that the executor reads. The
+// Kafka handler that feeds it is pipeline.Consumer; replay feeds it a
+// topic range outside the live group.
+package admission

@@ -1,0 +1,132 @@
+package executor
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/promptline/promptline/ledger"
+	"github.com/promptline/promptline/provider"
+)
+
+// continuation promotes a continuation input that recovery admitted: it
+// continues the recovered turn (same turn, same answered inputs) in a new
+// assistant message, settles the exact recovery row (matched by session
+// and continuation ID: replaying the same events settles nothing twice),
+// and picks up the tool calls left requested. A continuation that no
+// recovery row (or operator's resolution) of this session vouches for is
+// quarantined, not run.
+func (ex *execution) continuation(ctx context.Context, tx pgx.Tx, inputID string) (*turn, error) {
+	var recSession, oldAssistant, retryAttempt string
+	// Recovery vouches for its continuations, an operator's resolution
+	// (consumer session resolve) for its own.
+	err := tx.QueryRow(ctx, `SELECT session_id, coalesce(evidence->>'assistant_message_id', ''), coalesce(retry_attempt_id, '')
+		FROM recoveries WHERE continuation_message_id = $1
+		UNION ALL
+		SELECT session_id, assistant_message_id, '' FROM resolutions WHERE continuation_message_id = $1`, inputID).Scan(&recSession, &oldAssistant, &retryAttempt)
+	reason := ""
+	switch {
+	case errors.Is(err, pgx.ErrNoRows):
+		reason = "continuation input without a recovery decision"
+	case err != nil:
+		return nil, fmt.Errorf("reading recovery of %s: %w", inputID, err)
+	case recSession != ex.sessionID:
+		reason = fmt.Sprintf("continuation input belongs to session %s's recovery, not %s", recSession, ex.sessionID)
+	}
+	if reason != "" {
+		if _, err := tx.Exec(ctx, `UPDATE inputs SET quarantine_reason = $2, quarantined_at = now() WHERE message_id = $1`, inputID, reason); err != nil {
+			return nil, fmt.Errorf("quarantining %s: %w", inputID, err)
+		}
+		ex.e.log.WarnContext(ctx, "continuation input quarantined", slog.String("session_id", ex.sessionID),
+			slog.String("message_id", inputID), slog.String("reason", reason))
+		return ex.selectTurn(ctx, tx)
+	}
+	if _, err := tx.Exec(ctx, `UPDATE recoveries SET settled_at = now()
+		WHERE session_id = $1 AND continuation_message_id = $2 AND settled_at IS NULL`, ex.sessionID, inputID); err != nil {
+		return nil, fmt.Errorf("settling recovery of %s: %w", inputID, err)
+	}
+	if _, err := tx.Exec(ctx, `UPDATE resolutions SET settled_at = now()
+		WHERE session_id = $1 AND continuation_message_id = $2 AND settled_at IS NULL`, ex.sessionID, inputID); err != nil {
+		return nil, fmt.Errorf("settling resolution of %s: %w", inputID, err)
+	}
+	if _, err := tx.Exec(ctx, `UPDATE inputs SET promotion_seq = nextval('promotion_seq'), promoted_at = now()
+		WHERE message_id = $1 AND promotion_seq IS NULL`, inputID); err != nil {
+		return nil, fmt.Errorf("promoting %s: %w", inputID, err)
+	}
+
+	return ex.continueTurn(ctx, tx, oldAssistant, retryAttempt)
+}
+
+// continueTurn builds the turn that continues oldAssistant's turn (same
+// turn, same answered inputs) in a new assistant message, with the tool
+// calls the session left requested, and optionally the idempotency key of
+// an attempt to send again.
+func (ex *execution) continueTurn(ctx context.Context, tx pgx.Tx, oldAssistant, retryAttempt string) (*turn, error) {
+	t := &turn{id: oldAssistant, assistantID: newID(), promotedAt: time.Now()}
+	var answers []string
+	var turnID *string
+	var status string
+	if err := tx.QueryRow(ctx, `SELECT coalesce(answers, '{}'), turn_id, status FROM messages WHERE message_id = $1`, oldAssistant).Scan(&answers, &turnID, &status); err != nil {
+		return nil, fmt.Errorf("reading the recovered turn: %w", err)
+	}
+	if status == "pending" {
+		// The step never got an answer (its attempt was deferred, not
+		// sent): this step answers in that same message.
+		t.assistantID = oldAssistant
+	}
+	if turnID != nil {
+		t.id = *turnID
+	}
+	rows, err := tx.Query(ctx, `SELECT m.message_id, coalesce(string_agg(p.body, '' ORDER BY p.idx), '')
+		FROM messages m LEFT JOIN message_parts p ON p.message_id = m.message_id
+		WHERE m.message_id = ANY($1) GROUP BY m.message_id, m.seq ORDER BY m.seq`, answers)
+	if err != nil {
+		return nil, fmt.Errorf("reading the recovered turn's inputs: %w", err)
+	}
+	var m provider.TranscriptMessage
+	if _, err := pgx.ForEachRow(rows, []any{&m.ID, &m.Text}, func() error {
+		m.Role = "user"
+		t.inputs = append(t.inputs, m)
+		return nil
+	}); err != nil {
+		return nil, fmt.Errorf("reading the recovered turn's inputs: %w", err)
+	}
+	// Steps the turn completed before, each announced by its
+	// step.completed: the continuation's steps go on counting from there. A
+	// step that never completed (errored: its turn failed first) had none,
+	// and the step sent again after it takes its number, as a re-send in
+	// the same (pending) message does.
+	if err := tx.QueryRow(ctx, `SELECT count(*) FROM messages
+		WHERE session_id = $1 AND turn_id = $2 AND role = 'assistant' AND status = 'completed' AND message_id <> $3`,
+		ex.sessionID, t.id, t.assistantID).Scan(&t.stepBase); err != nil {
+		return nil, fmt.Errorf("counting the recovered turn's steps: %w", err)
+	}
+	// The new step's assistant message is created when its provider step
+	// begins, not here: a continuation that dies while running the calls
+	// left over must not leave a message that nothing will settle.
+	if retryAttempt != "" {
+		if err := tx.QueryRow(ctx, `SELECT idempotency_key FROM attempts WHERE attempt_id = $1`, retryAttempt).Scan(&t.retryKey); err != nil {
+			return nil, fmt.Errorf("reading attempt %s: %w", retryAttempt, err)
+		}
+	}
+	calls, err := tx.Query(ctx, `SELECT call_id, attempt_id, idx, model_call_id, tool, class, input, idempotency_key
+		FROM tool_calls WHERE session_id = $1 AND state = 'requested' ORDER BY requested_at, attempt_id, idx`, ex.sessionID)
+	if err != nil {
+		return nil, fmt.Errorf("reading requested tool calls: %w", err)
+	}
+	var p ledger.CallParams
+	var input []byte
+	if _, err := pgx.ForEachRow(calls, []any{&p.ID, &p.AttemptID, &p.Index, &p.ModelCallID, &p.Tool, &p.Class, &input, &p.IdempotencyKey}, func() error {
+		p.Input = json.RawMessage(append([]byte(nil), input...))
+		t.pendingCalls = append(t.pendingCalls, pendingCall{params: p, call: provider.ToolCall{ID: p.ModelCallID, Name: p.Tool, Input: p.Input}})
+		return nil
+	}); err != nil {
+		return nil, fmt.Errorf("reading requested tool calls: %w", err)
+	}
+	return t, ex.x.SetPhase(ctx, tx, ledger.PhaseContinue, oldAssistant)
+}

@@ -1,0 +1,670 @@
+package executor
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"log/slog"
+	"math/rand/v2"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/promptline/promptline/internal/faults"
+	"github.com/promptline/promptline/internal/kafkautil"
+	"github.com/promptline/promptline/internal/pgdb"
+	"github.com/promptline/promptline/ledger"
+	"github.com/promptline/promptline/metrics"
+	"github.com/promptline/promptline/outbox"
+	"github.com/promptline/promptline/provider"
+	"github.com/promptline/promptline/provider/scripted"
+	"github.com/promptline/promptline/tools"
+)
+
+// ExecutorConfig configures an Executor.
+type ExecutorConfig struct {
+	// Claims acquires the session claims. Required.
+	Claims *ledger.Claims
+	// Topics names the outbox targets. Defaults to kafkautil's defaults.
+	Topics kafkautil.Topics
+	// Provider answers turns. Defaults to ScriptedProvider.
+	Provider provider.Provider
+	// ProviderName is recorded with each attempt. Defaults to "scripted".
+	ProviderName string
+	// Tools the model may call. Defaults to none.
+	Tools *tools.Registry
+	// PermissionFunc says whether a tool may run: allow, deny, or ask (the
+	// session parks until a reply arrives). Defaults to allow.
+	PermissionFunc func(tool string) tools.Permission
+	// MaxSessions bounds the sessions executing at once; Wake blocks (and
+	// so consumption pauses) while all are busy. Defaults to 256.
+	MaxSessions int
+	// Logger defaults to discarding.
+	Logger *slog.Logger
+	// Metrics defaults to none.
+	Metrics *metrics.Metrics
+	// OnCommitFunc runs after each commit that wrote outbox rows (the
+	// relay's Nudge). Defaults to nothing.
+	OnCommitFunc func()
+	// ToolTimeout bounds one tool call: when it passes, the call's context
+	// ends, and a tool that has not answered shortly after is abandoned;
+	// the call's outcome is then unknown (never run again automatically).
+	// Defaults to 30s.
+	ToolTimeout time.Duration
+	// Deltas takes the live text deltas of streaming providers (not
+	// durable; docs/session-events.md, "Live deltas"). Defaults to none:
+	// no deltas are made.
+	Deltas DeltaSink
+	// DeltaInterval is how long a delta's text may wait to be coalesced
+	// with the text that follows it. Defaults to 50ms.
+	DeltaInterval time.Duration
+	// DeltaMaxBytes publishes a delta once its text has this many bytes.
+	// Defaults to 1024.
+	DeltaMaxBytes int
+}
+
+const (
+	maxSessionsDefault = 256
+	toolTimeoutDefault = 30 * time.Second
+)
+
+// Executor runs sessions: for a woken session it acquires the session's
+// claim, promotes the waiting inputs turn by turn, calls the provider,
+// stores the answer and announces it, and releases the claim when nothing
+// waits. One session never runs twice in one process: wakes for a running
+// (or stopping) session fold into one successor run, which starts only
+// after the current run has settled and released.
+type Executor struct {
+	providerName       string
+	providerModel      string
+	idempotentProvider bool
+
+	pool   *pgxpool.Pool
+	claims *ledger.Claims
+	cfg    ExecutorConfig
+	log    *slog.Logger
+	slots  chan struct{}
+
+	mu       sync.Mutex
+	runs     map[string]*sessionRun
+	ctx      context.Context // cancelled when the shutdown grace ends
+	cancel   context.CancelFunc
+	wg       sync.WaitGroup
+	stopping bool
+
+	local localWakes
+
+	// afterRead, when set (tests only), runs between an execution's read of
+	// its session and the claim taken as read.
+	afterRead func()
+}
+
+type sessionRun struct {
+	partition int32
+	again     bool          // a wake arrived while running: run once more
+	stop      atomic.Bool   // partition revoked or shutting down: no new turn
+	done      chan struct{} // closed when the session goes idle here
+}
+
+// NewExecutor returns an Executor; Shutdown ends it.
+func NewExecutor(pool *pgxpool.Pool, config *ExecutorConfig) *Executor {
+	cfg := *config
+	if cfg.Claims == nil {
+		panic("pipeline: ExecutorConfig.Claims is required")
+	}
+	cfg.Topics = cfg.Topics.WithDefaults()
+	cfg.Provider = cmp.Or[provider.Provider](cfg.Provider, scripted.ScriptedProvider{})
+	cfg.MaxSessions = cmp.Or(cfg.MaxSessions, maxSessionsDefault)
+	cfg.ToolTimeout = cmp.Or(cfg.ToolTimeout, toolTimeoutDefault)
+	cfg.DeltaInterval = cmp.Or(cfg.DeltaInterval, deltaIntervalDefault)
+	cfg.DeltaMaxBytes = cmp.Or(cfg.DeltaMaxBytes, deltaMaxBytesDefault)
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.DiscardHandler)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	idem, _ := cfg.Provider.(provider.IdempotentProvider)
+	var model string
+	if m, ok := cfg.Provider.(provider.ModelNamer); ok {
+		model = m.ModelName()
+	}
+	return &Executor{
+		providerName: cmp.Or(cfg.ProviderName, "scripted"), providerModel: model, idempotentProvider: idem != nil && idem.HonoursIdempotencyKeys(),
+		pool: pool, claims: cfg.Claims, cfg: cfg, log: cfg.Logger,
+		slots: make(chan struct{}, cfg.MaxSessions),
+		runs:  map[string]*sessionRun{}, ctx: ctx, cancel: cancel,
+	}
+}
+
+// ErrStopped is returned by Wake after Shutdown began.
+var ErrStopped = errors.New("executor stopped")
+
+// Wake asks for the session to run; partition is the wakes partition the
+// wake came from (revoking it stops the run after its current turn). It
+// returns a channel closed when the session has gone idle here after
+// handling everything that waited when the wake arrived. It blocks while
+// MaxSessions sessions run, until ctx ends.
+func (e *Executor) Wake(ctx context.Context, sessionID string, partition int32) (<-chan struct{}, error) {
+	if done, ok, err := e.coalesce(sessionID, partition); ok || err != nil {
+		return done, err
+	}
+	select {
+	case e.slots <- struct{}{}:
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	case <-e.ctx.Done():
+		return nil, ErrStopped
+	}
+	return e.start(sessionID, partition)
+}
+
+// WakeLocal is Wake for a wake delivered in-process right after its
+// admission committed (hint.go), value being the wake's bytes as the relay
+// publishes them. It never blocks: when every slot is busy it declines, and
+// the wake from Kafka does the work. When it accepts, that wake, arriving
+// later on partition, takes this run's completion (TakeLocal).
+func (e *Executor) WakeLocal(sessionID string, partition int32, value []byte) bool {
+	done, ok, err := e.coalesce(sessionID, partition)
+	if err != nil {
+		return false
+	}
+	if !ok {
+		select {
+		case e.slots <- struct{}{}:
+		default:
+			return false
+		}
+		if done, err = e.start(sessionID, partition); err != nil {
+			return false
+		}
+	}
+	e.local.add(value, partition, done)
+	return true
+}
+
+// TakeLocal returns the completion of the local run that a wake from Kafka
+// (its bytes, its partition) duplicates, if WakeLocal took it.
+func (e *Executor) TakeLocal(value []byte, partition int32) (<-chan struct{}, bool) {
+	return e.local.take(value, partition)
+}
+
+// start runs the session, holding a slot that it gives back if the session
+// started meanwhile (the run takes the wake) or the executor is stopping.
+func (e *Executor) start(sessionID string, partition int32) (<-chan struct{}, error) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.stopping {
+		<-e.slots
+		return nil, ErrStopped
+	}
+	if r, ok := e.runs[sessionID]; ok { // started while we waited for a slot
+		<-e.slots
+		r.again, r.partition = true, partition
+		e.wakeMetric("coalesced")
+		return r.done, nil
+	}
+	r := &sessionRun{partition: partition, done: make(chan struct{})}
+	e.runs[sessionID] = r
+	e.wg.Add(1)
+	go e.run(sessionID, r)
+	e.wakeMetric("started")
+	return r.done, nil
+}
+
+func (e *Executor) coalesce(sessionID string, partition int32) (<-chan struct{}, bool, error) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.stopping {
+		return nil, false, ErrStopped
+	}
+	if r, ok := e.runs[sessionID]; ok {
+		r.again, r.partition = true, partition
+		e.wakeMetric("coalesced")
+		return r.done, true, nil
+	}
+	return nil, false, nil
+}
+
+func (e *Executor) claimMetric(event string) {
+	if e.cfg.Metrics != nil {
+		e.cfg.Metrics.Claims.WithLabelValues(event).Inc()
+	}
+}
+
+func (e *Executor) wakeMetric(result string) {
+	if e.cfg.Metrics != nil {
+		e.cfg.Metrics.Wakes.WithLabelValues(result).Inc()
+	}
+}
+
+// Revoke is called when this process loses wakes partitions. It never
+// blocks the rebalance: runs of sessions on those partitions finish their
+// current turn under their claim, start no new one, and release — with a
+// wake when input waits, which reaches the partition's new owner.
+func (e *Executor) Revoke(partitions []int32) {
+	e.local.forget(partitions)
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	for _, r := range e.runs {
+		if slices.Contains(partitions, r.partition) {
+			r.stop.Store(true)
+			r.again = false
+		}
+	}
+}
+
+// Shutdown is the graceful stop: it stops taking wakes, lets running
+// turns finish until ctx ends (the grace), then cancels what remains;
+// every run then settles its turn and releases its claim (with a wake
+// where input waits). It returns when all runs have ended. It and StopNow
+// may be called twice, and together. A stopped executor does not start
+// again: build another.
+func (e *Executor) Shutdown(ctx context.Context) {
+	e.mu.Lock()
+	e.stopping = true
+	for _, r := range e.runs {
+		r.stop.Store(true)
+		r.again = false
+	}
+	e.mu.Unlock()
+	done := make(chan struct{})
+	go func() { e.wg.Wait(); close(done) }()
+	select {
+	case <-done:
+	case <-ctx.Done():
+		e.log.Warn("shutdown grace over; cancelling running turns")
+		e.cancel()
+		<-done
+	}
+	e.cancel()
+}
+
+// StopNow is the hard stop: Shutdown without grace, running turns
+// cancelled at once (they still settle and release).
+func (e *Executor) StopNow() {
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	e.Shutdown(ctx)
+}
+
+func (e *Executor) run(sessionID string, r *sessionRun) {
+	defer e.wg.Done()
+	defer func() { <-e.slots }()
+	if m := e.cfg.Metrics; m != nil {
+		m.ActiveExecutions.Inc()
+		defer m.ActiveExecutions.Dec()
+	}
+	log := e.log.With(slog.String("session_id", sessionID))
+	for {
+		e.execute(sessionID, r, log)
+		e.mu.Lock()
+		if r.again && !r.stop.Load() && e.ctx.Err() == nil {
+			r.again = false
+			e.mu.Unlock()
+			continue
+		}
+		delete(e.runs, sessionID)
+		close(r.done)
+		e.mu.Unlock()
+		return
+	}
+}
+
+// execute is one execution: acquire, run turns until nothing waits (or the
+// run must stop), release.
+func (e *Executor) execute(sessionID string, r *sessionRun, log *slog.Logger) {
+	var released bool
+	ex, first, err := e.acquire(sessionID, r, log)
+	if ex == nil || err != nil {
+		return
+	}
+	x := ex.x
+	cl := x.Claim()
+	log = log.With(slog.String("execution_id", cl.ExecutionID), slog.Int64("fencing_token", cl.Token))
+	log.Debug("claim acquired")
+	defer func() {
+		if x.Fenced() && !released {
+			e.claimMetric("lost")
+		} else if released {
+			e.claimMetric("released")
+		}
+	}()
+
+	// Turns run on a context cancelled by a fence or by the end of the
+	// shutdown grace.
+	ctx, cancel := context.WithCancel(e.ctx)
+	defer cancel()
+	stopAfter := context.AfterFunc(x.Context(), cancel)
+	defer stopAfter()
+	keepAlive := make(chan struct{})
+	go func() { defer close(keepAlive); x.KeepAlive(ctx) }()
+	defer func() { cancel(); <-keepAlive }()
+
+	// A first turn committed with the claim is under way (its attempt's
+	// intent is committed) and runs whatever happens meanwhile, as any
+	// promoted turn does: a stop ends the run after it. Released instead,
+	// it would be left promoted, unanswered and out of recovery's sight.
+	for first != nil || (!r.stop.Load() && ctx.Err() == nil && !x.Fenced()) {
+		t := first
+		if first != nil {
+			first = nil
+		} else if t, err = ex.promoteRetried(ctx, log); err != nil {
+			ex.logErr(ctx, log, "promoting inputs", err)
+			if !x.Fenced() {
+				// The promotion may have committed: an answer lost with
+				// the connection, or a cancelled wait, leaves the
+				// executor unable to know. Released, a promoted turn
+				// would be left unanswered where no one looks again
+				// (P1); left to expire, recovery decides from what did
+				// commit (nothing: a re-wake; the turn's intent: a
+				// reconcile), as after a crash.
+				log.Warn("promotion failed; its claim is left to expire for recovery", slog.Any("error", err))
+				return
+			}
+			break
+		}
+		if t == nil {
+			// Nothing waits: release, unless inputs arrived meanwhile.
+			if released, err = x.Release(ctx, ledger.ReleaseOpts{}); err != nil {
+				ex.logErr(ctx, log, "releasing claim", err)
+				break
+			}
+			if released {
+				return
+			}
+			continue
+		}
+		if released, err = ex.runTurn(ctx, t, log); err != nil {
+			ex.logErr(ctx, log, "running turn", err)
+			if !errors.Is(err, errParked) && !x.Fenced() {
+				// A turn cut off mid-way by an unexpected failure is left
+				// as a crash would leave it: the claim expires and
+				// recovery decides from its phase. Releasing it would
+				// leave the turn unsettled, and no one would look again.
+				log.Warn("turn failed mid-way; its claim is left to expire for recovery", slog.Any("error", err))
+				return
+			}
+			break
+		}
+		if released {
+			log.Debug("claim released; session idle")
+			return
+		}
+	}
+	if x.Fenced() {
+		return
+	}
+	// Stopping (revoked, shutdown, or an error): release so that the
+	// session's next owner can start, with a wake if input waits.
+	rctx, rcancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+	defer rcancel()
+	released, err = x.Release(rctx, ledger.ReleaseOpts{
+		Stopping: true, Wake: wakeRow(e.cfg.Topics.Wakes, sessionID, "released", time.Now().UTC()),
+	})
+	if err != nil {
+		ex.logErr(rctx, log, "releasing claim", err)
+		return
+	}
+	if e.cfg.OnCommitFunc != nil {
+		e.cfg.OnCommitFunc()
+	}
+	log.Debug("claim released on stop")
+}
+
+// acquire takes the session's claim when an input waits; ex is nil when
+// it does not (nothing waits, or the claim is held elsewhere).
+//
+// For plain prompts the claim commits together with the first turn's
+// promotion and its attempt intent (phase unknown), in one transaction
+// (first is that turn): the session is read first without a claim, and the
+// claim is taken only if that read is still true (ledger.AcquireAsRead).
+// A crash before that commit leaves nothing (the wake is redelivered: the
+// prompt runs once; crash window "claim-as-read"); one after it is the
+// attempt's intent window (crash window "provider-intent").
+// Otherwise (continuations, permission replies, the session changed since
+// the read, or the run already told to stop) the claim commits alone in
+// phase ready, reading the session in the same round trip, and promotion
+// follows: a crash between the two leaves a ready claim whose inputs
+// recovery re-wakes, so the prompt still runs once (docs/design.md,
+// crash window "claim-ready").
+func (e *Executor) acquire(sessionID string, r *sessionRun, log *slog.Logger) (ex *execution, first *turn, err error) {
+	view := &sessionView{}
+	read, err := e.claims.Peek(e.ctx, sessionID, func(b *pgx.Batch) { view.queue(b, sessionID) })
+	switch {
+	case err != nil:
+		return nil, nil, e.logFailure(log, "reading session", err)
+	case !read.Exists:
+		log.Error("acquiring claim failed", slog.String("error", "session does not exist"))
+		return nil, nil, nil
+	case read.Claimed:
+		// The holder sees our input before it releases (admission and
+		// release serialise on the session row); an expired holder is
+		// recovery's.
+		log.Debug("claim held elsewhere; wake dropped")
+		return nil, nil, nil
+	case len(view.waiting) == 0:
+		return nil, nil, nil
+	}
+	// A run told to stop starts no turn: it claims first, and its stopping
+	// release hands the session on with a wake.
+	if view.plain() && !r.stop.Load() {
+		if e.afterRead != nil {
+			e.afterRead()
+		}
+		faults.Hit(faults.ClaimAsRead)
+		ex = &execution{e: e, sessionID: sessionID}
+		first, err = ex.claimFirstTurn(e.ctx, read, view)
+		switch {
+		case err == nil:
+			e.claimMetric("acquired")
+			return ex, first, nil
+		case errors.Is(err, ledger.ErrStale):
+			log.Debug("session changed since it was read; claiming first")
+		case pgdb.Refused(err):
+			// Nothing committed (retryRefused): claim first, from a
+			// fresh read, as for a stale read.
+			log.Warn("claim with the first turn refused by the database; claiming first", slog.Any("error", err))
+		default:
+			return nil, nil, e.logFailure(log, "acquiring claim", err)
+		}
+	}
+	ex = &execution{e: e, sessionID: sessionID}
+	var x *ledger.Execution
+	err = retryRefused(e.ctx, log, "claim", func() error {
+		view = &sessionView{}
+		x, err = e.claims.AcquireWaiting(e.ctx, sessionID, newID(), func(b *pgx.Batch) { view.queue(b, sessionID) })
+		return err
+	})
+	switch {
+	case errors.Is(err, ledger.ErrNothingWaiting):
+		return nil, nil, nil
+	case errors.Is(err, ledger.ErrClaimHeld):
+		log.Debug("claim held elsewhere; wake dropped")
+		return nil, nil, nil
+	case err != nil:
+		return nil, nil, e.logFailure(log, "acquiring claim", err)
+	}
+	ex.x, ex.view = x, view
+	faults.Hit(faults.ClaimAfterAcquire)
+	e.claimMetric("acquired")
+	return ex, nil, nil
+}
+
+// A write made before a dispatch (a promotion, a step's intent) that the
+// server refused (pgdb.Refused: a deadlock, a serialization failure, a
+// lock not granted in time) certainly did not commit, so it is run again
+// in place, up to refusedTries times with a backoff doubled from
+// refusedBackoffMin to refusedBackoffMax, each wait drawn in [wait/2,
+// wait) (docs/design.md, invariant 13). Each try opens with the fence,
+// which refuses it once the claim is lost. Any other error may have come
+// after the commit, so the claim is left to expire (see execute) and
+// recovery decides from what committed. Without the retry, one deadlock
+// with a concurrent writer held the session for a whole lease and cost a
+// second recovery decision for one permission reply.
+const (
+	refusedTries      = 8
+	refusedBackoffMin = 20 * time.Millisecond
+	refusedBackoffMax = time.Second
+)
+
+// retryRefused runs try until it returns an error other than a refusal,
+// refusedTries times at most; what names the write in the log.
+func retryRefused(ctx context.Context, log *slog.Logger, what string, try func() error) error {
+	wait := refusedBackoffMin
+	for n := 1; ; n++ {
+		err := try()
+		if err == nil || !pgdb.Refused(err) || n == refusedTries {
+			return err
+		}
+		log.WarnContext(ctx, what+" refused by the database; trying again", slog.Int("try", n), slog.Any("error", err))
+		select {
+		case <-ctx.Done():
+			return err
+		case <-time.After(wait/2 + rand.N(wait/2)):
+		}
+		wait = min(2*wait, refusedBackoffMax)
+	}
+}
+
+// promoteRetried is promote, run again while the server refuses it. A
+// refused try committed nothing, so each try numbers the first step's
+// attempt from the same count: the refused try's number is no step's.
+func (ex *execution) promoteRetried(ctx context.Context, log *slog.Logger) (*turn, error) {
+	var t *turn
+	steps := ex.steps
+	err := retryRefused(ctx, log, "promotion", func() error {
+		var err error
+		ex.steps = steps
+		t, err = ex.promote(ctx)
+		return err
+	})
+	return t, err
+}
+
+// logFailure logs "<what> failed" with err, unless the executor is
+// stopping (the error is then the shutdown's), and returns err.
+func (e *Executor) logFailure(log *slog.Logger, what string, err error) error {
+	if e.ctx.Err() == nil {
+		log.Error(what+" failed", slog.Any("error", err))
+	}
+	return err
+}
+
+// execution is one held claim at work. Its writes go through
+// ledger.Execution.Write, which opens every transaction with the fence;
+// there is no other path to the database here.
+type execution struct {
+	e         *Executor
+	x         *ledger.Execution
+	sessionID string
+	steps     int // provider steps so far, across turns: numbers attempt IDs
+	// view is the session as read with the claim, for the first promotion.
+	view *sessionView
+	// responseIDs holds the provider's response ID of each attempt of this
+	// execution that reported one (ResponseIDFunc), for its outcome's
+	// write. Only the execution's goroutine touches it.
+	responseIDs map[string]string
+}
+
+// ErrFenced says that an execution lost its right to write.
+var ErrFenced = ledger.ErrFenced
+
+func (ex *execution) logErr(ctx context.Context, log *slog.Logger, what string, err error) {
+	switch {
+	case errors.Is(err, ledger.ErrFenced):
+		// Logged and counted by the ledger.
+	case errors.Is(err, errParked):
+		// Logged by park; the claim is released below.
+	case ctx.Err() != nil && errors.Is(err, context.Canceled):
+	default:
+		log.ErrorContext(ctx, what+" failed", slog.Any("error", err))
+	}
+}
+
+// write runs fn behind the fence; outbox rows written by fn are announced to
+// the relay after commit.
+func (ex *execution) write(ctx context.Context, fn func(tx pgx.Tx) error) error {
+	err := ex.x.Write(ctx, fn)
+	if err == nil && ex.e.cfg.OnCommitFunc != nil {
+		ex.e.cfg.OnCommitFunc()
+	}
+	return err
+}
+
+// The writes that record what a dispatch returned retry a transient
+// database error while the lease lives (ledger/retry.go); landed says
+// whether the write already committed when its commit's answer was lost.
+
+// writeRetried is write, retried.
+func (ex *execution) writeRetried(ctx context.Context, landed ledger.LandedFunc, fn func(tx pgx.Tx) error) error {
+	err := ex.x.WriteRetried(ctx, ledger.RetryOpts{Landed: landed}, fn)
+	if err == nil && ex.e.cfg.OnCommitFunc != nil {
+		ex.e.cfg.OnCommitFunc()
+	}
+	return err
+}
+
+// finishRetried is finish, retried.
+func (ex *execution) finishRetried(ctx context.Context, landed ledger.LandedFunc, fn func(tx pgx.Tx) error) (bool, error) {
+	released, err := ex.x.FinishRetried(ctx, ledger.RetryOpts{Landed: landed}, fn)
+	if err == nil && ex.e.cfg.OnCommitFunc != nil {
+		ex.e.cfg.OnCommitFunc()
+	}
+	return released, err
+}
+
+// finishQueuedRetried is finishQueued, retried.
+func (ex *execution) finishQueuedRetried(ctx context.Context, landed ledger.LandedFunc, phase ledger.Phase, assistantID string, queue func(b *pgx.Batch)) (bool, error) {
+	released, err := ex.x.FinishQueuedRetried(ctx, ledger.RetryOpts{Landed: landed}, phase, assistantID, queue)
+	if err == nil && ex.e.cfg.OnCommitFunc != nil {
+		ex.e.cfg.OnCommitFunc()
+	}
+	return released, err
+}
+
+// A write made after the turn's context ended (a shutdown past its grace,
+// which cancels what still runs) records what the cancellation cut off,
+// on a context that outlives it, bounded by afterCancelTimeout. It gets
+// one try: retried for the rest of the lease, it would hold the shutdown
+// that long while the database is away. A try that fails leaves the claim
+// to expire, and recovery decides from what committed, as after a crash.
+const afterCancelTimeout = 10 * time.Second
+
+// afterCancel is the context of a write after ctx was cancelled.
+func afterCancel(ctx context.Context) (context.Context, context.CancelFunc) {
+	return context.WithTimeout(context.WithoutCancel(ctx), afterCancelTimeout)
+}
+
+// writeOnce is writeRetried's signature for a write after a cancellation:
+// one try, no landed check needed.
+func (ex *execution) writeOnce(ctx context.Context, _ ledger.LandedFunc, fn func(tx pgx.Tx) error) error {
+	return ex.write(ctx, fn)
+}
+
+// finishOnce is finishRetried's for a write after a cancellation.
+func (ex *execution) finishOnce(ctx context.Context, _ ledger.LandedFunc, fn func(tx pgx.Tx) error) (bool, error) {
+	released, err := ex.x.Finish(ctx, fn)
+	if err == nil && ex.e.cfg.OnCommitFunc != nil {
+		ex.e.cfg.OnCommitFunc()
+	}
+	return released, err
+}
+
+// attemptLanded says whether the attempt's outcome is already state.
+func attemptLanded(id string, state ledger.AttemptState) ledger.LandedFunc {
+	return func(ctx context.Context, tx pgx.Tx) (bool, error) {
+		got, err := ledger.ReadAttemptState(ctx, tx, id)
+		return got == state, err
+	}
+}
+
+var (
+	eventRow = outbox.EventRow
+	wakeRow  = outbox.WakeRow
+)
+
+func newID() string { return uuid.Must(uuid.NewV7()).String() }

@@ -1,0 +1,389 @@
+package executor_test
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/require"
+
+	"github.com/promptline/promptline/admission"
+	"github.com/promptline/promptline/envelope"
+	"github.com/promptline/promptline/executor"
+	"github.com/promptline/promptline/internal/testkit"
+	"github.com/promptline/promptline/ledger"
+	"github.com/promptline/promptline/provider"
+	"github.com/promptline/promptline/provider/scripted"
+)
+
+// execBundle is an Executor on a real database without Kafka: prompts are
+// admitted with the Admitter, wakes are handed over directly, and what
+// would be published is read from the outbox table.
+type execBundle struct {
+	pool     *pgxpool.Pool
+	admitter *admission.Admitter
+}
+
+func setupExec(t *testing.T) *execBundle {
+	t.Helper()
+	pool, _ := testkit.Pool(t)
+	return &execBundle{pool: pool, admitter: admission.NewAdmitter(pool, &admission.AdmitterConfig{})}
+}
+
+func (b *execBundle) executor(t *testing.T, owner string, provider provider.Provider, lease time.Duration, maxSessions int) *executor.Executor {
+	t.Helper()
+	claims := ledger.NewClaims(b.pool, &ledger.ClaimsConfig{Lease: lease, OwnerID: owner})
+	e := executor.NewExecutor(b.pool, &executor.ExecutorConfig{Claims: claims, Provider: provider, MaxSessions: maxSessions})
+	t.Cleanup(e.StopNow)
+	return e
+}
+
+func (b *execBundle) admit(t *testing.T, session, msg, text string) {
+	t.Helper()
+	_, err := b.admitter.Admit(context.Background(), []admission.Incoming{{Prompt: envelope.Prompt{MessageID: msg, SessionID: session, Text: text, Delivery: envelope.DeliveryQueue}}})
+	require.NoError(t, err)
+}
+
+func (b *execBundle) count(t *testing.T, sql string, args ...any) int {
+	t.Helper()
+	return testkit.Count(t, b.pool, sql, args...)
+}
+
+func (b *execBundle) answered(t *testing.T, msg string) int {
+	return b.count(t, `SELECT count(*) FROM messages WHERE role = 'assistant' AND status = 'completed' AND $1 = ANY(answers)`, msg)
+}
+
+func wait(t *testing.T, done <-chan struct{}) {
+	t.Helper()
+	select {
+	case <-done:
+	case <-time.After(20 * time.Second):
+		t.Fatal("timed out")
+	}
+}
+
+// blockingProvider blocks every call until its gate opens, and says when a
+// call started.
+type blockingProvider struct {
+	started chan string
+	gate    chan struct{}
+	calls   atomic.Int32
+}
+
+func newBlockingProvider() *blockingProvider {
+	return &blockingProvider{started: make(chan string, 16), gate: make(chan struct{})}
+}
+
+func (p *blockingProvider) Complete(ctx context.Context, req provider.Request) (provider.Response, error) {
+	p.calls.Add(1)
+	p.started <- req.Turn[0].ID
+	select {
+	case <-p.gate:
+		return provider.Response{Text: "ok"}, nil
+	case <-ctx.Done():
+		return provider.Response{}, ctx.Err()
+	}
+}
+
+func TestExecutor(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+
+	// docs/design.md, invariant 7: a wake for a session whose claim is live
+	// elsewhere is dropped; the holder sees the input before it releases.
+	t.Run("WakeForClaimHeldElsewhereIsDroppedAndTheHolderRunsTheInput", func(t *testing.T) {
+		t.Parallel()
+		b := setupExec(t)
+		p := newBlockingProvider()
+		holder := b.executor(t, "holder", p, 5*time.Second, 0)
+		other := b.executor(t, "other", scripted.ScriptedProvider{}, 5*time.Second, 0)
+
+		b.admit(t, "s", "m1", "first")
+		done1, err := holder.Wake(ctx, "s", 0)
+		require.NoError(t, err)
+		require.Equal(t, "m1", <-p.started)
+
+		b.admit(t, "s", "m2", "second") // admitted while the holder runs
+		done2, err := other.Wake(ctx, "s", 0)
+		require.NoError(t, err)
+		wait(t, done2) // dropped at once: the claim is held
+		require.Zero(t, b.answered(t, "m2"))
+
+		close(p.gate)
+		wait(t, done1)
+		require.Equal(t, 1, b.answered(t, "m1"))
+		require.Equal(t, 1, b.answered(t, "m2"), "the holder ran the input admitted during its turn")
+		require.Zero(t, b.count(t, `SELECT count(*) FROM claims`))
+		require.Equal(t, int32(2), p.calls.Load())
+	})
+
+	// The race the other way round: admission commits after the holder's
+	// release; its own wake then starts a new execution.
+	t.Run("InputAdmittedAfterReleaseGetsItsOwnWake", func(t *testing.T) {
+		t.Parallel()
+		b := setupExec(t)
+		e := b.executor(t, "a", scripted.ScriptedProvider{}, 5*time.Second, 0)
+		b.admit(t, "s", "m1", "first")
+		done, err := e.Wake(ctx, "s", 0)
+		require.NoError(t, err)
+		wait(t, done)
+		require.Zero(t, b.count(t, `SELECT count(*) FROM claims`))
+		b.admit(t, "s", "m2", "second")
+		require.Equal(t, 2, b.count(t, `SELECT count(*) FROM outbox WHERE topic = 'wakes' AND key = 's'`))
+		done, err = e.Wake(ctx, "s", 0)
+		require.NoError(t, err)
+		wait(t, done)
+		require.Equal(t, 1, b.answered(t, "m2"))
+	})
+
+	t.Run("RevokedRunFinishesItsTurnAndReleasesWithAWake", func(t *testing.T) {
+		t.Parallel()
+		b := setupExec(t)
+		p := newBlockingProvider()
+		e := b.executor(t, "a", p, 5*time.Second, 0)
+		b.admit(t, "s", "m1", "first")
+		b.admit(t, "s", "m2", "second")
+		wakesBefore := b.count(t, `SELECT count(*) FROM outbox WHERE topic = 'wakes' AND key = 's'`)
+		done, err := e.Wake(ctx, "s", 3)
+		require.NoError(t, err)
+		require.Equal(t, "m1", <-p.started)
+
+		e.Revoke([]int32{3}) // returns at once: never blocks the rebalance
+		close(p.gate)
+		wait(t, done)
+		require.Equal(t, 1, b.answered(t, "m1"), "the running turn was not cut off")
+		require.Zero(t, b.answered(t, "m2"), "no new turn after revocation")
+		require.Zero(t, b.count(t, `SELECT count(*) FROM claims`))
+		require.Equal(t, wakesBefore+1, b.count(t, `SELECT count(*) FROM outbox WHERE topic = 'wakes' AND key = 's'`),
+			"released with a wake for the waiting input, for the partition's next owner")
+	})
+
+	t.Run("ShutdownGraceLetsTurnsFinish", func(t *testing.T) {
+		t.Parallel()
+		b := setupExec(t)
+		p := newBlockingProvider()
+		e := b.executor(t, "a", p, 5*time.Second, 0)
+		b.admit(t, "s", "m1", "first")
+		_, err := e.Wake(ctx, "s", 0)
+		require.NoError(t, err)
+		<-p.started
+		stopped := make(chan struct{})
+		go func() { defer close(stopped); e.Shutdown(context.Background()) }()
+		close(p.gate)
+		wait(t, stopped)
+		require.Equal(t, 1, b.answered(t, "m1"))
+		_, err = e.Wake(ctx, "s2", 0)
+		require.ErrorIs(t, err, executor.ErrStopped)
+	})
+
+	t.Run("ShutdownPastGraceCancelsAndSettlesAsInterrupted", func(t *testing.T) {
+		t.Parallel()
+		b := setupExec(t)
+		p := newBlockingProvider()
+		e := b.executor(t, "a", p, 5*time.Second, 0)
+		b.admit(t, "s", "m1", "first")
+		b.admit(t, "s", "m2", "second")
+		_, err := e.Wake(ctx, "s", 0)
+		require.NoError(t, err)
+		<-p.started
+		grace, cancel := context.WithCancel(ctx)
+		cancel() // grace over at once
+		e.Shutdown(grace)
+		var status, reason string
+		require.NoError(t, b.pool.QueryRow(ctx, `SELECT m.status, convert_from(o.payload, 'UTF8')::jsonb->>'reason' FROM messages m
+			JOIN outbox o ON convert_from(o.payload, 'UTF8')::jsonb->>'assistant_message_id' = m.message_id
+			WHERE m.role = 'assistant' AND 'm1' = ANY(m.answers)`).Scan(&status, &reason))
+		require.Equal(t, "errored", status)
+		require.Equal(t, envelope.FailInterrupted, reason)
+		require.Zero(t, b.count(t, `SELECT count(*) FROM claims`), "the claim is released")
+		require.Equal(t, 1, b.count(t, `SELECT count(*) FROM outbox WHERE topic = 'wakes' AND convert_from(payload, 'UTF8')::jsonb->>'reason' = 'released'`),
+			"m2 waits: released with a wake")
+		require.Equal(t, int32(1), p.calls.Load(), "the interrupted call is not retried")
+	})
+
+	// The hard stop ends a graceful one waiting without a deadline, and
+	// either may be called again once stopped.
+	t.Run("StopNowAndShutdownTogetherAndTwice", func(t *testing.T) {
+		t.Parallel()
+		b := setupExec(t)
+		p := newBlockingProvider()
+		e := b.executor(t, "a", p, 5*time.Second, 0)
+		b.admit(t, "s", "m1", "first")
+		_, err := e.Wake(ctx, "s", 0)
+		require.NoError(t, err)
+		<-p.started
+		var wg sync.WaitGroup
+		wg.Go(func() { e.Shutdown(context.Background()) }) // waits for the gate, never opened
+		wg.Go(e.StopNow)
+		stopped := make(chan struct{})
+		go func() { wg.Wait(); close(stopped) }()
+		wait(t, stopped)
+		require.Zero(t, b.count(t, `SELECT count(*) FROM claims`), "the cancelled turn released its claim")
+
+		e.StopNow()
+		e.Shutdown(context.Background())
+		_, err = e.Wake(ctx, "s2", 0)
+		require.ErrorIs(t, err, executor.ErrStopped)
+	})
+
+	t.Run("MaxSessionsAppliesBackpressure", func(t *testing.T) {
+		t.Parallel()
+		b := setupExec(t)
+		p := newBlockingProvider()
+		e := b.executor(t, "a", p, 5*time.Second, 1)
+		b.admit(t, "s1", "m1", "one")
+		b.admit(t, "s2", "m2", "two")
+		done1, err := e.Wake(ctx, "s1", 0)
+		require.NoError(t, err)
+		<-p.started
+		blocked, cancel := context.WithTimeout(ctx, 100*time.Millisecond)
+		defer cancel()
+		_, err = e.Wake(blocked, "s2", 0)
+		require.ErrorIs(t, err, context.DeadlineExceeded, "the only slot is busy: Wake waits")
+		var done2 <-chan struct{}
+		woke := make(chan struct{})
+		go func() {
+			defer close(woke)
+			done2, err = e.Wake(ctx, "s2", 0)
+		}()
+		close(p.gate)
+		wait(t, done1)
+		wait(t, woke)
+		require.NoError(t, err)
+		wait(t, done2)
+		require.Equal(t, 1, b.answered(t, "m2"))
+	})
+
+	t.Run("WakesDuringARunCoalesce", func(t *testing.T) {
+		t.Parallel()
+		b := setupExec(t)
+		p := newBlockingProvider()
+		e := b.executor(t, "a", p, 5*time.Second, 0)
+		b.admit(t, "s", "m1", "one")
+		first, err := e.Wake(ctx, "s", 0)
+		require.NoError(t, err)
+		<-p.started
+		var dones []<-chan struct{}
+		for range 5 {
+			d, err := e.Wake(ctx, "s", 0)
+			require.NoError(t, err)
+			dones = append(dones, d)
+		}
+		for _, d := range dones {
+			require.Equal(t, first, d, "one run, one done channel")
+		}
+		close(p.gate)
+		wait(t, first)
+		require.Equal(t, int32(1), p.calls.Load())
+		require.Equal(t, 1, b.count(t, `SELECT count(*) FROM sessions WHERE session_id = 's' AND fencing_token = 1`),
+			"the successor run found nothing waiting and wrote no claim")
+	})
+
+	t.Run("LongTurnKeepsItsClaimAcrossLeases", func(t *testing.T) {
+		t.Parallel()
+		b := setupExec(t)
+		p := newBlockingProvider()
+		e := b.executor(t, "a", p, 600*time.Millisecond, 0)
+		b.admit(t, "s", "m1", "slow")
+		done, err := e.Wake(ctx, "s", 0)
+		require.NoError(t, err)
+		<-p.started
+		// Hold the turn until the claim has been renewed well past two leases.
+		var acquired time.Time
+		require.NoError(t, b.pool.QueryRow(ctx, `SELECT acquired_at FROM claims WHERE session_id = 's'`).Scan(&acquired))
+		require.Eventually(t, func() bool {
+			var renewedFor time.Duration
+			var live bool
+			err := b.pool.QueryRow(ctx, `SELECT renewed_at - acquired_at, expires_at > now() FROM claims WHERE session_id = 's'`).Scan(&renewedFor, &live)
+			return err == nil && live && renewedFor > 1500*time.Millisecond
+		}, 20*time.Second, 20*time.Millisecond)
+		close(p.gate)
+		wait(t, done)
+		require.Equal(t, 1, b.answered(t, "m1"))
+	})
+}
+
+// A plain prompt's claim commits with its first turn, straight in phase
+// unknown. When the session changes between the executor's read and that
+// claim (here a steer is admitted), the claim is refused and the executor
+// claims first (phase ready) from a fresh read: the steer, admitted before
+// the claim, still jumps the queue.
+//
+// It catches: a claim taken on a stale read (the queued prompt would run
+// first, or the steer be lost), a refused claim that drops the wake
+// (nothing runs), and the merged claim not taken at all on the plain path.
+func TestClaimTakenAsRead(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	for _, changed := range []bool{false, true} {
+		t.Run(fmt.Sprintf("ChangedSinceRead=%v", changed), func(t *testing.T) {
+			t.Parallel()
+			b := setupExec(t)
+			phases := &phaseLog{}
+			claims := ledger.NewClaims(b.pool, &ledger.ClaimsConfig{Lease: 5 * time.Second, OwnerID: "a", OnPhaseFunc: phases.add})
+			e := executor.NewExecutor(b.pool, &executor.ExecutorConfig{Claims: claims})
+			t.Cleanup(e.StopNow)
+			b.admit(t, "s", "queued", "first in line")
+			var once sync.Once
+			executor.SetAfterRead(e, func() {
+				if changed {
+					once.Do(func() {
+						_, err := b.admitter.Admit(ctx, []admission.Incoming{{Prompt: envelope.Prompt{
+							MessageID: "steer", SessionID: "s", Text: "steer", Delivery: envelope.DeliverySteer}}})
+						require.NoError(t, err)
+					})
+				}
+			})
+			done, err := e.Wake(ctx, "s", 0)
+			require.NoError(t, err)
+			wait(t, done)
+
+			require.Equal(t, 1, b.answered(t, "queued"))
+			got := phases.get()
+			if !changed {
+				require.Equal(t, []ledger.Phase{ledger.PhaseUnknown, ledger.PhaseSafe}, got,
+					"the claim committed with the first turn: never ready")
+				return
+			}
+			require.Equal(t, 1, b.answered(t, "steer"))
+			require.Equal(t, ledger.PhaseReady, got[0], "refused as read, then claimed first: %v", got)
+			require.Equal(t, 1, b.count(t, `SELECT count(*) FROM inputs s, inputs q
+				WHERE s.message_id = 'steer' AND q.message_id = 'queued' AND s.promotion_seq < q.promotion_seq`),
+				"the steer admitted before the claim was promoted first")
+			require.Zero(t, b.count(t, `SELECT count(*) FROM claims`), "released when idle")
+		})
+	}
+}
+
+// A partition revoked while a plain prompt's claim commits with its first
+// turn: that turn is under way (its attempt's intent is committed), so it
+// runs to its answer, and only then does the run stop — starting no second
+// turn, releasing with a wake for the prompt still waiting.
+//
+// It catches: a first turn released unrun on a stop (its prompt left
+// promoted and never answered, out of recovery's and redrive's sight).
+func TestFirstTurnRunsWhenRevokedMeanwhile(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	b := setupExec(t)
+	e := b.executor(t, "a", nil, 5*time.Second, 0)
+	b.admit(t, "s", "first", "one")
+	b.admit(t, "s", "second", "two")
+	var once sync.Once
+	executor.SetAfterRead(e, func() { once.Do(func() { e.Revoke([]int32{0}) }) })
+	done, err := e.Wake(ctx, "s", 0)
+	require.NoError(t, err)
+	wait(t, done)
+
+	require.Equal(t, 1, b.answered(t, "first"), "the first turn ran to its answer")
+	require.Zero(t, b.count(t, `SELECT count(*) FROM messages WHERE status = 'pending'`), "no turn left half-way")
+	require.Zero(t, b.count(t, `SELECT count(*) FROM inputs WHERE message_id = 'second' AND promotion_seq IS NOT NULL`),
+		"no second turn after the stop")
+	require.Zero(t, b.count(t, `SELECT count(*) FROM claims`), "released")
+	require.Equal(t, 1, b.count(t, `SELECT count(*) FROM outbox WHERE topic = 'wakes' AND key = 's'
+		AND convert_from(payload, 'UTF8')::jsonb ->> 'reason' = 'released'`), "with a wake for the prompt still waiting")
+}

@@ -1,0 +1,148 @@
+package executor
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/promptline/promptline/admission"
+	"github.com/promptline/promptline/envelope"
+	"github.com/promptline/promptline/ledger"
+	"github.com/promptline/promptline/outbox"
+	"github.com/promptline/promptline/provider"
+	"github.com/promptline/promptline/tools"
+)
+
+// replyRequestID is the request a reply's input resumes.
+func replyRequestID(inputID string) string {
+	if id, ok := strings.CutPrefix(inputID, admission.ReplyPrefix); ok {
+		return id
+	}
+	return strings.TrimPrefix(inputID, admission.ReplyTakenPrefix)
+}
+
+var (
+	// errParked: a tool call waits for permission; the session is parked
+	// and the claim released.
+	errParked = errors.New("waiting for permission")
+	// errDeclined: a permission was declined without feedback; the turn
+	// stops.
+	errDeclined = errors.New("permission declined")
+)
+
+// permission returns the policy for a tool: allow unless configured.
+func (ex *execution) permission(tool string) tools.Permission {
+	if f := ex.e.cfg.PermissionFunc; f != nil {
+		return f(tool)
+	}
+	return tools.Allow
+}
+
+// checkPermission decides whether call p may run now. For an ask it reads
+// the durable request (and the session's "always" grants): granted runs,
+// rejected with a message returns the message as feedback for the model,
+// rejected without one declines the turn, anything else parks the session.
+func (ex *execution) checkPermission(ctx context.Context, p ledger.CallParams, c provider.ToolCall) (feedback string, err error) {
+	switch ex.permission(c.Name) {
+	case tools.Allow:
+		return "", nil
+	case tools.Deny:
+		return fmt.Sprintf("denied: tool %q is not permitted here", c.Name), nil
+	}
+	var status, message string
+	err = ex.e.pool.QueryRow(ctx, `SELECT status, coalesce(message, '') FROM permission_requests WHERE request_id = $1`, p.ID).Scan(&status, &message)
+	switch {
+	case errors.Is(err, pgx.ErrNoRows):
+		var granted bool
+		if err := ex.e.pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM permission_grants WHERE session_id = $1 AND pattern = $2)`,
+			ex.sessionID, c.Name).Scan(&granted); err != nil {
+			return "", fmt.Errorf("reading permission grants: %w", err)
+		}
+		if granted {
+			return "", nil
+		}
+		return "", ex.park(ctx, p, c)
+	case err != nil:
+		return "", fmt.Errorf("reading permission request %s: %w", p.ID, err)
+	case status == "approved":
+		return "", nil
+	case status == "rejected" && message != "":
+		return "declined: " + message, nil
+	case status == "rejected":
+		return "", errDeclined
+	}
+	return "", ex.park(ctx, p, c) // still pending: parked again
+}
+
+// park persists the permission request and announces it, in one fenced
+// transaction, and returns errParked: the executor then releases the claim.
+//
+// The same transaction sets the claim's phase to safe: from here on the
+// turn is continued by the reply's input, never by recovery. Left at
+// continue, a claim whose release is lost (a crash or a cut connection
+// right after the ask) is continued by recovery as well as by the reply
+// when the reply arrives first: the turn is continued twice, answered
+// twice, and the tool asked for again. Safe makes recovery clear the claim
+// and wake the session when the reply waits (invariant 7).
+func (ex *execution) park(ctx context.Context, p ledger.CallParams, c provider.ToolCall) error {
+	meta, _ := json.Marshal(map[string]any{"input": jsonOrString(c.Input), "model_call_id": c.ID})
+	// Idempotent (the request is inserted once, and announced only then):
+	// a retry after a commit whose answer was lost changes nothing more.
+	err := ex.writeRetried(ctx, nil, func(tx pgx.Tx) error {
+		if err := ex.x.SetPhase(ctx, tx, ledger.PhaseSafe, ""); err != nil {
+			return err
+		}
+		tag, err := tx.Exec(ctx, `INSERT INTO permission_requests (request_id, session_id, call_id, tool, pattern, metadata, status)
+			VALUES ($1, $2, $3, $4, $4, $5, 'pending') ON CONFLICT (request_id) DO NOTHING`, p.ID, ex.sessionID, p.ID, c.Name, meta)
+		if err != nil {
+			return fmt.Errorf("recording permission request: %w", err)
+		}
+		if tag.RowsAffected() == 0 {
+			return nil
+		}
+		return outbox.Insert(ctx, tx, eventRow(ex.e.cfg.Topics.Events, envelope.Event{
+			ID: "permission.asked:" + p.ID, Type: envelope.EventPermissionAsked, SessionID: ex.sessionID,
+			At: time.Now().UTC(), RequestID: p.ID, Tool: c.Name, Input: jsonOrString(c.Input),
+		}))
+	})
+	if err != nil {
+		return err
+	}
+	ex.e.log.InfoContext(ctx, "permission asked; session parked", slog.String("session_id", ex.sessionID),
+		slog.String("request_id", p.ID), slog.String("tool", c.Name))
+	return errParked
+}
+
+// resume promotes a permission reply's input: it continues the parked turn,
+// whose call (still requested) is then checked again against the reply.
+func (ex *execution) resume(ctx context.Context, tx pgx.Tx, inputID string) (*turn, error) {
+	requestID := replyRequestID(inputID)
+	var assistant string
+	err := tx.QueryRow(ctx, `SELECT a.assistant_message_id FROM permission_requests r
+		JOIN tool_calls c ON c.call_id = r.call_id JOIN attempts a ON a.attempt_id = c.attempt_id
+		WHERE r.request_id = $1 AND r.session_id = $2`, requestID, ex.sessionID).Scan(&assistant)
+	if errors.Is(err, pgx.ErrNoRows) {
+		if _, err := tx.Exec(ctx, `UPDATE inputs SET quarantine_reason = 'permission reply without a request of this session', quarantined_at = now()
+			WHERE message_id = $1`, inputID); err != nil {
+			return nil, err
+		}
+		return ex.selectTurn(ctx, tx)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("reading permission request %s: %w", requestID, err)
+	}
+	if _, err := tx.Exec(ctx, `UPDATE permission_requests SET resumed_at = now() WHERE request_id = $1 AND resumed_at IS NULL`, requestID); err != nil {
+		return nil, err
+	}
+	if _, err := tx.Exec(ctx, `UPDATE inputs SET promotion_seq = nextval('promotion_seq'), promoted_at = now()
+		WHERE message_id = $1 AND promotion_seq IS NULL`, inputID); err != nil {
+		return nil, fmt.Errorf("promoting %s: %w", inputID, err)
+	}
+	return ex.continueTurn(ctx, tx, assistant, "")
+}

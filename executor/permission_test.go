@@ -1,0 +1,282 @@
+package executor_test
+
+import (
+	"context"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/promptline/promptline/admission"
+	"github.com/promptline/promptline/envelope"
+	"github.com/promptline/promptline/executor"
+	"github.com/promptline/promptline/internal/testkit"
+	"github.com/promptline/promptline/ledger"
+	"github.com/promptline/promptline/recovery"
+	"github.com/promptline/promptline/tools"
+)
+
+// countingEcho is the echo tool, counting runs.
+type countingEcho struct {
+	tools.Tool
+	runs chan string
+}
+
+func (c countingEcho) Run(ctx context.Context, call tools.Call) (tools.Result, error) {
+	c.runs <- call.IdempotencyKey
+	return c.Tool.Run(ctx, call)
+}
+
+func TestPermissions(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+
+	type bundle struct {
+		*execBundle
+		runs chan string
+		exec func() *executor.Executor
+	}
+	setupPerm := func(t *testing.T) *bundle {
+		b := &bundle{execBundle: setupExec(t), runs: make(chan string, 16)}
+		reg := tools.NewRegistry()
+		require.NoError(t, reg.Register(countingEcho{Tool: tools.NewEcho(), runs: b.runs}))
+		// Each call builds a new executor: a restart, as far as the
+		// session is concerned.
+		b.exec = func() *executor.Executor {
+			claims := ledger.NewClaims(b.pool, &ledger.ClaimsConfig{Lease: 5 * time.Second, OwnerID: "p"})
+			e := executor.NewExecutor(b.pool, &executor.ExecutorConfig{Claims: claims, Tools: reg,
+				PermissionFunc: func(string) tools.Permission { return tools.Ask }})
+			t.Cleanup(e.StopNow)
+			return e
+		}
+		return b
+	}
+	runOnce := func(t *testing.T, e *executor.Executor, session string) {
+		done, err := e.Wake(ctx, session, 0)
+		require.NoError(t, err)
+		wait(t, done)
+	}
+	requestID := func(t *testing.T, b *bundle) string {
+		var id string
+		require.NoError(t, b.pool.QueryRow(ctx, `SELECT request_id FROM permission_requests WHERE status = 'pending'`).Scan(&id))
+		return id
+	}
+	reply := func(t *testing.T, b *bundle, id, r, msg string) admission.ReplyOutcome {
+		out, err := b.admitter.AdmitReply(ctx, nil, envelope.PermissionReply{RequestID: id, Reply: r, Message: msg}, admission.Source{Topic: "permission-replies"})
+		require.NoError(t, err)
+		return out
+	}
+
+	t.Run("AskParksTheSessionAndOnceResumesIt", func(t *testing.T) {
+		t.Parallel()
+		b := setupPerm(t)
+		b.admit(t, "s", "m1", `/tool echo {"text": "hi"}`)
+		runOnce(t, b.exec(), "s")
+		require.Zero(t, b.count(t, `SELECT count(*) FROM claims`), "parked: the claim is released")
+		id := requestID(t, b)
+		asked := testkit.SessionEvents(t, b.pool, "s", envelope.EventPermissionAsked)
+		require.Len(t, asked, 1)
+		require.Equal(t, "echo", asked[0].Tool)
+		require.Equal(t, id, asked[0].RequestID)
+		require.Empty(t, b.runs, "the tool did not run")
+
+		b.admit(t, "s", "m2", "queued behind the ask")
+		runOnce(t, b.exec(), "s")
+		require.Zero(t, b.answered(t, "m2"), "nothing else of a parked session runs")
+
+		require.Equal(t, admission.Admitted, reply(t, b, id, envelope.ReplyOnce, "").Outcome)
+		require.Equal(t, admission.Duplicate, reply(t, b, id, envelope.ReplyOnce, "").Outcome, "an exact retry of the reply")
+		out := reply(t, b, id, envelope.ReplyReject, "")
+		require.Equal(t, envelope.ReasonConflict, out.Reason, "another reply to an answered request")
+		runOnce(t, b.exec(), "s") // a new process: the request survived
+		require.Len(t, b.runs, 1, "the tool ran once")
+		completed := testkit.SessionEvents(t, b.pool, "s", envelope.EventTurnCompleted)
+		require.Len(t, completed, 2)
+		require.Equal(t, []string{"m1"}, completed[0].MessageIDs)
+		require.Equal(t, "tool results: echo: hi", completed[0].Text)
+		require.Equal(t, []string{"m2"}, completed[1].MessageIDs, "the queued prompt ran after the resumed turn")
+	})
+
+	t.Run("AlwaysIsRememberedForTheSession", func(t *testing.T) {
+		t.Parallel()
+		b := setupPerm(t)
+		b.admit(t, "s", "m1", `/tool echo {"text": "one"}`)
+		runOnce(t, b.exec(), "s")
+		require.Equal(t, admission.Admitted, reply(t, b, requestID(t, b), envelope.ReplyAlways, "").Outcome)
+		runOnce(t, b.exec(), "s")
+		b.admit(t, "s", "m2", `/tool echo {"text": "two"}`)
+		runOnce(t, b.exec(), "s")
+		require.Len(t, b.runs, 2)
+		require.Len(t, testkit.SessionEvents(t, b.pool, "s", envelope.EventPermissionAsked), 1, "asked once")
+		completed := testkit.SessionEvents(t, b.pool, "s", envelope.EventTurnCompleted)
+		require.Len(t, completed, 2)
+		require.Equal(t, []string{"m2"}, completed[1].MessageIDs)
+	})
+
+	t.Run("RejectHaltsTheTurn", func(t *testing.T) {
+		t.Parallel()
+		b := setupPerm(t)
+		b.admit(t, "s", "m1", `/tool echo {"text": "no"}`)
+		runOnce(t, b.exec(), "s")
+		b.admit(t, "s", "m2", "after")
+		require.Equal(t, admission.Admitted, reply(t, b, requestID(t, b), envelope.ReplyReject, "").Outcome)
+		runOnce(t, b.exec(), "s")
+		require.Empty(t, b.runs)
+		failed := testkit.SessionEvents(t, b.pool, "s", envelope.EventTurnFailed)
+		require.Len(t, failed, 1)
+		require.Equal(t, envelope.FailDeclined, failed[0].Reason)
+		require.Equal(t, []string{"m1"}, failed[0].MessageIDs)
+		require.Equal(t, 1, b.count(t, `SELECT count(*) FROM tool_calls WHERE state = 'interrupted'`))
+		require.Zero(t, b.count(t, `SELECT count(*) FROM claims`), "claim cleared")
+		require.Len(t, testkit.SessionEvents(t, b.pool, "s", envelope.EventTurnCompleted), 1, "the session goes on with its next prompt")
+	})
+
+	// The declined call and the calls after it never run: each has its
+	// outcome (interrupted) in the ledger, and its tool.completed says so,
+	// before the turn's turn.failed; else a UI that listed them from
+	// step.completed waits on them for good.
+	t.Run("RejectAnnouncesTheInterruptedCalls", func(t *testing.T) {
+		t.Parallel()
+		b := setupPerm(t)
+		b.admit(t, "s", "m1", "/tool echo {\"text\": \"no\"}\n/tool echo {\"text\": \"nor\"}")
+		runOnce(t, b.exec(), "s")
+		require.Equal(t, admission.Admitted, reply(t, b, requestID(t, b), envelope.ReplyReject, "").Outcome)
+		runOnce(t, b.exec(), "s")
+		require.Empty(t, b.runs)
+		steps := testkit.SessionEvents(t, b.pool, "s", envelope.EventStepCompleted)
+		require.Len(t, steps, 1)
+		require.Len(t, steps[0].ToolCalls, 2)
+		done := testkit.SessionEvents(t, b.pool, "s", envelope.EventToolCompleted)
+		require.Len(t, done, 2, "one tool.completed per interrupted call")
+		for i, c := range steps[0].ToolCalls {
+			require.Equal(t, c.CallID, done[i].CallID)
+			require.Equal(t, string(ledger.CallInterrupted), done[i].Outcome)
+			require.Equal(t, c.ModelCallID, done[i].ModelCallID)
+			require.Equal(t, c.Tool, done[i].Tool)
+			require.Equal(t, c.Class, done[i].Class)
+			require.Equal(t, steps[0].TurnID, done[i].TurnID)
+			require.Equal(t, 1, b.count(t, `SELECT count(*) FROM tool_calls WHERE call_id = $1 AND state = 'interrupted'`, c.CallID))
+		}
+		require.Len(t, testkit.SessionEvents(t, b.pool, "s", envelope.EventTurnFailed), 1)
+	})
+
+	t.Run("RejectWithMessageIsFeedbackAndTheTurnContinues", func(t *testing.T) {
+		t.Parallel()
+		b := setupPerm(t)
+		b.admit(t, "s", "m1", `/tool echo {"text": "x"}`)
+		runOnce(t, b.exec(), "s")
+		require.Equal(t, admission.Admitted, reply(t, b, requestID(t, b), envelope.ReplyReject, "use the other tool").Outcome)
+		runOnce(t, b.exec(), "s")
+		require.Empty(t, b.runs)
+		completed := testkit.SessionEvents(t, b.pool, "s", envelope.EventTurnCompleted)
+		require.Len(t, completed, 1)
+		require.Equal(t, "tool results: echo: declined: use the other tool", completed[0].Text)
+	})
+
+	t.Run("ReplyKeyedToAnotherSessionIsRejected", func(t *testing.T) {
+		t.Parallel()
+		b := setupPerm(t)
+		b.admit(t, "s", "m1", `/tool echo {"text": "x"}`)
+		runOnce(t, b.exec(), "s")
+		out, err := b.admitter.AdmitReply(ctx, []byte("other"), envelope.PermissionReply{RequestID: requestID(t, b), Reply: envelope.ReplyOnce}, admission.Source{})
+		require.NoError(t, err)
+		require.Equal(t, envelope.ReasonKeyMismatch, out.Reason)
+		require.Equal(t, 1, b.count(t, `SELECT count(*) FROM permission_requests WHERE status = 'pending'`), "nothing changed")
+	})
+
+	// Invariant 14: a prompt whose message ID reads like an internal
+	// input's is an ordinary prompt, and the real internal input still
+	// reaches its request.
+	t.Run("PromptTakingTheReplysIDIsAnOrdinaryPrompt", func(t *testing.T) {
+		for _, tc := range []struct {
+			name, session, reply string
+		}{
+			{"OtherSessionThenApproval", "x", envelope.ReplyOnce},
+			{"SameSessionThenDecline", "s", envelope.ReplyReject},
+		} {
+			t.Run(tc.name, func(t *testing.T) {
+				t.Parallel()
+				b := setupPerm(t)
+				b.admit(t, "s", "m1", `/tool echo {"text": "hi"}`)
+				runOnce(t, b.exec(), "s")
+				id := requestID(t, b)
+				hostile := "permission-reply-" + id // the request ID is public in permission.asked
+				b.admit(t, tc.session, hostile, "not a reply")
+				runOnce(t, b.exec(), tc.session)
+
+				require.Equal(t, admission.Admitted, reply(t, b, id, tc.reply, "").Outcome)
+				runOnce(t, b.exec(), "s")
+				if tc.session != "s" {
+					runOnce(t, b.exec(), tc.session)
+				}
+				if tc.reply == envelope.ReplyOnce {
+					require.Len(t, b.runs, 1, "the tool ran")
+					var texts []string
+					for _, e := range testkit.SessionEvents(t, b.pool, "s", envelope.EventTurnCompleted) {
+						if slices.Equal(e.MessageIDs, []string{"m1"}) {
+							texts = append(texts, e.Text)
+						}
+					}
+					require.Equal(t, []string{"tool results: echo: hi"}, texts, "the resumed turn completed")
+				} else {
+					require.Empty(t, b.runs)
+					failed := testkit.SessionEvents(t, b.pool, "s", envelope.EventTurnFailed)
+					require.Len(t, failed, 1)
+					require.Equal(t, envelope.FailDeclined, failed[0].Reason)
+				}
+				require.Equal(t, 1, b.answered(t, hostile), "the prompt ran as a prompt")
+				require.Zero(t, b.count(t, `SELECT count(*) FROM inputs WHERE quarantine_reason IS NOT NULL`), "nothing quarantined")
+				require.Zero(t, b.count(t, `SELECT count(*) FROM inputs WHERE promotion_seq IS NULL`), "nothing left waiting")
+				require.Equal(t, 1, b.count(t, `SELECT count(*) FROM inputs WHERE message_id = $1 AND kind = 'permission_reply' AND session_id = 's'`,
+					admission.ReplyTakenPrefix+id), "the reply's input took the ID no prompt can hold")
+			})
+		}
+	})
+
+	t.Run("ReplyWhoseInputIDsAreHeldIsAConflictNotASilentSuccess", func(t *testing.T) {
+		t.Parallel()
+		b := setupPerm(t)
+		b.admit(t, "s", "m1", `/tool echo {"text": "hi"}`)
+		runOnce(t, b.exec(), "s")
+		id := requestID(t, b)
+		// Neither a prompt (that one) nor anything a sender can write (the
+		// other): only a bug could hold both.
+		b.admit(t, "s", admission.ReplyPrefix+id, "a prompt")
+		_, err := b.pool.Exec(ctx, `INSERT INTO inputs (message_id, session_id, text, payload_hash, delivery, wake_pending, kind)
+			VALUES ($1, 's', '', '\x00', 'steer', false, 'continuation')`, admission.ReplyTakenPrefix+id)
+		require.NoError(t, err)
+		out := reply(t, b, id, envelope.ReplyOnce, "")
+		require.Equal(t, admission.Conflict, out.Outcome)
+		require.Equal(t, envelope.ReasonConflict, out.Reason)
+		require.Equal(t, 1, b.count(t, `SELECT count(*) FROM permission_requests WHERE status = 'pending'`), "rolled back: the request still waits")
+		require.Empty(t, testkit.SessionEvents(t, b.pool, "s", envelope.EventPermissionReplied))
+	})
+
+	t.Run("NoPromptCanHoldTheTakenIDs", func(t *testing.T) {
+		t.Parallel()
+		for _, id := range []string{admission.ReplyTakenPrefix + "r", recovery.ContinuationTakenID("e")} {
+			_, err := envelope.Decode([]byte("s"), mustJSON(map[string]string{"message_id": id, "session_id": "s", "text": "x"}), envelope.Limits{})
+			var rej *envelope.RejectError
+			require.ErrorAs(t, err, &rej, id)
+			require.Equal(t, envelope.ReasonInvalidField, rej.Reason)
+		}
+	})
+
+	t.Run("PromptTakingAContinuationsIDIsAnOrdinaryPrompt", func(t *testing.T) {
+		t.Parallel()
+		b := setupPerm(t)
+		b.admit(t, "s", "recovery-continue-some-execution", "not a continuation")
+		runOnce(t, b.exec(), "s")
+		require.Equal(t, 1, b.answered(t, "recovery-continue-some-execution"), "the prompt ran as a prompt")
+		require.Zero(t, b.count(t, `SELECT count(*) FROM inputs WHERE quarantine_reason IS NOT NULL`), "nothing quarantined")
+	})
+
+	t.Run("ReplyToUnknownRequestIsRejected", func(t *testing.T) {
+		t.Parallel()
+		b := setupPerm(t)
+		out := reply(t, b, "no-such-request", envelope.ReplyOnce, "")
+		require.Equal(t, envelope.ReasonUnknownRequest, out.Reason)
+		require.Zero(t, b.count(t, `SELECT count(*) FROM inputs`))
+	})
+}

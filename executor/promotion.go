@@ -1,0 +1,96 @@
+package executor
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/promptline/promptline/admission"
+	"github.com/promptline/promptline/ledger"
+	"github.com/promptline/promptline/outbox"
+)
+
+// promote takes the next turn's inputs: every waiting steer if any (they
+// jump the queue), else the oldest queued input. It creates their user
+// messages and the turn's first (pending) assistant message in the same
+// transaction.
+func (ex *execution) promote(ctx context.Context) (*turn, error) {
+	v := ex.view
+	ex.view = nil
+	if v == nil {
+		var err error
+		if v, err = ex.readView(ctx); err != nil {
+			return nil, err
+		}
+	}
+	if len(v.waiting) == 0 {
+		return nil, nil // the caller's release looks again, under the session lock
+	}
+	if v.plain() {
+		return ex.promoteQueued(ctx, v)
+	}
+	var t *turn
+	err := ex.write(ctx, func(tx pgx.Tx) error {
+		var err error
+		t, err = ex.promoteTx(ctx, tx)
+		return err
+	})
+	return t, err
+}
+
+// promoteTx promotes inside tx and commits the first step's attempt
+// intent with it; nil when nothing waits.
+func (ex *execution) promoteTx(ctx context.Context, tx pgx.Tx) (*turn, error) {
+	t, err := ex.selectTurn(ctx, tx)
+	if err != nil || t == nil {
+		return nil, err
+	}
+	if len(t.pendingCalls) > 0 {
+		return t, nil // the calls run first; the step's intent follows them
+	}
+	req, err := ex.beginStep(ctx, tx, t, 1, ex.nextAttemptID())
+	if err != nil {
+		return nil, err
+	}
+	t.begun = &req
+	return t, nil
+}
+
+// selectTurn promotes the next turn's inputs inside tx.
+func (ex *execution) selectTurn(ctx context.Context, tx pgx.Tx) (*turn, error) {
+	cl := ex.x.Claim()
+	rows, err := tx.Query(ctx, waitingSQL, ex.sessionID)
+	if err != nil {
+		return nil, fmt.Errorf("reading waiting inputs: %w", err)
+	}
+	all, err := scanWaiting(rows)
+	if err != nil {
+		return nil, err
+	}
+	if len(all) == 0 {
+		return nil, nil
+	}
+	for _, w := range all {
+		switch {
+		case w.kind == admission.KindContinuation:
+			return ex.continuation(ctx, tx, w.id)
+		case w.kind == admission.KindPermissionReply:
+			return ex.resume(ctx, tx, w.id)
+		}
+	}
+	pick := pickTurn(all)
+	t := newTurn(pick)
+	for _, w := range pick {
+		if _, err := tx.Exec(ctx, promoteSQL, w.id, cl.ExecutionID, cl.Token); err != nil {
+			return nil, fmt.Errorf("promoting %s: %w", w.id, err)
+		}
+	}
+	if _, err := tx.Exec(ctx, insertAssistantSQL, t.assistantID, ex.sessionID, ids(t.inputs), cl.ExecutionID, cl.Token, t.id); err != nil {
+		return nil, fmt.Errorf("creating assistant message: %w", err)
+	}
+	if err := outbox.Insert(ctx, tx, ex.turnStarted(t)); err != nil {
+		return nil, err
+	}
+	return t, ex.x.SetPhase(ctx, tx, ledger.PhaseReady, t.assistantID)
+}

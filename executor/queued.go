@@ -1,0 +1,190 @@
+package executor
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/promptline/promptline/admission"
+	"github.com/promptline/promptline/envelope"
+	"github.com/promptline/promptline/ledger"
+	"github.com/promptline/promptline/outbox"
+	"github.com/promptline/promptline/provider"
+)
+
+// The common turn's transactions run on queued writes
+// (ledger.Execution.WriteQueued and FinishQueued), one round trip each: the
+// claim (which also reads what the first promotion needs), the promotion of
+// plain prompts with the first attempt's intent, and an answer without tool
+// calls with the release. The other paths (continuations, permission
+// replies, tool steps, retries, failures) write through
+// ledger.Execution.Write as before. Both paths commit the same rows in the
+// same transactions; only the number of round trips differs.
+
+// sessionView is what the execution reads of its session before promoting:
+// the waiting inputs, oldest first, and the transcript as stored (orphaned
+// tool calls not yet settled). The execution is the session's only writer,
+// and admission only adds inputs, so the view stays true until the
+// execution's next write; an input admitted meanwhile waits for the next
+// turn, as it would have had it been admitted a moment later.
+type sessionView struct {
+	waiting []waitingInput
+	history []provider.TranscriptMessage
+}
+
+// kind is the input's (admission.KindPrompt, admission.KindPermissionReply,
+// admission.KindContinuation):
+// what the input is, whatever its ID says.
+type waitingInput struct{ id, text, delivery, kind string }
+
+// queue adds the view's reads to b, filling v when b's results are read.
+// The callbacks may run twice (a combined transaction that failed is sent
+// again alone), so each sets its part of v afresh.
+func (v *sessionView) queue(b *pgx.Batch, sessionID string) {
+	b.Queue(waitingSQL, sessionID).Query(func(rows pgx.Rows) (err error) {
+		v.waiting, err = scanWaiting(rows)
+		return err
+	})
+	b.Queue(historySQL, sessionID).Query(func(rows pgx.Rows) (err error) {
+		v.history, err = scanHistory(rows)
+		return err
+	})
+}
+
+// plain reports whether every waiting input is a prompt: no continuation
+// or permission reply, which take the transactional path.
+func (v *sessionView) plain() bool {
+	for _, w := range v.waiting {
+		if w.kind != admission.KindPrompt {
+			return false
+		}
+	}
+	return true
+}
+
+// readView reads the session's view in one round trip.
+func (ex *execution) readView(ctx context.Context) (*sessionView, error) {
+	v := &sessionView{}
+	b := &pgx.Batch{}
+	v.queue(b, ex.sessionID)
+	if err := ex.e.pool.SendBatch(ctx, b).Close(); err != nil {
+		return nil, err
+	}
+	return v, nil
+}
+
+// promoteQueued promotes the next turn's inputs from v (every waiting steer
+// if any, else the oldest queued input) and commits, behind the fence and
+// in one round trip, their user messages, the turn's pending assistant
+// message and the first step's attempt intent with the phase unknown: the
+// same transaction promote commits.
+func (ex *execution) promoteQueued(ctx context.Context, v *sessionView) (*turn, error) {
+	t := newTurn(pickTurn(v.waiting))
+	var req provider.Request
+	err := ex.x.WriteQueued(ctx, ledger.PhaseUnknown, t.assistantID, func(b *pgx.Batch) {
+		req = ex.queueFirstStep(b, t, v)
+	})
+	if err != nil {
+		return nil, err
+	}
+	t.begun = &req
+	return t, nil
+}
+
+// claimFirstTurn is promoteQueued for a session read without a claim: the
+// claim commits in the same transaction, straight in phase unknown
+// (ledger.Claims.AcquireAsRead), and only if the read is still true; else
+// ledger.ErrStale and nothing is written. ex.x is the execution after it.
+func (ex *execution) claimFirstTurn(ctx context.Context, read ledger.SessionRead, v *sessionView) (*turn, error) {
+	t := newTurn(pickTurn(v.waiting))
+	waiting := make([]string, len(v.waiting))
+	for i, w := range v.waiting {
+		waiting[i] = w.id
+	}
+	var req provider.Request
+	x, err := ex.e.claims.AcquireAsRead(ctx, ex.sessionID, newID(), read, waiting, ledger.PhaseUnknown, t.assistantID,
+		func(b *pgx.Batch, x *ledger.Execution) {
+			ex.x = x
+			req = ex.queueFirstStep(b, t, v)
+		})
+	if err != nil {
+		ex.x, ex.steps = nil, 0
+		return nil, err
+	}
+	ex.x = x
+	t.begun = &req
+	return t, nil
+}
+
+// queueFirstStep queues the promotion of t's inputs (taken from v), their
+// user messages, t's pending assistant message and the first step's
+// attempt intent, and returns the step's request.
+func (ex *execution) queueFirstStep(b *pgx.Batch, t *turn, v *sessionView) provider.Request {
+	cl := ex.x.Claim()
+	attemptID := ex.nextAttemptID()
+	// The transcript after promotion: the stored one, then the turn's user
+	// messages, which promotion appends.
+	hist := settleOrphans(append(v.history[:len(v.history):len(v.history)], t.inputs...))
+	req := ex.request(t, attemptID, attemptID, hist)
+	for _, m := range t.inputs {
+		b.Queue(promoteSQL, m.ID, cl.ExecutionID, cl.Token)
+	}
+	b.Queue(insertAssistantSQL, t.assistantID, ex.sessionID, ids(t.inputs), cl.ExecutionID, cl.Token, t.id)
+	outbox.QueueInsert(b, ex.turnStarted(t))
+	hash, tokens := requestFingerprint(req)
+	ex.x.QueueBeginAttempt(b, ledger.AttemptParams{
+		ID: attemptID, AssistantMessageID: t.assistantID, Step: 1, Provider: ex.e.providerName,
+		IdempotencyKey: attemptID, RequestHash: hash, Model: ex.e.providerModel, RequestTokens: tokens,
+	})
+	return req
+}
+
+// scanWaiting reads waitingSQL's rows.
+func scanWaiting(rows pgx.Rows) ([]waitingInput, error) {
+	var all []waitingInput
+	var w waitingInput
+	if _, err := pgx.ForEachRow(rows, []any{&w.id, &w.text, &w.delivery, &w.kind}, func() error {
+		all = append(all, w)
+		return nil
+	}); err != nil {
+		return nil, fmt.Errorf("reading waiting inputs: %w", err)
+	}
+	return all, nil
+}
+
+// pickTurn chooses the next turn's inputs from the waiting ones (oldest
+// first, at least one): every steer if any (they jump the queue), else the
+// oldest queued input.
+func pickTurn(waiting []waitingInput) []waitingInput {
+	var pick []waitingInput
+	for _, w := range waiting {
+		if w.delivery == string(envelope.DeliverySteer) {
+			pick = append(pick, w)
+		}
+	}
+	if len(pick) == 0 {
+		pick = waiting[:1]
+	}
+	return pick
+}
+
+// newTurn is a turn answering pick, its first assistant message named
+// after it.
+func newTurn(pick []waitingInput) *turn {
+	t := &turn{id: newID(), promotedAt: time.Now()}
+	t.assistantID = t.id
+	for _, w := range pick {
+		t.inputs = append(t.inputs, provider.TranscriptMessage{ID: w.id, Role: "user", Text: w.text})
+	}
+	return t
+}
+
+// request is the provider request of t's current step.
+func (ex *execution) request(t *turn, attemptID, key string, hist []provider.TranscriptMessage) provider.Request {
+	return provider.Request{
+		SessionID: ex.sessionID, AssistantMessageID: t.assistantID, AttemptID: attemptID,
+		IdempotencyKey: key, FencingToken: ex.x.Claim().Token, Messages: hist, Turn: t.inputs, Tools: ex.toolSpecs(),
+	}
+}

@@ -1,0 +1,298 @@
+package executor
+
+import (
+	"cmp"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/promptline/promptline/envelope"
+	"github.com/promptline/promptline/internal/faults"
+	"github.com/promptline/promptline/ledger"
+	"github.com/promptline/promptline/outbox"
+	"github.com/promptline/promptline/provider"
+)
+
+// Bounds of one turn.
+const (
+	maxSteps       = 16 // provider steps per turn: a model looping on tools ends the turn
+	maxSendRetries = 5  // retries of an attempt that certainly was not acted on
+)
+
+// runTurn runs provider steps until the model answers without tool calls.
+// Each step: commit the attempt's intent (phase unknown), dispatch, commit
+// the response (and the requested tool calls) before acting on it, then
+// run each tool call between its intent and its result.
+// released reports that the turn's last write also released the claim
+// (no input waited).
+func (ex *execution) runTurn(ctx context.Context, t *turn, log *slog.Logger) (released bool, err error) {
+	released, err = ex.runTurnSteps(ctx, t, log)
+	if errors.Is(err, errDeclined) {
+		// Declining halts the continuation: the calls not run are
+		// interrupted, the turn fails with reason declined, the claim goes.
+		return ex.failTurn(ctx, t, envelope.FailDeclined, errDeclined, failOpts{})
+	}
+	return released, err
+}
+
+func (ex *execution) runTurnSteps(ctx context.Context, t *turn, log *slog.Logger) (released bool, err error) {
+	log = log.With(slog.String("turn_id", t.id))
+	// IDs only: prompt text is never logged.
+	log.DebugContext(ctx, "turn started", slog.Any("message_ids", ids(t.inputs)))
+	for _, pc := range t.pendingCalls {
+		if err := ex.runCall(ctx, t.id, pc.params, pc.call, log); err != nil {
+			return false, err
+		}
+	}
+	for step := 1; ; step++ {
+		if step > maxSteps {
+			return ex.failTurn(ctx, t, envelope.FailMaxSteps, fmt.Errorf("the model asked for tools %d times in one turn", maxSteps), failOpts{})
+		}
+		done, released, err := ex.runStep(ctx, t, step, log)
+		if err != nil || done {
+			return released, err
+		}
+		// Tools settled: the next step answers their results in a new
+		// assistant message.
+		t.assistantID = newID()
+	}
+}
+
+func (ex *execution) runStep(ctx context.Context, t *turn, step int, log *slog.Logger) (done, released bool, err error) {
+	var attemptID string
+	if t.begun != nil {
+		attemptID = t.begun.AttemptID
+	} else {
+		attemptID = ex.nextAttemptID()
+	}
+	for {
+		var req provider.Request
+		if t.begun != nil {
+			req, t.begun = *t.begun, nil
+		} else {
+			// Intent: the attempt row and the phase unknown, committed
+			// before the request leaves. A retry of the step reuses its ID,
+			// as does a try again after the server refused the write.
+			err := retryRefused(ctx, log, "step intent", func() error {
+				return ex.write(ctx, func(tx pgx.Tx) error {
+					var err error
+					req, err = ex.beginStep(ctx, tx, t, step, attemptID)
+					return err
+				})
+			})
+			if err != nil {
+				return false, false, err
+			}
+		}
+		faults.Hit(faults.ProviderAfterIntent)
+		deltas := ex.deltaStream(t, step)
+		if deltas != nil {
+			req.TextDeltaFunc = deltas.write
+		}
+		rid := ex.responseIDRecorder(attemptID, log)
+		req.ResponseIDFunc = rid.report
+		sent := time.Now()
+		resp, perr := ex.e.cfg.Provider.Complete(ctx, req)
+		ex.keepResponseID(attemptID, cmp.Or(rid.wait(), cleanResponseID(resp.ResponseID)))
+		if deltas != nil {
+			// The rest of the text goes out before the response is
+			// committed, so that a UI mostly sees the deltas of a step
+			// before its step.completed (not an order anyone may rely on).
+			deltas.close()
+		}
+		ex.attemptMetric(ctx, perr, time.Since(sent))
+		if ex.x.Fenced() {
+			return false, false, ledger.ErrFenced // dispatch nothing more, write nothing
+		}
+		if perr == nil {
+			return ex.recordResponse(ctx, t, step, attemptID, resp, log)
+		}
+		if ctx.Err() != nil {
+			// Cut off by shutdown: the request may have been acted on.
+			released, err := ex.failTurn(ctx, t, envelope.FailInterrupted, perr, failOpts{AttemptID: attemptID, AttemptState: ledger.AttemptUnknown})
+			ex.unknownMetric(err)
+			return true, released, err
+		}
+		if errors.Is(perr, provider.ErrOutcomeUnknown) && !ex.e.idempotentProvider {
+			released, err := ex.failTurn(ctx, t, envelope.FailOutcomeUnknown, perr, failOpts{AttemptID: attemptID, AttemptState: ledger.AttemptUnknown})
+			ex.unknownMetric(err)
+			return true, released, err
+		}
+		if wait, retry := ex.retryable(perr); retry {
+			var tries int
+			deferred := func(ctx context.Context, tx pgx.Tx) (bool, error) {
+				state, err := ledger.ReadAttemptState(ctx, tx, attemptID)
+				if err != nil || state != ledger.AttemptRetryWait {
+					return false, err
+				}
+				tries, _, err = ledger.AttemptRetry(ctx, tx, attemptID)
+				return true, err
+			}
+			err := ex.writeRetried(ctx, deferred, func(tx pgx.Tx) error {
+				if err := ex.x.DeferAttempt(ctx, tx, attemptID, wait, perr.Error()); err != nil {
+					return err
+				}
+				var err error
+				tries, _, err = ledger.AttemptRetry(ctx, tx, attemptID)
+				return err
+			})
+			if err != nil {
+				return false, false, err
+			}
+			if tries <= maxSendRetries {
+				log.WarnContext(ctx, "provider attempt will be retried", append([]any{slog.String("attempt_id", attemptID),
+					slog.Int("tries", tries), slog.Duration("after", wait)}, ex.errorAttrs(ctx, perr)...)...)
+				if !sleep(ctx, wait) {
+					released, err := ex.failTurn(ctx, t, envelope.FailInterrupted, perr, failOpts{AttemptID: attemptID, AttemptState: ledger.AttemptFailed})
+					return true, released, err
+				}
+				continue
+			}
+		}
+		reason := envelope.FailProviderError
+		if errors.Is(perr, provider.ErrUnsupported) {
+			reason = envelope.FailUnsupported
+		}
+		released, err := ex.failTurn(ctx, t, reason, perr, failOpts{AttemptID: attemptID, AttemptState: ledger.AttemptFailed})
+		return true, released, err
+	}
+}
+
+// beginStep commits (in tx) the intent of the step's provider attempt —
+// creating the step's assistant message after the first — and returns the
+// request to send.
+func (ex *execution) beginStep(ctx context.Context, tx pgx.Tx, t *turn, step int, attemptID string) (provider.Request, error) {
+	cl := ex.x.Claim()
+	// The step's assistant message (the first step's exists already, made
+	// with the promotion).
+	if _, err := tx.Exec(ctx, insertAssistantSQL+` ON CONFLICT (message_id) DO NOTHING`, t.assistantID, ex.sessionID, ids(t.inputs), cl.ExecutionID, cl.Token, t.id); err != nil {
+		return provider.Request{}, fmt.Errorf("creating assistant message: %w", err)
+	}
+	hist, err := history(ctx, tx, ex.sessionID)
+	if err != nil {
+		return provider.Request{}, err
+	}
+	key := attemptID
+	if step == 1 && t.retryKey != "" {
+		key = t.retryKey
+	}
+	req := ex.request(t, attemptID, key, hist)
+	hash, tokens := requestFingerprint(req)
+	return req, ex.x.BeginAttempt(ctx, tx, ledger.AttemptParams{
+		ID: attemptID, AssistantMessageID: t.assistantID, Step: step, Provider: ex.e.providerName,
+		IdempotencyKey: key, RequestHash: hash, Model: ex.e.providerModel, RequestTokens: tokens,
+	})
+}
+
+// nextAttemptID numbers the execution's provider steps across its turns:
+// attempt IDs are unique per execution, and deterministic from it.
+func (ex *execution) nextAttemptID() string {
+	ex.steps++
+	return ledger.AttemptID(ex.x.Claim().ExecutionID, ex.steps)
+}
+
+// retryable says whether a failed attempt may be sent again, and after how
+// long: only when the request certainly was not acted on, or when the
+// provider honours idempotency keys (the retry carries the same key) and
+// did not refuse the request itself (provider.ErrUnsupported, provider.ErrRejected).
+func (ex *execution) retryable(err error) (time.Duration, bool) {
+	var ra *provider.RetryAfterError
+	switch {
+	case errors.As(err, &ra):
+		return ra.After, true
+	case errors.Is(err, provider.ErrNotSent):
+		return 200 * time.Millisecond, true
+	case ex.e.idempotentProvider && !errors.Is(err, provider.ErrUnsupported) && !errors.Is(err, provider.ErrRejected):
+		return 200 * time.Millisecond, true
+	}
+	return 0, false
+}
+
+// recordResponse commits the provider's response before anything acts on
+// it: the attempt succeeded, the assistant message's parts, and the
+// requested tool calls. Without tool calls the turn is complete (phase
+// safe, turn.completed in the same transaction); with them, the phase is
+// continue (nothing is in flight; the model must see their results) and
+// the calls run next.
+func (ex *execution) recordResponse(ctx context.Context, t *turn, step int, attemptID string, resp provider.Response, log *slog.Logger) (done, released bool, err error) {
+	calls := make([]ledger.CallParams, len(resp.ToolCalls))
+	for i, c := range resp.ToolCalls {
+		calls[i] = ledger.CallParams{
+			ID: fmt.Sprintf("%s/call-%d", attemptID, i), AttemptID: attemptID, Index: i,
+			ModelCallID: cmp.Or(c.ID, fmt.Sprintf("call-%d", i)), Tool: c.Name, Class: string(ex.classOf(c)),
+			Input: c.Input, IdempotencyKey: fmt.Sprintf("%s/call-%d", attemptID, i),
+		}
+		resp.ToolCalls[i].ID = calls[i].ModelCallID
+	}
+	stepDone := ex.stepCompleted(t, step, resp.Text, calls)
+	if len(calls) == 0 {
+		// The answer, and the release when nothing waits: one commit, in
+		// one round trip.
+		landed := attemptLanded(attemptID, ledger.AttemptSucceeded)
+		released, err := ex.finishQueuedRetried(ctx, landed, ledger.PhaseSafe, t.assistantID, func(b *pgx.Batch) {
+			ledger.QueueFinishAttempt(b, attemptID, ledger.AttemptSucceeded, "", resp.Usage.InputTokens, resp.Usage.OutputTokens, ex.responseIDs[attemptID])
+			b.Queue(answerSQL, t.assistantID, resp.Text)
+			outbox.QueueInsert(b, stepDone, eventRow(ex.e.cfg.Topics.Events, envelope.Event{
+				ID: "turn.completed:" + t.assistantID, Type: envelope.EventTurnCompleted, SessionID: ex.sessionID,
+				At: time.Now().UTC(), MessageIDs: ids(t.inputs), AssistantMessageID: t.assistantID, Text: resp.Text,
+			}))
+		})
+		if err != nil {
+			return false, false, fmt.Errorf("recording response of %s: %w", attemptID, err)
+		}
+		ex.turnMetric("completed", t)
+		return true, released, nil
+	}
+	// Tool calls: the response and the calls as requested, phase continue.
+	err = ex.writeRetried(ctx, attemptLanded(attemptID, ledger.AttemptSucceeded), func(tx pgx.Tx) error {
+		if err := ledger.FinishAttemptWith(ctx, tx, attemptID, ledger.AttemptSucceeded, "", resp.Usage.InputTokens, resp.Usage.OutputTokens, ex.responseIDs[attemptID]); err != nil {
+			return err
+		}
+		if resp.Text != "" {
+			if _, err := tx.Exec(ctx, insertPartSQL, t.assistantID, 0, "text", resp.Text); err != nil {
+				return fmt.Errorf("storing answer: %w", err)
+			}
+		}
+		for i, c := range resp.ToolCalls {
+			body, _ := json.Marshal(toolCallPart{ID: c.ID, Name: c.Name, Input: jsonOrString(c.Input)})
+			if _, err := tx.Exec(ctx, insertPartSQL, t.assistantID, i+1, "tool_call", string(body)); err != nil {
+				return fmt.Errorf("storing tool call: %w", err)
+			}
+		}
+		if _, err := tx.Exec(ctx, completeMessageSQL, t.assistantID); err != nil {
+			return fmt.Errorf("completing assistant message: %w", err)
+		}
+		if err := ex.x.RequestCalls(ctx, tx, calls); err != nil {
+			return err
+		}
+		if err := outbox.Insert(ctx, tx, stepDone); err != nil {
+			return err
+		}
+		return ex.x.SetPhase(ctx, tx, ledger.PhaseContinue, t.assistantID)
+	})
+	if err != nil {
+		return false, false, fmt.Errorf("recording response of %s: %w", attemptID, err)
+	}
+	for i, c := range resp.ToolCalls {
+		if err := ex.runCall(ctx, t.id, calls[i], c, log); err != nil {
+			return false, false, err
+		}
+	}
+	return false, false, nil
+}
+
+func sleep(ctx context.Context, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return true
+	case <-ctx.Done():
+		return false
+	}
+}

@@ -1,0 +1,216 @@
+package executor
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/promptline/promptline/envelope"
+	"github.com/promptline/promptline/internal/faults"
+	"github.com/promptline/promptline/internal/redact"
+	"github.com/promptline/promptline/ledger"
+	"github.com/promptline/promptline/outbox"
+	"github.com/promptline/promptline/provider"
+	"github.com/promptline/promptline/tools"
+)
+
+type toolCallPart struct {
+	ID    string          `json:"id"`
+	Name  string          `json:"name"`
+	Input json.RawMessage `json:"input"`
+}
+
+// runCall runs one requested tool call between its intent and its result.
+// Invalid input (unknown tool, schema mismatch) is a failed call returned
+// to the model, not a crash.
+func (ex *execution) runCall(ctx context.Context, turnID string, p ledger.CallParams, c provider.ToolCall, log *slog.Logger) error {
+	tool, ok := ex.lookup(c.Name)
+	if err := ex.validate(c); err != nil || !ok {
+		if err == nil {
+			err = fmt.Errorf("unknown tool %q", c.Name)
+		}
+		return ex.settleCall(ctx, turnID, p, c, ledger.CallFailed, "invalid tool call: "+err.Error(), true)
+	}
+	feedback, err := ex.checkPermission(ctx, p, c)
+	if err != nil {
+		return err
+	}
+	if feedback != "" {
+		return ex.settleCall(ctx, turnID, p, c, ledger.CallFailed, feedback, true)
+	}
+	// The intent, retried as the results are: nothing is dispatched until
+	// it is known to be committed, and one that committed unheard is found
+	// started (retried as it was, it would fail as not requested, and the
+	// call, never run, would end unknown).
+	intent := func(ctx context.Context, tx pgx.Tx) (bool, error) {
+		state, err := ledger.ReadCallState(ctx, tx, p.ID)
+		return state == ledger.CallStarted, err
+	}
+	started := ex.toolEvent(envelope.EventToolStarted, turnID, p, "")
+	if err := ex.writeRetried(ctx, intent, func(tx pgx.Tx) error {
+		if err := ex.x.StartCall(ctx, tx, p.ID); err != nil {
+			return err
+		}
+		return outbox.Insert(ctx, tx, started)
+	}); err != nil {
+		return err
+	}
+	if p.Class == string(tools.SideEffecting) {
+		faults.Hit(faults.ToolAfterIntent)
+	} else {
+		faults.Hit(faults.IdempotentToolAfterIntent)
+	}
+	sent := time.Now()
+	res, err := ex.runTool(ctx, tool, tools.Call{
+		ID: c.ID, Name: c.Name, Input: c.Input, SessionID: ex.sessionID,
+		IdempotencyKey: p.IdempotencyKey, FencingToken: ex.x.Claim().Token,
+	})
+	faults.Hit(faults.ToolAfterRun)
+	ex.callSecondsMetric(ctx, err, res, time.Since(sent))
+	if ex.x.Fenced() {
+		return ledger.ErrFenced
+	}
+	switch {
+	case errors.Is(err, tools.ErrNotRun):
+		return ex.settleCall(ctx, turnID, p, c, ledger.CallFailed, "not run: "+redact.Text(err.Error()), true)
+	case err != nil && ctx.Err() != nil:
+		return ex.settleCall(ctx, turnID, p, c, ledger.CallUnknown, "outcome unknown: interrupted by shutdown", true)
+	case err != nil:
+		// The tool could not say how it went: its outcome is unknown, and
+		// it is never run again automatically.
+		// A tool's error text goes to the model, the transcript and the
+		// session events: no URL in it keeps its secrets.
+		log.WarnContext(ctx, "tool call outcome unknown", slog.String("call_id", p.ID), slog.Any("error", redact.Error(err)))
+		return ex.settleCall(ctx, turnID, p, c, ledger.CallUnknown, "outcome unknown: "+redact.Text(err.Error()), true)
+	case res.IsError:
+		return ex.settleCall(ctx, turnID, p, c, ledger.CallFailed, res.Output, true)
+	default:
+		return ex.settleCall(ctx, turnID, p, c, ledger.CallSucceeded, res.Output, false)
+	}
+}
+
+// errToolTimeout is the cause of a tool call's context when ToolTimeout
+// passed.
+var errToolTimeout = errors.New("tool timeout")
+
+// toolAbandonAfter is how long a tool gets to answer once its context
+// ended (deadline or shutdown): one that honours its context answers at
+// once and may still say that it did not run (tools.ErrNotRun).
+const toolAbandonAfter = 500 * time.Millisecond
+
+// runTool runs one call under the tool deadline. A tool that ignores its
+// context (blocked in a system call, say) is abandoned toolAbandonAfter
+// past the deadline or the end of the shutdown grace, and its outcome is
+// unknown: no tool may keep a turn, or the process's stop, waiting. The
+// abandoned goroutine ends when the tool returns, or with the process.
+func (ex *execution) runTool(ctx context.Context, tool tools.Tool, call tools.Call) (tools.Result, error) {
+	d := ex.e.cfg.ToolTimeout
+	cctx, cancel := context.WithTimeoutCause(ctx, d, errToolTimeout)
+	defer cancel()
+	type outcome struct {
+		res tools.Result
+		err error
+	}
+	got := make(chan outcome, 1)
+	go func() {
+		faults.Stall(faults.ToolStall)
+		res, err := tool.Run(cctx, call)
+		got <- outcome{res, err}
+	}()
+	var o outcome
+	select {
+	case o = <-got:
+	case <-cctx.Done():
+		abandon := time.NewTimer(toolAbandonAfter)
+		defer abandon.Stop()
+		select {
+		case o = <-got:
+		case <-abandon.C:
+			o.err = fmt.Errorf("the tool did not return after its context ended: %w", context.Cause(cctx))
+		}
+	}
+	if o.err != nil && ctx.Err() == nil && errors.Is(context.Cause(cctx), errToolTimeout) {
+		o.err = fmt.Errorf("exceeded the tool timeout (%s): %w", d, o.err)
+	}
+	return o.res, o.err
+}
+
+// settleCall records a call's result and its tool message; the last call of
+// a step sets the phase continue in the same transaction. After a
+// cancellation (a shutdown past its grace) it writes once, on a context
+// that outlives it (afterCancel).
+func (ex *execution) settleCall(ctx context.Context, turnID string, p ledger.CallParams, c provider.ToolCall, state ledger.CallState, output string, isError bool) error {
+	cl := ex.x.Claim()
+	var last bool
+	settled := func(ctx context.Context, tx pgx.Tx) (settled bool, err error) {
+		settled, last, err = ledger.CallSettled(ctx, tx, p.ID, p.AttemptID)
+		return settled, err
+	}
+	write := ex.writeRetried
+	if ctx.Err() != nil {
+		var cancel context.CancelFunc
+		ctx, cancel = afterCancel(ctx)
+		defer cancel()
+		write = ex.writeOnce
+	}
+	err := write(ctx, settled, func(tx pgx.Tx) error {
+		var err error
+		if last, err = ex.x.SettleCall(ctx, tx, p.ID, p.AttemptID, state, output, isError); err != nil {
+			return err
+		}
+		if _, err := tx.Exec(ctx, insertToolMessageSQL, p.ID, ex.sessionID, c.ID, isError, cl.ExecutionID, cl.Token); err != nil {
+			return fmt.Errorf("storing tool result: %w", err)
+		}
+		if _, err := tx.Exec(ctx, insertPartSQL, p.ID, 0, "text", output); err != nil {
+			return err
+		}
+		return outbox.Insert(ctx, tx, ex.toolEvent(envelope.EventToolCompleted, turnID, p, string(state)))
+	})
+	if err == nil {
+		ex.callMetric(state)
+		if last {
+			faults.Hit(faults.StepAfterSettle)
+		}
+	}
+	return err
+}
+
+func (ex *execution) toolSpecs() []provider.ToolSpec {
+	if ex.e.cfg.Tools == nil {
+		return nil
+	}
+	var out []provider.ToolSpec
+	for _, s := range ex.e.cfg.Tools.Specs() {
+		out = append(out, provider.ToolSpec{Name: s.Name, Description: s.Description, InputSchema: s.InputSchema})
+	}
+	return out
+}
+
+func (ex *execution) lookup(name string) (tools.Tool, bool) {
+	if ex.e.cfg.Tools == nil {
+		return nil, false
+	}
+	return ex.e.cfg.Tools.Lookup(name)
+}
+
+func (ex *execution) validate(c provider.ToolCall) error {
+	if ex.e.cfg.Tools == nil {
+		return fmt.Errorf("no tools are configured")
+	}
+	return ex.e.cfg.Tools.Validate(c.Name, c.Input)
+}
+
+// classOf is the call's declared class; an unknown tool or an unresolvable
+// class counts as side-effecting, the safe assumption.
+func (ex *execution) classOf(c provider.ToolCall) tools.Class {
+	t, ok := ex.lookup(c.Name)
+	if !ok {
+		return tools.SideEffecting
+	}
+	return tools.ResolveClass(t, c.Input)
+}

@@ -1,0 +1,114 @@
+package executor
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/promptline/promptline/provider"
+)
+
+// unsettledResult stands in for the result of a tool call that has none: a
+// provider must never receive a tool call without its result.
+const unsettledResult = "no result: the call was interrupted before it ran, or its outcome is unknown after a restart; it was not run again"
+
+// history reads the session's transcript as a provider sees it: user
+// messages, completed assistant messages (text and tool calls) and tool
+// results, oldest first; every tool call is followed by a result.
+func history(ctx context.Context, tx pgx.Tx, sessionID string) ([]provider.TranscriptMessage, error) {
+	rows, err := tx.Query(ctx, historySQL, sessionID)
+	if err != nil {
+		return nil, fmt.Errorf("reading transcript: %w", err)
+	}
+	out, err := scanHistory(rows)
+	if err != nil {
+		return nil, err
+	}
+	return settleOrphans(out), nil
+}
+
+// scanHistory reads historySQL's rows into messages, orphans unsettled.
+func scanHistory(rows pgx.Rows) ([]provider.TranscriptMessage, error) {
+	var out []provider.TranscriptMessage
+	var (
+		id, role   string
+		toolCallID *string
+		isError    bool
+		kind, body *string
+	)
+	_, err := pgx.ForEachRow(rows, []any{&id, &role, &toolCallID, &isError, &kind, &body}, func() error {
+		if len(out) == 0 || out[len(out)-1].ID != id {
+			m := provider.TranscriptMessage{ID: id, Role: role, IsError: isError}
+			if toolCallID != nil {
+				m.ToolCallID = *toolCallID
+			}
+			out = append(out, m)
+		}
+		m := &out[len(out)-1]
+		switch {
+		case kind == nil:
+		case *kind == "text":
+			m.Text += *body
+		case *kind == "tool_call":
+			var p toolCallPart
+			if err := json.Unmarshal([]byte(*body), &p); err != nil {
+				return fmt.Errorf("message %s: malformed tool call part: %w", id, err)
+			}
+			m.ToolCalls = append(m.ToolCalls, provider.ToolCall(p))
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("reading transcript: %w", err)
+	}
+	return out, nil
+}
+
+// settleOrphans places a synthetic error result after every tool call that
+// has none, and drops results whose call is not in the transcript.
+func settleOrphans(in []provider.TranscriptMessage) []provider.TranscriptMessage {
+	answered := map[string]bool{}
+	called := map[string]bool{}
+	for _, m := range in {
+		if m.Role == "tool" {
+			answered[m.ToolCallID] = true
+		}
+		for _, c := range m.ToolCalls {
+			called[c.ID] = true
+		}
+	}
+	out := make([]provider.TranscriptMessage, 0, len(in))
+	for i := 0; i < len(in); i++ {
+		m := in[i]
+		if m.Role == "tool" && !called[m.ToolCallID] {
+			continue
+		}
+		out = append(out, m)
+		if len(m.ToolCalls) == 0 {
+			continue
+		}
+		// Keep the results that follow, then add the missing ones.
+		for i+1 < len(in) && in[i+1].Role == "tool" {
+			i++
+			if called[in[i].ToolCallID] {
+				out = append(out, in[i])
+			}
+		}
+		for _, c := range m.ToolCalls {
+			if !answered[c.ID] {
+				out = append(out, provider.TranscriptMessage{ID: c.ID + "/unsettled", Role: "tool", ToolCallID: c.ID, IsError: true, Text: unsettledResult})
+			}
+		}
+	}
+	return out
+}
+
+// The provider sees user messages, tool results and completed assistant
+// messages; pending and errored assistant messages are not part of it.
+const historySQL = `
+SELECT m.message_id, m.role, m.tool_call_id, m.is_error, p.kind, p.body
+FROM messages m LEFT JOIN message_parts p ON p.message_id = m.message_id
+WHERE m.session_id = $1 AND (m.role IN ('user', 'tool') OR m.status = 'completed')
+ORDER BY m.seq, p.idx`

@@ -1,0 +1,234 @@
+package executor
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/json"
+	"errors"
+	"strconv"
+	"time"
+
+	"github.com/promptline/promptline/envelope"
+	"github.com/promptline/promptline/ledger"
+	"github.com/promptline/promptline/metrics"
+	"github.com/promptline/promptline/outbox"
+	"github.com/promptline/promptline/provider"
+	"github.com/promptline/promptline/tools"
+)
+
+// turn is one promoted batch of inputs and the steps that answer it.
+type turn struct {
+	id          string // the turn's first assistant message ID
+	inputs      []provider.TranscriptMessage
+	assistantID string // the current step's assistant message
+	promotedAt  time.Time
+	// begun is the request whose attempt intent is already committed (the
+	// first step's, with the promotion).
+	begun *provider.Request
+	// A continuation (recovery admitted it) first runs the calls its
+	// predecessor requested and never dispatched (or that recovery
+	// re-armed), and may send its first step with the idempotency key of
+	// an attempt recovery chose to send again.
+	pendingCalls []pendingCall
+	retryKey     string
+	// stepBase is the number of steps the turn completed before this run
+	// of it (a continuation goes on counting), for step.completed.
+	stepBase int
+}
+
+type pendingCall struct {
+	params ledger.CallParams
+	call   provider.ToolCall
+}
+
+// Step events (docs/session-events.md). Each ID is derived from what the
+// event announces (the turn, the step's assistant message, the call), all
+// of them durable: a retried write, a relay's republication and a
+// recovery's continuation name the same fact with the same ID.
+
+// turnStarted announces t's promotion.
+func (ex *execution) turnStarted(t *turn) outbox.Row {
+	return eventRow(ex.e.cfg.Topics.Events, envelope.Event{
+		ID: "turn.started:" + t.id, Type: envelope.EventTurnStarted, SessionID: ex.sessionID, At: time.Now().UTC(),
+		TurnID: t.id, MessageIDs: ids(t.inputs),
+	})
+}
+
+// deltaStream returns the live deltas of one sending of a step, numbered
+// as its step.completed will be; nil when the process publishes none.
+func (ex *execution) deltaStream(t *turn, step int) *deltaStream {
+	cfg := ex.e.cfg
+	if cfg.Deltas == nil {
+		return nil
+	}
+	return newDeltaStream(cfg.Deltas, envelope.Delta{
+		SessionID: ex.sessionID, TurnID: t.id, AssistantMessageID: t.assistantID, Step: t.stepBase + step,
+	}, cfg.DeltaInterval, cfg.DeltaMaxBytes)
+}
+
+// stepCompleted announces a step's durable response: its text and the
+// calls it requested, without their inputs (they may hold secrets).
+func (ex *execution) stepCompleted(t *turn, step int, text string, calls []ledger.CallParams) outbox.Row {
+	e := envelope.Event{
+		ID: "step.completed:" + t.assistantID, Type: envelope.EventStepCompleted, SessionID: ex.sessionID, At: time.Now().UTC(),
+		TurnID: t.id, MessageIDs: ids(t.inputs), AssistantMessageID: t.assistantID, Step: t.stepBase + step, Text: text,
+	}
+	for _, c := range calls {
+		e.ToolCalls = append(e.ToolCalls, envelope.EventToolCall{CallID: c.ID, ModelCallID: c.ModelCallID, Tool: c.Tool, Class: c.Class})
+	}
+	return eventRow(ex.e.cfg.Topics.Events, e)
+}
+
+// toolEvent announces a call's dispatch (tool.started) or outcome
+// (tool.completed, outcome = the ledger state), never its input or output.
+// Its ID also names the claim that committed it (its fencing token, the
+// same on every retry of the write): a call can be dispatched again (an
+// idempotent one after a crash, one an operator re-armed with consumer
+// session resolve --did-not-run) and have a second outcome; neither may
+// share the first one's ID, or a consumer deduplicating on id never sees
+// the call start again and keeps "unknown" for what really happened.
+func (ex *execution) toolEvent(typ, turnID string, p ledger.CallParams, outcome string) outbox.Row {
+	id := typ + ":" + p.ID + "@" + strconv.FormatInt(ex.x.Claim().Token, 10)
+	return eventRow(ex.e.cfg.Topics.Events, envelope.Event{
+		ID: id, Type: typ, SessionID: ex.sessionID, At: time.Now().UTC(),
+		TurnID: turnID, CallID: p.ID, ModelCallID: p.ModelCallID, Tool: p.Tool, Class: p.Class, Outcome: outcome,
+	})
+}
+
+func (ex *execution) turnMetric(outcome string, t *turn) {
+	if m := ex.e.cfg.Metrics; m != nil {
+		m.Turns.WithLabelValues(outcome).Inc()
+		m.TurnSeconds.Observe(time.Since(t.promotedAt).Seconds())
+	}
+}
+
+// attemptMetric counts one provider request by the outcome the process
+// saw: a response (succeeded), an error that may have been acted on
+// (unknown: provider.ErrOutcomeUnknown, or cut off by cancellation), or any other
+// error (failed).
+func (ex *execution) attemptMetric(ctx context.Context, perr error, d time.Duration) {
+	m := ex.e.cfg.Metrics
+	if m == nil {
+		return
+	}
+	outcome := metrics.OutcomeSucceeded
+	switch {
+	case perr == nil:
+	case errors.Is(perr, provider.ErrOutcomeUnknown) || ctx.Err() != nil:
+		outcome = metrics.OutcomeUnknown
+	default:
+		outcome = metrics.OutcomeFailed
+	}
+	m.ProviderAttempts.WithLabelValues(outcome).Inc()
+	m.ProviderSeconds.WithLabelValues(outcome).Observe(d.Seconds())
+}
+
+// unknownMetric counts an attempt the executor recorded unknown (the
+// failed turn's write committed: err is nil), as recovery counts those it
+// reconciles: promptline_provider_attempts_unknown_total.
+func (ex *execution) unknownMetric(err error) {
+	if m := ex.e.cfg.Metrics; m != nil && err == nil {
+		m.AttemptsUnknown.WithLabelValues(ex.e.providerName, ex.e.providerModel).Inc()
+	}
+}
+
+// callSecondsMetric observes how long a tool ran, by the outcome runCall
+// decides from the same facts.
+func (ex *execution) callSecondsMetric(ctx context.Context, err error, res tools.Result, d time.Duration) {
+	m := ex.e.cfg.Metrics
+	if m == nil {
+		return
+	}
+	outcome := metrics.OutcomeSucceeded
+	switch {
+	case errors.Is(err, tools.ErrNotRun) || (err == nil && res.IsError):
+		outcome = metrics.OutcomeFailed
+	case err != nil:
+		outcome = metrics.OutcomeUnknown
+	}
+	m.ToolCallSeconds.WithLabelValues(outcome).Observe(d.Seconds())
+}
+
+// callMetric counts a settled tool call (invalid and declined calls are
+// failed) by the state settleCall records.
+func (ex *execution) callMetric(state ledger.CallState) {
+	m := ex.e.cfg.Metrics
+	if m == nil {
+		return
+	}
+	outcome := metrics.OutcomeFailed
+	switch state {
+	case ledger.CallSucceeded:
+		outcome = metrics.OutcomeSucceeded
+	case ledger.CallUnknown:
+		outcome = metrics.OutcomeUnknown
+	}
+	m.ToolCalls.WithLabelValues(outcome).Inc()
+}
+
+func ids(ms []provider.TranscriptMessage) []string {
+	out := make([]string, len(ms))
+	for i, m := range ms {
+		out[i] = m.ID
+	}
+	return out
+}
+
+func jsonOrString(b json.RawMessage) json.RawMessage {
+	if json.Valid(b) {
+		return b
+	}
+	s, _ := json.Marshal(string(b))
+	return s
+}
+
+// requestHash identifies what was sent, as evidence for recovery.
+// requestFingerprint is the request's hash and its estimated input
+// tokens: the bytes of its JSON encoding (transcript, turn and tool specs,
+// as hashed) divided by 4, rounded up. A provider's own encoding and
+// tokenizer differ; the estimate only sizes what an unknown attempt may
+// have cost (promptline_provider_tokens_at_risk).
+func requestFingerprint(req provider.Request) (hash []byte, tokens int64) {
+	b, _ := json.Marshal(req)
+	h := sha256.Sum256(b)
+	return h[:], (int64(len(b)) + 3) / 4
+}
+
+const waitingSQL = `
+SELECT message_id, text, delivery, kind FROM waiting_inputs WHERE session_id = $1 ORDER BY admission_seq`
+
+const promoteSQL = `
+WITH p AS (
+    UPDATE inputs SET promotion_seq = nextval('promotion_seq'), promoted_at = now()
+    WHERE message_id = $1 AND promotion_seq IS NULL
+    RETURNING message_id, session_id, text
+), m AS (
+    INSERT INTO messages (message_id, session_id, role, status, completed_at, execution_id, fencing_token)
+    SELECT message_id, session_id, 'user', 'completed', now(), $2, $3 FROM p
+)
+INSERT INTO message_parts (message_id, idx, kind, body) SELECT message_id, 0, 'text', text FROM p`
+
+const insertAssistantSQL = `
+INSERT INTO messages (message_id, session_id, role, status, answers, execution_id, fencing_token, turn_id)
+VALUES ($1, $2, 'assistant', 'pending', $3, $4, $5, $6)`
+
+const insertPartSQL = `INSERT INTO message_parts (message_id, idx, kind, body) VALUES ($1, $2, $3, $4)`
+
+// answerSQL stores an answer's text (none when empty) and completes its
+// assistant message.
+const answerSQL = `
+WITH p AS (
+    INSERT INTO message_parts (message_id, idx, kind, body) SELECT $1, 0, 'text', $2::text WHERE $2::text <> ''
+)
+UPDATE messages SET status = 'completed', completed_at = now() WHERE message_id = $1 AND status = 'pending'`
+
+const completeMessageSQL = `
+UPDATE messages SET status = 'completed', completed_at = now() WHERE message_id = $1 AND status = 'pending'`
+
+const insertToolMessageSQL = `
+INSERT INTO messages (message_id, session_id, role, status, tool_call_id, is_error, completed_at, execution_id, fencing_token)
+VALUES ($1, $2, 'tool', 'completed', $3, $4, now(), $5, $6)`
+
+const failAssistantSQL = `
+UPDATE messages SET status = 'errored', error = $2, completed_at = now()
+WHERE message_id = $1 AND status = 'pending'`

@@ -1,0 +1,102 @@
+package executor
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/promptline/promptline/envelope"
+	"github.com/promptline/promptline/internal/faults"
+	"github.com/promptline/promptline/ledger"
+	"github.com/promptline/promptline/outbox"
+)
+
+// failOpts is what a failing turn records of its provider attempt: the
+// zero value records none (the turn failed before or between attempts).
+type failOpts struct {
+	AttemptID    string              // the attempt whose outcome is recorded
+	AttemptState ledger.AttemptState // its outcome; "" records nothing
+}
+
+// failTurn settles a turn that ends without an answer: the attempt's
+// outcome (unless empty), the assistant message errored (created if the
+// step never began), phase safe, and turn.failed, in one transaction. After a cancellation it writes once on a
+// context that outlives it (afterCancel); the fence still applies.
+func (ex *execution) failTurn(ctx context.Context, t *turn, reason string, cause error, o failOpts) (released bool, err error) {
+	wctx, finish := ctx, ex.finishRetried
+	if ctx.Err() != nil {
+		var cancel context.CancelFunc
+		wctx, cancel = afterCancel(ctx)
+		defer cancel()
+		finish = ex.finishOnce
+	}
+	failed := func(ctx context.Context, tx pgx.Tx) (bool, error) {
+		var status string
+		err := tx.QueryRow(ctx, `SELECT status FROM messages WHERE message_id = $1`, t.assistantID).Scan(&status)
+		if errors.Is(err, pgx.ErrNoRows) {
+			return false, nil
+		}
+		return status == "errored", err
+	}
+	released, err = finish(wctx, failed, func(tx pgx.Tx) error {
+		// The calls not run end interrupted, each announced (tool.completed)
+		// before the turn's end, in the order they were requested.
+		rows, err := tx.Query(wctx, `WITH interrupted AS (
+				UPDATE tool_calls SET state = 'interrupted', output = $2, is_error = true, finished_at = now()
+				WHERE session_id = $1 AND state = 'requested'
+				RETURNING call_id, model_call_id, tool, class, requested_at, attempt_id, idx)
+			SELECT call_id, model_call_id, tool, class FROM interrupted ORDER BY requested_at, attempt_id, idx`,
+			ex.sessionID, "interrupted: "+reason)
+		if err != nil {
+			return fmt.Errorf("interrupting calls not run: %w", err)
+		}
+		var interrupted []outbox.Row
+		var p ledger.CallParams
+		if _, err := pgx.ForEachRow(rows, []any{&p.ID, &p.ModelCallID, &p.Tool, &p.Class}, func() error {
+			interrupted = append(interrupted, ex.toolEvent(envelope.EventToolCompleted, t.id, p, string(ledger.CallInterrupted)))
+			return nil
+		}); err != nil {
+			return fmt.Errorf("interrupting calls not run: %w", err)
+		}
+		if err := outbox.Insert(wctx, tx, interrupted...); err != nil {
+			return err
+		}
+		if o.AttemptState != "" {
+			if err := ledger.FinishAttemptWith(wctx, tx, o.AttemptID, o.AttemptState, cause.Error(), 0, 0, ex.responseIDs[o.AttemptID]); err != nil {
+				return err
+			}
+		}
+		// The step's assistant message exists once its provider attempt
+		// began; a turn that fails before that (a permission declined when
+		// resumed or continued, the step limit after a tool step) creates
+		// it here, so that the claim and turn.failed name a message the
+		// transcript holds (invariant 12).
+		cl := ex.x.Claim()
+		if _, err := tx.Exec(wctx, insertAssistantSQL+` ON CONFLICT (message_id) DO NOTHING`, t.assistantID, ex.sessionID, ids(t.inputs), cl.ExecutionID, cl.Token, t.id); err != nil {
+			return fmt.Errorf("creating failed turn's assistant message: %w", err)
+		}
+		if _, err := tx.Exec(wctx, failAssistantSQL, t.assistantID, cause.Error()); err != nil {
+			return fmt.Errorf("storing failed turn: %w", err)
+		}
+		if err := ex.x.SetPhase(wctx, tx, ledger.PhaseSafe, t.assistantID); err != nil {
+			return err
+		}
+		return outbox.Insert(wctx, tx, eventRow(ex.e.cfg.Topics.Events, envelope.Event{
+			ID: "turn.failed:" + t.assistantID, Type: envelope.EventTurnFailed, SessionID: ex.sessionID,
+			At: time.Now().UTC(), MessageIDs: ids(t.inputs), AssistantMessageID: t.assistantID,
+			Reason: reason, Error: cause.Error(),
+		}))
+	})
+	if err != nil {
+		return false, fmt.Errorf("settling failed turn %s: %w", t.id, err)
+	}
+	if !released {
+		faults.Hit(faults.TurnAfterFail)
+	}
+	ex.logTurnFailed(ctx, t, reason, cause)
+	ex.turnMetric("failed", t)
+	return released, nil
+}

@@ -1,0 +1,349 @@
+package executor_test
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"log/slog"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/require"
+
+	"github.com/promptline/promptline/admission"
+	"github.com/promptline/promptline/envelope"
+	"github.com/promptline/promptline/executor"
+	"github.com/promptline/promptline/internal/testkit"
+	"github.com/promptline/promptline/internal/testkit/pgproxy"
+	"github.com/promptline/promptline/ledger"
+	"github.com/promptline/promptline/provider"
+	"github.com/promptline/promptline/provider/scripted"
+	"github.com/promptline/promptline/tools"
+)
+
+// effectTool is a side-effecting tool that counts its runs: a second run
+// would be a repeated side effect.
+type effectTool struct{ runs atomic.Int32 }
+
+func (e *effectTool) Spec() tools.Spec {
+	return tools.Spec{Name: "effect", Description: "counts its runs", InputSchema: json.RawMessage(`{"type":"object"}`), Class: tools.SideEffecting}
+}
+
+func (e *effectTool) Run(context.Context, tools.Call) (tools.Result, error) {
+	e.runs.Add(1)
+	return tools.Result{Output: "done"}, nil
+}
+
+// gateProvider is the scripted provider, counting its requests; when
+// armed, a request signals answered once its answer is ready and waits
+// for the gate before returning it, so that the test can break the
+// database exactly between the provider's answer and the write that
+// records it.
+// blockTool is a side-effecting tool that runs until its context ends
+// (a shutdown), and says so.
+type blockTool struct{ started chan struct{} }
+
+func (b *blockTool) Spec() tools.Spec {
+	return tools.Spec{Name: "block", Description: "runs until cancelled", InputSchema: json.RawMessage(`{"type":"object"}`), Class: tools.SideEffecting}
+}
+
+func (b *blockTool) Run(ctx context.Context, _ tools.Call) (tools.Result, error) {
+	b.started <- struct{}{}
+	<-ctx.Done()
+	return tools.Result{}, ctx.Err()
+}
+
+type gateProvider struct {
+	calls    atomic.Int32
+	armed    atomic.Bool
+	notSent  atomic.Bool // the next request fails as certainly not sent
+	answered chan struct{}
+	gate     chan struct{}
+}
+
+func (p *gateProvider) Complete(ctx context.Context, req provider.Request) (provider.Response, error) {
+	p.calls.Add(1)
+	if p.notSent.Swap(false) {
+		return provider.Response{}, fmt.Errorf("connection refused: %w", provider.ErrNotSent)
+	}
+	resp, err := scripted.ScriptedProvider{}.Complete(ctx, req)
+	if p.armed.Swap(false) {
+		p.answered <- struct{}{}
+		<-p.gate
+	}
+	return resp, err
+}
+
+// docs/design.md, invariant 13: a transient database error on a write that
+// records what a dispatch returned (the provider's answer, a tool's
+// result, a failed turn) is retried while the lease lives, and never turns
+// a known outcome into outcome_unknown. The executor reaches Postgres
+// through the fault proxy; the test reads the database directly.
+func TestWriteAfterDispatchRetried(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+
+	type bundle struct {
+		*execBundle
+		proxy    *pgproxy.Proxy
+		provider *gateProvider
+		tool     *effectTool
+		block    *blockTool
+		exec     *executor.Executor
+	}
+	setup := func(t *testing.T, lease time.Duration, perm ...tools.Permission) *bundle {
+		t.Helper()
+		pool, dbURL := testkit.Pool(t)
+		proxy, proxied := pgproxy.StartFor(t, dbURL)
+		ppool, err := pgxpool.New(ctx, proxied)
+		require.NoError(t, err)
+		t.Cleanup(ppool.Close)
+		b := &bundle{
+			execBundle: &execBundle{pool: pool, admitter: admission.NewAdmitter(pool, &admission.AdmitterConfig{})},
+			proxy:      proxy, tool: &effectTool{}, block: &blockTool{started: make(chan struct{}, 1)},
+			provider: &gateProvider{answered: make(chan struct{}, 1), gate: make(chan struct{})},
+		}
+		reg := tools.NewRegistry()
+		require.NoError(t, reg.Register(b.tool))
+		require.NoError(t, reg.Register(b.block))
+		log := slog.New(slog.NewTextHandler(testWriter{t}, &slog.HandlerOptions{Level: slog.LevelDebug}))
+		claims := ledger.NewClaims(ppool, &ledger.ClaimsConfig{Lease: lease, OwnerID: "w", Logger: log})
+		cfg := &executor.ExecutorConfig{Claims: claims, Provider: b.provider, Tools: reg, Logger: log}
+		if len(perm) > 0 {
+			cfg.PermissionFunc = func(string) tools.Permission { return perm[0] }
+		}
+		b.exec = executor.NewExecutor(ppool, cfg)
+		t.Cleanup(b.exec.StopNow)
+		return b
+	}
+	run := func(t *testing.T, b *bundle, session string) {
+		t.Helper()
+		done, err := b.exec.Wake(ctx, session, 0)
+		require.NoError(t, err)
+		wait(t, done)
+	}
+	// events lists the events of type typ of msg's turns (every test
+	// here runs session s).
+	events := func(t *testing.T, b *bundle, msg, typ string) []envelope.Event {
+		t.Helper()
+		var out []envelope.Event
+		for _, e := range testkit.SessionEvents(t, b.pool, "s", typ) {
+			if contains(e.MessageIDs, msg) {
+				out = append(out, e)
+			}
+		}
+		return out
+	}
+	// completed checks that msg's turn ended once, normally, with steps
+	// provider requests and nothing unknown, and the claim is gone.
+	completed := func(t *testing.T, b *bundle, msg string, steps int) {
+		t.Helper()
+		require.Len(t, events(t, b, msg, envelope.EventTurnCompleted), 1, "one turn.completed")
+		require.Empty(t, events(t, b, msg, envelope.EventTurnFailed), "no turn.failed")
+		require.Equal(t, int32(steps), b.provider.calls.Load(), "each step dispatched once")
+		require.Equal(t, steps, b.count(t, `SELECT count(*) FROM attempts WHERE state = 'succeeded'`))
+		require.Zero(t, b.count(t, `SELECT count(*) FROM attempts WHERE state <> 'succeeded'`))
+		require.Zero(t, b.count(t, `SELECT count(*) FROM tool_calls WHERE state <> 'succeeded'`))
+		require.Zero(t, b.count(t, `SELECT count(*) FROM messages WHERE role = 'assistant' AND status <> 'completed'`))
+		require.Zero(t, b.count(t, `SELECT count(*) FROM claims`), "released")
+	}
+	isAnswer := func(label string) bool { return strings.Contains(label, "UPDATE attempts SET state = $2") }
+
+	t.Run("AnswerLostBeforeCommit", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t, 5*time.Second)
+		b.proxy.CutBeforeCommit(isAnswer)
+		b.admit(t, "s", "m1", "/reply hello")
+		run(t, b, "s")
+		require.Equal(t, 1, b.proxy.Stats().CutsBefore, "the answer's commit was cut")
+		completed(t, b, "m1", 1)
+		require.Equal(t, 1, b.count(t, `SELECT count(*) FROM message_parts p JOIN messages m USING (message_id)
+			WHERE m.role = 'assistant' AND p.body = 'hello'`))
+	})
+
+	t.Run("AnswerCommittedButUnheard", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t, 5*time.Second)
+		b.proxy.CutAfterCommit(isAnswer)
+		b.admit(t, "s", "m1", "/reply hello")
+		b.admit(t, "s", "m2", "/reply again") // waits: the claim is kept for it
+		run(t, b, "s")
+		require.Equal(t, 1, b.proxy.Stats().AmbiguousCuts, "the answer's commit was committed and its answer cut")
+		require.Len(t, events(t, b, "m1", envelope.EventTurnCompleted), 1)
+		require.Len(t, events(t, b, "m2", envelope.EventTurnCompleted), 1, "the next turn ran too")
+		require.Equal(t, int32(2), b.provider.calls.Load())
+		require.Zero(t, b.count(t, `SELECT count(*) FROM attempts WHERE state <> 'succeeded'`))
+		require.Zero(t, b.count(t, `SELECT count(*) FROM claims`))
+	})
+
+	t.Run("AnswerCommittedButUnheardWithRelease", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t, 5*time.Second)
+		b.proxy.CutAfterCommit(isAnswer)
+		b.admit(t, "s", "m1", "/reply hello")
+		run(t, b, "s")
+		require.Equal(t, 1, b.proxy.Stats().AmbiguousCuts)
+		completed(t, b, "m1", 1)
+	})
+
+	t.Run("DatabaseAwayForASecond", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t, 5*time.Second)
+		b.provider.armed.Store(true)
+		b.admit(t, "s", "m1", "/reply hello")
+		done, err := b.exec.Wake(ctx, "s", 0)
+		require.NoError(t, err)
+		<-b.provider.answered
+		b.proxy.Refuse(true)
+		require.Positive(t, b.proxy.CutAll(), "the executor's connections were cut")
+		back := time.AfterFunc(time.Second, func() { b.proxy.Refuse(false) })
+		defer back.Stop()
+		close(b.provider.gate)
+		wait(t, done)
+		require.Positive(t, b.proxy.Stats().Refused, "the executor met the outage")
+		completed(t, b, "m1", 1)
+	})
+
+	t.Run("ToolCallsCommittedButUnheard", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t, 5*time.Second)
+		b.proxy.CutAfterCommit(isAnswer) // the first step's response and its calls
+		b.admit(t, "s", "m1", "/tool effect {}")
+		run(t, b, "s")
+		require.Equal(t, 1, b.proxy.Stats().AmbiguousCuts)
+		require.Equal(t, int32(1), b.tool.runs.Load(), "the side effect ran once")
+		completed(t, b, "m1", 2)
+		require.Equal(t, 1, b.count(t, `SELECT count(*) FROM tool_calls`))
+	})
+
+	t.Run("ToolResultCommittedButUnheard", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t, 5*time.Second)
+		b.proxy.CutAfterCommit(func(label string) bool { return strings.Contains(label, "UPDATE tool_calls SET state = $2") })
+		b.admit(t, "s", "m1", "/tool effect {}")
+		run(t, b, "s")
+		require.Equal(t, 1, b.proxy.Stats().AmbiguousCuts)
+		require.Equal(t, int32(1), b.tool.runs.Load(), "the side effect ran once")
+		completed(t, b, "m1", 2)
+		require.Equal(t, 1, b.count(t, `SELECT count(*) FROM messages WHERE role = 'tool'`))
+	})
+
+	// The call's intent committed unheard: the call is not run until the
+	// retry finds it started, then runs once, and is not left unknown.
+	t.Run("ToolIntentCommittedButUnheard", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t, 5*time.Second)
+		b.proxy.CutAfterCommit(func(label string) bool { return strings.Contains(label, "UPDATE tool_calls SET state = 'started'") })
+		b.admit(t, "s", "m1", "/tool effect {}")
+		run(t, b, "s")
+		require.Equal(t, 1, b.proxy.Stats().AmbiguousCuts)
+		require.Equal(t, int32(1), b.tool.runs.Load(), "the side effect ran once")
+		completed(t, b, "m1", 2)
+	})
+
+	// The deferral of an attempt that certainly was not sent committed
+	// unheard: the retry finds it deferred, and the step is sent again
+	// once.
+	t.Run("DeferralCommittedButUnheard", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t, 5*time.Second)
+		b.provider.notSent.Store(true)
+		b.proxy.CutAfterCommit(func(label string) bool { return strings.Contains(label, "SET state = 'retry_wait'") })
+		b.admit(t, "s", "m1", "/reply hello")
+		run(t, b, "s")
+		require.Equal(t, 1, b.proxy.Stats().AmbiguousCuts)
+		require.Len(t, events(t, b, "m1", envelope.EventTurnCompleted), 1)
+		require.Empty(t, events(t, b, "m1", envelope.EventTurnFailed))
+		require.Equal(t, int32(2), b.provider.calls.Load(), "not sent, then sent once")
+		require.Equal(t, 1, b.count(t, `SELECT count(*) FROM attempts WHERE state = 'succeeded' AND tries = 2`), "one attempt, begun twice")
+		require.Equal(t, 1, b.count(t, `SELECT count(*) FROM attempts`))
+		require.Zero(t, b.count(t, `SELECT count(*) FROM claims`))
+	})
+
+	// The ask committed unheard: the session parks once, with one
+	// request and one permission.asked.
+	t.Run("PermissionAskCommittedButUnheard", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t, 5*time.Second, tools.Ask)
+		b.proxy.CutAfterCommit(func(label string) bool { return strings.Contains(label, "UPDATE claims SET phase") })
+		b.admit(t, "s", "m1", "/tool effect {}")
+		run(t, b, "s")
+		require.Equal(t, 1, b.proxy.Stats().AmbiguousCuts)
+		require.Equal(t, 1, b.count(t, `SELECT count(*) FROM permission_requests WHERE status = 'pending'`))
+		require.Equal(t, 1, b.count(t, `SELECT count(*) FROM outbox WHERE convert_from(payload, 'UTF8') LIKE '%permission.asked%'`))
+		require.Zero(t, b.count(t, `SELECT count(*) FROM claims`), "parked: the claim is released")
+		require.Zero(t, b.tool.runs.Load(), "not run before the reply")
+		require.Zero(t, b.count(t, `SELECT count(*) FROM tool_calls WHERE state <> 'requested'`))
+	})
+
+	t.Run("FailedTurnCommittedButUnheard", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t, 5*time.Second)
+		b.proxy.CutAfterCommit(func(label string) bool { return strings.Contains(label, "UPDATE tool_calls SET state = 'interrupted'") })
+		b.admit(t, "s", "m1", "/fail boom")
+		run(t, b, "s")
+		require.Equal(t, 1, b.proxy.Stats().AmbiguousCuts)
+		failed := events(t, b, "m1", envelope.EventTurnFailed)
+		require.Len(t, failed, 1)
+		require.Equal(t, envelope.FailProviderError, failed[0].Reason, "the provider's failure, not an unknown outcome")
+		require.Equal(t, 1, b.count(t, `SELECT count(*) FROM attempts WHERE state = 'failed'`))
+		require.Zero(t, b.count(t, `SELECT count(*) FROM claims`))
+	})
+
+	// A shutdown past its grace cuts a tool off while the database is
+	// away: the executor writes the call's result once, on a context that
+	// outlives the cancellation, and stops at once; it does not retry for
+	// the rest of its lease. The claim is left to expire (phase unknown,
+	// the call started), for recovery, as after a crash.
+	t.Run("ShutdownDoesNotWaitForTheLease", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t, 20*time.Second)
+		b.admit(t, "s", "m1", "/tool block {}")
+		done, err := b.exec.Wake(ctx, "s", 0)
+		require.NoError(t, err)
+		<-b.block.started
+		b.proxy.Refuse(true)
+		b.proxy.CutAll()
+		stopped := make(chan struct{})
+		go func() { b.exec.StopNow(); close(stopped) }()
+		select {
+		case <-stopped:
+		case <-time.After(5 * time.Second):
+			t.Fatal("Stop still waits 5 s after the shutdown: the executor retries a write past the grace")
+		}
+		wait(t, done)
+		b.proxy.Refuse(false)
+		require.Equal(t, 1, b.count(t, `SELECT count(*) FROM claims WHERE phase = 'unknown'`), "the claim is left for recovery")
+		require.Equal(t, 1, b.count(t, `SELECT count(*) FROM tool_calls WHERE state = 'started'`))
+	})
+
+	// The lease ends before the database is back: the executor stops
+	// retrying and leaves the claim to expire, as a crash would, for
+	// recovery to decide; it writes nothing after its lease.
+	t.Run("LeaseEndsFirst", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t, 1500*time.Millisecond)
+		b.provider.armed.Store(true)
+		b.admit(t, "s", "m1", "/reply hello")
+		done, err := b.exec.Wake(ctx, "s", 0)
+		require.NoError(t, err)
+		<-b.provider.answered
+		b.proxy.Refuse(true)
+		b.proxy.CutAll()
+		close(b.provider.gate)
+		wait(t, done) // it gave up: it does not retry past its lease
+		refused := b.proxy.Stats().Refused
+		require.GreaterOrEqual(t, refused, 2, "it retried while the lease lived")
+		b.proxy.Refuse(false)
+		require.Equal(t, 1, b.count(t, `SELECT count(*) FROM claims WHERE phase = 'unknown'`), "the claim is left for recovery")
+		require.Eventually(t, func() bool {
+			return b.count(t, `SELECT count(*) FROM claims WHERE expires_at <= now()`) == 1
+		}, 10*time.Second, 10*time.Millisecond, "the claim expires")
+		require.Equal(t, 1, b.count(t, `SELECT count(*) FROM attempts WHERE state = 'started'`), "nothing written after the lease")
+		require.Empty(t, events(t, b, "m1", envelope.EventTurnCompleted))
+		require.Equal(t, refused, b.proxy.Stats().Refused, "no retry after giving up")
+	})
+}
