@@ -5,7 +5,6 @@ import (
 	"context"
 	"errors"
 	"log/slog"
-	"math/rand/v2"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -18,6 +17,7 @@ import (
 	"github.com/promptline/promptline/internal/faults"
 	"github.com/promptline/promptline/internal/kafkautil"
 	"github.com/promptline/promptline/internal/pgdb"
+	"github.com/promptline/promptline/internal/retry"
 	"github.com/promptline/promptline/ledger"
 	"github.com/promptline/promptline/metrics"
 	"github.com/promptline/promptline/outbox"
@@ -498,8 +498,8 @@ func (e *Executor) acquire(sessionID string, r *sessionRun, log *slog.Logger) (e
 // server refused (pgdb.Refused: a deadlock, a serialization failure, a
 // lock not granted in time) certainly did not commit, so it is run again
 // in place, up to refusedTries times with a backoff doubled from
-// refusedBackoffMin to refusedBackoffMax, each wait drawn in [wait/2,
-// wait) (docs/design.md, invariant 13). Each try opens with the fence,
+// refusedBackoffMin to refusedBackoffMax, each wait drawn within ±50%
+// (retry.Do; docs/design.md, invariant 13). Each try opens with the fence,
 // which refuses it once the claim is lost. Any other error may have come
 // after the commit, so the claim is left to expire (see execute) and
 // recovery decides from what committed. Without the retry, one deadlock
@@ -514,20 +514,13 @@ const (
 // retryRefused runs try until it returns an error other than a refusal,
 // refusedTries times at most; what names the write in the log.
 func retryRefused(ctx context.Context, log *slog.Logger, what string, try func() error) error {
-	wait := refusedBackoffMin
-	for n := 1; ; n++ {
-		err := try()
-		if err == nil || !pgdb.Refused(err) || n == refusedTries {
-			return err
-		}
-		log.WarnContext(ctx, what+" refused by the database; trying again", slog.Int("try", n), slog.Any("error", err))
-		select {
-		case <-ctx.Done():
-			return err
-		case <-time.After(wait/2 + rand.N(wait/2)):
-		}
-		wait = min(2*wait, refusedBackoffMax)
-	}
+	return retry.Do(ctx, retry.Policy{
+		Min: refusedBackoffMin, Max: refusedBackoffMax, Tries: refusedTries,
+		Final: func(err error) bool { return !pgdb.Refused(err) },
+		OnRetry: func(n int, err error, _ time.Duration) {
+			log.WarnContext(ctx, what+" refused by the database; trying again", slog.Int("try", n), slog.Any("error", err))
+		},
+	}, try)
 }
 
 // promoteRetried is promote, run again while the server refuses it. A

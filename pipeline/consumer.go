@@ -19,6 +19,7 @@ import (
 	"github.com/promptline/promptline/executor"
 	"github.com/promptline/promptline/internal/faults"
 	"github.com/promptline/promptline/internal/kafkautil"
+	"github.com/promptline/promptline/internal/retry"
 	"github.com/promptline/promptline/metrics"
 	"github.com/promptline/promptline/outbox"
 )
@@ -279,23 +280,31 @@ func (c *Consumer) handlePrompts(ctx context.Context, batch []*sarama.ConsumerMe
 func (c *Consumer) admitRetrying(ctx context.Context, batch []admission.Incoming,
 	admit func(context.Context, []admission.Incoming) ([]admission.Outcome, error),
 ) ([]admission.Outcome, error) {
-	backoff := 100 * time.Millisecond
-	for {
-		outcomes, err := admit(ctx, batch)
-		switch {
-		case err == nil:
-			return outcomes, nil
-		case ctx.Err() != nil:
-			return nil, ctx.Err()
-		case isDataError(err):
-			c.log.WarnContext(ctx, "admission refused by Postgres with a data error", slog.Int("prompts", len(batch)), slog.Any("error", err))
-			return nil, err
-		}
-		c.log.WarnContext(ctx, "admission failed; retrying", slog.Any("error", err), slog.Duration("backoff", backoff))
-		if !sleep(ctx, backoff) {
-			return nil, ctx.Err()
-		}
-		backoff = min(2*backoff, 5*time.Second)
+	var outcomes []admission.Outcome
+	err := retry.Do(ctx, admissionRetry(func(err error, wait time.Duration) {
+		c.log.WarnContext(ctx, "admission failed; retrying", slog.Any("error", err), slog.Duration("backoff", wait))
+	}), func() error {
+		var err error
+		outcomes, err = admit(ctx, batch)
+		return err
+	})
+	switch {
+	case err == nil:
+		return outcomes, nil
+	case ctx.Err() != nil:
+		return nil, ctx.Err()
+	}
+	c.log.WarnContext(ctx, "admission refused by Postgres with a data error", slog.Int("prompts", len(batch)), slog.Any("error", err))
+	return nil, err
+}
+
+// admissionRetry is how admission runs a write again: every error but a
+// data error (isDataError), from 100 ms doubling to 5 s, until ctx ends.
+func admissionRetry(logRetry func(err error, wait time.Duration)) retry.Policy {
+	return retry.Policy{
+		Min: 100 * time.Millisecond, Max: 5 * time.Second,
+		Final:   isDataError,
+		OnRetry: func(_ int, err error, wait time.Duration) { logRetry(err, wait) },
 	}
 }
 
@@ -483,35 +492,22 @@ func (c *Consumer) handleReply(ctx context.Context, m *sarama.ConsumerMessage) (
 	if err != nil {
 		return []*sarama.ProducerMessage{c.reject(m, asReject(err))}, nil
 	}
-	backoff := 100 * time.Millisecond
-	for {
-		out, err := c.admitter.AdmitReply(ctx, m.Key, r, admission.Source{Topic: m.Topic, Partition: m.Partition, Offset: m.Offset})
-		switch {
-		case err == nil && out.Reason != "":
-			return []*sarama.ProducerMessage{c.reject(m, &envelope.RejectError{Reason: out.Reason, Detail: out.Detail})}, nil
-		case err == nil:
-			return nil, nil
-		case ctx.Err() != nil:
-			return nil, ctx.Err()
-		case isDataError(err):
-			c.log.WarnContext(ctx, "permission reply refused by Postgres with a data error", slog.Any("error", err))
-			return []*sarama.ProducerMessage{c.reject(m, dataReject(err))}, nil
-		}
-		c.log.WarnContext(ctx, "admitting permission reply failed; retrying", slog.Any("error", err), slog.Duration("backoff", backoff))
-		if !sleep(ctx, backoff) {
-			return nil, ctx.Err()
-		}
-		backoff = min(2*backoff, 5*time.Second)
+	var out admission.ReplyOutcome
+	err = retry.Do(ctx, admissionRetry(func(err error, wait time.Duration) {
+		c.log.WarnContext(ctx, "admitting permission reply failed; retrying", slog.Any("error", err), slog.Duration("backoff", wait))
+	}), func() error {
+		var err error
+		out, err = c.admitter.AdmitReply(ctx, m.Key, r, admission.Source{Topic: m.Topic, Partition: m.Partition, Offset: m.Offset})
+		return err
+	})
+	switch {
+	case err == nil && out.Reason != "":
+		return []*sarama.ProducerMessage{c.reject(m, &envelope.RejectError{Reason: out.Reason, Detail: out.Detail})}, nil
+	case err == nil:
+		return nil, nil
+	case ctx.Err() != nil:
+		return nil, ctx.Err()
 	}
-}
-
-func sleep(ctx context.Context, d time.Duration) bool {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-t.C:
-		return true
-	case <-ctx.Done():
-		return false
-	}
+	c.log.WarnContext(ctx, "permission reply refused by Postgres with a data error", slog.Any("error", err))
+	return []*sarama.ProducerMessage{c.reject(m, dataReject(err))}, nil
 }

@@ -1,0 +1,51 @@
+package executor
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"log/slog"
+	"strings"
+	"testing"
+
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/stretchr/testify/require"
+)
+
+// A refused write is tried again, refusedTries times in all; an error
+// that may have come after the commit is never tried again.
+func TestRetryRefusedBounds(t *testing.T) {
+	t.Parallel()
+	var logs bytes.Buffer
+	log := slog.New(slog.NewTextHandler(&logs, nil))
+	deadlock := &pgconn.PgError{Severity: "ERROR", Code: "40P01", Message: "deadlock detected"}
+
+	n := 0
+	err := retryRefused(context.Background(), log, "promotion", func() error {
+		n++
+		return deadlock
+	})
+	require.ErrorIs(t, err, deadlock)
+	require.Equal(t, refusedTries, n)
+	require.Equal(t, refusedTries-1, strings.Count(logs.String(), "promotion refused by the database; trying again"), logs.String())
+
+	n = 0
+	inDoubt := errors.New("connection reset during COMMIT")
+	err = retryRefused(context.Background(), log, "promotion", func() error {
+		if n++; n == 1 {
+			return deadlock
+		}
+		return inDoubt
+	})
+	require.ErrorIs(t, err, inDoubt)
+	require.Equal(t, 2, n, "an error that may have committed ends the retry")
+
+	n = 0
+	require.NoError(t, retryRefused(context.Background(), log, "step intent", func() error {
+		if n++; n < 3 {
+			return deadlock
+		}
+		return nil
+	}))
+	require.Equal(t, 3, n)
+}
