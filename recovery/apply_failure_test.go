@@ -93,3 +93,27 @@ func TestApplyLeavesALostWakeAfterATransientError(t *testing.T) {
 	require.Equal(t, w2+1, b.wakes(t, "w2"))
 	require.Equal(t, w1, b.wakes(t, "w1"), "w1 is left for a later run")
 }
+
+// A lost wake that another process woke after the apply's plan (a pass
+// of the fleet) is skipped, not woken twice nor counted as woken.
+func TestApplySkipsALostWakeWokenMeanwhile(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	b := setup(t)
+	for i, s := range []string{"w1", "w2"} {
+		b.admit(t, s, s+"m", "lost its wake")
+		b.exec(t, `UPDATE inputs SET admitted_at = now() - interval '1 hour' + $2 * interval '1 second' WHERE session_id = $1`, s, i)
+	}
+	w2 := b.wakes(t, "w2")
+	require.NoError(t, recovery.SetMode(ctx, b.pool, recovery.ModeHold, "ops", "look first"))
+	rec := recovery.New(b.pool, &recovery.Config{OwnerID: "r", RedriveAfter: time.Minute})
+	a, err := rec.Apply(ctx, &recovery.ApplyOpts{Operator: "ops", Rate: 1000, OnProgressFunc: func(_ int, what string) {
+		if what == "w1: "+string(recovery.DecisionRedriven) {
+			b.exec(t, `UPDATE sessions SET redriven_at = now() WHERE session_id = 'w2'`) // woken by another process
+		}
+	}})
+	require.NoError(t, err)
+	require.Equal(t, map[recovery.DecisionKind]int{recovery.DecisionRedriven: 1}, a.Decisions)
+	require.Equal(t, 1, a.Skipped)
+	require.Equal(t, w2, b.wakes(t, "w2"), "not woken by the apply")
+}
