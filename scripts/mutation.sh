@@ -92,6 +92,8 @@ equivalent=$(
 		ledger retry.go:125:11 CONDITIONALS_BOUNDARY
 		outbox relay.go:464:15 CONDITIONALS_BOUNDARY
 		outbox relay.go:480:17 CONDITIONALS_BOUNDARY
+		recovery rate.go:56:24 ARITHMETIC_BASE
+		recovery rate.go:111:13 CONDITIONALS_BOUNDARY
 	EOF
 )
 

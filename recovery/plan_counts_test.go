@@ -1,0 +1,36 @@
+package recovery_test
+
+import (
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/promptline/promptline/recovery"
+)
+
+// A plan's counts are its decisions, one per claim, and its lost wakes as
+// redriven; a plan without lost wakes counts no redriven at all (not a
+// zero), as a plan without claims counts only its lost wakes.
+func TestPlanCounts(t *testing.T) {
+	t.Parallel()
+	claim := func(d recovery.DecisionKind) recovery.PlannedClaim {
+		return recovery.PlannedClaim{Decision: recovery.Decision{Decision: d}}
+	}
+	for name, tc := range map[string]struct {
+		plan recovery.Plan
+		want map[recovery.DecisionKind]int
+	}{
+		"Empty": {want: map[recovery.DecisionKind]int{}},
+		"ClaimsOnly": {plan: recovery.Plan{Claims: []recovery.PlannedClaim{claim(recovery.DecisionRewoken), claim(recovery.DecisionReconciled), claim(recovery.DecisionRewoken)}},
+			want: map[recovery.DecisionKind]int{recovery.DecisionRewoken: 2, recovery.DecisionReconciled: 1}},
+		"LostWakesOnly": {plan: recovery.Plan{LostWakes: []recovery.LostWake{{SessionID: "a"}, {SessionID: "b"}}},
+			want: map[recovery.DecisionKind]int{recovery.DecisionRedriven: 2}},
+		"Both": {plan: recovery.Plan{Claims: []recovery.PlannedClaim{claim(recovery.DecisionContinued)}, LostWakes: []recovery.LostWake{{SessionID: "a"}}},
+			want: map[recovery.DecisionKind]int{recovery.DecisionContinued: 1, recovery.DecisionRedriven: 1}},
+	} {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			require.Equal(t, tc.want, tc.plan.Counts())
+		})
+	}
+}
