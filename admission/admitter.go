@@ -16,7 +16,6 @@ import (
 	"github.com/promptline/promptline/envelope"
 	"github.com/promptline/promptline/internal/kafkautil"
 	"github.com/promptline/promptline/internal/pgdb"
-	"github.com/promptline/promptline/metrics"
 	"github.com/promptline/promptline/outbox"
 )
 
@@ -64,8 +63,10 @@ type AdmitterConfig struct {
 	Topics kafkautil.Topics
 	// Logger defaults to discarding.
 	Logger *slog.Logger
-	// Metrics defaults to none.
-	Metrics *metrics.Metrics
+	// OnAdmittedFunc runs after each committed admission transaction with
+	// the outcome of each of its prompts, in order, and how long it took
+	// (retries of a raced transaction included). Defaults to nothing.
+	OnAdmittedFunc func(outcomes []Outcome, took time.Duration)
 	// OnCommit runs after each commit that wrote outbox rows (the relay's
 	// Nudge). Defaults to nothing.
 	OnCommitFunc func()
@@ -303,12 +304,8 @@ func (a *Admitter) admit(ctx context.Context, batch []Incoming, afterCommit func
 	if len(rows)+len(wakes) > 0 && a.cfg.OnCommitFunc != nil {
 		a.cfg.OnCommitFunc()
 	}
-	if m := a.cfg.Metrics; m != nil {
-		m.AdmissionBatchSize.Observe(float64(len(batch)))
-		m.AdmissionSeconds.Observe(time.Since(start).Seconds())
-		for _, o := range outcomes {
-			m.Admissions.WithLabelValues(o.String(), "").Inc()
-		}
+	if f := a.cfg.OnAdmittedFunc; f != nil {
+		f(outcomes, time.Since(start))
 	}
 	return outcomes, nil
 }

@@ -8,14 +8,11 @@ import (
 	"testing"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
-	dto "github.com/prometheus/client_model/go"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/promptline/promptline/executor"
 	"github.com/promptline/promptline/ledger"
-	"github.com/promptline/promptline/metrics"
 	"github.com/promptline/promptline/provider"
 	"github.com/promptline/promptline/provider/scripted"
 	"github.com/promptline/promptline/tools"
@@ -113,14 +110,15 @@ func TestAttemptSpend(t *testing.T) {
 			CREATE TRIGGER refuse_in_flight_id BEFORE UPDATE ON attempts FOR EACH ROW
 			WHEN (NEW.state = 'started' AND NEW.response_id IS NOT NULL) EXECUTE FUNCTION refuse_in_flight_id();`)
 		require.NoError(t, err)
-		m := metrics.New(prometheus.NewRegistry())
+		failures := &counts{}
 		p := &spendProvider{}
 		p.hold = func(provider.Request) {
-			assert.Eventually(t, func() bool { return counterValue(m.ResponseIDWriteFailures) == 1 },
+			assert.Eventually(t, func() bool { return failures.get("") == 1 },
 				10*time.Second, 5*time.Millisecond, "the failed write is counted")
 		}
 		claims := ledger.NewClaims(b.pool, &ledger.ClaimsConfig{Lease: 5 * time.Second, OwnerID: "a"})
-		e := executor.NewExecutor(b.pool, &executor.ExecutorConfig{Claims: claims, Provider: p, Metrics: m})
+		e := executor.NewExecutor(b.pool, &executor.ExecutorConfig{Claims: claims, Provider: p,
+			OnResponseIDWriteFailedFunc: func() { failures.add("") }})
 		t.Cleanup(e.StopNow)
 
 		b.admit(t, "s", "m1", "hello")
@@ -132,16 +130,17 @@ func TestAttemptSpend(t *testing.T) {
 		require.Equal(t, 1, b.count(t, `SELECT count(*) FROM attempts WHERE attempt_id = $1 AND state = 'succeeded' AND response_id = $2`,
 			req.AttemptID, "resp/"+req.AttemptID), "the outcome's write records the ID instead")
 		require.Equal(t, 0, b.count(t, `SELECT count(*) FROM claims`), "released")
-		require.InDelta(t, 1, counterValue(m.ResponseIDWriteFailures), 0)
+		require.Equal(t, 1, failures.get(""))
 	})
 
 	t.Run("AnUnknownOutcomeKeepsTheResponseID", func(t *testing.T) {
 		t.Parallel()
 		b := setupExec(t)
-		m := metrics.New(prometheus.NewRegistry())
+		unknown := &counts{}
 		p := &spendProvider{}
 		claims := ledger.NewClaims(b.pool, &ledger.ClaimsConfig{Lease: 5 * time.Second, OwnerID: "a"})
-		e := executor.NewExecutor(b.pool, &executor.ExecutorConfig{Claims: claims, Provider: unknownAfter{p}, ProviderName: "prov", Metrics: m})
+		e := executor.NewExecutor(b.pool, &executor.ExecutorConfig{Claims: claims, Provider: unknownAfter{p}, ProviderName: "prov",
+			OnAttemptUnknownFunc: func(provider, model string) { unknown.add(provider + "/" + model) }})
 		t.Cleanup(e.StopNow)
 
 		b.admit(t, "s", "m1", "hello")
@@ -151,7 +150,7 @@ func TestAttemptSpend(t *testing.T) {
 		req := p.requests()[0]
 		require.Equal(t, 1, b.count(t, `SELECT count(*) FROM attempts WHERE attempt_id = $1 AND state = 'unknown'
 			AND model = 'model-x' AND response_id = $2 AND request_tokens > 0`, req.AttemptID, "resp/"+req.AttemptID))
-		require.InDelta(t, 1, counterValue(m.AttemptsUnknown.WithLabelValues("prov", "model-x")), 0)
+		require.Equal(t, 1, unknown.get("prov/model-x"))
 		atRisk, err := ledger.AttemptsAtRisk(ctx, b.pool)
 		require.NoError(t, err)
 		require.Equal(t, []ledger.AtRisk{{Provider: "prov", Model: "model-x", Attempts: 1, Tokens: estimate(t, req)}}, atRisk)
@@ -214,13 +213,4 @@ func (u unknownAfter) Complete(ctx context.Context, req provider.Request) (provi
 		return provider.Response{}, err
 	}
 	return provider.Response{}, provider.ErrOutcomeUnknown
-}
-
-// counterValue reads a counter.
-func counterValue(c prometheus.Counter) float64 {
-	var d dto.Metric
-	if err := c.Write(&d); err != nil {
-		panic(err)
-	}
-	return d.GetCounter().GetValue()
 }

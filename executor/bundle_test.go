@@ -22,7 +22,6 @@ import (
 	"github.com/promptline/promptline/internal/kafkautil"
 	"github.com/promptline/promptline/internal/testkit"
 	"github.com/promptline/promptline/ledger"
-	"github.com/promptline/promptline/metrics"
 	"github.com/promptline/promptline/outbox"
 	"github.com/promptline/promptline/pipeline"
 	"github.com/promptline/promptline/provider"
@@ -48,7 +47,9 @@ type setupOpts struct {
 	provider provider.Provider
 	limits   envelope.Limits
 	lease    time.Duration
-	metrics  *metrics.Metrics
+	// deltaResults counts the deltas by result, as promptline_deltas_total
+	// does (default: not counted).
+	deltaResults *counts
 	// maxSessions bounds the executor's sessions (default: the executor's).
 	maxSessions int
 	// logs receives the log lines too (default: only the test's log).
@@ -94,15 +95,19 @@ func setup(t *testing.T, opts setupOpts) *testBundle {
 		}
 		ap, err := sarama.NewAsyncProducer(brokers, dcfg)
 		require.NoError(t, err)
-		dp := executor.NewDeltaPublisher(ap, &executor.DeltaPublisherConfig{Metrics: opts.metrics, Logger: log})
+		dpcfg := &executor.DeltaPublisherConfig{Logger: log}
+		if opts.deltaResults != nil {
+			dpcfg.OnDeltaFunc = opts.deltaResults.add
+		}
+		dp := executor.NewDeltaPublisher(ap, dpcfg)
 		t.Cleanup(dp.Close)
 		deltas = dp
 	}
 	exec := executor.NewExecutor(pool, &executor.ExecutorConfig{
-		Claims: claims, Provider: opts.provider, OnCommitFunc: relay.Nudge, Logger: log, Metrics: opts.metrics, MaxSessions: opts.maxSessions,
+		Claims: claims, Provider: opts.provider, OnCommitFunc: relay.Nudge, Logger: log, MaxSessions: opts.maxSessions,
 		Tools: opts.tools, Deltas: deltas,
 	})
-	ccfg := &pipeline.ConsumerConfig{Limits: opts.limits, Logger: log, Metrics: opts.metrics}
+	ccfg := &pipeline.ConsumerConfig{Limits: opts.limits, Logger: log}
 	ccfg.WakesPartitions = kafkautil.PartitionCount(client, "wakes")
 	handler := pipeline.NewConsumer(admitter, exec, producer, ccfg)
 
@@ -288,4 +293,26 @@ func mustJSON(v any) []byte {
 		panic(err)
 	}
 	return b
+}
+
+// counts counts what a callback reports, by label; safe for concurrent
+// use (callbacks run on the executor's and the publisher's goroutines).
+type counts struct {
+	mu sync.Mutex
+	n  map[string]int
+}
+
+func (c *counts) add(label string) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.n == nil {
+		c.n = map[string]int{}
+	}
+	c.n[label]++
+}
+
+func (c *counts) get(label string) int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.n[label]
 }

@@ -9,7 +9,6 @@ import (
 	"github.com/IBM/sarama"
 
 	"github.com/promptline/promptline/envelope"
-	"github.com/promptline/promptline/metrics"
 )
 
 // DeltaSink takes a step's live text deltas. PublishDelta must never
@@ -24,8 +23,9 @@ type DeltaPublisherConfig struct {
 	// Topic receives the deltas, key = session ID. Defaults to
 	// "session-deltas".
 	Topic string
-	// Metrics counts published and dropped deltas. Defaults to none.
-	Metrics *metrics.Metrics
+	// OnDeltaFunc runs once per delta with its result: "published" (the
+	// broker acknowledged it) or "dropped". Defaults to nothing.
+	OnDeltaFunc func(result string)
 	// Logger defaults to discarding.
 	Logger *slog.Logger
 }
@@ -154,7 +154,7 @@ func (p *DeltaPublisher) drain() {
 }
 
 func (p *DeltaPublisher) count(result string) {
-	if m := p.cfg.Metrics; m != nil {
-		m.Deltas.WithLabelValues(result).Inc()
+	if f := p.cfg.OnDeltaFunc; f != nil {
+		f(result)
 	}
 }

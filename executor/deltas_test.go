@@ -9,15 +9,12 @@ import (
 	"testing"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
-	dto "github.com/prometheus/client_model/go"
 	"github.com/santhosh-tekuri/jsonschema/v6"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/promptline/promptline/envelope"
 	"github.com/promptline/promptline/internal/testkit"
-	"github.com/promptline/promptline/metrics"
 	"github.com/promptline/promptline/provider"
 	"github.com/promptline/promptline/provider/providers"
 )
@@ -42,8 +39,8 @@ func TestLiveDeltas(t *testing.T) {
 		for i := range 40 {
 			frags = append(frags, fmt.Sprintf("w%02d ", i))
 		}
-		m := metrics.New(prometheus.NewRegistry())
-		b := setup(t, setupOpts{deltas: true, metrics: m,
+		results := &counts{}
+		b := setup(t, setupOpts{deltas: true, deltaResults: results,
 			provider: streamingProvider(t, testkit.OpenAIStreamConfig{Fragments: frags, Gap: 5 * time.Millisecond})})
 		sess, msg := id(t, "s"), id(t, "m")
 		started := time.Now()
@@ -73,8 +70,8 @@ func TestLiveDeltas(t *testing.T) {
 		require.Greater(t, len(ds), 1, "streamed, not sent at the end")
 		require.LessOrEqual(t, len(ds), int(elapsed/(50*time.Millisecond))+2)
 		require.Less(t, len(ds), len(frags))
-		require.Equal(t, float64(len(ds)), deltaCount(m, "published"))
-		require.Zero(t, deltaCount(m, "dropped"))
+		require.Equal(t, len(ds), results.get("published"))
+		require.Zero(t, results.get("dropped"))
 	})
 
 	t.Run("CoalescedByBytes", func(t *testing.T) {
@@ -84,8 +81,8 @@ func TestLiveDeltas(t *testing.T) {
 		for i := range frags {
 			frags[i] = frag
 		}
-		m := metrics.New(prometheus.NewRegistry())
-		b := setup(t, setupOpts{deltas: true, metrics: m, provider: streamingProvider(t, testkit.OpenAIStreamConfig{Fragments: frags})})
+		results := &counts{}
+		b := setup(t, setupOpts{deltas: true, deltaResults: results, provider: streamingProvider(t, testkit.OpenAIStreamConfig{Fragments: frags})})
 		sess, msg := id(t, "s"), id(t, "m")
 		b.send(t, envelope.Prompt{MessageID: msg, SessionID: sess, Text: "a lot"})
 		done := b.waitTurn(t, msg)
@@ -96,9 +93,9 @@ func TestLiveDeltas(t *testing.T) {
 			ds = deltasOf(t, b, sess)
 			return concat(ds) == want
 		}, 10*time.Second, 10*time.Millisecond) {
-			require.FailNow(t, "deltas", "%d deltas, %d bytes of %d; seqs %v; published %v dropped %v", len(ds), len(concat(ds)), len(want), seqs(ds), deltaCount(m, "published"), deltaCount(m, "dropped"))
+			require.FailNow(t, "deltas", "%d deltas, %d bytes of %d; seqs %v; published %v dropped %v", len(ds), len(concat(ds)), len(want), seqs(ds), results.get("published"), results.get("dropped"))
 		}
-		require.Equal(t, float64(len(ds)), deltaCount(m, "published"))
+		require.Equal(t, len(ds), results.get("published"))
 		for _, d := range ds[:len(ds)-1] {
 			// A delta is published at 1 KiB or when its 50ms are up: with
 			// the whole stream in the socket, at 1 KiB (a fragment may
@@ -111,11 +108,11 @@ func TestLiveDeltas(t *testing.T) {
 
 	t.Run("BrokenDeltasProducerDoesNotFailTheTurn", func(t *testing.T) {
 		t.Parallel()
-		m := metrics.New(prometheus.NewRegistry())
+		results := &counts{}
 		frags := []string{"every ", "delta ", "is ", "too ", "large ", "for ", "the ", "producer"}
 		// The deltas producer refuses every message (too large): each is
 		// dropped and counted; the answer is committed and announced.
-		b := setup(t, setupOpts{deltas: true, deltasMaxMessageBytes: 16, metrics: m,
+		b := setup(t, setupOpts{deltas: true, deltasMaxMessageBytes: 16, deltaResults: results,
 			provider: streamingProvider(t, testkit.OpenAIStreamConfig{Fragments: frags, Gap: 20 * time.Millisecond})})
 		sess, msg := id(t, "s"), id(t, "m")
 		b.send(t, envelope.Prompt{MessageID: msg, SessionID: sess, Text: "go"})
@@ -124,9 +121,9 @@ func TestLiveDeltas(t *testing.T) {
 		require.Equal(t, strings.Join(frags, ""), done.Text)
 		require.Equal(t, strings.Join(frags, ""), stepCompleted(t, b, sess).Text)
 		require.Eventually(t, func() bool {
-			return deltaCount(m, "dropped") > 0
+			return results.get("dropped") > 0
 		}, 10*time.Second, 10*time.Millisecond)
-		require.Zero(t, deltaCount(m, "published"))
+		require.Zero(t, results.get("published"))
 		require.Empty(t, deltasOf(t, b, sess))
 	})
 }
@@ -189,15 +186,6 @@ func deltaSchema(t *testing.T) *jsonschema.Schema {
 	s, err := c.Compile("session-delta.schema.json")
 	require.NoError(t, err)
 	return s
-}
-
-// deltaCount reads promptline_deltas_total{result}.
-func deltaCount(m *metrics.Metrics, result string) float64 {
-	var d dto.Metric
-	if err := m.Deltas.WithLabelValues(result).Write(&d); err != nil {
-		panic(err)
-	}
-	return d.GetCounter().GetValue()
 }
 
 func seqs(ds []envelope.Delta) []int64 {

@@ -19,7 +19,6 @@ import (
 	"github.com/promptline/promptline/internal/pgdb"
 	"github.com/promptline/promptline/internal/retry"
 	"github.com/promptline/promptline/ledger"
-	"github.com/promptline/promptline/metrics"
 	"github.com/promptline/promptline/outbox"
 	"github.com/promptline/promptline/provider"
 	"github.com/promptline/promptline/provider/scripted"
@@ -46,8 +45,42 @@ type ExecutorConfig struct {
 	MaxSessions int
 	// Logger defaults to discarding.
 	Logger *slog.Logger
-	// Metrics defaults to none.
-	Metrics *metrics.Metrics
+	// OnClaimFunc runs at each claim event of a run, with the event:
+	// "acquired", "released" or "lost" (the ledger's OnRenewedFunc has the
+	// renewals). Defaults to nothing.
+	OnClaimFunc func(event string)
+	// OnWakeFunc runs for each wake handed to the executor, with its
+	// result: "started" (a run begins) or "coalesced" (folded into the
+	// session's run here). Defaults to nothing.
+	OnWakeFunc func(result string)
+	// OnRunStartedFunc runs when a session's run starts in this process,
+	// OnRunEndedFunc when it ends: their difference is the sessions
+	// executing here now. Defaults to nothing.
+	OnRunStartedFunc, OnRunEndedFunc func()
+	// OnTurnFunc runs when a turn finishes, with its outcome ("completed"
+	// or "failed") and the time since its promotion. Defaults to nothing.
+	OnTurnFunc func(outcome string, sincePromotion time.Duration)
+	// OnAttemptFunc runs after each provider request, with the outcome the
+	// process saw (OutcomeSucceeded, OutcomeFailed, or OutcomeUnknown when
+	// it may have been acted on) and how long it took. Defaults to nothing.
+	OnAttemptFunc func(outcome string, took time.Duration)
+	// OnAttemptUnknownFunc runs each time the executor records a provider
+	// attempt unknown (it may have been billed), with the provider's name
+	// and model ("" when it names none), as recovery's does for those it
+	// reconciles. Defaults to nothing.
+	OnAttemptUnknownFunc func(provider, model string)
+	// OnResponseIDWriteFailedFunc runs each time a best-effort write of a
+	// provider's response ID, while its attempt was in flight, fails (the
+	// turn goes on). Defaults to nothing.
+	OnResponseIDWriteFailedFunc func()
+	// OnToolRunFunc runs after each tool run, with its outcome
+	// (OutcomeSucceeded, OutcomeFailed, OutcomeUnknown) and how long it
+	// took. Defaults to nothing.
+	OnToolRunFunc func(outcome string, took time.Duration)
+	// OnCallSettledFunc runs when a tool call settles, with its outcome:
+	// OutcomeSucceeded, OutcomeFailed (invalid and declined calls too) or
+	// OutcomeUnknown. Defaults to nothing.
+	OnCallSettledFunc func(outcome string)
 	// OnCommitFunc runs after each commit that wrote outbox rows (the
 	// relay's Nudge). Defaults to nothing.
 	OnCommitFunc func()
@@ -67,6 +100,15 @@ type ExecutorConfig struct {
 	// Defaults to 1024.
 	DeltaMaxBytes int
 }
+
+// Outcomes of provider attempts and tool calls, as the ledger records
+// them, passed to OnAttemptFunc, OnToolRunFunc and OnCallSettledFunc (the
+// outcome label of their metrics).
+const (
+	OutcomeSucceeded = "succeeded"
+	OutcomeFailed    = "failed"
+	OutcomeUnknown   = "unknown"
+)
 
 const (
 	maxSessionsDefault = 256
@@ -230,14 +272,14 @@ func (e *Executor) coalesce(sessionID string, partition int32) (<-chan struct{},
 }
 
 func (e *Executor) claimMetric(event string) {
-	if e.cfg.Metrics != nil {
-		e.cfg.Metrics.Claims.WithLabelValues(event).Inc()
+	if f := e.cfg.OnClaimFunc; f != nil {
+		f(event)
 	}
 }
 
 func (e *Executor) wakeMetric(result string) {
-	if e.cfg.Metrics != nil {
-		e.cfg.Metrics.Wakes.WithLabelValues(result).Inc()
+	if f := e.cfg.OnWakeFunc; f != nil {
+		f(result)
 	}
 }
 
@@ -294,9 +336,11 @@ func (e *Executor) StopNow() {
 func (e *Executor) run(sessionID string, r *sessionRun) {
 	defer e.wg.Done()
 	defer func() { <-e.slots }()
-	if m := e.cfg.Metrics; m != nil {
-		m.ActiveExecutions.Inc()
-		defer m.ActiveExecutions.Dec()
+	if f := e.cfg.OnRunStartedFunc; f != nil {
+		f()
+	}
+	if f := e.cfg.OnRunEndedFunc; f != nil {
+		defer f()
 	}
 	log := e.log.With(slog.String("session_id", sessionID))
 	for {

@@ -71,8 +71,8 @@ func (w *responseIDWrite) write(id string, done chan struct{}) {
 	case errors.Is(err, ledger.ErrFenced):
 		// Counted and logged by the ledger; the step stops on its own.
 	default:
-		if m := w.ex.e.cfg.Metrics; m != nil {
-			m.ResponseIDWriteFailures.Inc()
+		if f := w.ex.e.cfg.OnResponseIDWriteFailedFunc; f != nil {
+			f()
 		}
 		w.log.WarnContext(ctx, "recording the provider's response ID failed; the turn goes on",
 			slog.String("attempt_id", w.attemptID), slog.Any("error", err))

@@ -10,7 +10,6 @@ import (
 
 	"github.com/promptline/promptline/envelope"
 	"github.com/promptline/promptline/ledger"
-	"github.com/promptline/promptline/metrics"
 	"github.com/promptline/promptline/outbox"
 	"github.com/promptline/promptline/provider"
 	"github.com/promptline/promptline/tools"
@@ -96,9 +95,8 @@ func (ex *execution) toolEvent(typ, turnID string, p ledger.CallParams, outcome 
 }
 
 func (ex *execution) turnMetric(outcome string, t *turn) {
-	if m := ex.e.cfg.Metrics; m != nil {
-		m.Turns.WithLabelValues(outcome).Inc()
-		m.TurnSeconds.Observe(time.Since(t.promotedAt).Seconds())
+	if f := ex.e.cfg.OnTurnFunc; f != nil {
+		f(outcome, time.Since(t.promotedAt))
 	}
 }
 
@@ -107,63 +105,62 @@ func (ex *execution) turnMetric(outcome string, t *turn) {
 // (unknown: provider.ErrOutcomeUnknown, or cut off by cancellation), or any other
 // error (failed).
 func (ex *execution) attemptMetric(ctx context.Context, perr error, d time.Duration) {
-	m := ex.e.cfg.Metrics
-	if m == nil {
+	f := ex.e.cfg.OnAttemptFunc
+	if f == nil {
 		return
 	}
-	outcome := metrics.OutcomeSucceeded
+	outcome := OutcomeSucceeded
 	switch {
 	case perr == nil:
 	case errors.Is(perr, provider.ErrOutcomeUnknown) || ctx.Err() != nil:
-		outcome = metrics.OutcomeUnknown
+		outcome = OutcomeUnknown
 	default:
-		outcome = metrics.OutcomeFailed
+		outcome = OutcomeFailed
 	}
-	m.ProviderAttempts.WithLabelValues(outcome).Inc()
-	m.ProviderSeconds.WithLabelValues(outcome).Observe(d.Seconds())
+	f(outcome, d)
 }
 
 // unknownMetric counts an attempt the executor recorded unknown (the
 // failed turn's write committed: err is nil), as recovery counts those it
 // reconciles: promptline_provider_attempts_unknown_total.
 func (ex *execution) unknownMetric(err error) {
-	if m := ex.e.cfg.Metrics; m != nil && err == nil {
-		m.AttemptsUnknown.WithLabelValues(ex.e.providerName, ex.e.providerModel).Inc()
+	if f := ex.e.cfg.OnAttemptUnknownFunc; f != nil && err == nil {
+		f(ex.e.providerName, ex.e.providerModel)
 	}
 }
 
 // callSecondsMetric observes how long a tool ran, by the outcome runCall
 // decides from the same facts.
 func (ex *execution) callSecondsMetric(ctx context.Context, err error, res tools.Result, d time.Duration) {
-	m := ex.e.cfg.Metrics
-	if m == nil {
+	f := ex.e.cfg.OnToolRunFunc
+	if f == nil {
 		return
 	}
-	outcome := metrics.OutcomeSucceeded
+	outcome := OutcomeSucceeded
 	switch {
 	case errors.Is(err, tools.ErrNotRun) || (err == nil && res.IsError):
-		outcome = metrics.OutcomeFailed
+		outcome = OutcomeFailed
 	case err != nil:
-		outcome = metrics.OutcomeUnknown
+		outcome = OutcomeUnknown
 	}
-	m.ToolCallSeconds.WithLabelValues(outcome).Observe(d.Seconds())
+	f(outcome, d)
 }
 
 // callMetric counts a settled tool call (invalid and declined calls are
 // failed) by the state settleCall records.
 func (ex *execution) callMetric(state ledger.CallState) {
-	m := ex.e.cfg.Metrics
-	if m == nil {
+	f := ex.e.cfg.OnCallSettledFunc
+	if f == nil {
 		return
 	}
-	outcome := metrics.OutcomeFailed
+	outcome := OutcomeFailed
 	switch state {
 	case ledger.CallSucceeded:
-		outcome = metrics.OutcomeSucceeded
+		outcome = OutcomeSucceeded
 	case ledger.CallUnknown:
-		outcome = metrics.OutcomeUnknown
+		outcome = OutcomeUnknown
 	}
-	m.ToolCalls.WithLabelValues(outcome).Inc()
+	f(outcome)
 }
 
 func ids(ms []provider.TranscriptMessage) []string {

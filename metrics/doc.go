@@ -1,6 +1,8 @@
 // Package metrics defines promptline's Prometheus metrics and serves them.
-// It is fed from outside and imports nothing of promptline's: the pipeline
-// and the relay take a *Metrics (nil-safe) and count into it.
+// It is fed from outside and imports nothing of promptline's: admission,
+// the executor, the Kafka handler, the ledger, the relay and recovery
+// report what happens through OnXxxFunc callbacks, which the consumer's
+// run wires to these collectors.
 //
 // Every metric, its labels and meaning (a public contract; keep the README
 // in step):

@@ -56,14 +56,6 @@ type Metrics struct {
 	Deltas          *prometheus.CounterVec
 }
 
-// Outcomes of provider attempts and tool calls (the outcome label), as the
-// ledger records them.
-const (
-	OutcomeSucceeded = "succeeded"
-	OutcomeFailed    = "failed"
-	OutcomeUnknown   = "unknown"
-)
-
 // New creates the collectors and registers them on reg.
 func New(reg prometheus.Registerer) *Metrics {
 	m := &Metrics{

@@ -20,7 +20,6 @@ import (
 	"github.com/promptline/promptline/internal/kafkautil"
 	"github.com/promptline/promptline/internal/testkit"
 	"github.com/promptline/promptline/ledger"
-	"github.com/promptline/promptline/metrics"
 	"github.com/promptline/promptline/outbox"
 	"github.com/promptline/promptline/pipeline"
 )
@@ -40,7 +39,9 @@ type testBundle struct {
 }
 
 type setupOpts struct {
-	metrics *metrics.Metrics
+	// wakes counts the wakes by result, as promptline_wakes_total does
+	// (default: not counted).
+	wakes *counts
 	// maxSessions bounds the executor's sessions (default: the executor's).
 	maxSessions int
 	// noLocalWakes leaves out the consumer's WakesPartitions: every
@@ -76,14 +77,18 @@ func setup(t *testing.T, opts setupOpts) *testBundle {
 	require.NoError(t, relay.Start(ctx))
 	admitter := admission.NewAdmitter(pool, &admission.AdmitterConfig{OnCommitFunc: relay.Nudge, Logger: log})
 	claims := ledger.NewClaims(pool, &ledger.ClaimsConfig{Lease: 5 * time.Second, OwnerID: t.Name(), Logger: log})
-	exec := executor.NewExecutor(pool, &executor.ExecutorConfig{
-		Claims: claims, OnCommitFunc: relay.Nudge, Logger: log, Metrics: opts.metrics, MaxSessions: opts.maxSessions,
-	})
-	ccfg := &pipeline.ConsumerConfig{Logger: log, Metrics: opts.metrics,
+	ecfg := &executor.ExecutorConfig{
+		Claims: claims, OnCommitFunc: relay.Nudge, Logger: log, MaxSessions: opts.maxSessions,
+	}
+	ccfg := &pipeline.ConsumerConfig{Logger: log,
 		Topics: kafkautil.Topics{Rejects: opts.rejectsTopic}}
+	if opts.wakes != nil {
+		ecfg.OnWakeFunc, ccfg.OnWakeFunc = opts.wakes.add, opts.wakes.add
+	}
 	if !opts.noLocalWakes {
 		ccfg.WakesPartitions = kafkautil.PartitionCount(client, "wakes")
 	}
+	exec := executor.NewExecutor(pool, ecfg)
 	handler := pipeline.NewConsumer(admitter, exec, producer, ccfg)
 
 	group, err := sarama.NewConsumerGroup(brokers, "test", kafkautil.GroupConfig(cfg))
@@ -259,4 +264,26 @@ func (w testWriter) Write(p []byte) (int, error) {
 // id returns a message or session ID unique to this test.
 func id(t *testing.T, what string) string {
 	return fmt.Sprintf("%s-%s", strings.NewReplacer("/", "-", "_", "-").Replace(t.Name()), what)
+}
+
+// counts counts what a callback reports, by label; safe for concurrent
+// use (callbacks run on the executor's and the consumer's goroutines).
+type counts struct {
+	mu sync.Mutex
+	n  map[string]int
+}
+
+func (c *counts) add(label string) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.n == nil {
+		c.n = map[string]int{}
+	}
+	c.n[label]++
+}
+
+func (c *counts) get(label string) int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.n[label]
 }

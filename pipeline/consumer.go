@@ -20,7 +20,6 @@ import (
 	"github.com/promptline/promptline/internal/faults"
 	"github.com/promptline/promptline/internal/kafkautil"
 	"github.com/promptline/promptline/internal/retry"
-	"github.com/promptline/promptline/metrics"
 	"github.com/promptline/promptline/outbox"
 )
 
@@ -38,8 +37,21 @@ type ConsumerConfig struct {
 	MaxMessageBytes int
 	// Logger defaults to discarding.
 	Logger *slog.Logger
-	// Metrics defaults to none.
-	Metrics *metrics.Metrics
+	// OnRejectFunc runs once per reject of a prompt or a permission reply
+	// with its outcome, "rejected" when published (whole or truncated) or
+	// "reject_unpublished" when dropped as too large even without its
+	// value, and its reason (the rejects header). Defaults to nothing.
+	OnRejectFunc func(outcome, reason string)
+	// OnWakeFunc runs for each wake consumed that the executor does not
+	// take, with its result: "invalid" (skipped) or "local" (its prompt
+	// already ran from a local wake, hint.go). The executor's OnWakeFunc
+	// has the others. Defaults to nothing.
+	OnWakeFunc func(result string)
+	// OnWakeStartedFunc runs when a wake that carries its at started, or
+	// joined, its session's run, locally or from Kafka, with the time since
+	// that at (waiting for a free slot, MaxSessions, included). Defaults to
+	// nothing.
+	OnWakeStartedFunc func(sinceAt time.Duration)
 	// WakesPartitions returns the partition count of the wakes topic; it
 	// is asked at every assignment. With it, a prompt admitted here for a
 	// session whose wakes partition is assigned here too runs at once,
@@ -88,8 +100,8 @@ func NewConsumer(admitter *admission.Admitter, exec *executor.Executor, rejects 
 	c := &Consumer{admitter: admitter, exec: exec, cfg: cfg, log: cfg.Logger}
 	c.rejectPub = &kafkautil.RejectPublisher{Producer: rejects, MaxMessageBytes: cfg.MaxMessageBytes, Logger: cfg.Logger,
 		OnPublishedFunc: func(reason, outcome string) {
-			if m := cfg.Metrics; m != nil {
-				m.Admissions.WithLabelValues(outcome, reason).Inc()
+			if f := cfg.OnRejectFunc; f != nil {
+				f(outcome, reason)
 			}
 		}}
 	c.admissions = admission.NewGroup(admitter, cfg.MaxBatch, c.afterAdmission)
@@ -139,10 +151,10 @@ func (c *Consumer) wakeLocally(wakes []outbox.Row) {
 		if !r.owned[p] || !c.exec.WakeLocal(w.Key, p, w.Payload) {
 			continue
 		}
-		if mt := c.cfg.Metrics; mt != nil {
+		if f := c.cfg.OnWakeStartedFunc; f != nil {
 			var wk envelope.Wake
 			if json.Unmarshal(w.Payload, &wk) == nil && !wk.At.IsZero() {
-				mt.WakeToStart.Observe(max(time.Since(wk.At), 0).Seconds())
+				f(max(time.Since(wk.At), 0))
 			}
 		}
 	}
@@ -415,8 +427,8 @@ func (c *Consumer) consumeWakes(s sarama.ConsumerGroupSession, claim sarama.Cons
 		if err := json.Unmarshal(m.Value, &w); err != nil || w.SessionID == "" {
 			// Wakes are internal hints; a bad one is logged and skipped.
 			c.log.Warn("invalid wake skipped", slog.Int("partition", int(m.Partition)), slog.Int64("offset", m.Offset))
-			if c.cfg.Metrics != nil {
-				c.cfg.Metrics.Wakes.WithLabelValues("invalid").Inc()
+			if f := c.cfg.OnWakeFunc; f != nil {
+				f("invalid")
 			}
 			closed := make(chan struct{})
 			close(closed)
@@ -425,8 +437,8 @@ func (c *Consumer) consumeWakes(s sarama.ConsumerGroupSession, claim sarama.Cons
 		}
 		done, local := c.exec.TakeLocal(m.Value, m.Partition)
 		if local {
-			if c.cfg.Metrics != nil {
-				c.cfg.Metrics.Wakes.WithLabelValues("local").Inc()
+			if f := c.cfg.OnWakeFunc; f != nil {
+				f("local")
 			}
 			select {
 			case pending <- pendingWake{msg: m, done: done}:
@@ -439,10 +451,10 @@ func (c *Consumer) consumeWakes(s sarama.ConsumerGroupSession, claim sarama.Cons
 		if err != nil {
 			return nil // shutting down or rebalancing; the wake is redelivered
 		}
-		if mt := c.cfg.Metrics; mt != nil && !w.At.IsZero() {
+		if f := c.cfg.OnWakeStartedFunc; f != nil && !w.At.IsZero() {
 			// The run started (or the running one took the wake): the
 			// latency includes waiting for a free slot (MaxSessions).
-			mt.WakeToStart.Observe(max(time.Since(w.At), 0).Seconds())
+			f(max(time.Since(w.At), 0))
 		}
 		select {
 		case pending <- pendingWake{msg: m, done: done}:

@@ -5,13 +5,10 @@ import (
 	"time"
 
 	"github.com/IBM/sarama"
-	"github.com/prometheus/client_golang/prometheus"
-	dto "github.com/prometheus/client_model/go"
 	"github.com/stretchr/testify/require"
 
 	"github.com/promptline/promptline/envelope"
 	"github.com/promptline/promptline/internal/kafkautil"
-	"github.com/promptline/promptline/metrics"
 )
 
 // A prompt admitted for a session whose wakes partition this process owns
@@ -23,8 +20,8 @@ func TestLocalWake(t *testing.T) {
 
 	t.Run("RunsOnceAndTakesItsWakeFromKafka", func(t *testing.T) {
 		t.Parallel()
-		m := metrics.New(prometheus.NewRegistry())
-		b := setup(t, setupOpts{metrics: m})
+		wakes := &counts{}
+		b := setup(t, setupOpts{wakes: wakes})
 		const n = 3
 		var msgs []string
 		for i := range n {
@@ -38,10 +35,10 @@ func TestLocalWake(t *testing.T) {
 		// Every wake came back from Kafka and was matched to its local run
 		// (a wrong partition or a changed payload would start a second run).
 		require.Eventually(t, func() bool {
-			return wakes(m, "local") == n
+			return wakes.get("local") == n
 		}, 10*time.Second, 10*time.Millisecond, "the wakes from Kafka were not taken by the local runs")
-		require.Equal(t, float64(n), wakes(m, "started"))
-		require.Zero(t, wakes(m, "coalesced"))
+		require.Equal(t, n, wakes.get("started"))
+		require.Zero(t, wakes.get("coalesced"))
 		require.Equal(t, n, b.count(t, `SELECT count(*) FROM messages WHERE role = 'assistant' AND status = 'completed'`))
 		// And their offsets are committed: a restart would not run them again.
 		require.Eventually(t, func() bool { return b.committedWakes(t) == n }, 10*time.Second, 50*time.Millisecond)
@@ -49,8 +46,8 @@ func TestLocalWake(t *testing.T) {
 
 	t.Run("DeclinedWhileEverySlotIsBusy", func(t *testing.T) {
 		t.Parallel()
-		m := metrics.New(prometheus.NewRegistry())
-		b := setup(t, setupOpts{metrics: m, maxSessions: 1})
+		wakes := &counts{}
+		b := setup(t, setupOpts{wakes: wakes, maxSessions: 1})
 		slow, quick := id(t, "slow"), id(t, "quick")
 		b.send(t, envelope.Prompt{MessageID: slow, SessionID: id(t, "s1"), Text: "/sleep 2s\n/reply slow"})
 		// The slow turn holds the only slot before the second prompt is
@@ -65,19 +62,19 @@ func TestLocalWake(t *testing.T) {
 		require.Equal(t, "slow", b.waitTurn(t, slow).Text)
 		require.Equal(t, "quick", b.waitTurn(t, quick).Text)
 		require.Eventually(t, func() bool { return b.committedWakes(t) == 2 }, 10*time.Second, 50*time.Millisecond)
-		require.Equal(t, float64(1), wakes(m, "local"))
-		require.Equal(t, float64(2), wakes(m, "started"))
+		require.Equal(t, 1, wakes.get("local"))
+		require.Equal(t, 2, wakes.get("started"))
 	})
 
 	t.Run("OffWithoutThePartitionCount", func(t *testing.T) {
 		t.Parallel()
-		m := metrics.New(prometheus.NewRegistry())
-		b := setup(t, setupOpts{metrics: m, noLocalWakes: true})
+		wakes := &counts{}
+		b := setup(t, setupOpts{wakes: wakes, noLocalWakes: true})
 		msg := id(t, "m")
 		b.send(t, envelope.Prompt{MessageID: msg, SessionID: id(t, "s"), Text: "hello"})
 		require.Equal(t, "echo: hello", b.waitTurn(t, msg).Text)
-		require.Zero(t, wakes(m, "local"))
-		require.Equal(t, float64(1), wakes(m, "started"))
+		require.Zero(t, wakes.get("local"))
+		require.Equal(t, 1, wakes.get("started"))
 	})
 }
 
@@ -101,13 +98,4 @@ func (b *testBundle) committedWakes(t *testing.T) int64 {
 		}
 	}
 	return sum
-}
-
-// wakes reads promptline_wakes_total{result}.
-func wakes(m *metrics.Metrics, result string) float64 {
-	var d dto.Metric
-	if err := m.Wakes.WithLabelValues(result).Write(&d); err != nil {
-		panic(err)
-	}
-	return d.GetCounter().GetValue()
 }

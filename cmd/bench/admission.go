@@ -98,10 +98,20 @@ func measureAdmission(ctx context.Context, sc *scratchServer, brokers []string, 
 		return res, fmt.Errorf("connecting rejects producer: %w", err)
 	}
 	defer rejects.Close()
-	admitter := admission.NewAdmitter(db.Pool, &admission.AdmitterConfig{Metrics: m})
+	admitter := admission.NewAdmitter(db.Pool, &admission.AdmitterConfig{
+		OnAdmittedFunc: func(outcomes []admission.Outcome, took time.Duration) {
+			m.AdmissionBatchSize.Observe(float64(len(outcomes)))
+			m.AdmissionSeconds.Observe(took.Seconds())
+			for _, o := range outcomes {
+				m.Admissions.WithLabelValues(o.String(), "").Inc()
+			}
+		},
+	})
 	handler := &joinSignal{
-		ConsumerGroupHandler: pipeline.NewConsumer(admitter, nil, rejects, &pipeline.ConsumerConfig{MaxBatch: opts.MaxBatch, Metrics: m}),
-		joined:               make(chan struct{}),
+		ConsumerGroupHandler: pipeline.NewConsumer(admitter, nil, rejects, &pipeline.ConsumerConfig{MaxBatch: opts.MaxBatch,
+			OnRejectFunc: func(outcome, reason string) { m.Admissions.WithLabelValues(outcome, reason).Inc() },
+		}),
+		joined: make(chan struct{}),
 	}
 	group, err := sarama.NewConsumerGroup(brokers, "bench-admission-"+db.Name, kafkautil.GroupConfig(cfg))
 	if err != nil {

@@ -8,19 +8,17 @@ import (
 	"slices"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/IBM/sarama"
 	"github.com/google/uuid"
-	"github.com/prometheus/client_golang/prometheus"
-	dto "github.com/prometheus/client_model/go"
 
 	"github.com/promptline/promptline/admission"
 	"github.com/promptline/promptline/envelope"
 	"github.com/promptline/promptline/executor"
 	"github.com/promptline/promptline/internal/kafkautil"
 	"github.com/promptline/promptline/ledger"
-	"github.com/promptline/promptline/metrics"
 	"github.com/promptline/promptline/outbox"
 	"github.com/promptline/promptline/pipeline"
 )
@@ -155,14 +153,15 @@ func measureLatency(ctx context.Context, sc *scratchServer, opts latencyOpts) (r
 		if err != nil {
 			return res, fmt.Errorf("connecting the deltas producer: %w", err)
 		}
-		dm := metrics.New(prometheus.NewRegistry())
-		dp := executor.NewDeltaPublisher(ap, &executor.DeltaPublisherConfig{Metrics: dm})
+		var published atomic.Int64
+		dp := executor.NewDeltaPublisher(ap, &executor.DeltaPublisherConfig{OnDeltaFunc: func(result string) {
+			if result == "published" {
+				published.Add(1)
+			}
+		}})
 		defer func() {
 			dp.Close()
-			var published dto.Metric
-			if dm.Deltas.WithLabelValues("published").Write(&published) == nil {
-				res.DeltasPublished = int64(published.GetCounter().GetValue())
-			}
+			res.DeltasPublished = published.Load()
 		}()
 		deltas = dp
 	}

@@ -211,7 +211,14 @@ func run(ctx context.Context, o *options, stderr io.Writer) (err error) {
 	}
 
 	admitter := admission.NewAdmitter(db.Pool, &admission.AdmitterConfig{
-		Topics: topics, Logger: log, Metrics: m, OnCommitFunc: relay.Nudge,
+		Topics: topics, Logger: log, OnCommitFunc: relay.Nudge,
+		OnAdmittedFunc: func(outcomes []admission.Outcome, took time.Duration) {
+			m.AdmissionBatchSize.Observe(float64(len(outcomes)))
+			m.AdmissionSeconds.Observe(took.Seconds())
+			for _, o := range outcomes {
+				m.Admissions.WithLabelValues(o.String(), "").Inc()
+			}
+		},
 	})
 	provider, providerName, toolbox, cleanupTools, err := o.provider.build(ctx, log)
 	if err != nil {
@@ -241,14 +248,36 @@ func run(ctx context.Context, o *options, stderr io.Writer) (err error) {
 		if err != nil {
 			return fmt.Errorf("connecting the deltas producer to Kafka %v: %w", brokers, o.security.Explain(err))
 		}
-		dp := executor.NewDeltaPublisher(ap, &executor.DeltaPublisherConfig{Topic: topics.Deltas, Metrics: m, Logger: log})
+		dp := executor.NewDeltaPublisher(ap, &executor.DeltaPublisherConfig{Topic: topics.Deltas, Logger: log,
+			OnDeltaFunc: func(result string) { m.Deltas.WithLabelValues(result).Inc() },
+		})
 		defer dp.Close()
 		deltas = dp
 	}
 	exec := executor.NewExecutor(db.Pool, &executor.ExecutorConfig{
-		Claims: claims, Topics: topics, MaxSessions: o.maxSessions, Logger: log, Metrics: m, OnCommitFunc: relay.Nudge,
+		Claims: claims, Topics: topics, MaxSessions: o.maxSessions, Logger: log, OnCommitFunc: relay.Nudge,
 		Provider: provider, ProviderName: providerName, Tools: toolbox, PermissionFunc: o.permissions.lookup,
 		ToolTimeout: o.toolTimeout, Deltas: deltas,
+		OnClaimFunc:      func(event string) { m.Claims.WithLabelValues(event).Inc() },
+		OnWakeFunc:       func(result string) { m.Wakes.WithLabelValues(result).Inc() },
+		OnRunStartedFunc: m.ActiveExecutions.Inc,
+		OnRunEndedFunc:   m.ActiveExecutions.Dec,
+		OnTurnFunc: func(outcome string, sincePromotion time.Duration) {
+			m.Turns.WithLabelValues(outcome).Inc()
+			m.TurnSeconds.Observe(sincePromotion.Seconds())
+		},
+		OnAttemptFunc: func(outcome string, took time.Duration) {
+			m.ProviderAttempts.WithLabelValues(outcome).Inc()
+			m.ProviderSeconds.WithLabelValues(outcome).Observe(took.Seconds())
+		},
+		OnAttemptUnknownFunc: func(provider, model string) {
+			m.AttemptsUnknown.WithLabelValues(provider, model).Inc()
+		},
+		OnResponseIDWriteFailedFunc: m.ResponseIDWriteFailures.Inc,
+		OnToolRunFunc: func(outcome string, took time.Duration) {
+			m.ToolCallSeconds.WithLabelValues(outcome).Observe(took.Seconds())
+		},
+		OnCallSettledFunc: func(outcome string) { m.ToolCalls.WithLabelValues(outcome).Inc() },
 	})
 	recCfg := &recovery.Config{
 		Interval: o.recoveryInterval, Batch: o.recoveryBatch, RedriveAfter: o.redriveAfter,
@@ -277,8 +306,11 @@ func run(ctx context.Context, o *options, stderr io.Writer) (err error) {
 	}
 	defer rec.Stop()
 	ccfg := &pipeline.ConsumerConfig{
-		Topics: topics, MaxBatch: o.maxBatch, MaxMessageBytes: o.maxMessageBytes, Logger: log, Metrics: m,
-		Limits: envelope.Limits{MaxValueBytes: o.maxValueBytes},
+		Topics: topics, MaxBatch: o.maxBatch, MaxMessageBytes: o.maxMessageBytes, Logger: log,
+		Limits:            envelope.Limits{MaxValueBytes: o.maxValueBytes},
+		OnRejectFunc:      func(outcome, reason string) { m.Admissions.WithLabelValues(outcome, reason).Inc() },
+		OnWakeFunc:        func(result string) { m.Wakes.WithLabelValues(result).Inc() },
+		OnWakeStartedFunc: func(sinceAt time.Duration) { m.WakeToStart.Observe(sinceAt.Seconds()) },
 	}
 	if o.localWakes {
 		ccfg.WakesPartitions = kafkautil.PartitionCount(client, topics.Wakes)
