@@ -90,8 +90,8 @@ equivalent=$(
 		envelope envelope.go:390:12 CONDITIONALS_BOUNDARY
 		ledger pipelined.go:237:51 CONDITIONALS_NEGATION
 		ledger retry.go:125:11 CONDITIONALS_BOUNDARY
-		outbox relay.go:464:15 CONDITIONALS_BOUNDARY
-		outbox relay.go:480:17 CONDITIONALS_BOUNDARY
+		outbox relay.go:468:15 CONDITIONALS_BOUNDARY
+		outbox relay.go:484:17 CONDITIONALS_BOUNDARY
 		recovery rate.go:56:24 ARITHMETIC_BASE
 		recovery rate.go:111:13 CONDITIONALS_BOUNDARY
 	EOF
