@@ -9,6 +9,7 @@ import (
 	"github.com/promptline/promptline/admission"
 	"github.com/promptline/promptline/ledger"
 	"github.com/promptline/promptline/outbox"
+	"github.com/promptline/promptline/transcript"
 )
 
 // promote takes the next turn's inputs: every waiting steer if any (they
@@ -86,7 +87,7 @@ func (ex *execution) selectTurn(ctx context.Context, tx pgx.Tx) (*turn, error) {
 			return nil, fmt.Errorf("promoting %s: %w", w.id, err)
 		}
 	}
-	if _, err := tx.Exec(ctx, insertAssistantSQL, t.assistantID, ex.sessionID, ids(t.inputs), cl.ExecutionID, cl.Token, t.id); err != nil {
+	if err := transcript.InsertAssistant(ctx, tx, ex.assistantParams(t)); err != nil {
 		return nil, fmt.Errorf("creating assistant message: %w", err)
 	}
 	if err := outbox.Insert(ctx, tx, ex.turnStarted(t)); err != nil {

@@ -12,6 +12,7 @@ import (
 	"github.com/promptline/promptline/ledger"
 	"github.com/promptline/promptline/outbox"
 	"github.com/promptline/promptline/provider"
+	"github.com/promptline/promptline/transcript"
 )
 
 // The common turn's transactions run on queued writes
@@ -131,7 +132,7 @@ func (ex *execution) queueFirstStep(b *pgx.Batch, t *turn, v *sessionView) provi
 	for _, m := range t.inputs {
 		b.Queue(promoteSQL, m.ID, cl.ExecutionID, cl.Token)
 	}
-	b.Queue(insertAssistantSQL, t.assistantID, ex.sessionID, ids(t.inputs), cl.ExecutionID, cl.Token, t.id)
+	transcript.QueueInsertAssistant(b, ex.assistantParams(t))
 	outbox.QueueInsert(b, ex.turnStarted(t))
 	hash, tokens := requestFingerprint(req)
 	ex.x.QueueBeginAttempt(b, ledger.AttemptParams{

@@ -16,6 +16,7 @@ import (
 	"github.com/promptline/promptline/ledger"
 	"github.com/promptline/promptline/outbox"
 	"github.com/promptline/promptline/provider"
+	"github.com/promptline/promptline/transcript"
 )
 
 // Bounds of one turn.
@@ -167,10 +168,9 @@ func (ex *execution) runStep(ctx context.Context, t *turn, step int, log *slog.L
 // creating the step's assistant message after the first — and returns the
 // request to send.
 func (ex *execution) beginStep(ctx context.Context, tx pgx.Tx, t *turn, step int, attemptID string) (provider.Request, error) {
-	cl := ex.x.Claim()
 	// The step's assistant message (the first step's exists already, made
 	// with the promotion).
-	if _, err := tx.Exec(ctx, insertAssistantSQL+` ON CONFLICT (message_id) DO NOTHING`, t.assistantID, ex.sessionID, ids(t.inputs), cl.ExecutionID, cl.Token, t.id); err != nil {
+	if err := transcript.InsertAssistantIfAbsent(ctx, tx, ex.assistantParams(t)); err != nil {
 		return provider.Request{}, fmt.Errorf("creating assistant message: %w", err)
 	}
 	hist, err := history(ctx, tx, ex.sessionID)
@@ -236,7 +236,7 @@ func (ex *execution) recordResponse(ctx context.Context, t *turn, step int, atte
 		landed := attemptLanded(attemptID, ledger.AttemptSucceeded)
 		released, err := ex.finishQueuedRetried(ctx, landed, ledger.PhaseSafe, t.assistantID, func(b *pgx.Batch) {
 			ledger.QueueFinishAttempt(b, attemptID, ledger.AttemptSucceeded, "", resp.Usage.InputTokens, resp.Usage.OutputTokens, ex.responseIDs[attemptID])
-			b.Queue(answerSQL, t.assistantID, resp.Text)
+			transcript.QueueAnswer(b, &transcript.AnswerParams{MessageID: t.assistantID, Text: resp.Text})
 			outbox.QueueInsert(b, stepDone, eventRow(ex.e.cfg.Topics.Events, envelope.Event{
 				ID: "turn.completed:" + t.assistantID, Type: envelope.EventTurnCompleted, SessionID: ex.sessionID,
 				At: time.Now().UTC(), MessageIDs: ids(t.inputs), AssistantMessageID: t.assistantID, Text: resp.Text,
@@ -254,17 +254,17 @@ func (ex *execution) recordResponse(ctx context.Context, t *turn, step int, atte
 			return err
 		}
 		if resp.Text != "" {
-			if _, err := tx.Exec(ctx, insertPartSQL, t.assistantID, 0, "text", resp.Text); err != nil {
+			if err := transcript.InsertPart(ctx, tx, &transcript.PartParams{MessageID: t.assistantID, Index: 0, Kind: transcript.PartText, Body: resp.Text}); err != nil {
 				return fmt.Errorf("storing answer: %w", err)
 			}
 		}
 		for i, c := range resp.ToolCalls {
 			body, _ := json.Marshal(toolCallPart{ID: c.ID, Name: c.Name, Input: jsonOrString(c.Input)})
-			if _, err := tx.Exec(ctx, insertPartSQL, t.assistantID, i+1, "tool_call", string(body)); err != nil {
+			if err := transcript.InsertPart(ctx, tx, &transcript.PartParams{MessageID: t.assistantID, Index: i + 1, Kind: transcript.PartToolCall, Body: string(body)}); err != nil {
 				return fmt.Errorf("storing tool call: %w", err)
 			}
 		}
-		if _, err := tx.Exec(ctx, completeMessageSQL, t.assistantID); err != nil {
+		if err := transcript.Complete(ctx, tx, &transcript.CompleteParams{MessageID: t.assistantID}); err != nil {
 			return fmt.Errorf("completing assistant message: %w", err)
 		}
 		if err := ex.x.RequestCalls(ctx, tx, calls); err != nil {

@@ -17,6 +17,7 @@ import (
 	"github.com/promptline/promptline/outbox"
 	"github.com/promptline/promptline/provider"
 	"github.com/promptline/promptline/tools"
+	"github.com/promptline/promptline/transcript"
 )
 
 type toolCallPart struct {
@@ -163,10 +164,12 @@ func (ex *execution) settleCall(ctx context.Context, turnID string, p ledger.Cal
 		if last, err = ex.x.SettleCall(ctx, tx, p.ID, p.AttemptID, state, output, isError); err != nil {
 			return err
 		}
-		if _, err := tx.Exec(ctx, insertToolMessageSQL, p.ID, ex.sessionID, c.ID, isError, cl.ExecutionID, cl.Token); err != nil {
+		if err := transcript.InsertToolMessage(ctx, tx, &transcript.ToolMessageParams{
+			ID: p.ID, SessionID: ex.sessionID, ToolCallID: c.ID, IsError: isError, ExecutionID: cl.ExecutionID, Token: cl.Token,
+		}); err != nil {
 			return fmt.Errorf("storing tool result: %w", err)
 		}
-		if _, err := tx.Exec(ctx, insertPartSQL, p.ID, 0, "text", output); err != nil {
+		if err := transcript.InsertPart(ctx, tx, &transcript.PartParams{MessageID: p.ID, Index: 0, Kind: transcript.PartText, Body: output}); err != nil {
 			return err
 		}
 		return outbox.Insert(ctx, tx, ex.toolEvent(envelope.EventToolCompleted, turnID, p, string(state)))

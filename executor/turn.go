@@ -13,6 +13,7 @@ import (
 	"github.com/promptline/promptline/outbox"
 	"github.com/promptline/promptline/provider"
 	"github.com/promptline/promptline/tools"
+	"github.com/promptline/promptline/transcript"
 )
 
 // turn is one promoted batch of inputs and the steps that answer it.
@@ -163,6 +164,15 @@ func (ex *execution) callMetric(state ledger.CallState) {
 	f(outcome)
 }
 
+// assistantParams are t's current assistant message, pending, as the
+// execution's claim writes it.
+func (ex *execution) assistantParams(t *turn) *transcript.InsertAssistantParams {
+	cl := ex.x.Claim()
+	return &transcript.InsertAssistantParams{
+		ID: t.assistantID, SessionID: ex.sessionID, Answers: ids(t.inputs), ExecutionID: cl.ExecutionID, Token: cl.Token, TurnID: t.id,
+	}
+}
+
 func ids(ms []provider.TranscriptMessage) []string {
 	out := make([]string, len(ms))
 	for i, m := range ms {
@@ -194,6 +204,10 @@ func requestFingerprint(req provider.Request) (hash []byte, tokens int64) {
 const waitingSQL = `
 SELECT message_id, text, delivery, kind FROM waiting_inputs WHERE session_id = $1 ORDER BY admission_seq`
 
+// promoteSQL promotes one input and creates its user message with its
+// text, in one statement: it writes inputs (admission's table) and
+// messages and message_parts (transcript's) at once, and stays here as a
+// cross-table statement (docs/design.md, Table owners).
 const promoteSQL = `
 WITH p AS (
     UPDATE inputs SET promotion_seq = nextval('promotion_seq'), promoted_at = now()
@@ -204,28 +218,3 @@ WITH p AS (
     SELECT message_id, session_id, 'user', 'completed', now(), $2, $3 FROM p
 )
 INSERT INTO message_parts (message_id, idx, kind, body) SELECT message_id, 0, 'text', text FROM p`
-
-const insertAssistantSQL = `
-INSERT INTO messages (message_id, session_id, role, status, answers, execution_id, fencing_token, turn_id)
-VALUES ($1, $2, 'assistant', 'pending', $3, $4, $5, $6)`
-
-const insertPartSQL = `INSERT INTO message_parts (message_id, idx, kind, body) VALUES ($1, $2, $3, $4)`
-
-// answerSQL stores an answer's text (none when empty) and completes its
-// assistant message.
-const answerSQL = `
-WITH p AS (
-    INSERT INTO message_parts (message_id, idx, kind, body) SELECT $1, 0, 'text', $2::text WHERE $2::text <> ''
-)
-UPDATE messages SET status = 'completed', completed_at = now() WHERE message_id = $1 AND status = 'pending'`
-
-const completeMessageSQL = `
-UPDATE messages SET status = 'completed', completed_at = now() WHERE message_id = $1 AND status = 'pending'`
-
-const insertToolMessageSQL = `
-INSERT INTO messages (message_id, session_id, role, status, tool_call_id, is_error, completed_at, execution_id, fencing_token)
-VALUES ($1, $2, 'tool', 'completed', $3, $4, now(), $5, $6)`
-
-const failAssistantSQL = `
-UPDATE messages SET status = 'errored', error = $2, completed_at = now()
-WHERE message_id = $1 AND status = 'pending'`

@@ -12,6 +12,7 @@ import (
 	"github.com/promptline/promptline/internal/faults"
 	"github.com/promptline/promptline/ledger"
 	"github.com/promptline/promptline/outbox"
+	"github.com/promptline/promptline/transcript"
 )
 
 // failOpts is what a failing turn records of its provider attempt: the
@@ -74,11 +75,10 @@ func (ex *execution) failTurn(ctx context.Context, t *turn, reason string, cause
 		// resumed or continued, the step limit after a tool step) creates
 		// it here, so that the claim and turn.failed name a message the
 		// transcript holds (invariant 12).
-		cl := ex.x.Claim()
-		if _, err := tx.Exec(wctx, insertAssistantSQL+` ON CONFLICT (message_id) DO NOTHING`, t.assistantID, ex.sessionID, ids(t.inputs), cl.ExecutionID, cl.Token, t.id); err != nil {
+		if err := transcript.InsertAssistantIfAbsent(wctx, tx, ex.assistantParams(t)); err != nil {
 			return fmt.Errorf("creating failed turn's assistant message: %w", err)
 		}
-		if _, err := tx.Exec(wctx, failAssistantSQL, t.assistantID, cause.Error()); err != nil {
+		if err := transcript.FailAssistant(wctx, tx, &transcript.FailAssistantParams{MessageID: t.assistantID, Error: cause.Error()}); err != nil {
 			return fmt.Errorf("storing failed turn: %w", err)
 		}
 		if err := ex.x.SetPhase(wctx, tx, ledger.PhaseSafe, t.assistantID); err != nil {

@@ -6,6 +6,8 @@ import (
 	"fmt"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/promptline/promptline/transcript"
 )
 
 // The ledger's side of an operator's resolution (consumer session
@@ -79,10 +81,10 @@ func ResolveCallNotRun(ctx context.Context, tx pgx.Tx, callID string) error {
 	if tag.RowsAffected() != 1 {
 		return fmt.Errorf("re-arming tool call %s: it is no longer unknown", callID)
 	}
-	if _, err := tx.Exec(ctx, `DELETE FROM message_parts WHERE message_id = $1`, callID); err != nil {
+	if err := transcript.DeleteParts(ctx, tx, &transcript.DeletePartsParams{MessageID: callID}); err != nil {
 		return fmt.Errorf("removing the unknown result of %s: %w", callID, err)
 	}
-	if _, err := tx.Exec(ctx, `DELETE FROM messages WHERE message_id = $1 AND role = 'tool'`, callID); err != nil {
+	if err := transcript.DeleteToolMessage(ctx, tx, &transcript.DeleteToolMessageParams{MessageID: callID}); err != nil {
 		return fmt.Errorf("removing the unknown result of %s: %w", callID, err)
 	}
 	return nil
@@ -99,13 +101,15 @@ func ResolveCallRan(ctx context.Context, tx pgx.Tx, t Target, output string) err
 	if tag.RowsAffected() != 1 {
 		return fmt.Errorf("settling tool call %s: it is no longer unknown", t.ID)
 	}
-	if _, err := tx.Exec(ctx, `DELETE FROM message_parts WHERE message_id = $1`, t.ID); err != nil {
+	if err := transcript.DeleteParts(ctx, tx, &transcript.DeletePartsParams{MessageID: t.ID}); err != nil {
 		return fmt.Errorf("replacing the result of %s: %w", t.ID, err)
 	}
-	if _, err := tx.Exec(ctx, upsertResolvedToolMessageSQL, t.ID, t.SessionID, t.ModelCallID, t.ExecutionID, t.Token); err != nil {
+	if err := transcript.UpsertResolvedToolMessage(ctx, tx, &transcript.ResolvedToolMessageParams{
+		ID: t.ID, SessionID: t.SessionID, ToolCallID: t.ModelCallID, ExecutionID: t.ExecutionID, Token: t.Token,
+	}); err != nil {
 		return fmt.Errorf("storing the result of %s: %w", t.ID, err)
 	}
-	if _, err := tx.Exec(ctx, `INSERT INTO message_parts (message_id, idx, kind, body) VALUES ($1, 0, 'text', $2)`, t.ID, output); err != nil {
+	if err := transcript.InsertTextPart(ctx, tx, &transcript.TextPartParams{MessageID: t.ID, Body: output}); err != nil {
 		return fmt.Errorf("storing the result of %s: %w", t.ID, err)
 	}
 	return nil
@@ -174,8 +178,3 @@ WHERE call_id = $1 AND state = 'unknown'`
 const settleResolvedCallSQL = `
 UPDATE tool_calls SET state = 'succeeded', output = $2, is_error = false, finished_at = now()
 WHERE call_id = $1 AND state = 'unknown'`
-
-const upsertResolvedToolMessageSQL = `
-INSERT INTO messages (message_id, session_id, role, status, tool_call_id, is_error, completed_at, execution_id, fencing_token)
-VALUES ($1, $2, 'tool', 'completed', $3, false, now(), $4, $5)
-ON CONFLICT (message_id) DO UPDATE SET is_error = false, status = 'completed', completed_at = now()`

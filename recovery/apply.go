@@ -18,6 +18,7 @@ import (
 	"github.com/promptline/promptline/internal/pgdb"
 	"github.com/promptline/promptline/ledger"
 	"github.com/promptline/promptline/outbox"
+	"github.com/promptline/promptline/transcript"
 )
 
 // OutcomeUnknownText marks an assistant message reconciled after a restart.
@@ -146,8 +147,7 @@ func (r *Recoverer) reconcile(ctx context.Context, tx pgx.Tx, old, nc ledger.Cla
 	if old.AssistantMessageID == "" {
 		return outbox.Insert(ctx, tx, events...)
 	}
-	if _, err := tx.Exec(ctx, `UPDATE messages SET status = 'errored', error = $2, completed_at = now()
-		WHERE message_id = $1 AND status = 'pending'`, old.AssistantMessageID, OutcomeUnknownText); err != nil {
+	if err := transcript.FailAssistant(ctx, tx, &transcript.FailAssistantParams{MessageID: old.AssistantMessageID, Error: OutcomeUnknownText}); err != nil {
 		return fmt.Errorf("reconciling assistant message: %w", err)
 	}
 	failed, err := r.failedMessage(ctx, tx, old, nc, ev)
@@ -187,9 +187,10 @@ func (r *Recoverer) failedMessage(ctx context.Context, tx pgx.Tx, old, nc ledger
 		return old.AssistantMessageID, nil
 	}
 	id := FailedMessageID(old.ExecutionID)
-	if _, err := tx.Exec(ctx, `INSERT INTO messages (message_id, session_id, role, status, answers, execution_id, fencing_token, turn_id, error, completed_at)
-		VALUES ($1, $2, 'assistant', 'errored', $3, $4, $5, $6, $7, now())`,
-		id, old.SessionID, ev.TurnMessageIDs, old.ExecutionID, nc.Token, cmp.Or(ev.TurnID, old.AssistantMessageID), OutcomeUnknownText); err != nil {
+	if err := transcript.InsertErroredAssistant(ctx, tx, &transcript.InsertErroredAssistantParams{
+		ID: id, SessionID: old.SessionID, Answers: ev.TurnMessageIDs, ExecutionID: old.ExecutionID, Token: nc.Token,
+		TurnID: cmp.Or(ev.TurnID, old.AssistantMessageID), Error: OutcomeUnknownText,
+	}); err != nil {
 		return "", fmt.Errorf("creating the failed turn's assistant message: %w", err)
 	}
 	return id, nil

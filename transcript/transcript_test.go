@@ -1,0 +1,313 @@
+package transcript_test
+
+import (
+	"context"
+	"errors"
+	"testing"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/require"
+
+	"github.com/promptline/promptline/internal/pgdb"
+	"github.com/promptline/promptline/internal/testkit"
+	"github.com/promptline/promptline/transcript"
+)
+
+type testBundle struct {
+	pool *pgxpool.Pool
+}
+
+// setup opens a fresh database holding the session "s".
+func setup(t *testing.T) *testBundle {
+	t.Helper()
+	pool, _ := testkit.Pool(t)
+	b := &testBundle{pool: pool}
+	_, err := pool.Exec(context.Background(), `INSERT INTO sessions (session_id) VALUES ('s')`)
+	require.NoError(t, err)
+	return b
+}
+
+// inTx runs fn in a transaction and commits it.
+func (b *testBundle) inTx(t *testing.T, fn func(tx pgx.Tx) error) error {
+	t.Helper()
+	return pgdb.InTx(context.Background(), b.pool, fn)
+}
+
+// message is what a test reads of a message row.
+type message struct {
+	role, status, errText, turnID, toolCallID string
+	answers                                   []string
+	isError, completed                        bool
+	token                                     int64
+}
+
+func (b *testBundle) message(t *testing.T, id string) message {
+	t.Helper()
+	var m message
+	err := b.pool.QueryRow(context.Background(), `SELECT role, status, coalesce(error, ''), coalesce(turn_id, ''), coalesce(tool_call_id, ''),
+			coalesce(answers, '{}'), is_error, completed_at IS NOT NULL, coalesce(fencing_token, 0)
+		FROM messages WHERE message_id = $1`, id).
+		Scan(&m.role, &m.status, &m.errText, &m.turnID, &m.toolCallID, &m.answers, &m.isError, &m.completed, &m.token)
+	require.NoError(t, err, "reading message %s", id)
+	return m
+}
+
+// parts returns a message's parts as kind:body, in order.
+func (b *testBundle) parts(t *testing.T, id string) []string {
+	t.Helper()
+	rows, err := b.pool.Query(context.Background(), `SELECT kind || ':' || body FROM message_parts WHERE message_id = $1 ORDER BY idx`, id)
+	require.NoError(t, err)
+	out, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	require.NoError(t, err)
+	return out
+}
+
+func assistant(id string) *transcript.InsertAssistantParams {
+	return &transcript.InsertAssistantParams{
+		ID: id, SessionID: "s", Answers: []string{"in-1", "in-2"}, ExecutionID: "e1", Token: 7, TurnID: "turn-" + id,
+	}
+}
+
+func TestAssistant(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+
+	t.Run("InsertCreatesPendingAndRefusesASecond", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t)
+		require.NoError(t, b.inTx(t, func(tx pgx.Tx) error { return transcript.InsertAssistant(ctx, tx, assistant("a")) }))
+		m := b.message(t, "a")
+		require.Equal(t, message{role: "assistant", status: "pending", turnID: "turn-a", answers: []string{"in-1", "in-2"}, token: 7}, m)
+
+		err := b.inTx(t, func(tx pgx.Tx) error { return transcript.InsertAssistant(ctx, tx, assistant("a")) })
+		var pgErr *pgconn.PgError
+		require.True(t, errors.As(err, &pgErr), "%v", err)
+		require.Equal(t, "23505", pgErr.Code, "a second message with the ID is a unique violation")
+	})
+
+	t.Run("InsertIfAbsentLeavesAnExistingOne", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t)
+		require.NoError(t, b.inTx(t, func(tx pgx.Tx) error {
+			if err := transcript.InsertAssistant(ctx, tx, assistant("a")); err != nil {
+				return err
+			}
+			return transcript.FailAssistant(ctx, tx, &transcript.FailAssistantParams{MessageID: "a", Error: "boom"})
+		}))
+		again := assistant("a")
+		again.Token, again.TurnID = 9, "other"
+		require.NoError(t, b.inTx(t, func(tx pgx.Tx) error { return transcript.InsertAssistantIfAbsent(ctx, tx, again) }))
+		m := b.message(t, "a")
+		require.Equal(t, "errored", m.status, "the existing message is not reset to pending")
+		require.Equal(t, int64(7), m.token)
+		require.Equal(t, "turn-a", m.turnID)
+
+		require.NoError(t, b.inTx(t, func(tx pgx.Tx) error { return transcript.InsertAssistantIfAbsent(ctx, tx, assistant("b")) }))
+		require.Equal(t, "pending", b.message(t, "b").status, "an absent message is created")
+	})
+
+	t.Run("QueuedInsertAndAnswerCommitTogether", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t)
+		require.NoError(t, b.inTx(t, func(tx pgx.Tx) error {
+			batch := &pgx.Batch{}
+			transcript.QueueInsertAssistant(batch, assistant("a"))
+			transcript.QueueAnswer(batch, &transcript.AnswerParams{MessageID: "a", Text: "hello"})
+			transcript.QueueInsertAssistant(batch, assistant("b"))
+			transcript.QueueAnswer(batch, &transcript.AnswerParams{MessageID: "b", Text: ""})
+			return tx.SendBatch(ctx, batch).Close()
+		}))
+		for _, id := range []string{"a", "b"} {
+			m := b.message(t, id)
+			require.Equal(t, "completed", m.status, id)
+			require.True(t, m.completed, id)
+		}
+		require.Equal(t, []string{"text:hello"}, b.parts(t, "a"))
+		require.Empty(t, b.parts(t, "b"), "an empty answer stores no part")
+	})
+
+	t.Run("AnswerCompletesOnlyAPendingMessage", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t)
+		require.NoError(t, b.inTx(t, func(tx pgx.Tx) error {
+			if err := transcript.InsertAssistant(ctx, tx, assistant("a")); err != nil {
+				return err
+			}
+			if err := transcript.FailAssistant(ctx, tx, &transcript.FailAssistantParams{MessageID: "a", Error: "boom"}); err != nil {
+				return err
+			}
+			return transcript.Answer(ctx, tx, &transcript.AnswerParams{MessageID: "a", Text: ""})
+		}))
+		m := b.message(t, "a")
+		require.Equal(t, "errored", m.status)
+		require.Equal(t, "boom", m.errText)
+	})
+
+	t.Run("CompleteOnlyTouchesAPendingMessage", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t)
+		require.NoError(t, b.inTx(t, func(tx pgx.Tx) error {
+			for _, id := range []string{"a", "b"} {
+				if err := transcript.InsertAssistant(ctx, tx, assistant(id)); err != nil {
+					return err
+				}
+			}
+			if err := transcript.InsertPart(ctx, tx, &transcript.PartParams{MessageID: "a", Index: 0, Kind: transcript.PartText, Body: "thinking"}); err != nil {
+				return err
+			}
+			if err := transcript.InsertPart(ctx, tx, &transcript.PartParams{MessageID: "a", Index: 1, Kind: transcript.PartToolCall, Body: `{"id":"c"}`}); err != nil {
+				return err
+			}
+			if err := transcript.FailAssistant(ctx, tx, &transcript.FailAssistantParams{MessageID: "b", Error: "boom"}); err != nil {
+				return err
+			}
+			for _, id := range []string{"a", "b"} {
+				if err := transcript.Complete(ctx, tx, &transcript.CompleteParams{MessageID: id}); err != nil {
+					return err
+				}
+			}
+			return nil
+		}))
+		require.Equal(t, "completed", b.message(t, "a").status)
+		require.Equal(t, []string{"text:thinking", `tool_call:{"id":"c"}`}, b.parts(t, "a"))
+		require.Equal(t, "errored", b.message(t, "b").status, "an errored message is never completed")
+	})
+
+	t.Run("FailOnlyTouchesAPendingMessage", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t)
+		require.NoError(t, b.inTx(t, func(tx pgx.Tx) error {
+			for _, id := range []string{"pending", "completed", "errored"} {
+				if err := transcript.InsertAssistant(ctx, tx, assistant(id)); err != nil {
+					return err
+				}
+			}
+			if err := transcript.Answer(ctx, tx, &transcript.AnswerParams{MessageID: "completed", Text: "done"}); err != nil {
+				return err
+			}
+			if err := transcript.FailAssistant(ctx, tx, &transcript.FailAssistantParams{MessageID: "errored", Error: "first"}); err != nil {
+				return err
+			}
+			for _, id := range []string{"pending", "completed", "errored"} {
+				if err := transcript.FailAssistant(ctx, tx, &transcript.FailAssistantParams{MessageID: id, Error: "second"}); err != nil {
+					return err
+				}
+			}
+			return nil
+		}))
+		p := b.message(t, "pending")
+		require.Equal(t, "errored", p.status)
+		require.Equal(t, "second", p.errText)
+		require.True(t, p.completed, "an errored message is finished")
+		c := b.message(t, "completed")
+		require.Equal(t, "completed", c.status, "a completed message is never failed")
+		require.Empty(t, c.errText)
+		require.Equal(t, "first", b.message(t, "errored").errText, "a failed message keeps the first failure")
+	})
+
+	t.Run("InsertErroredCreatesAFinishedMessage", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t)
+		require.NoError(t, b.inTx(t, func(tx pgx.Tx) error {
+			return transcript.InsertErroredAssistant(ctx, tx, &transcript.InsertErroredAssistantParams{
+				ID: "f", SessionID: "s", Answers: []string{"in-1"}, ExecutionID: "e2", Token: 8, TurnID: "turn-1", Error: "lost",
+			})
+		}))
+		require.Equal(t, message{role: "assistant", status: "errored", errText: "lost", turnID: "turn-1", answers: []string{"in-1"}, completed: true, token: 8},
+			b.message(t, "f"))
+	})
+}
+
+func TestToolMessage(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+
+	tool := func(id string, isError bool) *transcript.ToolMessageParams {
+		return &transcript.ToolMessageParams{ID: id, SessionID: "s", ToolCallID: "model-" + id, ExecutionID: "e1", Token: 7, IsError: isError}
+	}
+
+	t.Run("InsertStoresACompletedResult", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t)
+		require.NoError(t, b.inTx(t, func(tx pgx.Tx) error {
+			if err := transcript.InsertToolMessage(ctx, tx, tool("c", true)); err != nil {
+				return err
+			}
+			return transcript.InsertPart(ctx, tx, &transcript.PartParams{MessageID: "c", Index: 0, Kind: transcript.PartText, Body: "failed"})
+		}))
+		require.Equal(t, message{role: "tool", status: "completed", toolCallID: "model-c", answers: []string{}, isError: true, completed: true, token: 7},
+			b.message(t, "c"))
+		require.Equal(t, []string{"text:failed"}, b.parts(t, "c"))
+	})
+
+	t.Run("ResolvedUpsertCompletesAnExistingResult", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t)
+		require.NoError(t, b.inTx(t, func(tx pgx.Tx) error {
+			if err := transcript.InsertToolMessage(ctx, tx, tool("c", true)); err != nil {
+				return err
+			}
+			return transcript.InsertPart(ctx, tx, &transcript.PartParams{MessageID: "c", Index: 0, Kind: transcript.PartText, Body: "unknown"})
+		}))
+		_, err := b.pool.Exec(ctx, `UPDATE messages SET completed_at = NULL WHERE message_id = 'c'`)
+		require.NoError(t, err)
+		require.NoError(t, b.inTx(t, func(tx pgx.Tx) error {
+			if err := transcript.DeleteParts(ctx, tx, &transcript.DeletePartsParams{MessageID: "c"}); err != nil {
+				return err
+			}
+			if err := transcript.UpsertResolvedToolMessage(ctx, tx, &transcript.ResolvedToolMessageParams{
+				ID: "c", SessionID: "s", ToolCallID: "other", ExecutionID: "e2", Token: 9,
+			}); err != nil {
+				return err
+			}
+			return transcript.InsertTextPart(ctx, tx, &transcript.TextPartParams{MessageID: "c", Body: "it ran"})
+		}))
+		m := b.message(t, "c")
+		require.False(t, m.isError, "a call that ran succeeded")
+		require.True(t, m.completed)
+		require.Equal(t, "completed", m.status)
+		require.Equal(t, "model-c", m.toolCallID, "the conflict updates only the outcome")
+		require.Equal(t, int64(7), m.token)
+		require.Equal(t, []string{"text:it ran"}, b.parts(t, "c"))
+	})
+
+	t.Run("ResolvedUpsertCreatesAnAbsentResult", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t)
+		require.NoError(t, b.inTx(t, func(tx pgx.Tx) error {
+			return transcript.UpsertResolvedToolMessage(ctx, tx, &transcript.ResolvedToolMessageParams{
+				ID: "c", SessionID: "s", ToolCallID: "model-c", ExecutionID: "e2", Token: 9,
+			})
+		}))
+		require.Equal(t, message{role: "tool", status: "completed", toolCallID: "model-c", answers: []string{}, completed: true, token: 9},
+			b.message(t, "c"))
+	})
+
+	t.Run("DeleteRemovesOnlyAToolMessage", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t)
+		require.NoError(t, b.inTx(t, func(tx pgx.Tx) error {
+			if err := transcript.InsertToolMessage(ctx, tx, tool("c", true)); err != nil {
+				return err
+			}
+			if err := transcript.InsertTextPart(ctx, tx, &transcript.TextPartParams{MessageID: "c", Body: "unknown"}); err != nil {
+				return err
+			}
+			return transcript.InsertAssistant(ctx, tx, assistant("a"))
+		}))
+		require.NoError(t, b.inTx(t, func(tx pgx.Tx) error {
+			if err := transcript.DeleteParts(ctx, tx, &transcript.DeletePartsParams{MessageID: "c"}); err != nil {
+				return err
+			}
+			if err := transcript.DeleteToolMessage(ctx, tx, &transcript.DeleteToolMessageParams{MessageID: "c"}); err != nil {
+				return err
+			}
+			return transcript.DeleteToolMessage(ctx, tx, &transcript.DeleteToolMessageParams{MessageID: "a"})
+		}))
+		require.Zero(t, testkit.Count(t, b.pool, `SELECT count(*) FROM messages WHERE message_id = 'c'`))
+		require.Zero(t, testkit.Count(t, b.pool, `SELECT count(*) FROM message_parts WHERE message_id = 'c'`))
+		require.Equal(t, "pending", b.message(t, "a").status, "an assistant message is not a tool message")
+	})
+}
