@@ -45,22 +45,14 @@ func (ex *execution) failTurn(ctx context.Context, t *turn, reason string, cause
 	released, err = finish(wctx, failed, func(tx pgx.Tx) error {
 		// The calls not run end interrupted, each announced (tool.completed)
 		// before the turn's end, in the order they were requested.
-		rows, err := tx.Query(wctx, `WITH interrupted AS (
-				UPDATE tool_calls SET state = 'interrupted', output = $2, is_error = true, finished_at = now()
-				WHERE session_id = $1 AND state = 'requested'
-				RETURNING call_id, model_call_id, tool, class, requested_at, attempt_id, idx)
-			SELECT call_id, model_call_id, tool, class FROM interrupted ORDER BY requested_at, attempt_id, idx`,
-			ex.sessionID, "interrupted: "+reason)
+		calls, err := ledger.InterruptCalls(wctx, tx, &ledger.InterruptCallsParams{SessionID: ex.sessionID, Output: "interrupted: " + reason})
 		if err != nil {
-			return fmt.Errorf("interrupting calls not run: %w", err)
+			return err
 		}
-		var interrupted []outbox.Row
-		var p ledger.CallParams
-		if _, err := pgx.ForEachRow(rows, []any{&p.ID, &p.ModelCallID, &p.Tool, &p.Class}, func() error {
-			interrupted = append(interrupted, ex.toolEvent(envelope.EventToolCompleted, t.id, p, string(ledger.CallInterrupted)))
-			return nil
-		}); err != nil {
-			return fmt.Errorf("interrupting calls not run: %w", err)
+		interrupted := make([]outbox.Row, 0, len(calls))
+		for _, c := range calls {
+			p := ledger.CallParams{ID: c.ID, ModelCallID: c.ModelCallID, Tool: c.Tool, Class: c.Class}
+			interrupted = append(interrupted, ex.toolEvent(envelope.EventToolCompleted, t.id, p, string(c.State)))
 		}
 		if err := outbox.Insert(wctx, tx, interrupted...); err != nil {
 			return err

@@ -69,17 +69,15 @@ func (r *Recoverer) carryOut(ctx context.Context, tx pgx.Tx, old, nc ledger.Clai
 	if d.Decision == DecisionContinued {
 		if d.Rule == RuleIdempotentToolRetry {
 			// Started idempotent calls run again, with their keys.
-			if _, err := tx.Exec(ctx, `UPDATE tool_calls SET state = 'requested', started_at = NULL
-				WHERE session_id = $1 AND state = 'started' AND class = 'idempotent'`, old.SessionID); err != nil {
-				return fmt.Errorf("re-arming idempotent tool calls: %w", err)
+			if err := ledger.RearmIdempotentCalls(ctx, tx, &ledger.RearmIdempotentCallsParams{SessionID: old.SessionID}); err != nil {
+				return err
 			}
 		}
 		if d.RetryAttemptID != "" && d.retryDeferred {
 			// It was answered (a failure) and waited for its retry: the
 			// continuation sends that retry, under the same key.
-			if _, err := tx.Exec(ctx, `UPDATE attempts SET state = 'failed', error = coalesce(error, '') || '; sent again with the same idempotency key by recovery', finished_at = now()
-				WHERE attempt_id = $1 AND state = 'retry_wait'`, d.RetryAttemptID); err != nil {
-				return fmt.Errorf("settling deferred attempt %s: %w", d.RetryAttemptID, err)
+			if err := ledger.SettleRetriedAttempt(ctx, tx, &ledger.SettleRetriedAttemptParams{AttemptID: d.RetryAttemptID}); err != nil {
+				return err
 			}
 		} else if d.RetryAttemptID != "" {
 			if err := ledger.FinishAttempt(ctx, tx, d.RetryAttemptID, ledger.AttemptUnknown, OutcomeUnknownText+"; sent again with the same idempotency key", 0, 0); err != nil {
@@ -88,9 +86,8 @@ func (r *Recoverer) carryOut(ctx context.Context, tx pgx.Tx, old, nc ledger.Clai
 		}
 		// An attempt deferred (certainly not sent) is settled: the
 		// continuation sends its step afresh.
-		if _, err := tx.Exec(ctx, `UPDATE attempts SET state = 'failed', error = coalesce(error, '') || '; not sent: continued by recovery', finished_at = now()
-			WHERE execution_id = $1 AND state = 'retry_wait'`, old.ExecutionID); err != nil {
-			return fmt.Errorf("settling deferred attempts: %w", err)
+		if err := ledger.SettleDeferredAttempts(ctx, tx, &ledger.SettleDeferredAttemptsParams{ExecutionID: old.ExecutionID}); err != nil {
+			return err
 		}
 		id, err := r.admitContinuation(ctx, tx, old, ev, d.ContinuationID)
 		if err != nil {
@@ -105,10 +102,7 @@ func (r *Recoverer) carryOut(ctx context.Context, tx pgx.Tx, old, nc ledger.Clai
 	}
 	// Every decision clears the claim; invariant 7: with a wake when
 	// inputs wait (a continuation input always waits).
-	if _, err := tx.Exec(ctx, `DELETE FROM claims WHERE session_id = $1 AND fencing_token = $2`, nc.SessionID, nc.Token); err != nil {
-		return fmt.Errorf("clearing claim: %w", err)
-	}
-	return nil
+	return ledger.ClearClaim(ctx, tx, &ledger.ClearClaimParams{SessionID: nc.SessionID, Token: nc.Token})
 }
 
 // reconcile marks what is uncertain, never replays it: started attempts
@@ -117,32 +111,22 @@ func (r *Recoverer) carryOut(ctx context.Context, tx pgx.Tx, old, nc ledger.Clai
 // with reason outcome_unknown. nc is the takeover claim, whose fencing
 // token names the outcomes it commits (as the executor's do).
 func (r *Recoverer) reconcile(ctx context.Context, tx pgx.Tx, old, nc ledger.Claim, ev Evidence) error {
-	if _, err := tx.Exec(ctx, `UPDATE attempts SET state = 'unknown', error = $2, finished_at = now()
-		WHERE execution_id = $1 AND state IN ('started', 'retry_wait')`, old.ExecutionID, OutcomeUnknownText); err != nil {
-		return fmt.Errorf("reconciling attempts: %w", err)
+	if err := ledger.ReconcileAttempts(ctx, tx, &ledger.ReconcileAttemptsParams{ExecutionID: old.ExecutionID, Error: OutcomeUnknownText}); err != nil {
+		return err
 	}
 	// Each call's outcome is announced (tool.completed), in the order the
 	// calls were requested, before the turn's end.
-	rows, err := tx.Query(ctx, `WITH settled AS (
-			UPDATE tool_calls SET state = CASE state WHEN 'started' THEN 'unknown' ELSE 'interrupted' END,
-			output = CASE state WHEN 'started' THEN $2 ELSE 'interrupted: never dispatched' END, is_error = true, finished_at = now()
-			WHERE session_id = $1 AND state IN ('requested', 'started')
-			RETURNING call_id, model_call_id, tool, class, state, requested_at, attempt_id, idx)
-		SELECT call_id, model_call_id, tool, class, state FROM settled ORDER BY requested_at, attempt_id, idx`,
-		old.SessionID, OutcomeUnknownText)
+	settled, err := ledger.ReconcileCalls(ctx, tx, &ledger.ReconcileCallsParams{SessionID: old.SessionID, Output: OutcomeUnknownText})
 	if err != nil {
-		return fmt.Errorf("reconciling tool calls: %w", err)
+		return err
 	}
-	var events []outbox.Row
-	var e envelope.Event
-	if _, err := pgx.ForEachRow(rows, []any{&e.CallID, &e.ModelCallID, &e.Tool, &e.Class, &e.Outcome}, func() error {
-		e.ID = "tool.completed:" + e.CallID + "@" + strconv.FormatInt(nc.Token, 10)
-		e.Type, e.SessionID, e.At = envelope.EventToolCompleted, old.SessionID, time.Now().UTC()
-		e.TurnID = cmp.Or(ev.TurnID, old.AssistantMessageID)
-		events = append(events, outbox.EventRow(r.cfg.Topics.Events, e))
-		return nil
-	}); err != nil {
-		return fmt.Errorf("reconciling tool calls: %w", err)
+	events := make([]outbox.Row, 0, len(settled)+1)
+	for _, c := range settled {
+		events = append(events, outbox.EventRow(r.cfg.Topics.Events, envelope.Event{
+			ID: "tool.completed:" + c.ID + "@" + strconv.FormatInt(nc.Token, 10), Type: envelope.EventToolCompleted,
+			SessionID: old.SessionID, At: time.Now().UTC(), TurnID: cmp.Or(ev.TurnID, old.AssistantMessageID),
+			CallID: c.ID, ModelCallID: c.ModelCallID, Tool: c.Tool, Class: c.Class, Outcome: string(c.State),
+		}))
 	}
 	if old.AssistantMessageID == "" {
 		return outbox.Insert(ctx, tx, events...)
@@ -294,13 +278,11 @@ func (r *Recoverer) quarantineTx(ctx context.Context, tx pgx.Tx, c ledger.Claim,
 			return err
 		}
 	}
-	tag, err := tx.Exec(ctx, `UPDATE claims SET quarantine_reason = $5, quarantined_at = now()
-		WHERE session_id = $1 AND execution_id = $2 AND fencing_token = $3 AND expires_at = $4 AND quarantine_reason IS NULL`,
-		c.SessionID, c.ExecutionID, c.Token, c.ExpiresAt, reason)
+	quarantined, err := ledger.QuarantineClaim(ctx, tx, &ledger.QuarantineClaimParams{Claim: c, Reason: reason})
 	if err != nil {
-		return fmt.Errorf("quarantining claim of %s: %w", c.SessionID, err)
+		return err
 	}
-	if tag.RowsAffected() == 0 {
+	if !quarantined {
 		return errSkipped
 	}
 	if _, err := tx.Exec(ctx, `INSERT INTO recoveries (execution_id, session_id, phase_found, decision, evidence,
