@@ -13,6 +13,7 @@ import (
 	"github.com/promptline/promptline/admission"
 	"github.com/promptline/promptline/ledger"
 	"github.com/promptline/promptline/provider"
+	"github.com/promptline/promptline/recovery"
 )
 
 // continuation promotes a continuation input that recovery admitted: it
@@ -47,13 +48,8 @@ func (ex *execution) continuation(ctx context.Context, tx pgx.Tx, inputID string
 			slog.String("message_id", inputID), slog.String("reason", reason))
 		return ex.selectTurn(ctx, tx)
 	}
-	if _, err := tx.Exec(ctx, `UPDATE recoveries SET settled_at = now()
-		WHERE session_id = $1 AND continuation_message_id = $2 AND settled_at IS NULL`, ex.sessionID, inputID); err != nil {
-		return nil, fmt.Errorf("settling recovery of %s: %w", inputID, err)
-	}
-	if _, err := tx.Exec(ctx, `UPDATE resolutions SET settled_at = now()
-		WHERE session_id = $1 AND continuation_message_id = $2 AND settled_at IS NULL`, ex.sessionID, inputID); err != nil {
-		return nil, fmt.Errorf("settling resolution of %s: %w", inputID, err)
+	if err := recovery.SettleContinuation(ctx, tx, &recovery.SettleContinuationParams{SessionID: ex.sessionID, ContinuationID: inputID}); err != nil {
+		return nil, err
 	}
 	if err := admission.PromoteInput(ctx, tx, &admission.PromoteInputParams{MessageID: inputID}); err != nil {
 		return nil, err
