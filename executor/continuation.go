@@ -10,8 +10,10 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/promptline/promptline/admission"
 	"github.com/promptline/promptline/ledger"
 	"github.com/promptline/promptline/provider"
+	"github.com/promptline/promptline/recovery"
 )
 
 // continuation promotes a continuation input that recovery admitted: it
@@ -39,24 +41,18 @@ func (ex *execution) continuation(ctx context.Context, tx pgx.Tx, inputID string
 		reason = fmt.Sprintf("continuation input belongs to session %s's recovery, not %s", recSession, ex.sessionID)
 	}
 	if reason != "" {
-		if _, err := tx.Exec(ctx, `UPDATE inputs SET quarantine_reason = $2, quarantined_at = now() WHERE message_id = $1`, inputID, reason); err != nil {
+		if err := admission.QuarantineInput(ctx, tx, &admission.QuarantineInputParams{MessageID: inputID, Reason: reason}); err != nil {
 			return nil, fmt.Errorf("quarantining %s: %w", inputID, err)
 		}
 		ex.e.log.WarnContext(ctx, "continuation input quarantined", slog.String("session_id", ex.sessionID),
 			slog.String("message_id", inputID), slog.String("reason", reason))
 		return ex.selectTurn(ctx, tx)
 	}
-	if _, err := tx.Exec(ctx, `UPDATE recoveries SET settled_at = now()
-		WHERE session_id = $1 AND continuation_message_id = $2 AND settled_at IS NULL`, ex.sessionID, inputID); err != nil {
-		return nil, fmt.Errorf("settling recovery of %s: %w", inputID, err)
+	if err := recovery.SettleContinuation(ctx, tx, &recovery.SettleContinuationParams{SessionID: ex.sessionID, ContinuationID: inputID}); err != nil {
+		return nil, err
 	}
-	if _, err := tx.Exec(ctx, `UPDATE resolutions SET settled_at = now()
-		WHERE session_id = $1 AND continuation_message_id = $2 AND settled_at IS NULL`, ex.sessionID, inputID); err != nil {
-		return nil, fmt.Errorf("settling resolution of %s: %w", inputID, err)
-	}
-	if _, err := tx.Exec(ctx, `UPDATE inputs SET promotion_seq = nextval('promotion_seq'), promoted_at = now()
-		WHERE message_id = $1 AND promotion_seq IS NULL`, inputID); err != nil {
-		return nil, fmt.Errorf("promoting %s: %w", inputID, err)
+	if err := admission.PromoteInput(ctx, tx, &admission.PromoteInputParams{MessageID: inputID}); err != nil {
+		return nil, err
 	}
 
 	return ex.continueTurn(ctx, tx, oldAssistant, retryAttempt)

@@ -128,8 +128,7 @@ func (ex *execution) resume(ctx context.Context, tx pgx.Tx, inputID string) (*tu
 		JOIN tool_calls c ON c.call_id = r.call_id JOIN attempts a ON a.attempt_id = c.attempt_id
 		WHERE r.request_id = $1 AND r.session_id = $2`, requestID, ex.sessionID).Scan(&assistant)
 	if errors.Is(err, pgx.ErrNoRows) {
-		if _, err := tx.Exec(ctx, `UPDATE inputs SET quarantine_reason = 'permission reply without a request of this session', quarantined_at = now()
-			WHERE message_id = $1`, inputID); err != nil {
+		if err := admission.QuarantineInput(ctx, tx, &admission.QuarantineInputParams{MessageID: inputID, Reason: "permission reply without a request of this session"}); err != nil {
 			return nil, err
 		}
 		return ex.selectTurn(ctx, tx)
@@ -140,9 +139,8 @@ func (ex *execution) resume(ctx context.Context, tx pgx.Tx, inputID string) (*tu
 	if _, err := tx.Exec(ctx, `UPDATE permission_requests SET resumed_at = now() WHERE request_id = $1 AND resumed_at IS NULL`, requestID); err != nil {
 		return nil, err
 	}
-	if _, err := tx.Exec(ctx, `UPDATE inputs SET promotion_seq = nextval('promotion_seq'), promoted_at = now()
-		WHERE message_id = $1 AND promotion_seq IS NULL`, inputID); err != nil {
-		return nil, fmt.Errorf("promoting %s: %w", inputID, err)
+	if err := admission.PromoteInput(ctx, tx, &admission.PromoteInputParams{MessageID: inputID}); err != nil {
+		return nil, err
 	}
 	return ex.continueTurn(ctx, tx, assistant, "")
 }

@@ -1,7 +1,6 @@
 package recovery
 
 import (
-	"bytes"
 	"cmp"
 	"context"
 	"encoding/json"
@@ -13,6 +12,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/promptline/promptline/admission"
 	"github.com/promptline/promptline/envelope"
 	"github.com/promptline/promptline/internal/faults"
 	"github.com/promptline/promptline/internal/pgdb"
@@ -194,18 +194,15 @@ func (r *Recoverer) admitContinuation(ctx context.Context, tx pgx.Tx, old ledger
 	h := continuationHash(old)
 	holders := slices.Clone(ev.ContinuationHolders)
 	for range 3 { // two candidate IDs: at most two holders found here
-		var in InputFact
-		err := tx.QueryRow(ctx, `INSERT INTO inputs (message_id, session_id, text, payload_hash, delivery, wake_pending, kind)
-			VALUES ($1, $2, '', $3, 'steer', true, 'continuation')
-			ON CONFLICT (message_id) DO UPDATE SET message_id = excluded.message_id
-			RETURNING message_id, session_id, kind, payload_hash`, id, old.SessionID, h).Scan(&in.MessageID, &in.SessionID, &in.Kind, &in.PayloadHash)
+		p := &admission.AdmitContinuationParams{MessageID: id, SessionID: old.SessionID, PayloadHash: h}
+		held, err := admission.AdmitContinuation(ctx, tx, p)
 		if err != nil {
-			return "", fmt.Errorf("admitting continuation %s: %w", id, err)
+			return "", err
 		}
-		if in.Kind == "continuation" && in.SessionID == old.SessionID && bytes.Equal(in.PayloadHash, h) {
+		if held.Is(p) {
 			return id, nil
 		}
-		holders = append(slices.DeleteFunc(holders, func(f InputFact) bool { return f.MessageID == in.MessageID }), in)
+		holders = append(slices.DeleteFunc(holders, func(f InputFact) bool { return f.MessageID == held.MessageID }), InputFact(held))
 		var reason string
 		if id, reason = continuationID(old, Evidence{ContinuationHolders: holders}); reason != "" {
 			return "", errors.New(reason)

@@ -1,7 +1,6 @@
 package recovery
 
 import (
-	"bytes"
 	"context"
 	"crypto/sha256"
 	"errors"
@@ -12,6 +11,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/promptline/promptline/admission"
 	"github.com/promptline/promptline/envelope"
 	"github.com/promptline/promptline/internal/kafkautil"
 	"github.com/promptline/promptline/internal/pgdb"
@@ -433,16 +433,12 @@ func resolutionRound(ctx context.Context, tx pgx.Tx, targetID string, round int)
 func admitResolutionContinuation(ctx context.Context, tx pgx.Tx, sessionID, targetID string, round int) (string, error) {
 	h := sha256.Sum256([]byte("resolution:" + sessionID + ":" + targetID + ":" + strconv.Itoa(round)))
 	for _, id := range []string{ResolutionContinuationID(targetID, round), resolutionContinuationTakenID(targetID, round)} {
-		var session, kind string
-		var hash []byte
-		err := tx.QueryRow(ctx, `INSERT INTO inputs (message_id, session_id, text, payload_hash, delivery, wake_pending, kind)
-			VALUES ($1, $2, '', $3, 'steer', true, 'continuation')
-			ON CONFLICT (message_id) DO UPDATE SET message_id = excluded.message_id
-			RETURNING session_id, kind, payload_hash`, id, sessionID, h[:]).Scan(&session, &kind, &hash)
+		p := &admission.AdmitContinuationParams{MessageID: id, SessionID: sessionID, PayloadHash: h[:]}
+		held, err := admission.AdmitContinuation(ctx, tx, p)
 		if err != nil {
-			return "", fmt.Errorf("admitting continuation %s: %w", id, err)
+			return "", err
 		}
-		if kind == "continuation" && session == sessionID && bytes.Equal(hash, h[:]) {
+		if held.Is(p) {
 			return id, nil
 		}
 	}

@@ -1,0 +1,93 @@
+package admission
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// The writes to inputs that other packages make in their own
+// transactions: recovery admits continuation inputs, the executor
+// promotes and quarantines the inputs it selects. Each runs one statement
+// in the caller's transaction; the policy (which ID to try next, what
+// reason to give) stays with the caller.
+
+// AdmitContinuationParams names a continuation input: its message ID, its
+// session and the hash of what it continues (which recovery or resolution
+// admitted it).
+type AdmitContinuationParams struct {
+	MessageID   string
+	SessionID   string
+	PayloadHash []byte
+}
+
+// Holder is the input that holds a message ID.
+type Holder struct {
+	MessageID   string
+	SessionID   string
+	Kind        string
+	PayloadHash []byte
+}
+
+// Is reports whether h is the continuation input that p names: same
+// kind, session and payload. A second admission of that input is an exact
+// retry.
+func (h Holder) Is(p *AdmitContinuationParams) bool {
+	return h.Kind == KindContinuation && h.SessionID == p.SessionID && bytes.Equal(h.PayloadHash, p.PayloadHash)
+}
+
+// AdmitContinuation admits a continuation input (kind continuation, a
+// steer, wake pending) under p.MessageID unless an input holds that ID
+// already, and returns the input that holds it afterwards: the one it
+// admitted, the same input admitted before (an exact retry), or another
+// input (of another session, kind or payload), whose ID is then not this
+// one's to take (Holder.Is tells).
+func AdmitContinuation(ctx context.Context, tx pgx.Tx, p *AdmitContinuationParams) (Holder, error) {
+	var h Holder
+	if err := tx.QueryRow(ctx, admitContinuationSQL, p.MessageID, p.SessionID, p.PayloadHash).Scan(&h.MessageID, &h.SessionID, &h.Kind, &h.PayloadHash); err != nil {
+		return Holder{}, fmt.Errorf("admitting continuation %s: %w", p.MessageID, err)
+	}
+	return h, nil
+}
+
+// PromoteInputParams names the input to promote.
+type PromoteInputParams struct {
+	MessageID string
+}
+
+// PromoteInput gives a waiting input its promotion order (once: an input
+// promoted before keeps its order).
+func PromoteInput(ctx context.Context, tx pgx.Tx, p *PromoteInputParams) error {
+	if _, err := tx.Exec(ctx, promoteInputSQL, p.MessageID); err != nil {
+		return fmt.Errorf("promoting %s: %w", p.MessageID, err)
+	}
+	return nil
+}
+
+// QuarantineInputParams names the input to quarantine and says why.
+type QuarantineInputParams struct {
+	MessageID string
+	Reason    string
+}
+
+// QuarantineInput quarantines an input with its reason: it no longer
+// waits (waiting_inputs) until an operator releases it. The error is the
+// driver's, for the caller to say what it was doing.
+func QuarantineInput(ctx context.Context, tx pgx.Tx, p *QuarantineInputParams) error {
+	_, err := tx.Exec(ctx, quarantineInputSQL, p.MessageID, p.Reason)
+	return err
+}
+
+// The DO UPDATE (a no-op) makes RETURNING give the holder's row when the
+// ID is held, in the same statement.
+const admitContinuationSQL = `INSERT INTO inputs (message_id, session_id, text, payload_hash, delivery, wake_pending, kind)
+			VALUES ($1, $2, '', $3, 'steer', true, 'continuation')
+			ON CONFLICT (message_id) DO UPDATE SET message_id = excluded.message_id
+			RETURNING message_id, session_id, kind, payload_hash`
+
+const promoteInputSQL = `UPDATE inputs SET promotion_seq = nextval('promotion_seq'), promoted_at = now()
+		WHERE message_id = $1 AND promotion_seq IS NULL`
+
+const quarantineInputSQL = `UPDATE inputs SET quarantine_reason = $2, quarantined_at = now() WHERE message_id = $1`

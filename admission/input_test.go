@@ -1,0 +1,133 @@
+package admission_test
+
+import (
+	"context"
+	"testing"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/require"
+
+	"github.com/promptline/promptline/admission"
+	"github.com/promptline/promptline/envelope"
+	"github.com/promptline/promptline/internal/pgdb"
+	"github.com/promptline/promptline/internal/testkit"
+)
+
+func TestInputWrites(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+
+	type testBundle struct {
+		pool *pgxpool.Pool
+	}
+	setup := func(t *testing.T) *testBundle {
+		t.Helper()
+		pool, _ := testkit.Pool(t)
+		for _, s := range []string{"s", "other"} {
+			_, err := pool.Exec(ctx, `INSERT INTO sessions (session_id) VALUES ($1)`, s)
+			require.NoError(t, err)
+		}
+		return &testBundle{pool: pool}
+	}
+	admit := func(t *testing.T, b *testBundle, p *admission.AdmitContinuationParams) admission.Holder {
+		t.Helper()
+		var h admission.Holder
+		require.NoError(t, pgdb.InTx(ctx, b.pool, func(tx pgx.Tx) error {
+			var err error
+			h, err = admission.AdmitContinuation(ctx, tx, p)
+			return err
+		}))
+		return h
+	}
+	promotionSeq := func(t *testing.T, b *testBundle, id string) int64 {
+		t.Helper()
+		var seq *int64
+		require.NoError(t, b.pool.QueryRow(ctx, `SELECT promotion_seq FROM inputs WHERE message_id = $1`, id).Scan(&seq))
+		require.NotNil(t, seq, "%s is promoted", id)
+		return *seq
+	}
+
+	t.Run("AdmitContinuationTwiceIsAnExactRetry", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t)
+		p := &admission.AdmitContinuationParams{MessageID: "c", SessionID: "s", PayloadHash: []byte("h")}
+		first := admit(t, b, p)
+		require.Equal(t, admission.Holder{MessageID: "c", SessionID: "s", Kind: admission.KindContinuation, PayloadHash: []byte("h")}, first)
+		require.True(t, first.Is(p))
+		second := admit(t, b, p)
+		require.Equal(t, first, second)
+		require.True(t, second.Is(p))
+		require.Equal(t, 1, testkit.Count(t, b.pool, `SELECT count(*) FROM inputs
+			WHERE message_id = 'c' AND kind = 'continuation' AND delivery = 'steer' AND wake_pending AND promotion_seq IS NULL`))
+		require.Equal(t, 1, testkit.Count(t, b.pool, `SELECT count(*) FROM waiting_inputs WHERE message_id = 'c'`))
+	})
+
+	t.Run("AdmitContinuationOnAHeldIDReturnsTheHolder", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t)
+		resume := false
+		_, err := admission.NewAdmitter(b.pool, &admission.AdmitterConfig{}).Admit(ctx, []admission.Incoming{
+			{Prompt: envelope.Prompt{MessageID: "c", SessionID: "other", Text: "hi", Resume: &resume}}})
+		require.NoError(t, err)
+		var promptHash []byte
+		require.NoError(t, b.pool.QueryRow(ctx, `SELECT payload_hash FROM inputs WHERE message_id = 'c'`).Scan(&promptHash))
+
+		p := &admission.AdmitContinuationParams{MessageID: "c", SessionID: "s", PayloadHash: []byte("h")}
+		held := admit(t, b, p)
+		require.Equal(t, admission.Holder{MessageID: "c", SessionID: "other", Kind: admission.KindPrompt, PayloadHash: promptHash}, held)
+		require.False(t, held.Is(p))
+		require.Equal(t, 1, testkit.Count(t, b.pool, `SELECT count(*) FROM inputs WHERE message_id = 'c' AND kind = 'prompt' AND text = 'hi'`),
+			"the prompt holding the ID is as it was")
+
+		// A continuation of the same session under another payload holds
+		// the ID for that payload only.
+		admit(t, b, &admission.AdmitContinuationParams{MessageID: "d", SessionID: "s", PayloadHash: []byte("one")})
+		p = &admission.AdmitContinuationParams{MessageID: "d", SessionID: "s", PayloadHash: []byte("two")}
+		held = admit(t, b, p)
+		require.Equal(t, []byte("one"), held.PayloadHash)
+		require.False(t, held.Is(p))
+	})
+
+	t.Run("PromoteInputGivesIncreasingOrderOnce", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t)
+		admit(t, b, &admission.AdmitContinuationParams{MessageID: "a", SessionID: "s", PayloadHash: []byte("a")})
+		admit(t, b, &admission.AdmitContinuationParams{MessageID: "b", SessionID: "s", PayloadHash: []byte("b")})
+		promote := func(id string) {
+			require.NoError(t, pgdb.InTx(ctx, b.pool, func(tx pgx.Tx) error {
+				return admission.PromoteInput(ctx, tx, &admission.PromoteInputParams{MessageID: id})
+			}))
+		}
+		promote("a")
+		promote("b")
+		a, bSeq := promotionSeq(t, b, "a"), promotionSeq(t, b, "b")
+		require.Less(t, a, bSeq)
+		promote("a")
+		require.Equal(t, a, promotionSeq(t, b, "a"), "a promoted input keeps its order")
+		require.Zero(t, testkit.Count(t, b.pool, `SELECT count(*) FROM waiting_inputs WHERE session_id = 's'`))
+		require.Equal(t, 2, testkit.Count(t, b.pool, `SELECT count(*) FROM inputs WHERE session_id = 's' AND promoted_at IS NOT NULL`))
+	})
+
+	t.Run("QuarantineInputStopsItWaiting", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t)
+		admit(t, b, &admission.AdmitContinuationParams{MessageID: "q", SessionID: "s", PayloadHash: []byte("q")})
+		admit(t, b, &admission.AdmitContinuationParams{MessageID: "k", SessionID: "s", PayloadHash: []byte("k")})
+		require.NoError(t, pgdb.InTx(ctx, b.pool, func(tx pgx.Tx) error {
+			return admission.QuarantineInput(ctx, tx, &admission.QuarantineInputParams{MessageID: "q", Reason: "no recovery vouches for it"})
+		}))
+		require.Equal(t, 1, testkit.Count(t, b.pool, `SELECT count(*) FROM inputs
+			WHERE message_id = 'q' AND quarantine_reason = 'no recovery vouches for it' AND quarantined_at IS NOT NULL`))
+		require.Equal(t, []string{"k"}, waiting(t, b.pool, "s"), "the other input still waits")
+	})
+}
+
+func waiting(t *testing.T, pool *pgxpool.Pool, session string) []string {
+	t.Helper()
+	rows, err := pool.Query(context.Background(), `SELECT message_id FROM waiting_inputs WHERE session_id = $1 ORDER BY message_id`, session)
+	require.NoError(t, err)
+	ids, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	require.NoError(t, err)
+	return ids
+}
