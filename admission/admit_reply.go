@@ -55,7 +55,7 @@ func (a *Admitter) AdmitReply(ctx context.Context, key []byte, r envelope.Permis
 		out, wrote = ReplyOutcome{}, false
 		var session string
 		err := tx.QueryRow(ctx, `SELECT session_id FROM permission_requests WHERE request_id = $1`, r.RequestID).Scan(&session)
-		if errors.Is(err, pgx.ErrNoRows) {
+		if errors.Is(interpretError(err), errNotFound) {
 			out = ReplyOutcome{Outcome: Conflict, Reason: envelope.ReasonUnknownRequest, Detail: fmt.Sprintf("no permission request %q", r.RequestID)}
 			return nil
 		}

@@ -54,14 +54,19 @@ type tableWrite struct {
 	table, file, where string // file: slash path from the module root
 }
 
-// tableWrites returns the table writes in the string literals of every
-// non-test Go file of the module. Tests build their crash states with
-// their own statements and are not checked; neither is cmd/bench, whose
-// statements fill scratch databases of its own (design.md says so under
-// Table owners).
-func tableWrites(t *testing.T, tables map[string]string) []tableWrite {
+// srcFile is one parsed non-test Go file of the module.
+type srcFile struct {
+	rel  string // slash path from the module root
+	fset *token.FileSet
+	f    *ast.File
+}
+
+// productionFiles parses every non-test Go file of the module: the code
+// the checks of this file hold to design.md. Tests build their crash
+// states with their own statements and are not checked.
+func productionFiles(t *testing.T) []srcFile {
 	t.Helper()
-	var out []tableWrite
+	var out []srcFile
 	fset := token.NewFileSet()
 	root := ".."
 	err := filepath.WalkDir(root, func(path string, d fs.DirEntry, err error) error {
@@ -72,7 +77,7 @@ func tableWrites(t *testing.T, tables map[string]string) []tableWrite {
 		rel, _ := filepath.Rel(root, path)
 		rel = filepath.ToSlash(rel)
 		if d.IsDir() {
-			if path != root && (strings.HasPrefix(name, ".") || name == "node_modules" || name == "testdata" || name == "bin" || name == "target" || rel == "cmd/bench") {
+			if path != root && (strings.HasPrefix(name, ".") || name == "node_modules" || name == "testdata" || name == "bin" || name == "target") {
 				return filepath.SkipDir
 			}
 			return nil
@@ -84,7 +89,23 @@ func tableWrites(t *testing.T, tables map[string]string) []tableWrite {
 		if err != nil {
 			return err
 		}
-		ast.Inspect(f, func(n ast.Node) bool {
+		out = append(out, srcFile{rel: rel, fset: fset, f: f})
+		return nil
+	})
+	require.NoError(t, err)
+	return out
+}
+
+// tableWrites returns the table writes in the string literals of files.
+// cmd/bench is not checked: its statements fill scratch databases of its
+// own (design.md says so under Table owners).
+func tableWrites(files []srcFile, tables map[string]string) []tableWrite {
+	var out []tableWrite
+	for _, sf := range files {
+		if strings.HasPrefix(sf.rel, "cmd/bench/") {
+			continue
+		}
+		ast.Inspect(sf.f, func(n ast.Node) bool {
 			lit, ok := n.(*ast.BasicLit)
 			if !ok || lit.Kind != token.STRING {
 				return true
@@ -95,14 +116,12 @@ func tableWrites(t *testing.T, tables map[string]string) []tableWrite {
 			}
 			for _, m := range writeStmt.FindAllStringSubmatch(s, -1) {
 				if _, ok := tables[strings.ToLower(m[1])]; ok {
-					out = append(out, tableWrite{table: strings.ToLower(m[1]), file: rel, where: fset.Position(lit.Pos()).String()})
+					out = append(out, tableWrite{table: strings.ToLower(m[1]), file: sf.rel, where: sf.fset.Position(lit.Pos()).String()})
 				}
 			}
 			return true
 		})
-		return nil
-	})
-	require.NoError(t, err)
+	}
 	return out
 }
 
@@ -134,7 +153,7 @@ func TestTableOwnership(t *testing.T) {
 	md := string(b)
 	o := readOwners(t, md)
 	require.GreaterOrEqual(t, len(o.pkg), 14, "Table owners lists too few tables: is the table's format still `| `table` | owner | others |`?")
-	writes := tableWrites(t, o.pkg)
+	writes := tableWrites(productionFiles(t), o.pkg)
 	// Every owning package writes at least one of its tables where the
 	// scan can see it: a scan that found nothing would pass every check.
 	seen := map[string]bool{}
@@ -182,4 +201,180 @@ func matchedVerbs(s string) []string {
 		out = append(out, strings.ToLower(m[1]))
 	}
 	return out
+}
+
+// Driver errors are translated once per owner: in a package's errors.go
+// (its interpretError) or in internal/pgdb, the driver layer itself.
+const (
+	pgxPath    = "github.com/jackc/pgx/v5"
+	pgconnPath = "github.com/jackc/pgx/v5/pgconn"
+)
+
+// sqlstate is a SQLSTATE or a SQLSTATE class, as a Go string literal.
+var sqlstate = regexp.MustCompile(`^"[0-9A-Z]{2}([0-9A-Z]{3})?"$`)
+
+// driverErrorChecks returns, for each test of a driver error outside an
+// errors.go file and internal/pgdb, a line saying so: a use of
+// pgx.ErrNoRows or pgconn.PgError, or a comparison of a .Code (or a slice
+// of it) with a SQLSTATE, by == or != or in a switch. The SQLSTATE is a
+// string literal or a constant of the package set to one.
+func driverErrorChecks(files []srcFile) []string {
+	consts := map[string]map[string]bool{} // directory → names of SQLSTATE constants
+	for _, sf := range files {
+		dir := path.Dir(sf.rel)
+		for _, d := range sf.f.Decls {
+			g, ok := d.(*ast.GenDecl)
+			if !ok || g.Tok != token.CONST {
+				continue
+			}
+			for _, spec := range g.Specs {
+				vs := spec.(*ast.ValueSpec)
+				for i, v := range vs.Values {
+					if lit, ok := v.(*ast.BasicLit); ok && i < len(vs.Names) && sqlstate.MatchString(lit.Value) {
+						if consts[dir] == nil {
+							consts[dir] = map[string]bool{}
+						}
+						consts[dir][vs.Names[i].Name] = true
+					}
+				}
+			}
+		}
+	}
+	var bad []string
+	for _, sf := range files {
+		if path.Base(sf.rel) == "errors.go" || strings.HasPrefix(sf.rel, "internal/pgdb/") {
+			continue
+		}
+		names := map[string]string{} // import path → name in this file
+		for _, imp := range sf.f.Imports {
+			p, _ := strconv.Unquote(imp.Path.Value)
+			names[p] = path.Base(strings.TrimSuffix(p, "/v5"))
+			if imp.Name != nil {
+				names[p] = imp.Name.Name
+			}
+		}
+		isSQLSTATE := func(e ast.Expr) bool {
+			switch e := e.(type) {
+			case *ast.BasicLit:
+				return e.Kind == token.STRING && sqlstate.MatchString(e.Value)
+			case *ast.Ident:
+				return consts[path.Dir(sf.rel)][e.Name]
+			}
+			return false
+		}
+		isCode := func(e ast.Expr) bool {
+			switch x := e.(type) {
+			case *ast.SliceExpr:
+				e = x.X
+			case *ast.IndexExpr:
+				e = x.X
+			}
+			sel, ok := e.(*ast.SelectorExpr)
+			return ok && sel.Sel.Name == "Code"
+		}
+		report := func(n ast.Node, what string) {
+			bad = append(bad, fmt.Sprintf("%s: %s: translate driver errors in the package's errors.go (interpretError) and test its sentinels", sf.fset.Position(n.Pos()), what))
+		}
+		ast.Inspect(sf.f, func(n ast.Node) bool {
+			switch n := n.(type) {
+			case *ast.SelectorExpr:
+				if id, ok := n.X.(*ast.Ident); ok {
+					switch {
+					case names[pgxPath] != "" && id.Name == names[pgxPath] && n.Sel.Name == "ErrNoRows":
+						report(n, "tests pgx.ErrNoRows")
+					case names[pgconnPath] != "" && id.Name == names[pgconnPath] && n.Sel.Name == "PgError":
+						report(n, "inspects a pgconn.PgError")
+					}
+				}
+			case *ast.BinaryExpr:
+				if (n.Op == token.EQL || n.Op == token.NEQ) &&
+					(isCode(n.X) && isSQLSTATE(n.Y) || isCode(n.Y) && isSQLSTATE(n.X)) {
+					report(n, "compares a .Code with a SQLSTATE")
+				}
+			case *ast.SwitchStmt:
+				if n.Tag == nil || !isCode(n.Tag) {
+					return true
+				}
+				for _, c := range n.Body.List {
+					if slices.ContainsFunc(c.(*ast.CaseClause).List, isSQLSTATE) {
+						report(n, "switches on a .Code with SQLSTATE cases")
+						break
+					}
+				}
+			}
+			return true
+		})
+	}
+	slices.Sort(bad)
+	return bad
+}
+
+// TestDriverErrorsTranslatedOnce holds design.md's rule beside Table
+// owners: no production code tests pgx.ErrNoRows or a SQLSTATE outside a
+// package's errors.go and internal/pgdb.
+func TestDriverErrorsTranslatedOnce(t *testing.T) {
+	t.Parallel()
+	files := productionFiles(t)
+	require.Empty(t, driverErrorChecks(files))
+	// The translations exist where the scan can see them: a scan that
+	// found nothing would pass every check.
+	var inErrorsGo []srcFile
+	for _, sf := range files {
+		if path.Base(sf.rel) == "errors.go" {
+			inErrorsGo = append(inErrorsGo, srcFile{rel: path.Dir(sf.rel) + "/checked.go", fset: sf.fset, f: sf.f})
+		}
+	}
+	require.NotEmpty(t, driverErrorChecks(inErrorsGo), "the errors.go files test no driver error the scan can see: the scan is broken")
+
+	t.Run("Synthetic", func(t *testing.T) {
+		t.Parallel()
+		const src = `package p
+
+import (
+	"errors"
+
+	pg "github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+)
+
+const uniqueCode = "23505"
+
+func f(err error) bool {
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) && pgErr.Code == uniqueCode {
+		return true
+	}
+	if errors.As(err, &pgErr) && pgErr.Code[:2] != "22" {
+		return true
+	}
+	switch pgErr.Code {
+	case "40001":
+		return true
+	}
+	return errors.Is(err, pg.ErrNoRows)
+}
+
+type resp struct{ Code int }
+
+func g(r resp, s string) bool { return r.Code == 200 || s == "23505" }
+`
+		parse := func(rel string) srcFile {
+			fset := token.NewFileSet()
+			f, err := parser.ParseFile(fset, rel, src, parser.SkipObjectResolution)
+			require.NoError(t, err)
+			return srcFile{rel: rel, fset: fset, f: f}
+		}
+		bad := driverErrorChecks([]srcFile{parse("recovery/apply.go")})
+		require.Len(t, bad, 5, "%v", bad)
+		for i, want := range []string{
+			"recovery/apply.go:13:13: inspects a pgconn.PgError",
+			"recovery/apply.go:14:31: compares a .Code with a SQLSTATE",
+			"recovery/apply.go:17:31: compares a .Code with a SQLSTATE",
+			"recovery/apply.go:20:2: switches on a .Code with SQLSTATE cases",
+			"recovery/apply.go:24:24: tests pgx.ErrNoRows",
+		} {
+			require.True(t, strings.HasPrefix(bad[i], want), "%s, not %s", bad[i], want)
+		}
+		require.Empty(t, driverErrorChecks([]srcFile{parse("recovery/errors.go"), parse("internal/pgdb/transient.go")}))
+	})
 }

@@ -33,7 +33,7 @@ func (ex *execution) continuation(ctx context.Context, tx pgx.Tx, inputID string
 		SELECT session_id, assistant_message_id, '' FROM resolutions WHERE continuation_message_id = $1`, inputID).Scan(&recSession, &oldAssistant, &retryAttempt)
 	reason := ""
 	switch {
-	case errors.Is(err, pgx.ErrNoRows):
+	case errors.Is(interpretError(err), errNotFound):
 		reason = "continuation input without a recovery decision"
 	case err != nil:
 		return nil, fmt.Errorf("reading recovery of %s: %w", inputID, err)

@@ -58,7 +58,7 @@ func (ex *execution) checkPermission(ctx context.Context, p ledger.CallParams, c
 	var status, message string
 	err = ex.e.pool.QueryRow(ctx, `SELECT status, coalesce(message, '') FROM permission_requests WHERE request_id = $1`, p.ID).Scan(&status, &message)
 	switch {
-	case errors.Is(err, pgx.ErrNoRows):
+	case errors.Is(interpretError(err), errNotFound):
 		var granted bool
 		if err := ex.e.pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM permission_grants WHERE session_id = $1 AND pattern = $2)`,
 			ex.sessionID, c.Name).Scan(&granted); err != nil {
@@ -127,7 +127,7 @@ func (ex *execution) resume(ctx context.Context, tx pgx.Tx, inputID string) (*tu
 	err := tx.QueryRow(ctx, `SELECT a.assistant_message_id FROM permission_requests r
 		JOIN tool_calls c ON c.call_id = r.call_id JOIN attempts a ON a.attempt_id = c.attempt_id
 		WHERE r.request_id = $1 AND r.session_id = $2`, requestID, ex.sessionID).Scan(&assistant)
-	if errors.Is(err, pgx.ErrNoRows) {
+	if errors.Is(interpretError(err), errNotFound) {
 		if err := admission.QuarantineInput(ctx, tx, &admission.QuarantineInputParams{MessageID: inputID, Reason: "permission reply without a request of this session"}); err != nil {
 			return nil, err
 		}

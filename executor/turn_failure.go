@@ -37,7 +37,7 @@ func (ex *execution) failTurn(ctx context.Context, t *turn, reason string, cause
 	failed := func(ctx context.Context, tx pgx.Tx) (bool, error) {
 		var status string
 		err := tx.QueryRow(ctx, `SELECT status FROM messages WHERE message_id = $1`, t.assistantID).Scan(&status)
-		if errors.Is(err, pgx.ErrNoRows) {
+		if errors.Is(interpretError(err), errNotFound) {
 			return false, nil
 		}
 		return status == "errored", err

@@ -144,7 +144,7 @@ func (x *Execution) RecordResponseID(ctx context.Context, attemptID, responseID 
 func ReadAttemptState(ctx context.Context, tx pgx.Tx, id string) (AttemptState, error) {
 	var state AttemptState
 	err := tx.QueryRow(ctx, `SELECT state FROM attempts WHERE attempt_id = $1`, id).Scan(&state)
-	if errors.Is(err, pgx.ErrNoRows) {
+	if errors.Is(interpretError(err), errNotFound) {
 		return "", nil
 	}
 	if err != nil {
@@ -157,7 +157,7 @@ func ReadAttemptState(ctx context.Context, tx pgx.Tx, id string) (AttemptState, 
 func ReadCallState(ctx context.Context, tx pgx.Tx, callID string) (CallState, error) {
 	var state CallState
 	err := tx.QueryRow(ctx, `SELECT state FROM tool_calls WHERE call_id = $1`, callID).Scan(&state)
-	if errors.Is(err, pgx.ErrNoRows) {
+	if errors.Is(interpretError(err), errNotFound) {
 		return "", nil
 	}
 	if err != nil {

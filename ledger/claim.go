@@ -116,14 +116,14 @@ func (c *Claims) Acquire(ctx context.Context, sessionID, executionID string, the
 	err := pgdb.InTx(ctx, c.pool, func(tx pgx.Tx) error {
 		var token int64
 		if err := tx.QueryRow(ctx, lockSessionSQL, sessionID).Scan(&token); err != nil {
-			if errors.Is(err, pgx.ErrNoRows) {
+			if errors.Is(interpretError(err), errNotFound) {
 				return fmt.Errorf("session %s does not exist", sessionID)
 			}
 			return err
 		}
 		err := tx.QueryRow(ctx, acquireSQL, sessionID, executionID, c.cfg.OwnerID, token+1, c.cfg.Lease.Milliseconds()).
 			Scan(&cl.ExpiresAt)
-		if errors.Is(err, pgx.ErrNoRows) {
+		if errors.Is(interpretError(err), errNotFound) {
 			return ErrClaimHeld
 		}
 		if err != nil {
@@ -218,7 +218,7 @@ func (x *Execution) writeTx(ctx context.Context, lockSession bool, phase Phase, 
 			}
 		}
 		if _, err := tx.Exec(ctx, fenceCallSQL, x.claim.SessionID, x.claim.ExecutionID, x.claim.Token, x.claims.cfg.Lease.Milliseconds(), p, assistantMessageID); err != nil {
-			if isFenced(err) {
+			if errors.Is(interpretError(err), errFenceRaised) {
 				return ErrFenced
 			}
 			return fmt.Errorf("fence: %w", err)
@@ -397,7 +397,7 @@ func Takeover(ctx context.Context, tx pgx.Tx, old Claim, executionID, ownerID st
 	nc.ExecutionID, nc.OwnerID, nc.Token = executionID, ownerID, token+1
 	err := tx.QueryRow(ctx, takeoverSQL, old.SessionID, old.ExecutionID, old.OwnerID, old.ExpiresAt,
 		executionID, ownerID, nc.Token, lease.Milliseconds()).Scan(&nc.ExpiresAt)
-	if errors.Is(err, pgx.ErrNoRows) {
+	if errors.Is(interpretError(err), errNotFound) {
 		return Claim{}, ErrNotExpired
 	}
 	if err != nil {
@@ -416,7 +416,7 @@ func Get(ctx context.Context, q interface {
 	var phase string
 	var asst *string
 	err = q.QueryRow(ctx, getClaimSQL, sessionID).Scan(&c.SessionID, &c.ExecutionID, &c.OwnerID, &c.Token, &phase, &asst, &c.ExpiresAt)
-	if errors.Is(err, pgx.ErrNoRows) {
+	if errors.Is(interpretError(err), errNotFound) {
 		return Claim{}, false, nil
 	}
 	if err != nil {

@@ -3,12 +3,10 @@ package ledger
 import (
 	"cmp"
 	"context"
-	"errors"
 	"slices"
 	"sync/atomic"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/promptline/promptline/internal/groupflush"
@@ -111,13 +109,4 @@ func (g *groupCommit) flush(txs []*queuedTx) {
 		}
 		t.done <- g.pool.SendBatch(ctx, alone).Close()
 	}
-}
-
-// rolledBack reports whether err is the server's refusal of the
-// transaction (an error of severity ERROR, which rolls back the implicit
-// transaction), as opposed to a lost connection or a terminated backend
-// (FATAL), after which the transaction may have committed.
-func rolledBack(err error) bool {
-	var pgErr *pgconn.PgError
-	return errors.As(err, &pgErr) && cmp.Or(pgErr.SeverityUnlocalized, pgErr.Severity) == "ERROR"
 }

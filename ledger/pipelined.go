@@ -36,12 +36,6 @@ const fenceCallSQL = `SELECT promptline_fence($1, $2, $3, $4, $5, $6)`
 // claim was taken.
 var ErrNothingWaiting = errors.New("nothing waiting")
 
-// isFenced reports whether err is the server's fence error.
-func isFenced(err error) bool {
-	var pgErr *pgconn.PgError
-	return errors.As(err, &pgErr) && pgErr.Code == fencedCode
-}
-
 // AcquireWaiting takes the session's claim, as Acquire does, but only when
 // an input waits, in one round trip. reads, when not nil, queues statements
 // (with their result callbacks, which must be idempotent: see groupCommit)
@@ -154,7 +148,7 @@ func (x *Execution) sendQueued(ctx context.Context, b *pgx.Batch) error {
 	}
 	sent := time.Now()
 	err := x.claims.group.send(x.claim.SessionID, b)
-	if isFenced(err) {
+	if errors.Is(interpretError(err), errFenceRaised) {
 		x.markFenced(ctx)
 		return ErrFenced
 	}
@@ -288,8 +282,7 @@ func (c *Claims) AcquireAsRead(ctx context.Context, sessionID, executionID strin
 	x.leaseFrom = time.Now()
 	if err := c.group.send(sessionID, b); err != nil {
 		cancel()
-		var pgErr *pgconn.PgError
-		if errors.As(err, &pgErr) && pgErr.Code == staleCode {
+		if errors.Is(interpretError(err), errStaleRaised) {
 			return nil, ErrStale
 		}
 		return nil, fmt.Errorf("acquiring claim of %s with its first write: %w", sessionID, err)

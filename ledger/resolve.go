@@ -54,12 +54,12 @@ func ReadTarget(ctx context.Context, tx pgx.Tx, id string) (Target, error) {
 	if err == nil {
 		return t, nil
 	}
-	if !errors.Is(err, pgx.ErrNoRows) {
+	if !errors.Is(interpretError(err), errNotFound) {
 		return t, fmt.Errorf("reading tool call %s: %w", id, err)
 	}
 	t = Target{Kind: TargetAttempt, ID: id, AttemptID: id}
 	err = tx.QueryRow(ctx, readAttemptTargetSQL, id).Scan(&t.SessionID, &t.ExecutionID, &t.AssistantMessageID, &t.State, &t.Output, &t.Token)
-	if errors.Is(err, pgx.ErrNoRows) {
+	if errors.Is(interpretError(err), errNotFound) {
 		return t, fmt.Errorf("%s: %w", id, ErrNoTarget)
 	}
 	if err != nil {
@@ -139,7 +139,7 @@ func ResolveAttemptNotSent(ctx context.Context, tx pgx.Tx, attemptID, errText st
 // their unknown results, as always.
 func LaterUnknown(ctx context.Context, tx pgx.Tx, t Target) (kind, id string, err error) {
 	err = tx.QueryRow(ctx, laterUnknownSQL, t.AssistantMessageID, t.SessionID, t.AttemptID).Scan(&kind, &id)
-	if errors.Is(err, pgx.ErrNoRows) {
+	if errors.Is(interpretError(err), errNotFound) {
 		return "", "", nil
 	}
 	if err != nil {

@@ -12,7 +12,6 @@ import (
 	"time"
 
 	"github.com/IBM/sarama"
-	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/promptline/promptline/admission"
 	"github.com/promptline/promptline/envelope"
@@ -322,28 +321,19 @@ func admissionRetry(logRetry func(err error, wait time.Duration)) retry.Policy {
 
 // isDataError reports whether err carries a deterministic data error of
 // Postgres, one that the same statement on the same data gives again on
-// every retry: SQLSTATE class 22 (data exception: a character Postgres
-// cannot store, a value out of range) or 23 (integrity constraint
-// violation). Everything else is retried: lost connections, serialization
-// failures (40001), deadlocks (40P01), lock timeouts (55P03), cancelled
-// statements (57014), terminated backends (57P01), and errors an operator
-// can fix (a privilege, a full disk) without the message changing.
+// every retry (admission.AsDataError says which: SQLSTATE class 22 or
+// 23). Everything else is retried.
 func isDataError(err error) bool {
-	var pe *pgconn.PgError
-	if !errors.As(err, &pe) {
-		return false
-	}
-	class := pe.Code[:min(2, len(pe.Code))]
-	return class == "22" || class == "23"
+	_, ok := admission.AsDataError(err)
+	return ok
 }
 
 // dataReject is the reject of a message that Postgres refused with err, a
 // data error.
 func dataReject(err error) *envelope.RejectError {
-	var pe *pgconn.PgError
-	errors.As(err, &pe)
+	de, _ := admission.AsDataError(err)
 	return &envelope.RejectError{Reason: envelope.ReasonDataError,
-		Detail: truncateDetail(fmt.Sprintf("Postgres refused it: SQLSTATE %s: %s", pe.Code, pe.Message))}
+		Detail: truncateDetail(fmt.Sprintf("Postgres refused it: SQLSTATE %s: %s", de.Code, de.Message))}
 }
 
 // truncateDetail bounds a detail header built from an error's text.

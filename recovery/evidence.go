@@ -128,7 +128,7 @@ func gather(ctx context.Context, tx pgx.Tx, c ledger.Claim) (Evidence, error) {
 		var turnID *string
 		err := tx.QueryRow(ctx, `SELECT status, coalesce(answers, '{}'), turn_id FROM messages WHERE message_id = $1 AND session_id = $2 AND role = 'assistant'`,
 			c.AssistantMessageID, c.SessionID).Scan(&ev.AssistantStatus, &ev.TurnMessageIDs, &turnID)
-		if err != nil && !errors.Is(err, pgx.ErrNoRows) {
+		if err != nil && !errors.Is(interpretError(err), errNotFound) {
 			return ev, fmt.Errorf("reading assistant message: %w", err)
 		}
 		if turnID != nil {

@@ -35,7 +35,7 @@ type ModeSetting struct {
 // set it (each process then runs in its Config.Mode).
 func Mode(ctx context.Context, pool *pgxpool.Pool) (s ModeSetting, ok bool, err error) {
 	err = pool.QueryRow(ctx, `SELECT mode, set_by, coalesce(note, ''), set_at FROM recovery_mode`).Scan(&s.Mode, &s.SetBy, &s.Note, &s.SetAt)
-	if errors.Is(err, pgx.ErrNoRows) {
+	if errors.Is(interpretError(err), errNotFound) {
 		return ModeSetting{}, false, nil
 	}
 	if err != nil {

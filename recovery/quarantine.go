@@ -113,7 +113,7 @@ func Release(ctx context.Context, pool *pgxpool.Pool, kind, id string, opts *Rel
 		// table and key come from the switch above, never from input.
 		err = tx.QueryRow(ctx, `SELECT quarantine_reason, coalesce(`+sessionColumn(kind)+`, '') FROM `+table+`
 			WHERE `+key+` = $1 AND quarantine_reason IS NOT NULL FOR UPDATE`, id).Scan(&reason, &rowSession)
-		if errors.Is(err, pgx.ErrNoRows) {
+		if errors.Is(interpretError(err), errNotFound) {
 			return fmt.Errorf("%s %s: %w", kind, id, ErrNotQuarantined)
 		}
 		if err != nil {
@@ -168,7 +168,7 @@ func lockSessionOf(ctx context.Context, tx pgx.Tx, kind, id string) (string, err
 		return "", nil
 	case KindInput:
 		err := tx.QueryRow(ctx, `SELECT session_id FROM inputs WHERE message_id = $1`, id).Scan(&session)
-		if errors.Is(err, pgx.ErrNoRows) {
+		if errors.Is(interpretError(err), errNotFound) {
 			return "", fmt.Errorf("%w", ErrNotQuarantined)
 		}
 		if err != nil {

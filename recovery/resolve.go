@@ -209,7 +209,7 @@ func resolveOnce(ctx context.Context, pool *pgxpool.Pool, sessionID, targetID st
 		}
 		var locked string
 		err := tx.QueryRow(ctx, `SELECT session_id FROM sessions WHERE session_id = $1 FOR UPDATE`, sessionID).Scan(&locked)
-		if errors.Is(err, pgx.ErrNoRows) {
+		if errors.Is(interpretError(err), errNotFound) {
 			return fmt.Errorf("session %s: no such session", sessionID)
 		}
 		if err != nil {
@@ -353,7 +353,7 @@ func refuseClaimed(ctx context.Context, tx pgx.Tx, sessionID string) error {
 	var quarantined bool
 	err := tx.QueryRow(ctx, `SELECT execution_id, owner_id, phase, expires_at, quarantine_reason IS NOT NULL FROM claims WHERE session_id = $1`,
 		sessionID).Scan(&execution, &owner, &phase, &expires, &quarantined)
-	if errors.Is(err, pgx.ErrNoRows) {
+	if errors.Is(interpretError(err), errNotFound) {
 		return nil
 	}
 	if err != nil {
@@ -380,7 +380,7 @@ func refuseSuperseded(ctx context.Context, tx pgx.Tx, t ledger.Target) error {
 		WHERE m.message_id = $1 AND n.session_id = m.session_id AND n.role = 'assistant' AND n.seq > m.seq
 		  AND NOT (n.status = 'errored' AND n.turn_id IS NOT DISTINCT FROM m.turn_id)
 		ORDER BY n.seq DESC LIMIT 1`, t.AssistantMessageID).Scan(&newer, &sameTurn)
-	if errors.Is(err, pgx.ErrNoRows) {
+	if errors.Is(interpretError(err), errNotFound) {
 		return nil
 	}
 	if err != nil {

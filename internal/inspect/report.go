@@ -276,7 +276,7 @@ func Session(ctx context.Context, pool *pgxpool.Pool, sessionID string) (Report,
 	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
 	r := Report{SessionID: sessionID}
 	err = tx.QueryRow(ctx, sessionSQL, sessionID).Scan(&r.FencingToken, &r.CreatedAt, &r.LastAdmittedAt, &r.RedrivenAt, &r.ReadAt)
-	if errors.Is(err, pgx.ErrNoRows) {
+	if errors.Is(interpretError(err), ErrNotFound) {
 		return Report{}, fmt.Errorf("session %s %w", sessionID, ErrNotFound)
 	}
 	if err != nil {
@@ -396,7 +396,7 @@ func readClaim(ctx context.Context, tx pgx.Tx, r *Report) error {
 	var c Claim
 	err := tx.QueryRow(ctx, claimSQL, r.SessionID).Scan(&c.ExecutionID, &c.OwnerID, &c.FencingToken, &c.Phase,
 		&c.AssistantMessageID, &c.AcquiredAt, &c.RenewedAt, &c.ExpiresAt, &c.Expired, &c.QuarantineReason, &c.QuarantinedAt)
-	if errors.Is(err, pgx.ErrNoRows) {
+	if errors.Is(interpretError(err), ErrNotFound) {
 		return nil
 	}
 	if err != nil {

@@ -9,7 +9,10 @@
 // It also holds what every package shares about running statements: the
 // transaction helpers (InTx, InTxFrom, whose rollback outlives a cancelled
 // caller); Transient, the one rule that classifies a driver error as worth
-// retrying (it classifies and translates nothing: callers wrap driver
-// errors and check pgx.ErrNoRows themselves); and, in builds with the
-// faults tag, the commit tracer of the crash sweep.
+// retrying, and Refused (they translate nothing: each owner package
+// translates the driver errors of its statements, pgx.ErrNoRows and the
+// SQLSTATEs it cares about, in its errors.go's interpretError, and no
+// other code of the module looks at them: docs/design.md, Table owners);
+// and, in builds with the faults tag, the commit tracer of the crash
+// sweep.
 package pgdb
