@@ -124,7 +124,9 @@ func TestRecoveryRateDefersTheRest(t *testing.T) {
 		b.fillBucket(t, 1)
 		deferred := map[string]int{}
 		var mu sync.Mutex
-		rec := recovery.New(b.pool, &recovery.Config{OwnerID: "r", RedriveAfter: time.Hour, Rate: 2, Interval: 100 * time.Millisecond,
+		// One token in ten seconds: no pass, however loaded the machine,
+		// lasts long enough for a second token to refill.
+		rec := recovery.New(b.pool, &recovery.Config{OwnerID: "r", RedriveAfter: time.Hour, Rate: 0.1, Interval: 100 * time.Millisecond,
 			OnDeferredFunc: func(kind string, n int) { mu.Lock(); deferred[kind] += n; mu.Unlock() }})
 		p, err := rec.RunOnce(ctx)
 		require.NoError(t, err)
@@ -134,6 +136,8 @@ func TestRecoveryRateDefersTheRest(t *testing.T) {
 		require.Equal(t, 3, b.count(t, `SELECT count(*) FROM claims WHERE quarantine_reason IS NULL AND expires_at <= now()`), "left as they were")
 		require.Equal(t, 1, b.count(t, `SELECT count(*) FROM recoveries`))
 
+		// At two tokens a second, later passes decide the rest.
+		rec = recovery.New(b.pool, &recovery.Config{OwnerID: "r", RedriveAfter: time.Hour, Rate: 2, Interval: 100 * time.Millisecond})
 		require.Eventually(t, func() bool {
 			_, err := rec.RunOnce(ctx)
 			require.NoError(t, err)
@@ -152,7 +156,7 @@ func TestRecoveryRateDefersTheRest(t *testing.T) {
 		b.exec(t, `UPDATE inputs SET admitted_at = now() - interval '1 minute'`)
 		b.fillBucket(t, 1)
 		deferred := map[string]int{}
-		rec := recovery.New(b.pool, &recovery.Config{OwnerID: "r", RedriveAfter: 30 * time.Second, Rate: 2, Interval: 100 * time.Millisecond,
+		rec := recovery.New(b.pool, &recovery.Config{OwnerID: "r", RedriveAfter: 30 * time.Second, Rate: 0.1, Interval: 100 * time.Millisecond,
 			OnDeferredFunc: func(kind string, n int) { deferred[kind] += n }})
 		wakesBefore := b.count(t, `SELECT count(*) FROM outbox WHERE topic = 'wakes'`)
 		p, err := rec.RunOnce(ctx)
@@ -163,6 +167,7 @@ func TestRecoveryRateDefersTheRest(t *testing.T) {
 		require.Equal(t, wakesBefore+1, b.count(t, `SELECT count(*) FROM outbox WHERE topic = 'wakes'`))
 		require.Equal(t, 1, b.count(t, `SELECT count(*) FROM sessions WHERE redriven_at IS NOT NULL`))
 
+		rec = recovery.New(b.pool, &recovery.Config{OwnerID: "r", RedriveAfter: 30 * time.Second, Rate: 2, Interval: 100 * time.Millisecond})
 		require.Eventually(t, func() bool {
 			_, err := rec.RunOnce(ctx)
 			require.NoError(t, err)
