@@ -90,13 +90,6 @@ func NewAdmitter(pool *pgxpool.Pool, config *AdmitterConfig) *Admitter {
 	return &Admitter{pool: pool, cfg: cfg}
 }
 
-type existing struct {
-	hash     []byte
-	armed    bool
-	promoted bool
-	kind     string
-}
-
 // The kinds of input (inputs.kind). Internal inputs are told apart from
 // prompts by their kind, never by their message ID, which a sender
 // chooses (docs/design.md, invariant 14): a prompt is a prompt whatever its ID.
@@ -223,20 +216,11 @@ func (a *Admitter) admit(ctx context.Context, batch []Incoming, afterCommit func
 					old = append(old, id)
 				}
 			}
-			prior := map[string]existing{}
+			prior := map[string]Stored{}
 			if len(old) > 0 {
-				r, err := tx.Query(ctx, selectExistingSQL, old)
-				if err != nil {
-					return fmt.Errorf("reading admitted inputs: %w", err)
-				}
-				var id string
-				var e existing
-				_, err = pgx.ForEachRow(r, []any{&id, &e.hash, &e.armed, &e.promoted, &e.kind}, func() error {
-					prior[id] = e
-					return nil
-				})
-				if err != nil {
-					return fmt.Errorf("reading admitted inputs: %w", err)
+				var err error
+				if prior, err = readStored(ctx, tx, selectExistingSQL, old); err != nil {
+					return err
 				}
 			}
 
@@ -264,13 +248,11 @@ func (a *Admitter) admit(ctx context.Context, batch []Incoming, afterCommit func
 					}
 					continue
 				}
-				e := prior[id]
-				if e.kind != KindPrompt || !bytes.Equal(e.hash, hashes[i]) {
-					outcomes[i] = Conflict // invariant 2: nothing changes
-					continue
-				}
-				outcomes[i] = Duplicate
-				if in.Prompt.Resumes() && !e.armed && !e.promoted && !armed[id] { // invariant 3
+				// invariants 2 and 3: a conflict changes nothing; an exact
+				// retry may arm the wake.
+				var arms bool
+				outcomes[i], arms = Classify(prior[id], hashes[i], in.Prompt.Resumes())
+				if arms && !armed[id] {
 					armed[id] = true
 					arm = append(arm, id)
 					wakeSessions[in.Prompt.SessionID] = true
@@ -358,10 +340,5 @@ FROM unnest($1::text[], $2::text[], $3::text[], $4::bytea[], $5::text[], $6::boo
 ORDER BY n
 ON CONFLICT (message_id) DO NOTHING
 RETURNING message_id`
-
-// FOR UPDATE: a concurrent batch arming the same input waits for us.
-const selectExistingSQL = `
-SELECT message_id, payload_hash, wake_pending, promotion_seq IS NOT NULL, kind
-FROM inputs WHERE message_id = ANY($1) ORDER BY message_id FOR UPDATE`
 
 const armSQL = `UPDATE inputs SET wake_pending = true WHERE message_id = ANY($1)`

@@ -16,9 +16,10 @@
 //     admission.Admitter, batched: each one is admitted, a duplicate, a
 //     conflict or malformed, and never admitted twice (P2).
 //  2. A message ID already in inputs is classified by a read-only query
-//     with admission's rule (same ID and envelope.Prompt.Hash: duplicate;
-//     another hash: conflict) and does not reach the Admitter unless it
-//     would arm a wake. Rows of inputs are never deleted and their hash
+//     (admission.ReadStored) with admission's own rule, admission.Classify
+//     (a prompt with the same envelope.Prompt.Hash: duplicate; another
+//     hash or another kind of input: conflict), and does not reach the
+//     Admitter unless it would arm a wake. Rows of inputs are never deleted and their hash
 //     never changes, so that classification is final; an ID not found goes
 //     through Admit, which settles races with a concurrent live consumer.
 //  3. Without Config.Wake, prompts are admitted with resume=false: no wake

@@ -13,7 +13,6 @@ import (
 	"time"
 
 	"github.com/IBM/sarama"
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/promptline/promptline/admission"
@@ -444,10 +443,10 @@ func (r *Replayer) classify(ctx, work context.Context, good []decoded, outcomes 
 	for k, d := range good {
 		ids[k] = d.in.Prompt.MessageID
 	}
-	var prior map[string]existing
+	var prior map[string]admission.Stored
 	err := retried(ctx, r.log, "reading admitted inputs", func() error {
 		var err error
-		prior, err = lookup(work, r.pool, ids)
+		prior, err = admission.ReadStored(work, r.pool, ids)
 		return err
 	})
 	if err != nil {
@@ -457,18 +456,22 @@ func (r *Replayer) classify(ctx, work context.Context, good []decoded, outcomes 
 	for _, d := range good {
 		p := d.in.Prompt
 		e, found := prior[p.MessageID]
-		switch {
-		case !found && r.cfg.DryRun:
-			outcomes[d.i] = r.wouldAdmitOutcome(p)
-		case !found:
-			toAdmit = append(toAdmit, d)
-		case !bytes.Equal(e.hash, p.Hash()):
-			outcomes[d.i] = Conflict
-		case r.cfg.Wake && p.Resumes() && !e.armed && !e.promoted && !r.cfg.DryRun:
-			toAdmit = append(toAdmit, d) // an exact retry that arms the wake
-		default:
-			outcomes[d.i] = Duplicate
+		if !found {
+			if r.cfg.DryRun {
+				outcomes[d.i] = r.wouldAdmitOutcome(p)
+			} else {
+				toAdmit = append(toAdmit, d)
+			}
+			continue
 		}
+		// Admission's rule (invariants 2 and 3): an exact retry arms its
+		// wake only in a run that wakes (--wake).
+		o, arm := admission.Classify(e, p.Hash(), r.cfg.Wake && p.Resumes())
+		if arm && !r.cfg.DryRun {
+			toAdmit = append(toAdmit, d) // an exact retry that arms the wake
+			continue
+		}
+		outcomes[d.i] = Outcome(o)
 	}
 	if len(toAdmit) == 0 {
 		return nil
@@ -487,14 +490,7 @@ func (r *Replayer) classify(ctx, work context.Context, good []decoded, outcomes 
 		return err
 	}
 	for k, d := range toAdmit {
-		switch got[k] {
-		case admission.Admitted:
-			outcomes[d.i] = Admitted
-		case admission.Duplicate:
-			outcomes[d.i] = Duplicate
-		default:
-			outcomes[d.i] = Conflict
-		}
+		outcomes[d.i] = Outcome(got[k])
 	}
 	return nil
 }
@@ -584,29 +580,3 @@ func retried(ctx context.Context, log *slog.Logger, what string, f func() error)
 }
 
 const retryAttempts = 6
-
-type existing struct {
-	hash     []byte
-	armed    bool
-	promoted bool
-}
-
-// lookup reads what inputs holds of ids, without locking or writing.
-func lookup(ctx context.Context, pool *pgxpool.Pool, ids []string) (map[string]existing, error) {
-	rows, err := pool.Query(ctx, lookupSQL, ids)
-	if err != nil {
-		return nil, err
-	}
-	out := make(map[string]existing, len(ids))
-	var id string
-	var e existing
-	_, err = pgx.ForEachRow(rows, []any{&id, &e.hash, &e.armed, &e.promoted}, func() error {
-		out[id] = existing{hash: slices.Clone(e.hash), armed: e.armed, promoted: e.promoted}
-		return nil
-	})
-	return out, err
-}
-
-const lookupSQL = `
-SELECT message_id, payload_hash, wake_pending, promotion_seq IS NOT NULL
-FROM inputs WHERE message_id = ANY($1)`

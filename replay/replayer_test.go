@@ -339,6 +339,30 @@ func TestReplay(t *testing.T) {
 		require.Equal(t, rows, rowCounts(t, b.pool))
 	})
 
+	// A prompt whose ID an input of another kind holds is a conflict, as
+	// live admission says (invariant 2), even with the same payload hash:
+	// replay classifies by admission's rule, not by a copy of it.
+	t.Run("IDHeldByAnotherKindIsAConflict", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t)
+		p := prompt("s-k", "hello")
+		b.send(t, p)
+		_, err := b.pool.Exec(t.Context(), `INSERT INTO sessions (session_id) VALUES ($1)`, p.SessionID)
+		require.NoError(t, err)
+		_, err = b.pool.Exec(t.Context(), `INSERT INTO inputs (message_id, session_id, text, payload_hash, delivery, wake_pending, kind)
+			VALUES ($1, $2, '', $3, 'steer', false, 'continuation')`, p.MessageID, p.SessionID, p.Hash())
+		require.NoError(t, err)
+		for _, cfg := range []replay.Config{{}, {Wake: true}, {DryRun: true}} {
+			rep := b.run(t, b.pool, "prompts", cfg, replay.Bounds{})
+			require.Equal(t, int64(1), rep.Totals.Conflict, "%+v", cfg)
+			require.Zero(t, rep.Totals.Duplicate, "%+v", cfg)
+		}
+		got, err := admission.NewAdmitter(b.pool, &admission.AdmitterConfig{}).Admit(t.Context(), []admission.Incoming{{Prompt: p}})
+		require.NoError(t, err)
+		require.Equal(t, []admission.Outcome{admission.Conflict}, got, "live admission agrees")
+		require.Zero(t, testkit.Count(t, b.pool, "SELECT count(*) FROM inputs WHERE kind = 'prompt'"))
+	})
+
 	t.Run("RejectsReplay", func(t *testing.T) {
 		t.Parallel()
 		b := setup(t)

@@ -7,20 +7,27 @@ import (
 	"slices"
 	"text/tabwriter"
 	"time"
+
+	"github.com/promptline/promptline/admission"
 )
 
 // Outcome classifies one replayed message.
 type Outcome int
 
+// The first three are admission's outcomes (admission.Classify decides
+// them for prompts admitted before), so that an admission.Outcome converts.
 const (
 	// Admitted: a new input row (in a dry run: would be).
-	Admitted Outcome = iota + 1
+	Admitted = Outcome(admission.Admitted)
 	// Duplicate: an exact retry of an admitted prompt; nothing new.
-	Duplicate
-	// Conflict: the message ID is taken by another payload; nothing changed.
-	Conflict
+	Duplicate = Outcome(admission.Duplicate)
+	// Conflict: the message ID is taken by another input; nothing changed.
+	Conflict = Outcome(admission.Conflict)
+)
+
+const (
 	// Malformed: envelope.Decode rejected the message.
-	Malformed
+	Malformed Outcome = Conflict + 1 + iota
 	// Skipped: a message of the rejects topic that did not come from the
 	// prompts topic (a rejected permission reply, say); not a prompt.
 	Skipped
@@ -28,12 +35,8 @@ const (
 
 func (o Outcome) String() string {
 	switch o {
-	case Admitted:
-		return "admitted"
-	case Duplicate:
-		return "duplicate"
-	case Conflict:
-		return "conflict"
+	case Admitted, Duplicate, Conflict:
+		return admission.Outcome(o).String()
 	case Malformed:
 		return "malformed"
 	case Skipped:
