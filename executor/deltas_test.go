@@ -1,7 +1,6 @@
 package executor_test
 
 import (
-	"bytes"
 	"encoding/json"
 	"fmt"
 	"net/http/httptest"
@@ -9,7 +8,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/santhosh-tekuri/jsonschema/v6"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
@@ -153,13 +151,13 @@ func stepCompleted(t *testing.T, b *testBundle, sess string) envelope.Event {
 // validated against the published schema.
 func deltasOf(t *testing.T, b *testBundle, sess string) []envelope.Delta {
 	t.Helper()
-	schema := deltaSchema(t)
+	schema := testkit.DeltaSchema(t)
 	var out []envelope.Delta
 	for _, m := range b.deltas.all() {
 		if string(m.Key) != sess {
 			continue
 		}
-		require.NoError(t, schema.Validate(mustInstance(t, m.Value)), "%s", m.Value)
+		testkit.RequireValid(t, schema, m.Value)
 		var d envelope.Delta
 		require.NoError(t, json.Unmarshal(m.Value, &d))
 		require.Equal(t, sess, d.SessionID)
@@ -174,18 +172,6 @@ func concat(ds []envelope.Delta) string {
 		sb.WriteString(d.Text)
 	}
 	return sb.String()
-}
-
-func deltaSchema(t *testing.T) *jsonschema.Schema {
-	t.Helper()
-	doc, err := jsonschema.UnmarshalJSON(bytes.NewReader(envelope.DeltaSchema))
-	require.NoError(t, err)
-	c := jsonschema.NewCompiler()
-	c.AssertFormat()
-	require.NoError(t, c.AddResource("session-delta.schema.json", doc))
-	s, err := c.Compile("session-delta.schema.json")
-	require.NoError(t, err)
-	return s
 }
 
 func seqs(ds []envelope.Delta) []int64 {
