@@ -39,7 +39,7 @@ func TestStepEvents(t *testing.T) {
 		seen := map[string]bool{}
 		require.Eventually(t, func() bool {
 			evs, seen = nil, map[string]bool{}
-			for _, m := range b.events.all() {
+			for _, m := range b.events.All() {
 				if string(m.Key) != sess {
 					continue
 				}
@@ -106,7 +106,7 @@ func TestStepEvents(t *testing.T) {
 			step2.AssistantMessageID, turnID))
 
 		// No event carries a tool's input or output.
-		for _, m := range b.events.all() {
+		for _, m := range b.events.All() {
 			require.False(t, bytes.Contains(m.Value, []byte(`"one"`)), "%s", m.Value)
 		}
 		_ = ctx
@@ -121,7 +121,7 @@ func TestStepEvents(t *testing.T) {
 		var got []string
 		require.Eventually(t, func() bool {
 			got = nil
-			for _, e := range b.events.events(t) {
+			for _, e := range b.events.Events(t) {
 				if e.SessionID == sess && !slices.Contains(got, e.ID) {
 					got = append(got, e.ID)
 				}
