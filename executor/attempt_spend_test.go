@@ -12,6 +12,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/promptline/promptline/executor"
+	"github.com/promptline/promptline/internal/testkit"
 	"github.com/promptline/promptline/ledger"
 	"github.com/promptline/promptline/provider"
 	"github.com/promptline/promptline/provider/scripted"
@@ -110,15 +111,15 @@ func TestAttemptSpend(t *testing.T) {
 			CREATE TRIGGER refuse_in_flight_id BEFORE UPDATE ON attempts FOR EACH ROW
 			WHEN (NEW.state = 'started' AND NEW.response_id IS NOT NULL) EXECUTE FUNCTION refuse_in_flight_id();`)
 		require.NoError(t, err)
-		failures := &counts{}
+		failures := &testkit.Counts{}
 		p := &spendProvider{}
 		p.hold = func(provider.Request) {
-			assert.Eventually(t, func() bool { return failures.get("") == 1 },
+			assert.Eventually(t, func() bool { return failures.Get("") == 1 },
 				10*time.Second, 5*time.Millisecond, "the failed write is counted")
 		}
 		claims := ledger.NewClaims(b.pool, &ledger.ClaimsConfig{Lease: 5 * time.Second, OwnerID: "a"})
 		e := executor.NewExecutor(b.pool, &executor.ExecutorConfig{Claims: claims, Provider: p,
-			OnResponseIDWriteFailedFunc: func() { failures.add("") }})
+			OnResponseIDWriteFailedFunc: func() { failures.Add("") }})
 		t.Cleanup(e.StopNow)
 
 		b.admit(t, "s", "m1", "hello")
@@ -130,17 +131,17 @@ func TestAttemptSpend(t *testing.T) {
 		require.Equal(t, 1, b.count(t, `SELECT count(*) FROM attempts WHERE attempt_id = $1 AND state = 'succeeded' AND response_id = $2`,
 			req.AttemptID, "resp/"+req.AttemptID), "the outcome's write records the ID instead")
 		require.Equal(t, 0, b.count(t, `SELECT count(*) FROM claims`), "released")
-		require.Equal(t, 1, failures.get(""))
+		require.Equal(t, 1, failures.Get(""))
 	})
 
 	t.Run("AnUnknownOutcomeKeepsTheResponseID", func(t *testing.T) {
 		t.Parallel()
 		b := setupExec(t)
-		unknown := &counts{}
+		unknown := &testkit.Counts{}
 		p := &spendProvider{}
 		claims := ledger.NewClaims(b.pool, &ledger.ClaimsConfig{Lease: 5 * time.Second, OwnerID: "a"})
 		e := executor.NewExecutor(b.pool, &executor.ExecutorConfig{Claims: claims, Provider: unknownAfter{p}, ProviderName: "prov",
-			OnAttemptUnknownFunc: func(provider, model string) { unknown.add(provider + "/" + model) }})
+			OnAttemptUnknownFunc: func(provider, model string) { unknown.Add(provider + "/" + model) }})
 		t.Cleanup(e.StopNow)
 
 		b.admit(t, "s", "m1", "hello")
@@ -150,7 +151,7 @@ func TestAttemptSpend(t *testing.T) {
 		req := p.requests()[0]
 		require.Equal(t, 1, b.count(t, `SELECT count(*) FROM attempts WHERE attempt_id = $1 AND state = 'unknown'
 			AND model = 'model-x' AND response_id = $2 AND request_tokens > 0`, req.AttemptID, "resp/"+req.AttemptID))
-		require.Equal(t, 1, unknown.get("prov/model-x"))
+		require.Equal(t, 1, unknown.Get("prov/model-x"))
 		atRisk, err := ledger.AttemptsAtRisk(ctx, b.pool)
 		require.NoError(t, err)
 		require.Equal(t, []ledger.AtRisk{{Provider: "prov", Model: "model-x", Attempts: 1, Tokens: estimate(t, req)}}, atRisk)

@@ -2,13 +2,10 @@ package executor_test
 
 import (
 	"cmp"
-	"context"
 	"encoding/json"
 	"fmt"
 	"io"
-	"log/slog"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -34,13 +31,13 @@ const testPartitions = 4
 // consumer group, in this process, against a real Postgres database and
 // the embedded broker over TCP.
 type testBundle struct {
-	pool     *pgxpool.Pool
-	dbURL    string
-	brokers  []string
-	producer sarama.SyncProducer
-	events   *topicReader
-	rejects  *topicReader
-	deltas   *topicReader // with setupOpts.deltas
+	pool    *pgxpool.Pool
+	dbURL   string
+	brokers []string
+	kafka   *testkit.KafkaClient
+	events  *testkit.TopicReader
+	rejects *testkit.TopicReader
+	deltas  *testkit.TopicReader // with setupOpts.deltas
 }
 
 type setupOpts struct {
@@ -49,7 +46,7 @@ type setupOpts struct {
 	lease    time.Duration
 	// deltaResults counts the deltas by result, as promptline_deltas_total
 	// does (default: not counted).
-	deltaResults *counts
+	deltaResults *testkit.Counts
 	// maxSessions bounds the executor's sessions (default: the executor's).
 	maxSessions int
 	// logs receives the log lines too (default: only the test's log).
@@ -70,26 +67,17 @@ func setup(t *testing.T, opts setupOpts) *testBundle {
 	pool, dbURL := testkit.Pool(t)
 	broker := testkit.Broker(t, testPartitions)
 	brokers := []string{broker.Addr()}
-	ctx, cancel := context.WithCancel(context.Background())
+	kc := testkit.NewKafkaClient(t, brokers)
+	log := testkit.Logger(t, opts.logs)
 
-	cfg := kafkautil.NewConfig(t.Name())
-	client, err := sarama.NewClient(brokers, cfg)
-	require.NoError(t, err)
-	producer, err := sarama.NewSyncProducerFromClient(client)
-	require.NoError(t, err)
-
-	var logw io.Writer = testWriter{t}
-	if opts.logs != nil {
-		logw = io.MultiWriter(logw, opts.logs)
-	}
-	log := slog.New(slog.NewTextHandler(logw, &slog.HandlerOptions{Level: slog.LevelDebug}))
-	relay := outbox.NewRelay(pool, producer, &outbox.RelayConfig{PollInterval: 20 * time.Millisecond, Logger: log})
-	require.NoError(t, relay.Start(ctx))
+	relay := outbox.NewRelay(pool, kc.Producer, &outbox.RelayConfig{PollInterval: 20 * time.Millisecond, Logger: log})
+	require.NoError(t, relay.Start(t.Context()))
+	t.Cleanup(relay.Stop)
 	admitter := admission.NewAdmitter(pool, &admission.AdmitterConfig{OnCommitFunc: relay.Nudge, Logger: log})
 	claims := ledger.NewClaims(pool, &ledger.ClaimsConfig{Lease: cmp.Or(opts.lease, 5*time.Second), OwnerID: t.Name(), Logger: log})
 	var deltas executor.DeltaSink
 	if opts.deltas {
-		dcfg := executor.DeltaProducerConfig(cfg)
+		dcfg := executor.DeltaProducerConfig(kc.Config)
 		if opts.deltasMaxMessageBytes > 0 {
 			dcfg.Producer.MaxMessageBytes = opts.deltasMaxMessageBytes
 		}
@@ -97,7 +85,7 @@ func setup(t *testing.T, opts setupOpts) *testBundle {
 		require.NoError(t, err)
 		dpcfg := &executor.DeltaPublisherConfig{Logger: log}
 		if opts.deltaResults != nil {
-			dpcfg.OnDeltaFunc = opts.deltaResults.add
+			dpcfg.OnDeltaFunc = opts.deltaResults.Add
 		}
 		dp := executor.NewDeltaPublisher(ap, dpcfg)
 		t.Cleanup(dp.Close)
@@ -107,179 +95,55 @@ func setup(t *testing.T, opts setupOpts) *testBundle {
 		Claims: claims, Provider: opts.provider, OnCommitFunc: relay.Nudge, Logger: log, MaxSessions: opts.maxSessions,
 		Tools: opts.tools, Deltas: deltas,
 	})
+	t.Cleanup(exec.StopNow)
 	ccfg := &pipeline.ConsumerConfig{Limits: opts.limits, Logger: log}
-	ccfg.WakesPartitions = kafkautil.PartitionCount(client, "wakes")
-	handler := pipeline.NewConsumer(admitter, exec, producer, ccfg)
+	ccfg.WakesPartitions = kafkautil.PartitionCount(kc.Client, "wakes")
+	handler := pipeline.NewConsumer(admitter, exec, kc.Producer, ccfg)
 
-	group, err := sarama.NewConsumerGroup(brokers, "test", kafkautil.GroupConfig(cfg))
-	require.NoError(t, err)
 	topics := []string{"prompts", "wakes"}
 	if opts.replies {
 		topics = append(topics, "permission-replies")
 	}
-	var wg sync.WaitGroup
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		for ctx.Err() == nil {
-			_ = group.Consume(ctx, topics, handler)
-		}
-	}()
+	// Cleanups run last first: the group stops, then the executor, the
+	// relay, and the producer they write through.
+	kc.ConsumeGroup(t, "test", topics, handler)
 
-	b := &testBundle{pool: pool, dbURL: dbURL, brokers: brokers, producer: producer}
-	b.events = readTopic(t, brokers, "session-events")
+	b := &testBundle{pool: pool, dbURL: dbURL, brokers: brokers, kafka: kc}
+	b.events = testkit.ReadTopic(t, brokers, "session-events", nil)
 	if opts.deltas {
-		b.deltas = readTopic(t, brokers, "session-deltas")
+		b.deltas = testkit.ReadTopic(t, brokers, "session-deltas", nil)
 	}
-	b.rejects = readTopic(t, brokers, "prompts.rejects")
-	t.Cleanup(func() {
-		cancel()
-		wg.Wait()
-		require.NoError(t, group.Close())
-		exec.StopNow()
-		relay.Stop()
-		require.NoError(t, producer.Close())
-		require.NoError(t, client.Close())
-	})
+	b.rejects = testkit.ReadTopic(t, brokers, "prompts.rejects", nil)
 	return b
 }
 
 // send publishes a prompt envelope with key = session.
 func (b *testBundle) send(t *testing.T, p envelope.Prompt) {
 	t.Helper()
-	v, err := envelope.Marshal(p)
-	require.NoError(t, err)
-	b.sendRaw(t, []byte(p.SessionID), v)
+	b.kafka.SendPrompt(t, p)
 }
 
 func (b *testBundle) sendRaw(t *testing.T, key, value []byte) {
 	t.Helper()
-	m := &sarama.ProducerMessage{Topic: "prompts", Value: sarama.ByteEncoder(value)}
-	if key != nil {
-		m.Key = sarama.ByteEncoder(key)
-	}
-	_, _, err := b.producer.SendMessage(m)
-	require.NoError(t, err)
+	b.kafka.Send(t, "prompts", key, value)
 }
 
 // waitTurn waits for the turn event (completed or failed) answering msgID.
 func (b *testBundle) waitTurn(t *testing.T, msgID string) envelope.Event {
 	t.Helper()
-	var found envelope.Event
-	require.Eventually(t, func() bool {
-		for _, e := range b.events.events(t) {
-			if (e.Type == envelope.EventTurnCompleted || e.Type == envelope.EventTurnFailed) && contains(e.MessageIDs, msgID) {
-				found = e
-				return true
-			}
-		}
-		return false
-	}, 20*time.Second, 10*time.Millisecond, "no turn event for %s", msgID)
-	return found
+	return b.events.WaitTurn(t, msgID, 20*time.Second)
 }
 
 // turnsFor counts distinct turns answering msgID (distinct by event id:
 // the relay may publish an event twice).
 func (b *testBundle) turnsFor(t *testing.T, msgID string) int {
-	seen := map[string]bool{}
-	for _, e := range b.events.events(t) {
-		if (e.Type == envelope.EventTurnCompleted || e.Type == envelope.EventTurnFailed) && contains(e.MessageIDs, msgID) {
-			seen[e.ID] = true
-		}
-	}
-	return len(seen)
+	t.Helper()
+	return b.events.Turns(t, msgID)
 }
 
 func (b *testBundle) count(t *testing.T, sql string, args ...any) int {
 	t.Helper()
 	return testkit.Count(t, b.pool, sql, args...)
-}
-
-func contains(xs []string, x string) bool {
-	for _, y := range xs {
-		if y == x {
-			return true
-		}
-	}
-	return false
-}
-
-// topicReader collects every record of a topic, all partitions, from the
-// oldest offset, through a plain Sarama consumer.
-type topicReader struct {
-	mu   sync.Mutex
-	msgs []*sarama.ConsumerMessage
-}
-
-func readTopic(t *testing.T, brokers []string, topic string) *topicReader {
-	t.Helper()
-	c, err := sarama.NewConsumer(brokers, kafkautil.NewConfig(t.Name()+"-reader"))
-	require.NoError(t, err)
-	parts, err := c.Partitions(topic)
-	require.NoError(t, err)
-	r := &topicReader{}
-	var wg sync.WaitGroup
-	var pcs []sarama.PartitionConsumer
-	for _, p := range parts {
-		// A topic just created may have no leader for a moment (Apache
-		// Kafka): the reader, like any client, tries again.
-		var pc sarama.PartitionConsumer
-		require.Eventually(t, func() bool {
-			pc, err = c.ConsumePartition(topic, p, sarama.OffsetOldest)
-			return err == nil
-		}, 30*time.Second, 50*time.Millisecond, "consuming %s/%d", topic, p)
-		pcs = append(pcs, pc)
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for m := range pc.Messages() {
-				r.mu.Lock()
-				r.msgs = append(r.msgs, m)
-				r.mu.Unlock()
-			}
-		}()
-	}
-	t.Cleanup(func() {
-		for _, pc := range pcs {
-			pc.AsyncClose()
-		}
-		wg.Wait()
-		c.Close()
-	})
-	return r
-}
-
-func (r *topicReader) all() []*sarama.ConsumerMessage {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	return append([]*sarama.ConsumerMessage(nil), r.msgs...)
-}
-
-func (r *topicReader) events(t *testing.T) []envelope.Event {
-	var out []envelope.Event
-	for _, m := range r.all() {
-		e, err := envelope.DecodeEvent(m.Value)
-		require.NoError(t, err)
-		out = append(out, e)
-	}
-	return out
-}
-
-func header(m *sarama.ConsumerMessage, key string) string {
-	for _, h := range m.Headers {
-		if string(h.Key) == key {
-			return string(h.Value)
-		}
-	}
-	return ""
-}
-
-// testWriter sends log lines to the test's log, shown on failure.
-type testWriter struct{ t *testing.T }
-
-func (w testWriter) Write(p []byte) (int, error) {
-	w.t.Log(strings.TrimSpace(string(p)))
-	return len(p), nil
 }
 
 // id returns a message or session ID unique to this test.
@@ -293,26 +157,4 @@ func mustJSON(v any) []byte {
 		panic(err)
 	}
 	return b
-}
-
-// counts counts what a callback reports, by label; safe for concurrent
-// use (callbacks run on the executor's and the publisher's goroutines).
-type counts struct {
-	mu sync.Mutex
-	n  map[string]int
-}
-
-func (c *counts) add(label string) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if c.n == nil {
-		c.n = map[string]int{}
-	}
-	c.n[label]++
-}
-
-func (c *counts) get(label string) int {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.n[label]
 }

@@ -1,7 +1,6 @@
 package executor_test
 
 import (
-	"bytes"
 	"encoding/json"
 	"fmt"
 	"net/http/httptest"
@@ -9,7 +8,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/santhosh-tekuri/jsonschema/v6"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
@@ -39,7 +37,7 @@ func TestLiveDeltas(t *testing.T) {
 		for i := range 40 {
 			frags = append(frags, fmt.Sprintf("w%02d ", i))
 		}
-		results := &counts{}
+		results := &testkit.Counts{}
 		b := setup(t, setupOpts{deltas: true, deltaResults: results,
 			provider: streamingProvider(t, testkit.OpenAIStreamConfig{Fragments: frags, Gap: 5 * time.Millisecond})})
 		sess, msg := id(t, "s"), id(t, "m")
@@ -70,8 +68,8 @@ func TestLiveDeltas(t *testing.T) {
 		require.Greater(t, len(ds), 1, "streamed, not sent at the end")
 		require.LessOrEqual(t, len(ds), int(elapsed/(50*time.Millisecond))+2)
 		require.Less(t, len(ds), len(frags))
-		require.Equal(t, len(ds), results.get("published"))
-		require.Zero(t, results.get("dropped"))
+		require.Equal(t, len(ds), results.Get("published"))
+		require.Zero(t, results.Get("dropped"))
 	})
 
 	t.Run("CoalescedByBytes", func(t *testing.T) {
@@ -81,7 +79,7 @@ func TestLiveDeltas(t *testing.T) {
 		for i := range frags {
 			frags[i] = frag
 		}
-		results := &counts{}
+		results := &testkit.Counts{}
 		b := setup(t, setupOpts{deltas: true, deltaResults: results, provider: streamingProvider(t, testkit.OpenAIStreamConfig{Fragments: frags})})
 		sess, msg := id(t, "s"), id(t, "m")
 		b.send(t, envelope.Prompt{MessageID: msg, SessionID: sess, Text: "a lot"})
@@ -93,9 +91,9 @@ func TestLiveDeltas(t *testing.T) {
 			ds = deltasOf(t, b, sess)
 			return concat(ds) == want
 		}, 10*time.Second, 10*time.Millisecond) {
-			require.FailNow(t, "deltas", "%d deltas, %d bytes of %d; seqs %v; published %v dropped %v", len(ds), len(concat(ds)), len(want), seqs(ds), results.get("published"), results.get("dropped"))
+			require.FailNow(t, "deltas", "%d deltas, %d bytes of %d; seqs %v; published %v dropped %v", len(ds), len(concat(ds)), len(want), seqs(ds), results.Get("published"), results.Get("dropped"))
 		}
-		require.Equal(t, len(ds), results.get("published"))
+		require.Equal(t, len(ds), results.Get("published"))
 		for _, d := range ds[:len(ds)-1] {
 			// A delta is published at 1 KiB or when its 50ms are up: with
 			// the whole stream in the socket, at 1 KiB (a fragment may
@@ -108,7 +106,7 @@ func TestLiveDeltas(t *testing.T) {
 
 	t.Run("BrokenDeltasProducerDoesNotFailTheTurn", func(t *testing.T) {
 		t.Parallel()
-		results := &counts{}
+		results := &testkit.Counts{}
 		frags := []string{"every ", "delta ", "is ", "too ", "large ", "for ", "the ", "producer"}
 		// The deltas producer refuses every message (too large): each is
 		// dropped and counted; the answer is committed and announced.
@@ -121,9 +119,9 @@ func TestLiveDeltas(t *testing.T) {
 		require.Equal(t, strings.Join(frags, ""), done.Text)
 		require.Equal(t, strings.Join(frags, ""), stepCompleted(t, b, sess).Text)
 		require.Eventually(t, func() bool {
-			return results.get("dropped") > 0
+			return results.Get("dropped") > 0
 		}, 10*time.Second, 10*time.Millisecond)
-		require.Zero(t, results.get("published"))
+		require.Zero(t, results.Get("published"))
 		require.Empty(t, deltasOf(t, b, sess))
 	})
 }
@@ -133,7 +131,7 @@ func stepCompleted(t *testing.T, b *testBundle, sess string) envelope.Event {
 	t.Helper()
 	var step envelope.Event
 	require.Eventually(t, func() bool {
-		for _, m := range b.events.all() {
+		for _, m := range b.events.All() {
 			if string(m.Key) != sess {
 				continue
 			}
@@ -153,13 +151,13 @@ func stepCompleted(t *testing.T, b *testBundle, sess string) envelope.Event {
 // validated against the published schema.
 func deltasOf(t *testing.T, b *testBundle, sess string) []envelope.Delta {
 	t.Helper()
-	schema := deltaSchema(t)
+	schema := testkit.DeltaSchema(t)
 	var out []envelope.Delta
-	for _, m := range b.deltas.all() {
+	for _, m := range b.deltas.All() {
 		if string(m.Key) != sess {
 			continue
 		}
-		require.NoError(t, schema.Validate(mustInstance(t, m.Value)), "%s", m.Value)
+		testkit.RequireValid(t, schema, m.Value)
 		var d envelope.Delta
 		require.NoError(t, json.Unmarshal(m.Value, &d))
 		require.Equal(t, sess, d.SessionID)
@@ -174,18 +172,6 @@ func concat(ds []envelope.Delta) string {
 		sb.WriteString(d.Text)
 	}
 	return sb.String()
-}
-
-func deltaSchema(t *testing.T) *jsonschema.Schema {
-	t.Helper()
-	doc, err := jsonschema.UnmarshalJSON(bytes.NewReader(envelope.DeltaSchema))
-	require.NoError(t, err)
-	c := jsonschema.NewCompiler()
-	c.AssertFormat()
-	require.NoError(t, c.AddResource("session-delta.schema.json", doc))
-	s, err := c.Compile("session-delta.schema.json")
-	require.NoError(t, err)
-	return s
 }
 
 func seqs(ds []envelope.Delta) []int64 {

@@ -9,7 +9,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/santhosh-tekuri/jsonschema/v6"
 	"github.com/stretchr/testify/require"
 
 	"github.com/promptline/promptline/envelope"
@@ -35,16 +34,16 @@ func TestStepEvents(t *testing.T) {
 		require.Equal(t, envelope.EventTurnCompleted, done.Type)
 
 		// The relay publishes at least once: keep the first copy of each id.
-		schema := eventSchema(t)
+		schema := testkit.EventSchema(t)
 		var evs []envelope.Event
 		seen := map[string]bool{}
 		require.Eventually(t, func() bool {
 			evs, seen = nil, map[string]bool{}
-			for _, m := range b.events.all() {
+			for _, m := range b.events.All() {
 				if string(m.Key) != sess {
 					continue
 				}
-				require.NoError(t, schema.Validate(mustInstance(t, m.Value)), "%s", m.Value)
+				testkit.RequireValid(t, schema, m.Value)
 				e, err := envelope.DecodeEvent(m.Value)
 				require.NoError(t, err)
 				if !seen[e.ID] {
@@ -107,7 +106,7 @@ func TestStepEvents(t *testing.T) {
 			step2.AssistantMessageID, turnID))
 
 		// No event carries a tool's input or output.
-		for _, m := range b.events.all() {
+		for _, m := range b.events.All() {
 			require.False(t, bytes.Contains(m.Value, []byte(`"one"`)), "%s", m.Value)
 		}
 		_ = ctx
@@ -122,7 +121,7 @@ func TestStepEvents(t *testing.T) {
 		var got []string
 		require.Eventually(t, func() bool {
 			got = nil
-			for _, e := range b.events.events(t) {
+			for _, e := range b.events.Events(t) {
 				if e.SessionID == sess && !slices.Contains(got, e.ID) {
 					got = append(got, e.ID)
 				}
@@ -140,27 +139,6 @@ func types(evs []envelope.Event) []string {
 		out[i] = e.Type
 	}
 	return out
-}
-
-// eventSchema compiles the published session-event schema, formats
-// asserted as a strict consumer would.
-func eventSchema(t *testing.T) *jsonschema.Schema {
-	t.Helper()
-	doc, err := jsonschema.UnmarshalJSON(bytes.NewReader(envelope.EventSchema))
-	require.NoError(t, err)
-	c := jsonschema.NewCompiler()
-	c.AssertFormat()
-	require.NoError(t, c.AddResource("session-event.schema.json", doc))
-	s, err := c.Compile("session-event.schema.json")
-	require.NoError(t, err)
-	return s
-}
-
-func mustInstance(t *testing.T, b []byte) any {
-	t.Helper()
-	v, err := jsonschema.UnmarshalJSON(bytes.NewReader(b))
-	require.NoError(t, err)
-	return v
 }
 
 // TestStepEventsOfTheTransactionalPromotion: prompts promoted on the

@@ -11,6 +11,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/promptline/promptline/envelope"
+	"github.com/promptline/promptline/internal/testkit"
 	"github.com/promptline/promptline/provider"
 	"github.com/promptline/promptline/provider/scripted"
 )
@@ -31,7 +32,7 @@ func TestStraightPath(t *testing.T) {
 		require.NotEmpty(t, turn.AssistantMessageID)
 
 		var admitted []envelope.Event
-		for _, e := range b.events.events(t) {
+		for _, e := range b.events.Events(t) {
 			if e.Type == envelope.EventInputAdmitted && e.MessageID == msg {
 				admitted = append(admitted, e)
 			}
@@ -39,7 +40,7 @@ func TestStraightPath(t *testing.T) {
 		require.NotEmpty(t, admitted)
 		require.Equal(t, "input.admitted:"+msg, admitted[0].ID)
 		// Event keys are the session: consumers get a session's events in order.
-		for _, m := range b.events.all() {
+		for _, m := range b.events.All() {
 			require.Equal(t, sess, string(m.Key))
 		}
 		require.Equal(t, 1, b.count(t, `SELECT count(*) FROM messages WHERE role = 'assistant' AND status = 'completed' AND $1 = ANY(answers)`, msg))
@@ -78,15 +79,15 @@ func TestStraightPath(t *testing.T) {
 		b.send(t, envelope.Prompt{MessageID: msg, SessionID: sess, Text: "impostor"})
 		b.send(t, envelope.Prompt{MessageID: msg, SessionID: other, Text: "original"}) // another session's reuse
 
-		require.Eventually(t, func() bool { return len(b.rejects.all()) == 2 }, 20*time.Second, 10*time.Millisecond)
+		require.Eventually(t, func() bool { return len(b.rejects.All()) == 2 }, 20*time.Second, 10*time.Millisecond)
 		var keys []string
-		for _, r := range b.rejects.all() {
-			require.Equal(t, envelope.ReasonConflict, header(r, "reason"))
-			require.Equal(t, "prompts", header(r, "source_topic"))
+		for _, r := range b.rejects.All() {
+			require.Equal(t, envelope.ReasonConflict, testkit.Header(r, "reason"))
+			require.Equal(t, "prompts", testkit.Header(r, "source_topic"))
 			keys = append(keys, string(r.Key))
 		}
 		require.ElementsMatch(t, []string{sess, other}, keys)
-		require.Contains(t, string(b.rejects.all()[slices.Index(keys, sess)].Value), "impostor")
+		require.Contains(t, string(b.rejects.All()[slices.Index(keys, sess)].Value), "impostor")
 
 		var text string
 		var armed, promoted bool
@@ -141,19 +142,19 @@ func TestStraightPath(t *testing.T) {
 		b.send(t, envelope.Prompt{MessageID: ok, SessionID: sess, Text: "still here"})
 
 		require.Equal(t, "echo: still here", b.waitTurn(t, ok).Text)
-		require.Eventually(t, func() bool { return len(b.rejects.all()) == 4 }, 20*time.Second, 10*time.Millisecond)
-		rs := b.rejects.all()
+		require.Eventually(t, func() bool { return len(b.rejects.All()) == 4 }, 20*time.Second, 10*time.Millisecond)
+		rs := b.rejects.All()
 		var reasons []string
 		for _, r := range rs {
-			reasons = append(reasons, header(r, "reason"))
+			reasons = append(reasons, testkit.Header(r, "reason"))
 			require.Equal(t, sess, string(r.Key))
-			require.Equal(t, "prompts", header(r, "source_topic"))
-			require.NotEmpty(t, header(r, "source_partition"))
-			require.NotEmpty(t, header(r, "detail"))
+			require.Equal(t, "prompts", testkit.Header(r, "source_topic"))
+			require.NotEmpty(t, testkit.Header(r, "source_partition"))
+			require.NotEmpty(t, testkit.Header(r, "detail"))
 		}
 		require.Equal(t, []string{envelope.ReasonInvalidJSON, envelope.ReasonMissingField, envelope.ReasonTooLarge, envelope.ReasonKeyMismatch}, reasons)
 		require.Equal(t, `{"message_id": "x", "session_id": `, string(rs[0].Value), "the original bytes")
-		offsets := []string{header(rs[0], "source_offset"), header(rs[1], "source_offset"), header(rs[2], "source_offset"), header(rs[3], "source_offset")}
+		offsets := []string{testkit.Header(rs[0], "source_offset"), testkit.Header(rs[1], "source_offset"), testkit.Header(rs[2], "source_offset"), testkit.Header(rs[3], "source_offset")}
 		require.Equal(t, []string{"0", "1", "2", "3"}, offsets)
 		require.Equal(t, 1, b.count(t, `SELECT count(*) FROM inputs WHERE session_id = $1`, sess))
 	})

@@ -4,7 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"log/slog"
+	"slices"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -109,7 +109,7 @@ func TestWriteAfterDispatchRetried(t *testing.T) {
 		reg := tools.NewRegistry()
 		require.NoError(t, reg.Register(b.tool))
 		require.NoError(t, reg.Register(b.block))
-		log := slog.New(slog.NewTextHandler(testWriter{t}, &slog.HandlerOptions{Level: slog.LevelDebug}))
+		log := testkit.Logger(t, nil)
 		claims := ledger.NewClaims(ppool, &ledger.ClaimsConfig{Lease: lease, OwnerID: "w", Logger: log})
 		cfg := &executor.ExecutorConfig{Claims: claims, Provider: b.provider, Tools: reg, Logger: log}
 		if len(perm) > 0 {
@@ -131,7 +131,7 @@ func TestWriteAfterDispatchRetried(t *testing.T) {
 		t.Helper()
 		var out []envelope.Event
 		for _, e := range testkit.SessionEvents(t, b.pool, "s", typ) {
-			if contains(e.MessageIDs, msg) {
+			if slices.Contains(e.MessageIDs, msg) {
 				out = append(out, e)
 			}
 		}

@@ -26,9 +26,7 @@ func fill(t *testing.T, pool *pgxpool.Pool, key string, n int, published time.Du
 
 func countKey(t *testing.T, pool *pgxpool.Pool, key string) int {
 	t.Helper()
-	var n int
-	require.NoError(t, pool.QueryRow(context.Background(), `SELECT count(*) FROM outbox WHERE key = $1`, key).Scan(&n))
-	return n
+	return testkit.Count(t, pool, `SELECT count(*) FROM outbox WHERE key = $1`, key)
 }
 
 // The pruner deletes exactly the rows published longer ago than the

@@ -105,10 +105,7 @@ func outboxRows(t *testing.T, pool *pgxpool.Pool) []dbRow {
 
 func unpublished(t *testing.T, pool *pgxpool.Pool) int {
 	t.Helper()
-	var n int
-	require.NoError(t, pool.QueryRow(context.Background(),
-		`SELECT count(*) FROM outbox WHERE published_at IS NULL`).Scan(&n))
-	return n
+	return testkit.Count(t, pool, `SELECT count(*) FROM outbox WHERE published_at IS NULL`)
 }
 
 type received struct {
@@ -118,47 +115,18 @@ type received struct {
 	Payload   string
 }
 
-// readTopic reads every record of topic from the broker at addr, partition
-// by partition. Callers have seen their publishes acknowledged, so the high
-// water marks are final; the total is checked against want, which catches
-// duplicates and strays as well as losses.
+// readTopic reads every record of topic from the broker at addr, up to
+// the high water marks (testkit.ReadAll). Callers have seen their
+// publishes acknowledged, so the high water marks are final; the total is
+// checked against want, which catches duplicates and strays as well as
+// losses.
 func readTopic(t *testing.T, addr, topic string, want int) []received {
 	t.Helper()
-	client, err := sarama.NewClient([]string{addr}, kafkautil.NewConfig("outbox-test-reader"))
-	require.NoError(t, err)
-	defer client.Close()
-	consumer, err := sarama.NewConsumerFromClient(client)
-	require.NoError(t, err)
-	defer consumer.Close()
-
-	partitions, err := client.Partitions(topic)
-	require.NoError(t, err)
 	var out []received
-	total := int64(0)
-	for _, p := range partitions {
-		hwm, err := client.GetOffset(topic, p, sarama.OffsetNewest)
-		require.NoError(t, err)
-		total += hwm
-		if hwm == 0 {
-			continue
-		}
-		pc, err := consumer.ConsumePartition(topic, p, sarama.OffsetOldest)
-		require.NoError(t, err)
-		timeout := time.After(waitFor)
-		for done := false; !done; {
-			select {
-			case m := <-pc.Messages():
-				out = append(out, toReceived(t, m))
-				done = m.Offset == hwm-1
-			case err := <-pc.Errors():
-				t.Fatalf("consuming %s/%d: %v", topic, p, err)
-			case <-timeout:
-				t.Fatalf("consuming %s/%d: offset %d never came", topic, p, hwm-1)
-			}
-		}
-		require.NoError(t, pc.Close())
+	for _, m := range testkit.ReadAll(t, addr, topic) {
+		out = append(out, toReceived(t, m))
 	}
-	require.Equal(t, int64(want), total, "records on %s", topic)
+	require.Len(t, out, want, "records on %s", topic)
 	return out
 }
 
@@ -771,7 +739,7 @@ func TestRelayPartialFailure(t *testing.T) {
 			require.Empty(t, reason, "row %d", id)
 			require.True(t, published, "row %d", id)
 		}
-		got := readTopicAll(t, b.broker.Addr(), "small-events", 4)
+		got := readTopic(t, b.broker.Addr(), "small-events", 4)
 		require.Equal(t, []int64{1, 3, 4, 5}, ids(got), "one partition: ID order")
 	})
 
@@ -783,16 +751,4 @@ func TestRelayPartialFailure(t *testing.T) {
 		require.True(t, permanent(sarama.ErrMessageSizeTooLarge))
 		require.False(t, permanent(sarama.ErrUnknownTopicOrPartition))
 	})
-}
-
-// readTopicAll is readTopic for a topic of any partition count, without
-// the murmur2 check.
-func readTopicAll(t *testing.T, addr, topic string, want int) []received {
-	t.Helper()
-	var out []received
-	for _, m := range testkit.ReadAll(t, addr, topic) {
-		out = append(out, toReceived(t, m))
-	}
-	require.Len(t, out, want, "records on %s", topic)
-	return out
 }

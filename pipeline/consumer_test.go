@@ -30,16 +30,16 @@ func TestRejectTooLargeToPublishWhole(t *testing.T) {
 
 	check := func(t *testing.T, b *testBundle, original []byte, limit int) {
 		t.Helper()
-		require.Eventually(t, func() bool { return len(b.rejects.all()) == 1 }, 20*time.Second, 10*time.Millisecond)
-		r := b.rejects.all()[0]
-		require.Equal(t, envelope.ReasonInvalidJSON, header(r, "reason"))
-		require.Equal(t, strconv.Itoa(len(original)), header(r, "original_value_bytes"))
+		require.Eventually(t, func() bool { return len(b.rejects.All()) == 1 }, 20*time.Second, 10*time.Millisecond)
+		r := b.rejects.All()[0]
+		require.Equal(t, envelope.ReasonInvalidJSON, testkit.Header(r, "reason"))
+		require.Equal(t, strconv.Itoa(len(original)), testkit.Header(r, "original_value_bytes"))
 		sum := sha256.Sum256(original)
-		require.Equal(t, hex.EncodeToString(sum[:]), header(r, "original_value_sha256"))
+		require.Equal(t, hex.EncodeToString(sum[:]), testkit.Header(r, "original_value_sha256"))
 		require.NotEmpty(t, r.Value, "as much of the original as fits")
 		require.Less(t, len(r.Value), len(original))
 		require.True(t, bytes.HasPrefix(original, r.Value), "a prefix of the original")
-		require.NotEmpty(t, header(r, "source_offset"), "the source is named")
+		require.NotEmpty(t, testkit.Header(r, "source_offset"), "the source is named")
 		pm := &sarama.ProducerMessage{Key: sarama.ByteEncoder(r.Key), Value: sarama.ByteEncoder(r.Value)}
 		for _, h := range r.Headers {
 			pm.Headers = append(pm.Headers, *h)
@@ -105,9 +105,9 @@ func TestRejectsRefusedTogetherAreSentAlone(t *testing.T) {
 	require.NoError(t, b.producer.SendMessages(msgs)) // one batch of rejects, most likely
 	b.send(t, envelope.Prompt{MessageID: id(t, "after"), SessionID: sess, Text: "behind them"})
 	b.waitTurn(t, id(t, "after"))
-	require.Eventually(t, func() bool { return len(b.rejects.all()) == len(originals) }, 20*time.Second, 10*time.Millisecond)
-	for _, r := range b.rejects.all() {
-		require.Empty(t, header(r, "original_value_bytes"), "a reject that fits alone is not truncated")
+	require.Eventually(t, func() bool { return len(b.rejects.All()) == len(originals) }, 20*time.Second, 10*time.Millisecond)
+	for _, r := range b.rejects.All() {
+		require.Empty(t, testkit.Header(r, "original_value_bytes"), "a reject that fits alone is not truncated")
 		require.Contains(t, originals, r.Value)
 	}
 }
@@ -136,14 +136,14 @@ func TestRejectPublishRetriedWhileTopicUnavailable(t *testing.T) {
 	require.NoError(t, err)
 	defer admin.Close()
 	require.NoError(t, admin.CreateTopic("late.rejects", &sarama.TopicDetail{NumPartitions: testPartitions, ReplicationFactor: 1}, false))
-	rejects := readTopic(t, b.brokers, "late.rejects")
+	rejects := testkit.ReadTopic(t, b.brokers, "late.rejects", nil)
 
 	require.Equal(t, "echo: behind it", b.waitTurn(t, id(t, "after")).Text, "the partition moved on")
-	require.Eventually(t, func() bool { return len(rejects.all()) == 1 }, 20*time.Second, 10*time.Millisecond)
-	r := rejects.all()[0]
-	require.Equal(t, envelope.ReasonInvalidJSON, header(r, "reason"))
+	require.Eventually(t, func() bool { return len(rejects.All()) == 1 }, 20*time.Second, 10*time.Millisecond)
+	r := rejects.All()[0]
+	require.Equal(t, envelope.ReasonInvalidJSON, testkit.Header(r, "reason"))
 	require.Equal(t, bad, r.Value, "whole: a transient error truncates nothing")
-	require.Empty(t, header(r, "original_value_bytes"))
+	require.Empty(t, testkit.Header(r, "original_value_bytes"))
 }
 
 // TestAdmissionRetriedAfterTransientFailure: an admission transaction that
@@ -250,10 +250,10 @@ func TestDataErrorRejectsOnlyItsPrompt(t *testing.T) {
 	require.NoError(t, b.producer.SendMessages(msgs)) // one batch, most likely
 	require.Equal(t, "echo: one", b.waitTurn(t, id(t, "good1")).Text)
 	require.Equal(t, "echo: two", b.waitTurn(t, id(t, "good2")).Text)
-	require.Eventually(t, func() bool { return len(b.rejects.all()) == 1 }, 20*time.Second, 10*time.Millisecond)
-	r := b.rejects.all()[0]
-	require.Equal(t, envelope.ReasonDataError, header(r, "reason"))
-	require.Contains(t, header(r, "detail"), "23514")
+	require.Eventually(t, func() bool { return len(b.rejects.All()) == 1 }, 20*time.Second, 10*time.Millisecond)
+	r := b.rejects.All()[0]
+	require.Equal(t, envelope.ReasonDataError, testkit.Header(r, "reason"))
+	require.Contains(t, testkit.Header(r, "detail"), "23514")
 	require.Contains(t, string(r.Value), id(t, "bad"))
 	require.Zero(t, b.count(t, `SELECT count(*) FROM inputs WHERE message_id = $1`, id(t, "bad")))
 
@@ -311,9 +311,9 @@ func TestPermissionRepliesOnePartition(t *testing.T) {
 	require.Eventually(t, func() bool {
 		return b.count(t, `SELECT count(*) FROM permission_requests WHERE request_id = 'r-last' AND status = 'approved'`) == 1
 	}, 20*time.Second, 10*time.Millisecond, "the reply behind them was applied")
-	require.Eventually(t, func() bool { return len(b.rejects.all()) == len(cases) }, 20*time.Second, 10*time.Millisecond)
-	for i, r := range b.rejects.all() {
-		require.Equal(t, cases[i].reason, header(r, "reason"), "%s: %s", cases[i].value, header(r, "detail"))
+	require.Eventually(t, func() bool { return len(b.rejects.All()) == len(cases) }, 20*time.Second, 10*time.Millisecond)
+	for i, r := range b.rejects.All() {
+		require.Equal(t, cases[i].reason, testkit.Header(r, "reason"), "%s: %s", cases[i].value, testkit.Header(r, "detail"))
 		require.Equal(t, cases[i].value, string(r.Value))
 	}
 	require.Equal(t, len(requests)-1, b.count(t, `SELECT count(*) FROM permission_requests WHERE status = 'pending'`),

@@ -9,6 +9,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/promptline/promptline/envelope"
+	"github.com/promptline/promptline/internal/testkit"
 )
 
 // TestHostileInputs sends a corpus of hostile messages on one partition:
@@ -49,11 +50,11 @@ func TestHostileInputs(t *testing.T) {
 	b.send(t, envelope.Prompt{MessageID: "after", SessionID: sess, Text: "still here"})
 
 	require.Equal(t, "echo: still here", b.waitTurn(t, "after").Text, "the partition moved on")
-	require.Eventually(t, func() bool { return len(b.rejects.all()) == len(corpus) }, 20*time.Second, 10*time.Millisecond)
-	for i, r := range b.rejects.all() {
-		require.Equal(t, corpus[i].reason, header(r, "reason"), "%s: %s", corpus[i].name, header(r, "detail"))
+	require.Eventually(t, func() bool { return len(b.rejects.All()) == len(corpus) }, 20*time.Second, 10*time.Millisecond)
+	for i, r := range b.rejects.All() {
+		require.Equal(t, corpus[i].reason, testkit.Header(r, "reason"), "%s: %s", corpus[i].name, testkit.Header(r, "detail"))
 		require.Equal(t, string(corpus[i].value), string(r.Value), "%s: the original bytes", corpus[i].name)
-		require.LessOrEqual(t, len(header(r, "detail")), 512, "%s: a bounded detail", corpus[i].name)
+		require.LessOrEqual(t, len(testkit.Header(r, "detail")), 512, "%s: a bounded detail", corpus[i].name)
 		require.Len(t, r.Headers, 5+len(corpus[i].headers), "%s: promptline's five headers, then the original's", corpus[i].name)
 		for j, h := range corpus[i].headers {
 			require.Equal(t, string(h.Key), string(r.Headers[5+j].Key), "%s: the original's headers, in order", corpus[i].name)

@@ -9,6 +9,7 @@ import (
 
 	"github.com/promptline/promptline/envelope"
 	"github.com/promptline/promptline/internal/kafkautil"
+	"github.com/promptline/promptline/internal/testkit"
 )
 
 // A prompt admitted for a session whose wakes partition this process owns
@@ -20,7 +21,7 @@ func TestLocalWake(t *testing.T) {
 
 	t.Run("RunsOnceAndTakesItsWakeFromKafka", func(t *testing.T) {
 		t.Parallel()
-		wakes := &counts{}
+		wakes := &testkit.Counts{}
 		b := setup(t, setupOpts{wakes: wakes})
 		const n = 3
 		var msgs []string
@@ -35,10 +36,10 @@ func TestLocalWake(t *testing.T) {
 		// Every wake came back from Kafka and was matched to its local run
 		// (a wrong partition or a changed payload would start a second run).
 		require.Eventually(t, func() bool {
-			return wakes.get("local") == n
+			return wakes.Get("local") == n
 		}, 10*time.Second, 10*time.Millisecond, "the wakes from Kafka were not taken by the local runs")
-		require.Equal(t, n, wakes.get("started"))
-		require.Zero(t, wakes.get("coalesced"))
+		require.Equal(t, n, wakes.Get("started"))
+		require.Zero(t, wakes.Get("coalesced"))
 		require.Equal(t, n, b.count(t, `SELECT count(*) FROM messages WHERE role = 'assistant' AND status = 'completed'`))
 		// And their offsets are committed: a restart would not run them again.
 		require.Eventually(t, func() bool { return b.committedWakes(t) == n }, 10*time.Second, 50*time.Millisecond)
@@ -46,7 +47,7 @@ func TestLocalWake(t *testing.T) {
 
 	t.Run("DeclinedWhileEverySlotIsBusy", func(t *testing.T) {
 		t.Parallel()
-		wakes := &counts{}
+		wakes := &testkit.Counts{}
 		b := setup(t, setupOpts{wakes: wakes, maxSessions: 1})
 		slow, quick := id(t, "slow"), id(t, "quick")
 		b.send(t, envelope.Prompt{MessageID: slow, SessionID: id(t, "s1"), Text: "/sleep 2s\n/reply slow"})
@@ -62,19 +63,19 @@ func TestLocalWake(t *testing.T) {
 		require.Equal(t, "slow", b.waitTurn(t, slow).Text)
 		require.Equal(t, "quick", b.waitTurn(t, quick).Text)
 		require.Eventually(t, func() bool { return b.committedWakes(t) == 2 }, 10*time.Second, 50*time.Millisecond)
-		require.Equal(t, 1, wakes.get("local"))
-		require.Equal(t, 2, wakes.get("started"))
+		require.Equal(t, 1, wakes.Get("local"))
+		require.Equal(t, 2, wakes.Get("started"))
 	})
 
 	t.Run("OffWithoutThePartitionCount", func(t *testing.T) {
 		t.Parallel()
-		wakes := &counts{}
+		wakes := &testkit.Counts{}
 		b := setup(t, setupOpts{wakes: wakes, noLocalWakes: true})
 		msg := id(t, "m")
 		b.send(t, envelope.Prompt{MessageID: msg, SessionID: id(t, "s"), Text: "hello"})
 		require.Equal(t, "echo: hello", b.waitTurn(t, msg).Text)
-		require.Zero(t, wakes.get("local"))
-		require.Equal(t, 1, wakes.get("started"))
+		require.Zero(t, wakes.Get("local"))
+		require.Equal(t, 1, wakes.Get("started"))
 	})
 }
 

@@ -1,7 +1,6 @@
 package recovery_test
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -114,7 +113,7 @@ func TestStepEventsAcrossResolution(t *testing.T) {
 
 		done := testkit.SessionEvents(t, b.pool, "s", envelope.EventToolCompleted)
 		require.Len(t, done, 2, "one tool.completed per call recovery settled")
-		schema := eventSchema(t)
+		schema := testkit.EventSchema(t)
 		for i, want := range []ledger.CallState{ledger.CallUnknown, ledger.CallInterrupted} {
 			e := done[i]
 			require.Equal(t, calls[i].ID, e.CallID)
@@ -149,7 +148,7 @@ func TestStepEventsAcrossResolution(t *testing.T) {
 		for _, e := range testkit.SessionEvents(t, b.pool, "s", envelope.EventToolCompleted) {
 			require.Equal(t, call.ID, e.CallID)
 			require.Equal(t, c.assistant, e.TurnID)
-			requireValid(t, eventSchema(t), e)
+			requireValid(t, testkit.EventSchema(t), e)
 			outcomes, ids = append(outcomes, e.Outcome), append(ids, e.ID)
 		}
 		require.NotEmpty(t, outcomes, "no tool.completed for call %s", call.ID)
@@ -185,25 +184,9 @@ func TestStepNumbersAcrossResolution(t *testing.T) {
 	require.Equal(t, 1, steps[0].Step, "the step sent again is the turn's first completed step, not a step after the one that never completed")
 }
 
-// eventSchema compiles the published session-event schema, formats
-// asserted as a strict consumer would.
-func eventSchema(t *testing.T) *jsonschema.Schema {
-	t.Helper()
-	doc, err := jsonschema.UnmarshalJSON(bytes.NewReader(envelope.EventSchema))
-	require.NoError(t, err)
-	c := jsonschema.NewCompiler()
-	c.AssertFormat()
-	require.NoError(t, c.AddResource("session-event.schema.json", doc))
-	s, err := c.Compile("session-event.schema.json")
-	require.NoError(t, err)
-	return s
-}
-
 func requireValid(t *testing.T, s *jsonschema.Schema, e envelope.Event) {
 	t.Helper()
 	b, err := json.Marshal(e)
 	require.NoError(t, err)
-	v, err := jsonschema.UnmarshalJSON(bytes.NewReader(b))
-	require.NoError(t, err)
-	require.NoError(t, s.Validate(v), "%s", b)
+	testkit.RequireValid(t, s, b)
 }

@@ -49,55 +49,19 @@ func (b *testBundle) connectClients(t *testing.T, k *testkit.ApacheKafka) *stamp
 	return r
 }
 
-// stampedReader is a topicReader that also notes when each record
-// arrived here.
+// stampedReader is a topicReader of a cluster whose arrivals (when each
+// record arrived here) the test reads.
 type stampedReader struct {
 	topicReader
-	arrived []time.Time
 }
 
 func readTopicStamped(t *testing.T, addrs []string, topic string) *stampedReader {
 	t.Helper()
-	c, err := sarama.NewConsumer(addrs, kafkautil.NewConfig("test-reader"))
-	require.NoError(t, err)
-	r := &stampedReader{}
-	var wg sync.WaitGroup
-	var pcs []sarama.PartitionConsumer
-	t.Cleanup(func() {
-		for _, pc := range pcs {
-			pc.AsyncClose()
-		}
-		wg.Wait()
-		_ = c.Close()
-	})
-	parts, err := c.Partitions(topic)
-	require.NoError(t, err)
-	for _, p := range parts {
-		pc, err := c.ConsumePartition(topic, p, sarama.OffsetOldest)
-		require.NoError(t, err)
-		pcs = append(pcs, pc)
-		wg.Go(func() {
-			for m := range pc.Messages() {
-				r.mu.Lock()
-				r.msgs = append(r.msgs, m)
-				r.arrived = append(r.arrived, time.Now())
-				r.mu.Unlock()
-			}
-		})
-		wg.Go(func() {
-			for range pc.Errors() { // retried by Sarama (leader moves)
-			}
-		})
-	}
-	return r
+	return &stampedReader{topicReader{testkit.ReadTopic(t, addrs, topic, &testkit.TopicReaderOpts{Config: kafkautil.NewConfig("test-reader")})}}
 }
 
 // arrivals returns the arrival times of the records so far.
-func (r *stampedReader) arrivals() []time.Time {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	return append([]time.Time(nil), r.arrived...)
-}
+func (r *stampedReader) arrivals() []time.Time { return r.Arrivals() }
 
 // sent is a prompt the broker acknowledged (acks=all).
 type sent struct {

@@ -343,9 +343,7 @@ type eventIndex struct {
 }
 
 func (x *eventIndex) update(t *testing.T) []envelope.Event {
-	x.r.mu.Lock()
-	msgs := x.r.msgs[len(x.events):]
-	x.r.mu.Unlock()
+	msgs := x.r.Since(len(x.events))
 	for _, m := range msgs {
 		e, err := envelope.DecodeEvent(m.Value)
 		require.NoError(t, err, "session event %s", m.Value)

@@ -66,10 +66,8 @@ func (b *testBundle) startStreaming(t *testing.T, name string, s *streamServer, 
 
 func deltasOf(t *testing.T, r *topicReader, session string) []envelope.Delta {
 	t.Helper()
-	r.mu.Lock()
-	defer r.mu.Unlock()
 	var out []envelope.Delta
-	for _, m := range r.msgs {
+	for _, m := range r.All() {
 		d, err := envelope.DecodeDelta(m.Value)
 		require.NoError(t, err, "delta %s", m.Value)
 		if d.SessionID == session {

@@ -7,7 +7,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -307,57 +306,27 @@ func sendPrompt(t *testing.T, producer sarama.SyncProducer, p envelope.Prompt) {
 }
 
 // topicReader collects every record of a topic, all partitions, from the
-// oldest offset, through a plain Sarama consumer.
-type topicReader struct {
-	mu   sync.Mutex
-	msgs []*sarama.ConsumerMessage
-}
+// oldest offset (testkit.TopicReader); its methods are the questions these
+// tests ask of what it read.
+type topicReader struct{ *testkit.TopicReader }
 
 func readTopic(t *testing.T, addr, topic string) *topicReader {
 	t.Helper()
-	c, err := sarama.NewConsumer([]string{addr}, kafkautil.NewConfig("test-reader"))
-	require.NoError(t, err)
-	r := &topicReader{}
-	var wg sync.WaitGroup
-	var pcs []sarama.PartitionConsumer
-	t.Cleanup(func() {
-		for _, pc := range pcs {
-			pc.AsyncClose()
-		}
-		wg.Wait()
-		require.NoError(t, c.Close())
-	})
-	parts, err := c.Partitions(topic)
-	require.NoError(t, err)
-	for _, p := range parts {
-		pc, err := c.ConsumePartition(topic, p, sarama.OffsetOldest)
-		require.NoError(t, err)
-		pcs = append(pcs, pc)
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for m := range pc.Messages() {
-				r.mu.Lock()
-				r.msgs = append(r.msgs, m)
-				r.mu.Unlock()
-			}
-		}()
-	}
-	return r
+	return readTopicWith(t, addr, kafkautil.NewConfig("test-reader"), topic)
 }
 
+// readTopicWith is readTopic with the given client configuration (TLS,
+// SASL).
+func readTopicWith(t *testing.T, addr string, cfg *sarama.Config, topic string) *topicReader {
+	t.Helper()
+	return &topicReader{testkit.ReadTopic(t, []string{addr}, topic, &testkit.TopicReaderOpts{Config: cfg})}
+}
+
+// events decodes what was read as session events, duplicates included; a
+// record that does not decode or is not keyed by its session fails.
 func (r *topicReader) events(t *testing.T) []envelope.Event {
 	t.Helper()
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	out := make([]envelope.Event, 0, len(r.msgs))
-	for _, m := range r.msgs {
-		e, err := envelope.DecodeEvent(m.Value)
-		require.NoError(t, err, "session event %s", m.Value)
-		require.Equal(t, e.SessionID, string(m.Key), "an event's key is its session")
-		out = append(out, e)
-	}
-	return out
+	return r.Events(t)
 }
 
 func isTurn(e envelope.Event) bool {
@@ -368,13 +337,7 @@ func isTurn(e envelope.Event) bool {
 // duplicates included.
 func (r *topicReader) turnEvents(t *testing.T, msgID string) []envelope.Event {
 	t.Helper()
-	var out []envelope.Event
-	for _, e := range r.events(t) {
-		if isTurn(e) && contains(e.MessageIDs, msgID) {
-			out = append(out, e)
-		}
-	}
-	return out
+	return r.TurnEvents(t, msgID)
 }
 
 // admittedEvents returns the input.admitted events of msgID, duplicates
@@ -393,15 +356,7 @@ func (r *topicReader) admittedEvents(t *testing.T, msgID string) []envelope.Even
 // waitTurn waits for the turn event answering msgID.
 func (r *topicReader) waitTurn(t *testing.T, msgID string) envelope.Event {
 	t.Helper()
-	var found envelope.Event
-	require.Eventually(t, func() bool {
-		evs := r.turnEvents(t, msgID)
-		if len(evs) > 0 {
-			found = evs[0]
-		}
-		return len(evs) > 0
-	}, 40*time.Second, 20*time.Millisecond, "no turn event for %s", msgID)
-	return found
+	return r.WaitTurn(t, msgID, 40*time.Second)
 }
 
 // distinctIDs counts events by id: the relay publishes at least once, and
@@ -412,15 +367,6 @@ func distinctIDs(evs []envelope.Event) int {
 		seen[e.ID] = true
 	}
 	return len(seen)
-}
-
-func contains(xs []string, x string) bool {
-	for _, y := range xs {
-		if y == x {
-			return true
-		}
-	}
-	return false
 }
 
 // prompt returns a queued prompt with fresh IDs scoped to the test.

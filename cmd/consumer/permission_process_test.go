@@ -13,6 +13,7 @@ import (
 
 	"github.com/promptline/promptline/envelope"
 	"github.com/promptline/promptline/internal/inspect"
+	"github.com/promptline/promptline/internal/testkit"
 )
 
 // Permissions (issue "ledger") on real processes: a tool under
@@ -66,26 +67,15 @@ func (r *topicReader) waitReject(t *testing.T, value []byte) string {
 	t.Helper()
 	var reason string
 	require.Eventually(t, func() bool {
-		r.mu.Lock()
-		defer r.mu.Unlock()
-		for _, m := range r.msgs {
-			if bytes.Equal(m.Value, value) && recordHeader(m, "source_topic") == "permission-replies" {
-				reason = recordHeader(m, "reason")
+		for _, m := range r.All() {
+			if bytes.Equal(m.Value, value) && testkit.Header(m, "source_topic") == "permission-replies" {
+				reason = testkit.Header(m, "reason")
 				return true
 			}
 		}
 		return false
 	}, 30*time.Second, 20*time.Millisecond, "no reject of %s", value)
 	return reason
-}
-
-func recordHeader(m *sarama.ConsumerMessage, key string) string {
-	for _, h := range m.Headers {
-		if string(h.Key) == key {
-			return string(h.Value)
-		}
-	}
-	return ""
 }
 
 // TestPermissionRepliesAcrossRestart parks three sessions on consumer A

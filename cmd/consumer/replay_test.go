@@ -298,9 +298,7 @@ func TestReplayCommand(t *testing.T) {
 		b.events.waitTurn(t, small.MessageID)
 		rejects := readTopic(t, b.addr, "prompts.rejects")
 		require.Eventually(t, func() bool {
-			rejects.mu.Lock()
-			defer rejects.mu.Unlock()
-			return len(rejects.msgs) == 2
+			return rejects.Len() == 2
 		}, 30*time.Second, 20*time.Millisecond)
 
 		rep := b.replayJSON(t, "--topic", "prompts.rejects", "--max-value-bytes", strconv.Itoa(4096))

@@ -4,7 +4,6 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -54,39 +53,6 @@ func (s *secureBundle) config(t *testing.T) *sarama.Config {
 	cfg := kafkautil.NewConfig("secure-test")
 	require.NoError(t, s.sec.Apply(cfg))
 	return cfg
-}
-
-// readTopicWith collects every record of topic from the oldest offset with
-// the given client configuration.
-func readTopicWith(t *testing.T, addr string, cfg *sarama.Config, topic string) *topicReader {
-	t.Helper()
-	c, err := sarama.NewConsumer([]string{addr}, cfg)
-	require.NoError(t, err)
-	r := &topicReader{}
-	var wg sync.WaitGroup
-	var pcs []sarama.PartitionConsumer
-	t.Cleanup(func() {
-		for _, pc := range pcs {
-			pc.AsyncClose()
-		}
-		wg.Wait()
-		require.NoError(t, c.Close())
-	})
-	parts, err := c.Partitions(topic)
-	require.NoError(t, err)
-	for _, p := range parts {
-		pc, err := c.ConsumePartition(topic, p, sarama.OffsetOldest)
-		require.NoError(t, err)
-		pcs = append(pcs, pc)
-		wg.Go(func() {
-			for m := range pc.Messages() {
-				r.mu.Lock()
-				r.msgs = append(r.msgs, m)
-				r.mu.Unlock()
-			}
-		})
-	}
-	return r
 }
 
 func TestKafkaSecurity(t *testing.T) {

@@ -723,10 +723,8 @@ func sweepLegRuns(t *testing.T, leg sweepLeg) {
 // count counts the rejects-topic records whose headers match.
 func (r *topicReader) count(t *testing.T, match func(headers map[string]string) bool) int {
 	t.Helper()
-	r.mu.Lock()
-	defer r.mu.Unlock()
 	n := 0
-	for _, m := range r.msgs {
+	for _, m := range r.All() {
 		h := map[string]string{}
 		for _, x := range m.Headers {
 			h[string(x.Key)] = string(x.Value)

@@ -9,6 +9,10 @@
 // goroutines.
 //
 // Also: Count and SessionEvents, to read what a test's database holds;
+// the pieces a test bundle of the running pipeline is built from
+// (KafkaClient to produce and run a consumer group, TopicReader to read a
+// topic as it fills, Logger, Counts for a config's callbacks);
+// EventSchema and DeltaSchema, the published schemas compiled once;
 // PlanConn, for tests of query plans; SyncBuffer, a process's output that
 // a test waits on; the one-time setup of the producer examples in other
 // languages (examples.go); and, in pgproxy, a Postgres-aware TCP proxy

@@ -4,11 +4,13 @@ import (
 	"context"
 	"os"
 	"strconv"
+	"sync"
 	"testing"
 	"time"
 
 	"github.com/IBM/sarama"
 
+	"github.com/promptline/promptline/envelope"
 	"github.com/promptline/promptline/internal/kafkautil"
 )
 
@@ -133,4 +135,80 @@ func ReadAll(tb testing.TB, addr, topic string) []*sarama.ConsumerMessage {
 		must(tb, pc.Close())
 	}
 	return out
+}
+
+// KafkaClient is a test's client of the broker: a Sarama client and a
+// synchronous producer on it, closed when the test ends (after the
+// cleanups registered later, which may still produce).
+type KafkaClient struct {
+	// Config is the client's configuration, as the consumer builds its own
+	// (kafkautil.NewConfig), with the test's name as the client ID.
+	Config   *sarama.Config
+	Brokers  []string
+	Client   sarama.Client
+	Producer sarama.SyncProducer
+}
+
+// NewKafkaClient connects a KafkaClient to brokers.
+func NewKafkaClient(tb testing.TB, brokers []string) *KafkaClient {
+	tb.Helper()
+	cfg := kafkautil.NewConfig(tb.Name())
+	client, err := sarama.NewClient(brokers, cfg)
+	must(tb, err)
+	producer, err := sarama.NewSyncProducerFromClient(client)
+	if err != nil {
+		client.Close()
+		tb.Fatal(err)
+	}
+	tb.Cleanup(func() {
+		if err := producer.Close(); err != nil {
+			tb.Errorf("closing the producer: %v", err)
+		}
+		if err := client.Close(); err != nil {
+			tb.Errorf("closing the client: %v", err)
+		}
+	})
+	return &KafkaClient{Config: cfg, Brokers: brokers, Client: client, Producer: producer}
+}
+
+// SendPrompt publishes a prompt envelope on prompts with key = session.
+func (k *KafkaClient) SendPrompt(tb testing.TB, p envelope.Prompt) {
+	tb.Helper()
+	v, err := envelope.Marshal(p)
+	must(tb, err)
+	k.Send(tb, "prompts", []byte(p.SessionID), v)
+}
+
+// Send publishes value on topic with key (none when nil).
+func (k *KafkaClient) Send(tb testing.TB, topic string, key, value []byte) {
+	tb.Helper()
+	m := &sarama.ProducerMessage{Topic: topic, Value: sarama.ByteEncoder(value)}
+	if key != nil {
+		m.Key = sarama.ByteEncoder(key)
+	}
+	_, _, err := k.Producer.SendMessage(m)
+	must(tb, err)
+}
+
+// ConsumeGroup runs handler as member of the consumer group on topics,
+// joining again after each rebalance, until the test ends; the group is
+// closed before the cleanups registered earlier run (those that stop
+// what handler calls).
+func (k *KafkaClient) ConsumeGroup(tb testing.TB, group string, topics []string, handler sarama.ConsumerGroupHandler) {
+	tb.Helper()
+	g, err := sarama.NewConsumerGroup(k.Brokers, group, kafkautil.GroupConfig(k.Config))
+	must(tb, err)
+	ctx := tb.Context() // canceled before the cleanups run
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		for ctx.Err() == nil {
+			_ = g.Consume(ctx, topics, handler)
+		}
+	})
+	tb.Cleanup(func() {
+		wg.Wait()
+		if err := g.Close(); err != nil {
+			tb.Errorf("closing the consumer group: %v", err)
+		}
+	})
 }

@@ -1,0 +1,26 @@
+package testkit
+
+import (
+	"io"
+	"log/slog"
+	"strings"
+	"testing"
+)
+
+// Logger returns a debug-level text logger that writes to the test's log
+// (shown on failure) and, when also is not nil, to also.
+func Logger(tb testing.TB, also io.Writer) *slog.Logger {
+	var w io.Writer = testWriter{tb}
+	if also != nil {
+		w = io.MultiWriter(w, also)
+	}
+	return slog.New(slog.NewTextHandler(w, &slog.HandlerOptions{Level: slog.LevelDebug}))
+}
+
+// testWriter sends log lines to the test's log.
+type testWriter struct{ tb testing.TB }
+
+func (w testWriter) Write(p []byte) (int, error) {
+	w.tb.Log(strings.TrimSpace(string(p)))
+	return len(p), nil
+}
