@@ -68,7 +68,8 @@ func (a *Admitter) AdmitReply(ctx context.Context, key []byte, r envelope.Permis
 			return nil
 		}
 		// Lock order: the session row first, as everywhere.
-		if _, err := tx.Exec(ctx, `SELECT 1 FROM sessions WHERE session_id = $1 FOR UPDATE`, session); err != nil {
+		// The request's session exists (a foreign key): found is true.
+		if _, err := LockSession(ctx, tx, &LockSessionParams{SessionID: session}); err != nil {
 			return err
 		}
 		var status string

@@ -6,8 +6,12 @@
 // parked turn. Group combines the batches that several partitions have at
 // hand at once into one transaction.
 //
-// Admission owns the inputs table and the kinds of input (KindPrompt,
+// Admission owns the sessions, inputs, permission_requests and
+// permission_grants tables, and the kinds of input (KindPrompt,
 // KindPermissionReply, KindContinuation) that the executor reads. The
+// executor and recovery write these tables through its functions, in
+// their own transactions (session.go, input.go, permission_request.go);
+// docs/design.md's Table owners lists the writes still made elsewhere. The
 // Kafka handler that feeds it is pipeline.Consumer; replay feeds it a
 // topic range outside the live group.
 package admission

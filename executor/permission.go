@@ -98,12 +98,12 @@ func (ex *execution) park(ctx context.Context, p ledger.CallParams, c provider.T
 		if err := ex.x.SetPhase(ctx, tx, ledger.PhaseSafe, ""); err != nil {
 			return err
 		}
-		tag, err := tx.Exec(ctx, `INSERT INTO permission_requests (request_id, session_id, call_id, tool, pattern, metadata, status)
-			VALUES ($1, $2, $3, $4, $4, $5, 'pending') ON CONFLICT (request_id) DO NOTHING`, p.ID, ex.sessionID, p.ID, c.Name, meta)
+		inserted, err := admission.InsertPermissionRequest(ctx, tx, &admission.InsertPermissionRequestParams{
+			RequestID: p.ID, SessionID: ex.sessionID, CallID: p.ID, Tool: c.Name, Metadata: meta})
 		if err != nil {
 			return fmt.Errorf("recording permission request: %w", err)
 		}
-		if tag.RowsAffected() == 0 {
+		if !inserted {
 			return nil
 		}
 		return outbox.Insert(ctx, tx, eventRow(ex.e.cfg.Topics.Events, envelope.Event{
@@ -136,7 +136,7 @@ func (ex *execution) resume(ctx context.Context, tx pgx.Tx, inputID string) (*tu
 	if err != nil {
 		return nil, fmt.Errorf("reading permission request %s: %w", requestID, err)
 	}
-	if _, err := tx.Exec(ctx, `UPDATE permission_requests SET resumed_at = now() WHERE request_id = $1 AND resumed_at IS NULL`, requestID); err != nil {
+	if err := admission.MarkPermissionResumed(ctx, tx, &admission.MarkPermissionResumedParams{RequestID: requestID}); err != nil {
 		return nil, err
 	}
 	if err := admission.PromoteInput(ctx, tx, &admission.PromoteInputParams{MessageID: inputID}); err != nil {

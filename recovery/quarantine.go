@@ -9,6 +9,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/promptline/promptline/admission"
 	"github.com/promptline/promptline/internal/kafkautil"
 	"github.com/promptline/promptline/internal/pgdb"
 	"github.com/promptline/promptline/ledger"
@@ -175,7 +176,9 @@ func lockSessionOf(ctx context.Context, tx pgx.Tx, kind, id string) (string, err
 			return "", fmt.Errorf("reading the input's session: %w", err)
 		}
 	}
-	if _, err := tx.Exec(ctx, `SELECT 1 FROM sessions WHERE session_id = $1 FOR UPDATE`, session); err != nil {
+	// A missing session locks nothing and is no error here: the row's own
+	// read then finds nothing to release.
+	if _, err := admission.LockSession(ctx, tx, &admission.LockSessionParams{SessionID: session}); err != nil {
 		return "", fmt.Errorf("locking session: %w", err)
 	}
 	return session, nil

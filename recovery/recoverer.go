@@ -12,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/promptline/promptline/admission"
 	"github.com/promptline/promptline/internal/kafkautil"
 	"github.com/promptline/promptline/internal/pgdb"
 	"github.com/promptline/promptline/internal/startstop"
@@ -370,7 +371,7 @@ func (r *Recoverer) recoverOnly(ctx context.Context, old ledger.Claim, want Deci
 		// so the waiting inputs counted below cannot grow before commit;
 		// an input admitted after that commit finds no claim and its own
 		// wake runs it.
-		if _, err := tx.Exec(ctx, `SELECT 1 FROM sessions WHERE session_id = $1 FOR UPDATE`, old.SessionID); err != nil {
+		if _, err := admission.LockSession(ctx, tx, &admission.LockSessionParams{SessionID: old.SessionID}); err != nil {
 			return fmt.Errorf("locking session: %w", err)
 		}
 		var err error

@@ -7,6 +7,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/promptline/promptline/admission"
 	"github.com/promptline/promptline/internal/pgdb"
 	"github.com/promptline/promptline/outbox"
 )
@@ -67,7 +68,7 @@ func (r *Recoverer) redriveFor(ctx context.Context, sessionID string, batch int,
 		if n == 0 {
 			return nil
 		}
-		if _, err := tx.Exec(ctx, `UPDATE sessions SET redriven_at = now() WHERE session_id = ANY($1)`, sessions); err != nil {
+		if err := admission.MarkRedriven(ctx, tx, &admission.MarkRedrivenParams{SessionIDs: sessions}); err != nil {
 			return fmt.Errorf("marking redriven sessions: %w", err)
 		}
 		now := time.Now().UTC()

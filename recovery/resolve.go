@@ -207,13 +207,12 @@ func resolveOnce(ctx context.Context, pool *pgxpool.Pool, sessionID, targetID st
 		if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock($1)`, ledger.PruneLockKey); err != nil {
 			return fmt.Errorf("taking the ledger pruner's lock: %w", err)
 		}
-		var locked string
-		err := tx.QueryRow(ctx, `SELECT session_id FROM sessions WHERE session_id = $1 FOR UPDATE`, sessionID).Scan(&locked)
-		if errors.Is(interpretError(err), errNotFound) {
-			return fmt.Errorf("session %s: no such session", sessionID)
-		}
+		found, err := admission.LockSession(ctx, tx, &admission.LockSessionParams{SessionID: sessionID})
 		if err != nil {
 			return fmt.Errorf("locking session %s: %w", sessionID, err)
+		}
+		if !found {
+			return fmt.Errorf("session %s: no such session", sessionID)
 		}
 		if err := refuseClaimed(ctx, tx, sessionID); err != nil {
 			return err
