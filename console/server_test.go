@@ -43,10 +43,11 @@ func setup(t *testing.T, cfg console.Config) *testBundle {
 	pool, _ := testkit.Pool(t)
 	reg := tools.NewRegistry()
 	require.NoError(t, reg.Register(tools.NewEcho()))
-	e := executor.NewExecutor(pool, &executor.ExecutorConfig{
+	e, err := executor.NewExecutor(pool, &executor.ExecutorConfig{
 		Claims: ledger.NewClaims(pool, &ledger.ClaimsConfig{Lease: 5 * time.Second, OwnerID: "console-test"}),
 		Tools:  reg,
 	})
+	require.NoError(t, err)
 	t.Cleanup(e.StopNow)
 	b := &testBundle{pool: pool, admitter: admission.NewAdmitter(pool, &admission.AdmitterConfig{}), exec: e, log: testkit.NewSyncBuffer()}
 	cfg.Logger = slogTo(b.log)

@@ -81,7 +81,7 @@ func TestAttemptSpend(t *testing.T) {
 			}, 10*time.Second, 5*time.Millisecond, "attempt %s in flight with its model, estimate and response ID", req.AttemptID)
 		}
 		claims := ledger.NewClaims(b.pool, &ledger.ClaimsConfig{Lease: 5 * time.Second, OwnerID: "a"})
-		e := executor.NewExecutor(b.pool, &executor.ExecutorConfig{Claims: claims, Provider: p, ProviderName: "prov", Tools: reg})
+		e := newExecutor(t, b.pool, &executor.ExecutorConfig{Claims: claims, Provider: p, ProviderName: "prov", Tools: reg})
 		t.Cleanup(e.StopNow)
 
 		// Two steps: the first is queued with the claim, the second begun
@@ -118,7 +118,7 @@ func TestAttemptSpend(t *testing.T) {
 				10*time.Second, 5*time.Millisecond, "the failed write is counted")
 		}
 		claims := ledger.NewClaims(b.pool, &ledger.ClaimsConfig{Lease: 5 * time.Second, OwnerID: "a"})
-		e := executor.NewExecutor(b.pool, &executor.ExecutorConfig{Claims: claims, Provider: p,
+		e := newExecutor(t, b.pool, &executor.ExecutorConfig{Claims: claims, Provider: p,
 			OnResponseIDWriteFailedFunc: func() { failures.Add("") }})
 		t.Cleanup(e.StopNow)
 
@@ -140,7 +140,7 @@ func TestAttemptSpend(t *testing.T) {
 		unknown := &testkit.Counts{}
 		p := &spendProvider{}
 		claims := ledger.NewClaims(b.pool, &ledger.ClaimsConfig{Lease: 5 * time.Second, OwnerID: "a"})
-		e := executor.NewExecutor(b.pool, &executor.ExecutorConfig{Claims: claims, Provider: unknownAfter{p}, ProviderName: "prov",
+		e := newExecutor(t, b.pool, &executor.ExecutorConfig{Claims: claims, Provider: unknownAfter{p}, ProviderName: "prov",
 			OnAttemptUnknownFunc: func(provider, model string) { unknown.Add(provider + "/" + model) }})
 		t.Cleanup(e.StopNow)
 

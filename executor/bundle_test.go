@@ -91,7 +91,7 @@ func setup(t *testing.T, opts setupOpts) *testBundle {
 		t.Cleanup(dp.Close)
 		deltas = dp
 	}
-	exec := executor.NewExecutor(pool, &executor.ExecutorConfig{
+	exec := newExecutor(t, pool, &executor.ExecutorConfig{
 		Claims: claims, Provider: opts.provider, OnCommitFunc: relay.Nudge, Logger: log, MaxSessions: opts.maxSessions,
 		Tools: opts.tools, Deltas: deltas,
 	})

@@ -153,11 +153,12 @@ type sessionRun struct {
 	done      chan struct{} // closed when the session goes idle here
 }
 
-// NewExecutor returns an Executor; Shutdown ends it.
-func NewExecutor(pool *pgxpool.Pool, config *ExecutorConfig) *Executor {
+// NewExecutor returns an Executor; Shutdown ends it. A configuration it
+// cannot run with is an error naming the field.
+func NewExecutor(pool *pgxpool.Pool, config *ExecutorConfig) (*Executor, error) {
 	cfg := *config
 	if cfg.Claims == nil {
-		panic("pipeline: ExecutorConfig.Claims is required")
+		return nil, errors.New("executor: ExecutorConfig.Claims is required")
 	}
 	cfg.Topics = cfg.Topics.WithDefaults()
 	cfg.Provider = cmp.Or[provider.Provider](cfg.Provider, scripted.ScriptedProvider{})
@@ -179,7 +180,7 @@ func NewExecutor(pool *pgxpool.Pool, config *ExecutorConfig) *Executor {
 		pool: pool, claims: cfg.Claims, cfg: cfg, log: cfg.Logger,
 		slots: make(chan struct{}, cfg.MaxSessions),
 		runs:  map[string]*sessionRun{}, ctx: ctx, cancel: cancel,
-	}
+	}, nil
 }
 
 // ErrStopped is returned by Wake after Shutdown began.

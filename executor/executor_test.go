@@ -37,7 +37,7 @@ func setupExec(t *testing.T) *execBundle {
 func (b *execBundle) executor(t *testing.T, owner string, provider provider.Provider, lease time.Duration, maxSessions int) *executor.Executor {
 	t.Helper()
 	claims := ledger.NewClaims(b.pool, &ledger.ClaimsConfig{Lease: lease, OwnerID: owner})
-	e := executor.NewExecutor(b.pool, &executor.ExecutorConfig{Claims: claims, Provider: provider, MaxSessions: maxSessions})
+	e := newExecutor(t, b.pool, &executor.ExecutorConfig{Claims: claims, Provider: provider, MaxSessions: maxSessions})
 	t.Cleanup(e.StopNow)
 	return e
 }
@@ -325,7 +325,7 @@ func TestClaimTakenAsRead(t *testing.T) {
 			b := setupExec(t)
 			phases := &phaseLog{}
 			claims := ledger.NewClaims(b.pool, &ledger.ClaimsConfig{Lease: 5 * time.Second, OwnerID: "a", OnPhaseFunc: phases.add})
-			e := executor.NewExecutor(b.pool, &executor.ExecutorConfig{Claims: claims})
+			e := newExecutor(t, b.pool, &executor.ExecutorConfig{Claims: claims})
 			t.Cleanup(e.StopNow)
 			b.admit(t, "s", "queued", "first in line")
 			var once sync.Once

@@ -61,7 +61,7 @@ func TestFailedTurnNamesAnExistingMessage(t *testing.T) {
 		reg := tools.NewRegistry()
 		require.NoError(t, reg.Register(tools.NewEcho()))
 		claims := ledger.NewClaims(b.pool, &ledger.ClaimsConfig{Lease: 5 * time.Second, OwnerID: "f"})
-		e := executor.NewExecutor(b.pool, &executor.ExecutorConfig{Claims: claims, Provider: provider, Tools: reg,
+		e := newExecutor(t, b.pool, &executor.ExecutorConfig{Claims: claims, Provider: provider, Tools: reg,
 			PermissionFunc: func(string) tools.Permission { return perm },
 			OnCommitFunc: func() {
 				var id string

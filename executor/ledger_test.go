@@ -53,7 +53,7 @@ func TestLedger(t *testing.T) {
 		phases := &phaseLog{}
 		rec := &recordingScripted{}
 		claims := ledger.NewClaims(b.pool, &ledger.ClaimsConfig{Lease: 5 * time.Second, OwnerID: "a", OnPhaseFunc: phases.add})
-		e := executor.NewExecutor(b.pool, &executor.ExecutorConfig{Claims: claims, Provider: rec, Tools: reg})
+		e := newExecutor(t, b.pool, &executor.ExecutorConfig{Claims: claims, Provider: rec, Tools: reg})
 		t.Cleanup(e.StopNow)
 
 		b.admit(t, "s", "m1", "/tool echo {\"text\": \"hi\"}\n/tool append_line {\"file\": \"log.txt\", \"line\": \"one\"}")
@@ -102,7 +102,7 @@ func TestLedger(t *testing.T) {
 		e := b.executor(t, "a", scripted.ScriptedProvider{}, 5*time.Second, 0)
 		_ = e
 		claims := ledger.NewClaims(b.pool, &ledger.ClaimsConfig{OwnerID: "b"})
-		e2 := executor.NewExecutor(b.pool, &executor.ExecutorConfig{Claims: claims, Tools: reg})
+		e2 := newExecutor(t, b.pool, &executor.ExecutorConfig{Claims: claims, Tools: reg})
 		t.Cleanup(e2.StopNow)
 		b.admit(t, "s", "m1", "/tool echo {\"wrong\": 1}\n/tool nosuch {}")
 		done, err := e2.Wake(ctx, "s", 0)

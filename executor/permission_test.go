@@ -45,7 +45,7 @@ func TestPermissions(t *testing.T) {
 		// session is concerned.
 		b.exec = func() *executor.Executor {
 			claims := ledger.NewClaims(b.pool, &ledger.ClaimsConfig{Lease: 5 * time.Second, OwnerID: "p"})
-			e := executor.NewExecutor(b.pool, &executor.ExecutorConfig{Claims: claims, Tools: reg,
+			e := newExecutor(t, b.pool, &executor.ExecutorConfig{Claims: claims, Tools: reg,
 				PermissionFunc: func(string) tools.Permission { return tools.Ask }})
 			t.Cleanup(e.StopNow)
 			return e

@@ -83,7 +83,7 @@ func TestStepIntentRetriedAfterARefusal(t *testing.T) {
 	reg := tools.NewRegistry()
 	require.NoError(t, reg.Register(countingEcho{Tool: tools.NewEcho(), runs: runs}))
 	claims := ledger.NewClaims(b.pool, &ledger.ClaimsConfig{Lease: time.Minute, OwnerID: "p"})
-	e := executor.NewExecutor(b.pool, &executor.ExecutorConfig{Claims: claims, Tools: reg})
+	e := newExecutor(t, b.pool, &executor.ExecutorConfig{Claims: claims, Tools: reg})
 	t.Cleanup(e.StopNow)
 	_, err := b.pool.Exec(ctx, refuseOnce("intent", "40P01", `BEFORE INSERT ON attempts
 		FOR EACH ROW WHEN (NEW.step = 2)`))
@@ -154,7 +154,7 @@ func parkedReply(t *testing.T, inject string) (*execBundle, *executor.Executor, 
 	reg := tools.NewRegistry()
 	require.NoError(t, reg.Register(countingEcho{Tool: tools.NewEcho(), runs: runs}))
 	claims := ledger.NewClaims(b.pool, &ledger.ClaimsConfig{Lease: time.Minute, OwnerID: "p"})
-	e := executor.NewExecutor(b.pool, &executor.ExecutorConfig{Claims: claims, Tools: reg,
+	e := newExecutor(t, b.pool, &executor.ExecutorConfig{Claims: claims, Tools: reg,
 		PermissionFunc: func(string) tools.Permission { return tools.Ask }})
 	t.Cleanup(e.StopNow)
 

@@ -40,7 +40,7 @@ func TestToolErrorsHideURLSecrets(t *testing.T) {
 		reg := tools.NewRegistry()
 		require.NoError(t, reg.Register(leakyTool{notRun: notRun}))
 		claims := ledger.NewClaims(b.pool, &ledger.ClaimsConfig{Lease: 5 * time.Second, OwnerID: "a"})
-		e := executor.NewExecutor(b.pool, &executor.ExecutorConfig{Claims: claims, Tools: reg})
+		e := newExecutor(t, b.pool, &executor.ExecutorConfig{Claims: claims, Tools: reg})
 		t.Cleanup(e.StopNow)
 		b.admit(t, "s", "m1", "/tool leaky {}")
 		done, err := e.Wake(context.Background(), "s", 0)

@@ -63,7 +63,7 @@ func TestToolTimeout(t *testing.T) {
 		reg := tools.NewRegistry()
 		require.NoError(t, reg.Register(tool))
 		claims := ledger.NewClaims(b.pool, &ledger.ClaimsConfig{Lease: 5 * time.Second, OwnerID: "a"})
-		e := executor.NewExecutor(b.pool, &executor.ExecutorConfig{Claims: claims, Tools: reg, ToolTimeout: timeout})
+		e := newExecutor(t, b.pool, &executor.ExecutorConfig{Claims: claims, Tools: reg, ToolTimeout: timeout})
 		t.Cleanup(e.StopNow)
 		// Runs before e.Stop: lets an abandoned call's goroutine end (and,
 		// without a bound on tool calls, lets the test fail rather than hang).

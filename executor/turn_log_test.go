@@ -35,7 +35,7 @@ func TestTurnFailedLogsNoPromptText(t *testing.T) {
 			logs := testkit.NewSyncBuffer()
 			log := slog.New(slog.NewJSONHandler(logs, &slog.HandlerOptions{Level: tc.level}))
 			claims := ledger.NewClaims(b.pool, &ledger.ClaimsConfig{Lease: 5 * time.Second, OwnerID: "a", Logger: log})
-			e := executor.NewExecutor(b.pool, &executor.ExecutorConfig{Claims: claims, Logger: log})
+			e := newExecutor(t, b.pool, &executor.ExecutorConfig{Claims: claims, Logger: log})
 			t.Cleanup(e.StopNow)
 			b.admit(t, "s", "m1", "/fail "+secret)
 			done, err := e.Wake(context.Background(), "s", 0)

@@ -115,7 +115,7 @@ func TestWriteAfterDispatchRetried(t *testing.T) {
 		if len(perm) > 0 {
 			cfg.PermissionFunc = func(string) tools.Permission { return perm[0] }
 		}
-		b.exec = executor.NewExecutor(ppool, cfg)
+		b.exec = newExecutor(t, ppool, cfg)
 		t.Cleanup(b.exec.StopNow)
 		return b
 	}

@@ -77,7 +77,8 @@ func setup(t *testing.T, opts setupOpts) *testBundle {
 	if !opts.noLocalWakes {
 		ccfg.WakesPartitions = kafkautil.PartitionCount(kc.Client, "wakes")
 	}
-	exec := executor.NewExecutor(pool, ecfg)
+	exec, err := executor.NewExecutor(pool, ecfg)
+	require.NoError(t, err)
 	t.Cleanup(exec.StopNow)
 	handler := pipeline.NewConsumer(admitter, exec, kc.Producer, ccfg)
 

@@ -199,7 +199,8 @@ func (b *testBundle) wakes(t *testing.T, session string) int {
 func (b *testBundle) run(t *testing.T, provider provider.Provider, reg *tools.Registry, session string) {
 	t.Helper()
 	claims := ledger.NewClaims(b.pool, &ledger.ClaimsConfig{Lease: time.Minute, OwnerID: "new-process"})
-	e := executor.NewExecutor(b.pool, &executor.ExecutorConfig{Claims: claims, Provider: provider, Tools: reg})
+	e, err := executor.NewExecutor(b.pool, &executor.ExecutorConfig{Claims: claims, Provider: provider, Tools: reg})
+	require.NoError(t, err)
 	defer e.StopNow()
 	done, err := e.Wake(context.Background(), session, 0)
 	require.NoError(t, err)

@@ -167,7 +167,7 @@ func (m *recoveryMachine) executor(owner string) *executor.Executor {
 // "ask" runs only with permission (docs/design.md, invariant 11).
 func (m *recoveryMachine) executorOn(pool *pgxpool.Pool, owner string) *executor.Executor {
 	claims := ledger.NewClaims(pool, &ledger.ClaimsConfig{Lease: time.Minute, OwnerID: owner})
-	return executor.NewExecutor(pool, &executor.ExecutorConfig{Claims: claims, Provider: m.provider, Tools: m.reg,
+	e, err := executor.NewExecutor(pool, &executor.ExecutorConfig{Claims: claims, Provider: m.provider, Tools: m.reg,
 		PermissionFunc: func(tool string) tools.Permission {
 			if tool == "ask" {
 				return tools.Ask
@@ -175,6 +175,10 @@ func (m *recoveryMachine) executorOn(pool *pgxpool.Pool, owner string) *executor
 			return tools.Allow
 		},
 		Logger: slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelError}))})
+	if err != nil {
+		m.t.Fatalf("building the machine's executor: %v", err)
+	}
+	return e
 }
 
 func (m *recoveryMachine) Admit(t *rapid.T) {

@@ -63,8 +63,9 @@ func (b *testBundle) zombieContinuation(t *testing.T, session string) *stallTool
 	t.Helper()
 	tool := newStallTool()
 	claims := ledger.NewClaims(b.pool, &ledger.ClaimsConfig{Lease: time.Minute, OwnerID: "zombie-process"})
-	e := executor.NewExecutor(b.pool, &executor.ExecutorConfig{Claims: claims, Provider: &recorder{}, Tools: b.registry(t, tool),
+	e, err := executor.NewExecutor(b.pool, &executor.ExecutorConfig{Claims: claims, Provider: &recorder{}, Tools: b.registry(t, tool),
 		ToolTimeout: time.Minute})
+	require.NoError(t, err)
 	defer e.StopNow()
 	done, err := e.Wake(context.Background(), session, 0)
 	require.NoError(t, err)

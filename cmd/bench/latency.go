@@ -165,7 +165,10 @@ func measureLatency(ctx context.Context, sc *scratchServer, opts latencyOpts) (r
 		}()
 		deltas = dp
 	}
-	exec := executor.NewExecutor(db.Pool, &executor.ExecutorConfig{Claims: claims, OnCommitFunc: relay.Nudge, Deltas: deltas})
+	exec, err := executor.NewExecutor(db.Pool, &executor.ExecutorConfig{Claims: claims, OnCommitFunc: relay.Nudge, Deltas: deltas})
+	if err != nil {
+		return res, err
+	}
 	defer exec.StopNow()
 	handler := &joinSignal{
 		ConsumerGroupHandler: pipeline.NewConsumer(admitter, exec, producer, &pipeline.ConsumerConfig{

@@ -254,7 +254,7 @@ func run(ctx context.Context, o *options, stderr io.Writer) (err error) {
 		defer dp.Close()
 		deltas = dp
 	}
-	exec := executor.NewExecutor(db.Pool, &executor.ExecutorConfig{
+	exec, err := executor.NewExecutor(db.Pool, &executor.ExecutorConfig{
 		Claims: claims, Topics: topics, MaxSessions: o.maxSessions, Logger: log, OnCommitFunc: relay.Nudge,
 		Provider: provider, ProviderName: providerName, Tools: toolbox, PermissionFunc: o.permissions.lookup,
 		ToolTimeout: o.toolTimeout, Deltas: deltas,
@@ -279,6 +279,9 @@ func run(ctx context.Context, o *options, stderr io.Writer) (err error) {
 		},
 		OnCallSettledFunc: func(outcome string) { m.ToolCalls.WithLabelValues(outcome).Inc() },
 	})
+	if err != nil {
+		return err
+	}
 	recCfg := &recovery.Config{
 		Interval: o.recoveryInterval, Batch: o.recoveryBatch, RedriveAfter: o.redriveAfter,
 		OwnerID: owner, Topics: topics, Logger: log.With(slog.String("component", "recovery")),

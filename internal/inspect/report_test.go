@@ -50,7 +50,8 @@ func setup(t *testing.T, opts setupOpts) *testBundle {
 	if opts.permission != "" {
 		cfg.PermissionFunc = func(string) tools.Permission { return opts.permission }
 	}
-	e := executor.NewExecutor(pool, cfg)
+	e, err := executor.NewExecutor(pool, cfg)
+	require.NoError(t, err)
 	t.Cleanup(e.StopNow)
 	return &testBundle{pool: pool, admitter: admission.NewAdmitter(pool, &admission.AdmitterConfig{}), exec: e}
 }

@@ -1,0 +1,28 @@
+package executor_test
+
+import (
+	"testing"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/require"
+
+	"github.com/promptline/promptline/executor"
+)
+
+// newExecutor is executor.NewExecutor for a configuration the test knows
+// to be valid.
+func newExecutor(tb testing.TB, pool *pgxpool.Pool, cfg *executor.ExecutorConfig) *executor.Executor {
+	tb.Helper()
+	e, err := executor.NewExecutor(pool, cfg)
+	require.NoError(tb, err)
+	return e
+}
+
+// TestNewExecutorNamesAMissingField: a configuration the executor cannot
+// run with is an error that names the field, not a panic.
+func TestNewExecutorNamesAMissingField(t *testing.T) {
+	t.Parallel()
+	e, err := executor.NewExecutor(nil, &executor.ExecutorConfig{})
+	require.Nil(t, e)
+	require.EqualError(t, err, "executor: ExecutorConfig.Claims is required")
+}
