@@ -30,8 +30,7 @@ func TestAttemptsAndCalls(t *testing.T) {
 		t.Helper()
 		b := setup(t, 0)
 		b.session(t, "s", 0)
-		x, err := b.claims.Acquire(ctx, "s", "e1", nil)
-		require.NoError(t, err)
+		x := b.acquire(t, "s", "e1")
 		p := ledger.AttemptParams{
 			ID: ledger.AttemptID("e1", 1), AssistantMessageID: "a1", Step: 1, Provider: "scripted",
 			IdempotencyKey: "k1", RequestHash: []byte{1},

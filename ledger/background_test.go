@@ -48,10 +48,9 @@ func TestKeepAliveWarnsOnlyOnFailedRenewals(t *testing.T) {
 		Logger:        slog.New(slog.NewTextHandler(logs, nil)),
 		OnRenewedFunc: func() { renewed <- struct{}{} },
 	})
-	_, err := pool.Exec(ctx, `INSERT INTO sessions (session_id) VALUES ('s')`)
-	require.NoError(t, err)
-	x, err := claims.Acquire(ctx, "s", "e1", nil)
-	require.NoError(t, err)
+	b := &testBundle{pool: pool, claims: claims}
+	b.session(t, "s", 0)
+	x := b.acquire(t, "s", "e1")
 
 	kctx, cancel := context.WithCancel(ctx)
 	done := make(chan struct{})

@@ -101,58 +101,6 @@ func NewClaims(pool *pgxpool.Pool, config *ClaimsConfig) *Claims {
 // Lease is the configured lease.
 func (c *Claims) Lease() time.Duration { return c.cfg.Lease }
 
-// Acquire takes the session's claim for a new execution in phase ready,
-// with the next fencing token and a lease computed by the database clock.
-// It fails with ErrClaimHeld when any claim exists, live or expired.
-// The returned Execution's context is cancelled when it is fenced.
-//
-// then, when not nil, runs in the same transaction after the claim is
-// written, as the execution's first write (the executor promotes the first
-// turn there, saving a commit).
-func (c *Claims) Acquire(ctx context.Context, sessionID, executionID string, then func(tx pgx.Tx, x *Execution) error) (*Execution, error) {
-	var cl Claim
-	var x *Execution
-	sent := time.Now()
-	err := pgdb.InTx(ctx, c.pool, func(tx pgx.Tx) error {
-		var token int64
-		if err := tx.QueryRow(ctx, lockSessionSQL, sessionID).Scan(&token); err != nil {
-			if errors.Is(interpretError(err), errNotFound) {
-				return fmt.Errorf("session %s does not exist", sessionID)
-			}
-			return err
-		}
-		err := tx.QueryRow(ctx, acquireSQL, sessionID, executionID, c.cfg.OwnerID, token+1, c.cfg.Lease.Milliseconds()).
-			Scan(&cl.ExpiresAt)
-		if errors.Is(interpretError(err), errNotFound) {
-			return ErrClaimHeld
-		}
-		if err != nil {
-			return err
-		}
-		if _, err = tx.Exec(ctx, bumpTokenSQL, sessionID, token+1); err != nil {
-			return err
-		}
-		cl.Token = token + 1
-		cl.SessionID, cl.ExecutionID, cl.OwnerID, cl.Phase = sessionID, executionID, c.cfg.OwnerID, PhaseReady
-		xctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
-		x = &Execution{claims: c, claim: cl, ctx: xctx, cancel: cancel, leaseFrom: sent}
-		if then != nil {
-			if err := then(tx, x); err != nil {
-				cancel()
-				return err
-			}
-		}
-		return nil
-	})
-	if err != nil {
-		if errors.Is(err, ErrClaimHeld) {
-			return nil, err
-		}
-		return nil, fmt.Errorf("acquiring claim of %s: %w", sessionID, err)
-	}
-	return x, nil
-}
-
 // Execution is the right to write a session: a held claim. All its writes
 // go through Write.
 type Execution struct {
@@ -430,12 +378,6 @@ func Get(ctx context.Context, q interface {
 }
 
 const lockSessionSQL = `SELECT fencing_token FROM sessions WHERE session_id = $1 FOR UPDATE`
-
-const acquireSQL = `
-INSERT INTO claims (session_id, execution_id, owner_id, fencing_token, phase, expires_at)
-VALUES ($1, $2, $3, $4, 'ready', clock_timestamp() + $5 * interval '1 millisecond')
-ON CONFLICT (session_id) DO NOTHING
-RETURNING expires_at`
 
 const bumpTokenSQL = `UPDATE sessions SET fencing_token = $2 WHERE session_id = $1 AND fencing_token < $2`
 

@@ -111,19 +111,29 @@ func (m *claimMachine) Promote(t *rapid.T) {
 		WHERE message_id = (SELECT message_id FROM inputs WHERE session_id = $1 AND promotion_seq IS NULL ORDER BY admission_seq LIMIT 1)`, s)
 }
 
+// Acquire is the executor's claim on a wake (AcquireWaiting): it claims
+// exactly when an input waits and the session holds no claim, live or
+// expired.
 func (m *claimMachine) Acquire(t *rapid.T) {
 	s := rapid.SampledFrom(m.sessions).Draw(t, "session")
 	_, had, _ := m.current(t, s)
+	_, _, waiting := m.state(t, s)
 	m.seq++
-	x, err := m.claims.Acquire(context.Background(), s, fmt.Sprintf("%se%d", m.prefix, m.seq), nil)
-	if had {
+	x, err := m.claims.AcquireWaiting(context.Background(), s, fmt.Sprintf("%se%d", m.prefix, m.seq), nil)
+	switch {
+	case len(waiting) == 0:
+		if !errors.Is(err, ledger.ErrNothingWaiting) {
+			t.Fatalf("acquire with no input waiting (claimed %v): %v", had, err)
+		}
+		return
+	case had:
 		if !errors.Is(err, ledger.ErrClaimHeld) {
 			t.Fatalf("acquire over an existing claim: %v", err)
 		}
 		return
 	}
 	if err != nil {
-		t.Fatalf("acquire on a free session: %v", err)
+		t.Fatalf("acquire on a free session with %d waiting: %v", len(waiting), err)
 	}
 	if x.Claim().Token <= m.tokens[s] {
 		t.Fatalf("token %d did not grow past %d", x.Claim().Token, m.tokens[s])

@@ -47,6 +47,34 @@ func (b *testBundle) session(t *testing.T, id string, waiting int) {
 	}
 }
 
+// acquire takes session's claim for execution as the executor does, with
+// AcquireWaiting, which claims only when an input waits. A session built
+// with no waiting input gets one, promoted in the execution's first write
+// (behind the fence, as the executor promotes a turn), so the session is
+// left claimed with the waiting inputs the test built and no more. That
+// write renews the lease: x.Claim().ExpiresAt is the lease as acquired, and
+// ledger.Get reads it as it is now.
+func (b *testBundle) acquire(t *testing.T, session, execution string) *ledger.Execution {
+	t.Helper()
+	ctx := context.Background()
+	input := ""
+	if b.count(t, `SELECT count(*) FROM waiting_inputs WHERE session_id = $1`, session) == 0 {
+		input = session + "-turn-" + execution
+		b.exec(t, `INSERT INTO inputs (message_id, session_id, text, payload_hash, delivery, wake_pending)
+			VALUES ($1, $2, 'x', '\x00', 'queue', true)`, input, session)
+	}
+	x, err := b.claims.AcquireWaiting(ctx, session, execution, nil)
+	require.NoError(t, err)
+	if input != "" {
+		require.NoError(t, x.Write(ctx, func(tx pgx.Tx) error {
+			_, err := tx.Exec(ctx, `UPDATE inputs SET promotion_seq = nextval('promotion_seq'), promoted_at = now()
+				WHERE message_id = $1 AND promotion_seq IS NULL`, input)
+			return err
+		}))
+	}
+	return x
+}
+
 // expire moves the claim's lease into the past: the database clock, not a
 // sleep, decides expiry.
 func (b *testBundle) expire(t *testing.T, session string) {
@@ -60,24 +88,26 @@ func TestClaims(t *testing.T) {
 	t.Run("AcquireGivesGrowingTokensAndNeverReplaces", func(t *testing.T) {
 		t.Parallel()
 		b := setup(t, 0)
-		b.session(t, "s", 0)
-		x1, err := b.claims.Acquire(ctx, "s", "e1", nil)
+		// The input keeps waiting throughout: every acquisition below
+		// would claim, were the session free.
+		b.session(t, "s", 1)
+		x1, err := b.claims.AcquireWaiting(ctx, "s", "e1", nil)
 		require.NoError(t, err)
 		require.Equal(t, int64(1), x1.Claim().Token)
 		require.Equal(t, ledger.PhaseReady, x1.Claim().Phase)
 		require.WithinDuration(t, time.Now().Add(30*time.Second), x1.Claim().ExpiresAt, 10*time.Second)
-		_, err = b.claims.Acquire(ctx, "s", "e2", nil)
+		_, err = b.claims.AcquireWaiting(ctx, "s", "e2", nil)
 		require.ErrorIs(t, err, ledger.ErrClaimHeld, "a live claim is never replaced")
 
-		released, err := x1.Release(ctx, ledger.ReleaseOpts{})
+		released, err := x1.Release(ctx, ledger.ReleaseOpts{Stopping: true, Wake: outbox.Row{Topic: "wakes", Key: "s", Payload: []byte("{}")}})
 		require.NoError(t, err)
 		require.True(t, released)
-		x2, err := b.claims.Acquire(ctx, "s", "e2", nil)
+		x2, err := b.claims.AcquireWaiting(ctx, "s", "e2", nil)
 		require.NoError(t, err)
 		require.Equal(t, int64(2), x2.Claim().Token, "tokens only grow")
 
 		b.expire(t, "s")
-		_, err = b.claims.Acquire(ctx, "s", "e3", nil)
+		_, err = b.claims.AcquireWaiting(ctx, "s", "e3", nil)
 		require.ErrorIs(t, err, ledger.ErrClaimHeld, "an expired claim is never replaced by acquisition")
 		c, ok, err := ledger.Get(ctx, b.pool, "s")
 		require.NoError(t, err)
@@ -89,8 +119,7 @@ func TestClaims(t *testing.T) {
 		t.Parallel()
 		b := setup(t, 0)
 		b.session(t, "s", 0)
-		x, err := b.claims.Acquire(ctx, "s", "e1", nil)
-		require.NoError(t, err)
+		x := b.acquire(t, "s", "e1")
 		require.NoError(t, x.Write(ctx, func(tx pgx.Tx) error {
 			_, err := tx.Exec(ctx, `UPDATE sessions SET last_admitted_at = now() WHERE session_id = 's'`)
 			return err
@@ -98,7 +127,7 @@ func TestClaims(t *testing.T) {
 
 		b.expire(t, "s")
 		wrote := false
-		err = x.Write(ctx, func(pgx.Tx) error { wrote = true; return nil })
+		err := x.Write(ctx, func(pgx.Tx) error { wrote = true; return nil })
 		require.ErrorIs(t, err, ledger.ErrFenced, "an expired lease fences, even before any takeover")
 		require.False(t, wrote, "the write function never runs behind a failed fence")
 		require.True(t, x.Fenced())
@@ -112,9 +141,10 @@ func TestClaims(t *testing.T) {
 		t.Parallel()
 		b := setup(t, 0)
 		b.session(t, "s", 0)
-		x, err := b.claims.Acquire(ctx, "s", "e1", nil)
+		x := b.acquire(t, "s", "e1")
+		old, ok, err := ledger.Get(ctx, b.pool, "s") // the claim as a scan reads it, live
 		require.NoError(t, err)
-		old := x.Claim()
+		require.True(t, ok)
 
 		err = pgdb.InTx(ctx, b.pool, func(tx pgx.Tx) error {
 			_, err := ledger.Takeover(ctx, tx, old, "e2", "recovery", time.Minute)
@@ -149,8 +179,7 @@ func TestClaims(t *testing.T) {
 		t.Parallel()
 		b := setup(t, 0)
 		b.session(t, "s", 1)
-		x, err := b.claims.Acquire(ctx, "s", "e1", nil)
-		require.NoError(t, err)
+		x := b.acquire(t, "s", "e1")
 
 		released, err := x.Release(ctx, ledger.ReleaseOpts{})
 		require.NoError(t, err)
@@ -173,8 +202,7 @@ func TestClaims(t *testing.T) {
 		b.session(t, "s", 0)
 		b.exec(t, `INSERT INTO inputs (message_id, session_id, text, payload_hash, delivery, wake_pending)
 			VALUES ('parked', 's', 'x', '\x00', 'queue', false)`) // resume=false: not waiting
-		x, err := b.claims.Acquire(ctx, "s", "e1", nil)
-		require.NoError(t, err)
+		x := b.acquire(t, "s", "e1")
 		released, err := x.Release(ctx, ledger.ReleaseOpts{Stopping: true, Wake: outbox.Row{Topic: "wakes", Key: "s", Payload: []byte("{}")}})
 		require.NoError(t, err)
 		require.True(t, released)
@@ -186,12 +214,11 @@ func TestClaims(t *testing.T) {
 		b := setup(t, 600*time.Millisecond)
 		b.session(t, "s", 0)
 		renewed := make(chan struct{}, 100)
-		claims := ledger.NewClaims(b.pool, &ledger.ClaimsConfig{
+		b.claims = ledger.NewClaims(b.pool, &ledger.ClaimsConfig{
 			Lease: 600 * time.Millisecond, OwnerID: "a",
 			OnRenewedFunc: func() { renewed <- struct{}{} },
 		})
-		x, err := claims.Acquire(ctx, "s", "e1", nil)
-		require.NoError(t, err)
+		x := b.acquire(t, "s", "e1")
 		kctx, cancel := context.WithCancel(ctx)
 		done := make(chan struct{})
 		go func() { defer close(done); x.KeepAlive(kctx) }()

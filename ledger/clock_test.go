@@ -30,11 +30,10 @@ func TestLeaseIsJudgedByTheClockNotTheTransactionStart(t *testing.T) {
 		t.Parallel()
 		b := setup(t, lease)
 		b.session(t, "s", 0)
-		x, err := b.claims.Acquire(ctx, "s", "e1", nil)
-		require.NoError(t, err)
-		expires := x.Claim().ExpiresAt
+		x := b.acquire(t, "s", "e1")
+		expires := b.expiresAt(t, "s")
 
-		err = pgdb.InTx(ctx, b.pool, func(tx pgx.Tx) error {
+		err := pgdb.InTx(ctx, b.pool, func(tx pgx.Tx) error {
 			if _, err := tx.Exec(ctx, untilExpired); err != nil {
 				return err
 			}
@@ -52,9 +51,8 @@ func TestLeaseIsJudgedByTheClockNotTheTransactionStart(t *testing.T) {
 		t.Parallel()
 		b := setup(t, lease)
 		b.session(t, "s", 0)
-		x, err := b.claims.Acquire(ctx, "s", "e1", nil)
-		require.NoError(t, err)
-		expires := x.Claim().ExpiresAt
+		x := b.acquire(t, "s", "e1")
+		expires := b.expiresAt(t, "s")
 
 		// Another transaction (admission, say) holds the session row.
 		holder, err := b.pool.Begin(ctx)
@@ -95,8 +93,7 @@ func TestLeaseIsJudgedByTheClockNotTheTransactionStart(t *testing.T) {
 		t.Parallel()
 		b := setup(t, 10*time.Second)
 		b.session(t, "s", 0)
-		x, err := b.claims.Acquire(ctx, "s", "e1", nil)
-		require.NoError(t, err)
+		x := b.acquire(t, "s", "e1")
 		var ahead float64
 		require.NoError(t, pgdb.InTx(ctx, b.pool, func(tx pgx.Tx) error {
 			if _, err := tx.Exec(ctx, `SELECT pg_sleep(1)`); err != nil {
@@ -115,16 +112,18 @@ func TestLeaseIsJudgedByTheClockNotTheTransactionStart(t *testing.T) {
 		t.Parallel()
 		b := setup(t, lease)
 		b.session(t, "s", 0)
-		x, err := b.claims.Acquire(ctx, "s", "e1", nil)
-		require.NoError(t, err)
+		x := b.acquire(t, "s", "e1")
 		var nc ledger.Claim
 		var ahead float64
 		require.NoError(t, pgdb.InTx(ctx, b.pool, func(tx pgx.Tx) error {
 			if _, err := tx.Exec(ctx, untilExpired); err != nil {
 				return err
 			}
-			var err error
-			if nc, err = ledger.Takeover(ctx, tx, x.Claim(), "e2", "recovery", time.Minute); err != nil {
+			cur, _, err := ledger.Get(ctx, tx, "s") // the claim as recovery's scan reads it
+			if err != nil {
+				return err
+			}
+			if nc, err = ledger.Takeover(ctx, tx, cur, "e2", "recovery", time.Minute); err != nil {
 				return err
 			}
 			return tx.QueryRow(ctx, `SELECT extract(epoch FROM expires_at - clock_timestamp()) FROM claims WHERE session_id = 's'`).Scan(&ahead)
@@ -133,4 +132,13 @@ func TestLeaseIsJudgedByTheClockNotTheTransactionStart(t *testing.T) {
 		require.Greater(t, ahead, 59.0, "the new lease counts from the takeover")
 		require.ErrorIs(t, x.Write(ctx, nil), ledger.ErrFenced)
 	})
+}
+
+// expiresAt reads the lease of session's claim as it is now.
+func (b *testBundle) expiresAt(t *testing.T, session string) time.Time {
+	t.Helper()
+	c, ok, err := ledger.Get(context.Background(), b.pool, session)
+	require.NoError(t, err)
+	require.True(t, ok)
+	return c.ExpiresAt
 }

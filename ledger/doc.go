@@ -15,8 +15,8 @@
 //
 // Invariants this package enforces (docs/design.md numbering):
 //
-//   - 4. Acquire inserts a claim only when the session has none; it never
-//     replaces a live or an expired claim. Only Takeover (recovery's
+//   - 4. AcquireWaiting and AcquireAsRead insert a claim only when the
+//     session has none; they never replace a live or an expired claim. Only Takeover (recovery's
 //     compare-and-swap on session, execution, owner, expiry, not
 //     quarantined) replaces an expired one, and it bumps the token.
 //   - 5. Every write of an execution goes through Execution.Write, whose

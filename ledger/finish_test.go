@@ -7,8 +7,6 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
-
-	"github.com/promptline/promptline/ledger"
 )
 
 func TestFinish(t *testing.T) {
@@ -19,8 +17,7 @@ func TestFinish(t *testing.T) {
 		t.Parallel()
 		b := setup(t, 0)
 		b.session(t, "s", 0)
-		x, err := b.claims.Acquire(ctx, "s", "e1", nil)
-		require.NoError(t, err)
+		x := b.acquire(t, "s", "e1")
 		released, err := x.Finish(ctx, func(tx pgx.Tx) error {
 			_, err := tx.Exec(ctx, `UPDATE sessions SET last_admitted_at = now() WHERE session_id = 's'`)
 			return err
@@ -37,8 +34,7 @@ func TestFinish(t *testing.T) {
 		t.Parallel()
 		b := setup(t, 0)
 		b.session(t, "s", 1)
-		x, err := b.claims.Acquire(ctx, "s", "e1", nil)
-		require.NoError(t, err)
+		x := b.acquire(t, "s", "e1")
 		released, err := x.Finish(ctx, func(pgx.Tx) error { return nil })
 		require.NoError(t, err)
 		require.False(t, released)
@@ -51,8 +47,7 @@ func TestFinish(t *testing.T) {
 		t.Parallel()
 		b := setup(t, 0)
 		b.session(t, "s", 0)
-		x, err := b.claims.Acquire(ctx, "s", "e1", nil)
-		require.NoError(t, err)
+		x := b.acquire(t, "s", "e1")
 		boom := errors.New("boom")
 		released, err := x.Finish(ctx, func(pgx.Tx) error { return boom })
 		require.ErrorIs(t, err, boom)
@@ -62,24 +57,24 @@ func TestFinish(t *testing.T) {
 	})
 }
 
-func TestAcquireThenFailingLeavesNoClaim(t *testing.T) {
+// A statement queued after the claim that fails rolls the claim back with
+// it, token bump and all: the batch is one implicit transaction.
+func TestAcquireWaitingThenFailingLeavesNoClaim(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	b := setup(t, 0)
-	b.session(t, "s", 0)
-	boom := errors.New("boom")
-	ran := false
-	_, err := b.claims.Acquire(ctx, "s", "e1", func(tx pgx.Tx, x *ledger.Execution) error {
-		ran = true
-		require.Equal(t, int64(1), x.Claim().Token)
-		return boom
+	b.session(t, "s", 1)
+	seen := -1
+	_, err := b.claims.AcquireWaiting(ctx, "s", "e1", func(batch *pgx.Batch) {
+		batch.Queue(`SELECT fencing_token FROM claims WHERE session_id = 's' AND execution_id = 'e1'`).
+			QueryRow(func(row pgx.Row) error { return row.Scan(&seen) })
+		batch.Queue(`SELECT 1 / 0`)
 	})
-	require.ErrorIs(t, err, boom)
-	require.True(t, ran)
+	require.ErrorContains(t, err, "division by zero")
+	require.Equal(t, 1, seen, "the statements after the claim ran in its transaction, seeing token 1")
 	require.Equal(t, 0, b.count(t, `SELECT count(*) FROM claims`))
 	require.Equal(t, 1, b.count(t, `SELECT count(*) FROM sessions WHERE fencing_token = 0`), "the token bump is rolled back with the claim")
 
-	x, err := b.claims.Acquire(ctx, "s", "e2", nil)
-	require.NoError(t, err)
+	x := b.acquire(t, "s", "e2")
 	require.Equal(t, int64(1), x.Claim().Token)
 }

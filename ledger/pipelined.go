@@ -36,12 +36,15 @@ const fenceCallSQL = `SELECT promptline_fence($1, $2, $3, $4, $5, $6)`
 // claim was taken.
 var ErrNothingWaiting = errors.New("nothing waiting")
 
-// AcquireWaiting takes the session's claim, as Acquire does, but only when
-// an input waits, in one round trip. reads, when not nil, queues statements
-// (with their result callbacks, which must be idempotent: see groupCommit)
-// that run after the claim in the same transaction; they are the
-// execution's first view of the session. It returns ErrNothingWaiting or
-// ErrClaimHeld without a claim.
+// AcquireWaiting takes the session's claim for a new execution in phase
+// ready, with the next fencing token and a lease computed by the database
+// clock, only when an input waits, in one round trip. reads, when not nil,
+// queues statements (with their result callbacks, which must be idempotent:
+// see groupCommit) that run after the claim in the same transaction; they
+// are the execution's first view of the session. It returns
+// ErrNothingWaiting when no input waits, and ErrClaimHeld when any claim
+// exists, live or expired, both without a claim. The returned Execution's
+// context is cancelled when it is fenced.
 func (c *Claims) AcquireWaiting(ctx context.Context, sessionID, executionID string, reads func(b *pgx.Batch)) (*Execution, error) {
 	var (
 		exists, claimed bool

@@ -66,8 +66,7 @@ func TestPruner(t *testing.T) {
 			VALUES ('e-half/step-2', 'idle', 'e-half', 'a', 2, 'p', 'k', 1, '\x00', 'failed', now())`)
 		// Kept: the session holds a claim (of another, live, execution).
 		b.execution(t, "claimed", "e-claimed", 1, 1, old)
-		_, err := b.claims.Acquire(ctx, "claimed", "e-live", nil)
-		require.NoError(t, err)
+		b.acquire(t, "claimed", "e-live")
 		// Kept: the session's claim is quarantined (its own execution).
 		b.execution(t, "quarantined", "e-quarantined", 1, 1, old)
 		b.exec(t, `INSERT INTO claims (session_id, execution_id, owner_id, fencing_token, phase, expires_at, quarantine_reason)

@@ -215,8 +215,7 @@ func TestRecoveredWrites(t *testing.T) {
 		t.Parallel()
 		b := setup(t, time.Minute)
 		b.session(t, "s", 0)
-		x, err := b.claims.Acquire(ctx, "s", "e1", nil)
-		require.NoError(t, err)
+		x := b.acquire(t, "s", "e1")
 		c := x.Claim()
 
 		b.inTx(t, func(tx pgx.Tx) error {
@@ -238,8 +237,7 @@ func TestRecoveredWrites(t *testing.T) {
 		t.Parallel()
 		b := setup(t, time.Minute)
 		b.session(t, "s", 0)
-		_, err := b.claims.Acquire(ctx, "s", "e1", nil)
-		require.NoError(t, err)
+		b.acquire(t, "s", "e1")
 		b.expire(t, "s")
 		scanned, _, err := ledger.Get(ctx, b.pool, "s")
 		require.NoError(t, err)

@@ -28,10 +28,9 @@ func TestWriteRetried(t *testing.T) {
 	ctx := context.Background()
 
 	type bundle struct {
-		*testBundle
-		proxy   *pgproxy.Proxy
-		claims  *ledger.Claims // through the proxy
-		retries atomic.Int32
+		*testBundle // its claims go through the proxy
+		proxy       *pgproxy.Proxy
+		retries     atomic.Int32
 		// beforeRetry, when set, runs before each retry.
 		beforeRetry func()
 	}
@@ -43,7 +42,7 @@ func TestWriteRetried(t *testing.T) {
 		require.NoError(t, err)
 		t.Cleanup(ppool.Close)
 		b := &bundle{testBundle: &testBundle{pool: pool}, proxy: proxy}
-		b.claims = ledger.NewClaims(ppool, &ledger.ClaimsConfig{Lease: lease, OwnerID: "owner-a", OnWriteRetryFunc: func() {
+		b.testBundle.claims = ledger.NewClaims(ppool, &ledger.ClaimsConfig{Lease: lease, OwnerID: "owner-a", OnWriteRetryFunc: func() {
 			b.retries.Add(1)
 			if b.beforeRetry != nil {
 				b.beforeRetry()
@@ -65,8 +64,7 @@ func TestWriteRetried(t *testing.T) {
 		t.Parallel()
 		b := setupProxied(t, 5*time.Second)
 		b.session(t, "s", 0)
-		x, err := b.claims.Acquire(ctx, "s", "e1", nil)
-		require.NoError(t, err)
+		x := b.acquire(t, "s", "e1")
 		b.proxy.CutBeforeCommit(isWrite)
 		require.NoError(t, x.WriteRetried(ctx, ledger.RetryOpts{Landed: landed}, write))
 		require.Equal(t, 1, b.proxy.Stats().CutsBefore)
@@ -78,8 +76,7 @@ func TestWriteRetried(t *testing.T) {
 		t.Parallel()
 		b := setupProxied(t, 5*time.Second)
 		b.session(t, "s", 0)
-		x, err := b.claims.Acquire(ctx, "s", "e1", nil)
-		require.NoError(t, err)
+		x := b.acquire(t, "s", "e1")
 		b.proxy.CutAfterCommit(isWrite)
 		require.NoError(t, x.WriteRetried(ctx, ledger.RetryOpts{Landed: landed}, write))
 		require.Equal(t, 1, b.proxy.Stats().AmbiguousCuts)
@@ -95,8 +92,7 @@ func TestWriteRetried(t *testing.T) {
 		t.Parallel()
 		b := setupProxied(t, 5*time.Second)
 		b.session(t, "s", 0)
-		x, err := b.claims.Acquire(ctx, "s", "e1", nil)
-		require.NoError(t, err)
+		x := b.acquire(t, "s", "e1")
 		b.proxy.CutAfterCommit(isWrite)
 		released, err := x.FinishRetried(ctx, ledger.RetryOpts{Landed: landed}, write)
 		require.NoError(t, err)
@@ -111,8 +107,7 @@ func TestWriteRetried(t *testing.T) {
 		t.Parallel()
 		b := setupProxied(t, 5*time.Second)
 		b.session(t, "s", 1)
-		x, err := b.claims.Acquire(ctx, "s", "e1", nil)
-		require.NoError(t, err)
+		x := b.acquire(t, "s", "e1")
 		b.proxy.CutAfterCommit(isWrite)
 		released, err := x.FinishQueuedRetried(ctx, ledger.RetryOpts{Landed: landed}, ledger.PhaseSafe, "", func(batch *pgx.Batch) {
 			outbox.QueueInsert(batch, row)
@@ -132,8 +127,7 @@ func TestWriteRetried(t *testing.T) {
 		t.Parallel()
 		b := setupProxied(t, 5*time.Second)
 		b.session(t, "s", 0)
-		x, err := b.claims.Acquire(ctx, "s", "e1", nil)
-		require.NoError(t, err)
+		x := b.acquire(t, "s", "e1")
 		b.beforeRetry = func() {
 			b.expire(t, "s")
 			require.NoError(t, pgdb.InTx(ctx, b.pool, func(tx pgx.Tx) error {
@@ -146,7 +140,7 @@ func TestWriteRetried(t *testing.T) {
 			}))
 		}
 		b.proxy.CutBeforeCommit(isWrite)
-		err = x.WriteRetried(ctx, ledger.RetryOpts{Landed: landed}, write)
+		err := x.WriteRetried(ctx, ledger.RetryOpts{Landed: landed}, write)
 		require.ErrorIs(t, err, ledger.ErrFenced)
 		require.True(t, x.Fenced())
 		require.Equal(t, int32(1), b.retries.Load(), "one retry, refused by the fence")
@@ -161,8 +155,7 @@ func TestWriteRetried(t *testing.T) {
 		t.Parallel()
 		b := setupProxied(t, 5*time.Second)
 		b.session(t, "s", 0)
-		x, err := b.claims.Acquire(ctx, "s", "e1", nil)
-		require.NoError(t, err)
+		x := b.acquire(t, "s", "e1")
 		b.beforeRetry = func() {
 			b.expire(t, "s")
 			require.NoError(t, pgdb.InTx(ctx, b.pool, func(tx pgx.Tx) error {
@@ -184,15 +177,14 @@ func TestWriteRetried(t *testing.T) {
 	})
 
 	// The database stays away: the retries end with the lease as this
-	// process counts it, which starts no later than Acquire returned;
+	// process counts it, which starts no later than acquire returned;
 	// none starts after it, and the error goes to the caller.
 	t.Run("RetriesEndWithTheLease", func(t *testing.T) {
 		t.Parallel()
 		const lease = time.Second
 		b := setupProxied(t, lease)
 		b.session(t, "s", 0)
-		x, err := b.claims.Acquire(ctx, "s", "e1", nil)
-		require.NoError(t, err)
+		x := b.acquire(t, "s", "e1")
 		acquired := time.Now()
 		var mu sync.Mutex
 		var tries []time.Time
@@ -203,7 +195,7 @@ func TestWriteRetried(t *testing.T) {
 		}
 		b.proxy.Refuse(true)
 		b.proxy.CutAll()
-		err = waitErr(t, func() error { return x.WriteRetried(ctx, ledger.RetryOpts{Landed: landed}, write) })
+		err := waitErr(t, func() error { return x.WriteRetried(ctx, ledger.RetryOpts{Landed: landed}, write) })
 		require.Error(t, err)
 		require.True(t, pgdb.Transient(err), "the database's error, not a fence: %v", err)
 		mu.Lock()
@@ -225,12 +217,11 @@ func TestWriteRetried(t *testing.T) {
 		const lease = time.Second
 		b := setupProxied(t, lease)
 		b.session(t, "s", 0)
-		x, err := b.claims.Acquire(ctx, "s", "e1", nil)
-		require.NoError(t, err)
+		x := b.acquire(t, "s", "e1")
 		acquired := time.Now()
 		b.beforeRetry = func() { b.proxy.SetLatency(10 * time.Second) }
 		b.proxy.CutBeforeCommit(isWrite)
-		err = waitErr(t, func() error { return x.WriteRetried(ctx, ledger.RetryOpts{Landed: landed}, write) })
+		err := waitErr(t, func() error { return x.WriteRetried(ctx, ledger.RetryOpts{Landed: landed}, write) })
 		require.Error(t, err)
 		require.Less(t, time.Since(acquired), lease+3*time.Second, "the retry outlived the lease")
 		b.proxy.SetLatency(0)
@@ -242,14 +233,13 @@ func TestWriteRetried(t *testing.T) {
 		t.Parallel()
 		b := setupProxied(t, 30*time.Second)
 		b.session(t, "s", 0)
-		x, err := b.claims.Acquire(ctx, "s", "e1", nil)
-		require.NoError(t, err)
+		x := b.acquire(t, "s", "e1")
 		cctx, cancel := context.WithCancel(ctx)
 		defer cancel()
 		b.beforeRetry = cancel
 		b.proxy.Refuse(true)
 		b.proxy.CutAll()
-		err = waitErr(t, func() error { return x.WriteRetried(cctx, ledger.RetryOpts{Landed: landed}, write) })
+		err := waitErr(t, func() error { return x.WriteRetried(cctx, ledger.RetryOpts{Landed: landed}, write) })
 		require.Error(t, err)
 		require.Equal(t, int32(1), b.retries.Load(), "no retry after the cancellation")
 		require.False(t, x.Fenced())
@@ -260,9 +250,8 @@ func TestWriteRetried(t *testing.T) {
 		t.Parallel()
 		b := setupProxied(t, 5*time.Second)
 		b.session(t, "s", 0)
-		x, err := b.claims.Acquire(ctx, "s", "e1", nil)
-		require.NoError(t, err)
-		err = x.WriteRetried(ctx, ledger.RetryOpts{Landed: landed}, func(tx pgx.Tx) error {
+		x := b.acquire(t, "s", "e1")
+		err := x.WriteRetried(ctx, ledger.RetryOpts{Landed: landed}, func(tx pgx.Tx) error {
 			_, err := tx.Exec(ctx, `SELECT 1/0`)
 			return err
 		})

@@ -65,8 +65,7 @@ func TestApplyCountsWhatCommittedBeforeACancel(t *testing.T) {
 				b.exec(t, `UPDATE inputs SET admitted_at = now() - interval '1 hour' WHERE session_id = 'w'`)
 			} else {
 				b.admit(t, "r1", "r1m", "hello")
-				_, err := b.claims.Acquire(context.Background(), "r1", "exec-r1", nil)
-				require.NoError(t, err)
+				b.acquire(t, "r1", "exec-r1")
 				b.die(t, "r1")
 			}
 			if tc.failed > 0 {

@@ -23,8 +23,7 @@ func TestApplyReachesPastTheBatch(t *testing.T) {
 	for i := range 3 {
 		s := fmt.Sprintf("r%d", i)
 		b.admit(t, s, s+"m", "hello")
-		_, err := b.claims.Acquire(ctx, s, "exec-"+s, nil)
-		require.NoError(t, err)
+		b.acquire(t, s, "exec-"+s)
 		b.exec(t, `UPDATE claims SET expires_at = now() - interval '1 hour' + $2 * interval '1 second' WHERE session_id = $1`, s, i)
 	}
 	b.admit(t, "u", "u1", "hello")
@@ -110,8 +109,7 @@ func TestApplyLeavesAClaimAfterATransientError(t *testing.T) {
 	b := setup(t)
 	for _, s := range []string{"r0", "r1", "r2"} {
 		b.admit(t, s, s+"m", "hello")
-		_, err := b.claims.Acquire(ctx, s, "exec-"+s, nil)
-		require.NoError(t, err)
+		b.acquire(t, s, "exec-"+s)
 		b.die(t, s)
 	}
 	require.NoError(t, recovery.SetMode(ctx, b.pool, recovery.ModeHold, "ops", "look first"))
@@ -186,8 +184,7 @@ func TestApplyGoesOnPastAFailedDecision(t *testing.T) {
 			b := setup(t)
 			for i, s := range []string{"r0", "r1", "r2"} {
 				b.admit(t, s, s+"m", "hello")
-				_, err := b.claims.Acquire(ctx, s, "exec-"+s, nil)
-				require.NoError(t, err)
+				b.acquire(t, s, "exec-"+s)
 				b.exec(t, `UPDATE claims SET expires_at = now() - interval '1 hour' + $2 * interval '1 second' WHERE session_id = $1`, s, i)
 			}
 			b.exec(t, `INSERT INTO recoveries (execution_id, session_id, phase_found, decision, evidence, token_before, token_after, recovered_by)

@@ -73,14 +73,23 @@ type crashed struct {
 	assistant string
 }
 
+// acquire takes the session's claim for execution as the executor does on
+// a wake: AcquireWaiting, which claims (phase ready) only when an input
+// waits. A process killed right after leaves the claim-ready state.
+func (b *testBundle) acquire(t *testing.T, session, execution string) *ledger.Execution {
+	t.Helper()
+	x, err := b.claims.AcquireWaiting(context.Background(), session, execution, nil)
+	require.NoError(t, err)
+	return x
+}
+
 // startTurn acquires the session's claim and promotes msg into a turn the
 // way the executor does (user message, pending assistant message), leaving
 // the phase ready.
 func (b *testBundle) startTurn(t *testing.T, session, msg string) *crashed {
 	t.Helper()
 	ctx := context.Background()
-	x, err := b.claims.Acquire(ctx, session, "exec-"+session, nil)
-	require.NoError(t, err)
+	x := b.acquire(t, session, "exec-"+session)
 	c := &crashed{x: x, session: session, input: msg, assistant: "asst-" + session}
 	require.NoError(t, x.Write(ctx, func(tx pgx.Tx) error {
 		if _, err := tx.Exec(ctx, `UPDATE inputs SET promotion_seq = nextval('promotion_seq'), promoted_at = now() WHERE message_id = $1`, msg); err != nil {

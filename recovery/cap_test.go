@@ -40,8 +40,7 @@ func TestRecoveryCapPerSession(t *testing.T) {
 	crash := func(t *testing.T, b *testBundle) {
 		t.Helper()
 		n++
-		x, err := b.claims.Acquire(ctx, "s", fmt.Sprintf("exec-%d", n), nil)
-		require.NoError(t, err)
+		x := b.acquire(t, "s", fmt.Sprintf("exec-%d", n))
 		require.NoError(t, x.Write(ctx, func(tx pgx.Tx) error { return x.SetPhase(ctx, tx, ledger.PhaseReady, "") }))
 		b.die(t, "s")
 	}

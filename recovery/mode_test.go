@@ -52,8 +52,7 @@ func TestHold(t *testing.T) {
 		for i := range 6 {
 			s := fmt.Sprintf("ready-%d", i)
 			b.admit(t, s, s+"-1", "hello")
-			_, err := b.claims.Acquire(ctx, s, "exec-"+s, nil)
-			require.NoError(t, err)
+			b.acquire(t, s, "exec-"+s)
 			b.die(t, s)
 		}
 		for i := range 3 {

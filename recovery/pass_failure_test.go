@@ -36,8 +36,7 @@ func TestRecoveryPassAfterAFailedDecision(t *testing.T) {
 			b := setup(t)
 			for i, s := range []string{"r1", "r2"} {
 				b.admit(t, s, s+"m", "hello")
-				_, err := b.claims.Acquire(ctx, s, "exec-"+s, nil)
-				require.NoError(t, err)
+				b.acquire(t, s, "exec-"+s)
 				b.exec(t, `UPDATE claims SET expires_at = now() - interval '1 hour' + $2 * interval '1 second' WHERE session_id = $1`, s, i)
 			}
 			b.exec(t, `INSERT INTO recoveries (execution_id, session_id, phase_found, decision, evidence, token_before, token_after, recovered_by)

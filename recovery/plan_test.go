@@ -19,7 +19,6 @@ import (
 // w (an input whose wake was lost, no claim).
 func planStates(t *testing.T, b *testBundle) {
 	t.Helper()
-	ctx := context.Background()
 	b.admit(t, "a", "a1", "/tool echo {}")
 	ca := b.startTurn(t, "a", "a1")
 	attempt := b.beginAttempt(t, ca, 1, "scripted")
@@ -32,12 +31,10 @@ func planStates(t *testing.T, b *testBundle) {
 	b.beginAttempt(t, cu, 1, "scripted")
 
 	b.admit(t, "r", "r1", "hello")
-	_, err := b.claims.Acquire(ctx, "r", "exec-r", nil)
-	require.NoError(t, err)
+	b.acquire(t, "r", "exec-r")
 
 	b.admit(t, "q", "q1", "hello")
-	_, err = b.claims.Acquire(ctx, "q", "exec-q", nil)
-	require.NoError(t, err)
+	b.acquire(t, "q", "exec-q")
 	b.exec(t, `UPDATE claims SET phase = 'bogus' WHERE session_id = 'q'`)
 
 	b.admit(t, "w", "w1", "lost its wake")

@@ -5,6 +5,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
 	"github.com/promptline/promptline/recovery"
@@ -20,9 +21,13 @@ func TestRecoverySerialisesWithAdmission(t *testing.T) {
 	ctx := context.Background()
 	b := setup(t)
 	b.admit(t, "s", "m0", "first")
-	b.exec(t, `UPDATE inputs SET promotion_seq = nextval('promotion_seq') WHERE message_id = 'm0'`) // already run
-	_, err := b.claims.Acquire(ctx, "s", "exec-s", nil)
-	require.NoError(t, err)
+	// m0 claimed and promoted (already run): the claim is left with
+	// nothing waiting.
+	x := b.acquire(t, "s", "exec-s")
+	require.NoError(t, x.Write(ctx, func(tx pgx.Tx) error {
+		_, err := tx.Exec(ctx, `UPDATE inputs SET promotion_seq = nextval('promotion_seq') WHERE message_id = 'm0'`)
+		return err
+	}))
 	b.die(t, "s")
 	wakesBefore := b.wakes(t, "s")
 

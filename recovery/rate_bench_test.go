@@ -66,7 +66,7 @@ func benchRecoveryRate(b *testing.B, n int, rate float64, recoverers int) {
 		go func() {
 			defer wg.Done()
 			for i := w; i < n; i += acquirers {
-				if _, err := claims.Acquire(ctx, sessions[i], "exec-"+sessions[i], nil); err != nil {
+				if _, err := claims.AcquireWaiting(ctx, sessions[i], "exec-"+sessions[i], nil); err != nil {
 					b.Error(err)
 					return
 				}

@@ -31,8 +31,7 @@ func (b *testBundle) expiredReady(t *testing.T, prefix string, n int) []string {
 	_, err := b.admitter.Admit(ctx, in)
 	require.NoError(t, err)
 	for _, s := range sessions {
-		_, err := b.claims.Acquire(ctx, s, "exec-"+s, nil)
-		require.NoError(t, err)
+		b.acquire(t, s, "exec-"+s)
 	}
 	b.exec(t, `UPDATE claims SET expires_at = now() - interval '1 second' WHERE session_id LIKE $1 || '-%'`, prefix)
 	return sessions
@@ -204,8 +203,7 @@ func TestRecoveryRateTokenReturnedOnFailure(t *testing.T) {
 			b := setup(t)
 			for _, s := range []string{"a", "b"} {
 				b.admit(t, s, "m-"+s, "hello")
-				_, err := b.claims.Acquire(ctx, s, "exec-"+s, nil)
-				require.NoError(t, err)
+				b.acquire(t, s, "exec-"+s)
 			}
 			// a first in the scan.
 			b.exec(t, `UPDATE claims SET expires_at = now() - CASE session_id WHEN 'a' THEN interval '2 seconds' ELSE interval '1 second' END`)

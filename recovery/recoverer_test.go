@@ -27,8 +27,7 @@ func TestRecovery(t *testing.T) {
 		t.Parallel()
 		b := setup(t)
 		b.admit(t, "s", "m1", "hello")
-		_, err := b.claims.Acquire(ctx, "s", "exec-s", nil) // died right after acquiring
-		require.NoError(t, err)
+		b.acquire(t, "s", "exec-s") // died right after acquiring
 		b.die(t, "s")
 		wakesBefore := b.wakes(t, "s")
 
@@ -280,8 +279,7 @@ func TestRecovery(t *testing.T) {
 				VALUES ($1, $1 || '-exec', 'dead', 1, 'bogus', now() - interval '1 hour')`, s)
 		}
 		b.admit(t, "valid", "m1", "hello")
-		_, err := b.claims.Acquire(ctx, "valid", "exec-valid", nil)
-		require.NoError(t, err)
+		b.acquire(t, "valid", "exec-valid")
 		b.die(t, "valid")
 
 		first := b.pass(t)
@@ -321,8 +319,7 @@ func TestRecovery(t *testing.T) {
 		t.Parallel()
 		b := setup(t)
 		b.admit(t, "s", "m1", "hello")
-		_, err := b.claims.Acquire(ctx, "s", "exec-s", nil)
-		require.NoError(t, err)
+		b.acquire(t, "s", "exec-s")
 		b.exec(t, `UPDATE claims SET phase = 'continue', assistant_message_id = 'gone'`)
 		b.die(t, "s")
 		require.Equal(t, 1, b.pass(t).Decisions[recovery.DecisionQuarantined])
@@ -358,8 +355,7 @@ func TestRecovery(t *testing.T) {
 		for i := range 20 {
 			s := fmt.Sprintf("s%02d", i)
 			b.admit(t, s, "m-"+s, "hello")
-			_, err := b.claims.Acquire(ctx, s, "exec-"+s, nil)
-			require.NoError(t, err)
+			b.acquire(t, s, "exec-"+s)
 			b.die(t, s)
 		}
 		r2 := recovery.New(b.pool, &recovery.Config{OwnerID: "other-process"})
@@ -422,8 +418,7 @@ func TestRecovererStartStop(t *testing.T) {
 	t.Run("FirstPassAtOnce", func(t *testing.T) {
 		b := setup(t)
 		b.admit(t, "s", "m1", "hello")
-		_, err := b.claims.Acquire(context.Background(), "s", "exec-s", nil)
-		require.NoError(t, err)
+		b.acquire(t, "s", "exec-s")
 		b.die(t, "s")
 		decided := make(chan recovery.DecisionKind, 1)
 		rec := recovery.New(b.pool, &recovery.Config{OwnerID: "r", Interval: time.Hour, RedriveAfter: time.Hour,
@@ -442,8 +437,7 @@ func TestRecovererStartStop(t *testing.T) {
 	t.Run("Stress", func(t *testing.T) {
 		b := setup(t)
 		b.admit(t, "s", "m1", "hello")
-		_, err := b.claims.Acquire(context.Background(), "s", "exec-s", nil)
-		require.NoError(t, err)
+		b.acquire(t, "s", "exec-s")
 		b.die(t, "s") // work for the passes, which Stop may cancel midway
 		startstoptest.Stress(t, recovery.New(b.pool, &recovery.Config{OwnerID: "r", Interval: time.Millisecond, RedriveAfter: time.Hour}))
 	})

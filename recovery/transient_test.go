@@ -73,8 +73,7 @@ func TestRecoveryTransientErrors(t *testing.T) {
 	// killed right after acquiring does.
 	expiredReady := func(t *testing.T, b *testBundle) {
 		b.admit(t, "s", "m1", "hello")
-		_, err := b.claims.Acquire(ctx, "s", "exec-s", nil)
-		require.NoError(t, err)
+		b.acquire(t, "s", "exec-s")
 		b.die(t, "s")
 	}
 	// leftForNextPass checks the failed pass quarantined nothing, then that

@@ -11,7 +11,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
@@ -319,7 +318,7 @@ func TestSession(t *testing.T) {
 		b := setup(t, setupOpts{})
 		b.admit(t, "s", "m1", "hello")
 		claims := ledger.NewClaims(b.pool, &ledger.ClaimsConfig{Lease: time.Minute, OwnerID: "holder"})
-		x, err := claims.Acquire(ctx, "s", "exec-1", func(pgx.Tx, *ledger.Execution) error { return nil })
+		x, err := claims.AcquireWaiting(ctx, "s", "exec-1", nil) // m1 waits: the claim of its wake
 		require.NoError(t, err)
 		r := b.report(t, "s")
 		require.Equal(t, inspect.StateRunning, r.State)
