@@ -23,12 +23,7 @@ func TestInputWrites(t *testing.T) {
 	}
 	setup := func(t *testing.T) *testBundle {
 		t.Helper()
-		pool, _ := testkit.Pool(t)
-		for _, s := range []string{"s", "other"} {
-			_, err := pool.Exec(ctx, `INSERT INTO sessions (session_id) VALUES ($1)`, s)
-			require.NoError(t, err)
-		}
-		return &testBundle{pool: pool}
+		return &testBundle{pool: poolWithSessions(t, "s", "other")}
 	}
 	admit := func(t *testing.T, b *testBundle, p *admission.AdmitContinuationParams) admission.Holder {
 		t.Helper()

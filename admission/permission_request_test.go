@@ -24,9 +24,8 @@ func TestPermissionRequestWrites(t *testing.T) {
 	// setup builds a session with one tool call, c1, to ask about.
 	setup := func(t *testing.T) *testBundle {
 		t.Helper()
-		pool, _ := testkit.Pool(t)
+		pool := poolWithSessions(t, "s")
 		for _, q := range []string{
-			`INSERT INTO sessions (session_id) VALUES ('s')`,
 			`INSERT INTO attempts (attempt_id, session_id, execution_id, assistant_message_id, step, provider,
 				idempotency_key, fencing_token, request_hash, state)
 			VALUES ('e/step-1', 's', 'e', 'm1', 1, 'p', 'k', 1, '\x00', 'succeeded')`,

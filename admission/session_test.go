@@ -23,12 +23,7 @@ func TestSessionWrites(t *testing.T) {
 	}
 	setup := func(t *testing.T) *testBundle {
 		t.Helper()
-		pool, _ := testkit.Pool(t)
-		for _, s := range []string{"a", "b", "c"} {
-			_, err := pool.Exec(ctx, `INSERT INTO sessions (session_id) VALUES ($1)`, s)
-			require.NoError(t, err)
-		}
-		return &testBundle{pool: pool}
+		return &testBundle{pool: poolWithSessions(t, "a", "b", "c")}
 	}
 
 	t.Run("LockSessionBlocksASecondTransactionUntilTheFirstEnds", func(t *testing.T) {
