@@ -56,6 +56,7 @@ type Proxy struct {
 	cutAt     int64         // cut the connection of this commit (1-based); 0: none
 	cutBefore func(label string) bool
 	cutAfter  func(label string) bool
+	cutWhere  func(stmts []string) bool
 	commits   int64
 	labels    []string
 	stats     Stats
@@ -162,6 +163,16 @@ func (p *Proxy) CutAfterCommit(match func(label string) bool) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.cutAfter = match
+}
+
+// CutAfterCommitWhere arms the ambiguous commit for the next commit of a
+// write whose unit's statements (every statement the client sent with the
+// commit, in order) match accepts: a combined transaction is told from a
+// lone one by what it holds, not by where it falls among the commits.
+func (p *Proxy) CutAfterCommitWhere(match func(stmts []string) bool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.cutWhere = match
 }
 
 // CutBeforeCommit arms a lost commit: the next commit of a write whose
@@ -382,7 +393,7 @@ func (c *conn) fromClient() {
 			bound = append(bound, splitStatements(query)...)
 		case 'S':
 		case 'H', 'X':
-			if err := c.forward(unit, ""); err != nil || typ == 'X' {
+			if err := c.forward(unit, "", nil); err != nil || typ == 'X' {
 				return
 			}
 			unit = unit[:0]
@@ -391,7 +402,7 @@ func (c *conn) fromClient() {
 			continue
 		}
 		label := c.commitOf(bound)
-		if err := c.forward(unit, label); err != nil {
+		if err := c.forward(unit, label, bound); err != nil {
 			return
 		}
 		unit, bound = unit[:0], bound[:0]
@@ -433,8 +444,9 @@ func (c *conn) commitOf(stmts []string) string {
 	return commit
 }
 
-// forward sends a unit to the server; label names the commit it makes.
-func (c *conn) forward(unit []byte, label string) error {
+// forward sends a unit to the server; label names the commit it makes,
+// stmts are the statements it binds.
+func (c *conn) forward(unit []byte, label string, stmts []string) error {
 	p := c.p
 	cutHere, lose := false, false
 	var stall time.Duration
@@ -446,10 +458,16 @@ func (c *conn) forward(unit []byte, label string) error {
 	if label != "" {
 		p.commits++
 		p.labels = append(p.labels, oneLine(label))
-		if p.commits == p.cutAt || (p.cutAfter != nil && !lose && p.cutAfter(label)) {
-			if p.commits != p.cutAt {
-				p.cutAfter = nil
-			}
+		at := p.commits == p.cutAt
+		after := !at && !lose && p.cutAfter != nil && p.cutAfter(label)
+		where := !at && !after && !lose && p.cutWhere != nil && p.cutWhere(stmts)
+		if after {
+			p.cutAfter = nil
+		}
+		if where {
+			p.cutWhere = nil
+		}
+		if at || after || where {
 			cutHere = true
 			p.stats.AmbiguousCuts++
 		}

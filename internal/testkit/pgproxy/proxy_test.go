@@ -123,6 +123,29 @@ func TestProxy(t *testing.T) {
 		})
 	}
 
+	// The cut chosen by what a commit holds: a lone insert goes through,
+	// the batch of two is the one cut.
+	t.Run("AmbiguousCommitWhere", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t)
+		conn := b.connect(t)
+		ctx := t.Context()
+		b.proxy.CutAfterCommitWhere(func(stmts []string) bool { return len(stmts) >= 2 })
+		_, err := conn.Exec(ctx, `INSERT INTO t (id) VALUES ($1)`, 1)
+		require.NoError(t, err, "one statement: not the one")
+		batch := &pgx.Batch{}
+		batch.Queue(`INSERT INTO t (id) VALUES ($1)`, 2)
+		batch.Queue(`INSERT INTO t (id) VALUES ($1)`, 3)
+		require.Error(t, conn.SendBatch(ctx, batch).Close(), "the client never hears the answer")
+		require.Equal(t, 3, b.rows(t), "the server committed")
+		require.Equal(t, 1, b.proxy.Stats().AmbiguousCuts)
+		again := b.connect(t)
+		batch = &pgx.Batch{}
+		batch.Queue(`INSERT INTO t (id) VALUES ($1)`, 4)
+		batch.Queue(`INSERT INTO t (id) VALUES ($1)`, 5)
+		require.NoError(t, again.SendBatch(ctx, batch).Close(), "armed once")
+	})
+
 	t.Run("CutAllAndRefuse", func(t *testing.T) {
 		t.Parallel()
 		b := setup(t)
