@@ -3,6 +3,7 @@ package admission
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 
 	"github.com/jackc/pgx/v5"
@@ -79,6 +80,69 @@ func QuarantineInput(ctx context.Context, tx pgx.Tx, p *QuarantineInputParams) e
 	_, err := tx.Exec(ctx, quarantineInputSQL, p.MessageID, p.Reason)
 	return err
 }
+
+// ReleaseInputParams names the quarantined input an operator releases.
+type ReleaseInputParams struct {
+	MessageID string
+}
+
+// ReleasedInput is what ReleaseInput lifted.
+type ReleasedInput struct {
+	SessionID string
+	// Reason is the one the input was quarantined for.
+	Reason string
+	// Waiting: the input waits again (waiting_inputs), and needs a wake
+	// unless a claim holds its session.
+	Waiting bool
+}
+
+// ReleaseInput lifts the quarantine of an input; found is false, and
+// nothing is written, when no quarantined input has that ID. The caller
+// holds the session's row lock (LockSession, invariant 7), audits the
+// release and writes the wake it needs.
+func ReleaseInput(ctx context.Context, tx pgx.Tx, p *ReleaseInputParams) (r ReleasedInput, found bool, err error) {
+	err = tx.QueryRow(ctx, releaseInputSQL, p.MessageID).Scan(&r.SessionID, &r.Reason)
+	if errors.Is(interpretError(err), errNotFound) {
+		return ReleasedInput{}, false, nil
+	}
+	if err != nil {
+		return ReleasedInput{}, false, fmt.Errorf("releasing input %s: %w", p.MessageID, err)
+	}
+	// A statement of its own: the update's snapshot would not see itself.
+	if err := tx.QueryRow(ctx, inputWaitsSQL, p.MessageID).Scan(&r.Waiting); err != nil {
+		return ReleasedInput{}, false, fmt.Errorf("releasing input %s: %w", p.MessageID, err)
+	}
+	return r, true, nil
+}
+
+// InputSession returns the session of the input with that ID; found is
+// false when there is none. It reads without locking: a caller that needs
+// the session's row lock takes it with the session this returns.
+func InputSession(ctx context.Context, tx pgx.Tx, messageID string) (session string, found bool, err error) {
+	err = tx.QueryRow(ctx, inputSessionSQL, messageID).Scan(&session)
+	if errors.Is(interpretError(err), errNotFound) {
+		return "", false, nil
+	}
+	if err != nil {
+		return "", false, fmt.Errorf("reading the session of input %s: %w", messageID, err)
+	}
+	return session, true, nil
+}
+
+// releaseInputSQL returns the row from before the update (RETURNING alone
+// gives the new row's).
+const releaseInputSQL = `
+WITH old AS (
+    SELECT message_id, session_id, quarantine_reason FROM inputs
+    WHERE message_id = $1 AND quarantine_reason IS NOT NULL FOR UPDATE
+)
+UPDATE inputs i SET quarantine_reason = NULL, quarantined_at = NULL
+FROM old WHERE i.message_id = old.message_id
+RETURNING old.session_id, old.quarantine_reason`
+
+const inputWaitsSQL = `SELECT EXISTS (SELECT 1 FROM waiting_inputs WHERE message_id = $1)`
+
+const inputSessionSQL = `SELECT session_id FROM inputs WHERE message_id = $1`
 
 // The DO UPDATE (a no-op) makes RETURNING give the holder's row when the
 // ID is held, in the same statement.

@@ -116,6 +116,65 @@ func TestInputWrites(t *testing.T) {
 			WHERE message_id = 'q' AND quarantine_reason = 'no recovery vouches for it' AND quarantined_at IS NOT NULL`))
 		require.Equal(t, []string{"k"}, waiting(t, b.pool, "s"), "the other input still waits")
 	})
+
+	// A released input waits again, and says so; one promoted while it was
+	// quarantined does not (Waiting is read after the release).
+	t.Run("ReleaseInputLiftsOnlyAQuarantinedInput", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t)
+		for _, id := range []string{"q", "p", "k"} {
+			admit(t, b, &admission.AdmitContinuationParams{MessageID: id, SessionID: "s", PayloadHash: []byte(id)})
+		}
+		release := func(id string) (admission.ReleasedInput, bool) {
+			t.Helper()
+			var r admission.ReleasedInput
+			var found bool
+			require.NoError(t, pgdb.InTx(ctx, b.pool, func(tx pgx.Tx) error {
+				var err error
+				r, found, err = admission.ReleaseInput(ctx, tx, &admission.ReleaseInputParams{MessageID: id})
+				return err
+			}))
+			return r, found
+		}
+		_, found := release("q")
+		require.False(t, found, "an input that is not quarantined is not found")
+		_, found = release("nothing")
+		require.False(t, found)
+		require.NoError(t, pgdb.InTx(ctx, b.pool, func(tx pgx.Tx) error {
+			for _, id := range []string{"q", "p"} {
+				if err := admission.QuarantineInput(ctx, tx, &admission.QuarantineInputParams{MessageID: id, Reason: "held " + id}); err != nil {
+					return err
+				}
+			}
+			return admission.PromoteInput(ctx, tx, &admission.PromoteInputParams{MessageID: "p"})
+		}))
+		require.Equal(t, []string{"k"}, waiting(t, b.pool, "s"))
+
+		r, found := release("q")
+		require.True(t, found)
+		require.Equal(t, admission.ReleasedInput{SessionID: "s", Reason: "held q", Waiting: true}, r)
+		require.Equal(t, []string{"k", "q"}, waiting(t, b.pool, "s"))
+		r, found = release("p")
+		require.True(t, found)
+		require.Equal(t, admission.ReleasedInput{SessionID: "s", Reason: "held p", Waiting: false}, r, "promoted: it does not wait")
+		_, found = release("q")
+		require.False(t, found, "released once")
+
+		var session string
+		require.NoError(t, pgdb.InTx(ctx, b.pool, func(tx pgx.Tx) error {
+			var err error
+			session, found, err = admission.InputSession(ctx, tx, "k")
+			return err
+		}))
+		require.True(t, found)
+		require.Equal(t, "s", session)
+		require.NoError(t, pgdb.InTx(ctx, b.pool, func(tx pgx.Tx) error {
+			var err error
+			_, found, err = admission.InputSession(ctx, tx, "nothing")
+			return err
+		}))
+		require.False(t, found)
+	})
 }
 
 func waiting(t *testing.T, pool *pgxpool.Pool, session string) []string {

@@ -2,6 +2,7 @@ package ledger
 
 import (
 	"context"
+	"errors"
 	"fmt"
 
 	"github.com/jackc/pgx/v5"
@@ -156,6 +157,39 @@ func QuarantineClaim(ctx context.Context, tx pgx.Tx, p *QuarantineClaimParams) (
 	}
 	return tag.RowsAffected() != 0, nil
 }
+
+// ReleaseClaimParams names the quarantined claim an operator releases.
+type ReleaseClaimParams struct {
+	SessionID string
+}
+
+// ReleaseClaim lifts the quarantine of the session's claim and returns
+// the reason it was quarantined for; found is false, and nothing is
+// written, when the session has no quarantined claim. The caller audits the
+// release and may still refuse it by rolling its transaction back
+// (recovery.Release does when the claim still fails validation); the next
+// recovery pass decides the claim.
+func ReleaseClaim(ctx context.Context, tx pgx.Tx, p *ReleaseClaimParams) (reason string, found bool, err error) {
+	err = tx.QueryRow(ctx, releaseQuarantinedClaimSQL, p.SessionID).Scan(&reason)
+	if errors.Is(interpretError(err), errNotFound) {
+		return "", false, nil
+	}
+	if err != nil {
+		return "", false, fmt.Errorf("releasing the claim of %s: %w", p.SessionID, err)
+	}
+	return reason, true, nil
+}
+
+// releaseQuarantinedClaimSQL returns the reason from before the update
+// (RETURNING alone gives the new row's).
+const releaseQuarantinedClaimSQL = `
+WITH old AS (
+    SELECT session_id, quarantine_reason FROM claims
+    WHERE session_id = $1 AND quarantine_reason IS NOT NULL FOR UPDATE
+)
+UPDATE claims c SET quarantine_reason = NULL, quarantined_at = NULL
+FROM old WHERE c.session_id = old.session_id
+RETURNING old.quarantine_reason`
 
 const rearmIdempotentCallsSQL = `
 UPDATE tool_calls SET state = 'requested', started_at = NULL

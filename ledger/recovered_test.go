@@ -265,6 +265,46 @@ func TestRecoveredWrites(t *testing.T) {
 		require.Equal(t, 1, b.count(t, `SELECT count(*) FROM claims WHERE quarantine_reason = 'bad phase' AND quarantined_at IS NOT NULL`))
 	})
 
+	t.Run("ReleaseClaimLiftsOnlyAQuarantinedClaim", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t, time.Minute)
+		for _, s := range []string{"s", "other"} {
+			b.session(t, s, 0)
+			b.acquire(t, s, "e-"+s)
+			b.expire(t, s)
+		}
+		release := func(session string) (string, bool) {
+			t.Helper()
+			var reason string
+			var found bool
+			b.inTx(t, func(tx pgx.Tx) error {
+				var err error
+				reason, found, err = ledger.ReleaseClaim(ctx, tx, &ledger.ReleaseClaimParams{SessionID: session})
+				return err
+			})
+			return reason, found
+		}
+		_, found := release("s")
+		require.False(t, found, "a claim that is not quarantined is not found")
+		_, found = release("nobody")
+		require.False(t, found)
+		for _, s := range []string{"s", "other"} {
+			c, _, err := ledger.Get(ctx, b.pool, s)
+			require.NoError(t, err)
+			b.inTx(t, func(tx pgx.Tx) error {
+				_, err := ledger.QuarantineClaim(ctx, tx, &ledger.QuarantineClaimParams{Claim: c, Reason: "bad phase of " + s})
+				return err
+			})
+		}
+		reason, found := release("s")
+		require.True(t, found)
+		require.Equal(t, "bad phase of s", reason, "the reason from before the release")
+		require.Equal(t, 1, b.count(t, `SELECT count(*) FROM claims WHERE session_id = 's' AND quarantine_reason IS NULL AND quarantined_at IS NULL`))
+		require.Equal(t, 1, b.count(t, `SELECT count(*) FROM claims WHERE session_id = 'other' AND quarantine_reason IS NOT NULL`), "another session's claim stays quarantined")
+		_, found = release("s")
+		require.False(t, found, "released once")
+	})
+
 	// Each function says what it was doing when its statement fails (the
 	// texts recovery and the executor have always reported).
 	t.Run("ErrorsSayWhatWasBeingDone", func(t *testing.T) {
@@ -293,6 +333,10 @@ func TestRecoveredWrites(t *testing.T) {
 			},
 			"clearing claim": func(tx pgx.Tx) error {
 				return ledger.ClearClaim(ctx, tx, &ledger.ClearClaimParams{SessionID: "s"})
+			},
+			"releasing the claim of s": func(tx pgx.Tx) error {
+				_, _, err := ledger.ReleaseClaim(ctx, tx, &ledger.ReleaseClaimParams{SessionID: "s"})
+				return err
 			},
 			"quarantining claim of s": func(tx pgx.Tx) error {
 				_, err := ledger.QuarantineClaim(ctx, tx, &ledger.QuarantineClaimParams{Claim: ledger.Claim{SessionID: "s"}})

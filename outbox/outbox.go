@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"strconv"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -70,3 +71,45 @@ func WakeRow(topic, session, reason string, at time.Time) Row {
 	b, _ := json.Marshal(envelope.Wake{SessionID: session, Reason: reason, At: at})
 	return Row{Topic: topic, Key: session, Payload: b}
 }
+
+// ReleaseParams names the quarantined row an operator releases: its ID as
+// text, as an operator types it (an ID that is no number finds no row).
+type ReleaseParams struct {
+	ID string
+}
+
+// Release lifts the quarantine of an outbox row, which the next relay pass
+// then publishes (repair its payload first, or it is quarantined again),
+// and returns the reason it was quarantined for; found is false, and
+// nothing is written, when no quarantined row has that ID. The caller
+// audits the release (recovery.Release).
+func Release(ctx context.Context, tx pgx.Tx, p *ReleaseParams) (reason string, found bool, err error) {
+	id, err := strconv.ParseInt(p.ID, 10, 64)
+	if err != nil || strconv.FormatInt(id, 10) != p.ID {
+		return "", false, nil // no row has that ID as its text
+	}
+	rows, err := tx.Query(ctx, releaseSQL, id)
+	if err != nil {
+		return "", false, fmt.Errorf("releasing outbox row %s: %w", p.ID, err)
+	}
+	// Collected, not scanned: no row is an answer here, not an error.
+	reasons, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		return "", false, fmt.Errorf("releasing outbox row %s: %w", p.ID, err)
+	}
+	if len(reasons) == 0 {
+		return "", false, nil
+	}
+	return reasons[0], true, nil
+}
+
+// releaseSQL returns the reason from before the update (RETURNING alone
+// gives the new row's).
+const releaseSQL = `
+WITH old AS (
+    SELECT id, quarantine_reason FROM outbox
+    WHERE id = $1 AND quarantine_reason IS NOT NULL FOR UPDATE
+)
+UPDATE outbox o SET quarantine_reason = NULL, quarantined_at = NULL
+FROM old WHERE o.id = old.id
+RETURNING old.quarantine_reason`

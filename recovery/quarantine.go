@@ -91,16 +91,8 @@ type ReleaseOpts struct {
 // releases or decides: invariant 7). Claims and inputs are released under
 // their session's row lock, taken first, as admission and recovery take it.
 func Release(ctx context.Context, pool *pgxpool.Pool, kind, id string, opts *ReleaseOpts) error {
-	var table, key string
 	switch kind {
-	case KindClaim:
-		table, key = "claims", "session_id"
-	case KindInput:
-		table, key = "inputs", "message_id"
-	case KindOutbox:
-		// A released outbox row is published by the next relay pass (repair
-		// its payload first, or it is quarantined again).
-		table, key = "outbox", "id::text"
+	case KindClaim, KindInput, KindOutbox:
 	default:
 		return fmt.Errorf("unknown kind %q: want %s, %s or %s", kind, KindClaim, KindInput, KindOutbox)
 	}
@@ -110,18 +102,28 @@ func Release(ctx context.Context, pool *pgxpool.Pool, kind, id string, opts *Rel
 		if err != nil {
 			return fmt.Errorf("releasing %s %s: %w", kind, id, err)
 		}
-		var reason, rowSession string
-		// table and key come from the switch above, never from input.
-		err = tx.QueryRow(ctx, `SELECT quarantine_reason, coalesce(`+sessionColumn(kind)+`, '') FROM `+table+`
-			WHERE `+key+` = $1 AND quarantine_reason IS NOT NULL FOR UPDATE`, id).Scan(&reason, &rowSession)
-		if errors.Is(interpretError(err), errNotFound) {
-			return fmt.Errorf("%s %s: %w", kind, id, ErrNotQuarantined)
+		// Each owner lifts its row's quarantine (docs/design.md, table
+		// owners); an error below rolls the lift back.
+		var reason string
+		var found, wake bool
+		switch kind {
+		case KindClaim:
+			reason, found, err = ledger.ReleaseClaim(ctx, tx, &ledger.ReleaseClaimParams{SessionID: id})
+		case KindInput:
+			var in admission.ReleasedInput
+			in, found, err = admission.ReleaseInput(ctx, tx, &admission.ReleaseInputParams{MessageID: id})
+			reason, wake = in.Reason, in.Waiting
+			if err == nil && found && in.SessionID != session {
+				return fmt.Errorf("releasing %s %s: it moved from session %s to %s meanwhile; try again", kind, id, session, in.SessionID)
+			}
+		case KindOutbox:
+			reason, found, err = outbox.Release(ctx, tx, &outbox.ReleaseParams{ID: id})
 		}
 		if err != nil {
 			return fmt.Errorf("releasing %s %s: %w", kind, id, err)
 		}
-		if kind != KindOutbox && rowSession != session {
-			return fmt.Errorf("releasing %s %s: it moved from session %s to %s meanwhile; try again", kind, id, session, rowSession)
+		if !found {
+			return fmt.Errorf("%s %s: %w", kind, id, ErrNotQuarantined)
 		}
 		if kind == KindClaim {
 			if still, err := stillInvalid(ctx, tx, session); err != nil {
@@ -130,33 +132,23 @@ func Release(ctx context.Context, pool *pgxpool.Pool, kind, id string, opts *Rel
 				return fmt.Errorf("%s %s: %w: %s; repair it, then release it", kind, id, ErrStillInvalid, still)
 			}
 		}
-		if _, err := tx.Exec(ctx, `UPDATE `+table+` SET quarantine_reason = NULL, quarantined_at = NULL WHERE `+key+` = $1`, id); err != nil {
-			return fmt.Errorf("releasing %s %s: %w", kind, id, err)
-		}
 		if _, err := tx.Exec(ctx, `INSERT INTO quarantine_releases (kind, ref, reason, released_by, note) VALUES ($1, $2, $3, $4, nullif($5, ''))`,
 			kind, id, reason, opts.Operator, opts.Note); err != nil {
 			return fmt.Errorf("auditing the release of %s %s: %w", kind, id, err)
 		}
-		if kind != KindInput {
+		if !wake {
 			return nil
 		}
-		var wake bool
-		if err := tx.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM waiting_inputs WHERE message_id = $1)
-			AND NOT EXISTS (SELECT 1 FROM claims WHERE session_id = $2)`, id, session).Scan(&wake); err != nil {
+		// The input waits again: its session is woken here unless a claim
+		// holds it (the holder, or recovery, sees the input when it
+		// releases or decides).
+		if _, held, err := ledger.Get(ctx, tx, session); err != nil {
 			return fmt.Errorf("releasing %s %s: %w", kind, id, err)
-		}
-		if !wake {
+		} else if held {
 			return nil
 		}
 		return outbox.Insert(ctx, tx, outbox.WakeRow(topics.Wakes, session, "release", time.Now().UTC()))
 	})
-}
-
-func sessionColumn(kind string) string {
-	if kind == KindOutbox {
-		return "key"
-	}
-	return "session_id"
 }
 
 // lockSessionOf locks the session row of a claim or an input (the first
@@ -168,16 +160,18 @@ func lockSessionOf(ctx context.Context, tx pgx.Tx, kind, id string) (string, err
 	case KindOutbox:
 		return "", nil
 	case KindInput:
-		err := tx.QueryRow(ctx, `SELECT session_id FROM inputs WHERE message_id = $1`, id).Scan(&session)
-		if errors.Is(interpretError(err), errNotFound) {
-			return "", fmt.Errorf("%w", ErrNotQuarantined)
-		}
+		var found bool
+		var err error
+		session, found, err = admission.InputSession(ctx, tx, id)
 		if err != nil {
-			return "", fmt.Errorf("reading the input's session: %w", err)
+			return "", err
+		}
+		if !found {
+			return "", fmt.Errorf("%w", ErrNotQuarantined)
 		}
 	}
 	// A missing session locks nothing and is no error here: the row's own
-	// read then finds nothing to release.
+	// release then finds nothing to release.
 	if _, err := admission.LockSession(ctx, tx, &admission.LockSessionParams{SessionID: session}); err != nil {
 		return "", fmt.Errorf("locking session: %w", err)
 	}
@@ -187,14 +181,13 @@ func lockSessionOf(ctx context.Context, tx pgx.Tx, kind, id string) (string, err
 // stillInvalid runs recovery's validation over a quarantined claim, on
 // the evidence a decision would read, and returns why it still fails, or "".
 func stillInvalid(ctx context.Context, tx pgx.Tx, session string) (string, error) {
-	var c ledger.Claim
-	var phase string
-	err := tx.QueryRow(ctx, `SELECT session_id, execution_id, owner_id, fencing_token, phase, coalesce(assistant_message_id, ''), expires_at
-		FROM claims WHERE session_id = $1`, session).Scan(&c.SessionID, &c.ExecutionID, &c.OwnerID, &c.Token, &phase, &c.AssistantMessageID, &c.ExpiresAt)
+	c, ok, err := ledger.Get(ctx, tx, session)
 	if err != nil {
-		return "", fmt.Errorf("reading the claim: %w", err)
+		return "", err
 	}
-	c.Phase = ledger.Phase(phase)
+	if !ok {
+		return "", fmt.Errorf("reading the claim of %s: it is gone", session)
+	}
 	ev, err := gather(ctx, tx, c)
 	if err != nil {
 		return "", err
