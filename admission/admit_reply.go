@@ -69,7 +69,7 @@ func (a *Admitter) AdmitReply(ctx context.Context, key []byte, r envelope.Permis
 		}
 		// Lock order: the session row first, as everywhere.
 		// The request's session exists (a foreign key): found is true.
-		if _, err := LockSession(ctx, tx, &LockSessionParams{SessionID: session}); err != nil {
+		if _, _, err := LockSession(ctx, tx, &LockSessionParams{SessionID: session}); err != nil {
 			return err
 		}
 		var status string

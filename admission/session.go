@@ -10,7 +10,8 @@ import (
 // The statements on sessions that other packages make in their own
 // transactions: the session row lock that every writer of a session takes
 // first (docs/design.md, invariant 7: admission upserts the row, release,
-// recovery and an operator's resolution lock it), and the redrive's mark.
+// recovery and an operator's resolution lock it), the fencing token a
+// takeover raises (ledger), and the redrive's mark.
 // Admission itself locks its batches' sessions in lockSessionsSQL, in
 // sorted order.
 
@@ -20,20 +21,43 @@ type LockSessionParams struct {
 }
 
 // LockSession locks the session's row (FOR UPDATE) until the caller's
-// transaction ends, and reports whether the row exists: a missing session
-// locks nothing and is not an error, so that a caller that needs the
-// session says so in its own words. The error is the driver's, for the
-// caller to say what it was doing.
-func LockSession(ctx context.Context, tx pgx.Tx, p *LockSessionParams) (found bool, err error) {
-	var one int
-	err = tx.QueryRow(ctx, lockSessionSQL, p.SessionID).Scan(&one)
+// transaction ends, and returns its fencing token as locked; found is
+// false when the row does not exist: a missing session locks nothing and
+// is not an error, so that a caller that needs the session says so in its
+// own words. The error is the driver's, for the caller to say what it was
+// doing.
+func LockSession(ctx context.Context, tx pgx.Tx, p *LockSessionParams) (token int64, found bool, err error) {
+	err = tx.QueryRow(ctx, lockSessionSQL, p.SessionID).Scan(&token)
 	if errors.Is(interpretError(err), errNotFound) {
-		return false, nil
+		return 0, false, nil
 	}
 	if err != nil {
-		return false, err
+		return 0, false, err
 	}
-	return true, nil
+	return token, true, nil
+}
+
+// QueueLockSession is LockSession on a queued write (a pgx.Batch sent as
+// one implicit transaction, ledger's FinishQueued): the lock is taken where
+// the statement falls in the batch; a missing session locks nothing.
+func QueueLockSession(b *pgx.Batch, p *LockSessionParams) {
+	b.Queue(lockSessionSQL, p.SessionID)
+}
+
+// BumpFencingTokenParams names the session whose fencing token a takeover
+// raised, and the token.
+type BumpFencingTokenParams struct {
+	SessionID string
+	Token     int64
+}
+
+// BumpFencingToken raises the session's fencing token to p.Token, never
+// lowers it: the token the claims of the session take next starts above
+// every token handed out (ledger's Takeover, under the session's lock).
+// The error is the driver's, for the caller to say what it was doing.
+func BumpFencingToken(ctx context.Context, tx pgx.Tx, p *BumpFencingTokenParams) error {
+	_, err := tx.Exec(ctx, bumpFencingTokenSQL, p.SessionID, p.Token)
+	return err
 }
 
 // MarkRedrivenParams names the sessions whose wake a redrive re-sends.
@@ -49,6 +73,8 @@ func MarkRedriven(ctx context.Context, tx pgx.Tx, p *MarkRedrivenParams) error {
 	return err
 }
 
-const lockSessionSQL = `SELECT 1 FROM sessions WHERE session_id = $1 FOR UPDATE`
+const lockSessionSQL = `SELECT fencing_token FROM sessions WHERE session_id = $1 FOR UPDATE`
+
+const bumpFencingTokenSQL = `UPDATE sessions SET fencing_token = $2 WHERE session_id = $1 AND fencing_token < $2`
 
 const markRedrivenSQL = `UPDATE sessions SET redriven_at = now() WHERE session_id = ANY($1)`

@@ -32,7 +32,7 @@ func TestSessionWrites(t *testing.T) {
 		tx, err := b.pool.Begin(ctx)
 		require.NoError(t, err)
 		defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
-		found, err := admission.LockSession(ctx, tx, &admission.LockSessionParams{SessionID: "a"})
+		_, found, err := admission.LockSession(ctx, tx, &admission.LockSessionParams{SessionID: "a"})
 		require.NoError(t, err)
 		require.True(t, found)
 
@@ -45,7 +45,7 @@ func TestSessionWrites(t *testing.T) {
 			var r result
 			r.err = pgdb.InTx(ctx, b.pool, func(tx pgx.Tx) error {
 				var err error
-				r.found, err = admission.LockSession(ctx, tx, &admission.LockSessionParams{SessionID: "a"})
+				_, r.found, err = admission.LockSession(ctx, tx, &admission.LockSessionParams{SessionID: "a"})
 				return err
 			})
 			second <- r
@@ -58,7 +58,7 @@ func TestSessionWrites(t *testing.T) {
 
 		// Another session's row is not locked.
 		require.NoError(t, pgdb.InTx(ctx, b.pool, func(tx pgx.Tx) error {
-			found, err := admission.LockSession(ctx, tx, &admission.LockSessionParams{SessionID: "b"})
+			_, found, err := admission.LockSession(ctx, tx, &admission.LockSessionParams{SessionID: "b"})
 			require.True(t, found)
 			return err
 		}))
@@ -73,11 +73,54 @@ func TestSessionWrites(t *testing.T) {
 		t.Parallel()
 		b := setup(t)
 		require.NoError(t, pgdb.InTx(ctx, b.pool, func(tx pgx.Tx) error {
-			found, err := admission.LockSession(ctx, tx, &admission.LockSessionParams{SessionID: "nobody"})
+			_, found, err := admission.LockSession(ctx, tx, &admission.LockSessionParams{SessionID: "nobody"})
 			require.False(t, found)
 			return err
 		}))
 		require.Zero(t, testkit.Count(t, b.pool, `SELECT count(*) FROM sessions WHERE session_id = 'nobody'`), "a lock creates no session")
+	})
+
+	// The token as locked, raised by a takeover and never lowered; the
+	// queued lock is the same lock.
+	t.Run("FencingTokenIsReadLockedAndOnlyRaised", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t)
+		token := func(session string) int64 {
+			t.Helper()
+			var tok int64
+			require.NoError(t, pgdb.InTx(ctx, b.pool, func(tx pgx.Tx) error {
+				var err error
+				tok, _, err = admission.LockSession(ctx, tx, &admission.LockSessionParams{SessionID: session})
+				return err
+			}))
+			return tok
+		}
+		bump := func(session string, to int64) {
+			t.Helper()
+			require.NoError(t, pgdb.InTx(ctx, b.pool, func(tx pgx.Tx) error {
+				return admission.BumpFencingToken(ctx, tx, &admission.BumpFencingTokenParams{SessionID: session, Token: to})
+			}))
+		}
+		require.Zero(t, token("a"))
+		bump("a", 7)
+		require.Equal(t, int64(7), token("a"))
+		bump("a", 3)
+		require.Equal(t, int64(7), token("a"), "never lowered")
+		require.Zero(t, token("b"), "another session's token is left alone")
+
+		tx, err := b.pool.Begin(ctx)
+		require.NoError(t, err)
+		defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
+		batch := &pgx.Batch{}
+		admission.QueueLockSession(batch, &admission.LockSessionParams{SessionID: "a"})
+		require.NoError(t, tx.SendBatch(ctx, batch).Close())
+		other, err := b.pool.Begin(ctx)
+		require.NoError(t, err)
+		defer func() { _ = other.Rollback(context.WithoutCancel(ctx)) }()
+		_, err = other.Exec(ctx, `SET LOCAL lock_timeout = '100ms'`)
+		require.NoError(t, err)
+		_, _, err = admission.LockSession(ctx, other, &admission.LockSessionParams{SessionID: "a"})
+		require.Error(t, err, "the queued lock holds the row")
 	})
 
 	t.Run("MarkRedrivenMarksOnlyTheNamedSessions", func(t *testing.T) {

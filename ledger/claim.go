@@ -13,6 +13,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/promptline/promptline/admission"
 	"github.com/promptline/promptline/internal/pgdb"
 	"github.com/promptline/promptline/outbox"
 )
@@ -161,7 +162,7 @@ func (x *Execution) writeTx(ctx context.Context, lockSession bool, phase Phase, 
 	sent := time.Now()
 	err := pgdb.InTx(ctx, x.claims.pool, func(tx pgx.Tx) error {
 		if lockSession {
-			if _, err := tx.Exec(ctx, lockSessionSQL, x.claim.SessionID); err != nil {
+			if _, _, err := admission.LockSession(ctx, tx, &admission.LockSessionParams{SessionID: x.claim.SessionID}); err != nil {
 				return fmt.Errorf("locking session: %w", err)
 			}
 		}
@@ -337,13 +338,16 @@ func (x *Execution) Release(ctx context.Context, opts ReleaseOpts) (released boo
 // tx; recovery (and tests standing in for it) decide in the same
 // transaction what to do with the session.
 func Takeover(ctx context.Context, tx pgx.Tx, old Claim, executionID, ownerID string, lease time.Duration) (Claim, error) {
-	var token int64
-	if err := tx.QueryRow(ctx, lockSessionSQL, old.SessionID).Scan(&token); err != nil {
+	token, found, err := admission.LockSession(ctx, tx, &admission.LockSessionParams{SessionID: old.SessionID})
+	if err != nil {
 		return Claim{}, fmt.Errorf("locking session %s: %w", old.SessionID, err)
+	}
+	if !found {
+		return Claim{}, fmt.Errorf("locking session %s: no such session", old.SessionID)
 	}
 	nc := old
 	nc.ExecutionID, nc.OwnerID, nc.Token = executionID, ownerID, token+1
-	err := tx.QueryRow(ctx, takeoverSQL, old.SessionID, old.ExecutionID, old.OwnerID, old.ExpiresAt,
+	err = tx.QueryRow(ctx, takeoverSQL, old.SessionID, old.ExecutionID, old.OwnerID, old.ExpiresAt,
 		executionID, ownerID, nc.Token, lease.Milliseconds()).Scan(&nc.ExpiresAt)
 	if errors.Is(interpretError(err), errNotFound) {
 		return Claim{}, ErrNotExpired
@@ -351,8 +355,8 @@ func Takeover(ctx context.Context, tx pgx.Tx, old Claim, executionID, ownerID st
 	if err != nil {
 		return Claim{}, fmt.Errorf("taking over %s: %w", old.SessionID, err)
 	}
-	if _, err := tx.Exec(ctx, bumpTokenSQL, old.SessionID, nc.Token); err != nil {
-		return Claim{}, err
+	if err := admission.BumpFencingToken(ctx, tx, &admission.BumpFencingTokenParams{SessionID: old.SessionID, Token: nc.Token}); err != nil {
+		return Claim{}, fmt.Errorf("raising the fencing token of %s: %w", old.SessionID, err)
 	}
 	return nc, nil
 }
@@ -376,10 +380,6 @@ func Get(ctx context.Context, q interface {
 	}
 	return c, true, nil
 }
-
-const lockSessionSQL = `SELECT fencing_token FROM sessions WHERE session_id = $1 FOR UPDATE`
-
-const bumpTokenSQL = `UPDATE sessions SET fencing_token = $2 WHERE session_id = $1 AND fencing_token < $2`
 
 const setPhaseSQL = `
 UPDATE claims SET phase = $3, assistant_message_id = coalesce(nullif($4, ''), assistant_message_id)

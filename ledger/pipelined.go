@@ -8,6 +8,8 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/promptline/promptline/admission"
 )
 
 // The executor's hot path writes in one round trip per transaction: its
@@ -123,7 +125,7 @@ func (x *Execution) finishQueuedLocked(ctx context.Context, phase Phase, assista
 		return false, ErrFenced
 	}
 	b := &pgx.Batch{}
-	b.Queue(lockSessionSQL, x.claim.SessionID)
+	admission.QueueLockSession(b, &admission.LockSessionParams{SessionID: x.claim.SessionID})
 	x.queueFence(b, phase, assistantMessageID)
 	queue(b)
 	b.Queue(releaseIdleSQL, x.claim.SessionID, x.claim.Token).Exec(func(tag pgconn.CommandTag) error {

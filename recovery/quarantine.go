@@ -172,7 +172,7 @@ func lockSessionOf(ctx context.Context, tx pgx.Tx, kind, id string) (string, err
 	}
 	// A missing session locks nothing and is no error here: the row's own
 	// release then finds nothing to release.
-	if _, err := admission.LockSession(ctx, tx, &admission.LockSessionParams{SessionID: session}); err != nil {
+	if _, _, err := admission.LockSession(ctx, tx, &admission.LockSessionParams{SessionID: session}); err != nil {
 		return "", fmt.Errorf("locking session: %w", err)
 	}
 	return session, nil

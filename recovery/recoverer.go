@@ -371,7 +371,7 @@ func (r *Recoverer) recoverOnly(ctx context.Context, old ledger.Claim, want Deci
 		// so the waiting inputs counted below cannot grow before commit;
 		// an input admitted after that commit finds no claim and its own
 		// wake runs it.
-		if _, err := admission.LockSession(ctx, tx, &admission.LockSessionParams{SessionID: old.SessionID}); err != nil {
+		if _, _, err := admission.LockSession(ctx, tx, &admission.LockSessionParams{SessionID: old.SessionID}); err != nil {
 			return fmt.Errorf("locking session: %w", err)
 		}
 		var err error

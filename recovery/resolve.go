@@ -207,7 +207,7 @@ func resolveOnce(ctx context.Context, pool *pgxpool.Pool, sessionID, targetID st
 		if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock($1)`, ledger.PruneLockKey); err != nil {
 			return fmt.Errorf("taking the ledger pruner's lock: %w", err)
 		}
-		found, err := admission.LockSession(ctx, tx, &admission.LockSessionParams{SessionID: sessionID})
+		_, found, err := admission.LockSession(ctx, tx, &admission.LockSessionParams{SessionID: sessionID})
 		if err != nil {
 			return fmt.Errorf("locking session %s: %w", sessionID, err)
 		}
