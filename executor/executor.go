@@ -319,7 +319,14 @@ func (e *Executor) Shutdown(ctx context.Context) {
 	select {
 	case <-done:
 	case <-ctx.Done():
-		e.log.Warn("shutdown grace over; cancelling running turns")
+		// Said only when a run is left to cancel: a hard stop of an idle
+		// executor (StopNow) has nothing to warn about.
+		e.mu.Lock()
+		running := len(e.runs)
+		e.mu.Unlock()
+		if running > 0 {
+			e.log.Warn("shutdown grace over; cancelling running turns", slog.Int("runs", running))
+		}
 		e.cancel()
 		<-done
 	}

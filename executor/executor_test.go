@@ -230,6 +230,28 @@ func TestExecutor(t *testing.T) {
 		require.ErrorIs(t, err, executor.ErrStopped)
 	})
 
+	// The grace's warning names the runs it cancels, and an idle hard stop
+	// has none to name.
+	t.Run("GraceOverIsWarnedOnlyWhenRunsAreCancelled", func(t *testing.T) {
+		t.Parallel()
+		b := setupExec(t)
+		var idleLog, busyLog testkit.LogBuffer
+		claims := ledger.NewClaims(b.pool, &ledger.ClaimsConfig{Lease: 5 * time.Second, OwnerID: "a"})
+		idle := newExecutor(t, b.pool, &executor.ExecutorConfig{Claims: claims, Provider: newBlockingProvider(), Logger: testkit.Logger(t, &idleLog)})
+		idle.StopNow()
+		require.NotContains(t, idleLog.String(), "grace over")
+
+		p := newBlockingProvider()
+		busy := newExecutor(t, b.pool, &executor.ExecutorConfig{Claims: claims, Provider: p, Logger: testkit.Logger(t, &busyLog)})
+		b.admit(t, "s", "m1", "first")
+		_, err := busy.Wake(ctx, "s", 0)
+		require.NoError(t, err)
+		<-p.started
+		busy.StopNow()
+		require.Contains(t, busyLog.String(), "shutdown grace over; cancelling running turns")
+		require.Contains(t, busyLog.String(), "runs=1")
+	})
+
 	t.Run("MaxSessionsAppliesBackpressure", func(t *testing.T) {
 		t.Parallel()
 		b := setupExec(t)

@@ -1,11 +1,9 @@
 package ledger_test
 
 import (
-	"bytes"
 	"context"
 	"log/slog"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -15,24 +13,6 @@ import (
 	"github.com/promptline/promptline/ledger"
 )
 
-// syncBuffer is a log sink that KeepAlive's goroutine and the test share.
-type syncBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
-}
-
 // KeepAlive warns about a renewal that failed for a reason other than the
 // fence, and only then: an operator reads the warning as a database in
 // trouble.
@@ -40,7 +20,7 @@ func TestKeepAliveWarnsOnlyOnFailedRenewals(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	pool, _ := testkit.Pool(t)
-	logs := &syncBuffer{}
+	logs := &testkit.LogBuffer{}
 	renewed := make(chan struct{}, 16)
 	claims := ledger.NewClaims(pool, &ledger.ClaimsConfig{
 		Lease:         300 * time.Millisecond,
@@ -79,7 +59,7 @@ func TestPrunerRunLogsWhatHappened(t *testing.T) {
 	b := setup(t, 0)
 	b.session(t, "s", 0)
 	b.execution(t, "s", "e", 2, 1, 48*time.Hour)
-	logs := &syncBuffer{}
+	logs := &testkit.LogBuffer{}
 	p := mustPruner(t, b.pool, &ledger.PrunerConfig{
 		Retention: 24 * time.Hour, Interval: 20 * time.Millisecond,
 		Logger: slog.New(slog.NewTextHandler(logs, nil)),

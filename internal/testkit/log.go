@@ -1,9 +1,11 @@
 package testkit
 
 import (
+	"bytes"
 	"io"
 	"log/slog"
 	"strings"
+	"sync"
 	"testing"
 )
 
@@ -23,4 +25,24 @@ type testWriter struct{ tb testing.TB }
 func (w testWriter) Write(p []byte) (int, error) {
 	w.tb.Log(strings.TrimSpace(string(p)))
 	return len(p), nil
+}
+
+// LogBuffer is a log sink that a service's goroutines and the test share:
+// pass it to Logger, read it with String.
+type LogBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *LogBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+// String returns what was written so far.
+func (b *LogBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
 }
