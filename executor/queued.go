@@ -48,10 +48,7 @@ func (v *sessionView) queue(b *pgx.Batch, sessionID string) {
 		v.waiting, err = scanWaiting(rows)
 		return err
 	})
-	b.Queue(historySQL, sessionID).Query(func(rows pgx.Rows) (err error) {
-		v.history, err = scanHistory(rows)
-		return err
-	})
+	transcript.QueueHistory(b, sessionID, func(h []provider.TranscriptMessage) { v.history = h })
 }
 
 // plain reports whether every waiting input is a prompt: no continuation
@@ -127,7 +124,7 @@ func (ex *execution) queueFirstStep(b *pgx.Batch, t *turn, v *sessionView) provi
 	attemptID := ex.nextAttemptID()
 	// The transcript after promotion: the stored one, then the turn's user
 	// messages, which promotion appends.
-	hist := settleOrphans(append(v.history[:len(v.history):len(v.history)], t.inputs...))
+	hist := transcript.SettleOrphans(append(v.history[:len(v.history):len(v.history)], t.inputs...))
 	req := ex.request(t, attemptID, attemptID, hist)
 	for _, m := range t.inputs {
 		b.Queue(promoteSQL, m.ID, cl.ExecutionID, cl.Token)

@@ -173,7 +173,7 @@ func (ex *execution) beginStep(ctx context.Context, tx pgx.Tx, t *turn, step int
 	if err := transcript.InsertAssistantIfAbsent(ctx, tx, ex.assistantParams(t)); err != nil {
 		return provider.Request{}, fmt.Errorf("creating assistant message: %w", err)
 	}
-	hist, err := history(ctx, tx, ex.sessionID)
+	hist, err := transcript.History(ctx, tx, ex.sessionID)
 	if err != nil {
 		return provider.Request{}, err
 	}
@@ -259,7 +259,7 @@ func (ex *execution) recordResponse(ctx context.Context, t *turn, step int, atte
 			}
 		}
 		for i, c := range resp.ToolCalls {
-			body, _ := json.Marshal(toolCallPart{ID: c.ID, Name: c.Name, Input: jsonOrString(c.Input)})
+			body, _ := json.Marshal(transcript.ToolCallPart{ID: c.ID, Name: c.Name, Input: jsonOrString(c.Input)})
 			if err := transcript.InsertPart(ctx, tx, &transcript.PartParams{MessageID: t.assistantID, Index: i + 1, Kind: transcript.PartToolCall, Body: string(body)}); err != nil {
 				return fmt.Errorf("storing tool call: %w", err)
 			}

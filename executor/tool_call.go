@@ -2,7 +2,6 @@ package executor
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -19,12 +18,6 @@ import (
 	"github.com/promptline/promptline/tools"
 	"github.com/promptline/promptline/transcript"
 )
-
-type toolCallPart struct {
-	ID    string          `json:"id"`
-	Name  string          `json:"name"`
-	Input json.RawMessage `json:"input"`
-}
 
 // runCall runs one requested tool call between its intent and its result.
 // Invalid input (unknown tool, schema mismatch) is a failed call returned

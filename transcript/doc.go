@@ -10,6 +10,10 @@
 // statement and is listed in docs/design.md's Table owners as a
 // cross-table statement.
 //
+// It also reads the transcript back as a provider sees it (History,
+// QueueHistory), and defines the JSON of a tool_call part (ToolCallPart)
+// for the writer and the reader alike.
+//
 // The package holds no policy: what to write, and when, is the caller's
 // decision. Each function runs in the caller's transaction (pgx.Tx) so
 // that the transcript commits with the state change it belongs to; the

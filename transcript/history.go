@@ -1,4 +1,4 @@
-package executor
+package transcript
 
 import (
 	"context"
@@ -10,14 +10,23 @@ import (
 	"github.com/promptline/promptline/provider"
 )
 
-// unsettledResult stands in for the result of a tool call that has none: a
-// provider must never receive a tool call without its result.
-const unsettledResult = "no result: the call was interrupted before it ran, or its outcome is unknown after a restart; it was not run again"
+// ToolCallPart is the body of a tool_call part, as JSON: a tool call as
+// the model requested it.
+type ToolCallPart struct {
+	ID    string          `json:"id"`
+	Name  string          `json:"name"`
+	Input json.RawMessage `json:"input"`
+}
 
-// history reads the session's transcript as a provider sees it: user
-// messages, completed assistant messages (text and tool calls) and tool
-// results, oldest first; every tool call is followed by a result.
-func history(ctx context.Context, tx pgx.Tx, sessionID string) ([]provider.TranscriptMessage, error) {
+// UnsettledResult stands in for the result of a tool call that has none: a
+// provider must never receive a tool call without its result.
+const UnsettledResult = "no result: the call was interrupted before it ran, or its outcome is unknown after a restart; it was not run again"
+
+// History reads the session's transcript as a provider sees it, in the
+// caller's transaction: user messages, completed assistant messages (text
+// and tool calls) and tool results, oldest first; every tool call is
+// followed by a result (SettleOrphans).
+func History(ctx context.Context, tx pgx.Tx, sessionID string) ([]provider.TranscriptMessage, error) {
 	rows, err := tx.Query(ctx, historySQL, sessionID)
 	if err != nil {
 		return nil, fmt.Errorf("reading transcript: %w", err)
@@ -26,7 +35,23 @@ func history(ctx context.Context, tx pgx.Tx, sessionID string) ([]provider.Trans
 	if err != nil {
 		return nil, err
 	}
-	return settleOrphans(out), nil
+	return SettleOrphans(out), nil
+}
+
+// QueueHistory queues History's read on a queued write (a pgx.Batch), and
+// hands set the stored transcript when the batch's results are read. It is
+// not settled: the caller appends what its transaction adds (the turn's
+// user messages) and calls SettleOrphans. set may run twice (a combined
+// transaction sent again alone), and must set, not append.
+func QueueHistory(b *pgx.Batch, sessionID string, set func([]provider.TranscriptMessage)) {
+	b.Queue(historySQL, sessionID).Query(func(rows pgx.Rows) error {
+		out, err := scanHistory(rows)
+		if err != nil {
+			return err
+		}
+		set(out)
+		return nil
+	})
 }
 
 // scanHistory reads historySQL's rows into messages, orphans unsettled.
@@ -49,10 +74,10 @@ func scanHistory(rows pgx.Rows) ([]provider.TranscriptMessage, error) {
 		m := &out[len(out)-1]
 		switch {
 		case kind == nil:
-		case *kind == "text":
+		case *kind == PartText:
 			m.Text += *body
-		case *kind == "tool_call":
-			var p toolCallPart
+		case *kind == PartToolCall:
+			var p ToolCallPart
 			if err := json.Unmarshal([]byte(*body), &p); err != nil {
 				return fmt.Errorf("message %s: malformed tool call part: %w", id, err)
 			}
@@ -66,9 +91,9 @@ func scanHistory(rows pgx.Rows) ([]provider.TranscriptMessage, error) {
 	return out, nil
 }
 
-// settleOrphans places a synthetic error result after every tool call that
+// SettleOrphans places a synthetic error result after every tool call that
 // has none, and drops results whose call is not in the transcript.
-func settleOrphans(in []provider.TranscriptMessage) []provider.TranscriptMessage {
+func SettleOrphans(in []provider.TranscriptMessage) []provider.TranscriptMessage {
 	answered := map[string]bool{}
 	called := map[string]bool{}
 	for _, m := range in {
@@ -98,7 +123,7 @@ func settleOrphans(in []provider.TranscriptMessage) []provider.TranscriptMessage
 		}
 		for _, c := range m.ToolCalls {
 			if !answered[c.ID] {
-				out = append(out, provider.TranscriptMessage{ID: c.ID + "/unsettled", Role: "tool", ToolCallID: c.ID, IsError: true, Text: unsettledResult})
+				out = append(out, provider.TranscriptMessage{ID: c.ID + "/unsettled", Role: "tool", ToolCallID: c.ID, IsError: true, Text: UnsettledResult})
 			}
 		}
 	}

@@ -1,4 +1,4 @@
-package executor
+package transcript
 
 import (
 	"testing"
@@ -20,15 +20,15 @@ func TestSettleOrphans(t *testing.T) {
 		{ID: "stray", Role: "tool", ToolCallID: "c-nowhere", Text: "?"},
 		{ID: "u2", Role: "user", Text: "next"},
 	}
-	out := settleOrphans(in)
+	out := SettleOrphans(in)
 	require.Equal(t, []string{"u1", "a1", "r1", "c2/unsettled", "u2"}, msgIDs(out))
 	missing := out[3]
 	require.Equal(t, "tool", missing.Role)
 	require.Equal(t, "c2", missing.ToolCallID)
 	require.True(t, missing.IsError)
-	require.Equal(t, unsettledResult, missing.Text)
+	require.Equal(t, UnsettledResult, missing.Text)
 	// Settled transcripts pass through unchanged.
-	require.Equal(t, msgIDs(out), msgIDs(settleOrphans(out)))
+	require.Equal(t, msgIDs(out), msgIDs(SettleOrphans(out)))
 }
 
 func msgIDs(ms []provider.TranscriptMessage) []string {
