@@ -15,7 +15,8 @@
 //	promptline_active_executions                  sessions executing in this process now
 //	promptline_outbox_published_total             outbox rows published by this process's relay
 //	promptline_outbox_pruned_total                published outbox rows deleted by this process once older than --outbox-retention
-//	promptline_wakes_total{result}                wakes consumed: started | coalesced | invalid | local (a wake from Kafka whose prompt already ran from a local wake: hint.go)
+//	promptline_ledger_pruned_total{table}         ledger rows deleted by this process once their execution was settled, its session idle, and older than --ledger-retention, by table: attempts | tool_calls (rows recovery may still need are never deleted)
+//	promptline_wakes_total{result}                wakes consumed: started | coalesced | invalid | local (a wake from Kafka whose prompt already ran from a local wake: executor/local_wakes.go)
 //	promptline_claims_total{event}                claim events: acquired | renewed | released | lost
 //	promptline_fenced_writes_total                execution writes refused by the fence: a sign of split ownership
 //	promptline_execution_write_retries_total      execution writes (a provider's answer, a tool's result, a failed turn, a deferred attempt, a permission ask) retried after a transient database error while their lease lived; a write whose commit's answer was lost is detected, never applied twice

@@ -25,6 +25,7 @@ type Metrics struct {
 	ActiveExecutions   prometheus.Gauge
 	OutboxPublished    prometheus.Counter
 	OutboxPruned       prometheus.Counter
+	LedgerPruned       *prometheus.CounterVec
 	Wakes              *prometheus.CounterVec
 	Claims             *prometheus.CounterVec
 	FencedWrites       prometheus.Counter
@@ -86,6 +87,9 @@ func New(reg prometheus.Registerer) *Metrics {
 		OutboxPruned: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "promptline_outbox_pruned_total", Help: "Published outbox rows deleted by this process once older than --outbox-retention.",
 		}),
+		LedgerPruned: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "promptline_ledger_pruned_total", Help: "Ledger rows of settled executions deleted by this process once older than --ledger-retention, by table: attempts | tool_calls.",
+		}, []string{"table"}),
 		Wakes: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "promptline_wakes_total", Help: "Wakes consumed, by result.",
 		}, []string{"result"}),
@@ -160,7 +164,12 @@ func New(reg prometheus.Registerer) *Metrics {
 	reg.MustRegister(m.ResponseIDWriteFailures, m.AttemptsUnknown, m.TokensAtRisk)
 	reg.MustRegister(m.OutboxPublishDelay, m.WakeToStart, m.ProviderAttempts, m.ProviderSeconds, m.ToolCalls, m.ToolCallSeconds, m.ConsumerLag, m.Deltas)
 	reg.MustRegister(m.RecoveryDecisions, m.RecoveryHeld, m.RecoveryTransient, m.RecoveryCapped, m.RecoveryDeferred, m.RedrivenWakes, m.QuarantinedRows, m.Claims, m.FencedWrites, m.WriteRetries, m.Admissions, m.AdmissionBatchSize, m.AdmissionSeconds, m.Turns,
-		m.TurnSeconds, m.ActiveExecutions, m.OutboxPublished, m.OutboxPruned, m.Wakes)
+		m.TurnSeconds, m.ActiveExecutions, m.OutboxPublished, m.OutboxPruned, m.LedgerPruned, m.Wakes)
+	// Both tables from the start, so that a rate over them has a series
+	// before the first prune.
+	for _, table := range []string{"attempts", "tool_calls"} {
+		m.LedgerPruned.WithLabelValues(table)
+	}
 	return m
 }
 

@@ -336,3 +336,55 @@ func TestOutboxRetention(t *testing.T) {
 		})
 	}
 }
+
+// TestLedgerRetention: a consumer deletes the ledger rows (provider
+// attempts, tool calls) of a settled execution of an idle session once
+// they are older than --ledger-retention, and counts them by table. With
+// retention 0 it keeps everything.
+//
+// It catches: a ledger pruner that is not started, one that ignores the
+// flag, and an uncounted deletion.
+func TestLedgerRetention(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		retention string
+		pruned    bool
+	}{{"1s", true}, {"0", false}} {
+		t.Run(tc.retention, func(t *testing.T) {
+			t.Parallel()
+			b := setup(t)
+			c := b.start(t, "consumer", "", "--ledger-retention", tc.retention)
+			base := "http://" + c.waitLog(t, "consumer running", 30*time.Second)["metrics_addr"].(string)
+			p := prompt("s-ledger-retention", `/tool echo {"text":"kept until pruned"}`)
+			b.send(t, p)
+			require.Equal(t, "turn.completed", b.events.waitTurn(t, p.MessageID).Type)
+			attempts := b.count(t, `SELECT count(*) FROM attempts WHERE session_id = 's-ledger-retention'`)
+			calls := b.count(t, `SELECT count(*) FROM tool_calls WHERE session_id = 's-ledger-retention'`)
+			require.Equal(t, 2, attempts, "the step that called the tool, the step that answered")
+			require.Equal(t, 1, calls)
+			prunedOf := func(table string) float64 {
+				_, exposition := httpGet(t, base+"/metrics")
+				n, ok := metricValue(exposition, `promptline_ledger_pruned_total{table="`+table+`"}`)
+				require.True(t, ok, "the series exists before any prune: %s", exposition)
+				return n
+			}
+
+			if !tc.pruned {
+				// Two intervals of a 1s retention, had it been set.
+				require.Never(t, func() bool {
+					return b.count(t, `SELECT count(*) FROM attempts WHERE session_id = 's-ledger-retention'`) < attempts
+				}, 2500*time.Millisecond, 100*time.Millisecond, "retention 0 keeps the ledger")
+				require.Zero(t, prunedOf("attempts"))
+				require.Zero(t, prunedOf("tool_calls"))
+				return
+			}
+			require.Eventually(t, func() bool {
+				return b.count(t, `SELECT count(*) FROM attempts WHERE session_id = 's-ledger-retention'`) == 0 &&
+					b.count(t, `SELECT count(*) FROM tool_calls WHERE session_id = 's-ledger-retention'`) == 0
+			}, 20*time.Second, 100*time.Millisecond, "the settled execution's rows deleted after the retention")
+			require.Eventually(t, func() bool {
+				return prunedOf("attempts") >= float64(attempts) && prunedOf("tool_calls") >= float64(calls)
+			}, 5*time.Second, 50*time.Millisecond, "deletions counted by table")
+		})
+	}
+}

@@ -200,6 +200,10 @@ func run(ctx context.Context, o *options, stderr io.Writer) (err error) {
 	if o.ledgerRetention > 0 {
 		pruner, err := ledger.NewPruner(db.Pool, &ledger.PrunerConfig{
 			Retention: o.ledgerRetention, Logger: log.With(slog.String("component", "ledger-pruner")),
+			OnPruned: func(attempts, calls int) {
+				m.LedgerPruned.WithLabelValues("attempts").Add(float64(attempts))
+				m.LedgerPruned.WithLabelValues("tool_calls").Add(float64(calls))
+			},
 		})
 		if err != nil {
 			return err
