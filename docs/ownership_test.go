@@ -119,6 +119,20 @@ func productionFiles(t *testing.T) []srcFile {
 // own (design.md says so under Table owners).
 func tableWrites(files []srcFile, tables map[string]string) []tableWrite {
 	var out []tableWrite
+	eachStatement(files, func(sf srcFile, where, s string) {
+		for _, m := range writeStmt.FindAllStringSubmatch(s, -1) {
+			if _, ok := tables[strings.ToLower(m[1])]; ok {
+				out = append(out, tableWrite{table: strings.ToLower(m[1]), file: sf.rel, where: where})
+			}
+		}
+	})
+	return out
+}
+
+// eachStatement calls fn with every string literal of files outside
+// cmd/bench (whose statements fill scratch databases of its own), unquoted,
+// and where it stands.
+func eachStatement(files []srcFile, fn func(sf srcFile, where, s string)) {
 	for _, sf := range files {
 		if strings.HasPrefix(sf.rel, "cmd/bench/") {
 			continue
@@ -128,19 +142,12 @@ func tableWrites(files []srcFile, tables map[string]string) []tableWrite {
 			if !ok || lit.Kind != token.STRING {
 				return true
 			}
-			s, err := strconv.Unquote(lit.Value)
-			if err != nil {
-				return true
-			}
-			for _, m := range writeStmt.FindAllStringSubmatch(s, -1) {
-				if _, ok := tables[strings.ToLower(m[1])]; ok {
-					out = append(out, tableWrite{table: strings.ToLower(m[1]), file: sf.rel, where: sf.fset.Position(lit.Pos()).String()})
-				}
+			if s, err := strconv.Unquote(lit.Value); err == nil {
+				fn(sf, sf.fset.Position(lit.Pos()).String(), s)
 			}
 			return true
 		})
 	}
-	return out
 }
 
 // ownershipViolations returns, for each write outside the table's owner

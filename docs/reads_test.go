@@ -2,14 +2,11 @@ package docs
 
 import (
 	"fmt"
-	"go/ast"
-	"go/token"
 	"os"
 	"path"
 	"path/filepath"
 	"regexp"
 	"slices"
-	"strconv"
 	"strings"
 	"testing"
 
@@ -34,44 +31,28 @@ func readReaders(t *testing.T, md string) readers {
 	r := readers{}
 	for _, m := range readerRow.FindAllStringSubmatch(section(t, md, "Reads across owners"), -1) {
 		r[m[1]] = map[string]bool{}
-		for _, tm := range backtickedAll.FindAllStringSubmatch(m[2], -1) {
+		for _, tm := range backticked.FindAllStringSubmatch(m[2], -1) {
 			r[m[1]][tm[1]] = true
 		}
 	}
 	return r
 }
 
-var backtickedAll = regexp.MustCompile("`([a-z_]+)`")
-
 // tableReads returns the reads, in the string literals of files, of the
 // tables named in tables, by files outside each table's owner. cmd/bench
 // is not checked, as for writes.
 func tableReads(files []srcFile, tables map[string]string) []tableWrite {
 	var out []tableWrite
-	for _, sf := range files {
-		if strings.HasPrefix(sf.rel, "cmd/bench/") {
-			continue
+	eachStatement(files, func(sf srcFile, where, s string) {
+		for _, m := range readStmt.FindAllStringSubmatch(s, -1) {
+			table := strings.ToLower(m[2])
+			owner, ok := tables[table]
+			if !ok || m[1] != "" || path.Dir(sf.rel) == owner {
+				continue
+			}
+			out = append(out, tableWrite{table: table, file: sf.rel, where: where})
 		}
-		ast.Inspect(sf.f, func(n ast.Node) bool {
-			lit, ok := n.(*ast.BasicLit)
-			if !ok || lit.Kind != token.STRING {
-				return true
-			}
-			s, err := strconv.Unquote(lit.Value)
-			if err != nil {
-				return true
-			}
-			for _, m := range readStmt.FindAllStringSubmatch(s, -1) {
-				table := strings.ToLower(m[2])
-				owner, ok := tables[table]
-				if !ok || m[1] != "" || path.Dir(sf.rel) == owner {
-					continue
-				}
-				out = append(out, tableWrite{table: table, file: sf.rel, where: sf.fset.Position(lit.Pos()).String()})
-			}
-			return true
-		})
-	}
+	})
 	return out
 }
 
