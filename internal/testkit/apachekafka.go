@@ -99,8 +99,9 @@ func (k *ApacheKafka) start(ctx context.Context, tb testing.TB, dir string, node
 	}
 	k.dir, k.addrs, k.nodes = dir, nil, nil
 	args := []string{"prepare", k.dir}
-	for range nodes {
-		broker, controller := freePort(tb), freePort(tb)
+	ports := freePorts(tb, 2*nodes)
+	for i := range nodes {
+		broker, controller := ports[2*i], ports[2*i+1]
 		args = append(args, broker+":"+controller)
 		k.addrs = append(k.addrs, "127.0.0.1:"+broker)
 	}
@@ -255,12 +256,19 @@ func (k *ApacheKafka) awaitMetadata(ctx context.Context) error {
 	}
 }
 
-// freePort returns a loopback port that was free a moment ago.
-func freePort(tb testing.TB) string {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	must(tb, err)
-	defer ln.Close()
-	return strconv.Itoa(ln.Addr().(*net.TCPAddr).Port)
+// freePorts returns n distinct loopback ports that were free a moment
+// ago. The listeners are held until all are chosen: closed one by one, the
+// kernel may hand the same port out twice (it did: a node's broker and
+// controller listeners on one port, which Kafka refuses).
+func freePorts(tb testing.TB, n int) []string {
+	ports := make([]string, 0, n)
+	for range n {
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		must(tb, err)
+		defer ln.Close()
+		ports = append(ports, strconv.Itoa(ln.Addr().(*net.TCPAddr).Port))
+	}
+	return ports
 }
 
 func tail(path string, lines int) string {
