@@ -34,7 +34,7 @@ var (
 	// unseenWrite, in a listed file's description, says the scan cannot
 	// see the write: "lock" (FOR UPDATE), "function" (a SQL function's
 	// call).
-	unseenWrite = regexp.MustCompile("\\block\\b|\\bfunction\\b")
+	unseenWrite = regexp.MustCompile(`\block\b|\bfunction\b`)
 	// A statement that writes a table: what follows the verb is the
 	// table's name. "DO UPDATE SET", "FOR UPDATE SKIP LOCKED" and the like
 	// name no table and are skipped because "set", "skip" are not tables.
