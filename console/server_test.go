@@ -48,6 +48,7 @@ func setup(t *testing.T, cfg console.Config) *testBundle {
 		Tools:  reg,
 	})
 	require.NoError(t, err)
+	require.NoError(t, e.Start(context.Background()))
 	t.Cleanup(e.StopNow)
 	b := &testBundle{pool: pool, admitter: admission.NewAdmitter(pool, &admission.AdmitterConfig{}), exec: e, log: testkit.NewSyncBuffer()}
 	cfg.Logger = slogTo(b.log)

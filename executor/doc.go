@@ -8,6 +8,11 @@
 // (turn_failure.go). Every write goes through the claim's fence
 // (ledger).
 //
+// The Executor's lifecycle is every background service's
+// (internal/startstop): Start, then Stop (graceful, within StopGrace) or
+// StopNow (hard); a stop lets each run settle its turn and release its
+// claim, with a wake where input waits.
+//
 // When the process that admitted a prompt also owns its session's wakes
 // partition, the consumer starts the session at once (WakeLocal, a local
 // wake); the wake from Kafka is then recognised (TakeLocal) and joins that

@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"slices"
 	"sync"
@@ -18,6 +19,7 @@ import (
 	"github.com/promptline/promptline/internal/kafkautil"
 	"github.com/promptline/promptline/internal/pgdb"
 	"github.com/promptline/promptline/internal/retry"
+	"github.com/promptline/promptline/internal/startstop"
 	"github.com/promptline/promptline/ledger"
 	"github.com/promptline/promptline/outbox"
 	"github.com/promptline/promptline/provider"
@@ -99,6 +101,9 @@ type ExecutorConfig struct {
 	// DeltaMaxBytes publishes a delta once its text has this many bytes.
 	// Defaults to 1024.
 	DeltaMaxBytes int
+	// StopGrace is how long Stop lets running turns finish before it
+	// cancels them (they still settle and release). Defaults to 30s.
+	StopGrace time.Duration
 }
 
 // Outcomes of provider attempts and tool calls, as the ledger records
@@ -113,6 +118,9 @@ const (
 const (
 	maxSessionsDefault = 256
 	toolTimeoutDefault = 30 * time.Second
+	// StopGraceDefault is ExecutorConfig.StopGrace's default, and the
+	// consumer's --shutdown-grace.
+	StopGraceDefault = 30 * time.Second
 )
 
 // Executor runs sessions: for a woken session it acquires the session's
@@ -121,6 +129,14 @@ const (
 // waits. One session never runs twice in one process: wakes for a running
 // (or stopping) session fold into one successor run, which starts only
 // after the current run has settled and released.
+//
+// Its lifecycle is the one of every background service
+// (internal/startstop): Start returns at once, and wakes are taken from
+// then on; Stop is the graceful stop (no new wakes, running turns get
+// StopGrace to finish, then are cancelled), StopNow the hard one; both may
+// be called before Start, twice and together; a stopped executor may be
+// started again. A turn cancelled by a stop still settles and releases
+// its claim, with a wake where input waits.
 type Executor struct {
 	providerName       string
 	providerModel      string
@@ -132,11 +148,27 @@ type Executor struct {
 	log    *slog.Logger
 	slots  chan struct{}
 
-	mu       sync.Mutex
-	runs     map[string]*sessionRun
-	ctx      context.Context // cancelled when the shutdown grace ends
-	cancel   context.CancelFunc
-	wg       sync.WaitGroup
+	// life serialises Start and Stop: Stop holds it until every run has
+	// ended, so that a Start racing with a Stop finds the executor stopped,
+	// not half stopped.
+	life sync.Mutex
+
+	mu   sync.Mutex
+	runs map[string]*sessionRun
+	// ctx is the turns' context of the current start, cancelled when the
+	// stop's grace ends (or at once by StopNow). Set under mu by Start; the
+	// runs read it without mu, which is safe: Start cannot run again until
+	// Stop has waited for every run of the start before.
+	ctx    context.Context
+	cancel context.CancelFunc
+	// started is true from Start to the end of Stop; starts counts the
+	// Starts, so that the hard stop of an ended Start's ctx cannot stop a
+	// later one.
+	started bool
+	starts  uint64
+	unwatch func() bool
+	wg      sync.WaitGroup
+	// stopping refuses new wakes: before Start, and from a stop's begin.
 	stopping bool
 
 	local localWakes
@@ -153,8 +185,8 @@ type sessionRun struct {
 	done      chan struct{} // closed when the session goes idle here
 }
 
-// NewExecutor returns an Executor; Shutdown ends it. A configuration it
-// cannot run with is an error naming the field.
+// NewExecutor returns a stopped Executor: Start starts it. A configuration
+// it cannot run with is an error naming the field.
 func NewExecutor(pool *pgxpool.Pool, config *ExecutorConfig) (*Executor, error) {
 	cfg := *config
 	if cfg.Claims == nil {
@@ -166,10 +198,16 @@ func NewExecutor(pool *pgxpool.Pool, config *ExecutorConfig) (*Executor, error) 
 	cfg.ToolTimeout = cmp.Or(cfg.ToolTimeout, toolTimeoutDefault)
 	cfg.DeltaInterval = cmp.Or(cfg.DeltaInterval, deltaIntervalDefault)
 	cfg.DeltaMaxBytes = cmp.Or(cfg.DeltaMaxBytes, deltaMaxBytesDefault)
+	cfg.StopGrace = cmp.Or(cfg.StopGrace, StopGraceDefault)
+	if cfg.StopGrace < 0 {
+		return nil, fmt.Errorf("executor: ExecutorConfig.StopGrace must not be negative, got %s", cfg.StopGrace)
+	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
+	// Until Start, the turns' context is an ended one: nothing runs.
 	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
 	idem, _ := cfg.Provider.(provider.IdempotentProvider)
 	var model string
 	if m, ok := cfg.Provider.(provider.ModelNamer); ok {
@@ -179,12 +217,32 @@ func NewExecutor(pool *pgxpool.Pool, config *ExecutorConfig) (*Executor, error) 
 		providerName: cmp.Or(cfg.ProviderName, "scripted"), providerModel: model, idempotentProvider: idem != nil && idem.HonoursIdempotencyKeys(),
 		pool: pool, claims: cfg.Claims, cfg: cfg, log: cfg.Logger,
 		slots: make(chan struct{}, cfg.MaxSessions),
-		runs:  map[string]*sessionRun{}, ctx: ctx, cancel: cancel,
+		runs:  map[string]*sessionRun{}, ctx: ctx, cancel: cancel, stopping: true,
 	}, nil
 }
 
-// ErrStopped is returned by Wake after Shutdown began.
+// ErrStopped is returned by Wake before Start, and after a stop began.
 var ErrStopped = errors.New("executor stopped")
+
+// Start starts taking wakes and returns at once; it fails with
+// startstop.ErrStarted while the executor runs. The runs' turns do not end
+// with ctx: a stop ends them. When ctx ends, the executor stops hard, as
+// StopNow does.
+func (e *Executor) Start(ctx context.Context) error {
+	e.life.Lock()
+	defer e.life.Unlock()
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.started {
+		return fmt.Errorf("starting executor: %w", startstop.ErrStarted)
+	}
+	e.starts++
+	e.ctx, e.cancel = context.WithCancel(context.WithoutCancel(ctx))
+	e.started, e.stopping = true, false
+	n := e.starts
+	e.unwatch = context.AfterFunc(ctx, func() { e.stopNow(n) })
+	return nil
+}
 
 // Wake asks for the session to run; partition is the wakes partition the
 // wake came from (revoking it stops the run after its current turn). It
@@ -192,14 +250,18 @@ var ErrStopped = errors.New("executor stopped")
 // handling everything that waited when the wake arrived. It blocks while
 // MaxSessions sessions run, until ctx ends.
 func (e *Executor) Wake(ctx context.Context, sessionID string, partition int32) (<-chan struct{}, error) {
-	if done, ok, err := e.coalesce(sessionID, partition); ok || err != nil {
+	done, ok, err := e.coalesce(sessionID, partition)
+	if ok || err != nil {
 		return done, err
 	}
+	e.mu.Lock()
+	turns := e.ctx
+	e.mu.Unlock()
 	select {
 	case e.slots <- struct{}{}:
 	case <-ctx.Done():
 		return nil, ctx.Err()
-	case <-e.ctx.Done():
+	case <-turns.Done():
 		return nil, ErrStopped
 	}
 	return e.start(sessionID, partition)
@@ -300,45 +362,78 @@ func (e *Executor) Revoke(partitions []int32) {
 	}
 }
 
-// Shutdown is the graceful stop: it stops taking wakes, lets running
-// turns finish until ctx ends (the grace), then cancels what remains;
-// every run then settles its turn and releases its claim (with a wake
-// where input waits). It returns when all runs have ended. It and StopNow
-// may be called twice, and together. A stopped executor does not start
-// again: build another.
-func (e *Executor) Shutdown(ctx context.Context) {
+// Stop is the graceful stop: it stops taking wakes, lets running turns
+// finish for StopGrace, then cancels what remains; every run then settles
+// its turn and releases its claim (with a wake where input waits). It
+// returns when all runs have ended. It may be called before Start, twice,
+// and together with StopNow.
+func (e *Executor) Stop() { e.stop(0) }
+
+// StopNow is the hard stop: Stop without grace, running turns cancelled at
+// once (they still settle and release).
+func (e *Executor) StopNow() { e.stopNow(0) }
+
+// stopNow cancels the turns of start n (0: of any start) and stops.
+func (e *Executor) stopNow(n uint64) {
 	e.mu.Lock()
+	if !e.started || (n != 0 && n != e.starts) {
+		e.mu.Unlock()
+		return
+	}
+	e.haltLocked()
+	cancel, running := e.cancel, len(e.runs)
+	e.mu.Unlock()
+	if running > 0 {
+		e.log.Warn("hard stop; cancelling running turns", slog.Int("runs", running))
+	}
+	cancel()
+	e.stop(n)
+}
+
+// haltLocked refuses new wakes and tells every run to start no new turn.
+func (e *Executor) haltLocked() {
 	e.stopping = true
 	for _, r := range e.runs {
 		r.stop.Store(true)
 		r.again = false
 	}
+}
+
+// stop stops start n (0: any start), waiting StopGrace for running turns
+// before it cancels them.
+func (e *Executor) stop(n uint64) {
+	e.life.Lock()
+	defer e.life.Unlock()
+	e.mu.Lock()
+	if !e.started || (n != 0 && n != e.starts) {
+		e.mu.Unlock()
+		return
+	}
+	e.haltLocked()
+	cancel, unwatch := e.cancel, e.unwatch
 	e.mu.Unlock()
+	unwatch()
+
 	done := make(chan struct{})
 	go func() { e.wg.Wait(); close(done) }()
+	grace := time.NewTimer(e.cfg.StopGrace)
+	defer grace.Stop()
 	select {
-	case <-done:
-	case <-ctx.Done():
-		// Said only when a run is left to cancel: a hard stop of an idle
-		// executor (StopNow) has nothing to warn about.
+	case <-done: // a StopNow meanwhile cancels the runs: they end too
+	case <-grace.C:
 		e.mu.Lock()
 		running := len(e.runs)
 		e.mu.Unlock()
 		if running > 0 {
 			e.log.Warn("shutdown grace over; cancelling running turns", slog.Int("runs", running))
 		}
-		e.cancel()
-		<-done
 	}
-	e.cancel()
-}
-
-// StopNow is the hard stop: Shutdown without grace, running turns
-// cancelled at once (they still settle and release).
-func (e *Executor) StopNow() {
-	ctx, cancel := context.WithCancel(context.Background())
 	cancel()
-	e.Shutdown(ctx)
+	<-done
+
+	e.mu.Lock()
+	e.started = false
+	e.mu.Unlock()
 }
 
 func (e *Executor) run(sessionID string, r *sessionRun) {

@@ -1,6 +1,7 @@
 package executor_test
 
 import (
+	"context"
 	"testing"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -15,6 +16,7 @@ func newExecutor(tb testing.TB, pool *pgxpool.Pool, cfg *executor.ExecutorConfig
 	tb.Helper()
 	e, err := executor.NewExecutor(pool, cfg)
 	require.NoError(tb, err)
+	require.NoError(tb, e.Start(context.Background()))
 	return e
 }
 

@@ -2,6 +2,7 @@ package executor_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sync"
 	"sync/atomic"
@@ -14,6 +15,8 @@ import (
 	"github.com/promptline/promptline/admission"
 	"github.com/promptline/promptline/envelope"
 	"github.com/promptline/promptline/executor"
+	"github.com/promptline/promptline/internal/startstop"
+	"github.com/promptline/promptline/internal/startstop/startstoptest"
 	"github.com/promptline/promptline/internal/testkit"
 	"github.com/promptline/promptline/ledger"
 	"github.com/promptline/promptline/provider"
@@ -162,17 +165,17 @@ func TestExecutor(t *testing.T) {
 			"released with a wake for the waiting input, for the partition's next owner")
 	})
 
-	t.Run("ShutdownGraceLetsTurnsFinish", func(t *testing.T) {
+	t.Run("StopGraceLetsTurnsFinish", func(t *testing.T) {
 		t.Parallel()
 		b := setupExec(t)
 		p := newBlockingProvider()
-		e := b.executor(t, "a", p, 5*time.Second, 0)
+		e := b.executor(t, "a", p, 5*time.Second, 0) // StopGrace: 30s
 		b.admit(t, "s", "m1", "first")
 		_, err := e.Wake(ctx, "s", 0)
 		require.NoError(t, err)
 		<-p.started
 		stopped := make(chan struct{})
-		go func() { defer close(stopped); e.Shutdown(context.Background()) }()
+		go func() { defer close(stopped); e.Stop() }()
 		close(p.gate)
 		wait(t, stopped)
 		require.Equal(t, 1, b.answered(t, "m1"))
@@ -180,19 +183,21 @@ func TestExecutor(t *testing.T) {
 		require.ErrorIs(t, err, executor.ErrStopped)
 	})
 
-	t.Run("ShutdownPastGraceCancelsAndSettlesAsInterrupted", func(t *testing.T) {
+	t.Run("StopPastGraceCancelsAndSettlesAsInterrupted", func(t *testing.T) {
 		t.Parallel()
 		b := setupExec(t)
 		p := newBlockingProvider()
-		e := b.executor(t, "a", p, 5*time.Second, 0)
+		var log testkit.LogBuffer
+		claims := ledger.NewClaims(b.pool, &ledger.ClaimsConfig{Lease: 5 * time.Second, OwnerID: "a"})
+		e := newExecutor(t, b.pool, &executor.ExecutorConfig{Claims: claims, Provider: p, StopGrace: time.Nanosecond, Logger: testkit.Logger(t, &log)})
+		t.Cleanup(e.StopNow)
 		b.admit(t, "s", "m1", "first")
 		b.admit(t, "s", "m2", "second")
 		_, err := e.Wake(ctx, "s", 0)
 		require.NoError(t, err)
 		<-p.started
-		grace, cancel := context.WithCancel(ctx)
-		cancel() // grace over at once
-		e.Shutdown(grace)
+		e.Stop() // grace over at once
+		require.Contains(t, log.String(), "shutdown grace over; cancelling running turns")
 		var status, reason string
 		require.NoError(t, b.pool.QueryRow(ctx, `SELECT m.status, convert_from(o.payload, 'UTF8')::jsonb->>'reason' FROM messages m
 			JOIN outbox o ON convert_from(o.payload, 'UTF8')::jsonb->>'assistant_message_id' = m.message_id
@@ -205,9 +210,9 @@ func TestExecutor(t *testing.T) {
 		require.Equal(t, int32(1), p.calls.Load(), "the interrupted call is not retried")
 	})
 
-	// The hard stop ends a graceful one waiting without a deadline, and
-	// either may be called again once stopped.
-	t.Run("StopNowAndShutdownTogetherAndTwice", func(t *testing.T) {
+	// The hard stop ends a graceful one still within its grace, and either
+	// may be called again once stopped.
+	t.Run("StopNowAndStopTogetherAndTwice", func(t *testing.T) {
 		t.Parallel()
 		b := setupExec(t)
 		p := newBlockingProvider()
@@ -217,7 +222,7 @@ func TestExecutor(t *testing.T) {
 		require.NoError(t, err)
 		<-p.started
 		var wg sync.WaitGroup
-		wg.Go(func() { e.Shutdown(context.Background()) }) // waits for the gate, never opened
+		wg.Go(e.Stop) // waits for the gate, never opened, for 30s
 		wg.Go(e.StopNow)
 		stopped := make(chan struct{})
 		go func() { wg.Wait(); close(stopped) }()
@@ -225,21 +230,21 @@ func TestExecutor(t *testing.T) {
 		require.Zero(t, b.count(t, `SELECT count(*) FROM claims`), "the cancelled turn released its claim")
 
 		e.StopNow()
-		e.Shutdown(context.Background())
+		e.Stop()
 		_, err = e.Wake(ctx, "s2", 0)
 		require.ErrorIs(t, err, executor.ErrStopped)
 	})
 
-	// The grace's warning names the runs it cancels, and an idle hard stop
-	// has none to name.
-	t.Run("GraceOverIsWarnedOnlyWhenRunsAreCancelled", func(t *testing.T) {
+	// The hard stop's warning names the runs it cancels, and an idle hard
+	// stop has none to name.
+	t.Run("HardStopIsWarnedOnlyWhenRunsAreCancelled", func(t *testing.T) {
 		t.Parallel()
 		b := setupExec(t)
 		var idleLog, busyLog testkit.LogBuffer
 		claims := ledger.NewClaims(b.pool, &ledger.ClaimsConfig{Lease: 5 * time.Second, OwnerID: "a"})
 		idle := newExecutor(t, b.pool, &executor.ExecutorConfig{Claims: claims, Provider: newBlockingProvider(), Logger: testkit.Logger(t, &idleLog)})
 		idle.StopNow()
-		require.NotContains(t, idleLog.String(), "grace over")
+		require.NotContains(t, idleLog.String(), "cancelling")
 
 		p := newBlockingProvider()
 		busy := newExecutor(t, b.pool, &executor.ExecutorConfig{Claims: claims, Provider: p, Logger: testkit.Logger(t, &busyLog)})
@@ -248,8 +253,52 @@ func TestExecutor(t *testing.T) {
 		require.NoError(t, err)
 		<-p.started
 		busy.StopNow()
-		require.Contains(t, busyLog.String(), "shutdown grace over; cancelling running turns")
+		require.Contains(t, busyLog.String(), "hard stop; cancelling running turns")
 		require.Contains(t, busyLog.String(), "runs=1")
+	})
+
+	// The executor's lifecycle is every service's (internal/startstop):
+	// a wake before Start or after Stop is refused, a stopped executor
+	// starts again and runs what waits, and the end of Start's ctx is a
+	// hard stop.
+	t.Run("StartAndStopAsEveryService", func(t *testing.T) {
+		t.Parallel()
+		b := setupExec(t)
+		claims := ledger.NewClaims(b.pool, &ledger.ClaimsConfig{Lease: 5 * time.Second, OwnerID: "a"})
+		e, err := executor.NewExecutor(b.pool, &executor.ExecutorConfig{Claims: claims})
+		require.NoError(t, err)
+		t.Cleanup(e.StopNow)
+		b.admit(t, "s", "m1", "first")
+		_, err = e.Wake(ctx, "s", 0)
+		require.ErrorIs(t, err, executor.ErrStopped, "a wake before Start")
+		require.False(t, e.WakeLocal("s", 0, []byte("w")), "a local wake before Start")
+
+		require.NoError(t, e.Start(ctx))
+		require.ErrorIs(t, e.Start(ctx), startstop.ErrStarted)
+		e.Stop()
+		_, err = e.Wake(ctx, "s", 0)
+		require.ErrorIs(t, err, executor.ErrStopped, "a wake after Stop")
+
+		require.NoError(t, e.Start(ctx), "Start after Stop")
+		done, err := e.Wake(ctx, "s", 0)
+		require.NoError(t, err)
+		wait(t, done)
+		require.Equal(t, 1, b.answered(t, "m1"), "the restarted executor runs what waits")
+
+		p := newBlockingProvider()
+		started, cancel := context.WithCancel(ctx)
+		h := newExecutor(t, b.pool, &executor.ExecutorConfig{Claims: claims, Provider: p})
+		h.Stop()
+		require.NoError(t, h.Start(started))
+		b.admit(t, "s2", "m2", "second")
+		_, err = h.Wake(ctx, "s2", 0)
+		require.NoError(t, err)
+		<-p.started
+		cancel() // the ctx of Start ends: the running turn is cancelled, not waited for (the gate stays shut)
+		require.Eventually(t, func() bool {
+			_, err := h.Wake(ctx, "s3", 0)
+			return errors.Is(err, executor.ErrStopped) && b.count(t, `SELECT count(*) FROM claims WHERE session_id = 's2'`) == 0
+		}, 20*time.Second, 10*time.Millisecond, "the end of Start's ctx stops the executor hard, and the turn releases its claim")
 	})
 
 	t.Run("MaxSessionsAppliesBackpressure", func(t *testing.T) {
@@ -408,4 +457,63 @@ func TestFirstTurnRunsWhenRevokedMeanwhile(t *testing.T) {
 	require.Zero(t, b.count(t, `SELECT count(*) FROM claims`), "released")
 	require.Equal(t, 1, b.count(t, `SELECT count(*) FROM outbox WHERE topic = 'wakes' AND key = 's'
 		AND convert_from(payload, 'UTF8')::jsonb ->> 'reason' = 'released'`), "with a wake for the prompt still waiting")
+}
+
+// Not parallel: the stress test's leak check counts every goroutine.
+func TestExecutorStartStop(t *testing.T) {
+	t.Run("Stress", func(t *testing.T) {
+		b := setupExec(t)
+		claims := ledger.NewClaims(b.pool, &ledger.ClaimsConfig{Lease: 5 * time.Second, OwnerID: "a"})
+		e, err := executor.NewExecutor(b.pool, &executor.ExecutorConfig{Claims: claims})
+		require.NoError(t, err)
+		startstoptest.Stress(t, e)
+	})
+
+	// Starts and stops racing with wakes: every prompt is still answered
+	// once, and no claim is left. (Graceful stops only: a hard stop may
+	// cut a promotion off and leave its claim to recovery, as designed.)
+	t.Run("StopsRacingWithWakes", func(t *testing.T) {
+		ctx := context.Background()
+		b := setupExec(t)
+		claims := ledger.NewClaims(b.pool, &ledger.ClaimsConfig{Lease: 5 * time.Second, OwnerID: "a"})
+		e := newExecutor(t, b.pool, &executor.ExecutorConfig{Claims: claims})
+		t.Cleanup(e.StopNow)
+		const sessions = 20
+		for i := range sessions {
+			b.admit(t, fmt.Sprintf("s%d", i), fmt.Sprintf("m%d", i), "hello")
+		}
+		var wg sync.WaitGroup
+		wg.Go(func() {
+			for range 30 {
+				e.Stop()
+				if err := e.Start(ctx); err != nil {
+					t.Errorf("Start: %v", err)
+				}
+			}
+		})
+		for w := range 3 {
+			wg.Go(func() {
+				for i := range 60 {
+					_, err := e.Wake(ctx, fmt.Sprintf("s%d", (i+w)%sessions), 0)
+					if err != nil && !errors.Is(err, executor.ErrStopped) {
+						t.Errorf("Wake: %v", err)
+					}
+				}
+			})
+		}
+		wg.Wait()
+		require.Eventually(t, func() bool {
+			for i := range sessions {
+				if b.answered(t, fmt.Sprintf("m%d", i)) == 0 {
+					done, err := e.Wake(ctx, fmt.Sprintf("s%d", i), 0)
+					require.NoError(t, err)
+					<-done
+				}
+			}
+			return b.count(t, `SELECT count(*) FROM claims`) == 0
+		}, 30*time.Second, 20*time.Millisecond)
+		for i := range sessions {
+			require.Equal(t, 1, b.answered(t, fmt.Sprintf("m%d", i)), "m%d answered once", i)
+		}
+	})
 }

@@ -63,7 +63,7 @@ func TestToolTimeout(t *testing.T) {
 		reg := tools.NewRegistry()
 		require.NoError(t, reg.Register(tool))
 		claims := ledger.NewClaims(b.pool, &ledger.ClaimsConfig{Lease: 5 * time.Second, OwnerID: "a"})
-		e := newExecutor(t, b.pool, &executor.ExecutorConfig{Claims: claims, Tools: reg, ToolTimeout: timeout})
+		e := newExecutor(t, b.pool, &executor.ExecutorConfig{Claims: claims, Tools: reg, ToolTimeout: timeout, StopGrace: 200 * time.Millisecond})
 		t.Cleanup(e.StopNow)
 		// Runs before e.Stop: lets an abandoned call's goroutine end (and,
 		// without a bound on tool calls, lets the test fail rather than hang).
@@ -98,9 +98,9 @@ func TestToolTimeout(t *testing.T) {
 		})
 	}
 
-	// The shutdown grace bounds the stop even when a tool ignores its
+	// The stop's grace bounds the stop even when a tool ignores its
 	// context and its own deadline is far away.
-	t.Run("ShutdownGraceBoundsAStuckTool", func(t *testing.T) {
+	t.Run("StopGraceBoundsAStuckTool", func(t *testing.T) {
 		t.Parallel()
 		b := setup(t, tools.SideEffecting, false, time.Hour)
 		b.admit(t, "s", "m1", "/tool stuck {}")
@@ -111,14 +111,12 @@ func TestToolTimeout(t *testing.T) {
 		case <-time.After(20 * time.Second):
 			t.Fatal("the tool never started")
 		}
-		grace, cancel := context.WithTimeout(ctx, 200*time.Millisecond)
-		defer cancel()
 		stopped := make(chan struct{})
-		go func() { defer close(stopped); b.exec.Shutdown(grace) }()
+		go func() { defer close(stopped); b.exec.Stop() }() // a StopGrace of 200ms
 		select {
 		case <-stopped:
 		case <-time.After(10 * time.Second):
-			t.Fatal("Shutdown waited for a tool that ignores its context, past the grace")
+			t.Fatal("Stop waited for a tool that ignores its context, past the grace")
 		}
 		require.Equal(t, 1, b.count(t, `SELECT count(*) FROM tool_calls WHERE session_id = 's' AND state = 'unknown'`),
 			"the abandoned call is unknown, never failed or re-run")

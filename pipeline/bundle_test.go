@@ -1,6 +1,7 @@
 package pipeline_test
 
 import (
+	"context"
 	"fmt"
 	"io"
 	"strings"
@@ -79,6 +80,7 @@ func setup(t *testing.T, opts setupOpts) *testBundle {
 	}
 	exec, err := executor.NewExecutor(pool, ecfg)
 	require.NoError(t, err)
+	require.NoError(t, exec.Start(context.Background()))
 	t.Cleanup(exec.StopNow)
 	handler := pipeline.NewConsumer(admitter, exec, kc.Producer, ccfg)
 

@@ -210,6 +210,7 @@ func (b *testBundle) run(t *testing.T, provider provider.Provider, reg *tools.Re
 	claims := ledger.NewClaims(b.pool, &ledger.ClaimsConfig{Lease: time.Minute, OwnerID: "new-process"})
 	e, err := executor.NewExecutor(b.pool, &executor.ExecutorConfig{Claims: claims, Provider: provider, Tools: reg})
 	require.NoError(t, err)
+	require.NoError(t, e.Start(context.Background()))
 	defer e.StopNow()
 	done, err := e.Wake(context.Background(), session, 0)
 	require.NoError(t, err)

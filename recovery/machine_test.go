@@ -178,6 +178,9 @@ func (m *recoveryMachine) executorOn(pool *pgxpool.Pool, owner string) *executor
 	if err != nil {
 		m.t.Fatalf("building the machine's executor: %v", err)
 	}
+	if err := e.Start(context.Background()); err != nil {
+		m.t.Fatalf("starting the machine's executor: %v", err)
+	}
 	return e
 }
 

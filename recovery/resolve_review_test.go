@@ -66,6 +66,7 @@ func (b *testBundle) zombieContinuation(t *testing.T, session string) *stallTool
 	e, err := executor.NewExecutor(b.pool, &executor.ExecutorConfig{Claims: claims, Provider: &recorder{}, Tools: b.registry(t, tool),
 		ToolTimeout: time.Minute})
 	require.NoError(t, err)
+	require.NoError(t, e.Start(context.Background()))
 	defer e.StopNow()
 	done, err := e.Wake(context.Background(), session, 0)
 	require.NoError(t, err)

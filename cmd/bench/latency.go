@@ -169,6 +169,9 @@ func measureLatency(ctx context.Context, sc *scratchServer, opts latencyOpts) (r
 	if err != nil {
 		return res, err
 	}
+	if err := exec.Start(ctx); err != nil {
+		return res, err
+	}
 	defer exec.StopNow()
 	handler := &joinSignal{
 		ConsumerGroupHandler: pipeline.NewConsumer(admitter, exec, producer, &pipeline.ConsumerConfig{

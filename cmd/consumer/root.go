@@ -15,6 +15,7 @@ import (
 	"github.com/spf13/pflag"
 
 	"github.com/promptline/promptline/envelope"
+	"github.com/promptline/promptline/executor"
 	"github.com/promptline/promptline/internal/cliconfig"
 	"github.com/promptline/promptline/internal/faults"
 	"github.com/promptline/promptline/internal/kafkautil"
@@ -130,7 +131,7 @@ func newRootCommandEnv(environ func() []string) *cobra.Command {
 	f.BoolVar(&o.migrate, "migrate", true, "apply pending migrations at start; false: only check the schema version (the runtime role has no DDL rights; run `consumer migrate` as the owner)")
 	f.Int32Var(&o.dbMaxConns, "db-max-conns", 32, "Postgres connections in this process's pool (admission per partition, executions, relay)")
 	f.DurationVar(&o.lease, "lease", ledger.LeaseDefault, "claim lease; a live execution renews it every lease/3 by the database clock")
-	f.DurationVar(&o.shutdownGrace, "shutdown-grace", 30*time.Second, "time running turns get to finish on SIGTERM")
+	f.DurationVar(&o.shutdownGrace, "shutdown-grace", executor.StopGraceDefault, "time running turns get to finish on SIGTERM")
 	f.DurationVar(&o.toolTimeout, "tool-timeout", 30*time.Second, "bound of one tool call: past it the call's outcome is unknown (never re-run automatically) and the turn goes on")
 	f.StringVar(&o.topics.Prompts, "prompts-topic", "prompts", "topic of incoming prompts")
 	f.StringVar(&o.topics.Wakes, "wakes-topic", "wakes", "topic of internal wakes")

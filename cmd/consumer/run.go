@@ -179,7 +179,7 @@ func run(ctx context.Context, o *options, stderr io.Writer) (err error) {
 	})
 	// The relay outlives the signal: turns finishing within the shutdown
 	// grace, and their releases' wakes, commit outbox rows after it; its
-	// Stop (deferred, so after the executor's Shutdown) publishes them.
+	// Stop (deferred, so after the executor's Stop) publishes them.
 	if err := relay.Start(context.WithoutCancel(ctx)); err != nil {
 		return err
 	}
@@ -261,7 +261,7 @@ func run(ctx context.Context, o *options, stderr io.Writer) (err error) {
 	exec, err := executor.NewExecutor(db.Pool, &executor.ExecutorConfig{
 		Claims: claims, Topics: topics, MaxSessions: o.maxSessions, Logger: log, OnCommitFunc: relay.Nudge,
 		Provider: provider, ProviderName: providerName, Tools: toolbox, PermissionFunc: o.permissions.lookup,
-		ToolTimeout: o.toolTimeout, Deltas: deltas,
+		ToolTimeout: o.toolTimeout, Deltas: deltas, StopGrace: o.shutdownGrace,
 		OnClaimFunc:      func(event string) { m.Claims.WithLabelValues(event).Inc() },
 		OnWakeFunc:       func(result string) { m.Wakes.WithLabelValues(result).Inc() },
 		OnRunStartedFunc: m.ActiveExecutions.Inc,
@@ -286,6 +286,12 @@ func run(ctx context.Context, o *options, stderr io.Writer) (err error) {
 	if err != nil {
 		return err
 	}
+	// The executor outlives the signal too: its Stop, below, lets running
+	// turns finish within the shutdown grace.
+	if err := exec.Start(context.WithoutCancel(ctx)); err != nil {
+		return err
+	}
+	defer exec.StopNow()
 	recCfg := &recovery.Config{
 		Interval: o.recoveryInterval, Batch: o.recoveryBatch, RedriveAfter: o.redriveAfter,
 		OwnerID: owner, Topics: topics, Logger: log.With(slog.String("component", "recovery")),
@@ -391,7 +397,11 @@ func run(ctx context.Context, o *options, stderr io.Writer) (err error) {
 	case <-grace.Done():
 		log.Warn("consumer group still stopping when the shutdown grace ran out (a JoinGroup waits for a rebalance); exiting without it")
 	}
-	exec.Shutdown(grace)
+	// One grace for the group's stop and the turns': when it ends, the
+	// executor stops hard, whatever Stop's own grace has left.
+	hard := context.AfterFunc(grace, exec.StopNow)
+	exec.Stop()
+	hard()
 	log.Info("consumer stopped")
 	return nil
 }

@@ -51,6 +51,7 @@ func setup(t *testing.T, opts setupOpts) *testBundle {
 	}
 	e, err := executor.NewExecutor(pool, cfg)
 	require.NoError(t, err)
+	require.NoError(t, e.Start(context.Background()))
 	t.Cleanup(e.StopNow)
 	return &testBundle{pool: pool, admitter: admission.NewAdmitter(pool, &admission.AdmitterConfig{}), exec: e}
 }
