@@ -43,10 +43,11 @@ var ErrNothingWaiting = errors.New("nothing waiting")
 // clock, only when an input waits, in one round trip. reads, when not nil,
 // queues statements (with their result callbacks, which must be idempotent:
 // see groupCommit) that run after the claim in the same transaction; they
-// are the execution's first view of the session. It returns
-// ErrNothingWaiting when no input waits, and ErrClaimHeld when any claim
-// exists, live or expired, both without a claim. The returned Execution's
-// context is cancelled when it is fenced.
+// are the execution's first view of the session. Without a claim it
+// returns ErrNothingWaiting when no input waits (whether or not a claim
+// exists), and ErrClaimHeld when an input waits and a claim exists, live
+// or expired. The returned Execution's context is cancelled when it is
+// fenced.
 func (c *Claims) AcquireWaiting(ctx context.Context, sessionID, executionID string, reads func(b *pgx.Batch)) (*Execution, error) {
 	var (
 		exists, claimed bool
