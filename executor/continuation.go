@@ -3,7 +3,6 @@ package executor
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"log/slog"
 	"time"
@@ -24,21 +23,15 @@ import (
 // recovery row (or operator's resolution) of this session vouches for is
 // quarantined, not run.
 func (ex *execution) continuation(ctx context.Context, tx pgx.Tx, inputID string) (*turn, error) {
-	var recSession, oldAssistant, retryAttempt string
-	// Recovery vouches for its continuations, an operator's resolution
-	// (consumer session resolve) for its own.
-	err := tx.QueryRow(ctx, `SELECT session_id, coalesce(evidence->>'assistant_message_id', ''), coalesce(retry_attempt_id, '')
-		FROM recoveries WHERE continuation_message_id = $1
-		UNION ALL
-		SELECT session_id, assistant_message_id, '' FROM resolutions WHERE continuation_message_id = $1`, inputID).Scan(&recSession, &oldAssistant, &retryAttempt)
+	v, found, err := recovery.FindVoucher(ctx, tx, &recovery.FindVoucherParams{ContinuationID: inputID})
 	reason := ""
 	switch {
-	case errors.Is(interpretError(err), errNotFound):
-		reason = "continuation input without a recovery decision"
 	case err != nil:
-		return nil, fmt.Errorf("reading recovery of %s: %w", inputID, err)
-	case recSession != ex.sessionID:
-		reason = fmt.Sprintf("continuation input belongs to session %s's recovery, not %s", recSession, ex.sessionID)
+		return nil, err
+	case !found:
+		reason = "continuation input without a recovery decision"
+	case v.SessionID != ex.sessionID:
+		reason = fmt.Sprintf("continuation input belongs to session %s's recovery, not %s", v.SessionID, ex.sessionID)
 	}
 	if reason != "" {
 		if err := admission.QuarantineInput(ctx, tx, &admission.QuarantineInputParams{MessageID: inputID, Reason: reason}); err != nil {
@@ -55,7 +48,7 @@ func (ex *execution) continuation(ctx context.Context, tx pgx.Tx, inputID string
 		return nil, err
 	}
 
-	return ex.continueTurn(ctx, tx, oldAssistant, retryAttempt)
+	return ex.continueTurn(ctx, tx, v.AssistantMessageID, v.RetryAttemptID)
 }
 
 // continueTurn builds the turn that continues oldAssistant's turn (same
