@@ -13,6 +13,7 @@ import (
 	"github.com/promptline/promptline/ledger"
 	"github.com/promptline/promptline/provider"
 	"github.com/promptline/promptline/recovery"
+	"github.com/promptline/promptline/transcript"
 )
 
 // continuation promotes a continuation input that recovery admitted: it
@@ -57,32 +58,19 @@ func (ex *execution) continuation(ctx context.Context, tx pgx.Tx, inputID string
 // an attempt to send again.
 func (ex *execution) continueTurn(ctx context.Context, tx pgx.Tx, oldAssistant, retryAttempt string) (*turn, error) {
 	t := &turn{id: oldAssistant, assistantID: newID(), promotedAt: time.Now()}
-	var answers []string
-	var turnID *string
-	var status string
-	if err := tx.QueryRow(ctx, `SELECT coalesce(answers, '{}'), turn_id, status FROM messages WHERE message_id = $1`, oldAssistant).Scan(&answers, &turnID, &status); err != nil {
+	a, err := transcript.ReadAssistantTurn(ctx, tx, &transcript.AssistantTurnParams{MessageID: oldAssistant})
+	if err != nil {
 		return nil, fmt.Errorf("reading the recovered turn: %w", err)
 	}
-	if status == "pending" {
+	if a.Status == "pending" {
 		// The step never got an answer (its attempt was deferred, not
 		// sent): this step answers in that same message.
 		t.assistantID = oldAssistant
 	}
-	if turnID != nil {
-		t.id = *turnID
+	if a.TurnID != "" {
+		t.id = a.TurnID
 	}
-	rows, err := tx.Query(ctx, `SELECT m.message_id, coalesce(string_agg(p.body, '' ORDER BY p.idx), '')
-		FROM messages m LEFT JOIN message_parts p ON p.message_id = m.message_id
-		WHERE m.message_id = ANY($1) GROUP BY m.message_id, m.seq ORDER BY m.seq`, answers)
-	if err != nil {
-		return nil, fmt.Errorf("reading the recovered turn's inputs: %w", err)
-	}
-	var m provider.TranscriptMessage
-	if _, err := pgx.ForEachRow(rows, []any{&m.ID, &m.Text}, func() error {
-		m.Role = "user"
-		t.inputs = append(t.inputs, m)
-		return nil
-	}); err != nil {
+	if t.inputs, err = transcript.TurnInputs(ctx, tx, &transcript.TurnInputsParams{MessageIDs: a.Answers}); err != nil {
 		return nil, fmt.Errorf("reading the recovered turn's inputs: %w", err)
 	}
 	// Steps the turn completed before, each announced by its
@@ -90,9 +78,8 @@ func (ex *execution) continueTurn(ctx context.Context, tx pgx.Tx, oldAssistant, 
 	// step that never completed (errored: its turn failed first) had none,
 	// and the step sent again after it takes its number, as a re-send in
 	// the same (pending) message does.
-	if err := tx.QueryRow(ctx, `SELECT count(*) FROM messages
-		WHERE session_id = $1 AND turn_id = $2 AND role = 'assistant' AND status = 'completed' AND message_id <> $3`,
-		ex.sessionID, t.id, t.assistantID).Scan(&t.stepBase); err != nil {
+	if t.stepBase, err = transcript.CompletedSteps(ctx, tx, &transcript.CompletedStepsParams{
+		SessionID: ex.sessionID, TurnID: t.id, ExceptMessageID: t.assistantID}); err != nil {
 		return nil, fmt.Errorf("counting the recovered turn's steps: %w", err)
 	}
 	// The new step's assistant message is created when its provider step
