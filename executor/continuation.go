@@ -2,7 +2,6 @@ package executor
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"log/slog"
 	"time"
@@ -86,23 +85,16 @@ func (ex *execution) continueTurn(ctx context.Context, tx pgx.Tx, oldAssistant, 
 	// begins, not here: a continuation that dies while running the calls
 	// left over must not leave a message that nothing will settle.
 	if retryAttempt != "" {
-		if err := tx.QueryRow(ctx, `SELECT idempotency_key FROM attempts WHERE attempt_id = $1`, retryAttempt).Scan(&t.retryKey); err != nil {
-			return nil, fmt.Errorf("reading attempt %s: %w", retryAttempt, err)
+		if t.retryKey, err = ledger.AttemptKey(ctx, tx, &ledger.AttemptKeyParams{AttemptID: retryAttempt}); err != nil {
+			return nil, err
 		}
 	}
-	calls, err := tx.Query(ctx, `SELECT call_id, attempt_id, idx, model_call_id, tool, class, input, idempotency_key
-		FROM tool_calls WHERE session_id = $1 AND state = 'requested' ORDER BY requested_at, attempt_id, idx`, ex.sessionID)
+	calls, err := ledger.RequestedCalls(ctx, tx, &ledger.RequestedCallsParams{SessionID: ex.sessionID})
 	if err != nil {
-		return nil, fmt.Errorf("reading requested tool calls: %w", err)
+		return nil, err
 	}
-	var p ledger.CallParams
-	var input []byte
-	if _, err := pgx.ForEachRow(calls, []any{&p.ID, &p.AttemptID, &p.Index, &p.ModelCallID, &p.Tool, &p.Class, &input, &p.IdempotencyKey}, func() error {
-		p.Input = json.RawMessage(append([]byte(nil), input...))
+	for _, p := range calls {
 		t.pendingCalls = append(t.pendingCalls, pendingCall{params: p, call: provider.ToolCall{ID: p.ModelCallID, Name: p.Tool, Input: p.Input}})
-		return nil
-	}); err != nil {
-		return nil, fmt.Errorf("reading requested tool calls: %w", err)
 	}
 	return t, ex.x.SetPhase(ctx, tx, ledger.PhaseContinue, oldAssistant)
 }
