@@ -2,8 +2,6 @@ package executor
 
 import (
 	"context"
-	"encoding/json"
-	"errors"
 	"fmt"
 	"log/slog"
 	"time"
@@ -14,6 +12,7 @@ import (
 	"github.com/promptline/promptline/ledger"
 	"github.com/promptline/promptline/provider"
 	"github.com/promptline/promptline/recovery"
+	"github.com/promptline/promptline/transcript"
 )
 
 // continuation promotes a continuation input that recovery admitted: it
@@ -24,21 +23,15 @@ import (
 // recovery row (or operator's resolution) of this session vouches for is
 // quarantined, not run.
 func (ex *execution) continuation(ctx context.Context, tx pgx.Tx, inputID string) (*turn, error) {
-	var recSession, oldAssistant, retryAttempt string
-	// Recovery vouches for its continuations, an operator's resolution
-	// (consumer session resolve) for its own.
-	err := tx.QueryRow(ctx, `SELECT session_id, coalesce(evidence->>'assistant_message_id', ''), coalesce(retry_attempt_id, '')
-		FROM recoveries WHERE continuation_message_id = $1
-		UNION ALL
-		SELECT session_id, assistant_message_id, '' FROM resolutions WHERE continuation_message_id = $1`, inputID).Scan(&recSession, &oldAssistant, &retryAttempt)
+	v, found, err := recovery.FindVoucher(ctx, tx, &recovery.FindVoucherParams{ContinuationID: inputID})
 	reason := ""
 	switch {
-	case errors.Is(interpretError(err), errNotFound):
-		reason = "continuation input without a recovery decision"
 	case err != nil:
-		return nil, fmt.Errorf("reading recovery of %s: %w", inputID, err)
-	case recSession != ex.sessionID:
-		reason = fmt.Sprintf("continuation input belongs to session %s's recovery, not %s", recSession, ex.sessionID)
+		return nil, err
+	case !found:
+		reason = "continuation input without a recovery decision"
+	case v.SessionID != ex.sessionID:
+		reason = fmt.Sprintf("continuation input belongs to session %s's recovery, not %s", v.SessionID, ex.sessionID)
 	}
 	if reason != "" {
 		if err := admission.QuarantineInput(ctx, tx, &admission.QuarantineInputParams{MessageID: inputID, Reason: reason}); err != nil {
@@ -55,7 +48,7 @@ func (ex *execution) continuation(ctx context.Context, tx pgx.Tx, inputID string
 		return nil, err
 	}
 
-	return ex.continueTurn(ctx, tx, oldAssistant, retryAttempt)
+	return ex.continueTurn(ctx, tx, v.AssistantMessageID, v.RetryAttemptID)
 }
 
 // continueTurn builds the turn that continues oldAssistant's turn (same
@@ -64,32 +57,19 @@ func (ex *execution) continuation(ctx context.Context, tx pgx.Tx, inputID string
 // an attempt to send again.
 func (ex *execution) continueTurn(ctx context.Context, tx pgx.Tx, oldAssistant, retryAttempt string) (*turn, error) {
 	t := &turn{id: oldAssistant, assistantID: newID(), promotedAt: time.Now()}
-	var answers []string
-	var turnID *string
-	var status string
-	if err := tx.QueryRow(ctx, `SELECT coalesce(answers, '{}'), turn_id, status FROM messages WHERE message_id = $1`, oldAssistant).Scan(&answers, &turnID, &status); err != nil {
+	a, err := transcript.ReadAssistantTurn(ctx, tx, &transcript.AssistantTurnParams{MessageID: oldAssistant})
+	if err != nil {
 		return nil, fmt.Errorf("reading the recovered turn: %w", err)
 	}
-	if status == "pending" {
+	if a.Status == "pending" {
 		// The step never got an answer (its attempt was deferred, not
 		// sent): this step answers in that same message.
 		t.assistantID = oldAssistant
 	}
-	if turnID != nil {
-		t.id = *turnID
+	if a.TurnID != "" {
+		t.id = a.TurnID
 	}
-	rows, err := tx.Query(ctx, `SELECT m.message_id, coalesce(string_agg(p.body, '' ORDER BY p.idx), '')
-		FROM messages m LEFT JOIN message_parts p ON p.message_id = m.message_id
-		WHERE m.message_id = ANY($1) GROUP BY m.message_id, m.seq ORDER BY m.seq`, answers)
-	if err != nil {
-		return nil, fmt.Errorf("reading the recovered turn's inputs: %w", err)
-	}
-	var m provider.TranscriptMessage
-	if _, err := pgx.ForEachRow(rows, []any{&m.ID, &m.Text}, func() error {
-		m.Role = "user"
-		t.inputs = append(t.inputs, m)
-		return nil
-	}); err != nil {
+	if t.inputs, err = transcript.TurnInputs(ctx, tx, &transcript.TurnInputsParams{MessageIDs: a.Answers}); err != nil {
 		return nil, fmt.Errorf("reading the recovered turn's inputs: %w", err)
 	}
 	// Steps the turn completed before, each announced by its
@@ -97,32 +77,24 @@ func (ex *execution) continueTurn(ctx context.Context, tx pgx.Tx, oldAssistant, 
 	// step that never completed (errored: its turn failed first) had none,
 	// and the step sent again after it takes its number, as a re-send in
 	// the same (pending) message does.
-	if err := tx.QueryRow(ctx, `SELECT count(*) FROM messages
-		WHERE session_id = $1 AND turn_id = $2 AND role = 'assistant' AND status = 'completed' AND message_id <> $3`,
-		ex.sessionID, t.id, t.assistantID).Scan(&t.stepBase); err != nil {
+	if t.stepBase, err = transcript.CompletedSteps(ctx, tx, &transcript.CompletedStepsParams{
+		SessionID: ex.sessionID, TurnID: t.id, ExceptMessageID: t.assistantID}); err != nil {
 		return nil, fmt.Errorf("counting the recovered turn's steps: %w", err)
 	}
 	// The new step's assistant message is created when its provider step
 	// begins, not here: a continuation that dies while running the calls
 	// left over must not leave a message that nothing will settle.
 	if retryAttempt != "" {
-		if err := tx.QueryRow(ctx, `SELECT idempotency_key FROM attempts WHERE attempt_id = $1`, retryAttempt).Scan(&t.retryKey); err != nil {
-			return nil, fmt.Errorf("reading attempt %s: %w", retryAttempt, err)
+		if t.retryKey, err = ledger.AttemptKey(ctx, tx, &ledger.AttemptKeyParams{AttemptID: retryAttempt}); err != nil {
+			return nil, err
 		}
 	}
-	calls, err := tx.Query(ctx, `SELECT call_id, attempt_id, idx, model_call_id, tool, class, input, idempotency_key
-		FROM tool_calls WHERE session_id = $1 AND state = 'requested' ORDER BY requested_at, attempt_id, idx`, ex.sessionID)
+	calls, err := ledger.RequestedCalls(ctx, tx, &ledger.RequestedCallsParams{SessionID: ex.sessionID})
 	if err != nil {
-		return nil, fmt.Errorf("reading requested tool calls: %w", err)
+		return nil, err
 	}
-	var p ledger.CallParams
-	var input []byte
-	if _, err := pgx.ForEachRow(calls, []any{&p.ID, &p.AttemptID, &p.Index, &p.ModelCallID, &p.Tool, &p.Class, &input, &p.IdempotencyKey}, func() error {
-		p.Input = json.RawMessage(append([]byte(nil), input...))
+	for _, p := range calls {
 		t.pendingCalls = append(t.pendingCalls, pendingCall{params: p, call: provider.ToolCall{ID: p.ModelCallID, Name: p.Tool, Input: p.Input}})
-		return nil
-	}); err != nil {
-		return nil, fmt.Errorf("reading requested tool calls: %w", err)
 	}
 	return t, ex.x.SetPhase(ctx, tx, ledger.PhaseContinue, oldAssistant)
 }

@@ -55,26 +55,24 @@ func (ex *execution) checkPermission(ctx context.Context, p ledger.CallParams, c
 	case tools.Deny:
 		return fmt.Sprintf("denied: tool %q is not permitted here", c.Name), nil
 	}
-	var status, message string
-	err = ex.e.pool.QueryRow(ctx, `SELECT status, coalesce(message, '') FROM permission_requests WHERE request_id = $1`, p.ID).Scan(&status, &message)
+	r, found, err := admission.ReadPermissionReply(ctx, ex.e.pool, &admission.PermissionReplyParams{RequestID: p.ID})
 	switch {
-	case errors.Is(interpretError(err), errNotFound):
-		var granted bool
-		if err := ex.e.pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM permission_grants WHERE session_id = $1 AND pattern = $2)`,
-			ex.sessionID, c.Name).Scan(&granted); err != nil {
+	case err != nil:
+		return "", fmt.Errorf("reading permission request %s: %w", p.ID, err)
+	case !found:
+		granted, err := admission.PermissionGranted(ctx, ex.e.pool, &admission.PermissionGrantedParams{SessionID: ex.sessionID, Pattern: c.Name})
+		if err != nil {
 			return "", fmt.Errorf("reading permission grants: %w", err)
 		}
 		if granted {
 			return "", nil
 		}
 		return "", ex.park(ctx, p, c)
-	case err != nil:
-		return "", fmt.Errorf("reading permission request %s: %w", p.ID, err)
-	case status == "approved":
+	case r.Status == "approved":
 		return "", nil
-	case status == "rejected" && message != "":
-		return "declined: " + message, nil
-	case status == "rejected":
+	case r.Status == "rejected" && r.Message != "":
+		return "declined: " + r.Message, nil
+	case r.Status == "rejected":
 		return "", errDeclined
 	}
 	return "", ex.park(ctx, p, c) // still pending: parked again
@@ -123,18 +121,15 @@ func (ex *execution) park(ctx context.Context, p ledger.CallParams, c provider.T
 // whose call (still requested) is then checked again against the reply.
 func (ex *execution) resume(ctx context.Context, tx pgx.Tx, inputID string) (*turn, error) {
 	requestID := replyRequestID(inputID)
-	var assistant string
-	err := tx.QueryRow(ctx, `SELECT a.assistant_message_id FROM permission_requests r
-		JOIN tool_calls c ON c.call_id = r.call_id JOIN attempts a ON a.attempt_id = c.attempt_id
-		WHERE r.request_id = $1 AND r.session_id = $2`, requestID, ex.sessionID).Scan(&assistant)
-	if errors.Is(interpretError(err), errNotFound) {
+	assistant, found, err := admission.ParkedTurn(ctx, tx, &admission.ParkedTurnParams{RequestID: requestID, SessionID: ex.sessionID})
+	if err != nil {
+		return nil, fmt.Errorf("reading permission request %s: %w", requestID, err)
+	}
+	if !found {
 		if err := admission.QuarantineInput(ctx, tx, &admission.QuarantineInputParams{MessageID: inputID, Reason: "permission reply without a request of this session"}); err != nil {
 			return nil, err
 		}
 		return ex.selectTurn(ctx, tx)
-	}
-	if err != nil {
-		return nil, fmt.Errorf("reading permission request %s: %w", requestID, err)
 	}
 	if err := admission.MarkPermissionResumed(ctx, tx, &admission.MarkPermissionResumedParams{RequestID: requestID}); err != nil {
 		return nil, err

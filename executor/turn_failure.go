@@ -2,7 +2,6 @@ package executor
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"time"
 
@@ -35,12 +34,11 @@ func (ex *execution) failTurn(ctx context.Context, t *turn, reason string, cause
 		finish = ex.finishOnce
 	}
 	failed := func(ctx context.Context, tx pgx.Tx) (bool, error) {
-		var status string
-		err := tx.QueryRow(ctx, `SELECT status FROM messages WHERE message_id = $1`, t.assistantID).Scan(&status)
-		if errors.Is(interpretError(err), errNotFound) {
-			return false, nil
+		status, found, err := transcript.MessageStatus(ctx, tx, &transcript.MessageStatusParams{MessageID: t.assistantID})
+		if err != nil {
+			return false, err
 		}
-		return status == "errored", err
+		return found && status == "errored", nil
 	}
 	released, err = finish(wctx, failed, func(tx pgx.Tx) error {
 		// The calls not run end interrupted, each announced (tool.completed)

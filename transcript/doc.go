@@ -11,8 +11,9 @@
 // cross-table statement.
 //
 // It also reads the transcript back as a provider sees it (History,
-// QueueHistory), and defines the JSON of a tool_call part (ToolCallPart)
-// for the writer and the reader alike.
+// QueueHistory) and what the executor reads of a turn it continues or
+// fails (turn.go), and defines the JSON of a tool_call part
+// (ToolCallPart) for the writer and the reader alike.
 //
 // The package holds no policy: what to write, and when, is the caller's
 // decision. Each function runs in the caller's transaction (pgx.Tx) so
@@ -20,7 +21,8 @@
 // statements the executor sends in one round trip have a Queue form that
 // adds the same statement, with the same arguments, to the caller's
 // pgx.Batch. Errors are the driver's, unwrapped: the caller says what it
-// was doing.
+// was doing; a missing row that a caller expects is a found flag instead
+// (errors.go's interpretError, the package's one test of pgx.ErrNoRows).
 //
 // Rules kept here, once for every writer:
 //

@@ -12,6 +12,7 @@ import (
 
 	"github.com/promptline/promptline/internal/pgdb"
 	"github.com/promptline/promptline/internal/testkit"
+	"github.com/promptline/promptline/provider"
 	"github.com/promptline/promptline/transcript"
 )
 
@@ -309,5 +310,137 @@ func TestToolMessage(t *testing.T) {
 		require.Zero(t, testkit.Count(t, b.pool, `SELECT count(*) FROM messages WHERE message_id = 'c'`))
 		require.Zero(t, testkit.Count(t, b.pool, `SELECT count(*) FROM message_parts WHERE message_id = 'c'`))
 		require.Equal(t, "pending", b.message(t, "a").status, "an assistant message is not a tool message")
+	})
+}
+
+// What the executor reads back of a turn it continues or fails.
+func TestTurnReads(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+
+	// user writes a user message with its text in parts, the way
+	// promotion stores one.
+	user := func(t *testing.T, b *testBundle, id string, parts ...string) {
+		t.Helper()
+		_, err := b.pool.Exec(ctx, `INSERT INTO messages (message_id, session_id, role, status) VALUES ($1, 's', 'user', 'completed')`, id)
+		require.NoError(t, err)
+		for i, body := range parts {
+			require.NoError(t, b.inTx(t, func(tx pgx.Tx) error {
+				return transcript.InsertPart(ctx, tx, &transcript.PartParams{MessageID: id, Index: i, Kind: transcript.PartText, Body: body})
+			}))
+		}
+	}
+
+	t.Run("ReadAssistantTurnReadsAnswersTurnAndStatus", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t)
+		require.NoError(t, b.inTx(t, func(tx pgx.Tx) error {
+			if err := transcript.InsertAssistant(ctx, tx, assistant("a")); err != nil {
+				return err
+			}
+			return transcript.FailAssistant(ctx, tx, &transcript.FailAssistantParams{MessageID: "a", Error: "boom"})
+		}))
+		_, err := b.pool.Exec(ctx, `INSERT INTO messages (message_id, session_id, role, status) VALUES ('old', 's', 'assistant', 'pending')`)
+		require.NoError(t, err)
+		read := func(id string) (transcript.AssistantTurn, error) {
+			var a transcript.AssistantTurn
+			err := b.inTx(t, func(tx pgx.Tx) error {
+				var err error
+				a, err = transcript.ReadAssistantTurn(ctx, tx, &transcript.AssistantTurnParams{MessageID: id})
+				return err
+			})
+			return a, err
+		}
+		a, err := read("a")
+		require.NoError(t, err)
+		require.Equal(t, transcript.AssistantTurn{Answers: []string{"in-1", "in-2"}, TurnID: "turn-a", Status: "errored"}, a)
+		a, err = read("old")
+		require.NoError(t, err)
+		require.Equal(t, transcript.AssistantTurn{Answers: []string{}, Status: "pending"}, a, "no answers, no turn ID: empty")
+		_, err = read("nothing")
+		require.ErrorIs(t, err, pgx.ErrNoRows, "a message that does not exist is an error")
+	})
+
+	t.Run("TurnInputsJoinsPartsInTranscriptOrder", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t)
+		user(t, b, "u2", "hello ", "world")
+		user(t, b, "u1", "first")
+		user(t, b, "empty")
+		user(t, b, "other", "not asked")
+		var in []provider.TranscriptMessage
+		require.NoError(t, b.inTx(t, func(tx pgx.Tx) error {
+			var err error
+			in, err = transcript.TurnInputs(ctx, tx, &transcript.TurnInputsParams{MessageIDs: []string{"u1", "u2", "empty", "absent"}})
+			return err
+		}))
+		require.Equal(t, []provider.TranscriptMessage{
+			{ID: "u2", Role: "user", Text: "hello world"},
+			{ID: "u1", Role: "user", Text: "first"},
+			{ID: "empty", Role: "user"},
+		}, in, "in the order they were written; an ID with no message is left out")
+	})
+
+	t.Run("CompletedStepsCountsTheTurnsOtherCompletedSteps", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t)
+		step := func(id, turn string) *transcript.InsertAssistantParams {
+			p := assistant(id)
+			p.TurnID = turn
+			return p
+		}
+		require.NoError(t, b.inTx(t, func(tx pgx.Tx) error {
+			for _, p := range []*transcript.InsertAssistantParams{
+				step("s1", "t"), step("s2", "t"), step("s3", "t"), step("errored", "t"), step("pending", "t"), step("elsewhere", "u"),
+			} {
+				if err := transcript.InsertAssistant(ctx, tx, p); err != nil {
+					return err
+				}
+			}
+			for _, id := range []string{"s1", "s2", "s3", "elsewhere"} {
+				if err := transcript.Answer(ctx, tx, &transcript.AnswerParams{MessageID: id, Text: "done"}); err != nil {
+					return err
+				}
+			}
+			return transcript.FailAssistant(ctx, tx, &transcript.FailAssistantParams{MessageID: "errored", Error: "boom"})
+		}))
+		count := func(except string) int {
+			var n int
+			require.NoError(t, b.inTx(t, func(tx pgx.Tx) error {
+				var err error
+				n, err = transcript.CompletedSteps(ctx, tx, &transcript.CompletedStepsParams{SessionID: "s", TurnID: "t", ExceptMessageID: except})
+				return err
+			}))
+			return n
+		}
+		require.Equal(t, 3, count("new"), "completed steps of the turn only")
+		require.Equal(t, 2, count("s3"), "the step about to run is not counted")
+	})
+
+	t.Run("MessageStatusFindsOnlyAnExistingMessage", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t)
+		require.NoError(t, b.inTx(t, func(tx pgx.Tx) error {
+			if err := transcript.InsertAssistant(ctx, tx, assistant("a")); err != nil {
+				return err
+			}
+			return transcript.FailAssistant(ctx, tx, &transcript.FailAssistantParams{MessageID: "a", Error: "boom"})
+		}))
+		status := func(id string) (string, bool) {
+			var s string
+			var found bool
+			require.NoError(t, b.inTx(t, func(tx pgx.Tx) error {
+				var err error
+				s, found, err = transcript.MessageStatus(ctx, tx, &transcript.MessageStatusParams{MessageID: id})
+				return err
+			}))
+			return s, found
+		}
+		s, found := status("a")
+		require.True(t, found)
+		require.Equal(t, "errored", s)
+		s, found = status("nothing")
+		require.False(t, found, "a step that never began has no message")
+		require.Empty(t, s)
 	})
 }

@@ -1,4 +1,4 @@
-package executor
+package transcript
 
 import (
 	"errors"
@@ -13,9 +13,9 @@ var errNotFound = errors.New("no row")
 // (River's interpretError): no other file of the package tests
 // pgx.ErrNoRows or a SQLSTATE. It turns pgx.ErrNoRows, wrapped or not,
 // into errNotFound and returns any other error, nil included, as it is,
-// so that a caller's wrapped message is the driver's. Callers test the
-// result with errors.Is and return their own error as before.
-// docs/ownership_test.go holds every package to this.
+// so that the error a caller wraps is the driver's. Callers test the
+// result with errors.Is. docs/ownership_test.go holds every package to
+// this.
 func interpretError(err error) error {
 	if errors.Is(err, pgx.ErrNoRows) {
 		return errNotFound
