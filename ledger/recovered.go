@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 )
@@ -15,6 +16,9 @@ import (
 // transaction, under the session's row lock, together with the decision's
 // record and outbox rows (invariant 9); none of them decides anything:
 // recovery's Decide chose, from the evidence, which of them run.
+
+// Recovery also reads claims outside a decision: the expired claims a
+// pass handles (ExpiredClaims, on the pool, or in a plan's snapshot).
 
 // RearmIdempotentCallsParams names the session whose started idempotent
 // tool calls are requested again.
@@ -179,6 +183,50 @@ func ReleaseClaim(ctx context.Context, tx pgx.Tx, p *ReleaseClaimParams) (reason
 	}
 	return reason, true, nil
 }
+
+// ExpiredClaimsParams bounds and narrows a scan of expired claims.
+type ExpiredClaimsParams struct {
+	// Limit bounds the claims read.
+	Limit int
+	// SessionID keeps that session's claim only; "" keeps every session's.
+	SessionID string
+	// AfterExpiresAt, when not nil, keeps the claims after the position
+	// (AfterExpiresAt, AfterSessionID) in the scan's order: a caller that
+	// pages on past the claims it has seen.
+	AfterExpiresAt *time.Time
+	AfterSessionID string
+}
+
+// ExpiredClaims reads the claims whose lease expired and that are not
+// quarantined, at most p.Limit, in the order recovery handles them
+// (expiry, then session): what a recovery pass decides on. q is the pool
+// (a pass) or a transaction (a plan's snapshot).
+func ExpiredClaims(ctx context.Context, q interface {
+	Query(context.Context, string, ...any) (pgx.Rows, error)
+}, p *ExpiredClaimsParams) ([]Claim, error) {
+	rows, err := q.Query(ctx, expiredClaimsSQL, p.Limit, p.SessionID, p.AfterExpiresAt, p.AfterSessionID)
+	if err != nil {
+		return nil, fmt.Errorf("scanning expired claims: %w", err)
+	}
+	var out []Claim
+	var c Claim
+	var phase string
+	_, err = pgx.ForEachRow(rows, []any{&c.SessionID, &c.ExecutionID, &c.OwnerID, &c.Token, &phase, &c.AssistantMessageID, &c.ExpiresAt}, func() error {
+		c.Phase = Phase(phase)
+		out = append(out, c)
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("scanning expired claims: %w", err)
+	}
+	return out, nil
+}
+
+const expiredClaimsSQL = `
+SELECT session_id, execution_id, owner_id, fencing_token, phase, coalesce(assistant_message_id, ''), expires_at
+FROM claims WHERE quarantine_reason IS NULL AND expires_at <= now() AND ($2 = '' OR session_id = $2)
+  AND ($3::timestamptz IS NULL OR (expires_at, session_id) > ($3::timestamptz, $4::text))
+ORDER BY expires_at, session_id LIMIT $1`
 
 // releaseQuarantinedClaimSQL returns the reason from before the update
 // (RETURNING alone gives the new row's).

@@ -353,3 +353,82 @@ func TestRecoveredWrites(t *testing.T) {
 		}
 	})
 }
+
+// What recovery reads of claims outside a decision: the expired claims a
+// pass handles.
+func TestRecoveryReads(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+
+	// claims builds a claim per session: a expired first, b and c expired
+	// at the same moment after it, live not expired, q expired before all
+	// of them but quarantined.
+	claims := func(t *testing.T, b *testBundle) {
+		t.Helper()
+		for _, s := range []string{"a", "b", "c", "live", "q"} {
+			b.session(t, s, 0)
+		}
+		b.exec(t, `INSERT INTO claims (session_id, execution_id, owner_id, fencing_token, phase, assistant_message_id, expires_at, quarantine_reason)
+			VALUES ('a', 'e-a', 'o-a', 3, 'unknown', 'm-a', now() - interval '2 minutes', NULL),
+			       ('b', 'e-b', 'o-b', 1, 'ready', NULL, now() - interval '1 minute', NULL),
+			       ('c', 'e-c', 'o-c', 1, 'ready', NULL, now() - interval '1 minute', NULL),
+			       ('live', 'e-live', 'o', 1, 'ready', NULL, now() + interval '1 minute', NULL),
+			       ('q', 'e-q', 'o', 1, 'ready', NULL, now() - interval '3 minutes', 'bad phase')`)
+	}
+	sessions := func(cs []ledger.Claim) []string {
+		out := []string{}
+		for _, c := range cs {
+			out = append(out, c.SessionID)
+		}
+		return out
+	}
+
+	t.Run("ExpiredClaimsInThePassOrder", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t, 0)
+		claims(t, b)
+		expired := func(p *ledger.ExpiredClaimsParams) []ledger.Claim {
+			t.Helper()
+			cs, err := ledger.ExpiredClaims(ctx, b.pool, p)
+			require.NoError(t, err)
+			return cs
+		}
+
+		all := expired(&ledger.ExpiredClaimsParams{Limit: 10})
+		require.Equal(t, []string{"a", "b", "c"}, sessions(all), "by expiry, then session; neither live nor quarantined")
+		a := all[0]
+		require.WithinDuration(t, time.Now().Add(-2*time.Minute), a.ExpiresAt, 10*time.Second)
+		a.ExpiresAt = time.Time{}
+		require.Equal(t, ledger.Claim{SessionID: "a", ExecutionID: "e-a", OwnerID: "o-a", Token: 3, Phase: ledger.PhaseUnknown, AssistantMessageID: "m-a"}, a)
+		require.Empty(t, all[1].AssistantMessageID, "no assistant message: empty")
+
+		require.Equal(t, []string{"a", "b"}, sessions(expired(&ledger.ExpiredClaimsParams{Limit: 2})), "at most Limit")
+		require.Equal(t, []string{"c"}, sessions(expired(&ledger.ExpiredClaimsParams{Limit: 10, SessionID: "c"})))
+		require.Empty(t, expired(&ledger.ExpiredClaimsParams{Limit: 10, SessionID: "live"}))
+		require.Equal(t, []string{"b", "c"}, sessions(expired(&ledger.ExpiredClaimsParams{Limit: 10, AfterExpiresAt: &all[0].ExpiresAt, AfterSessionID: "a"})))
+		require.Equal(t, []string{"c"}, sessions(expired(&ledger.ExpiredClaimsParams{Limit: 10, AfterExpiresAt: &all[1].ExpiresAt, AfterSessionID: "b"})),
+			"after a position, not a time: c expired with b")
+
+		// In a transaction too: a plan reads in its snapshot.
+		var inTx []ledger.Claim
+		b.inTx(t, func(tx pgx.Tx) error {
+			var err error
+			inTx, err = ledger.ExpiredClaims(ctx, tx, &ledger.ExpiredClaimsParams{Limit: 10})
+			return err
+		})
+		require.Equal(t, all, inTx)
+	})
+
+	t.Run("ErrorsAreReported", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t, 0)
+		err := pgdb.InTx(ctx, b.pool, func(tx pgx.Tx) error {
+			// An aborted transaction fails every later statement.
+			_, _ = tx.Exec(ctx, `SELECT 1 / 0`)
+			_, err := ledger.ExpiredClaims(ctx, tx, &ledger.ExpiredClaimsParams{Limit: 10})
+			return err
+		})
+		require.ErrorContains(t, err, "scanning expired claims: ", "the text recovery has always reported")
+		require.ErrorContains(t, err, "current transaction is aborted")
+	})
+}

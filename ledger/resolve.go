@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 
@@ -14,8 +15,8 @@ import (
 // resolve): reading a tool call or provider attempt left unknown, and
 // replacing its unknown outcome by what the operator found. The caller
 // (recovery.Resolve) holds the session's row lock, has checked that no
-// claim holds the session (so no execution writes these rows meanwhile)
-// and audits the finding in the same transaction. This is the one way an
+// claim holds the session (ReadSessionClaim: so no execution writes these
+// rows meanwhile) and audits the finding in the same transaction. This is the one way an
 // unknown outcome changes (invariant 12): never automatically, once per
 // finding, audited.
 
@@ -66,6 +67,37 @@ func ReadTarget(ctx context.Context, tx pgx.Tx, id string) (Target, error) {
 		return t, fmt.Errorf("reading provider attempt %s: %w", id, err)
 	}
 	return t, nil
+}
+
+// SessionClaimParams names the session whose claim a resolution checks.
+type SessionClaimParams struct {
+	SessionID string
+}
+
+// SessionClaim is the claim that holds a session, as a resolution reads
+// it to say why it refuses.
+type SessionClaim struct {
+	ExecutionID string
+	OwnerID     string
+	Phase       Phase
+	ExpiresAt   time.Time
+	Quarantined bool
+}
+
+// ReadSessionClaim reads the claim that holds the session (live, expired
+// or quarantined); found is false when none does, and the session's one
+// writer is then the caller, under the session's row lock.
+func ReadSessionClaim(ctx context.Context, tx pgx.Tx, p *SessionClaimParams) (c SessionClaim, found bool, err error) {
+	var phase string
+	err = tx.QueryRow(ctx, sessionClaimSQL, p.SessionID).Scan(&c.ExecutionID, &c.OwnerID, &phase, &c.ExpiresAt, &c.Quarantined)
+	if errors.Is(interpretError(err), errNotFound) {
+		return SessionClaim{}, false, nil
+	}
+	if err != nil {
+		return SessionClaim{}, false, fmt.Errorf("reading the claim of %s: %w", p.SessionID, err)
+	}
+	c.Phase = Phase(phase)
+	return c, true, nil
 }
 
 // ResolveCallNotRun re-arms an unknown tool call that the operator found
@@ -147,6 +179,8 @@ func LaterUnknown(ctx context.Context, tx pgx.Tx, t Target) (kind, id string, er
 	}
 	return kind, id, nil
 }
+
+const sessionClaimSQL = `SELECT execution_id, owner_id, phase, expires_at, quarantine_reason IS NOT NULL FROM claims WHERE session_id = $1`
 
 const laterUnknownSQL = `
 SELECT kind, id FROM (

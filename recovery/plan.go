@@ -160,27 +160,11 @@ func (r *Recoverer) planClaims(ctx context.Context, tx pgx.Tx, sessionID string,
 func scanExpired(ctx context.Context, q interface {
 	Query(context.Context, string, ...any) (pgx.Rows, error)
 }, batch int, sessionID string, after *claimCursor) ([]ledger.Claim, error) {
-	var afterAt *time.Time
-	var afterSession string
+	p := &ledger.ExpiredClaimsParams{Limit: batch, SessionID: sessionID}
 	if after != nil {
-		afterAt, afterSession = &after.expiresAt, after.sessionID
+		p.AfterExpiresAt, p.AfterSessionID = &after.expiresAt, after.sessionID
 	}
-	rows, err := q.Query(ctx, expiredSQL, batch, sessionID, afterAt, afterSession)
-	if err != nil {
-		return nil, fmt.Errorf("scanning expired claims: %w", err)
-	}
-	var out []ledger.Claim
-	var c ledger.Claim
-	var phase string
-	_, err = pgx.ForEachRow(rows, []any{&c.SessionID, &c.ExecutionID, &c.OwnerID, &c.Token, &phase, &c.AssistantMessageID, &c.ExpiresAt}, func() error {
-		c.Phase = ledger.Phase(phase)
-		out = append(out, c)
-		return nil
-	})
-	if err != nil {
-		return nil, fmt.Errorf("scanning expired claims: %w", err)
-	}
-	return out, nil
+	return ledger.ExpiredClaims(ctx, q, p)
 }
 
 // WritePlan writes a plan in the words of `recovery explain`.

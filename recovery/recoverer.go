@@ -408,12 +408,6 @@ func (r *Recoverer) recoverOnly(ctx context.Context, old ledger.Claim, want Deci
 	return d.Decision, false, nil
 }
 
-const expiredSQL = `
-SELECT session_id, execution_id, owner_id, fencing_token, phase, coalesce(assistant_message_id, ''), expires_at
-FROM claims WHERE quarantine_reason IS NULL AND expires_at <= now() AND ($2 = '' OR session_id = $2)
-  AND ($3::timestamptz IS NULL OR (expires_at, session_id) > ($3::timestamptz, $4::text))
-ORDER BY expires_at, session_id LIMIT $1`
-
 // The defaults of Config, exported so that the consumer's flags state
 // them once.
 const (

@@ -347,26 +347,22 @@ func resolveOnce(ctx context.Context, pool *pgxpool.Pool, sessionID, targetID st
 // refuseClaimed fails when a claim holds the session: its holder (or
 // recovery, once it expired) is the session's one writer.
 func refuseClaimed(ctx context.Context, tx pgx.Tx, sessionID string) error {
-	var execution, owner, phase string
-	var expires time.Time
-	var quarantined bool
-	err := tx.QueryRow(ctx, `SELECT execution_id, owner_id, phase, expires_at, quarantine_reason IS NOT NULL FROM claims WHERE session_id = $1`,
-		sessionID).Scan(&execution, &owner, &phase, &expires, &quarantined)
-	if errors.Is(interpretError(err), errNotFound) {
-		return nil
-	}
+	c, found, err := ledger.ReadSessionClaim(ctx, tx, &ledger.SessionClaimParams{SessionID: sessionID})
 	if err != nil {
-		return fmt.Errorf("reading the claim of %s: %w", sessionID, err)
+		return err
+	}
+	if !found {
+		return nil
 	}
 	why := "a consumer is running it; resolve after its turn ended"
 	switch {
-	case quarantined:
+	case c.Quarantined:
 		why = "the claim is quarantined; repair and release it (consumer quarantine release), let recovery decide it, then resolve"
-	case !expires.After(time.Now()):
+	case !c.ExpiresAt.After(time.Now()):
 		why = "its lease expired; recovery has not decided it yet (consumer recover), then resolve"
 	}
 	return fmt.Errorf("session %s: %w by execution %s (owner %s, phase %s, lease until %s): %s; nothing was recorded",
-		sessionID, ErrSessionBusy, execution, owner, phase, expires.UTC().Format(time.RFC3339), why)
+		sessionID, ErrSessionBusy, c.ExecutionID, c.OwnerID, c.Phase, c.ExpiresAt.UTC().Format(time.RFC3339), why)
 }
 
 // refuseSuperseded fails when the session has an assistant message newer
