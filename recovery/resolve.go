@@ -17,6 +17,7 @@ import (
 	"github.com/promptline/promptline/internal/pgdb"
 	"github.com/promptline/promptline/ledger"
 	"github.com/promptline/promptline/outbox"
+	"github.com/promptline/promptline/transcript"
 )
 
 // Findings of an operator on an unknown tool call or provider attempt.
@@ -328,9 +329,8 @@ func resolveOnce(ctx context.Context, pool *pgxpool.Pool, sessionID, targetID st
 			// The call's outcome is succeeded from now on: its
 			// tool.completed, named after the finding (an earlier outcome
 			// of the call, unknown, has an ID of its own).
-			var turnID string
-			if err := tx.QueryRow(ctx, `SELECT coalesce(turn_id, message_id) FROM messages WHERE message_id = $1`,
-				t.AssistantMessageID).Scan(&turnID); err != nil {
+			turnID, err := transcript.ReadTurnID(ctx, tx, &transcript.TurnIDParams{MessageID: t.AssistantMessageID})
+			if err != nil {
 				return fmt.Errorf("reading the turn of %s: %w", targetID, err)
 			}
 			rows = append([]outbox.Row{outbox.EventRow(topics.Events, envelope.Event{
@@ -369,19 +369,15 @@ func refuseClaimed(ctx context.Context, tx pgx.Tx, sessionID string) error {
 // than the target's step, other than the errored rest of the same turn (a
 // turn that failed after the step): the finding can no longer continue it.
 func refuseSuperseded(ctx context.Context, tx pgx.Tx, t ledger.Target) error {
-	var newer string
-	var sameTurn bool
-	err := tx.QueryRow(ctx, `SELECT n.message_id, n.turn_id IS NOT DISTINCT FROM m.turn_id FROM messages n, messages m
-		WHERE m.message_id = $1 AND n.session_id = m.session_id AND n.role = 'assistant' AND n.seq > m.seq
-		  AND NOT (n.status = 'errored' AND n.turn_id IS NOT DISTINCT FROM m.turn_id)
-		ORDER BY n.seq DESC LIMIT 1`, t.AssistantMessageID).Scan(&newer, &sameTurn)
-	if errors.Is(interpretError(err), errNotFound) {
-		return nil
-	}
+	n, found, err := transcript.ReadNewerStep(ctx, tx, &transcript.NewerStepParams{MessageID: t.AssistantMessageID})
 	if err != nil {
 		return fmt.Errorf("reading newer assistant messages: %w", err)
 	}
-	if sameTurn {
+	if !found {
+		return nil
+	}
+	newer := n.MessageID
+	if n.SameTurn {
 		// The turn went on past the call: the model was told that its
 		// outcome is unknown and answered after it.
 		return fmt.Errorf("%s %s: %w: the turn went on past it (assistant message %s answered after its step's %s); nothing was recorded",

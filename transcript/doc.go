@@ -11,8 +11,9 @@
 // cross-table statement.
 //
 // It also reads the transcript back as a provider sees it (History,
-// QueueHistory) and what the executor reads of a turn it continues or
-// fails (turn.go), and defines the JSON of a tool_call part
+// QueueHistory), what the executor reads of a turn it continues or fails
+// and what an operator's resolution reads of the turn it settles
+// (turn.go), and defines the JSON of a tool_call part
 // (ToolCallPart) for the writer and the reader alike.
 //
 // The package holds no policy: what to write, and when, is the caller's

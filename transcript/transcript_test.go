@@ -313,7 +313,8 @@ func TestToolMessage(t *testing.T) {
 	})
 }
 
-// What the executor reads back of a turn it continues or fails.
+// What the executor reads back of a turn it continues or fails, and an
+// operator's resolution of the turn it settles.
 func TestTurnReads(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
@@ -415,6 +416,93 @@ func TestTurnReads(t *testing.T) {
 		}
 		require.Equal(t, 3, count("new"), "completed steps of the turn only")
 		require.Equal(t, 2, count("s3"), "the step about to run is not counted")
+	})
+
+	t.Run("ReadTurnIDFallsBackToTheMessagesOwnID", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t)
+		require.NoError(t, b.inTx(t, func(tx pgx.Tx) error {
+			return transcript.InsertAssistant(ctx, tx, assistant("a"))
+		}))
+		_, err := b.pool.Exec(ctx, `INSERT INTO messages (message_id, session_id, role, status) VALUES ('old', 's', 'assistant', 'pending')`)
+		require.NoError(t, err)
+		read := func(id string) (string, error) {
+			var turnID string
+			err := b.inTx(t, func(tx pgx.Tx) error {
+				var err error
+				turnID, err = transcript.ReadTurnID(ctx, tx, &transcript.TurnIDParams{MessageID: id})
+				return err
+			})
+			return turnID, err
+		}
+		turnID, err := read("a")
+		require.NoError(t, err)
+		require.Equal(t, "turn-a", turnID)
+		turnID, err = read("old")
+		require.NoError(t, err)
+		require.Equal(t, "old", turnID, "a message written before turns had IDs is its own turn")
+		_, err = read("nothing")
+		require.ErrorIs(t, err, pgx.ErrNoRows, "a message that does not exist is an error")
+	})
+
+	t.Run("ReadNewerStepLeavesOutTheErroredRestOfTheTurn", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t)
+		_, err := b.pool.Exec(ctx, `INSERT INTO sessions (session_id) VALUES ('other')`)
+		require.NoError(t, err)
+		insert := func(id, session, turn string) {
+			t.Helper()
+			p := assistant(id)
+			p.SessionID, p.TurnID = session, turn
+			require.NoError(t, b.inTx(t, func(tx pgx.Tx) error { return transcript.InsertAssistant(ctx, tx, p) }))
+		}
+		newer := func(id string) (transcript.NewerStep, bool) {
+			t.Helper()
+			var n transcript.NewerStep
+			var found bool
+			require.NoError(t, b.inTx(t, func(tx pgx.Tx) error {
+				var err error
+				n, found, err = transcript.ReadNewerStep(ctx, tx, &transcript.NewerStepParams{MessageID: id})
+				return err
+			}))
+			return n, found
+		}
+
+		insert("a1", "s", "t")
+		user(t, b, "later-user", "hello")
+		insert("elsewhere", "other", "x")
+		_, found := newer("a1")
+		require.False(t, found, "user messages and other sessions' steps are not newer steps")
+
+		insert("a2", "s", "t")
+		require.NoError(t, b.inTx(t, func(tx pgx.Tx) error {
+			return transcript.FailAssistant(ctx, tx, &transcript.FailAssistantParams{MessageID: "a2", Error: "boom"})
+		}))
+		_, found = newer("a1")
+		require.False(t, found, "the errored rest of the step's turn supersedes nothing")
+
+		insert("a3", "s", "t")
+		n, found := newer("a1")
+		require.True(t, found)
+		require.Equal(t, transcript.NewerStep{MessageID: "a3", SameTurn: true}, n, "the turn went on past the step")
+
+		insert("b1", "s", "u")
+		n, found = newer("a1")
+		require.True(t, found)
+		require.Equal(t, transcript.NewerStep{MessageID: "b1"}, n, "the newest: a newer turn")
+		_, found = newer("b1")
+		require.False(t, found)
+		_, found = newer("nothing")
+		require.False(t, found, "no such message: nothing supersedes it")
+
+		err = b.inTx(t, func(tx pgx.Tx) error {
+			// An aborted transaction fails every later statement: an
+			// error, not a step found to be the newest.
+			_, _ = tx.Exec(ctx, `SELECT 1 / 0`)
+			_, _, err := transcript.ReadNewerStep(ctx, tx, &transcript.NewerStepParams{MessageID: "a1"})
+			return err
+		})
+		require.ErrorContains(t, err, "current transaction is aborted")
 	})
 
 	t.Run("MessageStatusFindsOnlyAnExistingMessage", func(t *testing.T) {

@@ -12,8 +12,11 @@ import (
 // What the executor reads back of a turn, in its claim's transaction:
 // the turn a continuation or a resumed ask continues (its assistant
 // message, its inputs, the steps it completed) and, before failing a
-// turn, whether its message failed already. Errors are the driver's, for
-// the caller to say what it was doing.
+// turn, whether its message failed already. And what an operator's
+// resolution reads of the turn of the call or attempt it settles, in its
+// transaction: whether a newer step superseded it, and the turn's ID for
+// the event it writes. Errors are the driver's, for the caller to say
+// what it was doing.
 
 // AssistantTurnParams names an assistant message.
 type AssistantTurnParams struct {
@@ -107,6 +110,51 @@ func MessageStatus(ctx context.Context, tx pgx.Tx, p *MessageStatusParams) (stat
 	return status, true, nil
 }
 
+// TurnIDParams names a message.
+type TurnIDParams struct {
+	MessageID string
+}
+
+// ReadTurnID reads the ID of a message's turn: the message's own ID for
+// one written before turns had IDs (migration 00003). A message that does
+// not exist is an error: the caller names one the ledger recorded.
+func ReadTurnID(ctx context.Context, tx pgx.Tx, p *TurnIDParams) (string, error) {
+	var turnID string
+	if err := tx.QueryRow(ctx, turnIDSQL, p.MessageID).Scan(&turnID); err != nil {
+		return "", err
+	}
+	return turnID, nil
+}
+
+// NewerStepParams names the assistant message of a step.
+type NewerStepParams struct {
+	MessageID string
+}
+
+// NewerStep is the newest assistant message of a session written after a
+// step's.
+type NewerStep struct {
+	MessageID string
+	// SameTurn says that it is a later step of the step's own turn: the
+	// turn went on past the step.
+	SameTurn bool
+}
+
+// ReadNewerStep reads the session's newest assistant message written
+// after p.MessageID, other than the errored rest of the same turn (a turn
+// that failed after the step); found is false when there is none, or no
+// message p.MessageID: nothing supersedes the step.
+func ReadNewerStep(ctx context.Context, tx pgx.Tx, p *NewerStepParams) (n NewerStep, found bool, err error) {
+	err = tx.QueryRow(ctx, newerStepSQL, p.MessageID).Scan(&n.MessageID, &n.SameTurn)
+	if errors.Is(interpretError(err), errNotFound) {
+		return NewerStep{}, false, nil
+	}
+	if err != nil {
+		return NewerStep{}, false, err
+	}
+	return n, true, nil
+}
+
 const assistantTurnSQL = `SELECT coalesce(answers, '{}'), turn_id, status FROM messages WHERE message_id = $1`
 
 const turnInputsSQL = `SELECT m.message_id, coalesce(string_agg(p.body, '' ORDER BY p.idx), '')
@@ -117,3 +165,10 @@ const completedStepsSQL = `SELECT count(*) FROM messages
 		WHERE session_id = $1 AND turn_id = $2 AND role = 'assistant' AND status = 'completed' AND message_id <> $3`
 
 const messageStatusSQL = `SELECT status FROM messages WHERE message_id = $1`
+
+const turnIDSQL = `SELECT coalesce(turn_id, message_id) FROM messages WHERE message_id = $1`
+
+const newerStepSQL = `SELECT n.message_id, n.turn_id IS NOT DISTINCT FROM m.turn_id FROM messages n, messages m
+		WHERE m.message_id = $1 AND n.session_id = m.session_id AND n.role = 'assistant' AND n.seq > m.seq
+		  AND NOT (n.status = 'errored' AND n.turn_id IS NOT DISTINCT FROM m.turn_id)
+		ORDER BY n.seq DESC LIMIT 1`
