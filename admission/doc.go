@@ -11,8 +11,9 @@
 // KindPermissionReply, KindContinuation) that the executor reads. The
 // executor and recovery write these tables through its functions, in
 // their own transactions (session.go, input.go, permission_request.go),
-// and the executor reads through them an ask's reply, the session's
-// standing grants and the turn the ask parked;
+// and read through them: the executor an ask's reply, the session's
+// standing grants and the turn the ask parked, recovery whether a
+// continuation waits;
 // docs/design.md's Table owners lists the writes still made elsewhere. The
 // Kafka handler that feeds it is pipeline.Consumer; replay feeds it a
 // topic range outside the live group.

@@ -13,7 +13,9 @@ import (
 // transactions: recovery admits continuation inputs, the executor
 // promotes and quarantines the inputs it selects. Each runs one statement
 // in the caller's transaction; the policy (which ID to try next, what
-// reason to give) stays with the caller.
+// reason to give) stays with the caller. So do the reads recovery makes
+// of inputs: whether a continuation waits, before an operator's
+// resolution admits one.
 
 // AdmitContinuationParams names a continuation input: its message ID, its
 // session and the hash of what it continues (which recovery or resolution
@@ -129,6 +131,23 @@ func InputSession(ctx context.Context, tx pgx.Tx, messageID string) (session str
 	return session, true, nil
 }
 
+// WaitingContinuationParams names a session.
+type WaitingContinuationParams struct {
+	SessionID string
+}
+
+// WaitingContinuation returns the least message ID of the session's
+// continuations and permission replies that wait (waiting_inputs), ""
+// when none does: an input that continues a turn of the session. The
+// error is the driver's, for the caller to say what it was doing.
+func WaitingContinuation(ctx context.Context, tx pgx.Tx, p *WaitingContinuationParams) (string, error) {
+	var id string
+	if err := tx.QueryRow(ctx, waitingContinuationSQL, p.SessionID).Scan(&id); err != nil {
+		return "", err
+	}
+	return id, nil
+}
+
 // releaseInputSQL returns the row from before the update (RETURNING alone
 // gives the new row's).
 const releaseInputSQL = `
@@ -141,6 +160,9 @@ FROM old WHERE i.message_id = old.message_id
 RETURNING old.session_id, old.quarantine_reason`
 
 const inputWaitsSQL = `SELECT EXISTS (SELECT 1 FROM waiting_inputs WHERE message_id = $1)`
+
+const waitingContinuationSQL = `SELECT coalesce(min(message_id), '') FROM waiting_inputs
+			WHERE session_id = $1 AND kind IN ('continuation', 'permission_reply')`
 
 const inputSessionSQL = `SELECT session_id FROM inputs WHERE message_id = $1`
 

@@ -177,6 +177,58 @@ func TestInputWrites(t *testing.T) {
 	})
 }
 
+// What recovery reads of inputs: whether a continuation of the session
+// waits, before an operator's resolution admits one.
+func TestInputReads(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := poolWithSessions(t, "s", "other")
+	input := func(id, session, kind string) {
+		t.Helper()
+		_, err := pool.Exec(ctx, `INSERT INTO inputs (message_id, session_id, text, payload_hash, delivery, wake_pending, kind)
+			VALUES ($1, $2, 'x', '\x00', 'steer', true, $3)`, id, session, kind)
+		require.NoError(t, err)
+	}
+	inTx := func(fn func(tx pgx.Tx) error) {
+		t.Helper()
+		require.NoError(t, pgdb.InTx(ctx, pool, fn))
+	}
+	waitingContinuation := func() string {
+		t.Helper()
+		var id string
+		inTx(func(tx pgx.Tx) error {
+			var err error
+			id, err = admission.WaitingContinuation(ctx, tx, &admission.WaitingContinuationParams{SessionID: "s"})
+			return err
+		})
+		return id
+	}
+
+	require.Empty(t, waitingContinuation(), "nothing waits")
+	input("c-2", "s", admission.KindContinuation)
+	input("a-prompt", "s", admission.KindPrompt)
+	input("a-other", "other", admission.KindContinuation)
+	require.Equal(t, "c-2", waitingContinuation(), "a prompt, or another session's continuation, continues no turn of the session")
+	input("b-reply", "s", admission.KindPermissionReply)
+	require.Equal(t, "b-reply", waitingContinuation(), "a permission reply continues a turn too; the least ID")
+	inTx(func(tx pgx.Tx) error {
+		return admission.PromoteInput(ctx, tx, &admission.PromoteInputParams{MessageID: "b-reply"})
+	})
+	require.Equal(t, "c-2", waitingContinuation(), "a promoted input waits no more")
+	inTx(func(tx pgx.Tx) error {
+		return admission.QuarantineInput(ctx, tx, &admission.QuarantineInputParams{MessageID: "c-2", Reason: "test"})
+	})
+	require.Empty(t, waitingContinuation(), "nor does a quarantined one")
+
+	err := pgdb.InTx(ctx, pool, func(tx pgx.Tx) error {
+		// An aborted transaction fails every later statement.
+		_, _ = tx.Exec(ctx, `SELECT 1 / 0`)
+		_, err := admission.WaitingContinuation(ctx, tx, &admission.WaitingContinuationParams{SessionID: "s"})
+		return err
+	})
+	require.ErrorContains(t, err, "current transaction is aborted")
+}
+
 func waiting(t *testing.T, pool *pgxpool.Pool, session string) []string {
 	t.Helper()
 	rows, err := pool.Query(context.Background(), `SELECT message_id FROM waiting_inputs WHERE session_id = $1 ORDER BY message_id`, session)

@@ -279,9 +279,7 @@ func resolveOnce(ctx context.Context, pool *pgxpool.Pool, sessionID, targetID st
 			return fmt.Errorf("%s %s: %w: %s %s is unknown; resolve %s %s first (a continuation of this finding would act on it unvouched); nothing was recorded",
 				t.Kind, targetID, ErrLaterUnknown, kind, id, kind, id)
 		}
-		var waiting string
-		err = tx.QueryRow(ctx, `SELECT coalesce(min(message_id), '') FROM waiting_inputs
-			WHERE session_id = $1 AND kind IN ('continuation', 'permission_reply')`, sessionID).Scan(&waiting)
+		waiting, err := admission.WaitingContinuation(ctx, tx, &admission.WaitingContinuationParams{SessionID: sessionID})
 		if err != nil {
 			return fmt.Errorf("reading waiting continuations: %w", err)
 		}
