@@ -13,7 +13,7 @@
 // their own transactions (session.go, input.go, permission_request.go),
 // and read through them: the executor an ask's reply, the session's
 // standing grants and the turn the ask parked, recovery whether a
-// continuation waits;
+// continuation waits and how many inputs are quarantined;
 // docs/design.md's Table owners lists the writes still made elsewhere. The
 // Kafka handler that feeds it is pipeline.Consumer; replay feeds it a
 // topic range outside the live group.

@@ -15,7 +15,8 @@ import (
 // in the caller's transaction; the policy (which ID to try next, what
 // reason to give) stays with the caller. So do the reads recovery makes
 // of inputs: whether a continuation waits, before an operator's
-// resolution admits one.
+// resolution admits one, and how many inputs are quarantined, for the
+// gauge.
 
 // AdmitContinuationParams names a continuation input: its message ID, its
 // session and the hash of what it continues (which recovery or resolution
@@ -148,6 +149,17 @@ func WaitingContinuation(ctx context.Context, tx pgx.Tx, p *WaitingContinuationP
 	return id, nil
 }
 
+// CountQuarantinedInputs counts the quarantined inputs (the input kind of
+// the gauge promptline_quarantined_rows); q is the pool or a transaction.
+// The error is the driver's, for the caller to say what it was doing.
+func CountQuarantinedInputs(ctx context.Context, q RowQuerier) (int, error) {
+	var n int
+	if err := q.QueryRow(ctx, countQuarantinedInputsSQL).Scan(&n); err != nil {
+		return 0, err
+	}
+	return n, nil
+}
+
 // releaseInputSQL returns the row from before the update (RETURNING alone
 // gives the new row's).
 const releaseInputSQL = `
@@ -163,6 +175,8 @@ const inputWaitsSQL = `SELECT EXISTS (SELECT 1 FROM waiting_inputs WHERE message
 
 const waitingContinuationSQL = `SELECT coalesce(min(message_id), '') FROM waiting_inputs
 			WHERE session_id = $1 AND kind IN ('continuation', 'permission_reply')`
+
+const countQuarantinedInputsSQL = `SELECT count(*) FROM inputs WHERE quarantine_reason IS NOT NULL`
 
 const inputSessionSQL = `SELECT session_id FROM inputs WHERE message_id = $1`
 

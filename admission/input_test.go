@@ -178,55 +178,101 @@ func TestInputWrites(t *testing.T) {
 }
 
 // What recovery reads of inputs: whether a continuation of the session
-// waits, before an operator's resolution admits one.
+// waits, before an operator's resolution admits one, and how many inputs
+// are quarantined, for the gauge.
 func TestInputReads(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	pool := poolWithSessions(t, "s", "other")
-	input := func(id, session, kind string) {
+
+	type testBundle struct {
+		pool *pgxpool.Pool
+	}
+	setup := func(t *testing.T) *testBundle {
 		t.Helper()
-		_, err := pool.Exec(ctx, `INSERT INTO inputs (message_id, session_id, text, payload_hash, delivery, wake_pending, kind)
+		return &testBundle{pool: poolWithSessions(t, "s", "other")}
+	}
+	input := func(t *testing.T, b *testBundle, id, session, kind string) {
+		t.Helper()
+		_, err := b.pool.Exec(ctx, `INSERT INTO inputs (message_id, session_id, text, payload_hash, delivery, wake_pending, kind)
 			VALUES ($1, $2, 'x', '\x00', 'steer', true, $3)`, id, session, kind)
 		require.NoError(t, err)
 	}
-	inTx := func(fn func(tx pgx.Tx) error) {
+	quarantine := func(t *testing.T, b *testBundle, id string) {
 		t.Helper()
-		require.NoError(t, pgdb.InTx(ctx, pool, fn))
-	}
-	waitingContinuation := func() string {
-		t.Helper()
-		var id string
-		inTx(func(tx pgx.Tx) error {
-			var err error
-			id, err = admission.WaitingContinuation(ctx, tx, &admission.WaitingContinuationParams{SessionID: "s"})
-			return err
-		})
-		return id
+		require.NoError(t, pgdb.InTx(ctx, b.pool, func(tx pgx.Tx) error {
+			return admission.QuarantineInput(ctx, tx, &admission.QuarantineInputParams{MessageID: id, Reason: "test"})
+		}))
 	}
 
-	require.Empty(t, waitingContinuation(), "nothing waits")
-	input("c-2", "s", admission.KindContinuation)
-	input("a-prompt", "s", admission.KindPrompt)
-	input("a-other", "other", admission.KindContinuation)
-	require.Equal(t, "c-2", waitingContinuation(), "a prompt, or another session's continuation, continues no turn of the session")
-	input("b-reply", "s", admission.KindPermissionReply)
-	require.Equal(t, "b-reply", waitingContinuation(), "a permission reply continues a turn too; the least ID")
-	inTx(func(tx pgx.Tx) error {
-		return admission.PromoteInput(ctx, tx, &admission.PromoteInputParams{MessageID: "b-reply"})
-	})
-	require.Equal(t, "c-2", waitingContinuation(), "a promoted input waits no more")
-	inTx(func(tx pgx.Tx) error {
-		return admission.QuarantineInput(ctx, tx, &admission.QuarantineInputParams{MessageID: "c-2", Reason: "test"})
-	})
-	require.Empty(t, waitingContinuation(), "nor does a quarantined one")
+	t.Run("WaitingContinuationIsTheLeastWaitingContinuationOrReply", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t)
+		waitingContinuation := func() string {
+			t.Helper()
+			var id string
+			require.NoError(t, pgdb.InTx(ctx, b.pool, func(tx pgx.Tx) error {
+				var err error
+				id, err = admission.WaitingContinuation(ctx, tx, &admission.WaitingContinuationParams{SessionID: "s"})
+				return err
+			}))
+			return id
+		}
 
-	err := pgdb.InTx(ctx, pool, func(tx pgx.Tx) error {
-		// An aborted transaction fails every later statement.
-		_, _ = tx.Exec(ctx, `SELECT 1 / 0`)
-		_, err := admission.WaitingContinuation(ctx, tx, &admission.WaitingContinuationParams{SessionID: "s"})
-		return err
+		require.Empty(t, waitingContinuation(), "nothing waits")
+		input(t, b, "c-2", "s", admission.KindContinuation)
+		input(t, b, "a-prompt", "s", admission.KindPrompt)
+		input(t, b, "a-other", "other", admission.KindContinuation)
+		require.Equal(t, "c-2", waitingContinuation(), "a prompt, or another session's continuation, continues no turn of the session")
+		input(t, b, "b-reply", "s", admission.KindPermissionReply)
+		require.Equal(t, "b-reply", waitingContinuation(), "a permission reply continues a turn too; the least ID")
+		require.NoError(t, pgdb.InTx(ctx, b.pool, func(tx pgx.Tx) error {
+			return admission.PromoteInput(ctx, tx, &admission.PromoteInputParams{MessageID: "b-reply"})
+		}))
+		require.Equal(t, "c-2", waitingContinuation(), "a promoted input waits no more")
+		quarantine(t, b, "c-2")
+		require.Empty(t, waitingContinuation(), "nor does a quarantined one")
 	})
-	require.ErrorContains(t, err, "current transaction is aborted")
+
+	t.Run("CountQuarantinedInputsCountsOnlyQuarantinedOnes", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t)
+		count := func() int {
+			t.Helper()
+			n, err := admission.CountQuarantinedInputs(ctx, b.pool)
+			require.NoError(t, err)
+			return n
+		}
+		require.Zero(t, count())
+		for _, id := range []string{"p", "q", "r"} {
+			input(t, b, id, "s", admission.KindPrompt)
+		}
+		input(t, b, "elsewhere", "other", admission.KindContinuation)
+		quarantine(t, b, "p")
+		quarantine(t, b, "elsewhere")
+		require.Equal(t, 2, count(), "every session's")
+	})
+
+	t.Run("ErrorsAreTheDrivers", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t)
+		for name, fn := range map[string]func(tx pgx.Tx) error{
+			"WaitingContinuation": func(tx pgx.Tx) error {
+				_, err := admission.WaitingContinuation(ctx, tx, &admission.WaitingContinuationParams{SessionID: "s"})
+				return err
+			},
+			"CountQuarantinedInputs": func(tx pgx.Tx) error {
+				_, err := admission.CountQuarantinedInputs(ctx, tx)
+				return err
+			},
+		} {
+			err := pgdb.InTx(ctx, b.pool, func(tx pgx.Tx) error {
+				// An aborted transaction fails every later statement.
+				_, _ = tx.Exec(ctx, `SELECT 1 / 0`)
+				return fn(tx)
+			})
+			require.ErrorContains(t, err, "current transaction is aborted", name)
+		}
+	})
 }
 
 func waiting(t *testing.T, pool *pgxpool.Pool, session string) []string {

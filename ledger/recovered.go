@@ -18,7 +18,8 @@ import (
 // recovery's Decide chose, from the evidence, which of them run.
 
 // Recovery also reads claims outside a decision: the expired claims a
-// pass handles (ExpiredClaims, on the pool, or in a plan's snapshot).
+// pass handles (ExpiredClaims, on the pool, or in a plan's snapshot) and
+// the number quarantined, for the gauge (CountQuarantinedClaims).
 
 // RearmIdempotentCallsParams names the session whose started idempotent
 // tool calls are requested again.
@@ -222,11 +223,26 @@ func ExpiredClaims(ctx context.Context, q interface {
 	return out, nil
 }
 
+// CountQuarantinedClaims counts the quarantined claims (the claim kind of
+// the gauge promptline_quarantined_rows). The error is the driver's, for
+// the caller to say what it was doing.
+func CountQuarantinedClaims(ctx context.Context, q interface {
+	QueryRow(context.Context, string, ...any) pgx.Row
+}) (int, error) {
+	var n int
+	if err := q.QueryRow(ctx, countQuarantinedClaimsSQL).Scan(&n); err != nil {
+		return 0, err
+	}
+	return n, nil
+}
+
 const expiredClaimsSQL = `
 SELECT session_id, execution_id, owner_id, fencing_token, phase, coalesce(assistant_message_id, ''), expires_at
 FROM claims WHERE quarantine_reason IS NULL AND expires_at <= now() AND ($2 = '' OR session_id = $2)
   AND ($3::timestamptz IS NULL OR (expires_at, session_id) > ($3::timestamptz, $4::text))
 ORDER BY expires_at, session_id LIMIT $1`
+
+const countQuarantinedClaimsSQL = `SELECT count(*) FROM claims WHERE quarantine_reason IS NOT NULL`
 
 // releaseQuarantinedClaimSQL returns the reason from before the update
 // (RETURNING alone gives the new row's).

@@ -355,7 +355,7 @@ func TestRecoveredWrites(t *testing.T) {
 }
 
 // What recovery reads of claims outside a decision: the expired claims a
-// pass handles.
+// pass handles, and how many are quarantined.
 func TestRecoveryReads(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
@@ -419,6 +419,19 @@ func TestRecoveryReads(t *testing.T) {
 		require.Equal(t, all, inTx)
 	})
 
+	t.Run("CountQuarantinedClaimsCountsOnlyQuarantinedOnes", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t, 0)
+		n, err := ledger.CountQuarantinedClaims(ctx, b.pool)
+		require.NoError(t, err)
+		require.Zero(t, n)
+		claims(t, b)
+		b.exec(t, `UPDATE claims SET quarantine_reason = 'stuck', quarantined_at = now() WHERE session_id = 'live'`)
+		n, err = ledger.CountQuarantinedClaims(ctx, b.pool)
+		require.NoError(t, err)
+		require.Equal(t, 2, n)
+	})
+
 	t.Run("ErrorsAreReported", func(t *testing.T) {
 		t.Parallel()
 		b := setup(t, 0)
@@ -430,5 +443,11 @@ func TestRecoveryReads(t *testing.T) {
 		})
 		require.ErrorContains(t, err, "scanning expired claims: ", "the text recovery has always reported")
 		require.ErrorContains(t, err, "current transaction is aborted")
+		err = pgdb.InTx(ctx, b.pool, func(tx pgx.Tx) error {
+			_, _ = tx.Exec(ctx, `SELECT 1 / 0`)
+			_, err := ledger.CountQuarantinedClaims(ctx, tx)
+			return err
+		})
+		require.ErrorContains(t, err, "current transaction is aborted", "the driver's, for the caller to wrap")
 	})
 }

@@ -103,6 +103,21 @@ func Release(ctx context.Context, tx pgx.Tx, p *ReleaseParams) (reason string, f
 	return reasons[0], true, nil
 }
 
+// CountQuarantined counts the quarantined rows (the outbox kind of the
+// gauge promptline_quarantined_rows); q is the pool or a transaction. The
+// error is the driver's, for the caller to say what it was doing.
+func CountQuarantined(ctx context.Context, q interface {
+	QueryRow(context.Context, string, ...any) pgx.Row
+}) (int, error) {
+	var n int
+	if err := q.QueryRow(ctx, countQuarantinedSQL).Scan(&n); err != nil {
+		return 0, err
+	}
+	return n, nil
+}
+
+const countQuarantinedSQL = `SELECT count(*) FROM outbox WHERE quarantine_reason IS NOT NULL`
+
 // releaseSQL returns the reason from before the update (RETURNING alone
 // gives the new row's).
 const releaseSQL = `

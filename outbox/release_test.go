@@ -53,3 +53,45 @@ func TestRelease(t *testing.T) {
 	_, found = release(first)
 	require.False(t, found, "released once")
 }
+
+// CountQuarantined counts the quarantined rows only, on the pool or in a
+// transaction; an error is the driver's.
+func TestCountQuarantined(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool, _ := testkit.Pool(t)
+	count := func() int {
+		t.Helper()
+		n, err := CountQuarantined(ctx, pool)
+		require.NoError(t, err)
+		return n
+	}
+	require.Zero(t, count())
+	var ids []int64
+	for _, key := range []string{"a", "b", "c"} {
+		var id int64
+		require.NoError(t, pool.QueryRow(ctx, `INSERT INTO outbox (topic, key, payload) VALUES ('t', $1, '\x00') RETURNING id`, key).Scan(&id))
+		ids = append(ids, id)
+	}
+	require.Zero(t, count(), "unpublished rows are not quarantined")
+	for _, id := range ids[:2] {
+		_, err := pool.Exec(ctx, quarantineSQL, id, "too large")
+		require.NoError(t, err)
+	}
+	require.Equal(t, 2, count())
+
+	var n int
+	require.NoError(t, pgdb.InTx(ctx, pool, func(tx pgx.Tx) error {
+		var err error
+		n, err = CountQuarantined(ctx, tx)
+		return err
+	}))
+	require.Equal(t, 2, n)
+	err := pgdb.InTx(ctx, pool, func(tx pgx.Tx) error {
+		// An aborted transaction fails every later statement.
+		_, _ = tx.Exec(ctx, `SELECT 1 / 0`)
+		_, err := CountQuarantined(ctx, tx)
+		return err
+	})
+	require.ErrorContains(t, err, "current transaction is aborted")
+}
