@@ -139,7 +139,14 @@ func TestRandomConnectionCuts(t *testing.T) {
 	r, proxy := proxiedRun(t)
 	proxy.SetLatency(time.Millisecond)
 	steps := r.steps()
-	p := r.b.start(t, "consumer", "", append(sweepFlags(r.sandbox, r.toolURL), "--db-lock-timeout", "200ms")...)
+	// No recovery cap, as in the chaos soak: a fault every 200 to 800 ms,
+	// a third of them stalls past the 2s lease, hits a long session's
+	// turns again and again (under -race on a loaded machine, a step-limit
+	// session was recovered a sixth time and quarantined by the cap, a
+	// designed stop, not a broken promise); the cap has its own test,
+	// TestRecoveryCapStopsACrashLoop.
+	p := r.b.start(t, "consumer", "", append(sweepFlags(r.sandbox, r.toolURL), "--db-lock-timeout", "200ms",
+		"--recovery-max-per-session", "0")...)
 	p.waitLog(t, "consumer running", 30*time.Second)
 
 	seed := uint64(time.Now().UnixNano())

@@ -69,6 +69,9 @@ func TestCrashAfterMCPWriteFileRan(t *testing.T) {
 	server := filesystemServerFlag(t, dir)
 
 	crashing := b.start(t, "consumer-1", faults.ToolAfterRun, "--lease", "1s", "--mcp-server", server)
+	// The MCP server starts first (npx), which alone took 13 to 24 s on a
+	// loaded machine under -race: crashTimeout bounds the turn, not that.
+	crashing.waitLog(t, "consumer running", time.Minute)
 	b.send(t, first)
 	requireKilled(t, crashing.waitExit(t, crashTimeout))
 	require.Equal(t, 1, b.count(t, `SELECT count(*) FROM tool_calls
@@ -112,6 +115,9 @@ func TestCrashBeforeMCPReadFileRetried(t *testing.T) {
 	server := filesystemServerFlag(t, dir)
 
 	crashing := b.start(t, "consumer-1", faults.IdempotentToolAfterIntent, "--lease", "1s", "--mcp-server", server)
+	// The MCP server starts first (npx), which alone took 13 to 24 s on a
+	// loaded machine under -race: crashTimeout bounds the turn, not that.
+	crashing.waitLog(t, "consumer running", time.Minute)
 	b.send(t, p)
 	requireKilled(t, crashing.waitExit(t, crashTimeout))
 	require.Equal(t, 1, b.count(t, `SELECT count(*) FROM tool_calls
