@@ -250,21 +250,25 @@ func (e *Executor) Start(ctx context.Context) error {
 // handling everything that waited when the wake arrived. It blocks while
 // MaxSessions sessions run, until ctx ends.
 func (e *Executor) Wake(ctx context.Context, sessionID string, partition int32) (<-chan struct{}, error) {
-	done, ok, err := e.coalesce(sessionID, partition)
-	if ok || err != nil {
-		return done, err
+	for {
+		done, ok, err := e.coalesce(sessionID, partition)
+		if ok || err != nil {
+			return done, err
+		}
+		e.mu.Lock()
+		turns := e.ctx
+		e.mu.Unlock()
+		select {
+		case e.slots <- struct{}{}:
+			return e.start(sessionID, partition)
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		case <-turns.Done():
+			// The start this wake waited under was stopped; coalesce
+			// says ErrStopped unless a later Start runs: then the wake
+			// is that start's.
+		}
 	}
-	e.mu.Lock()
-	turns := e.ctx
-	e.mu.Unlock()
-	select {
-	case e.slots <- struct{}{}:
-	case <-ctx.Done():
-		return nil, ctx.Err()
-	case <-turns.Done():
-		return nil, ErrStopped
-	}
-	return e.start(sessionID, partition)
 }
 
 // WakeLocal is Wake for a wake delivered in-process right after its
@@ -373,13 +377,16 @@ func (e *Executor) Stop() { e.stop(0) }
 // once (they still settle and release).
 func (e *Executor) StopNow() { e.stopNow(0) }
 
-// stopNow cancels the turns of start n (0: of any start) and stops.
+// stopNow cancels the turns of start n (0: of the current one) and stops
+// that start: a Start that comes between its cancel and its stop is a
+// later start, which it leaves running.
 func (e *Executor) stopNow(n uint64) {
 	e.mu.Lock()
 	if !e.started || (n != 0 && n != e.starts) {
 		e.mu.Unlock()
 		return
 	}
+	n = e.starts
 	e.haltLocked()
 	cancel, running := e.cancel, len(e.runs)
 	e.mu.Unlock()
@@ -412,7 +419,10 @@ func (e *Executor) stop(n uint64) {
 	e.haltLocked()
 	cancel, unwatch := e.cancel, e.unwatch
 	e.mu.Unlock()
-	unwatch()
+	// Start's ctx is watched until the runs have ended: if it ends during
+	// the grace, the stop turns hard (its stopNow then waits here for life,
+	// and finds this start stopped).
+	defer unwatch()
 
 	done := make(chan struct{})
 	go func() { e.wg.Wait(); close(done) }()
@@ -430,6 +440,7 @@ func (e *Executor) stop(n uint64) {
 	}
 	cancel()
 	<-done
+	e.local.clear()
 
 	e.mu.Lock()
 	e.started = false

@@ -235,6 +235,34 @@ func TestExecutor(t *testing.T) {
 		require.ErrorIs(t, err, executor.ErrStopped)
 	})
 
+	// The end of Start's ctx turns a graceful stop under way hard: the
+	// stop does not wait out its grace for a turn that never ends.
+	t.Run("StartCtxEndingDuringAStopTurnsItHard", func(t *testing.T) {
+		t.Parallel()
+		b := setupExec(t)
+		p := newBlockingProvider()
+		claims := ledger.NewClaims(b.pool, &ledger.ClaimsConfig{Lease: 5 * time.Second, OwnerID: "a"})
+		e, err := executor.NewExecutor(b.pool, &executor.ExecutorConfig{Claims: claims, Provider: p, StopGrace: time.Hour})
+		require.NoError(t, err)
+		t.Cleanup(e.StopNow)
+		started, cancel := context.WithCancel(ctx)
+		defer cancel()
+		require.NoError(t, e.Start(started))
+		b.admit(t, "s", "m1", "first")
+		_, err = e.Wake(ctx, "s", 0)
+		require.NoError(t, err)
+		<-p.started
+		stopped := make(chan struct{})
+		go func() { defer close(stopped); e.Stop() }() // the gate stays shut: an hour's grace
+		require.Eventually(t, func() bool {
+			_, err := e.Wake(ctx, "s2", 0)
+			return errors.Is(err, executor.ErrStopped)
+		}, 20*time.Second, time.Millisecond, "the stop began")
+		cancel()
+		wait(t, stopped)
+		require.Zero(t, b.count(t, `SELECT count(*) FROM claims`), "the cancelled turn released its claim")
+	})
+
 	// The hard stop's warning names the runs it cancels, and an idle hard
 	// stop has none to name.
 	t.Run("HardStopIsWarnedOnlyWhenRunsAreCancelled", func(t *testing.T) {

@@ -76,3 +76,12 @@ func (l *localWakes) forget(partitions []int32) {
 		}
 	}
 }
+
+// clear forgets every entry: after a stop, a wake arriving from Kafka
+// starts its own run instead of taking the completion of a run the stop
+// may have cut short before it looked at the session.
+func (l *localWakes) clear() {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.byValue = nil
+}
