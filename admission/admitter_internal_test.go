@@ -251,3 +251,27 @@ func TestAdmitBatchIsOneAtATime(t *testing.T) {
 		require.Equal(rt, state("o"), state("b"))
 	})
 }
+
+// OnCommitFunc (the relay's nudge) runs after a commit that wrote outbox
+// rows, and only then: an exact retry whose wake is already pending and a
+// conflicting reuse commit nothing for the relay to publish.
+func TestOnCommitFuncOnlyAfterOutboxRows(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool, _ := testkit.Pool(t)
+	var commits int
+	a := NewAdmitter(pool, &AdmitterConfig{OnCommitFunc: func() { commits++ }})
+	outboxRows := func() int { return testkit.Count(t, pool, `SELECT count(*) FROM outbox WHERE key = 's'`) }
+
+	got, err := a.Admit(ctx, []Incoming{prompt("x", "s", "a", true)})
+	require.NoError(t, err)
+	require.Equal(t, []Outcome{Admitted}, got)
+	require.Equal(t, 2, outboxRows(), "input.admitted and its wake")
+	require.Equal(t, 1, commits)
+
+	got, err = a.Admit(ctx, []Incoming{prompt("x", "s", "a", true), prompt("x", "s", "b", true)})
+	require.NoError(t, err)
+	require.Equal(t, []Outcome{Duplicate, Conflict}, got)
+	require.Equal(t, 2, outboxRows(), "the wake was pending already; the conflict changes nothing")
+	require.Equal(t, 1, commits, "no outbox row, no nudge")
+}
