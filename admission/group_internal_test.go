@@ -2,6 +2,7 @@ package admission
 
 import (
 	"context"
+	"fmt"
 	"sync"
 	"testing"
 	"time"
@@ -99,4 +100,58 @@ func TestAdmitGroupCombinesWaitingBatches(t *testing.T) {
 	var n int
 	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM inputs`).Scan(&n))
 	require.Equal(t, 6, n)
+}
+
+// A batch of soloBatch prompts or more is admitted at once, in a
+// transaction of its own, even while maxAdmitInFlight combined
+// transactions run and hold the queue: it amortises its transaction
+// already, and waiting behind the others would only take parallelism away.
+func TestAdmitGroupAdmitsAFullBatchAtOnce(t *testing.T) {
+	t.Parallel()
+	pool, _ := testkit.Pool(t)
+	ctx := context.Background()
+	g := NewGroup(NewAdmitter(pool, &AdmitterConfig{}), 1000, nil)
+	prompt := func(msg, sess, text string) Incoming {
+		return Incoming{Prompt: envelope.Prompt{MessageID: msg, SessionID: sess, Text: text}}
+	}
+	_, err := g.Admit(ctx, []Incoming{prompt("m0", "blocked", "first")})
+	require.NoError(t, err)
+
+	// Hold the session row: the next two transactions wait on it.
+	tx, err := pool.Begin(ctx)
+	require.NoError(t, err)
+	defer func() { _ = tx.Rollback(ctx) }()
+	_, err = tx.Exec(ctx, `SELECT 1 FROM sessions WHERE session_id = 'blocked' FOR UPDATE`)
+	require.NoError(t, err)
+	held := make(chan error, 2)
+	for i := range maxAdmitInFlight {
+		go func() {
+			_, err := g.Admit(ctx, []Incoming{prompt(fmt.Sprintf("b%d", i), "blocked", "held")})
+			held <- err
+		}()
+		require.Eventually(t, func() bool {
+			_, running := g.queue.State()
+			return running == i+1
+		}, 5*time.Second, time.Millisecond)
+	}
+
+	full := make([]Incoming, soloBatch)
+	for i := range full {
+		full[i] = prompt(fmt.Sprintf("f%d", i), fmt.Sprintf("s%d", i), "full")
+	}
+	done := make(chan error, 1)
+	go func() {
+		_, err := g.Admit(ctx, full)
+		done <- err
+	}()
+	select {
+	case err := <-done:
+		require.NoError(t, err, "the full batch was admitted while the others waited")
+	case <-time.After(20 * time.Second):
+		t.Fatal("a batch of soloBatch prompts waited behind the transactions in flight")
+	}
+	require.NoError(t, tx.Rollback(ctx))
+	for range maxAdmitInFlight {
+		require.NoError(t, <-held)
+	}
 }
