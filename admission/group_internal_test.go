@@ -36,6 +36,7 @@ func TestAdmitGroupCombinesWaitingBatches(t *testing.T) {
 	_, err := g.Admit(ctx, []Incoming{prompt("m0", "blocked", "first")})
 	require.NoError(t, err)
 	require.Equal(t, int64(1), g.transactions.Load())
+	waitIdle(t, g)
 
 	// Hold the session row: the next two transactions (maxAdmitInFlight)
 	// wait on it, and what comes after them queues.
@@ -116,6 +117,7 @@ func TestAdmitGroupAdmitsAFullBatchAtOnce(t *testing.T) {
 	}
 	_, err := g.Admit(ctx, []Incoming{prompt("m0", "blocked", "first")})
 	require.NoError(t, err)
+	waitIdle(t, g)
 
 	// Hold the session row: the next two transactions wait on it.
 	tx, err := pool.Begin(ctx)
@@ -130,8 +132,8 @@ func TestAdmitGroupAdmitsAFullBatchAtOnce(t *testing.T) {
 			held <- err
 		}()
 		require.Eventually(t, func() bool {
-			_, running := g.queue.State()
-			return running == i+1
+			queued, running := g.queue.State()
+			return running == i+1 && queued == 0
 		}, 5*time.Second, time.Millisecond)
 	}
 
@@ -154,4 +156,17 @@ func TestAdmitGroupAdmitsAFullBatchAtOnce(t *testing.T) {
 	for range maxAdmitInFlight {
 		require.NoError(t, <-held)
 	}
+}
+
+// waitIdle waits until g's queue holds nothing and no flush runs. Admit
+// returns when its batch's outcomes are set, before the flushing goroutine
+// looks at the queue again and ends: a test that counts the flushes
+// running must first see that one end, or it counts it as one of its own,
+// and that goroutine may then take the test's next batches as one group.
+func waitIdle(t *testing.T, g *Group) {
+	t.Helper()
+	require.Eventually(t, func() bool {
+		queued, running := g.queue.State()
+		return queued == 0 && running == 0
+	}, 5*time.Second, time.Millisecond)
 }
