@@ -1,0 +1,508 @@
+// Command mutants is the targeted mode of scripts/mutation.sh
+// (docs/testing.md, "Mutation score"). It finds the mutants gremlins makes
+// (the same five default mutators, at the same file:line:column), and
+// tests each against only the tests that run the function it is in.
+//
+// Why our own: gremlins runs a package's whole suite once per mutant, and
+// recovery's and the executor's suites take 20 to 60 s each with real
+// Postgres, so a package of 400 mutants took hours on two cores. A test
+// that never enters a function cannot see a mutant in it; knowing which
+// tests enter which function (a coverage profile per test, taken once)
+// cuts each mutant's run to the few tests that can kill it. It also tries
+// the mutants of `case` conditions, which gremlins never runs (Go's
+// coverage blocks hold case bodies, not case expressions). A mutant is
+// applied with go's -overlay flag: no copy of the module, and the build
+// cache keeps every other package.
+//
+//	go run ./scripts/mutants [-workers N] [-exclude REGEXP] [-list] PKG
+//
+// Prints one line per mutant (KILLED, LIVED, TIMED OUT, NOT VIABLE, NOT
+// COVERED; a LIVED one with the tests that ran it), then the counts in
+// gremlins' words, which scripts/mutation.sh reads. Tests need
+// PostgreSQL as the suite does: DATABASE_URL, else the server on
+// 127.0.0.1:5432, else a throwaway cluster started here for the whole run.
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"go/ast"
+	"go/build"
+	"go/parser"
+	"go/token"
+	"os"
+	"os/exec"
+	"os/signal"
+	"path/filepath"
+	"regexp"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/promptline/promptline/internal/pgdb"
+)
+
+func main() {
+	workers := flag.Int("workers", 1, "mutants tested at once")
+	exclude := flag.String("exclude", "", "skip the package's files whose path matches this regular expression")
+	list := flag.Bool("list", false, "list the mutants and stop")
+	coefficient := flag.Int("timeout-coefficient", 5, "a mutant's tests may take this many times their time without the mutant")
+	flag.Usage = func() {
+		fmt.Fprintln(os.Stderr, "usage: mutants [-workers N] [-exclude REGEXP] [-list] PKG")
+		flag.PrintDefaults()
+	}
+	flag.Parse()
+	if flag.NArg() != 1 || *workers < 1 || *coefficient < 1 {
+		flag.Usage()
+		os.Exit(2)
+	}
+	var skip *regexp.Regexp
+	if *exclude != "" {
+		var err error
+		if skip, err = regexp.Compile(*exclude); err != nil {
+			fmt.Fprintln(os.Stderr, "mutants: -exclude:", err)
+			os.Exit(2)
+		}
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	if err := run(ctx, filepath.Clean(flag.Arg(0)), skip, *list, *workers, *coefficient); err != nil {
+		fmt.Fprintln(os.Stderr, "mutants:", err)
+		os.Exit(1)
+	}
+}
+
+// A mutant is one operator replaced, as gremlins names it.
+type mutant struct {
+	File    string // relative to the package directory
+	Line    int
+	Col     int // 1-based byte column of the operator
+	Offset  int // byte offset of the operator in the file
+	From    string
+	To      string
+	Mutator string
+	Func    string // the enclosing function declaration, "" outside any
+}
+
+func (m mutant) String() string {
+	return fmt.Sprintf("%s at %s:%d:%d", m.Mutator, m.File, m.Line, m.Col)
+}
+
+// funcRange is a function declaration's lines in one file.
+type funcRange struct {
+	file       string
+	name       string
+	start, end int
+}
+
+// The replacements of gremlins' default mutators (v0.6.0).
+var (
+	arithmetic = map[token.Token]token.Token{token.ADD: token.SUB, token.SUB: token.ADD, token.MUL: token.QUO, token.QUO: token.MUL, token.REM: token.MUL}
+	boundary   = map[token.Token]token.Token{token.LSS: token.LEQ, token.LEQ: token.LSS, token.GTR: token.GEQ, token.GEQ: token.GTR}
+	negation   = map[token.Token]token.Token{token.EQL: token.NEQ, token.NEQ: token.EQL, token.LEQ: token.GTR, token.GTR: token.LEQ, token.LSS: token.GEQ, token.GEQ: token.LSS}
+	incdec     = map[token.Token]token.Token{token.INC: token.DEC, token.DEC: token.INC}
+)
+
+// findMutants lists the mutants of one file's source and its function
+// declarations' line ranges.
+func findMutants(fset *token.FileSet, name string, src []byte) ([]mutant, []funcRange, error) {
+	f, err := parser.ParseFile(fset, name, src, parser.SkipObjectResolution)
+	if err != nil {
+		return nil, nil, err
+	}
+	var funcs []funcRange
+	for _, d := range f.Decls {
+		if fd, ok := d.(*ast.FuncDecl); ok {
+			n := fd.Name.Name
+			if fd.Recv != nil && len(fd.Recv.List) == 1 {
+				n = recvName(fd.Recv.List[0].Type) + "." + n
+			}
+			funcs = append(funcs, funcRange{file: name, name: n,
+				start: fset.Position(fd.Pos()).Line, end: fset.Position(fd.End()).Line})
+		}
+	}
+	enclosing := func(line int) string {
+		for _, fr := range funcs {
+			if line >= fr.start && line <= fr.end {
+				return fr.name
+			}
+		}
+		return ""
+	}
+	var out []mutant
+	add := func(pos token.Pos, from token.Token, table map[token.Token]token.Token, mutator string) {
+		to, ok := table[from]
+		if !ok {
+			return
+		}
+		p := fset.Position(pos)
+		out = append(out, mutant{File: name, Line: p.Line, Col: p.Column, Offset: p.Offset,
+			From: from.String(), To: to.String(), Mutator: mutator, Func: enclosing(p.Line)})
+	}
+	ast.Inspect(f, func(n ast.Node) bool {
+		switch n := n.(type) {
+		case *ast.BinaryExpr:
+			// A string concatenation has no arithmetic mutant that
+			// compiles; gremlins makes it anyway, and it is counted as not
+			// viable. With a literal on either side it is plainly a string.
+			if !isStringLit(n.X) && !isStringLit(n.Y) {
+				add(n.OpPos, n.Op, arithmetic, "ARITHMETIC_BASE")
+			}
+			add(n.OpPos, n.Op, boundary, "CONDITIONALS_BOUNDARY")
+			add(n.OpPos, n.Op, negation, "CONDITIONALS_NEGATION")
+		case *ast.IncDecStmt:
+			add(n.TokPos, n.Tok, incdec, "INCREMENT_DECREMENT")
+		case *ast.UnaryExpr:
+			if n.Op == token.SUB {
+				add(n.OpPos, n.Op, map[token.Token]token.Token{token.SUB: token.ADD}, "INVERT_NEGATIVES")
+			}
+		}
+		return true
+	})
+	sort.Slice(out, func(i, j int) bool {
+		if out[i].Offset != out[j].Offset {
+			return out[i].Offset < out[j].Offset
+		}
+		return out[i].Mutator < out[j].Mutator
+	})
+	return out, funcs, nil
+}
+
+func recvName(e ast.Expr) string {
+	switch t := e.(type) {
+	case *ast.StarExpr:
+		return recvName(t.X)
+	case *ast.IndexExpr:
+		return recvName(t.X)
+	case *ast.IndexListExpr:
+		return recvName(t.X)
+	case *ast.Ident:
+		return t.Name
+	}
+	return "?"
+}
+
+func isStringLit(e ast.Expr) bool {
+	b, ok := e.(*ast.BasicLit)
+	return ok && b.Kind == token.STRING
+}
+
+// apply returns src with m's operator replaced.
+func apply(src []byte, m mutant) ([]byte, error) {
+	if !bytes.HasPrefix(src[m.Offset:], []byte(m.From)) {
+		return nil, fmt.Errorf("%s: no %q at the offset", m, m.From)
+	}
+	out := make([]byte, 0, len(src)+1)
+	out = append(out, src[:m.Offset]...)
+	out = append(out, m.To...)
+	return append(out, src[m.Offset+len(m.From):]...), nil
+}
+
+// coverage maps each function ("file\x00name") to the tests that ran it,
+// and each test to its time.
+type coverage struct {
+	tests    []string
+	took     map[string]time.Duration
+	funcsRun map[string][]string
+}
+
+// parseProfile returns the functions of funcs that a coverage profile saw
+// run: a block counted at least once that starts within the function's
+// lines. importPath is the package's, which prefixes the profile's files.
+func parseProfile(r *bufio.Scanner, importPath string, funcs []funcRange) (map[string]bool, error) {
+	run := map[string]bool{}
+	for r.Scan() {
+		line := r.Text()
+		if strings.HasPrefix(line, "mode:") || line == "" {
+			continue
+		}
+		// path/file.go:12.34,15.2 3 1
+		colon := strings.LastIndex(line, ":")
+		fields := strings.Fields(line[colon+1:])
+		if colon < 0 || len(fields) != 3 {
+			return nil, fmt.Errorf("coverage profile: cannot read %q", line)
+		}
+		if fields[2] == "0" {
+			continue
+		}
+		file := line[:colon]
+		if !strings.HasPrefix(file, importPath+"/") {
+			continue
+		}
+		file = strings.TrimPrefix(file, importPath+"/")
+		startLine, err := strconv.Atoi(fields[0][:strings.Index(fields[0], ".")])
+		if err != nil {
+			return nil, fmt.Errorf("coverage profile: cannot read %q", line)
+		}
+		for _, fr := range funcs {
+			if fr.file == file && startLine >= fr.start && startLine <= fr.end {
+				run[fr.file+"\x00"+fr.name] = true
+			}
+		}
+	}
+	return run, r.Err()
+}
+
+func run(ctx context.Context, pkg string, skip *regexp.Regexp, list bool, workers, coefficient int) error {
+	bp, err := build.Default.ImportDir(pkg, 0)
+	if err != nil {
+		return err
+	}
+	abs, err := filepath.Abs(pkg)
+	if err != nil {
+		return err
+	}
+	importPath, err := goList(ctx, pkg)
+	if err != nil {
+		return err
+	}
+	fset := token.NewFileSet()
+	var mutants []mutant
+	var funcs []funcRange
+	sources := map[string][]byte{}
+	for _, name := range bp.GoFiles {
+		if skip != nil && skip.MatchString(filepath.ToSlash(filepath.Join(pkg, name))) {
+			continue
+		}
+		src, err := os.ReadFile(filepath.Join(pkg, name))
+		if err != nil {
+			return err
+		}
+		ms, fs, err := findMutants(fset, name, src)
+		if err != nil {
+			return err
+		}
+		sources[name] = src
+		mutants = append(mutants, ms...)
+		funcs = append(funcs, fs...)
+	}
+	if list {
+		for _, m := range mutants {
+			fmt.Printf("%s (%s)\n", m, orOutside(m.Func))
+		}
+		fmt.Printf("%d mutants in %d files\n", len(mutants), len(sources))
+		return nil
+	}
+	if err := ensurePostgres(ctx); err != nil {
+		return err
+	}
+	tmp, err := os.MkdirTemp("", "promptline-mutants-")
+	if err != nil {
+		return err
+	}
+	defer os.RemoveAll(tmp)
+
+	start := time.Now()
+	cov, err := coverageByTest(ctx, pkg, importPath, tmp, funcs)
+	if err != nil {
+		return err
+	}
+	fmt.Printf("coverage of %d tests taken in %s\n", len(cov.tests), time.Since(start).Round(time.Second))
+
+	results := make([]string, len(mutants))
+	jobs := make(chan int)
+	var wg sync.WaitGroup
+	var printMu sync.Mutex
+	for w := range workers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := range jobs {
+				status, detail := testMutant(ctx, pkg, abs, filepath.Join(tmp, strconv.Itoa(w)), mutants[i], sources[mutants[i].File], cov, coefficient)
+				results[i] = status
+				printMu.Lock()
+				fmt.Printf("%12s %s\n", status, mutants[i])
+				if detail != "" {
+					fmt.Printf("%12s %s\n", "", detail)
+				}
+				printMu.Unlock()
+			}
+		}()
+	}
+	for i := range mutants {
+		if ctx.Err() != nil {
+			break
+		}
+		jobs <- i
+	}
+	close(jobs)
+	wg.Wait()
+	if ctx.Err() != nil {
+		return ctx.Err()
+	}
+	n := map[string]int{}
+	for _, s := range results {
+		n[s]++
+	}
+	fmt.Printf("Killed: %d, Lived: %d, Not covered: %d\n", n["KILLED"], n["LIVED"], n["NOT COVERED"])
+	fmt.Printf("Timed out: %d, Not viable: %d\n", n["TIMED OUT"], n["NOT VIABLE"])
+	fmt.Printf("Mutants: %d, in %s\n", len(mutants), time.Since(start).Round(time.Second))
+	return nil
+}
+
+func orOutside(f string) string {
+	if f == "" {
+		return "outside any function"
+	}
+	return f
+}
+
+func goList(ctx context.Context, pkg string) (string, error) {
+	out, err := exec.CommandContext(ctx, "go", "list", "./"+pkg).Output()
+	if err != nil {
+		return "", fmt.Errorf("go list ./%s: %w", pkg, err)
+	}
+	return strings.TrimSpace(string(out)), nil
+}
+
+// ensurePostgres sets DATABASE_URL for the tests when neither it nor a
+// server on 127.0.0.1:5432 is there: a throwaway cluster, stopped when
+// this process ends however it ends (pgdb.Cluster.StopWhenClosed), shared
+// by every test run instead of one cluster per test binary.
+func ensurePostgres(ctx context.Context) error {
+	if os.Getenv("DATABASE_URL") != "" {
+		return nil
+	}
+	if c, err := pgx.Connect(ctx, "postgres://127.0.0.1:5432/postgres?sslmode=disable"); err == nil {
+		c.Close(ctx)
+		return nil
+	}
+	cluster, err := pgdb.StartCluster(ctx, "")
+	if err != nil {
+		return err
+	}
+	r, w, err := os.Pipe()
+	if err != nil {
+		return errors.Join(err, cluster.Stop())
+	}
+	defer r.Close()
+	if err := cluster.StopWhenClosed(r); err != nil {
+		return errors.Join(err, cluster.Stop())
+	}
+	keepOpen = w
+	return os.Setenv("DATABASE_URL", cluster.URL("postgres"))
+}
+
+// keepOpen is the write end of the cluster's watchdog pipe, open until
+// this process exits.
+var keepOpen *os.File
+
+// coverageByTest builds the package's tests with coverage once, then runs
+// each top-level test alone for its profile.
+func coverageByTest(ctx context.Context, pkg, importPath, tmp string, funcs []funcRange) (*coverage, error) {
+	bin := filepath.Join(tmp, "cover.test")
+	build := exec.CommandContext(ctx, "go", "test", "-c", "-covermode=set", "-coverpkg="+importPath, "-o", bin, "./"+pkg)
+	build.Stderr = os.Stderr
+	if err := build.Run(); err != nil {
+		return nil, fmt.Errorf("building the tests with coverage: %w", err)
+	}
+	listCmd := exec.CommandContext(ctx, bin, "-test.list", ".")
+	listCmd.Dir = pkg
+	out, err := listCmd.Output()
+	if err != nil {
+		return nil, fmt.Errorf("listing the tests: %w", err)
+	}
+	cov := &coverage{took: map[string]time.Duration{}, funcsRun: map[string][]string{}}
+	for _, t := range strings.Fields(string(out)) {
+		if strings.HasPrefix(t, "Test") || strings.HasPrefix(t, "Example") {
+			cov.tests = append(cov.tests, t)
+		}
+	}
+	for _, t := range cov.tests {
+		profile := filepath.Join(tmp, "cover.out")
+		cmd := exec.CommandContext(ctx, bin, "-test.run", "^"+regexp.QuoteMeta(t)+"$", "-test.count=1",
+			"-test.timeout=10m", "-test.coverprofile="+profile)
+		cmd.Dir = pkg
+		began := time.Now()
+		if out, err := cmd.CombinedOutput(); err != nil {
+			return nil, fmt.Errorf("%s fails without a mutant: %w\n%s", t, err, out)
+		}
+		cov.took[t] = time.Since(began)
+		f, err := os.Open(profile)
+		if err != nil {
+			return nil, err
+		}
+		ran, err := parseProfile(bufio.NewScanner(f), importPath, funcs)
+		f.Close()
+		if err != nil {
+			return nil, err
+		}
+		for fn := range ran {
+			cov.funcsRun[fn] = append(cov.funcsRun[fn], t)
+		}
+	}
+	return cov, nil
+}
+
+// testsFor returns the tests that can see m: those that ran its function,
+// or every test for a mutant outside any function (a package-level
+// initialiser runs for all).
+func (c *coverage) testsFor(m mutant) []string {
+	if m.Func == "" {
+		return c.tests
+	}
+	return c.funcsRun[m.File+"\x00"+m.Func]
+}
+
+// testMutant applies m through an overlay and runs the tests that can see
+// it. A build failure is a mutant that is not viable; a run past the
+// timeout counts as killed, apart, as gremlins counts it.
+func testMutant(ctx context.Context, pkg, absPkg, dir string, m mutant, src []byte, cov *coverage, coefficient int) (status, detail string) {
+	tests := cov.testsFor(m)
+	if len(tests) == 0 {
+		return "NOT COVERED", ""
+	}
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return "ERROR", err.Error()
+	}
+	mutated, err := apply(src, m)
+	if err != nil {
+		return "ERROR", err.Error()
+	}
+	file := filepath.Join(dir, m.File)
+	if err := os.WriteFile(file, mutated, 0o644); err != nil {
+		return "ERROR", err.Error()
+	}
+	overlay, err := json.Marshal(map[string]map[string]string{"Replace": {filepath.Join(absPkg, m.File): file}})
+	if err != nil {
+		return "ERROR", err.Error()
+	}
+	overlayFile := filepath.Join(dir, "overlay.json")
+	if err := os.WriteFile(overlayFile, overlay, 0o644); err != nil {
+		return "ERROR", err.Error()
+	}
+	var took time.Duration
+	names := make([]string, len(tests))
+	for i, t := range tests {
+		took += cov.took[t]
+		names[i] = regexp.QuoteMeta(t)
+	}
+	timeout := max(time.Duration(coefficient)*took, 30*time.Second)
+	// The build is not timed; the outer bound only stops a run that hangs
+	// past the test binary's own timeout.
+	runCtx, cancel := context.WithTimeout(ctx, timeout+10*time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(runCtx, "go", "test", "-overlay", overlayFile, "-count=1", "-failfast",
+		"-timeout", timeout.String(), "-run", "^("+strings.Join(names, "|")+")$", "./"+pkg)
+	cmd.WaitDelay = 10 * time.Second
+	out, err := cmd.CombinedOutput()
+	switch {
+	case err == nil:
+		return "LIVED", "ran: " + strings.Join(tests, " ")
+	case bytes.Contains(out, []byte("[build failed]")) || bytes.Contains(out, []byte("[setup failed]")):
+		return "NOT VIABLE", ""
+	case runCtx.Err() != nil || bytes.Contains(out, []byte("panic: test timed out")):
+		return "TIMED OUT", ""
+	}
+	return "KILLED", ""
+}
