@@ -6,7 +6,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"log/slog"
 	"slices"
 	"time"
 
@@ -61,8 +60,6 @@ type Incoming struct {
 type AdmitterConfig struct {
 	// Topics names the outbox targets. Defaults to kafkautil's defaults.
 	Topics kafkautil.Topics
-	// Logger defaults to discarding.
-	Logger *slog.Logger
 	// OnAdmittedFunc runs after each committed admission transaction with
 	// the outcome of each of its prompts, in order, and how long it took
 	// (retries of a raced transaction included). Defaults to nothing.
@@ -84,9 +81,6 @@ type Admitter struct {
 func NewAdmitter(pool *pgxpool.Pool, config *AdmitterConfig) *Admitter {
 	cfg := *config
 	cfg.Topics = cfg.Topics.WithDefaults()
-	if cfg.Logger == nil {
-		cfg.Logger = slog.New(slog.DiscardHandler)
-	}
 	return &Admitter{pool: pool, cfg: cfg}
 }
 

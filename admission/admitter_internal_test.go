@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 	"pgregory.net/rapid"
@@ -274,4 +275,92 @@ func TestOnCommitFuncOnlyAfterOutboxRows(t *testing.T) {
 	require.Equal(t, []Outcome{Duplicate, Conflict}, got)
 	require.Equal(t, 2, outboxRows(), "the wake was pending already; the conflict changes nothing")
 	require.Equal(t, 1, commits, "no outbox row, no nudge")
+}
+
+// Admission runs a statement only when it has something to do: the read
+// of the stored rows only for IDs admitted before, the arming only for
+// retries that arm a wake. Each is a round trip on the path of every
+// prompt (docs/benchmarks.md counts them per turn).
+func TestAdmitRunsOnlyTheStatementsItNeeds(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	cfg, err := pgxpool.ParseConfig(testkit.DatabaseURL(t))
+	require.NoError(t, err)
+	sqls := &statementLog{}
+	cfg.ConnConfig.Tracer = sqls
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	a := NewAdmitter(pool, &AdmitterConfig{})
+
+	for _, c := range []struct {
+		name       string
+		batch      []Incoming
+		want       []Outcome
+		reads, arm int
+	}{
+		{"new prompts", []Incoming{prompt("x", "s", "a", false), prompt("y", "t", "a", true)}, []Outcome{Admitted, Admitted}, 0, 0},
+		{"a retry that arms the wake", []Incoming{prompt("x", "s", "a", true)}, []Outcome{Duplicate}, 1, 1},
+		{"retries that arm nothing", []Incoming{prompt("x", "s", "a", true), prompt("y", "t", "a", true)}, []Outcome{Duplicate, Duplicate}, 1, 0},
+		{"a conflict", []Incoming{prompt("x", "s", "b", true)}, []Outcome{Conflict}, 1, 0},
+	} {
+		sqls.reset()
+		got, err := a.Admit(ctx, c.batch)
+		require.NoError(t, err, c.name)
+		require.Equal(t, c.want, got, c.name)
+		require.Equal(t, c.reads, sqls.count(selectExistingSQL), "%s: reads of the stored rows", c.name)
+		require.Equal(t, c.arm, sqls.count(armSQL), "%s: arming statements", c.name)
+	}
+}
+
+// statementLog records the SQL of every statement a pool sends, alone or
+// in a batch.
+type statementLog struct {
+	mu   sync.Mutex
+	sqls []string
+}
+
+func (l *statementLog) add(sql string) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.sqls = append(l.sqls, sql)
+}
+
+func (l *statementLog) reset() {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.sqls = nil
+}
+
+func (l *statementLog) count(sql string) (n int) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for _, s := range l.sqls {
+		if s == sql {
+			n++
+		}
+	}
+	return n
+}
+
+func (l *statementLog) TraceQueryStart(ctx context.Context, _ *pgx.Conn, data pgx.TraceQueryStartData) context.Context {
+	l.add(data.SQL)
+	return ctx
+}
+func (*statementLog) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
+func (*statementLog) TraceBatchStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceBatchStartData) context.Context {
+	return ctx
+}
+func (l *statementLog) TraceBatchQuery(_ context.Context, _ *pgx.Conn, data pgx.TraceBatchQueryData) {
+	l.add(data.SQL)
+}
+func (*statementLog) TraceBatchEnd(context.Context, *pgx.Conn, pgx.TraceBatchEndData) {}
+
+// The zero Outcome is none of the three: a prompt left unclassified never
+// reads as admitted.
+func TestTheZeroOutcomeIsNone(t *testing.T) {
+	var zero Outcome
+	require.NotContains(t, []Outcome{Admitted, Duplicate, Conflict}, zero)
+	require.Equal(t, "unknown", zero.String())
+	require.Equal(t, []string{"admitted", "duplicate", "conflict"}, []string{Admitted.String(), Duplicate.String(), Conflict.String()})
 }

@@ -73,7 +73,7 @@ func setup(t *testing.T, opts setupOpts) *testBundle {
 	relay := outbox.NewRelay(pool, kc.Producer, &outbox.RelayConfig{PollInterval: 20 * time.Millisecond, Logger: log})
 	require.NoError(t, relay.Start(t.Context()))
 	t.Cleanup(relay.Stop)
-	admitter := admission.NewAdmitter(pool, &admission.AdmitterConfig{OnCommitFunc: relay.Nudge, Logger: log})
+	admitter := admission.NewAdmitter(pool, &admission.AdmitterConfig{OnCommitFunc: relay.Nudge})
 	claims := ledger.NewClaims(pool, &ledger.ClaimsConfig{Lease: cmp.Or(opts.lease, 5*time.Second), OwnerID: t.Name(), Logger: log})
 	var deltas executor.DeltaSink
 	if opts.deltas {

@@ -121,7 +121,7 @@ func New(pool *pgxpool.Pool, client sarama.Client, rejects sarama.SyncProducer, 
 	return &Replayer{
 		pool: pool, client: client, cfg: cfg, log: cfg.Logger,
 		rejects:    &kafkautil.RejectPublisher{Producer: rejects, MaxMessageBytes: cfg.MaxMessageBytes, Logger: cfg.Logger},
-		admitter:   admission.NewAdmitter(pool, &admission.AdmitterConfig{Topics: cfg.Topics, Logger: cfg.Logger}),
+		admitter:   admission.NewAdmitter(pool, &admission.AdmitterConfig{Topics: cfg.Topics}),
 		limiter:    newLimiter(cfg.Rate),
 		reasons:    map[string]int64{},
 		wouldAdmit: map[string][]byte{},

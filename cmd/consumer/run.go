@@ -215,7 +215,7 @@ func run(ctx context.Context, o *options, stderr io.Writer) (err error) {
 	}
 
 	admitter := admission.NewAdmitter(db.Pool, &admission.AdmitterConfig{
-		Topics: topics, Logger: log, OnCommitFunc: relay.Nudge,
+		Topics: topics, OnCommitFunc: relay.Nudge,
 		OnAdmittedFunc: func(outcomes []admission.Outcome, took time.Duration) {
 			m.AdmissionBatchSize.Observe(float64(len(outcomes)))
 			m.AdmissionSeconds.Observe(took.Seconds())
