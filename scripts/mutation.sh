@@ -1,21 +1,25 @@
 #!/usr/bin/env bash
-# Mutation testing of the core (docs/testing.md, "Mutation score"): gremlins
-# mutates one package's code at a time, runs that package's tests once per
-# mutant, and the mutant is killed when a test fails (or times out). Prints
-# one score line per package; the survivors are listed above it.
+# Mutation testing of the core (docs/testing.md, "Mutation score"): one
+# operator of a package's code is changed at a time (a mutant) and the
+# package's tests are run; the mutant is killed when a test fails (or times
+# out). Prints one score line per package; the survivors are listed above it.
 #
 #   scripts/mutation.sh [bin]                  every measured package
 #   MUTATION_PKGS="envelope ledger" scripts/mutation.sh
 #   MUTATION_WORKERS=2 scripts/mutation.sh     mutants tested at once (default 1)
+#   MUTATION_TOOL=gremlins scripts/mutation.sh gremlins v0.6.0 instead
 #
+# By default each mutant runs against only the tests that enter its
+# function (scripts/mutants: a coverage profile per test, taken once); with
+# MUTATION_TOOL=gremlins, against the package's whole suite, as gremlins
+# does, which takes hours for recovery. Both make the same mutants.
 # Tests run against the real Postgres, like the rest of the suite.
 #
-#   scripts/mutation.sh one PKG FILE:LINE:COL MUTATOR [go test flags]
+#   scripts/mutation.sh one PKG FILE:LINE:COL MUTATOR [-run REGEXP]
 #
-# tries one mutant, as gremlins names it, in a copy of the module: gremlins
-# never runs the mutants of switch-case conditions (it calls them not
-# covered: Go's coverage blocks hold case bodies, not case expressions), and
-# a survivor is checked this way once its test is written.
+# tries one mutant, as both name it, against the tests REGEXP selects (by
+# default those that enter its function): a survivor is checked this way
+# once its test is written.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -24,50 +28,27 @@ go=${GO:-go}
 if [ "${1:-}" = one ]; then
 	pkg=$2 pos=$3 mutator=$4
 	shift 4
-	IFS=: read -r file line col <<<"$pos"
-	copy=$(mktemp -d -t promptline-mutant.XXXXXX)
-	trap 'rm -rf "$copy"' EXIT
-	tar --exclude=./.git --exclude=./bin --exclude=node_modules -cf - . | tar -C "$copy" -xf -
-	# Replace the operator at the byte column, longest token first, as gremlins does.
-	LC_ALL=C awk -v line="$line" -v col="$col" -v m="$mutator" '
-		BEGIN {
-			split("== != <= > >= < < >= > <= != ==", neg, " ")
-			split("<= < >= > < <= > >=", bnd, " ")
-			split("+ - - + * / / * % *", ari, " ")
-			split("++ -- -- ++", inc, " ")
-		}
-		function swap(pairs, n,   i, t) {
-			for (i = 1; i < n; i += 2) {
-				t = pairs[i]
-				if (substr($0, col, length(t)) == t && (length(t) == 2 || substr($0, col, 2) !~ /^(==|!=|<=|>=|\+\+|--)$/)) {
-					$0 = substr($0, 1, col - 1) pairs[i + 1] substr($0, col + length(t)); done = 1; return
-				}
-			}
-		}
-		NR == line {
-			if (m == "CONDITIONALS_NEGATION") swap(neg, 12)
-			else if (m == "CONDITIONALS_BOUNDARY") swap(bnd, 8)
-			else if (m == "ARITHMETIC_BASE") swap(ari, 10)
-			else if (m == "INCREMENT_DECREMENT") swap(inc, 4)
-			if (!done) { print "no " m " operator at " line ":" col > "/dev/stderr"; exit 2 }
-			print "mutant: " $0 > "/dev/stderr"
-		}
-		{ print }
-	' "$pkg/$file" >"$copy/$pkg/$file"
-	if (cd "$copy" && $go test -count=1 -failfast "$@" "./$pkg"); then
-		echo "LIVED $pkg $pos $mutator"
-	else
-		echo "KILLED (or not viable: see above) $pkg $pos $mutator"
-	fi
-	exit 0
+	# The tests to run: "-run REGEXP" (as go test takes it) or REGEXP.
+	[ "${1:-}" = -run ] && shift
+	exec $go run ./scripts/mutants -only "$pos:$mutator" ${1:+-run "$1"} "$pkg"
 fi
 bin=$(mkdir -p "${1:-bin}" && cd "${1:-bin}" && pwd)
-version=v0.6.0
-gremlins=$bin/gremlins
-if ! [ -x "$gremlins" ] || ! $go version -m "$gremlins" 2>/dev/null | grep -q "mod.*github.com/go-gremlins/gremlins.*$version"; then
-	echo "installing gremlins $version into $bin"
-	GOBIN=$bin $go install "github.com/go-gremlins/gremlins/cmd/gremlins@$version"
-fi
+tool=${MUTATION_TOOL:-targeted}
+case $tool in
+targeted) ;;
+gremlins)
+	version=v0.6.0
+	gremlins=$bin/gremlins
+	if ! [ -x "$gremlins" ] || ! $go version -m "$gremlins" 2>/dev/null | grep -q "mod.*github.com/go-gremlins/gremlins.*$version"; then
+		echo "installing gremlins $version into $bin"
+		GOBIN=$bin $go install "github.com/go-gremlins/gremlins/cmd/gremlins@$version"
+	fi
+	;;
+*)
+	echo "MUTATION_TOOL: $tool is neither targeted nor gremlins" >&2
+	exit 2
+	;;
+esac
 
 # The measured code of each package. admission: the admitter and its
 # group; executor: the executor; the Kafka plumbing (pipeline), the turn
@@ -103,15 +84,20 @@ for pkg in $pkgs; do
 	# A mutant's timeout is the coverage run's time by this coefficient;
 	# envelope's tests take milliseconds and its runs are all compilation.
 	coefficient=${MUTATION_TIMEOUT_COEFFICIENT:-$([ "$pkg" = envelope ] && echo 10 || echo 5)}
-	args=(unleash --workers "${MUTATION_WORKERS:-1}" --timeout-coefficient "$coefficient" -S ltc)
-	if [ -n "${exclude[$pkg]:-}" ]; then
-		args+=(-E "${exclude[$pkg]}")
-	fi
 	echo "== $pkg"
 	start=$(date +%s)
-	# -count=1: a cached coverage run would time the tests at ~0 s, and
-	# gremlins derives each mutant's timeout from that time.
-	GOFLAGS=-count=1 "$gremlins" "${args[@]}" "./$pkg" | tee "$out/$pkg.txt" | grep -E 'LIVED|TIMED OUT|NOT COVERED' || true
+	if [ "$tool" = targeted ]; then
+		$go run ./scripts/mutants -workers "${MUTATION_WORKERS:-1}" -timeout-coefficient "$coefficient" \
+			-exclude "${exclude[$pkg]:-}" "$pkg" | tee "$out/$pkg.txt" | grep -E -A1 'LIVED|TIMED OUT|NOT COVERED|NOT VIABLE|ERROR' || true
+	else
+		args=(unleash --workers "${MUTATION_WORKERS:-1}" --timeout-coefficient "$coefficient" -S ltc)
+		if [ -n "${exclude[$pkg]:-}" ]; then
+			args+=(-E "${exclude[$pkg]}")
+		fi
+		# -count=1: a cached coverage run would time the tests at ~0 s, and
+		# gremlins derives each mutant's timeout from that time.
+		GOFLAGS=-count=1 "$gremlins" "${args[@]}" "./$pkg" | tee "$out/$pkg.txt" | grep -E 'LIVED|TIMED OUT|NOT COVERED' || true
+	fi
 	secs=$(($(date +%s) - start))
 	read -r killed lived uncovered < <(sed -nE 's/^Killed: ([0-9]+), Lived: ([0-9]+), Not covered: ([0-9]+).*/\1 \2 \3/p' "$out/$pkg.txt")
 	timedout=$(sed -nE 's/^Timed out: ([0-9]+).*/\1/p' "$out/$pkg.txt")

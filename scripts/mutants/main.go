@@ -15,6 +15,10 @@
 // cache keeps every other package.
 //
 //	go run ./scripts/mutants [-workers N] [-exclude REGEXP] [-list] PKG
+//	go run ./scripts/mutants -only FILE:LINE:COL[:MUTATOR] [-run REGEXP] PKG
+//
+// -only tries the mutants at one place (a survivor, once its test is
+// written); -run gives the tests to run instead of taking the coverage.
 //
 // Prints one line per mutant (KILLED, LIVED, TIMED OUT, NOT VIABLE, NOT
 // COVERED; a LIVED one with the tests that ran it), then the counts in
@@ -57,8 +61,10 @@ func main() {
 	exclude := flag.String("exclude", "", "skip the package's files whose path matches this regular expression")
 	list := flag.Bool("list", false, "list the mutants and stop")
 	coefficient := flag.Int("timeout-coefficient", 5, "a mutant's tests may take this many times their time without the mutant")
+	only := flag.String("only", "", "try only the mutants at FILE:LINE:COL, or only MUTATOR there with FILE:LINE:COL:MUTATOR")
+	runTests := flag.String("run", "", "run the tests this regular expression selects for every mutant, instead of taking the coverage")
 	flag.Usage = func() {
-		fmt.Fprintln(os.Stderr, "usage: mutants [-workers N] [-exclude REGEXP] [-list] PKG")
+		fmt.Fprintln(os.Stderr, "usage: mutants [-workers N] [-exclude REGEXP] [-list] [-only FILE:LINE:COL[:MUTATOR]] [-run REGEXP] PKG")
 		flag.PrintDefaults()
 	}
 	flag.Parse()
@@ -76,7 +82,14 @@ func main() {
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	if err := run(ctx, filepath.Clean(flag.Arg(0)), skip, *list, *workers, *coefficient); err != nil {
+	if *runTests != "" {
+		if _, err := regexp.Compile(*runTests); err != nil {
+			fmt.Fprintln(os.Stderr, "mutants: -run:", err)
+			os.Exit(2)
+		}
+	}
+	opts := options{skip: skip, list: *list, workers: *workers, coefficient: *coefficient, only: *only, run: *runTests}
+	if err := run(ctx, filepath.Clean(flag.Arg(0)), opts); err != nil {
 		fmt.Fprintln(os.Stderr, "mutants:", err)
 		os.Exit(1)
 	}
@@ -211,6 +224,7 @@ func apply(src []byte, m mutant) ([]byte, error) {
 // coverage maps each function ("file\x00name") to the tests that ran it,
 // and each test to its time.
 type coverage struct {
+	given    bool // tests holds one regular expression, given for every mutant
 	tests    []string
 	took     map[string]time.Duration
 	funcsRun map[string][]string
@@ -253,7 +267,14 @@ func parseProfile(r *bufio.Scanner, importPath string, funcs []funcRange) (map[s
 	return run, r.Err()
 }
 
-func run(ctx context.Context, pkg string, skip *regexp.Regexp, list bool, workers, coefficient int) error {
+type options struct {
+	skip                 *regexp.Regexp
+	list                 bool
+	workers, coefficient int
+	only, run            string
+}
+
+func run(ctx context.Context, pkg string, o options) error {
 	bp, err := build.Default.ImportDir(pkg, 0)
 	if err != nil {
 		return err
@@ -271,7 +292,7 @@ func run(ctx context.Context, pkg string, skip *regexp.Regexp, list bool, worker
 	var funcs []funcRange
 	sources := map[string][]byte{}
 	for _, name := range bp.GoFiles {
-		if skip != nil && skip.MatchString(filepath.ToSlash(filepath.Join(pkg, name))) {
+		if o.skip != nil && o.skip.MatchString(filepath.ToSlash(filepath.Join(pkg, name))) {
 			continue
 		}
 		src, err := os.ReadFile(filepath.Join(pkg, name))
@@ -286,7 +307,19 @@ func run(ctx context.Context, pkg string, skip *regexp.Regexp, list bool, worker
 		mutants = append(mutants, ms...)
 		funcs = append(funcs, fs...)
 	}
-	if list {
+	if o.only != "" {
+		var at []mutant
+		for _, m := range mutants {
+			if o.only == fmt.Sprintf("%s:%d:%d", m.File, m.Line, m.Col) || o.only == fmt.Sprintf("%s:%d:%d:%s", m.File, m.Line, m.Col, m.Mutator) {
+				at = append(at, m)
+			}
+		}
+		if len(at) == 0 {
+			return fmt.Errorf("-only: no mutant at %s in %s", o.only, pkg)
+		}
+		mutants = at
+	}
+	if o.list {
 		for _, m := range mutants {
 			fmt.Printf("%s (%s)\n", m, orOutside(m.Func))
 		}
@@ -303,22 +336,27 @@ func run(ctx context.Context, pkg string, skip *regexp.Regexp, list bool, worker
 	defer os.RemoveAll(tmp)
 
 	start := time.Now()
-	cov, err := coverageByTest(ctx, pkg, importPath, tmp, funcs)
-	if err != nil {
-		return err
+	var cov *coverage
+	if o.run != "" {
+		// The tests given, for every mutant, with a generous timeout.
+		cov = &coverage{tests: []string{o.run}, took: map[string]time.Duration{o.run: 2 * time.Minute}, given: true}
+	} else {
+		if cov, err = coverageByTest(ctx, pkg, importPath, tmp, funcs); err != nil {
+			return err
+		}
+		fmt.Printf("coverage of %d tests taken in %s\n", len(cov.tests), time.Since(start).Round(time.Second))
 	}
-	fmt.Printf("coverage of %d tests taken in %s\n", len(cov.tests), time.Since(start).Round(time.Second))
 
 	results := make([]string, len(mutants))
 	jobs := make(chan int)
 	var wg sync.WaitGroup
 	var printMu sync.Mutex
-	for w := range workers {
+	for w := range o.workers {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
 			for i := range jobs {
-				status, detail := testMutant(ctx, pkg, abs, filepath.Join(tmp, strconv.Itoa(w)), mutants[i], sources[mutants[i].File], cov, coefficient)
+				status, detail := testMutant(ctx, pkg, abs, filepath.Join(tmp, strconv.Itoa(w)), mutants[i], sources[mutants[i].File], cov, o.coefficient)
 				results[i] = status
 				printMu.Lock()
 				fmt.Printf("%12s %s\n", status, mutants[i])
@@ -448,7 +486,7 @@ func coverageByTest(ctx context.Context, pkg, importPath, tmp string, funcs []fu
 // or every test for a mutant outside any function (a package-level
 // initialiser runs for all).
 func (c *coverage) testsFor(m mutant) []string {
-	if m.Func == "" {
+	if m.Func == "" || c.given {
 		return c.tests
 	}
 	return c.funcsRun[m.File+"\x00"+m.Func]
@@ -487,13 +525,17 @@ func testMutant(ctx context.Context, pkg, absPkg, dir string, m mutant, src []by
 		took += cov.took[t]
 		names[i] = regexp.QuoteMeta(t)
 	}
+	runArg := "^(" + strings.Join(names, "|") + ")$"
+	if cov.given {
+		runArg = tests[0]
+	}
 	timeout := max(time.Duration(coefficient)*took, 30*time.Second)
 	// The build is not timed; the outer bound only stops a run that hangs
 	// past the test binary's own timeout.
 	runCtx, cancel := context.WithTimeout(ctx, timeout+10*time.Minute)
 	defer cancel()
 	cmd := exec.CommandContext(runCtx, "go", "test", "-overlay", overlayFile, "-count=1", "-failfast",
-		"-timeout", timeout.String(), "-run", "^("+strings.Join(names, "|")+")$", "./"+pkg)
+		"-timeout", timeout.String(), "-run", runArg, "./"+pkg)
 	cmd.WaitDelay = 10 * time.Second
 	out, err := cmd.CombinedOutput()
 	switch {
