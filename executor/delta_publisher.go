@@ -131,26 +131,20 @@ func (p *DeltaPublisher) forward() {
 	p.producer.AsyncClose()
 }
 
+// drain counts the producer's results until it has closed both channels.
 func (p *DeltaPublisher) drain() {
 	defer close(p.done)
-	successes, errs := p.producer.Successes(), p.producer.Errors()
-	for successes != nil || errs != nil {
-		select {
-		case _, ok := <-successes:
-			if !ok {
-				successes = nil
-				continue
-			}
+	var successes sync.WaitGroup
+	successes.Go(func() {
+		for range p.producer.Successes() {
 			p.count("published")
-		case e, ok := <-errs:
-			if !ok {
-				errs = nil
-				continue
-			}
-			p.count("dropped")
-			p.cfg.Logger.Debug("delta dropped", slog.Any("error", e.Err))
 		}
+	})
+	for e := range p.producer.Errors() {
+		p.count("dropped")
+		p.cfg.Logger.Debug("delta dropped", slog.Any("error", e.Err))
 	}
+	successes.Wait()
 }
 
 func (p *DeltaPublisher) count(result string) {

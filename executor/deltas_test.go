@@ -5,13 +5,16 @@ import (
 	"fmt"
 	"net/http/httptest"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
+	"github.com/IBM/sarama"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/promptline/promptline/envelope"
+	"github.com/promptline/promptline/executor"
 	"github.com/promptline/promptline/internal/testkit"
 	"github.com/promptline/promptline/provider"
 	"github.com/promptline/promptline/provider/providers"
@@ -110,7 +113,8 @@ func TestLiveDeltas(t *testing.T) {
 		frags := []string{"every ", "delta ", "is ", "too ", "large ", "for ", "the ", "producer"}
 		// The deltas producer refuses every message (too large): each is
 		// dropped and counted; the answer is committed and announced.
-		b := setup(t, setupOpts{deltas: true, deltasMaxMessageBytes: 16, deltaResults: results,
+		var logs testkit.LogBuffer
+		b := setup(t, setupOpts{deltas: true, deltasMaxMessageBytes: 16, deltaResults: results, logs: &logs,
 			provider: streamingProvider(t, testkit.OpenAIStreamConfig{Fragments: frags, Gap: 20 * time.Millisecond})})
 		sess, msg := id(t, "s"), id(t, "m")
 		b.send(t, envelope.Prompt{MessageID: msg, SessionID: sess, Text: "go"})
@@ -123,6 +127,9 @@ func TestLiveDeltas(t *testing.T) {
 		}, 10*time.Second, 10*time.Millisecond)
 		require.Zero(t, results.Get("published"))
 		require.Empty(t, deltasOf(t, b, sess))
+		// Each drop is logged (at debug) with the producer's reason.
+		require.Contains(t, logs.String(), "delta dropped")
+		require.Contains(t, logs.String(), "larger than")
 	})
 }
 
@@ -180,4 +187,39 @@ func seqs(ds []envelope.Delta) []int64 {
 		out = append(out, d.Seq)
 	}
 	return out
+}
+
+// Close returns once every delta the broker acknowledged is counted, even
+// while the counting lags behind the producer's shutdown.
+func TestDeltaPublisherCloseCountsEveryAcknowledgement(t *testing.T) {
+	t.Parallel()
+	broker := testkit.Broker(t, testPartitions)
+	kc := testkit.NewKafkaClient(t, []string{broker.Addr()})
+	ap, err := sarama.NewAsyncProducer([]string{broker.Addr()}, executor.DeltaProducerConfig(kc.Config))
+	require.NoError(t, err)
+	results := &testkit.Counts{}
+	release := make(chan struct{})
+	var first sync.Once
+	p := executor.NewDeltaPublisher(ap, &executor.DeltaPublisherConfig{OnDeltaFunc: func(result string) {
+		first.Do(func() { <-release }) // the counting falls behind
+		results.Add(result)
+	}})
+	const n = 50
+	for i := range n {
+		p.PublishDelta(envelope.Delta{SessionID: "s", Seq: int64(i + 1), Text: "x"})
+	}
+	require.Eventually(t, func() bool {
+		return len(testkit.ReadAll(t, broker.Addr(), "session-deltas")) == n
+	}, 10*time.Second, 10*time.Millisecond)
+	closed := make(chan struct{})
+	go func() {
+		p.Close()
+		close(closed)
+	}()
+	// The producer shuts down while the acknowledgements wait unread.
+	time.Sleep(200 * time.Millisecond)
+	close(release)
+	<-closed
+	require.Equal(t, n, results.Get("published"))
+	require.Zero(t, results.Get("dropped"))
 }
