@@ -198,10 +198,10 @@ func NewExecutor(pool *pgxpool.Pool, config *ExecutorConfig) (*Executor, error) 
 	cfg.ToolTimeout = cmp.Or(cfg.ToolTimeout, toolTimeoutDefault)
 	cfg.DeltaInterval = cmp.Or(cfg.DeltaInterval, deltaIntervalDefault)
 	cfg.DeltaMaxBytes = cmp.Or(cfg.DeltaMaxBytes, deltaMaxBytesDefault)
-	cfg.StopGrace = cmp.Or(cfg.StopGrace, StopGraceDefault)
 	if cfg.StopGrace < 0 {
 		return nil, fmt.Errorf("executor: ExecutorConfig.StopGrace must not be negative, got %s", cfg.StopGrace)
 	}
+	cfg.StopGrace = cmp.Or(cfg.StopGrace, StopGraceDefault)
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}

@@ -3,11 +3,13 @@ package executor_test
 import (
 	"context"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
 	"github.com/promptline/promptline/executor"
+	"github.com/promptline/promptline/ledger"
 )
 
 // newExecutor is executor.NewExecutor for a configuration the test knows
@@ -27,4 +29,12 @@ func TestNewExecutorNamesAMissingField(t *testing.T) {
 	e, err := executor.NewExecutor(nil, &executor.ExecutorConfig{})
 	require.Nil(t, e)
 	require.EqualError(t, err, "executor: ExecutorConfig.Claims is required")
+
+	claims := ledger.NewClaims(nil, &ledger.ClaimsConfig{OwnerID: "a"})
+	e, err = executor.NewExecutor(nil, &executor.ExecutorConfig{Claims: claims, StopGrace: -time.Second})
+	require.Nil(t, e)
+	require.EqualError(t, err, "executor: ExecutorConfig.StopGrace must not be negative, got -1s")
+	e, err = executor.NewExecutor(nil, &executor.ExecutorConfig{Claims: claims})
+	require.NoError(t, err, "no StopGrace: the default")
+	e.StopNow()
 }

@@ -545,3 +545,37 @@ func TestExecutorStartStop(t *testing.T) {
 		}
 	})
 }
+
+// A local wake (hint.go) starts the session when a slot is free and hands
+// its completion to the wake from Kafka that follows; with every slot busy
+// it declines and starts nothing, and that wake does the work.
+func TestWakeLocal(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	b := setupExec(t)
+	p := newBlockingProvider()
+	e := b.executor(t, "a", p, 5*time.Second, 1)
+	b.admit(t, "s", "m1", "first")
+	b.admit(t, "t", "m2", "second")
+
+	require.True(t, e.WakeLocal("s", 3, []byte("wake-s")), "a free slot: accepted")
+	require.Equal(t, "m1", <-p.started)
+	_, ok := e.TakeLocal([]byte("wake-s"), 4)
+	require.False(t, ok, "another partition's wake is not this one")
+	done, ok := e.TakeLocal([]byte("wake-s"), 3)
+	require.True(t, ok, "the wake from Kafka takes the local run's completion")
+
+	require.False(t, e.WakeLocal("t", 3, []byte("wake-t")), "the one slot is busy: declined")
+	_, ok = e.TakeLocal([]byte("wake-t"), 3)
+	require.False(t, ok)
+	require.True(t, e.WakeLocal("s", 3, []byte("wake-s2")), "a running session coalesces the wake")
+
+	close(p.gate)
+	wait(t, done)
+	require.Equal(t, 1, b.answered(t, "m1"))
+	require.Zero(t, b.answered(t, "m2"), "the declined wake started nothing")
+	tDone, err := e.Wake(ctx, "t", 3)
+	require.NoError(t, err)
+	wait(t, tDone)
+	require.Equal(t, 1, b.answered(t, "m2"))
+}
