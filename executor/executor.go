@@ -431,12 +431,12 @@ func (e *Executor) stop(n uint64) {
 	select {
 	case <-done: // a StopNow meanwhile cancels the runs: they end too
 	case <-grace.C:
+		// Runs are still going (done has not fired), though one may be
+		// leaving its map entry behind right now.
 		e.mu.Lock()
 		running := len(e.runs)
 		e.mu.Unlock()
-		if running > 0 {
-			e.log.Warn("shutdown grace over; cancelling running turns", slog.Int("runs", running))
-		}
+		e.log.Warn("shutdown grace over; cancelling running turns", slog.Int("runs", running))
 	}
 	cancel()
 	<-done

@@ -113,6 +113,11 @@ func (ex *execution) claimFirstTurn(ctx context.Context, read ledger.SessionRead
 	}
 	ex.x = x
 	t.begun = &req
+	// The transaction wrote turn.started: the relay publishes it now, not
+	// at its next poll (while the provider may take seconds).
+	if f := ex.e.cfg.OnCommitFunc; f != nil {
+		f()
+	}
 	return t, nil
 }
 
