@@ -21,6 +21,7 @@ import (
 	"github.com/promptline/promptline/ledger"
 	"github.com/promptline/promptline/provider"
 	"github.com/promptline/promptline/provider/scripted"
+	"github.com/promptline/promptline/tools"
 )
 
 // execBundle is an Executor on a real database without Kafka: prompts are
@@ -583,30 +584,45 @@ func TestWakeLocal(t *testing.T) {
 // A turn that ends with nothing waiting releases its claim once, with no
 // wake: only a release on stop announces the session to its next owner.
 // The relay is nudged after every commit of the turn that wrote outbox
-// rows.
+// rows, on the plain path and on a tool step's.
 func TestIdleReleaseWritesNoWake(t *testing.T) {
 	t.Parallel()
-	ctx := context.Background()
-	b := setupExec(t)
-	var nudges atomic.Int32
-	var logs testkit.LogBuffer
-	claims := ledger.NewClaims(b.pool, &ledger.ClaimsConfig{Lease: 5 * time.Second, OwnerID: "a"})
-	e := newExecutor(t, b.pool, &executor.ExecutorConfig{Claims: claims, Logger: testkit.Logger(t, &logs),
-		OnCommitFunc: func() { nudges.Add(1) }})
-	t.Cleanup(e.StopNow)
-	b.admit(t, "s", "m1", "first")
-	before := b.count(t, `SELECT max(id) FROM outbox`)
-	done, err := e.Wake(ctx, "s", 0)
-	require.NoError(t, err)
-	wait(t, done)
-	require.Equal(t, 1, b.answered(t, "m1"))
-	require.Zero(t, b.count(t, `SELECT count(*) FROM claims WHERE session_id = 's'`))
-	require.Zero(t, b.count(t, `SELECT count(*) FROM outbox WHERE key = 's' AND topic = 'wakes' AND id > (SELECT min(id) FROM outbox WHERE key = 's' AND topic = 'wakes')`),
-		"no wake after the admission's")
-	require.Positive(t, b.count(t, `SELECT count(*) FROM outbox WHERE key = 's' AND id > $1`, before), "the turn's events")
-	// now() is the transaction's start: one created_at per commit.
-	commits := b.count(t, `SELECT count(DISTINCT created_at) FROM outbox WHERE key = 's' AND id > $1`, before)
-	require.GreaterOrEqual(t, int(nudges.Load()), commits, "a nudge after each commit that wrote outbox rows")
-	require.NotContains(t, logs.String(), "level=ERROR")
-	require.NotContains(t, logs.String(), "level=WARN")
+	for _, c := range []struct{ name, text string }{
+		{"Plain", "first"},
+		{"ToolStep", "/tool quick {}"},
+		{"ProviderFails", "/fail"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			t.Parallel()
+			ctx := context.Background()
+			b := setupExec(t)
+			quick := newStuckTool(t, "quick", tools.SideEffecting, false)
+			close(quick.release)
+			reg := tools.NewRegistry()
+			require.NoError(t, reg.Register(quick))
+			var nudges atomic.Int32
+			var logs testkit.LogBuffer
+			claims := ledger.NewClaims(b.pool, &ledger.ClaimsConfig{Lease: 5 * time.Second, OwnerID: "a"})
+			e := newExecutor(t, b.pool, &executor.ExecutorConfig{Claims: claims, Logger: testkit.Logger(t, &logs), Tools: reg,
+				OnCommitFunc: func() { nudges.Add(1) }})
+			t.Cleanup(e.StopNow)
+			b.admit(t, "s", "m1", c.text)
+			before := b.count(t, `SELECT max(id) FROM outbox`)
+			done, err := e.Wake(ctx, "s", 0)
+			require.NoError(t, err)
+			wait(t, done)
+			require.Equal(t, 1, testkit.CountEvents(t, b.pool, "s", envelope.EventTurnCompleted)+testkit.CountEvents(t, b.pool, "s", envelope.EventTurnFailed))
+			require.Zero(t, b.count(t, `SELECT count(*) FROM claims WHERE session_id = 's'`))
+			require.Zero(t, b.count(t, `SELECT count(*) FROM outbox WHERE key = 's' AND topic = 'wakes' AND id > $1`, before),
+				"no wake after the admission's")
+			// now() is the transaction's start: one created_at per commit.
+			commits := b.count(t, `SELECT count(DISTINCT created_at) FROM outbox WHERE key = 's' AND id > $1`, before)
+			require.GreaterOrEqual(t, commits, map[string]int{"Plain": 2, "ToolStep": 4, "ProviderFails": 2}[c.name], "the turn's commits that wrote events")
+			require.GreaterOrEqual(t, int(nudges.Load()), commits, "a nudge after each commit that wrote outbox rows")
+			if c.name != "ProviderFails" {
+				require.NotContains(t, logs.String(), "level=ERROR")
+				require.NotContains(t, logs.String(), "level=WARN")
+			}
+		})
+	}
 }
