@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
+	"log/slog"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -284,6 +286,8 @@ func TestExecutor(t *testing.T) {
 		busy.StopNow()
 		require.Contains(t, busyLog.String(), "hard stop; cancelling running turns")
 		require.Contains(t, busyLog.String(), "runs=1")
+		// The cancellation is the stop's, not a failure to report.
+		require.NotContains(t, busyLog.String(), "level=ERROR")
 	})
 
 	// The executor's lifecycle is every service's (internal/startstop):
@@ -625,4 +629,122 @@ func TestIdleReleaseWritesNoWake(t *testing.T) {
 			}
 		})
 	}
+}
+
+// A wake that arrives after a run's last look for input, while the run
+// is ending, makes the run look again: its prompt, admitted after the
+// run released the claim, is answered before the wake's channel closes.
+// The run is held in that window by its own log line ("claim released;
+// session idle", logged between the release and the run's end).
+func TestWakeAtTheEndOfARunIsNotLost(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	b := setupExec(t)
+	h := &holdAt{Handler: slog.NewTextHandler(io.Discard, &slog.HandlerOptions{Level: slog.LevelDebug}),
+		msg: "claim released; session idle", once: &sync.Once{}, reached: make(chan struct{}), proceed: make(chan struct{})}
+	claims := ledger.NewClaims(b.pool, &ledger.ClaimsConfig{Lease: 5 * time.Second, OwnerID: "a"})
+	e := newExecutor(t, b.pool, &executor.ExecutorConfig{Claims: claims, Logger: slog.New(h)})
+	t.Cleanup(e.StopNow)
+	b.admit(t, "s", "m1", "first")
+	first, err := e.Wake(ctx, "s", 0)
+	require.NoError(t, err)
+	select {
+	case <-h.reached:
+	case <-time.After(20 * time.Second):
+		t.Fatal("the run never released its claim")
+	}
+	require.Equal(t, 1, b.answered(t, "m1"))
+	b.admit(t, "s", "m2", "second")
+	second, err := e.Wake(ctx, "s", 0)
+	require.NoError(t, err)
+	close(h.proceed)
+	wait(t, second)
+	wait(t, first)
+	require.Equal(t, 1, b.answered(t, "m2"), "the wake that came while the run ended ran its prompt")
+}
+
+// holdAt is a log handler that holds the first record with message msg
+// until proceed closes, saying so on reached.
+type holdAt struct {
+	slog.Handler
+	msg              string
+	once             *sync.Once
+	reached, proceed chan struct{}
+}
+
+func (h *holdAt) Handle(ctx context.Context, r slog.Record) error {
+	if r.Message == h.msg {
+		h.once.Do(func() {
+			close(h.reached)
+			<-h.proceed
+		})
+	}
+	return h.Handler.Handle(ctx, r)
+}
+
+func (h *holdAt) WithAttrs(attrs []slog.Attr) slog.Handler {
+	c := *h
+	c.Handler = h.Handler.WithAttrs(attrs)
+	return &c
+}
+
+func (h *holdAt) WithGroup(name string) slog.Handler {
+	c := *h
+	c.Handler = h.Handler.WithGroup(name)
+	return &c
+}
+
+// A database failure while the executor runs is logged, naming what
+// failed; the wake's run ends and the session is left to the next wake.
+func TestDatabaseFailureIsLogged(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool, err := pgxpool.New(ctx, testkit.DatabaseURL(t))
+	require.NoError(t, err)
+	var logs testkit.LogBuffer
+	claims := ledger.NewClaims(pool, &ledger.ClaimsConfig{Lease: 5 * time.Second, OwnerID: "a"})
+	e := newExecutor(t, pool, &executor.ExecutorConfig{Claims: claims, Logger: testkit.Logger(t, &logs)})
+	t.Cleanup(e.StopNow)
+	pool.Close() // every statement now fails
+	done, err := e.Wake(ctx, "s", 0)
+	require.NoError(t, err)
+	wait(t, done)
+	require.Contains(t, logs.String(), `level=ERROR msg="reading session failed"`)
+}
+
+// A graceful stop lets the running turn finish, then hands the session on
+// with a wake when input still waits; the relay is nudged after that
+// release as after every commit with outbox rows.
+func TestStopHandsOnAWaitingSessionWithAWake(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	b := setupExec(t)
+	p := newBlockingProvider()
+	var nudges atomic.Int32
+	claims := ledger.NewClaims(b.pool, &ledger.ClaimsConfig{Lease: 5 * time.Second, OwnerID: "a"})
+	e := newExecutor(t, b.pool, &executor.ExecutorConfig{Claims: claims, Provider: p, OnCommitFunc: func() { nudges.Add(1) }})
+	b.admit(t, "s", "m1", "first")
+	b.admit(t, "s", "m2", "second")
+	before := b.count(t, `SELECT max(id) FROM outbox`)
+	_, err := e.Wake(ctx, "s", 0)
+	require.NoError(t, err)
+	require.Equal(t, "m1", <-p.started)
+	stopped := make(chan struct{})
+	go func() {
+		e.Stop()
+		close(stopped)
+	}()
+	require.Eventually(t, func() bool {
+		_, err := e.Wake(ctx, "s", 0)
+		return errors.Is(err, executor.ErrStopped)
+	}, 5*time.Second, time.Millisecond, "the stop began")
+	close(p.gate)
+	wait(t, stopped)
+	require.Equal(t, 1, b.answered(t, "m1"), "the running turn finished")
+	require.Zero(t, b.answered(t, "m2"), "no turn starts after the stop")
+	require.Zero(t, b.count(t, `SELECT count(*) FROM claims WHERE session_id = 's'`), "released")
+	require.Equal(t, 1, b.count(t, `SELECT count(*) FROM outbox WHERE key = 's' AND topic = 'wakes' AND id > $1
+		AND convert_from(payload, 'UTF8')::jsonb->>'reason' = 'released'`, before), "handed on with a wake")
+	commits := b.count(t, `SELECT count(DISTINCT created_at) FROM outbox WHERE key = 's' AND id > $1`, before)
+	require.GreaterOrEqual(t, int(nudges.Load()), commits)
 }

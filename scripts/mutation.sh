@@ -50,14 +50,15 @@ gremlins)
 	;;
 esac
 
-# The measured code of each package. admission: the admitter and its
-# group; executor: the executor; the Kafka plumbing (pipeline), the turn
-# loop's helpers and the providers are not measured.
+# The measured packages, whole: the Kafka plumbing (pipeline) and the
+# providers are not measured. MUTATION_EXCLUDE_<pkg> (a regular expression
+# of paths) sets files of a package aside.
 pkgs=${MUTATION_PKGS:-envelope ledger recovery outbox admission executor}
-declare -A exclude=(
-	[admission]='admission/admit_reply'
-	[executor]='executor/(continuation|local_wakes|permission|promotion|queued|step|tool_call|transcript|turn)'
-)
+declare -A exclude=()
+for pkg in $pkgs; do
+	var=MUTATION_EXCLUDE_$pkg
+	exclude[$pkg]=${!var:-}
+done
 
 # Survivors that no test can kill: the mutant behaves like the code
 # (docs/testing.md says why for each). "package file:line:column MUTATOR".
