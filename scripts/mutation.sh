@@ -8,6 +8,8 @@
 #   MUTATION_PKGS="envelope ledger" scripts/mutation.sh
 #   MUTATION_WORKERS=2 scripts/mutation.sh     mutants tested at once (default 1)
 #   MUTATION_TOOL=gremlins scripts/mutation.sh gremlins v0.6.0 instead
+#   MUTATION_SEED=N scripts/mutation.sh       mutants in a shuffled order (a run
+#                                              stopped early measured a random sample)
 #
 # By default each mutant runs against only the tests that enter its
 # function (scripts/mutants: a coverage profile per test, taken once); with
@@ -88,7 +90,7 @@ for pkg in $pkgs; do
 	echo "== $pkg"
 	start=$(date +%s)
 	if [ "$tool" = targeted ]; then
-		$go run ./scripts/mutants -workers "${MUTATION_WORKERS:-1}" -timeout-coefficient "$coefficient" \
+		$go run ./scripts/mutants -workers "${MUTATION_WORKERS:-1}" -timeout-coefficient "$coefficient" -seed "${MUTATION_SEED:-0}" \
 			-exclude "${exclude[$pkg]:-}" "$pkg" | tee "$out/$pkg.txt" | grep -E -A1 'LIVED|TIMED OUT|NOT COVERED|NOT VIABLE|ERROR' || true
 	else
 		args=(unleash --workers "${MUTATION_WORKERS:-1}" --timeout-coefficient "$coefficient" -S ltc)

@@ -1,7 +1,7 @@
 // Command mutants is the targeted mode of scripts/mutation.sh
 // (docs/testing.md, "Mutation score"). It finds the mutants gremlins makes
 // (the same five default mutators, at the same file:line:column), and
-// tests each against only the tests that run the function it is in.
+// tests each against only the tests that run the statement it is in.
 //
 // Why our own: gremlins runs a package's whole suite once per mutant, and
 // recovery's and the executor's suites take 20 to 60 s each with real
@@ -14,7 +14,7 @@
 // applied with go's -overlay flag: no copy of the module, and the build
 // cache keeps every other package.
 //
-//	go run ./scripts/mutants [-workers N] [-exclude REGEXP] [-list] PKG
+//	go run ./scripts/mutants [-workers N] [-exclude REGEXP] [-seed N] [-list] PKG
 //	go run ./scripts/mutants -only FILE:LINE:COL[:MUTATOR] [-run REGEXP] PKG
 //
 // -only tries the mutants at one place (a survivor, once its test is
@@ -39,6 +39,7 @@ import (
 	"go/build"
 	"go/parser"
 	"go/token"
+	"math/rand/v2"
 	"os"
 	"os/exec"
 	"os/signal"
@@ -63,6 +64,7 @@ func main() {
 	coefficient := flag.Int("timeout-coefficient", 5, "a mutant's tests may take this many times their time without the mutant")
 	only := flag.String("only", "", "try only the mutants at FILE:LINE:COL, or only MUTATOR there with FILE:LINE:COL:MUTATOR")
 	runTests := flag.String("run", "", "run the tests this regular expression selects for every mutant, instead of taking the coverage")
+	seed := flag.Uint64("seed", 0, "try the mutants in an order shuffled by this seed (0: file order), so that a run stopped early has measured a random sample")
 	flag.Usage = func() {
 		fmt.Fprintln(os.Stderr, "usage: mutants [-workers N] [-exclude REGEXP] [-list] [-only FILE:LINE:COL[:MUTATOR]] [-run REGEXP] PKG")
 		flag.PrintDefaults()
@@ -88,7 +90,7 @@ func main() {
 			os.Exit(2)
 		}
 	}
-	opts := options{skip: skip, list: *list, workers: *workers, coefficient: *coefficient, only: *only, run: *runTests}
+	opts := options{skip: skip, list: *list, workers: *workers, coefficient: *coefficient, only: *only, run: *runTests, seed: *seed}
 	if err := run(ctx, filepath.Clean(flag.Arg(0)), opts); err != nil {
 		fmt.Fprintln(os.Stderr, "mutants:", err)
 		os.Exit(1)
@@ -221,20 +223,38 @@ func apply(src []byte, m mutant) ([]byte, error) {
 	return append(out, src[m.Offset+len(m.From):]...), nil
 }
 
-// coverage maps each function ("file\x00name") to the tests that ran it,
-// and each test to its time.
+// coverage says which tests ran each coverage block and each function
+// ("file\x00name"), and how long each test took.
 type coverage struct {
-	given    bool // tests holds one regular expression, given for every mutant
-	tests    []string
-	took     map[string]time.Duration
-	funcsRun map[string][]string
+	given     bool // tests holds one regular expression, given for every mutant
+	tests     []string
+	took      map[string]time.Duration
+	funcsRun  map[string][]string
+	blocksRun map[block][]string
+	blocks    []block // every block of the package's measured files
 }
 
-// parseProfile returns the functions of funcs that a coverage profile saw
-// run: a block counted at least once that starts within the function's
-// lines. importPath is the package's, which prefixes the profile's files.
-func parseProfile(r *bufio.Scanner, importPath string, funcs []funcRange) (map[string]bool, error) {
+// block is a coverage block: a run of statements, from its start to its
+// end position (line and byte column, both 1-based; the end excluded).
+type block struct {
+	file                         string
+	startLine, startCol, endLine int
+	endCol                       int
+}
+
+func (b block) holds(line, col int) bool {
+	after := line > b.startLine || line == b.startLine && col >= b.startCol
+	before := line < b.endLine || line == b.endLine && col < b.endCol
+	return after && before
+}
+
+// parseProfile returns the blocks of a coverage profile, each with whether
+// it ran, and the functions of funcs that it saw run: a block counted at
+// least once that starts within the function's lines. importPath is the
+// package's, which prefixes the profile's files.
+func parseProfile(r *bufio.Scanner, importPath string, funcs []funcRange) (map[string]bool, map[block]bool, error) {
 	run := map[string]bool{}
+	blocks := map[block]bool{}
 	for r.Scan() {
 		line := r.Text()
 		if strings.HasPrefix(line, "mode:") || line == "" {
@@ -244,27 +264,28 @@ func parseProfile(r *bufio.Scanner, importPath string, funcs []funcRange) (map[s
 		colon := strings.LastIndex(line, ":")
 		fields := strings.Fields(line[colon+1:])
 		if colon < 0 || len(fields) != 3 {
-			return nil, fmt.Errorf("coverage profile: cannot read %q", line)
-		}
-		if fields[2] == "0" {
-			continue
+			return nil, nil, fmt.Errorf("coverage profile: cannot read %q", line)
 		}
 		file := line[:colon]
 		if !strings.HasPrefix(file, importPath+"/") {
 			continue
 		}
-		file = strings.TrimPrefix(file, importPath+"/")
-		startLine, err := strconv.Atoi(fields[0][:strings.Index(fields[0], ".")])
-		if err != nil {
-			return nil, fmt.Errorf("coverage profile: cannot read %q", line)
+		b := block{file: strings.TrimPrefix(file, importPath+"/")}
+		if _, err := fmt.Sscanf(fields[0], "%d.%d,%d.%d", &b.startLine, &b.startCol, &b.endLine, &b.endCol); err != nil {
+			return nil, nil, fmt.Errorf("coverage profile: cannot read %q", line)
+		}
+		ran := fields[2] != "0"
+		blocks[b] = blocks[b] || ran
+		if !ran {
+			continue
 		}
 		for _, fr := range funcs {
-			if fr.file == file && startLine >= fr.start && startLine <= fr.end {
+			if fr.file == b.file && b.startLine >= fr.start && b.startLine <= fr.end {
 				run[fr.file+"\x00"+fr.name] = true
 			}
 		}
 	}
-	return run, r.Err()
+	return run, blocks, r.Err()
 }
 
 type options struct {
@@ -272,6 +293,7 @@ type options struct {
 	list                 bool
 	workers, coefficient int
 	only, run            string
+	seed                 uint64
 }
 
 func run(ctx context.Context, pkg string, o options) error {
@@ -325,6 +347,10 @@ func run(ctx context.Context, pkg string, o options) error {
 		}
 		fmt.Printf("%d mutants in %d files\n", len(mutants), len(sources))
 		return nil
+	}
+	if o.seed != 0 {
+		rand.New(rand.NewPCG(o.seed, 0)).Shuffle(len(mutants), func(i, j int) { mutants[i], mutants[j] = mutants[j], mutants[i] })
+		fmt.Printf("mutants shuffled with seed %d\n", o.seed)
 	}
 	if err := ensurePostgres(ctx); err != nil {
 		return err
@@ -450,7 +476,8 @@ func coverageByTest(ctx context.Context, pkg, importPath, tmp string, funcs []fu
 	if err != nil {
 		return nil, fmt.Errorf("listing the tests: %w", err)
 	}
-	cov := &coverage{took: map[string]time.Duration{}, funcsRun: map[string][]string{}}
+	cov := &coverage{took: map[string]time.Duration{}, funcsRun: map[string][]string{}, blocksRun: map[block][]string{}}
+	seen := map[block]bool{}
 	for _, t := range strings.Fields(string(out)) {
 		if strings.HasPrefix(t, "Test") || strings.HasPrefix(t, "Example") {
 			cov.tests = append(cov.tests, t)
@@ -470,7 +497,7 @@ func coverageByTest(ctx context.Context, pkg, importPath, tmp string, funcs []fu
 		if err != nil {
 			return nil, err
 		}
-		ran, err := parseProfile(bufio.NewScanner(f), importPath, funcs)
+		ran, blocks, err := parseProfile(bufio.NewScanner(f), importPath, funcs)
 		f.Close()
 		if err != nil {
 			return nil, err
@@ -478,16 +505,33 @@ func coverageByTest(ctx context.Context, pkg, importPath, tmp string, funcs []fu
 		for fn := range ran {
 			cov.funcsRun[fn] = append(cov.funcsRun[fn], t)
 		}
+		for b, ran := range blocks {
+			if !seen[b] {
+				seen[b] = true
+				cov.blocks = append(cov.blocks, b)
+			}
+			if ran {
+				cov.blocksRun[b] = append(cov.blocksRun[b], t)
+			}
+		}
 	}
 	return cov, nil
 }
 
-// testsFor returns the tests that can see m: those that ran its function,
-// or every test for a mutant outside any function (a package-level
-// initialiser runs for all).
+// testsFor returns the tests that can see m: those that ran the coverage
+// block it is in (only a test that runs a statement evaluates the
+// operators in it); for a mutant in no block (a case condition, or a
+// condition after a closure: Go's blocks leave them out), those that ran
+// its function; for a mutant outside any function (a package-level
+// initialiser runs for all), every test.
 func (c *coverage) testsFor(m mutant) []string {
 	if m.Func == "" || c.given {
 		return c.tests
+	}
+	for _, b := range c.blocks {
+		if b.file == m.File && b.holds(m.Line, m.Col) {
+			return c.blocksRun[b]
+		}
 	}
 	return c.funcsRun[m.File+"\x00"+m.Func]
 }

@@ -99,10 +99,37 @@ func TestParseProfile(t *testing.T) {
 		"example.com/m/pp/p.go:15.1,16.2 1 1",
 		"",
 	}, "\n")
-	run, err := parseProfile(bufio.NewScanner(strings.NewReader(profile)), "example.com/m/p", funcs)
+	run, blocks, err := parseProfile(bufio.NewScanner(strings.NewReader(profile)), "example.com/m/p", funcs)
 	require.NoError(t, err)
 	require.Equal(t, map[string]bool{"p.go\x00T.Fits": true, "q.go\x00other": true}, run)
+	require.Equal(t, map[block]bool{
+		{"p.go", 7, 30, 8, 25}:   true,
+		{"p.go", 14, 30, 16, 10}: false,
+		{"q.go", 3, 1, 4, 2}:     true,
+	}, blocks)
 
-	_, err = parseProfile(bufio.NewScanner(strings.NewReader("example.com/m/p/p.go 1 1\n")), "example.com/m/p", funcs)
-	require.Error(t, err)
+	for _, bad := range []string{"example.com/m/p/p.go 1 1\n", "example.com/m/p/p.go:1.2 1 1\n"} {
+		_, _, err = parseProfile(bufio.NewScanner(strings.NewReader(bad)), "example.com/m/p", funcs)
+		require.Error(t, err, bad)
+	}
+}
+
+// A mutant runs against the tests that ran its block; in no block, those
+// that ran its function; outside any function, all of them.
+func TestTestsFor(t *testing.T) {
+	c := &coverage{
+		tests:     []string{"TestA", "TestB", "TestC"},
+		funcsRun:  map[string][]string{"p.go\x00f": {"TestA", "TestB"}},
+		blocksRun: map[block][]string{{"p.go", 10, 20, 12, 5}: {"TestB"}},
+		blocks:    []block{{"p.go", 10, 20, 12, 5}, {"p.go", 13, 2, 14, 3}},
+	}
+	at := func(line, col int, fn string) []string {
+		return c.testsFor(mutant{File: "p.go", Line: line, Col: col, Func: fn})
+	}
+	require.Equal(t, []string{"TestB"}, at(10, 20, "f"), "the block's first column")
+	require.Equal(t, []string{"TestB"}, at(12, 4, "f"))
+	require.Empty(t, at(13, 9, "f"), "a block no test ran")
+	require.Equal(t, []string{"TestA", "TestB"}, at(12, 5, "f"), "the end is not the block's")
+	require.Equal(t, []string{"TestA", "TestB"}, at(10, 19, "f"))
+	require.Equal(t, c.tests, at(1, 1, ""), "outside any function")
 }
