@@ -72,6 +72,10 @@ equivalent=$(
 		envelope envelope.go:345:7 ARITHMETIC_BASE
 		envelope envelope.go:345:10 CONDITIONALS_BOUNDARY
 		envelope envelope.go:390:12 CONDITIONALS_BOUNDARY
+		executor delta_stream.go:75:8 INCREMENT_DECREMENT
+		executor executor.go:239:10 INCREMENT_DECREMENT
+		executor executor.go:668:25 ARITHMETIC_BASE
+		executor response_id.go:117:13 CONDITIONALS_BOUNDARY
 		ledger pipelined.go:237:51 CONDITIONALS_NEGATION
 		ledger retry.go:125:11 CONDITIONALS_BOUNDARY
 		outbox relay.go:468:15 CONDITIONALS_BOUNDARY
