@@ -352,9 +352,11 @@ func run(ctx context.Context, pkg string, o options) error {
 		rand.New(rand.NewPCG(o.seed, 0)).Shuffle(len(mutants), func(i, j int) { mutants[i], mutants[j] = mutants[j], mutants[i] })
 		fmt.Printf("mutants shuffled with seed %d\n", o.seed)
 	}
-	if err := ensurePostgres(ctx); err != nil {
+	stopPostgres, err := ensurePostgres(ctx)
+	if err != nil {
 		return err
 	}
+	defer stopPostgres()
 	tmp, err := os.MkdirTemp("", "promptline-mutants-")
 	if err != nil {
 		return err
@@ -430,36 +432,34 @@ func goList(ctx context.Context, pkg string) (string, error) {
 }
 
 // ensurePostgres sets DATABASE_URL for the tests when neither it nor a
-// server on 127.0.0.1:5432 is there: a throwaway cluster, stopped when
-// this process ends however it ends (pgdb.Cluster.StopWhenClosed), shared
-// by every test run instead of one cluster per test binary.
-func ensurePostgres(ctx context.Context) error {
+// server on 127.0.0.1:5432 is there: a throwaway cluster, shared by every
+// test run instead of one cluster per test binary. The cluster stops when
+// the returned func runs or this process ends, however it ends
+// (pgdb.Cluster.StopWhenClosed: it watches a pipe whose write end only
+// this process holds).
+func ensurePostgres(ctx context.Context) (stop func(), err error) {
 	if os.Getenv("DATABASE_URL") != "" {
-		return nil
+		return func() {}, nil
 	}
 	if c, err := pgx.Connect(ctx, "postgres://127.0.0.1:5432/postgres?sslmode=disable"); err == nil {
 		c.Close(ctx)
-		return nil
+		return func() {}, nil
 	}
 	cluster, err := pgdb.StartCluster(ctx, "")
 	if err != nil {
-		return err
+		return nil, err
 	}
 	r, w, err := os.Pipe()
 	if err != nil {
-		return errors.Join(err, cluster.Stop())
+		return nil, errors.Join(err, cluster.Stop())
 	}
 	defer r.Close()
 	if err := cluster.StopWhenClosed(r); err != nil {
-		return errors.Join(err, cluster.Stop())
+		w.Close()
+		return nil, errors.Join(err, cluster.Stop())
 	}
-	keepOpen = w
-	return os.Setenv("DATABASE_URL", cluster.URL("postgres"))
+	return func() { w.Close() }, os.Setenv("DATABASE_URL", cluster.URL("postgres"))
 }
-
-// keepOpen is the write end of the cluster's watchdog pipe, open until
-// this process exits.
-var keepOpen *os.File
 
 // coverageByTest builds the package's tests with coverage once, then runs
 // each top-level test alone for its profile.
