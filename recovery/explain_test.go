@@ -84,11 +84,15 @@ func TestExplainSaysTheSpendAtRisk(t *testing.T) {
 			{ID: "e1/step-1", Step: 1, Provider: "openai", State: "started", Model: "gpt-x", RequestTokens: 1234, ResponseID: "req-7"},
 			{ID: "e1/step-2", Step: 2, Provider: "openai", State: "started", Model: "gpt-x", RequestTokens: 99},
 			{ID: "e1/step-3", Step: 3, Provider: "old", State: "started"},
+			{ID: "e1/step-4", Step: 4, Provider: "p", State: "started", ResponseID: "req-9"},
 		}}}
 	var out bytes.Buffer
 	recovery.Explain(&out, []recovery.Record{r})
 	text := out.String()
 	require.Contains(t, text, "Provider attempt e1/step-1 (step 1, openai) was started.\n    model gpt-x, about 1234 input tokens, provider response ID req-7.\n")
 	require.Contains(t, text, "Provider attempt e1/step-2 (step 2, openai) was started.\n    model gpt-x, about 99 input tokens, provider response ID none received.\n")
-	require.Contains(t, text, "Provider attempt e1/step-3 (step 3, old) was started.\n  ", "an attempt recorded before the spend columns says nothing more")
+	require.Contains(t, text, "Provider attempt e1/step-3 (step 3, old) was started.\n  Provider attempt e1/step-4",
+		"an attempt recorded before the spend columns says nothing more")
+	require.Contains(t, text, "Provider attempt e1/step-4 (step 4, p) was started.\n    model -, about 0 input tokens, provider response ID req-9.\n",
+		"a response ID alone is said")
 }
