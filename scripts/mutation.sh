@@ -82,6 +82,7 @@ equivalent=$(
 		outbox relay.go:484:17 CONDITIONALS_BOUNDARY
 		recovery rate.go:56:24 ARITHMETIC_BASE
 		recovery rate.go:111:13 CONDITIONALS_BOUNDARY
+		recovery rate.go:113:32 CONDITIONALS_BOUNDARY
 	EOF
 )
 
