@@ -43,6 +43,15 @@ func TestHold(t *testing.T) {
 		require.Equal(t, map[recovery.DecisionKind]int{}, held[len(held)-1], "nothing is held in auto")
 	})
 
+	t.Run("AQuietDatabaseHoldsNothing", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t)
+		rec := recovery.New(b.pool, &recovery.Config{OwnerID: "r", RedriveAfter: time.Minute, Mode: recovery.ModeHold})
+		p, err := rec.RunOnce(ctx)
+		require.NoError(t, err)
+		require.Equal(t, map[recovery.DecisionKind]int{}, p.Held, "no decision, not decisions of zero")
+	})
+
 	t.Run("TheHeldGaugeCountsMoreThanOneBatch", func(t *testing.T) {
 		t.Parallel()
 		b := setup(t)
