@@ -52,3 +52,21 @@ func TestRedriveOfNothingLeavesTheBucketAlone(t *testing.T) {
 	require.Zero(t, left)
 	require.Equal(t, before, bucket())
 }
+
+// A paced pass puts the bucket's row back when it is missing (without it
+// every paced decision would wait for good); an unpaced pass does not
+// touch the table.
+func TestPacedPassRestoresTheBucket(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool, _ := testkit.Pool(t)
+	rows := func() int { return testkit.Count(t, pool, `SELECT count(*) FROM recovery_rate`) }
+	_, err := pool.Exec(ctx, `DELETE FROM recovery_rate`)
+	require.NoError(t, err)
+	_, err = New(pool, &Config{OwnerID: "r"}).RunOnce(ctx)
+	require.NoError(t, err)
+	require.Zero(t, rows(), "unpaced")
+	_, err = New(pool, &Config{OwnerID: "r", Rate: 100}).RunOnce(ctx)
+	require.NoError(t, err)
+	require.Equal(t, 1, rows(), "paced")
+}
