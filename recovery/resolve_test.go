@@ -176,6 +176,7 @@ func TestResolve(t *testing.T) {
 		require.Equal(t, 1, b.count(t, `SELECT count(*) FROM resolutions WHERE target_id = $1`, call.ID))
 		_, err = b.resolveRound(t, "s", call.ID, recovery.FindingDidNotRun, 3)
 		require.ErrorIs(t, err, recovery.ErrNoRound)
+		require.ErrorContains(t, err, "no round 3 to resolve: its latest is round 1 (did_not_run), and it is unknown")
 		// Round 1 named again: the finding recorded, a no-op.
 		repeat, err := b.resolveRound(t, "s", call.ID, recovery.FindingDidNotRun, 1)
 		require.NoError(t, err)
