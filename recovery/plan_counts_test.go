@@ -1,6 +1,7 @@
 package recovery_test
 
 import (
+	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -33,4 +34,17 @@ func TestPlanCounts(t *testing.T) {
 			require.Equal(t, tc.want, tc.plan.Counts())
 		})
 	}
+}
+
+// A written plan says it would do nothing only when it has neither claims
+// nor lost wakes; a plan of lost wakes alone lists them.
+func TestWritePlanOfLostWakesOnly(t *testing.T) {
+	t.Parallel()
+	var empty, lost strings.Builder
+	recovery.WritePlan(&empty, recovery.Plan{})
+	require.Contains(t, empty.String(), "a pass would do nothing")
+	recovery.WritePlan(&lost, recovery.Plan{LostWakes: []recovery.LostWake{{SessionID: "a", WaitingInputs: 2, Decision: recovery.DecisionRedriven}}})
+	require.NotContains(t, lost.String(), "a pass would do nothing")
+	require.Contains(t, lost.String(), "Session a: 2 inputs wait")
+	require.Contains(t, lost.String(), "Would decide: redriven")
 }
