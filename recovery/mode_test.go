@@ -50,6 +50,9 @@ func TestHold(t *testing.T) {
 		p, err := rec.RunOnce(ctx)
 		require.NoError(t, err)
 		require.Equal(t, map[recovery.DecisionKind]int{}, p.Held, "no decision, not decisions of zero")
+		waiting, err := rec.Waiting(ctx, nil)
+		require.NoError(t, err)
+		require.Equal(t, map[recovery.DecisionKind]int{}, waiting, "Waiting, likewise")
 	})
 
 	t.Run("TheHeldGaugeCountsMoreThanOneBatch", func(t *testing.T) {
