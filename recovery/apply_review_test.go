@@ -205,3 +205,24 @@ func TestApplyGoesOnPastAFailedDecision(t *testing.T) {
 		})
 	}
 }
+
+// An apply without a rate is paced at its default, ten decisions a
+// second: three claims take at least two intervals (the first decision
+// goes at once).
+func TestApplyIsPacedByDefault(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	b := setup(t)
+	for i := range 3 {
+		s := fmt.Sprintf("r%d", i)
+		b.admit(t, s, s+"m", "hello")
+		b.acquire(t, s, "exec-"+s)
+		b.exec(t, `UPDATE claims SET expires_at = now() - interval '1 hour' WHERE session_id = $1`, s)
+	}
+	rec := recovery.New(b.pool, &recovery.Config{OwnerID: "r", RedriveAfter: time.Hour})
+	began := time.Now()
+	a, err := rec.Apply(ctx, &recovery.ApplyOpts{Operator: "ops"})
+	require.NoError(t, err)
+	require.Equal(t, map[recovery.DecisionKind]int{recovery.DecisionRewoken: 3}, a.Decisions)
+	require.GreaterOrEqual(t, time.Since(began), 200*time.Millisecond)
+}
