@@ -748,3 +748,25 @@ func TestStopHandsOnAWaitingSessionWithAWake(t *testing.T) {
 	commits := b.count(t, `SELECT count(DISTINCT created_at) FROM outbox WHERE key = 's' AND id > $1`, before)
 	require.GreaterOrEqual(t, int(nudges.Load()), commits)
 }
+
+// A call of a tool the registry does not have fails, named, and goes back
+// to the model; the turn goes on. No tool ran.
+func TestUnknownToolCallFails(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	b := setupExec(t)
+	quick := newStuckTool(t, "quick", tools.Idempotent, false)
+	close(quick.release)
+	reg := tools.NewRegistry()
+	require.NoError(t, reg.Register(quick))
+	claims := ledger.NewClaims(b.pool, &ledger.ClaimsConfig{Lease: 5 * time.Second, OwnerID: "a"})
+	e := newExecutor(t, b.pool, &executor.ExecutorConfig{Claims: claims, Tools: reg})
+	b.admit(t, "s", "m1", "/tool nosuch {}")
+	done, err := e.Wake(ctx, "s", 0)
+	require.NoError(t, err)
+	wait(t, done)
+	require.Equal(t, 1, b.count(t, `SELECT count(*) FROM tool_calls WHERE session_id = 's' AND tool = 'nosuch'
+		AND state = 'failed' AND is_error AND output = 'invalid tool call: invalid call of tool "nosuch": unknown tool'`))
+	require.Equal(t, 1, testkit.CountEvents(t, b.pool, "s", envelope.EventTurnCompleted))
+	require.Empty(t, quick.started)
+}

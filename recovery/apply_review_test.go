@@ -3,6 +3,7 @@ package recovery_test
 import (
 	"context"
 	"fmt"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -219,10 +220,19 @@ func TestApplyIsPacedByDefault(t *testing.T) {
 		b.acquire(t, s, "exec-"+s)
 		b.exec(t, `UPDATE claims SET expires_at = now() - interval '1 hour' WHERE session_id = $1`, s)
 	}
-	rec := recovery.New(b.pool, &recovery.Config{OwnerID: "r", RedriveAfter: time.Hour})
+	var nudges atomic.Int32
+	rec := recovery.New(b.pool, &recovery.Config{OwnerID: "r", RedriveAfter: time.Hour, OnCommitFunc: func() { nudges.Add(1) }})
 	began := time.Now()
 	a, err := rec.Apply(ctx, &recovery.ApplyOpts{Operator: "ops"})
 	require.NoError(t, err)
 	require.Equal(t, map[recovery.DecisionKind]int{recovery.DecisionRewoken: 3}, a.Decisions)
 	require.GreaterOrEqual(t, time.Since(began), 200*time.Millisecond)
+	require.Positive(t, nudges.Load(), "the relay is nudged after the apply's wakes")
+
+	// An apply that finds nothing to do nudges nothing.
+	nudges.Store(0)
+	a, err = rec.Apply(ctx, &recovery.ApplyOpts{Operator: "ops"})
+	require.NoError(t, err)
+	require.Empty(t, a.Decisions)
+	require.Zero(t, nudges.Load())
 }

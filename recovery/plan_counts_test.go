@@ -47,4 +47,12 @@ func TestWritePlanOfLostWakesOnly(t *testing.T) {
 	require.NotContains(t, lost.String(), "a pass would do nothing")
 	require.Contains(t, lost.String(), "Session a: 2 inputs wait")
 	require.Contains(t, lost.String(), "Would decide: redriven")
+
+	var claims strings.Builder
+	recovery.WritePlan(&claims, recovery.Plan{Claims: []recovery.PlannedClaim{
+		{SessionID: "c", Decision: recovery.Decision{Decision: recovery.DecisionContinued, ContinuationID: "cont-1"}},
+		{SessionID: "w", Decision: recovery.Decision{Decision: recovery.DecisionRewoken}},
+	}})
+	require.Contains(t, claims.String(), "Continuation input cont-1: would be admitted.")
+	require.Equal(t, 1, strings.Count(claims.String(), "Continuation input"), "only the claim that has one")
 }
