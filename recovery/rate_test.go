@@ -174,6 +174,25 @@ func TestRecoveryRateDefersTheRest(t *testing.T) {
 		}, 20*time.Second, time.Millisecond, "later passes re-wake the rest")
 		require.Equal(t, wakesBefore+3, b.count(t, `SELECT count(*) FROM outbox WHERE topic = 'wakes'`), "each once")
 	})
+
+	// A token that comes within the pass's interval is waited for: the
+	// pass goes on re-waking after the wait, and defers nothing.
+	t.Run("LostWakesWaitedForWithinThePass", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t)
+		for _, s := range []string{"w1", "w2", "w3"} {
+			b.admit(t, s, "m-"+s, "hello")
+		}
+		b.exec(t, `UPDATE inputs SET admitted_at = now() - interval '1 minute'`)
+		b.fillBucket(t, 1)
+		// One token now, then one every 100 ms, within a pass of a minute.
+		rec := recovery.New(b.pool, &recovery.Config{OwnerID: "r", RedriveAfter: 30 * time.Second, Rate: 10, Interval: time.Minute})
+		p, err := rec.RunOnce(ctx)
+		require.NoError(t, err)
+		require.Equal(t, 3, p.Redriven)
+		require.Zero(t, p.Deferred)
+		require.Equal(t, 3, b.count(t, `SELECT count(*) FROM sessions WHERE redriven_at IS NOT NULL`))
+	})
 }
 
 // A decision whose transaction fails after it took its token gives the
