@@ -94,6 +94,29 @@ func TestLedger(t *testing.T) {
 		require.Equal(t, "one\n", string(data), "exactly one appended line")
 	})
 
+	// Two queued prompts run as two turns under one claim: the second
+	// turn's first step begins after the promotion, and is keyed by its
+	// own attempt, as every step is.
+	t.Run("EachStepIsKeyedByItsAttempt", func(t *testing.T) {
+		t.Parallel()
+		b := setupExec(t)
+		rec := &recordingScripted{}
+		claims := ledger.NewClaims(b.pool, &ledger.ClaimsConfig{Lease: 5 * time.Second, OwnerID: "a"})
+		e := newExecutor(t, b.pool, &executor.ExecutorConfig{Claims: claims, Provider: rec})
+		t.Cleanup(e.StopNow)
+		b.admit(t, "s", "m1", "first")
+		b.admit(t, "s", "m2", "second")
+		done, err := e.Wake(ctx, "s", 0)
+		require.NoError(t, err)
+		wait(t, done)
+		require.Equal(t, 1, b.answered(t, "m1"))
+		require.Equal(t, 1, b.answered(t, "m2"))
+		first, second := rec.request(0), rec.request(1)
+		require.Equal(t, first.AttemptID, first.IdempotencyKey)
+		require.Equal(t, second.AttemptID, second.IdempotencyKey)
+		require.NotEqual(t, first.IdempotencyKey, second.IdempotencyKey)
+	})
+
 	t.Run("InvalidToolInputIsAFailedCallReturnedToTheModel", func(t *testing.T) {
 		t.Parallel()
 		b := setupExec(t)
