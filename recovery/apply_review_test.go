@@ -9,6 +9,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/promptline/promptline/internal/testkit"
 	"github.com/promptline/promptline/recovery"
 )
 
@@ -221,13 +222,18 @@ func TestApplyIsPacedByDefault(t *testing.T) {
 		b.exec(t, `UPDATE claims SET expires_at = now() - interval '1 hour' WHERE session_id = $1`, s)
 	}
 	var nudges atomic.Int32
-	rec := recovery.New(b.pool, &recovery.Config{OwnerID: "r", RedriveAfter: time.Hour, OnCommitFunc: func() { nudges.Add(1) }})
+	var logs testkit.LogBuffer
+	rec := recovery.New(b.pool, &recovery.Config{OwnerID: "r", RedriveAfter: time.Hour, OnCommitFunc: func() { nudges.Add(1) },
+		Logger: testkit.Logger(t, &logs)})
 	began := time.Now()
 	a, err := rec.Apply(ctx, &recovery.ApplyOpts{Operator: "ops"})
 	require.NoError(t, err)
 	require.Equal(t, map[recovery.DecisionKind]int{recovery.DecisionRewoken: 3}, a.Decisions)
 	require.GreaterOrEqual(t, time.Since(began), 200*time.Millisecond)
 	require.Positive(t, nudges.Load(), "the relay is nudged after the apply's wakes")
+	require.Equal(t, 1, b.count(t, `SELECT count(*) FROM recovery_actions WHERE id = $1 AND applied = 3 AND finished_at IS NOT NULL`, a.ID),
+		"the apply's end is recorded")
+	require.NotContains(t, logs.String(), "level=WARN")
 
 	// An apply that finds nothing to do nudges nothing.
 	nudges.Store(0)
