@@ -6,11 +6,13 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
@@ -606,9 +608,19 @@ func TestIdleReleaseWritesNoWake(t *testing.T) {
 			require.NoError(t, reg.Register(quick))
 			var nudges atomic.Int32
 			var logs testkit.LogBuffer
+			// What each nudge saw: the newest outbox row of the session.
+			var seen []int
+			var seenMu sync.Mutex
 			claims := ledger.NewClaims(b.pool, &ledger.ClaimsConfig{Lease: 5 * time.Second, OwnerID: "a"})
 			e := newExecutor(t, b.pool, &executor.ExecutorConfig{Claims: claims, Logger: testkit.Logger(t, &logs), Tools: reg,
-				OnCommitFunc: func() { nudges.Add(1) }})
+				OnCommitFunc: func() {
+					nudges.Add(1)
+					var id int
+					_ = b.pool.QueryRow(context.Background(), `SELECT coalesce(max(id), 0) FROM outbox WHERE key = 's'`).Scan(&id)
+					seenMu.Lock()
+					seen = append(seen, id)
+					seenMu.Unlock()
+				}})
 			t.Cleanup(e.StopNow)
 			b.admit(t, "s", "m1", c.text)
 			before := b.count(t, `SELECT max(id) FROM outbox`)
@@ -623,6 +635,21 @@ func TestIdleReleaseWritesNoWake(t *testing.T) {
 			commits := b.count(t, `SELECT count(DISTINCT created_at) FROM outbox WHERE key = 's' AND id > $1`, before)
 			require.GreaterOrEqual(t, commits, map[string]int{"Plain": 2, "ToolStep": 4, "ProviderFails": 2}[c.name], "the turn's commits that wrote events")
 			require.GreaterOrEqual(t, int(nudges.Load()), commits, "a nudge after each commit that wrote outbox rows")
+			// Each such commit is followed by a nudge before the next one:
+			// one that saw its rows and none of the next commit's.
+			rows, err := b.pool.Query(ctx, `SELECT min(id), max(id) FROM outbox WHERE key = 's' AND id > $1 GROUP BY created_at ORDER BY min(id)`, before)
+			require.NoError(t, err)
+			type span struct{ First, Last int }
+			spans, err := pgx.CollectRows(rows, pgx.RowToStructByPos[span])
+			require.NoError(t, err)
+			seenMu.Lock()
+			defer seenMu.Unlock()
+			for i, sp := range spans {
+				nudged := slices.ContainsFunc(seen, func(id int) bool {
+					return id >= sp.Last && (i == len(spans)-1 || id < spans[i+1].First)
+				})
+				require.True(t, nudged, "no nudge after the commit of outbox rows %d to %d (nudges saw %v)", sp.First, sp.Last, seen)
+			}
 			if c.name != "ProviderFails" {
 				require.NotContains(t, logs.String(), "level=ERROR")
 				require.NotContains(t, logs.String(), "level=WARN")

@@ -366,7 +366,12 @@ func run(ctx context.Context, pkg string, o options) error {
 	start := time.Now()
 	var cov *coverage
 	if o.run != "" {
-		// The tests given, for every mutant, with a generous timeout.
+		// The tests given, for every mutant, with a generous timeout; they
+		// must pass without a mutant, or every mutant would look killed.
+		check := exec.CommandContext(ctx, "go", "test", "-count=1", "-run", o.run, "./"+pkg)
+		if out, err := check.CombinedOutput(); err != nil {
+			return fmt.Errorf("the tests -run %s select fail without a mutant: %w\n%s", o.run, err, out)
+		}
 		cov = &coverage{tests: []string{o.run}, took: map[string]time.Duration{o.run: 2 * time.Minute}, given: true}
 	} else {
 		if cov, err = coverageByTest(ctx, pkg, importPath, tmp, funcs); err != nil {
