@@ -4,11 +4,13 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"strings"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
 	"github.com/promptline/promptline/envelope"
@@ -432,6 +434,21 @@ func TestRecovererStartStop(t *testing.T) {
 		case <-time.After(15 * time.Second):
 			t.Fatal("no decision from the first pass")
 		}
+	})
+
+	// A pass that fails while the loop runs is logged, and the loop goes
+	// on to the next pass.
+	t.Run("FailedPassesAreLogged", func(t *testing.T) {
+		pool, err := pgxpool.New(context.Background(), testkit.DatabaseURL(t))
+		require.NoError(t, err)
+		pool.Close() // every pass fails
+		var logs testkit.LogBuffer
+		rec := recovery.New(pool, &recovery.Config{OwnerID: "r", Interval: 10 * time.Millisecond, Logger: testkit.Logger(t, &logs)})
+		require.NoError(t, rec.Start(context.Background()))
+		defer rec.Stop()
+		require.Eventually(t, func() bool {
+			return strings.Count(logs.String(), "recovery pass failed") >= 2
+		}, 15*time.Second, 5*time.Millisecond)
 	})
 
 	t.Run("Stress", func(t *testing.T) {
