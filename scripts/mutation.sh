@@ -83,6 +83,7 @@ equivalent=$(
 		recovery rate.go:56:24 ARITHMETIC_BASE
 		recovery rate.go:111:13 CONDITIONALS_BOUNDARY
 		recovery rate.go:113:32 CONDITIONALS_BOUNDARY
+		recovery mode.go:285:31 CONDITIONALS_BOUNDARY
 	EOF
 )
 
