@@ -797,3 +797,29 @@ func TestUnknownToolCallFails(t *testing.T) {
 	require.Equal(t, 1, testkit.CountEvents(t, b.pool, "s", envelope.EventTurnCompleted))
 	require.Empty(t, quick.started)
 }
+
+// refusingProvider refuses every request, asking to be tried again after
+// a millisecond, and counts the requests.
+type refusingProvider struct{ calls atomic.Int32 }
+
+func (p *refusingProvider) Complete(context.Context, provider.Request) (provider.Response, error) {
+	p.calls.Add(1)
+	return provider.Response{}, &provider.RetryAfterError{After: time.Millisecond, Err: errors.New("busy")}
+}
+
+// A step the provider keeps refusing is sent again five times (six
+// requests in all), then the turn fails with the provider's error.
+func TestRefusedStepIsRetriedFiveTimes(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	b := setupExec(t)
+	p := &refusingProvider{}
+	e := b.executor(t, "a", p, 5*time.Second, 1)
+	b.admit(t, "s", "m1", "hello")
+	done, err := e.Wake(ctx, "s", 0)
+	require.NoError(t, err)
+	wait(t, done)
+	require.Equal(t, int32(6), p.calls.Load())
+	require.Equal(t, 1, testkit.CountEvents(t, b.pool, "s", envelope.EventTurnFailed))
+	require.Equal(t, 1, b.count(t, `SELECT count(*) FROM attempts WHERE session_id = 's' AND state = 'failed'`), "one attempt, retried")
+}
