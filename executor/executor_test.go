@@ -808,18 +808,35 @@ func (p *refusingProvider) Complete(context.Context, provider.Request) (provider
 }
 
 // A step the provider keeps refusing is sent again five times (six
-// requests in all), then the turn fails with the provider's error.
+// requests in all), then the turn fails with the provider's error; each
+// request's outcome is reported, as is a successful one's.
 func TestRefusedStepIsRetriedFiveTimes(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	b := setupExec(t)
-	p := &refusingProvider{}
-	e := b.executor(t, "a", p, 5*time.Second, 1)
-	b.admit(t, "s", "m1", "hello")
-	done, err := e.Wake(ctx, "s", 0)
-	require.NoError(t, err)
-	wait(t, done)
-	require.Equal(t, int32(6), p.calls.Load())
+	for _, c := range []struct {
+		session  string
+		provider provider.Provider
+		outcomes []string
+	}{
+		{"s", &refusingProvider{}, slices.Repeat([]string{executor.OutcomeFailed}, 6)},
+		{"t", nil, []string{executor.OutcomeSucceeded}},
+	} {
+		var mu sync.Mutex
+		var outcomes []string
+		claims := ledger.NewClaims(b.pool, &ledger.ClaimsConfig{Lease: 5 * time.Second, OwnerID: "a"})
+		e := newExecutor(t, b.pool, &executor.ExecutorConfig{Claims: claims, Provider: c.provider,
+			OnAttemptFunc: func(o string, _ time.Duration) { mu.Lock(); outcomes = append(outcomes, o); mu.Unlock() }})
+		t.Cleanup(e.StopNow)
+		b.admit(t, c.session, c.session+"1", "hello")
+		done, err := e.Wake(ctx, c.session, 0)
+		require.NoError(t, err)
+		wait(t, done)
+		mu.Lock()
+		require.Equal(t, c.outcomes, outcomes, "each request's outcome, as promptline_provider_attempts_total counts it")
+		mu.Unlock()
+	}
 	require.Equal(t, 1, testkit.CountEvents(t, b.pool, "s", envelope.EventTurnFailed))
 	require.Equal(t, 1, b.count(t, `SELECT count(*) FROM attempts WHERE session_id = 's' AND state = 'failed'`), "one attempt, retried")
+	require.Equal(t, 1, testkit.CountEvents(t, b.pool, "t", envelope.EventTurnCompleted))
 }
