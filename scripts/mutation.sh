@@ -85,6 +85,7 @@ equivalent=$(
 		recovery rate.go:111:13 CONDITIONALS_BOUNDARY
 		recovery rate.go:113:32 CONDITIONALS_BOUNDARY
 		recovery mode.go:285:31 CONDITIONALS_BOUNDARY
+		recovery redrive.go:22:8 CONDITIONALS_BOUNDARY
 	EOF
 )
 
