@@ -64,8 +64,17 @@ func TestRecoveryCapStopsACrashLoop(t *testing.T) {
 	require.Contains(t, reason, "2 times within 1h0m0s (cap 2)")
 	require.Equal(t, 1, b.count(t, `SELECT count(*) FROM recoveries WHERE session_id = $1 AND decision = 'quarantined'
 		AND quarantine_reason LIKE 'recovery_cap:%'`, session))
-	require.Equal(t, 1.0, last.metric(t, "promptline_recovery_capped_total"))
-	require.Equal(t, 1.0, last.metric(t, "promptline_quarantined_rows", `kind="claim"`))
+	// The counter moves after the decision's commit, the gauge at the end
+	// of the pass that decided: both a moment after the row shows it.
+	// (Scraped here, not in Eventually's goroutine: a failed scrape fails
+	// the test.)
+	metricsBy := time.Now().Add(10 * time.Second)
+	for last.metric(t, "promptline_recovery_capped_total") != 1.0 ||
+		last.metric(t, "promptline_quarantined_rows", `kind="claim"`) != 1.0 {
+		require.True(t, time.Now().Before(metricsBy), "capped_total %v, quarantined_rows %v",
+			last.metric(t, "promptline_recovery_capped_total"), last.metric(t, "promptline_quarantined_rows", `kind="claim"`))
+		time.Sleep(20 * time.Millisecond)
+	}
 
 	// The consumer lives on and serves other sessions.
 	other := prompt("s-rec-cap-other", "still here")
