@@ -11,8 +11,8 @@
 #   MUTATION_SEED=N scripts/mutation.sh       mutants in a shuffled order (a run
 #                                              stopped early measured a random sample)
 #
-# By default each mutant runs against only the tests that enter its
-# function (scripts/mutants: a coverage profile per test, taken once); with
+# By default each mutant runs against only the tests that ran its
+# statement (scripts/mutants: a coverage profile per test, taken once); with
 # MUTATION_TOOL=gremlins, against the package's whole suite, as gremlins
 # does, which takes hours for recovery. Both make the same mutants.
 # Tests run against the real Postgres, like the rest of the suite.
