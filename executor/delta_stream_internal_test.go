@@ -53,7 +53,11 @@ func TestDeltaStreamFlushesEachIntervalAgain(t *testing.T) {
 	s.close()
 	s.close()
 	s.write("after")
-	time.Sleep(50 * time.Millisecond) // past the interval: no timer flushes after close
+	// Closed: no timer left to flush, nothing buffered.
+	s.mu.Lock()
+	require.Nil(t, s.timer)
+	require.Zero(t, s.buf.Len())
+	s.mu.Unlock()
 	require.Equal(t, []string{"one ", "two ", "three ", "full bytes", "x", "tail"}, sink.texts())
 	for i, d := range sink.deltas {
 		require.Equal(t, int64(i+1), d.Seq)

@@ -213,9 +213,12 @@ func TestDeltaPublisherCloseCountsEveryAcknowledgement(t *testing.T) {
 		p.Close()
 		close(closed)
 	}()
-	// The producer flushes and shuts down while the acknowledgements
-	// wait unread.
-	time.Sleep(200 * time.Millisecond)
+	// Close cannot return while the counting is held back.
+	select {
+	case <-closed:
+		t.Fatal("Close returned before the acknowledgements were counted")
+	case <-time.After(100 * time.Millisecond):
+	}
 	close(release)
 	<-closed
 	require.Equal(t, n, results.Get("published"))

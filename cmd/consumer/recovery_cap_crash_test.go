@@ -73,7 +73,11 @@ func TestRecoveryCapStopsACrashLoop(t *testing.T) {
 		last.metric(t, "promptline_quarantined_rows", `kind="claim"`) != 1.0 {
 		require.True(t, time.Now().Before(metricsBy), "capped_total %v, quarantined_rows %v",
 			last.metric(t, "promptline_recovery_capped_total"), last.metric(t, "promptline_quarantined_rows", `kind="claim"`))
-		time.Sleep(20 * time.Millisecond)
+		select {
+		case <-last.exited:
+			t.Fatal("the consumer exited")
+		case <-time.After(20 * time.Millisecond):
+		}
 	}
 
 	// The consumer lives on and serves other sessions.
