@@ -602,10 +602,7 @@ func TestIdleReleaseWritesNoWake(t *testing.T) {
 			t.Parallel()
 			ctx := context.Background()
 			b := setupExec(t)
-			quick := newStuckTool(t, "quick", tools.SideEffecting, false)
-			close(quick.release)
-			reg := tools.NewRegistry()
-			require.NoError(t, reg.Register(quick))
+			reg, _ := quickTool(t, tools.SideEffecting)
 			var nudges atomic.Int32
 			var logs testkit.LogBuffer
 			// What each nudge saw: the newest outbox row of the session.
@@ -782,10 +779,7 @@ func TestUnknownToolCallFails(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	b := setupExec(t)
-	quick := newStuckTool(t, "quick", tools.Idempotent, false)
-	close(quick.release)
-	reg := tools.NewRegistry()
-	require.NoError(t, reg.Register(quick))
+	reg, quick := quickTool(t, tools.Idempotent)
 	claims := ledger.NewClaims(b.pool, &ledger.ClaimsConfig{Lease: 5 * time.Second, OwnerID: "a"})
 	e := newExecutor(t, b.pool, &executor.ExecutorConfig{Claims: claims, Tools: reg})
 	b.admit(t, "s", "m1", "/tool nosuch {}")
@@ -839,4 +833,15 @@ func TestRefusedStepIsRetriedFiveTimes(t *testing.T) {
 	require.Equal(t, 1, testkit.CountEvents(t, b.pool, "s", envelope.EventTurnFailed))
 	require.Equal(t, 1, b.count(t, `SELECT count(*) FROM attempts WHERE session_id = 's' AND state = 'failed'`), "one attempt, retried")
 	require.Equal(t, 1, testkit.CountEvents(t, b.pool, "t", envelope.EventTurnCompleted))
+}
+
+// quickTool is a registry of one tool, "quick", of class, that returns at
+// once; the tool says when it ran (started).
+func quickTool(t *testing.T, class tools.Class) (*tools.Registry, *stuckTool) {
+	t.Helper()
+	quick := newStuckTool(t, "quick", class, false)
+	close(quick.release)
+	reg := tools.NewRegistry()
+	require.NoError(t, reg.Register(quick))
+	return reg, quick
 }
