@@ -10,6 +10,9 @@
 #   MUTATION_TOOL=gremlins scripts/mutation.sh gremlins v0.6.0 instead
 #   MUTATION_SEED=N scripts/mutation.sh       mutants in a shuffled order (a run
 #                                              stopped early measured a random sample)
+#   MUTATION_ALSO_executor=recovery,pipeline   other packages whose tests may kill
+#                                              the package's mutants (default: recovery's
+#                                              for the executor; empty for none)
 #
 # By default each mutant runs against only the tests that ran its
 # statement (scripts/mutants: a coverage profile per test, taken once); with
@@ -61,6 +64,14 @@ for pkg in $pkgs; do
 	var=MUTATION_EXCLUDE_$pkg
 	exclude[$pkg]=${!var:-}
 done
+# MUTATION_ALSO_<pkg> (comma-separated) names other packages whose tests
+# run the package's code and may kill its mutants (targeted mode only):
+# recovery's tests run continuations through the executor.
+declare -A also=([executor]=recovery)
+for pkg in $pkgs; do
+	var=MUTATION_ALSO_$pkg
+	also[$pkg]=${!var-${also[$pkg]:-}}
+done
 
 # Survivors that no test can kill: the mutant behaves like the code
 # (docs/testing.md says why for each). "package file:line:column MUTATOR".
@@ -99,7 +110,7 @@ for pkg in $pkgs; do
 	start=$(date +%s)
 	if [ "$tool" = targeted ]; then
 		$go run ./scripts/mutants -workers "${MUTATION_WORKERS:-1}" -timeout-coefficient "$coefficient" -seed "${MUTATION_SEED:-0}" \
-			-exclude "${exclude[$pkg]:-}" "$pkg" | tee "$out/$pkg.txt" | grep -E -A1 'LIVED|TIMED OUT|NOT COVERED|NOT VIABLE|ERROR' || true
+			-exclude "${exclude[$pkg]:-}" -also "${also[$pkg]:-}" "$pkg" | tee "$out/$pkg.txt" | grep -E -A1 'LIVED|TIMED OUT|NOT COVERED|NOT VIABLE|ERROR' || true
 	else
 		args=(unleash --workers "${MUTATION_WORKERS:-1}" --timeout-coefficient "$coefficient" -S ltc)
 		if [ -n "${exclude[$pkg]:-}" ]; then

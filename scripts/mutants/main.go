@@ -14,11 +14,14 @@
 // applied with go's -overlay flag: no copy of the module, and the build
 // cache keeps every other package.
 //
-//	go run ./scripts/mutants [-workers N] [-exclude REGEXP] [-seed N] [-list] PKG
-//	go run ./scripts/mutants -only FILE:LINE:COL[:MUTATOR] [-run REGEXP] PKG
+//	go run ./scripts/mutants [-workers N] [-exclude REGEXP] [-seed N] [-also PKG,...] [-list] PKG
+//	go run ./scripts/mutants -only FILE:LINE:COL[:MUTATOR] [-run REGEXP] [-also PKG,...] PKG
 //
 // -only tries the mutants at one place (a survivor, once its test is
 // written); -run gives the tests to run instead of taking the coverage.
+// -also names other packages whose tests run PKG's code (recovery's run
+// continuations through the executor): their tests join PKG's, with their
+// coverage of PKG, so that a mutant they kill counts as killed.
 //
 // Prints one line per mutant (KILLED, LIVED, TIMED OUT, NOT VIABLE, NOT
 // COVERED; a LIVED one with the tests that ran it), then the counts in
@@ -64,6 +67,7 @@ func main() {
 	coefficient := flag.Int("timeout-coefficient", 5, "a mutant's tests may take this many times their time without the mutant")
 	only := flag.String("only", "", "try only the mutants at FILE:LINE:COL, or only MUTATOR there with FILE:LINE:COL:MUTATOR")
 	runTests := flag.String("run", "", "run the tests this regular expression selects for every mutant, instead of taking the coverage")
+	also := flag.String("also", "", "comma-separated packages whose tests also run against the mutants, where their coverage reaches them")
 	seed := flag.Uint64("seed", 0, "try the mutants in an order shuffled by this seed (0: file order), so that a run stopped early has measured a random sample")
 	flag.Usage = func() {
 		fmt.Fprintln(os.Stderr, "usage: mutants [-workers N] [-exclude REGEXP] [-list] [-only FILE:LINE:COL[:MUTATOR]] [-run REGEXP] PKG")
@@ -91,6 +95,11 @@ func main() {
 		}
 	}
 	opts := options{skip: skip, list: *list, workers: *workers, coefficient: *coefficient, only: *only, run: *runTests, seed: *seed}
+	for _, p := range strings.Split(*also, ",") {
+		if p = strings.TrimSpace(p); p != "" {
+			opts.also = append(opts.also, filepath.Clean(p))
+		}
+	}
 	if err := run(ctx, filepath.Clean(flag.Arg(0)), opts); err != nil {
 		fmt.Fprintln(os.Stderr, "mutants:", err)
 		os.Exit(1)
@@ -226,11 +235,11 @@ func apply(src []byte, m mutant) ([]byte, error) {
 // coverage says which tests ran each coverage block and each function
 // ("file\x00name"), and how long each test took.
 type coverage struct {
-	given     bool // tests holds one regular expression, given for every mutant
-	tests     []string
-	took      map[string]time.Duration
-	funcsRun  map[string][]string
-	blocksRun map[block][]string
+	given     bool // tests holds one regular expression per package, given for every mutant
+	tests     []testRef
+	took      map[testRef]time.Duration
+	funcsRun  map[string][]testRef
+	blocksRun map[block][]testRef
 	blocks    []block // every block of the package's measured files
 }
 
@@ -294,7 +303,13 @@ type options struct {
 	workers, coefficient int
 	only, run            string
 	seed                 uint64
+	also                 []string // other packages whose tests run the package's code
 }
+
+// testRef names one top-level test: its package directory and its name.
+type testRef struct{ pkg, name string }
+
+func (t testRef) String() string { return t.pkg + "." + t.name }
 
 func run(ctx context.Context, pkg string, o options) error {
 	bp, err := build.Default.ImportDir(pkg, 0)
@@ -368,13 +383,18 @@ func run(ctx context.Context, pkg string, o options) error {
 	if o.run != "" {
 		// The tests given, for every mutant, with a generous timeout; they
 		// must pass without a mutant, or every mutant would look killed.
-		check := exec.CommandContext(ctx, "go", "test", "-count=1", "-run", o.run, "./"+pkg)
-		if out, err := check.CombinedOutput(); err != nil {
-			return fmt.Errorf("the tests -run %s select fail without a mutant: %w\n%s", o.run, err, out)
+		cov = &coverage{took: map[testRef]time.Duration{}, given: true}
+		for _, p := range append([]string{pkg}, o.also...) {
+			check := exec.CommandContext(ctx, "go", "test", "-count=1", "-run", o.run, "./"+p)
+			if out, err := check.CombinedOutput(); err != nil {
+				return fmt.Errorf("the tests -run %s selects in %s fail without a mutant: %w\n%s", o.run, p, err, out)
+			}
+			t := testRef{p, o.run}
+			cov.tests = append(cov.tests, t)
+			cov.took[t] = 2 * time.Minute
 		}
-		cov = &coverage{tests: []string{o.run}, took: map[string]time.Duration{o.run: 2 * time.Minute}, given: true}
 	} else {
-		if cov, err = coverageByTest(ctx, pkg, importPath, tmp, funcs); err != nil {
+		if cov, err = coverageByTest(ctx, append([]string{pkg}, o.also...), importPath, tmp, funcs); err != nil {
 			return err
 		}
 		fmt.Printf("coverage of %d tests taken in %s\n", len(cov.tests), time.Since(start).Round(time.Second))
@@ -466,57 +486,60 @@ func ensurePostgres(ctx context.Context) (stop func(), err error) {
 	return func() { w.Close() }, os.Setenv("DATABASE_URL", cluster.URL("postgres"))
 }
 
-// coverageByTest builds the package's tests with coverage once, then runs
-// each top-level test alone for its profile.
-func coverageByTest(ctx context.Context, pkg, importPath, tmp string, funcs []funcRange) (*coverage, error) {
-	bin := filepath.Join(tmp, "cover.test")
-	build := exec.CommandContext(ctx, "go", "test", "-c", "-covermode=set", "-coverpkg="+importPath, "-o", bin, "./"+pkg)
-	build.Stderr = os.Stderr
-	if err := build.Run(); err != nil {
-		return nil, fmt.Errorf("building the tests with coverage: %w", err)
-	}
-	listCmd := exec.CommandContext(ctx, bin, "-test.list", ".")
-	listCmd.Dir = pkg
-	out, err := listCmd.Output()
-	if err != nil {
-		return nil, fmt.Errorf("listing the tests: %w", err)
-	}
-	cov := &coverage{took: map[string]time.Duration{}, funcsRun: map[string][]string{}, blocksRun: map[block][]string{}}
+// coverageByTest builds each package's tests with coverage of importPath
+// (the mutated package) once, then runs each top-level test alone for its
+// profile.
+func coverageByTest(ctx context.Context, pkgs []string, importPath, tmp string, funcs []funcRange) (*coverage, error) {
+	cov := &coverage{took: map[testRef]time.Duration{}, funcsRun: map[string][]testRef{}, blocksRun: map[block][]testRef{}}
 	seen := map[block]bool{}
-	for _, t := range strings.Fields(string(out)) {
-		if strings.HasPrefix(t, "Test") || strings.HasPrefix(t, "Example") {
-			cov.tests = append(cov.tests, t)
+	for i, pkg := range pkgs {
+		bin := filepath.Join(tmp, fmt.Sprintf("cover%d.test", i))
+		build := exec.CommandContext(ctx, "go", "test", "-c", "-covermode=set", "-coverpkg="+importPath, "-o", bin, "./"+pkg)
+		build.Stderr = os.Stderr
+		if err := build.Run(); err != nil {
+			return nil, fmt.Errorf("building the tests of %s with coverage: %w", pkg, err)
 		}
-	}
-	for _, t := range cov.tests {
-		profile := filepath.Join(tmp, "cover.out")
-		cmd := exec.CommandContext(ctx, bin, "-test.run", "^"+regexp.QuoteMeta(t)+"$", "-test.count=1",
-			"-test.timeout=10m", "-test.coverprofile="+profile)
-		cmd.Dir = pkg
-		began := time.Now()
-		if out, err := cmd.CombinedOutput(); err != nil {
-			return nil, fmt.Errorf("%s fails without a mutant: %w\n%s", t, err, out)
-		}
-		cov.took[t] = time.Since(began)
-		f, err := os.Open(profile)
+		listCmd := exec.CommandContext(ctx, bin, "-test.list", ".")
+		listCmd.Dir = pkg
+		out, err := listCmd.Output()
 		if err != nil {
-			return nil, err
+			return nil, fmt.Errorf("listing the tests of %s: %w", pkg, err)
 		}
-		ran, blocks, err := parseProfile(bufio.NewScanner(f), importPath, funcs)
-		f.Close()
-		if err != nil {
-			return nil, err
-		}
-		for fn := range ran {
-			cov.funcsRun[fn] = append(cov.funcsRun[fn], t)
-		}
-		for b, ran := range blocks {
-			if !seen[b] {
-				seen[b] = true
-				cov.blocks = append(cov.blocks, b)
+		for _, name := range strings.Fields(string(out)) {
+			if !strings.HasPrefix(name, "Test") && !strings.HasPrefix(name, "Example") {
+				continue
 			}
-			if ran {
-				cov.blocksRun[b] = append(cov.blocksRun[b], t)
+			t := testRef{pkg, name}
+			cov.tests = append(cov.tests, t)
+			profile := filepath.Join(tmp, "cover.out")
+			cmd := exec.CommandContext(ctx, bin, "-test.run", "^"+regexp.QuoteMeta(name)+"$", "-test.count=1",
+				"-test.timeout=10m", "-test.coverprofile="+profile)
+			cmd.Dir = pkg
+			began := time.Now()
+			if out, err := cmd.CombinedOutput(); err != nil {
+				return nil, fmt.Errorf("%s fails without a mutant: %w\n%s", t, err, out)
+			}
+			cov.took[t] = time.Since(began)
+			f, err := os.Open(profile)
+			if err != nil {
+				return nil, err
+			}
+			ran, blocks, err := parseProfile(bufio.NewScanner(f), importPath, funcs)
+			f.Close()
+			if err != nil {
+				return nil, err
+			}
+			for fn := range ran {
+				cov.funcsRun[fn] = append(cov.funcsRun[fn], t)
+			}
+			for b, ran := range blocks {
+				if !seen[b] {
+					seen[b] = true
+					cov.blocks = append(cov.blocks, b)
+				}
+				if ran {
+					cov.blocksRun[b] = append(cov.blocksRun[b], t)
+				}
 			}
 		}
 	}
@@ -529,7 +552,7 @@ func coverageByTest(ctx context.Context, pkg, importPath, tmp string, funcs []fu
 // condition after a closure: Go's blocks leave them out), those that ran
 // its function; for a mutant outside any function (a package-level
 // initialiser runs for all), every test.
-func (c *coverage) testsFor(m mutant) []string {
+func (c *coverage) testsFor(m mutant) []testRef {
 	if m.Func == "" || c.given {
 		return c.tests
 	}
@@ -568,17 +591,41 @@ func testMutant(ctx context.Context, pkg, absPkg, dir string, m mutant, src []by
 	if err := os.WriteFile(overlayFile, overlay, 0o644); err != nil {
 		return "ERROR", err.Error()
 	}
-	var took time.Duration
-	names := make([]string, len(tests))
+	// Each package's tests run in one go test, the mutant's own package
+	// first; the first failure kills the mutant.
+	var pkgs []string
+	byPkg := map[string][]testRef{}
+	for _, t := range tests {
+		if byPkg[t.pkg] == nil {
+			pkgs = append(pkgs, t.pkg)
+		}
+		byPkg[t.pkg] = append(byPkg[t.pkg], t)
+	}
+	for _, p := range pkgs {
+		var took time.Duration
+		names := make([]string, len(byPkg[p]))
+		for i, t := range byPkg[p] {
+			took += cov.took[t]
+			names[i] = regexp.QuoteMeta(t.name)
+		}
+		runArg := "^(" + strings.Join(names, "|") + ")$"
+		if cov.given {
+			runArg = byPkg[p][0].name
+		}
+		if status := runTests(ctx, overlayFile, p, runArg, max(time.Duration(coefficient)*took, 30*time.Second)); status != "LIVED" {
+			return status, ""
+		}
+	}
+	ran := make([]string, len(tests))
 	for i, t := range tests {
-		took += cov.took[t]
-		names[i] = regexp.QuoteMeta(t)
+		ran[i] = t.String()
 	}
-	runArg := "^(" + strings.Join(names, "|") + ")$"
-	if cov.given {
-		runArg = tests[0]
-	}
-	timeout := max(time.Duration(coefficient)*took, 30*time.Second)
+	return "LIVED", "ran: " + strings.Join(ran, " ")
+}
+
+// runTests runs the tests runArg selects in pkg with the overlay and says
+// what became of the mutant: LIVED when they pass.
+func runTests(ctx context.Context, overlayFile, pkg, runArg string, timeout time.Duration) string {
 	// The build is not timed; the outer bound only stops a run that hangs
 	// past the test binary's own timeout.
 	runCtx, cancel := context.WithTimeout(ctx, timeout+10*time.Minute)
@@ -589,11 +636,11 @@ func testMutant(ctx context.Context, pkg, absPkg, dir string, m mutant, src []by
 	out, err := cmd.CombinedOutput()
 	switch {
 	case err == nil:
-		return "LIVED", "ran: " + strings.Join(tests, " ")
+		return "LIVED"
 	case bytes.Contains(out, []byte("[build failed]")) || bytes.Contains(out, []byte("[setup failed]")):
-		return "NOT VIABLE", ""
+		return "NOT VIABLE"
 	case runCtx.Err() != nil || bytes.Contains(out, []byte("panic: test timed out")):
-		return "TIMED OUT", ""
+		return "TIMED OUT"
 	}
-	return "KILLED", ""
+	return "KILLED"
 }

@@ -117,19 +117,21 @@ func TestParseProfile(t *testing.T) {
 // A mutant runs against the tests that ran its block; in no block, those
 // that ran its function; outside any function, all of them.
 func TestTestsFor(t *testing.T) {
-	c := &coverage{
-		tests:     []string{"TestA", "TestB", "TestC"},
-		funcsRun:  map[string][]string{"p.go\x00f": {"TestA", "TestB"}},
-		blocksRun: map[block][]string{{"p.go", 10, 20, 12, 5}: {"TestB"}},
+	a, b, c := testRef{"p", "TestA"}, testRef{"p", "TestB"}, testRef{"q", "TestC"}
+	cov := &coverage{
+		tests:     []testRef{a, b, c},
+		funcsRun:  map[string][]testRef{"p.go\x00f": {a, b}},
+		blocksRun: map[block][]testRef{{"p.go", 10, 20, 12, 5}: {b, c}},
 		blocks:    []block{{"p.go", 10, 20, 12, 5}, {"p.go", 13, 2, 14, 3}},
 	}
-	at := func(line, col int, fn string) []string {
-		return c.testsFor(mutant{File: "p.go", Line: line, Col: col, Func: fn})
+	at := func(line, col int, fn string) []testRef {
+		return cov.testsFor(mutant{File: "p.go", Line: line, Col: col, Func: fn})
 	}
-	require.Equal(t, []string{"TestB"}, at(10, 20, "f"), "the block's first column")
-	require.Equal(t, []string{"TestB"}, at(12, 4, "f"))
+	require.Equal(t, []testRef{b, c}, at(10, 20, "f"), "the block's first column, with another package's test")
+	require.Equal(t, []testRef{b, c}, at(12, 4, "f"))
 	require.Empty(t, at(13, 9, "f"), "a block no test ran")
-	require.Equal(t, []string{"TestA", "TestB"}, at(12, 5, "f"), "the end is not the block's")
-	require.Equal(t, []string{"TestA", "TestB"}, at(10, 19, "f"))
-	require.Equal(t, c.tests, at(1, 1, ""), "outside any function")
+	require.Equal(t, []testRef{a, b}, at(12, 5, "f"), "the end is not the block's")
+	require.Equal(t, []testRef{a, b}, at(10, 19, "f"))
+	require.Equal(t, cov.tests, at(1, 1, ""), "outside any function")
+	require.Equal(t, "q.TestC", c.String())
 }
