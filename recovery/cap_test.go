@@ -132,5 +132,10 @@ func TestRecoveryCapPerSession(t *testing.T) {
 			crash(t, b)
 			require.Equal(t, map[recovery.DecisionKind]int{recovery.DecisionRewoken: 1}, b.pass(t).Decisions)
 		}
+		recs := b.records(t, "s")
+		require.Len(t, recs, 4)
+		for _, r := range recs {
+			require.Nil(t, r.Evidence.Cap, "no cap: no count is read, and none is stored with the evidence")
+		}
 	})
 }

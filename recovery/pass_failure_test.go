@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/promptline/promptline/recovery"
@@ -74,4 +75,37 @@ func TestRecoveryPassAfterAFailedDecision(t *testing.T) {
 			require.Zero(t, b.count(t, `SELECT count(*) FROM claims WHERE session_id = 'r2'`))
 		})
 	}
+}
+
+// A claim renewed by its holder after the pass listed it as expired (a
+// paused process that woke in time) is not taken over: the pass counts it
+// skipped, writes nothing for it, and decides the next claim. The renewal
+// lands while the pass waits for the session's lock.
+func TestRecoveryPassSkipsAClaimRenewedMeanwhile(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	b := setup(t)
+	for i, s := range []string{"r1", "r2"} {
+		b.admit(t, s, s+"m", "hello")
+		b.acquire(t, s, "exec-"+s)
+		b.exec(t, `UPDATE claims SET expires_at = now() - interval '1 hour' + $2 * interval '1 second' WHERE session_id = $1`, s, i)
+	}
+	release := b.holdSession(t, "r1")
+	done := make(chan recovery.Pass, 1)
+	go func() {
+		p, err := b.rec.RunOnce(ctx)
+		assert.NoError(t, err)
+		done <- p
+	}()
+	require.Eventually(t, func() bool {
+		return b.count(t, `SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()
+			AND wait_event_type = 'Lock' AND query LIKE '%FROM sessions%FOR UPDATE%'`) == 1
+	}, 10*time.Second, 5*time.Millisecond, "the pass waits for r1's session row")
+	b.exec(t, `UPDATE claims SET expires_at = now() + interval '1 minute' WHERE session_id = 'r1'`)
+	release()
+	p := <-done
+	require.Equal(t, 1, p.Skipped)
+	require.Equal(t, map[recovery.DecisionKind]int{recovery.DecisionRewoken: 1}, p.Decisions, "r2 is decided after r1's skip")
+	require.Equal(t, 1, b.count(t, `SELECT count(*) FROM claims WHERE session_id = 'r1' AND execution_id = 'exec-r1'`), "r1's holder keeps it")
+	require.Empty(t, b.records(t, "r1"))
 }

@@ -89,6 +89,35 @@ func TestReleasedInputIsWoken(t *testing.T) {
 		require.Zero(t, b.wakes(t, "s"), "the claim's holder sees the input when it releases (invariant 7)")
 	})
 
+	// The release reads the input's session, locks it, then releases the
+	// input; an input that changed sessions in between would have its wake
+	// and its lock on the wrong session, so the release refuses and rolls
+	// back. No path of the product moves an input; the test moves it while
+	// the release waits for the session's lock.
+	t.Run("InputThatMovedMeanwhileIsNotReleased", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t)
+		b.admit(t, "s", "m1", "hello")
+		b.admit(t, "other", "m2", "hi")
+		quarantine(b, "m1")
+		release := b.holdSession(t, "s")
+		done := make(chan error, 1)
+		go func() {
+			done <- recovery.Release(ctx, b.pool, recovery.KindInput, "m1", &recovery.ReleaseOpts{Operator: "op"})
+		}()
+		require.Eventually(t, func() bool {
+			return b.count(t, `SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()
+				AND wait_event_type = 'Lock' AND query LIKE '%FROM sessions%FOR UPDATE%'`) == 1
+		}, 10*time.Second, 5*time.Millisecond, "the release waits for the session row")
+		b.exec(t, `UPDATE inputs SET session_id = 'other' WHERE message_id = 'm1'`)
+		release()
+		require.ErrorContains(t, <-done, "it moved from session s to other meanwhile")
+		require.Equal(t, 1, b.count(t, `SELECT count(*) FROM inputs WHERE message_id = 'm1' AND quarantine_reason IS NOT NULL`),
+			"the release rolled back")
+		require.Zero(t, b.count(t, `SELECT count(*) FROM quarantine_releases`))
+		require.Zero(t, b.wakes(t, "s")+b.wakes(t, "other"))
+	})
+
 	t.Run("NotWaitingNoWake", func(t *testing.T) {
 		t.Parallel()
 		b := setup(t)

@@ -193,6 +193,29 @@ func TestRecoveryRateDefersTheRest(t *testing.T) {
 		require.Zero(t, p.Deferred)
 		require.Equal(t, 3, b.count(t, `SELECT count(*) FROM sessions WHERE redriven_at IS NOT NULL`))
 	})
+
+	// The batch bounds a pass's re-wakes however many tokens come while it
+	// waits: a scan after a wait looks for what the batch has left, not
+	// more. A trigger dates every take ten seconds back, so the take after
+	// the wait finds the bucket full (ten tokens), as after a long wait on
+	// a loaded machine.
+	t.Run("LostWakesBoundedByTheBatchAfterAWait", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t)
+		for _, s := range []string{"w1", "w2", "w3", "w4", "w5"} {
+			b.admit(t, s, "m-"+s, "hello")
+		}
+		b.exec(t, `UPDATE inputs SET admitted_at = now() - interval '1 minute'`)
+		b.fillBucket(t, 1)
+		b.exec(t, `CREATE FUNCTION calm() RETURNS trigger LANGUAGE plpgsql AS $$
+			BEGIN NEW.updated_at := NEW.updated_at - interval '10 seconds'; RETURN NEW; END $$`)
+		b.exec(t, `CREATE TRIGGER calm BEFORE UPDATE ON recovery_rate FOR EACH ROW EXECUTE FUNCTION calm()`)
+		rec := recovery.New(b.pool, &recovery.Config{OwnerID: "r", RedriveAfter: 30 * time.Second, Rate: 10, Batch: 2, Interval: time.Minute})
+		p, err := rec.RunOnce(ctx)
+		require.NoError(t, err)
+		require.Equal(t, 2, p.Redriven, "one before the wait, one after: the batch")
+		require.Equal(t, 2, b.count(t, `SELECT count(*) FROM sessions WHERE redriven_at IS NOT NULL`))
+	})
 }
 
 // A decision whose transaction fails after it took its token gives the
