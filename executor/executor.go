@@ -746,6 +746,15 @@ func (ex *execution) write(ctx context.Context, fn func(tx pgx.Tx) error) error 
 	return err
 }
 
+// writeQueued is ledger.Execution.WriteQueued, announced as write is.
+func (ex *execution) writeQueued(ctx context.Context, phase ledger.Phase, assistantID string, queue func(b *pgx.Batch)) error {
+	err := ex.x.WriteQueued(ctx, phase, assistantID, queue)
+	if err == nil && ex.e.cfg.OnCommitFunc != nil {
+		ex.e.cfg.OnCommitFunc()
+	}
+	return err
+}
+
 // The writes that record what a dispatch returned retry a transient
 // database error while the lease lives (ledger/retry.go); landed says
 // whether the write already committed when its commit's answer was lost.

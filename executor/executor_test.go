@@ -193,11 +193,14 @@ func TestExecutor(t *testing.T) {
 		b := setupExec(t)
 		p := newBlockingProvider()
 		var log testkit.LogBuffer
+		nudges := &nudgeLog{}
 		claims := ledger.NewClaims(b.pool, &ledger.ClaimsConfig{Lease: 5 * time.Second, OwnerID: "a"})
-		e := newExecutor(t, b.pool, &executor.ExecutorConfig{Claims: claims, Provider: p, StopGrace: time.Nanosecond, Logger: testkit.Logger(t, &log)})
+		e := newExecutor(t, b.pool, &executor.ExecutorConfig{Claims: claims, Provider: p, StopGrace: time.Nanosecond, Logger: testkit.Logger(t, &log),
+			OnCommitFunc: nudges.onCommit(b)})
 		t.Cleanup(e.StopNow)
 		b.admit(t, "s", "m1", "first")
 		b.admit(t, "s", "m2", "second")
+		before := b.count(t, `SELECT max(id) FROM outbox`)
 		_, err := e.Wake(ctx, "s", 0)
 		require.NoError(t, err)
 		<-p.started
@@ -213,6 +216,11 @@ func TestExecutor(t *testing.T) {
 		require.Equal(t, 1, b.count(t, `SELECT count(*) FROM outbox WHERE topic = 'wakes' AND convert_from(payload, 'UTF8')::jsonb->>'reason' = 'released'`),
 			"m2 waits: released with a wake")
 		require.Equal(t, int32(1), p.calls.Load(), "the interrupted call is not retried")
+		// The writes after the cancellation (the turn's failure, the
+		// release) nudge the relay as every commit does.
+		requireNudgedAfterEachCommit(t, b, before, nudges.get())
+		require.Equal(t, 3, b.count(t, `SELECT count(DISTINCT created_at) FROM outbox WHERE key = 's' AND id > $1`, before),
+			"the claim with the first turn, its failure, the release")
 	})
 
 	// The hard stop ends a graceful one still within its grace, and either
@@ -430,17 +438,20 @@ func TestClaimTakenAsRead(t *testing.T) {
 			t.Parallel()
 			b := setupExec(t)
 			phases := &phaseLog{}
+			nudges := &nudgeLog{}
 			claims := ledger.NewClaims(b.pool, &ledger.ClaimsConfig{Lease: 5 * time.Second, OwnerID: "a", OnPhaseFunc: phases.add})
-			e := newExecutor(t, b.pool, &executor.ExecutorConfig{Claims: claims})
+			e := newExecutor(t, b.pool, &executor.ExecutorConfig{Claims: claims, OnCommitFunc: nudges.onCommit(b)})
 			t.Cleanup(e.StopNow)
 			b.admit(t, "s", "queued", "first in line")
 			var once sync.Once
+			before := b.count(t, `SELECT max(id) FROM outbox`)
 			executor.SetAfterRead(e, func() {
 				if changed {
 					once.Do(func() {
 						_, err := b.admitter.Admit(ctx, []admission.Incoming{{Prompt: envelope.Prompt{
 							MessageID: "steer", SessionID: "s", Text: "steer", Delivery: envelope.DeliverySteer}}})
 						require.NoError(t, err)
+						before = b.count(t, `SELECT max(id) FROM outbox`) // the executor's commits follow
 					})
 				}
 			})
@@ -461,6 +472,9 @@ func TestClaimTakenAsRead(t *testing.T) {
 				WHERE s.message_id = 'steer' AND q.message_id = 'queued' AND s.promotion_seq < q.promotion_seq`),
 				"the steer admitted before the claim was promoted first")
 			require.Zero(t, b.count(t, `SELECT count(*) FROM claims`), "released when idle")
+			// The promotions after a claim taken first commit through the
+			// executor's plain write, and nudge the relay as every commit does.
+			requireNudgedAfterEachCommit(t, b, before, nudges.get())
 		})
 	}
 }
@@ -632,26 +646,57 @@ func TestIdleReleaseWritesNoWake(t *testing.T) {
 			commits := b.count(t, `SELECT count(DISTINCT created_at) FROM outbox WHERE key = 's' AND id > $1`, before)
 			require.GreaterOrEqual(t, commits, map[string]int{"Plain": 2, "ToolStep": 4, "ProviderFails": 2}[c.name], "the turn's commits that wrote events")
 			require.GreaterOrEqual(t, int(nudges.Load()), commits, "a nudge after each commit that wrote outbox rows")
-			// Each such commit is followed by a nudge before the next one:
-			// one that saw its rows and none of the next commit's.
-			rows, err := b.pool.Query(ctx, `SELECT min(id), max(id) FROM outbox WHERE key = 's' AND id > $1 GROUP BY created_at ORDER BY min(id)`, before)
-			require.NoError(t, err)
-			type span struct{ First, Last int }
-			spans, err := pgx.CollectRows(rows, pgx.RowToStructByPos[span])
-			require.NoError(t, err)
 			seenMu.Lock()
-			defer seenMu.Unlock()
-			for i, sp := range spans {
-				nudged := slices.ContainsFunc(seen, func(id int) bool {
-					return id >= sp.Last && (i == len(spans)-1 || id < spans[i+1].First)
-				})
-				require.True(t, nudged, "no nudge after the commit of outbox rows %d to %d (nudges saw %v)", sp.First, sp.Last, seen)
-			}
+			requireNudgedAfterEachCommit(t, b, before, seen)
+			seenMu.Unlock()
 			if c.name != "ProviderFails" {
 				require.NotContains(t, logs.String(), "level=ERROR")
 				require.NotContains(t, logs.String(), "level=WARN")
 			}
 		})
+	}
+}
+
+// nudgeLog is an OnCommitFunc that records, for each nudge, the newest
+// outbox row of session s it saw.
+type nudgeLog struct {
+	mu   sync.Mutex
+	seen []int
+}
+
+func (n *nudgeLog) onCommit(b *execBundle) func() {
+	return func() {
+		var id int
+		_ = b.pool.QueryRow(context.Background(), `SELECT coalesce(max(id), 0) FROM outbox WHERE key = 's'`).Scan(&id)
+		n.mu.Lock()
+		n.seen = append(n.seen, id)
+		n.mu.Unlock()
+	}
+}
+
+func (n *nudgeLog) get() []int {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return slices.Clone(n.seen)
+}
+
+// requireNudgedAfterEachCommit checks that each commit of session s's
+// outbox rows after row before (now() is the transaction's start: one
+// created_at per commit) was followed by a nudge before the next commit:
+// one that saw its rows and none of the next commit's.
+func requireNudgedAfterEachCommit(t *testing.T, b *execBundle, before int, seen []int) {
+	t.Helper()
+	rows, err := b.pool.Query(context.Background(), `SELECT min(id), max(id) FROM outbox WHERE key = 's' AND id > $1 GROUP BY created_at ORDER BY min(id)`, before)
+	require.NoError(t, err)
+	type span struct{ First, Last int }
+	spans, err := pgx.CollectRows(rows, pgx.RowToStructByPos[span])
+	require.NoError(t, err)
+	require.NotEmpty(t, spans)
+	for i, sp := range spans {
+		nudged := slices.ContainsFunc(seen, func(id int) bool {
+			return id >= sp.Last && (i == len(spans)-1 || id < spans[i+1].First)
+		})
+		require.True(t, nudged, "no nudge after the commit of outbox rows %d to %d (nudges saw %v)", sp.First, sp.Last, seen)
 	}
 }
 

@@ -34,11 +34,12 @@ func TestPermissions(t *testing.T) {
 
 	type bundle struct {
 		*execBundle
-		runs chan string
-		exec func() *executor.Executor
+		runs   chan string
+		exec   func() *executor.Executor
+		nudges *nudgeLog
 	}
 	setupPerm := func(t *testing.T) *bundle {
-		b := &bundle{execBundle: setupExec(t), runs: make(chan string, 16)}
+		b := &bundle{execBundle: setupExec(t), runs: make(chan string, 16), nudges: &nudgeLog{}}
 		reg := tools.NewRegistry()
 		require.NoError(t, reg.Register(countingEcho{Tool: tools.NewEcho(), runs: b.runs}))
 		// Each call builds a new executor: a restart, as far as the
@@ -46,7 +47,7 @@ func TestPermissions(t *testing.T) {
 		b.exec = func() *executor.Executor {
 			claims := ledger.NewClaims(b.pool, &ledger.ClaimsConfig{Lease: 5 * time.Second, OwnerID: "p"})
 			e := newExecutor(t, b.pool, &executor.ExecutorConfig{Claims: claims, Tools: reg,
-				PermissionFunc: func(string) tools.Permission { return tools.Ask }})
+				PermissionFunc: func(string) tools.Permission { return tools.Ask }, OnCommitFunc: b.nudges.onCommit(b.execBundle)})
 			t.Cleanup(e.StopNow)
 			return e
 		}
@@ -89,8 +90,11 @@ func TestPermissions(t *testing.T) {
 		require.Equal(t, admission.Duplicate, reply(t, b, id, envelope.ReplyOnce, "").Outcome, "an exact retry of the reply")
 		out := reply(t, b, id, envelope.ReplyReject, "")
 		require.Equal(t, envelope.ReasonConflict, out.Reason, "another reply to an answered request")
+		before := b.count(t, `SELECT max(id) FROM outbox`)
 		runOnce(t, b.exec(), "s") // a new process: the request survived
 		require.Len(t, b.runs, 1, "the tool ran once")
+		// The reply's promotion and every commit after it nudge the relay.
+		requireNudgedAfterEachCommit(t, b.execBundle, before, b.nudges.get())
 		completed := testkit.SessionEvents(t, b.pool, "s", envelope.EventTurnCompleted)
 		require.Len(t, completed, 2)
 		require.Equal(t, []string{"m1"}, completed[0].MessageIDs)
@@ -121,8 +125,10 @@ func TestPermissions(t *testing.T) {
 		runOnce(t, b.exec(), "s")
 		b.admit(t, "s", "m2", "after")
 		require.Equal(t, admission.Admitted, reply(t, b, requestID(t, b), envelope.ReplyReject, "").Outcome)
+		before := b.count(t, `SELECT max(id) FROM outbox`)
 		runOnce(t, b.exec(), "s")
 		require.Empty(t, b.runs)
+		requireNudgedAfterEachCommit(t, b.execBundle, before, b.nudges.get())
 		failed := testkit.SessionEvents(t, b.pool, "s", envelope.EventTurnFailed)
 		require.Len(t, failed, 1)
 		require.Equal(t, envelope.FailDeclined, failed[0].Reason)
@@ -142,8 +148,10 @@ func TestPermissions(t *testing.T) {
 		b.admit(t, "s", "m1", "/tool echo {\"text\": \"no\"}\n/tool echo {\"text\": \"nor\"}")
 		runOnce(t, b.exec(), "s")
 		require.Equal(t, admission.Admitted, reply(t, b, requestID(t, b), envelope.ReplyReject, "").Outcome)
+		before := b.count(t, `SELECT max(id) FROM outbox`)
 		runOnce(t, b.exec(), "s")
 		require.Empty(t, b.runs)
+		requireNudgedAfterEachCommit(t, b.execBundle, before, b.nudges.get())
 		steps := testkit.SessionEvents(t, b.pool, "s", envelope.EventStepCompleted)
 		require.Len(t, steps, 1)
 		require.Len(t, steps[0].ToolCalls, 2)
@@ -183,6 +191,61 @@ func TestPermissions(t *testing.T) {
 		require.NoError(t, err)
 		require.Equal(t, envelope.ReasonKeyMismatch, out.Reason)
 		require.Equal(t, 1, b.count(t, `SELECT count(*) FROM permission_requests WHERE status = 'pending'`), "nothing changed")
+	})
+
+	// A reply input whose request is gone by the time the run promotes it
+	// (a repair by hand, say) is quarantined with its reason, and the run
+	// goes on to the next input in the same promotion.
+	t.Run("ReplyWithoutItsRequestIsQuarantined", func(t *testing.T) {
+		t.Parallel()
+		b := setupPerm(t)
+		b.admit(t, "s", "m1", `/tool echo {"text": "x"}`)
+		runOnce(t, b.exec(), "s")
+		id := requestID(t, b)
+		require.Equal(t, admission.Admitted, reply(t, b, id, envelope.ReplyOnce, "").Outcome)
+		b.admit(t, "s", "m2", "next")
+		_, err := b.pool.Exec(ctx, `DELETE FROM permission_requests WHERE request_id = $1`, id)
+		require.NoError(t, err)
+		runOnce(t, b.exec(), "s")
+		require.Equal(t, 1, b.count(t, `SELECT count(*) FROM inputs WHERE quarantine_reason = 'permission reply without a request of this session'`))
+		require.Equal(t, 1, b.answered(t, "m2"), "the next input ran")
+		require.Empty(t, b.runs, "the call was never run")
+	})
+
+	// A hard stop that cancels a write waiting on the database (here the
+	// promotion of a reply, held by a lock on its request) is the stop's
+	// doing, not a failure: it is not logged as an error, and the claim is
+	// left to expire for recovery, since the cut write may have committed.
+	t.Run("HardStopDuringAPromotionIsNotAnError", func(t *testing.T) {
+		t.Parallel()
+		b := setupPerm(t)
+		b.admit(t, "s", "m1", `/tool echo {"text": "x"}`)
+		runOnce(t, b.exec(), "s")
+		id := requestID(t, b)
+		require.Equal(t, admission.Admitted, reply(t, b, id, envelope.ReplyOnce, "").Outcome)
+		tx, err := b.pool.Begin(ctx)
+		require.NoError(t, err)
+		t.Cleanup(func() { _ = tx.Rollback(ctx) })
+		_, err = tx.Exec(ctx, `SELECT 1 FROM permission_requests WHERE request_id = $1 FOR UPDATE`, id)
+		require.NoError(t, err)
+		var logs testkit.LogBuffer
+		claims := ledger.NewClaims(b.pool, &ledger.ClaimsConfig{Lease: 5 * time.Second, OwnerID: "p"})
+		reg := tools.NewRegistry()
+		require.NoError(t, reg.Register(countingEcho{Tool: tools.NewEcho(), runs: b.runs}))
+		e := newExecutor(t, b.pool, &executor.ExecutorConfig{Claims: claims, Tools: reg, Logger: testkit.Logger(t, &logs),
+			PermissionFunc: func(string) tools.Permission { return tools.Ask }})
+		t.Cleanup(e.StopNow)
+		_, err = e.Wake(ctx, "s", 0)
+		require.NoError(t, err)
+		require.Eventually(t, func() bool {
+			return b.count(t, `SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock'`) > 0
+		}, 20*time.Second, 5*time.Millisecond, "the promotion waits for the request's row")
+		e.StopNow()
+		require.NoError(t, tx.Rollback(ctx))
+		require.Contains(t, logs.String(), "promotion failed; its claim is left to expire for recovery")
+		require.NotContains(t, logs.String(), "level=ERROR")
+		require.Equal(t, 1, b.count(t, `SELECT count(*) FROM claims`), "left to expire for recovery")
+		require.Empty(t, b.runs)
 	})
 
 	// Invariant 14: a prompt whose message ID reads like an internal

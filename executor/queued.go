@@ -81,7 +81,9 @@ func (ex *execution) readView(ctx context.Context) (*sessionView, error) {
 func (ex *execution) promoteQueued(ctx context.Context, v *sessionView) (*turn, error) {
 	t := newTurn(pickTurn(v.waiting))
 	var req provider.Request
-	err := ex.x.WriteQueued(ctx, ledger.PhaseUnknown, t.assistantID, func(b *pgx.Batch) {
+	// The transaction writes turn.started: announced at once (writeQueued),
+	// not at the relay's next poll, while the provider works.
+	err := ex.writeQueued(ctx, ledger.PhaseUnknown, t.assistantID, func(b *pgx.Batch) {
 		req = ex.queueFirstStep(b, t, v)
 	})
 	if err != nil {

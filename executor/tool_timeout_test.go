@@ -3,12 +3,15 @@ package executor_test
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/promptline/promptline/envelope"
 	"github.com/promptline/promptline/executor"
+	"github.com/promptline/promptline/internal/testkit"
 	"github.com/promptline/promptline/ledger"
 	"github.com/promptline/promptline/tools"
 )
@@ -53,8 +56,9 @@ func TestToolTimeout(t *testing.T) {
 
 	type testBundle struct {
 		*execBundle
-		tool *stuckTool
-		exec *executor.Executor
+		tool   *stuckTool
+		exec   *executor.Executor
+		nudges *nudgeLog
 	}
 	setup := func(t *testing.T, class tools.Class, honoursCtx bool, timeout time.Duration) *testBundle {
 		t.Helper()
@@ -63,12 +67,14 @@ func TestToolTimeout(t *testing.T) {
 		reg := tools.NewRegistry()
 		require.NoError(t, reg.Register(tool))
 		claims := ledger.NewClaims(b.pool, &ledger.ClaimsConfig{Lease: 5 * time.Second, OwnerID: "a"})
-		e := newExecutor(t, b.pool, &executor.ExecutorConfig{Claims: claims, Tools: reg, ToolTimeout: timeout, StopGrace: 200 * time.Millisecond})
+		nudges := &nudgeLog{}
+		e := newExecutor(t, b.pool, &executor.ExecutorConfig{Claims: claims, Tools: reg, ToolTimeout: timeout, StopGrace: 200 * time.Millisecond,
+			OnCommitFunc: nudges.onCommit(b)})
 		t.Cleanup(e.StopNow)
 		// Runs before e.Stop: lets an abandoned call's goroutine end (and,
 		// without a bound on tool calls, lets the test fail rather than hang).
 		t.Cleanup(func() { close(tool.release) })
-		return &testBundle{execBundle: b, tool: tool, exec: e}
+		return &testBundle{execBundle: b, tool: tool, exec: e, nudges: nudges}
 	}
 
 	// After the deadline the call's outcome is unknown, whether the tool
@@ -99,26 +105,35 @@ func TestToolTimeout(t *testing.T) {
 	}
 
 	// The stop's grace bounds the stop even when a tool ignores its
-	// context and its own deadline is far away.
-	t.Run("StopGraceBoundsAStuckTool", func(t *testing.T) {
-		t.Parallel()
-		b := setup(t, tools.SideEffecting, false, time.Hour)
-		b.admit(t, "s", "m1", "/tool stuck {}")
-		_, err := b.exec.Wake(ctx, "s", 0)
-		require.NoError(t, err)
-		select {
-		case <-b.tool.started:
-		case <-time.After(20 * time.Second):
-			t.Fatal("the tool never started")
-		}
-		stopped := make(chan struct{})
-		go func() { defer close(stopped); b.exec.Stop() }() // a StopGrace of 200ms
-		select {
-		case <-stopped:
-		case <-time.After(10 * time.Second):
-			t.Fatal("Stop waited for a tool that ignores its context, past the grace")
-		}
-		require.Equal(t, 1, b.count(t, `SELECT count(*) FROM tool_calls WHERE session_id = 's' AND state = 'unknown'`),
-			"the abandoned call is unknown, never failed or re-run")
-	})
+	// context and its own deadline is far away; a tool that honours its
+	// context ends with the grace. Either way the call's outcome is unknown.
+	for _, honoursCtx := range []bool{false, true} {
+		t.Run(fmt.Sprintf("StopGraceBoundsAStuckTool/HonoursContext=%v", honoursCtx), func(t *testing.T) {
+			t.Parallel()
+			b := setup(t, tools.SideEffecting, honoursCtx, time.Hour)
+			b.admit(t, "s", "m1", "/tool stuck {}")
+			b.admit(t, "s", "m2", "queued") // the stop hands the session on with a wake
+			before := b.count(t, `SELECT max(id) FROM outbox`)
+			_, err := b.exec.Wake(ctx, "s", 0)
+			require.NoError(t, err)
+			select {
+			case <-b.tool.started:
+			case <-time.After(20 * time.Second):
+				t.Fatal("the tool never started")
+			}
+			stopped := make(chan struct{})
+			go func() { defer close(stopped); b.exec.Stop() }() // a StopGrace of 200ms
+			select {
+			case <-stopped:
+			case <-time.After(10 * time.Second):
+				t.Fatal("Stop waited for a tool that ignores its context, past the grace")
+			}
+			require.Equal(t, 1, b.count(t, `SELECT count(*) FROM tool_calls WHERE session_id = 's' AND state = 'unknown'`),
+				"the abandoned call is unknown, never failed or re-run")
+			// The write after the cancellation (the call settled unknown)
+			// nudges the relay as every commit does, before the release's.
+			require.Equal(t, 1, testkit.CountEvents(t, b.pool, "s", envelope.EventToolCompleted))
+			requireNudgedAfterEachCommit(t, b.execBundle, before, b.nudges.get())
+		})
+	}
 }
