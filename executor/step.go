@@ -126,15 +126,10 @@ func (ex *execution) runStep(ctx context.Context, t *turn, step int, log *slog.L
 		}
 		if wait, retry := ex.retryable(perr); retry {
 			var tries int
-			deferred := func(ctx context.Context, tx pgx.Tx) (bool, error) {
-				state, err := ledger.ReadAttemptState(ctx, tx, attemptID)
-				if err != nil || state != ledger.AttemptRetryWait {
-					return false, err
-				}
-				tries, _, err = ledger.AttemptRetry(ctx, tx, attemptID)
-				return true, err
-			}
-			err := ex.writeRetried(ctx, deferred, func(tx pgx.Tx) error {
+			// No landed check: a deferral run again after its commit's
+			// answer was lost changes nothing (DeferAttempt updates only a
+			// started attempt) and reads the tries it committed.
+			err := ex.writeRetried(ctx, nil, func(tx pgx.Tx) error {
 				if err := ex.x.DeferAttempt(ctx, tx, attemptID, wait, perr.Error()); err != nil {
 					return err
 				}

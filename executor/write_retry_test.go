@@ -93,6 +93,7 @@ func TestWriteAfterDispatchRetried(t *testing.T) {
 		tool     *effectTool
 		block    *blockTool
 		exec     *executor.Executor
+		fenced   atomic.Int32 // executions that believed their claim lost
 	}
 	setup := func(t *testing.T, lease time.Duration, perm ...tools.Permission) *bundle {
 		t.Helper()
@@ -110,7 +111,7 @@ func TestWriteAfterDispatchRetried(t *testing.T) {
 		require.NoError(t, reg.Register(b.tool))
 		require.NoError(t, reg.Register(b.block))
 		log := testkit.Logger(t, nil)
-		claims := ledger.NewClaims(ppool, &ledger.ClaimsConfig{Lease: lease, OwnerID: "w", Logger: log})
+		claims := ledger.NewClaims(ppool, &ledger.ClaimsConfig{Lease: lease, OwnerID: "w", Logger: log, OnFencedFunc: func() { b.fenced.Add(1) }})
 		cfg := &executor.ExecutorConfig{Claims: claims, Provider: b.provider, Tools: reg, Logger: log}
 		if len(perm) > 0 {
 			cfg.PermissionFunc = func(string) tools.Permission { return perm[0] }
@@ -291,6 +292,25 @@ func TestWriteAfterDispatchRetried(t *testing.T) {
 		require.Equal(t, envelope.FailProviderError, failed[0].Reason, "the provider's failure, not an unknown outcome")
 		require.Equal(t, 1, b.count(t, `SELECT count(*) FROM attempts WHERE state = 'failed'`))
 		require.Zero(t, b.count(t, `SELECT count(*) FROM claims`))
+		require.Zero(t, b.fenced.Load(), "the release that committed with the failure is told from a lost claim")
+	})
+
+	// The same with a prompt waiting: the claim stays, the retry finds the
+	// failure written and commits only its renewal, and the next turn runs.
+	t.Run("FailedTurnCommittedButUnheardWithAPromptWaiting", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t, 5*time.Second)
+		b.proxy.CutAfterCommit(func(label string) bool { return strings.Contains(label, "UPDATE tool_calls SET state = 'interrupted'") })
+		b.admit(t, "s", "m1", "/fail boom")
+		b.admit(t, "s", "m2", "/reply next")
+		run(t, b, "s")
+		require.Equal(t, 1, b.proxy.Stats().AmbiguousCuts)
+		require.Len(t, events(t, b, "m1", envelope.EventTurnFailed), 1)
+		require.Len(t, events(t, b, "m2", envelope.EventTurnCompleted), 1, "the next turn ran")
+		require.Equal(t, 1, b.count(t, `SELECT count(*) FROM messages WHERE role = 'assistant' AND status = 'errored'`))
+		require.Equal(t, 1, b.count(t, `SELECT count(*) FROM attempts WHERE state = 'failed'`))
+		require.Zero(t, b.count(t, `SELECT count(*) FROM claims`))
+		require.Zero(t, b.fenced.Load())
 	})
 
 	// A shutdown past its grace cuts a tool off while the database is
