@@ -30,8 +30,21 @@ func TestLocalWakesMatching(t *testing.T) {
 	_, ok = l.take([]byte("y"), 2)
 	require.True(t, ok)
 
-	for i := range maxLocalWakes + 10 {
+	// Wakes of several sessions are kept together, each matched.
+	l.add([]byte("p"), 0, done)
+	l.add([]byte("q"), 0, done)
+	_, ok = l.take([]byte("p"), 0)
+	require.True(t, ok, "an earlier wake is kept when another is added")
+	_, ok = l.take([]byte("q"), 0)
+	require.True(t, ok)
+
+	// Full at maxLocalWakes: the next wake starts the memory afresh (a
+	// wake forgotten is only read from the topic, as any other process's).
+	l = localWakes{}
+	for i := range maxLocalWakes {
 		l.add(fmt.Appendf(nil, "w%d", i), 0, done)
 	}
-	require.LessOrEqual(t, len(l.byValue), maxLocalWakes)
+	require.Len(t, l.byValue, maxLocalWakes)
+	l.add([]byte("one more"), 0, done)
+	require.Len(t, l.byValue, 1)
 }

@@ -128,8 +128,8 @@ func TestToolTimeout(t *testing.T) {
 			case <-time.After(10 * time.Second):
 				t.Fatal("Stop waited for a tool that ignores its context, past the grace")
 			}
-			require.Equal(t, 1, b.count(t, `SELECT count(*) FROM tool_calls WHERE session_id = 's' AND state = 'unknown'`),
-				"the abandoned call is unknown, never failed or re-run")
+			require.Equal(t, 1, b.count(t, `SELECT count(*) FROM tool_calls WHERE session_id = 's' AND state = 'unknown'
+				AND output = 'outcome unknown: interrupted by shutdown'`), "the abandoned call is unknown, never failed or re-run, and says why")
 			// The write after the cancellation (the call settled unknown)
 			// nudges the relay as every commit does, before the release's.
 			require.Equal(t, 1, testkit.CountEvents(t, b.pool, "s", envelope.EventToolCompleted))
