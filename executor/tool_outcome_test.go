@@ -11,8 +11,11 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/promptline/promptline/envelope"
 	"github.com/promptline/promptline/executor"
+	"github.com/promptline/promptline/internal/testkit"
 	"github.com/promptline/promptline/ledger"
+	"github.com/promptline/promptline/provider"
 	"github.com/promptline/promptline/tools"
 )
 
@@ -111,4 +114,55 @@ func TestToolHeardAfterItsDeadline(t *testing.T) {
 	require.NoError(t, err)
 	wait(t, done)
 	require.Equal(t, 1, b.count(t, `SELECT count(*) FROM tool_calls WHERE state = 'failed' AND output LIKE 'not run: %gave up before acting%'`))
+}
+
+// thinkingProvider answers its first step with text and a tool call
+// together, as real models do, and its second with text; it keeps the
+// requests.
+type thinkingProvider struct {
+	mu   sync.Mutex
+	reqs []provider.Request
+}
+
+func (p *thinkingProvider) Complete(_ context.Context, req provider.Request) (provider.Response, error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.reqs = append(p.reqs, req)
+	if len(p.reqs) == 1 {
+		return provider.Response{Text: "let me look", ToolCalls: []provider.ToolCall{{ID: "c1", Name: "outcome", Input: json.RawMessage(`{"do": "ok"}`)}}}, nil
+	}
+	return provider.Response{Text: "found it"}, nil
+}
+
+// A step that answers with text and tool calls keeps both, in order (the
+// text first, then the calls), and the next step's request carries both.
+func TestTextWithToolCallsIsKept(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	b := setupExec(t)
+	reg := tools.NewRegistry()
+	require.NoError(t, reg.Register(outcomeTool{}))
+	p := &thinkingProvider{}
+	claims := ledger.NewClaims(b.pool, &ledger.ClaimsConfig{Lease: 5 * time.Second, OwnerID: "a"})
+	e := newExecutor(t, b.pool, &executor.ExecutorConfig{Claims: claims, Tools: reg, Provider: p})
+	t.Cleanup(e.StopNow)
+	b.admit(t, "s", "m1", "look it up")
+	done, err := e.Wake(ctx, "s", 0)
+	require.NoError(t, err)
+	wait(t, done)
+	require.Equal(t, 1, testkit.CountEvents(t, b.pool, "s", envelope.EventTurnCompleted))
+	require.Equal(t, 1, b.count(t, `SELECT count(*) FROM message_parts WHERE idx = 0 AND kind = 'text' AND body = 'let me look'`))
+	require.Equal(t, 1, b.count(t, `SELECT count(*) FROM message_parts WHERE idx = 1 AND kind = 'tool_call' AND body LIKE '%"c1"%'`))
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	require.Len(t, p.reqs, 2)
+	var asked *provider.TranscriptMessage
+	for i, m := range p.reqs[1].Messages {
+		if m.Role == "assistant" && len(m.ToolCalls) > 0 {
+			asked = &p.reqs[1].Messages[i]
+		}
+	}
+	require.NotNil(t, asked, "the second step's request carries the first step's answer")
+	require.Equal(t, "let me look", asked.Text)
+	require.Equal(t, "c1", asked.ToolCalls[0].ID)
 }
