@@ -166,3 +166,49 @@ func TestTextWithToolCallsIsKept(t *testing.T) {
 	require.Equal(t, "let me look", asked.Text)
 	require.Equal(t, "c1", asked.ToolCalls[0].ID)
 }
+
+// keyedProvider honours idempotency keys; its first request fails with an
+// error that says nothing of whether the request was acted on, and it
+// keeps the keys it was sent.
+type keyedProvider struct {
+	mu   sync.Mutex
+	keys []string
+}
+
+func (p *keyedProvider) HonoursIdempotencyKeys() bool { return true }
+
+func (p *keyedProvider) Complete(_ context.Context, req provider.Request) (provider.Response, error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.keys = append(p.keys, req.IdempotencyKey)
+	if len(p.keys) == 1 {
+		return provider.Response{}, errors.New("connection reset by peer")
+	}
+	return provider.Response{Text: "ok"}, nil
+}
+
+// A provider that honours idempotency keys is sent a failed step again,
+// under the same attempt and key: it answers the retry from what it did
+// with the first, so nothing is done twice. (A provider that does not
+// honour them fails the turn instead: the ProviderFails case of
+// TestIdleReleaseWritesNoWake.)
+func TestIdempotentProviderStepIsSentAgainWithItsKey(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	b := setupExec(t)
+	p := &keyedProvider{}
+	claims := ledger.NewClaims(b.pool, &ledger.ClaimsConfig{Lease: 5 * time.Second, OwnerID: "a"})
+	e := newExecutor(t, b.pool, &executor.ExecutorConfig{Claims: claims, Provider: p})
+	t.Cleanup(e.StopNow)
+	b.admit(t, "s", "m1", "hello")
+	done, err := e.Wake(ctx, "s", 0)
+	require.NoError(t, err)
+	wait(t, done)
+	require.Equal(t, 1, testkit.CountEvents(t, b.pool, "s", envelope.EventTurnCompleted))
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	require.Len(t, p.keys, 2)
+	require.NotEmpty(t, p.keys[0])
+	require.Equal(t, p.keys[0], p.keys[1], "the same key")
+	require.Equal(t, 1, b.count(t, `SELECT count(*) FROM attempts WHERE state = 'succeeded' AND tries = 2`), "one attempt, sent twice")
+}

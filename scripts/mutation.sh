@@ -87,7 +87,11 @@ equivalent=$(
 		executor executor.go:239:10 INCREMENT_DECREMENT
 		executor executor.go:668:25 ARITHMETIC_BASE
 		executor response_id.go:117:13 CONDITIONALS_BOUNDARY
-		executor step.go:209:14 ARITHMETIC_BASE
+		executor step.go:204:14 ARITHMETIC_BASE
+		executor step.go:206:14 ARITHMETIC_BASE
+		executor executor.go:743:9 CONDITIONALS_NEGATION
+		executor permission.go:129:169 CONDITIONALS_NEGATION
+		executor tool_call.go:57:13 CONDITIONALS_NEGATION
 		ledger pipelined.go:237:51 CONDITIONALS_NEGATION
 		ledger retry.go:125:11 CONDITIONALS_BOUNDARY
 		outbox relay.go:468:15 CONDITIONALS_BOUNDARY
