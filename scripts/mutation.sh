@@ -11,8 +11,9 @@
 #   MUTATION_SEED=N scripts/mutation.sh       mutants in a shuffled order (a run
 #                                              stopped early measured a random sample)
 #   MUTATION_ALSO_executor=recovery,pipeline   other packages whose tests may kill
-#                                              the package's mutants (default: recovery's
-#                                              for the executor; empty for none)
+#                                              the package's mutants (defaults: recovery's
+#                                              for the executor, the executor's and
+#                                              pipeline's for admission; empty for none)
 #
 # By default each mutant runs against only the tests that ran its
 # statement (scripts/mutants: a coverage profile per test, taken once); with
@@ -66,8 +67,9 @@ for pkg in $pkgs; do
 done
 # MUTATION_ALSO_<pkg> (comma-separated) names other packages whose tests
 # run the package's code and may kill its mutants (targeted mode only):
-# recovery's tests run continuations through the executor.
-declare -A also=([executor]=recovery)
+# recovery's tests run continuations through the executor; the executor's
+# and the Kafka handler's admit permission replies (admit_reply.go).
+declare -A also=([executor]=recovery [admission]=executor,pipeline)
 for pkg in $pkgs; do
 	var=MUTATION_ALSO_$pkg
 	also[$pkg]=${!var-${also[$pkg]:-}}
