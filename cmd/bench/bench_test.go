@@ -8,6 +8,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -152,6 +153,15 @@ func TestMeasurements(t *testing.T) {
 				require.Positive(t, r.PostgresCPUMillisPerTurn)
 				require.Greater(t, r.StatementsPerTurn, 1.0)
 				require.Positive(t, r.NestedStatementsPerTurn)
+				// The breakdown is the same count, statement by statement
+				// (a statement's text cut for print is still one entry).
+				var sum float64
+				for _, u := range r.Statements {
+					sum += u.PerTurn
+				}
+				require.InDelta(t, r.StatementsPerTurn, sum, 1e-6)
+				require.True(t, slices.ContainsFunc(r.Statements, func(u statementUse) bool { return strings.Contains(u.Query, "INSERT INTO inputs") }),
+					"admission's insert is among them: %v", r.Statements)
 			}
 		}
 		if sc.admin.TLSConfig == nil && !strings.HasPrefix(sc.admin.Host, "/") {
@@ -173,6 +183,9 @@ func TestMeasurements(t *testing.T) {
 		printBurnDown(&out, &rep)
 		require.Contains(t, out.String(), "burn-down / River's")
 		require.Contains(t, out.String(), "burn-down / turn ceiling")
+		if sc.cluster != nil {
+			require.Contains(t, out.String(), "statements per turn, sent by the client (per turn, mean ms, statement):")
+		}
 		require.Contains(t, out.String(), fmt.Sprintf("end-to-end p99 (ms) at %.0f/s (half the burn-down)", h.OfferedRate))
 	})
 

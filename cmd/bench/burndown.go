@@ -78,7 +78,19 @@ type burnDownRun struct {
 	RoundTripsPerTurn float64 `json:"round_trips_per_turn"`
 	// Tables are the row writes per table, for the ceiling.
 	Tables []tableWrites `json:"tables"`
-	CPU    cpuUse        `json:"cpu"`
+	// Statements are the top-level statements behind StatementsPerTurn,
+	// most called first: where the goal of ≤ 8 per turn has to be won.
+	Statements []statementUse `json:"statements,omitempty"`
+	CPU        cpuUse         `json:"cpu"`
+}
+
+// statementUse is one normalised statement of pg_stat_statements: how
+// often it ran per turn and its mean time.
+type statementUse struct {
+	Query       string  `json:"query"`
+	PerTurn     float64 `json:"per_turn"`
+	MeanMillis  float64 `json:"mean_ms"`
+	NestedCalls float64 `json:"nested_per_turn,omitempty"` // statements its functions ran, per turn, when tracked
 }
 
 // ceilingResult is the turn ceiling: the rows the burn-down left, written
@@ -300,6 +312,9 @@ func burnDownOnce(ctx context.Context, sc *scratchServer, bin string, n, per int
 		if nested >= 0 {
 			run.NestedStatementsPerTurn = float64(nested) / float64(t)
 		}
+		if run.Statements, err = statementUses(ctx, db, t); err != nil {
+			return run, nil, err
+		}
 	}
 	for name, w1 := range writes1 {
 		w0 := writes0[name]
@@ -510,6 +525,32 @@ WHERE dbid = (SELECT oid FROM pg_database WHERE datname = current_database())
 	return top, nested, nil
 }
 
+// statementUses lists the top-level statements run on db since
+// hasStatements (the bench's own reads excluded), per turn of turns, most
+// called first; the query text on one line, cut at 110 bytes.
+func statementUses(ctx context.Context, db *scratchDB, turns int64) ([]statementUse, error) {
+	rows, err := db.Pool.Query(ctx, `
+SELECT regexp_replace(query, '\s+', ' ', 'g'), calls::float8 / $1, mean_exec_time FROM pg_stat_statements
+WHERE dbid = (SELECT oid FROM pg_database WHERE datname = current_database()) AND toplevel
+  AND query NOT ILIKE '%pg_stat%' AND query NOT ILIKE '%pg_backend_pid%'
+ORDER BY calls DESC, query`, float64(turns))
+	if err != nil {
+		return nil, fmt.Errorf("reading pg_stat_statements: %w", err)
+	}
+	uses, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (statementUse, error) {
+		var u statementUse
+		err := r.Scan(&u.Query, &u.PerTurn, &u.MeanMillis)
+		if len(u.Query) > 110 {
+			u.Query = strings.ToValidUTF8(u.Query[:110], "") + "…"
+		}
+		return u, err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("reading pg_stat_statements: %w", err)
+	}
+	return uses, nil
+}
+
 // tableStats reads every table's row writes so far and its live rows.
 func tableStats(ctx context.Context, db *scratchDB) (map[string]tableWrites, error) {
 	rows, err := db.Pool.Query(ctx, `
@@ -638,6 +679,15 @@ func printBurnDown(out io.Writer, rep *report) {
 			fmt.Fprintf(out, " %s %.2f/%.2f/%.2f/%.2f;", t.Table, float64(t.Inserted)/d, float64(t.Updated)/d, float64(t.Deleted)/d, float64(t.Left)/d)
 		}
 		fmt.Fprintln(out)
+		if len(r.Statements) > 0 {
+			fmt.Fprintln(out, "  statements per turn, sent by the client (per turn, mean ms, statement):")
+			for _, u := range r.Statements {
+				if u.PerTurn < 0.01 {
+					break
+				}
+				fmt.Fprintf(out, "    %5.2f %7.3f  %s\n", u.PerTurn, u.MeanMillis, u.Query)
+			}
+		}
 	}
 	c := b.Ceiling
 	fmt.Fprintf(out, "turn ceiling: the %d rows the 1-per-session burn-down left (%d turns), %d writers, %d rows per statement and transaction, %.2fs; CPU %.2f cores busy\n",
