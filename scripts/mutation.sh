@@ -13,7 +13,8 @@
 #   MUTATION_ALSO_executor=recovery,pipeline   other packages whose tests may kill
 #                                              the package's mutants (defaults: recovery's
 #                                              for the executor, the executor's and
-#                                              pipeline's for admission; empty for none)
+#                                              pipeline's for admission, the executor's
+#                                              and recovery's for ledger; empty for none)
 #
 # By default each mutant runs against only the tests that ran its
 # statement (scripts/mutants: a coverage profile per test, taken once); with
@@ -68,8 +69,9 @@ done
 # MUTATION_ALSO_<pkg> (comma-separated) names other packages whose tests
 # run the package's code and may kill its mutants (targeted mode only):
 # recovery's tests run continuations through the executor; the executor's
-# and the Kafka handler's admit permission replies (admit_reply.go).
-declare -A also=([executor]=recovery [admission]=executor,pipeline)
+# and the Kafka handler's admit permission replies (admit_reply.go); the
+# executor's and recovery's run the ledger's attempts and resolutions.
+declare -A also=([executor]=recovery [admission]=executor,pipeline [ledger]=executor,recovery)
 for pkg in $pkgs; do
 	var=MUTATION_ALSO_$pkg
 	also[$pkg]=${!var-${also[$pkg]:-}}
@@ -94,7 +96,7 @@ equivalent=$(
 		executor executor.go:743:9 CONDITIONALS_NEGATION
 		executor permission.go:129:169 CONDITIONALS_NEGATION
 		executor tool_call.go:57:13 CONDITIONALS_NEGATION
-		ledger pipelined.go:237:51 CONDITIONALS_NEGATION
+		ledger pipelined.go:239:51 CONDITIONALS_NEGATION
 		ledger retry.go:125:11 CONDITIONALS_BOUNDARY
 		outbox relay.go:468:15 CONDITIONALS_BOUNDARY
 		outbox relay.go:484:17 CONDITIONALS_BOUNDARY
