@@ -206,9 +206,15 @@ func TestPermissions(t *testing.T) {
 		b.admit(t, "s", "m2", "next")
 		_, err := b.pool.Exec(ctx, `DELETE FROM permission_requests WHERE request_id = $1`, id)
 		require.NoError(t, err)
+		before := b.count(t, `SELECT max(id) FROM outbox`)
 		runOnce(t, b.exec(), "s")
 		require.Equal(t, 1, b.count(t, `SELECT count(*) FROM inputs WHERE quarantine_reason = 'permission reply without a request of this session'`))
 		require.Equal(t, 1, b.answered(t, "m2"), "the next input ran")
+		require.Equal(t, 1, b.count(t, `SELECT count(*) FROM inputs q JOIN inputs p ON p.promoted_at = q.quarantined_at
+			WHERE q.quarantine_reason IS NOT NULL AND p.message_id = 'm2'`), "promoted in the quarantine's transaction")
+		// That promotion's turn.started, written through the executor's
+		// plain write, nudges the relay as every commit does.
+		requireNudgedAfterEachCommit(t, b.execBundle, before, b.nudges.get())
 		require.Empty(t, b.runs, "the call was never run")
 	})
 

@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/stretchr/testify/require"
@@ -21,12 +22,22 @@ func TestRetryRefusedBounds(t *testing.T) {
 	deadlock := &pgconn.PgError{Severity: "ERROR", Code: "40P01", Message: "deadlock detected"}
 
 	n := 0
+	began := time.Now()
 	err := retryRefused(context.Background(), log, "promotion", func() error {
 		n++
 		return deadlock
 	})
+	took := time.Since(began)
 	require.ErrorIs(t, err, deadlock)
 	require.Equal(t, refusedTries, n)
+	// The tries are spaced as documented: each wait at least half its
+	// backoff, doubled from 20 ms up to a second (a timer never fires
+	// early, so the bound holds on any machine).
+	var least time.Duration
+	for i, b := 0, 20*time.Millisecond; i < refusedTries-1; i, b = i+1, min(2*b, time.Second) {
+		least += b / 2
+	}
+	require.GreaterOrEqual(t, took, least, "the refused tries were spaced by the backoff")
 	require.Equal(t, refusedTries-1, strings.Count(logs.String(), "promotion refused by the database; trying again"), logs.String())
 
 	n = 0

@@ -84,8 +84,10 @@ func TestToolOutcomes(t *testing.T) {
 	}
 }
 
-// notRunTool waits for its context to end, then says that it did nothing
-// (tools.ErrNotRun), as a tool that checks its deadline before acting does.
+// notRunTool waits for its context to end, then, a moment later (20 ms,
+// well within the moment a tool has before it is abandoned), says that it
+// did nothing (tools.ErrNotRun), as a tool that checks its deadline
+// before acting does.
 type notRunTool struct{}
 
 func (notRunTool) Spec() tools.Spec {
@@ -94,6 +96,7 @@ func (notRunTool) Spec() tools.Spec {
 
 func (notRunTool) Run(ctx context.Context, _ tools.Call) (tools.Result, error) {
 	<-ctx.Done()
+	<-time.After(20 * time.Millisecond) // answering after its deadline, not at it
 	return tools.Result{}, fmt.Errorf("gave up before acting: %w", tools.ErrNotRun)
 }
 
@@ -167,48 +170,61 @@ func TestTextWithToolCallsIsKept(t *testing.T) {
 	require.Equal(t, "c1", asked.ToolCalls[0].ID)
 }
 
-// keyedProvider honours idempotency keys; its first request fails with an
-// error that says nothing of whether the request was acted on, and it
-// keeps the keys it was sent.
-type keyedProvider struct {
-	mu   sync.Mutex
-	keys []string
+// againProvider fails its first request with first, then answers; it
+// keeps the idempotency keys it was sent, and says whether it honours
+// them.
+type againProvider struct {
+	first   error
+	honours bool
+	mu      sync.Mutex
+	keys    []string
 }
 
-func (p *keyedProvider) HonoursIdempotencyKeys() bool { return true }
+func (p *againProvider) HonoursIdempotencyKeys() bool { return p.honours }
 
-func (p *keyedProvider) Complete(_ context.Context, req provider.Request) (provider.Response, error) {
+func (p *againProvider) Complete(_ context.Context, req provider.Request) (provider.Response, error) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.keys = append(p.keys, req.IdempotencyKey)
 	if len(p.keys) == 1 {
-		return provider.Response{}, errors.New("connection reset by peer")
+		return provider.Response{}, p.first
 	}
 	return provider.Response{Text: "ok"}, nil
 }
 
-// A provider that honours idempotency keys is sent a failed step again,
-// under the same attempt and key: it answers the retry from what it did
-// with the first, so nothing is done twice. (A provider that does not
-// honour them fails the turn instead: the ProviderFails case of
-// TestIdleReleaseWritesNoWake.)
-func TestIdempotentProviderStepIsSentAgainWithItsKey(t *testing.T) {
+// A failed step is sent again, under the same attempt and key, 200 ms
+// later, when the request certainly was not acted on (provider.ErrNotSent,
+// any provider), or when the provider honours idempotency keys (whatever
+// the error: it answers the retry from what it did with the first). A
+// provider that does not honour them fails the turn on any other error
+// (the ProviderFails case of TestIdleReleaseWritesNoWake).
+func TestFailedStepIsSentAgainWithItsKey(t *testing.T) {
 	t.Parallel()
-	ctx := context.Background()
-	b := setupExec(t)
-	p := &keyedProvider{}
-	claims := ledger.NewClaims(b.pool, &ledger.ClaimsConfig{Lease: 5 * time.Second, OwnerID: "a"})
-	e := newExecutor(t, b.pool, &executor.ExecutorConfig{Claims: claims, Provider: p})
-	t.Cleanup(e.StopNow)
-	b.admit(t, "s", "m1", "hello")
-	done, err := e.Wake(ctx, "s", 0)
-	require.NoError(t, err)
-	wait(t, done)
-	require.Equal(t, 1, testkit.CountEvents(t, b.pool, "s", envelope.EventTurnCompleted))
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	require.Len(t, p.keys, 2)
-	require.NotEmpty(t, p.keys[0])
-	require.Equal(t, p.keys[0], p.keys[1], "the same key")
-	require.Equal(t, 1, b.count(t, `SELECT count(*) FROM attempts WHERE state = 'succeeded' AND tries = 2`), "one attempt, sent twice")
+	for name, p := range map[string]*againProvider{
+		"NotSent":            {first: fmt.Errorf("dial: %w", provider.ErrNotSent)},
+		"IdempotentProvider": {first: errors.New("connection reset by peer"), honours: true},
+	} {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			ctx := context.Background()
+			b := setupExec(t)
+			var logs testkit.LogBuffer
+			claims := ledger.NewClaims(b.pool, &ledger.ClaimsConfig{Lease: 5 * time.Second, OwnerID: "a"})
+			e := newExecutor(t, b.pool, &executor.ExecutorConfig{Claims: claims, Provider: p, Logger: testkit.Logger(t, &logs)})
+			t.Cleanup(e.StopNow)
+			b.admit(t, "s", "m1", "hello")
+			done, err := e.Wake(ctx, "s", 0)
+			require.NoError(t, err)
+			wait(t, done)
+			require.Equal(t, 1, testkit.CountEvents(t, b.pool, "s", envelope.EventTurnCompleted))
+			require.Contains(t, logs.String(), `msg="provider attempt will be retried"`)
+			require.Contains(t, logs.String(), "after=200ms", "the wait before the step is sent again")
+			p.mu.Lock()
+			defer p.mu.Unlock()
+			require.Len(t, p.keys, 2)
+			require.NotEmpty(t, p.keys[0])
+			require.Equal(t, p.keys[0], p.keys[1], "the same key")
+			require.Equal(t, 1, b.count(t, `SELECT count(*) FROM attempts WHERE state = 'succeeded' AND tries = 2`), "one attempt, sent twice")
+		})
+	}
 }

@@ -1,5 +1,7 @@
 package ledger
 
+import "time"
+
 // GroupCommitCounts reports how many transactions combined several
 // sessions, and how many of those failed and were sent again one by one.
 func GroupCommitCounts(c *Claims) (combined, separated int64) {
@@ -23,3 +25,8 @@ const (
 // transaction certainly rolled back and may be sent again session by
 // session.
 var RolledBack = rolledBack
+
+// LeaseFrom is when the execution's last write that passed the fence was
+// sent; SetLeaseFrom moves it, as if that write were older.
+func LeaseFrom(x *Execution) time.Time        { return x.leaseFrom }
+func SetLeaseFrom(x *Execution, at time.Time) { x.leaseFrom = at }

@@ -200,3 +200,34 @@ func (b *testBundle) phase(t *testing.T, session string) string {
 	require.NoError(t, b.pool.QueryRow(context.Background(), `SELECT phase FROM claims WHERE session_id = $1`, session).Scan(&p))
 	return p
 }
+
+// Every write that passes the fence renews the lease, and the execution
+// counts its lease from when that write was sent (the retries of a later
+// write stop before it ends): queued or transactional, as an execution
+// begins or as it goes. A write refused by the fence renews nothing.
+func TestEveryFencedWriteRestartsTheLeaseCount(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	b := setup(t, 0)
+	b.session(t, "s", 2)
+	x := b.acquire(t, "s", "e1")
+	old := time.Now().Add(-time.Hour)
+	restarted := func(what string, write func() error) {
+		t.Helper()
+		ledger.SetLeaseFrom(x, old)
+		before := time.Now()
+		require.NoError(t, write(), what)
+		require.False(t, ledger.LeaseFrom(x).Before(before), "%s: the lease counts from this write", what)
+	}
+	restarted("WriteQueued", func() error {
+		return x.WriteQueued(ctx, "", "", func(b *pgx.Batch) {})
+	})
+	restarted("Write", func() error {
+		return x.Write(ctx, func(pgx.Tx) error { return nil })
+	})
+
+	b.exec(t, `UPDATE claims SET fencing_token = fencing_token + 1`) // taken over
+	ledger.SetLeaseFrom(x, old)
+	require.ErrorIs(t, x.WriteQueued(ctx, "", "", func(b *pgx.Batch) {}), ledger.ErrFenced)
+	require.Equal(t, old, ledger.LeaseFrom(x), "a refused write renews nothing")
+}

@@ -206,7 +206,9 @@ func TestRecoveryRateDefersTheRest(t *testing.T) {
 			b.admit(t, s, "m-"+s, "hello")
 		}
 		b.exec(t, `UPDATE inputs SET admitted_at = now() - interval '1 minute'`)
-		b.fillBucket(t, 1)
+		// One token, dated ahead, so that the first take finds exactly one
+		// however long the test takes to get there, and the pass waits.
+		b.exec(t, `UPDATE recovery_rate SET tokens = 1, updated_at = clock_timestamp() + interval '1 minute'`)
 		b.exec(t, `CREATE FUNCTION calm() RETURNS trigger LANGUAGE plpgsql AS $$
 			BEGIN NEW.updated_at := NEW.updated_at - interval '10 seconds'; RETURN NEW; END $$`)
 		b.exec(t, `CREATE TRIGGER calm BEFORE UPDATE ON recovery_rate FOR EACH ROW EXECUTE FUNCTION calm()`)

@@ -89,12 +89,7 @@ equivalent=$(
 		envelope envelope.go:390:12 CONDITIONALS_BOUNDARY
 		executor delta_stream.go:75:8 INCREMENT_DECREMENT
 		executor executor.go:239:10 INCREMENT_DECREMENT
-		executor executor.go:668:25 ARITHMETIC_BASE
 		executor response_id.go:117:13 CONDITIONALS_BOUNDARY
-		executor step.go:204:14 ARITHMETIC_BASE
-		executor step.go:206:14 ARITHMETIC_BASE
-		executor executor.go:743:9 CONDITIONALS_NEGATION
-		executor permission.go:129:169 CONDITIONALS_NEGATION
 		executor tool_call.go:57:13 CONDITIONALS_NEGATION
 		ledger pipelined.go:239:51 CONDITIONALS_NEGATION
 		ledger retry.go:125:11 CONDITIONALS_BOUNDARY

@@ -21,7 +21,9 @@
 // written); -run gives the tests to run instead of taking the coverage.
 // -also names other packages whose tests run PKG's code (recovery's run
 // continuations through the executor): their tests join PKG's, with their
-// coverage of PKG, so that a mutant they kill counts as killed.
+// coverage of PKG, so that a mutant they kill counts as killed. With -run,
+// the expression selects tests in PKG and in each of them (a package
+// where it selects none passes).
 //
 // Prints one line per mutant (KILLED, LIVED, TIMED OUT, NOT VIABLE, NOT
 // COVERED; a LIVED one with the tests that ran it), then the counts in
@@ -70,7 +72,7 @@ func main() {
 	also := flag.String("also", "", "comma-separated packages whose tests also run against the mutants, where their coverage reaches them")
 	seed := flag.Uint64("seed", 0, "try the mutants in an order shuffled by this seed (0: file order), so that a run stopped early has measured a random sample")
 	flag.Usage = func() {
-		fmt.Fprintln(os.Stderr, "usage: mutants [-workers N] [-exclude REGEXP] [-list] [-only FILE:LINE:COL[:MUTATOR]] [-run REGEXP] PKG")
+		fmt.Fprintln(os.Stderr, "usage: mutants [-workers N] [-exclude REGEXP] [-seed N] [-list] [-only FILE:LINE:COL[:MUTATOR]] [-run REGEXP] [-also PKG,...] PKG")
 		flag.PrintDefaults()
 	}
 	flag.Parse()
