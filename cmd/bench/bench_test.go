@@ -169,6 +169,13 @@ func TestMeasurements(t *testing.T) {
 			require.EqualValues(t, 40, b.Trips.Turns)
 			require.Positive(t, b.Trips.RoundTripsPerTurn)
 		}
+		require.NotNil(t, b.Half, "the cost per turn at half the burn-down, from a consumer process")
+		require.InDelta(t, b.One.TurnsPerSecond/2, b.Half.OfferedRate, 1e-9)
+		require.EqualValues(t, b.Half.Prompts, b.Half.Turns, "every paced prompt answered")
+		require.Positive(t, b.Half.ConsumerCPUMillisPerTurn)
+		if sc.cluster != nil {
+			require.Greater(t, b.Half.StatementsPerTurn, 1.0)
+		}
 		h := rep.HalfLatency
 		require.NotNil(t, h)
 		require.InDelta(t, b.One.TurnsPerSecond/2, h.OfferedRate, 1e-9)
@@ -183,6 +190,7 @@ func TestMeasurements(t *testing.T) {
 		printBurnDown(&out, &rep)
 		require.Contains(t, out.String(), "burn-down / River's")
 		require.Contains(t, out.String(), "burn-down / turn ceiling")
+		require.Contains(t, out.String(), "(half the burn-down): CPU per turn, consumer + Postgres (ms)")
 		if sc.cluster != nil {
 			require.Contains(t, out.String(), "statements per turn, sent by the client (per turn, mean ms, statement):")
 		}

@@ -41,10 +41,13 @@ type tableWrites struct {
 // burnDownRun is one consumer process working off a pre-filled prompts
 // topic.
 type burnDownRun struct {
-	PromptsPerSession int     `json:"prompts_per_session"`
-	Prompts           int     `json:"prompts"`
-	Turns             int64   `json:"turns"`
-	Seconds           float64 `json:"seconds"`
+	PromptsPerSession int `json:"prompts_per_session"`
+	Prompts           int `json:"prompts"`
+	// OfferedRate, when set, is the rate the prompts were produced at
+	// from the consumer's start (no backlog); 0 for a burn-down.
+	OfferedRate float64 `json:"offered_rate,omitempty"`
+	Turns       int64   `json:"turns"`
+	Seconds     float64 `json:"seconds"`
 	// TurnsPerSecond is turns from the process's start to the last turn
 	// event read back.
 	TurnsPerSecond float64 `json:"turns_per_second"`
@@ -110,6 +113,10 @@ type burnDownResult struct {
 	One     burnDownRun   `json:"one_per_session"`
 	Ten     burnDownRun   `json:"ten_per_session"`
 	Ceiling ceilingResult `json:"turn_ceiling"`
+	// Half is the cost of a turn at a steady load: prompts, one per
+	// session, produced at half of One's rate from the consumer's start for
+	// the latency runs' duration; nil when not run.
+	Half *burnDownRun `json:"half_rate,omitempty"`
 	// Trips is a smaller one-per-session burn-down through the proxy that
 	// counts round trips (kept apart: the proxy costs the bench CPU and
 	// each round trip some latency); nil when it could not run.
@@ -135,7 +142,7 @@ func buildConsumer(ctx context.Context, progress func(string, ...any)) (bin stri
 
 // measureBurnDown runs the burn-down with one prompt per session, then
 // with ten, then the turn ceiling on the rows of the first.
-func measureBurnDown(ctx context.Context, sc *scratchServer, n int, partitions int32, progress func(string, ...any)) (res burnDownResult, err error) {
+func measureBurnDown(ctx context.Context, sc *scratchServer, n int, partitions int32, halfFor time.Duration, progress func(string, ...any)) (res burnDownResult, err error) {
 	bin, cleanup, err := buildConsumer(ctx, progress)
 	if err != nil {
 		return res, err
@@ -144,7 +151,7 @@ func measureBurnDown(ctx context.Context, sc *scratchServer, n int, partitions i
 	var dump []tableDump
 	for _, per := range []int{1, 10} {
 		progress("burn-down: %d prompts, %d per session, one consumer process", n, per)
-		r, d, err := burnDownOnce(ctx, sc, bin, n, per, partitions, per == 1, false, promptText)
+		r, d, err := burnDownOnce(ctx, sc, bin, n, per, partitions, per == 1, false, promptText, 0)
 		if err != nil {
 			return res, fmt.Errorf("burn-down, %d per session: %w", per, err)
 		}
@@ -154,6 +161,16 @@ func measureBurnDown(ctx context.Context, sc *scratchServer, n int, partitions i
 			res.Ten = r
 		}
 	}
+	if halfFor > 0 {
+		rate := res.One.TurnsPerSecond / 2
+		hn := max(1, int(rate*halfFor.Seconds()))
+		progress("cost per turn at half the burn-down: %d prompts, 1 per session, at %.0f/s, one consumer process", hn, rate)
+		r, _, err := burnDownOnce(ctx, sc, bin, hn, 1, partitions, false, false, promptText, rate)
+		if err != nil {
+			return res, fmt.Errorf("cost per turn at half the burn-down: %w", err)
+		}
+		res.Half = &r
+	}
 	progress("turn ceiling: the burn-down's %d turns' rows by plain batched statements", res.One.Turns)
 	if res.Ceiling, err = measureCeiling(ctx, sc, dump, res.One.Turns, int(partitions)); err != nil {
 		return res, fmt.Errorf("turn ceiling: %w", err)
@@ -161,7 +178,7 @@ func measureBurnDown(ctx context.Context, sc *scratchServer, n int, partitions i
 	res.Efficiency = res.One.TurnsPerSecond / res.Ceiling.TurnsPerSecond
 	tn := max(1, n/5)
 	progress("round trips: %d prompts, 1 per session, through a counting proxy", tn)
-	r, _, err := burnDownOnce(ctx, sc, bin, tn, 1, partitions, false, true, promptText)
+	r, _, err := burnDownOnce(ctx, sc, bin, tn, 1, partitions, false, true, promptText, 0)
 	switch {
 	case errors.Is(err, errNoTripCounter):
 		progress("round trips not counted: %v", err)
@@ -176,8 +193,11 @@ func measureBurnDown(ctx context.Context, sc *scratchServer, n int, partitions i
 // burnDownOnce pre-fills a fresh broker with n prompts of text, per to a
 // session, starts one consumer process on a fresh database and times it
 // from its start to the last turn event read back. With dump it also
-// returns the rows the run left, for the ceiling.
-func burnDownOnce(ctx context.Context, sc *scratchServer, bin string, n, per int, partitions int32, dump, countTrips bool, text string) (run burnDownRun, dumped []tableDump, err error) {
+// returns the rows the run left, for the ceiling. With a rate, the
+// prompts are not pre-filled: they are produced at rate per second from
+// the consumer's start (the cost of a turn at a steady load, not at a
+// backlog).
+func burnDownOnce(ctx context.Context, sc *scratchServer, bin string, n, per int, partitions int32, dump, countTrips bool, text string, rate float64) (run burnDownRun, dumped []tableDump, err error) {
 	w, err := newWorkloadText(n, per, text)
 	if err != nil {
 		return run, nil, err
@@ -187,8 +207,10 @@ func burnDownOnce(ctx context.Context, sc *scratchServer, bin string, n, per int
 		return run, nil, err
 	}
 	defer broker.Close()
-	if err := prefill(ctx, []string{broker.Addr()}, "prompts", w); err != nil {
-		return run, nil, err
+	if rate <= 0 {
+		if err := prefill(ctx, []string{broker.Addr()}, "prompts", w); err != nil {
+			return run, nil, err
+		}
 	}
 	db, err := sc.create(ctx, poolOpts{MaxConns: 2})
 	if err != nil {
@@ -247,7 +269,26 @@ func burnDownOnce(ctx context.Context, sc *scratchServer, bin string, n, per int
 			err = errors.Join(err, p.stop())
 		}
 	}()
+	paced := make(chan error, 1)
+	if rate > 0 {
+		pctx, cancel := context.WithCancel(ctx)
+		defer cancel()
+		go func() { paced <- producePaced(pctx, []string{broker.Addr()}, "prompts", w, rate) }()
+	}
 	select {
+	case err := <-paced:
+		if err != nil {
+			return run, nil, err
+		}
+		select {
+		case <-answered:
+		case <-p.exited:
+			return run, nil, fmt.Errorf("the consumer exited (%s):\n%s", p.cmd.ProcessState, tail(p.logs(), 20))
+		case <-ctx.Done():
+			return run, nil, ctx.Err()
+		case <-time.After(15 * time.Minute):
+			return run, nil, errors.New("not every prompt was answered within 15 minutes")
+		}
 	case <-answered:
 	case <-p.exited:
 		return run, nil, fmt.Errorf("the consumer exited (%s):\n%s", p.cmd.ProcessState, tail(p.logs(), 20))
@@ -281,7 +322,7 @@ func burnDownOnce(ctx context.Context, sc *scratchServer, bin string, n, per int
 
 	t := turns.Load()
 	run = burnDownRun{
-		PromptsPerSession: per, Prompts: n, Turns: t, Seconds: secs, TurnsPerSecond: float64(t) / secs,
+		PromptsPerSession: per, Prompts: n, OfferedRate: rate, Turns: t, Seconds: secs, TurnsPerSecond: float64(t) / secs,
 		ConsumerCPUMillisPerTurn: msPer(consumerCPU, t), PostgresCPUMillisPerTurn: -1, StatementsPerTurn: -1, NestedStatementsPerTurn: -1,
 		CommitsPerTurn: float64(n1-commits0) / float64(t), CPU: cpuBetween(cpu0, cpu1), RoundTripsPerTurn: -1,
 		WALBytesPerTurn: -1, DeltasPerTurn: -1,
@@ -583,7 +624,7 @@ WHERE schemaname = 'public' AND relname NOT LIKE 'goose%'`)
 // measureBurnDownFigures runs the burn-downs and the ceiling, then the
 // end-to-end latency at half of the one-per-session burn-down's rate.
 func measureBurnDownFigures(ctx context.Context, sc *scratchServer, o *options, rep *report, progress func(string, ...any)) error {
-	r, err := measureBurnDown(ctx, sc, o.burnDownPrompts, o.partitions, progress)
+	r, err := measureBurnDown(ctx, sc, o.burnDownPrompts, o.partitions, o.duration, progress)
 	if err != nil {
 		return err
 	}
@@ -653,6 +694,16 @@ func printBurnDown(out io.Writer, rep *report) {
 		met(one.StatementsPerTurn >= 0 && one.StatementsPerTurn <= goalStatementsPerTurn))
 	fmt.Fprintf(tw, "  and run inside functions (plpgsql), per turn\t%s\t\t\t\n", na(one.NestedStatementsPerTurn, "%.1f"))
 	fmt.Fprintf(tw, "commits per turn\t%.2f\t\t\t\n", one.CommitsPerTurn)
+	if h := b.Half; h != nil {
+		hTotal := -1.0
+		if h.PostgresCPUMillisPerTurn >= 0 {
+			hTotal = h.ConsumerCPUMillisPerTurn + h.PostgresCPUMillisPerTurn
+		}
+		fmt.Fprintf(tw, "at %.0f/s (half the burn-down): CPU per turn, consumer + Postgres (ms)\t%s\t\t\t\n", h.OfferedRate, na(hTotal, "%.3f"))
+		fmt.Fprintf(tw, "at %.0f/s (half the burn-down): statements per turn\t%s\t≤ %d\t%s\t\n", h.OfferedRate, na(h.StatementsPerTurn, "%.1f"),
+			goalStatementsPerTurn, met(h.StatementsPerTurn >= 0 && h.StatementsPerTurn <= goalStatementsPerTurn))
+		fmt.Fprintf(tw, "at %.0f/s (half the burn-down): commits per turn\t%.2f\t\t\t\n", h.OfferedRate, h.CommitsPerTurn)
+	}
 	fmt.Fprintf(tw, "WAL per turn (bytes, the whole server's)\t%s\t\t\t\n", na(one.WALBytesPerTurn, "%.0f"))
 	if b.Trips != nil {
 		fmt.Fprintf(tw, "round trips per turn (%d prompts through a counting proxy)\t%.2f\t\t\t\n", b.Trips.Prompts, b.Trips.RoundTripsPerTurn)
@@ -669,9 +720,17 @@ func printBurnDown(out io.Writer, rep *report) {
 	}
 	tw.Flush()
 
-	for _, r := range []burnDownRun{one, ten} {
-		fmt.Fprintf(out, "burn-down, %d per session: %d prompts, %d turns in %.2fs from the consumer's start; CPU %.2f cores busy (bench %.2f); consumer %.3f, Postgres %s ms CPU per turn; %s statements (+ %s inside functions), %.2f commits, %s WAL bytes per turn\n",
-			r.PromptsPerSession, r.Prompts, r.Turns, r.Seconds, r.CPU.Machine, r.CPU.Bench, r.ConsumerCPUMillisPerTurn,
+	runs := []burnDownRun{one, ten}
+	if b.Half != nil {
+		runs = append(runs, *b.Half)
+	}
+	for _, r := range runs {
+		what := "burn-down"
+		if r.OfferedRate > 0 {
+			what = fmt.Sprintf("at %.0f/s offered (half the burn-down, produced from the consumer's start)", r.OfferedRate)
+		}
+		fmt.Fprintf(out, "%s, %d per session: %d prompts, %d turns in %.2fs from the consumer's start; CPU %.2f cores busy (bench %.2f); consumer %.3f, Postgres %s ms CPU per turn; %s statements (+ %s inside functions), %.2f commits, %s WAL bytes per turn\n",
+			what, r.PromptsPerSession, r.Prompts, r.Turns, r.Seconds, r.CPU.Machine, r.CPU.Bench, r.ConsumerCPUMillisPerTurn,
 			na(r.PostgresCPUMillisPerTurn, "%.3f"), na(r.StatementsPerTurn, "%.1f"), na(r.NestedStatementsPerTurn, "%.1f"), r.CommitsPerTurn, na(r.WALBytesPerTurn, "%.0f"))
 		fmt.Fprintf(out, "  rows per turn (inserted / updated / deleted / left):")
 		for _, t := range r.Tables {

@@ -104,7 +104,7 @@ func runStream(ctx context.Context, o *streamOptions, stdout, stderr io.Writer) 
 			into       *[]burnDownRun
 		}{{"whole", whole, &res.Whole}, {"streamed", streamed, &res.Stream}} {
 			progress("stream, round %d/%d: %d prompts, answers %s", i+1, o.rounds, o.prompts, v.name)
-			r, _, err := burnDownOnce(ctx, sc, bin, o.prompts, 1, o.partitions, false, false, v.text)
+			r, _, err := burnDownOnce(ctx, sc, bin, o.prompts, 1, o.partitions, false, false, v.text, 0)
 			if err != nil {
 				return fmt.Errorf("burn-down, answers %s: %w", v.name, err)
 			}

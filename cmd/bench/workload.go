@@ -99,6 +99,39 @@ func prefill(ctx context.Context, brokers []string, topic string, w *workload) e
 	return nil
 }
 
+// producePaced sends w's prompts to topic at rate per second, by the
+// clock from its start (a late tick sends what is due), and returns once
+// every prompt is acknowledged.
+func producePaced(ctx context.Context, brokers []string, topic string, w *workload, rate float64) error {
+	producer, err := sarama.NewSyncProducer(brokers, kafkautil.NewConfig("bench-paced"))
+	if err != nil {
+		return fmt.Errorf("connecting paced producer: %w", err)
+	}
+	defer producer.Close()
+	tick := time.NewTicker(5 * time.Millisecond)
+	defer tick.Stop()
+	start := time.Now()
+	for sent := 0; sent < len(w.prompts); {
+		due := min(len(w.prompts), int(time.Since(start).Seconds()*rate)+1)
+		if due > sent {
+			msgs := make([]*sarama.ProducerMessage, 0, due-sent)
+			for i := sent; i < due; i++ {
+				msgs = append(msgs, &sarama.ProducerMessage{Topic: topic, Key: sarama.StringEncoder(w.prompts[i].SessionID), Value: sarama.ByteEncoder(w.values[i])})
+			}
+			if err := producer.SendMessages(msgs); err != nil {
+				return fmt.Errorf("producing %s at %.0f/s: %w", topic, rate, err)
+			}
+			sent = due
+		}
+		select {
+		case <-tick.C:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+	return nil
+}
+
 // startBroker starts an embedded broker on a free loopback port with
 // promptline's topics.
 func startBroker(partitions int32) (*kafkautil.Broker, error) {
