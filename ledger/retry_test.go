@@ -2,6 +2,8 @@ package ledger_test
 
 import (
 	"context"
+	"fmt"
+	"regexp"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -33,6 +35,7 @@ func TestWriteRetried(t *testing.T) {
 		retries     atomic.Int32
 		// beforeRetry, when set, runs before each retry.
 		beforeRetry func()
+		logs        testkit.LogBuffer
 	}
 	setupProxied := func(t *testing.T, lease time.Duration) *bundle {
 		t.Helper()
@@ -42,7 +45,7 @@ func TestWriteRetried(t *testing.T) {
 		require.NoError(t, err)
 		t.Cleanup(ppool.Close)
 		b := &bundle{testBundle: &testBundle{pool: pool}, proxy: proxy}
-		b.testBundle.claims = ledger.NewClaims(ppool, &ledger.ClaimsConfig{Lease: lease, OwnerID: "owner-a", OnWriteRetryFunc: func() {
+		b.testBundle.claims = ledger.NewClaims(ppool, &ledger.ClaimsConfig{Lease: lease, OwnerID: "owner-a", Logger: testkit.Logger(t, &b.logs), OnWriteRetryFunc: func() {
 			b.retries.Add(1)
 			if b.beforeRetry != nil {
 				b.beforeRetry()
@@ -195,12 +198,32 @@ func TestWriteRetried(t *testing.T) {
 		}
 		b.proxy.Refuse(true)
 		b.proxy.CutAll()
+		began := time.Now()
 		err := waitErr(t, func() error { return x.WriteRetried(ctx, ledger.RetryOpts{Landed: landed}, write) })
 		require.Error(t, err)
 		require.True(t, pgdb.Transient(err), "the database's error, not a fence: %v", err)
 		mu.Lock()
 		defer mu.Unlock()
 		require.GreaterOrEqual(t, len(tries), 2, "retried while the lease lived")
+		require.ErrorContains(t, err, fmt.Sprintf("tried %d times", len(tries)+1), "the error counts the first try and each retry")
+		// The retries are spaced: at least half the backoff, 50 ms then
+		// 100 ms, before each of the first two (a timer never fires early;
+		// a lease of a second caps neither).
+		require.GreaterOrEqual(t, tries[0].Sub(began), 25*time.Millisecond)
+		require.GreaterOrEqual(t, tries[1].Sub(tries[0]), 50*time.Millisecond)
+		// and each wait is drawn in [backoff/2, backoff): the warnings say
+		// which (the first two: 50 ms, then 100 ms).
+		var waits []time.Duration
+		for _, m := range regexp.MustCompile(`retrying while the lease lives.* after=(\S+)`).FindAllStringSubmatch(b.logs.String(), -1) {
+			d, err := time.ParseDuration(m[1])
+			require.NoError(t, err)
+			waits = append(waits, d)
+		}
+		require.GreaterOrEqual(t, len(waits), 2, b.logs.String())
+		for i, backoff := range []time.Duration{50 * time.Millisecond, 100 * time.Millisecond} {
+			require.GreaterOrEqual(t, waits[i], backoff/2, "wait %d", i)
+			require.Less(t, waits[i], backoff, "wait %d", i)
+		}
 		for _, at := range tries {
 			require.True(t, at.Before(acquired.Add(lease)), "a retry %s after the lease's end", at.Sub(acquired.Add(lease)))
 		}
