@@ -230,6 +230,7 @@ func TestWriteAfterDispatchRetried(t *testing.T) {
 		require.Equal(t, int32(1), b.tool.runs.Load(), "the side effect ran once")
 		completed(t, b, "m1", 2)
 		require.Equal(t, 1, b.count(t, `SELECT count(*) FROM messages WHERE role = 'tool'`))
+		require.Equal(t, 1, testkit.CountEvents(t, b.pool, "s", envelope.EventToolCompleted), "the result announced once")
 	})
 
 	// The call's intent committed unheard: the call is not run until the

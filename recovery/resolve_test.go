@@ -286,6 +286,24 @@ func TestResolve(t *testing.T) {
 		require.Zero(t, b.count(t, `SELECT count(*) FROM resolutions`))
 	})
 
+	// Another provider attempt of the call's step is unknown too (the
+	// step sent again in the same message): a continuation of this finding
+	// would act on that attempt's outcome unvouched, so the operator is told
+	// to resolve it first.
+	t.Run("RefusedWhenAnotherAttemptIsUnknown", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t)
+		c, call := b.unknownCall(t, "s")
+		b.exec(t, `INSERT INTO attempts (attempt_id, session_id, execution_id, assistant_message_id, step, provider,
+				idempotency_key, fencing_token, request_hash, state)
+			SELECT 'att-again', session_id, execution_id, $2, step, provider, 'att-again', fencing_token, request_hash, 'unknown'
+			FROM attempts WHERE attempt_id = $1`, call.AttemptID, c.assistant)
+		_, err := b.resolve(t, "s", call.ID, recovery.FindingDidNotRun, "")
+		require.ErrorIs(t, err, recovery.ErrLaterUnknown)
+		require.ErrorContains(t, err, "attempt att-again is unknown; resolve attempt att-again first")
+		require.Zero(t, b.count(t, `SELECT count(*) FROM resolutions`))
+	})
+
 	t.Run("RefusedWhenNotUnknownOrElsewhere", func(t *testing.T) {
 		t.Parallel()
 		b := setup(t)
