@@ -2,7 +2,9 @@ package executor_test
 
 import (
 	"context"
+	"log/slog"
 	"slices"
+	"sync"
 	"testing"
 	"time"
 
@@ -252,6 +254,43 @@ func TestPermissions(t *testing.T) {
 		require.NotContains(t, logs.String(), "level=ERROR")
 		require.Equal(t, 1, b.count(t, `SELECT count(*) FROM claims`), "left to expire for recovery")
 		require.Empty(t, b.runs)
+	})
+
+	// A run that finds nothing to promote after its claim (here the reply
+	// it was woken for is quarantined by hand between the claim and the
+	// promotion) releases the claim quietly: no error, no claim left, no
+	// wake. The run is held after its claim by its own log line.
+	t.Run("NothingToPromoteAfterTheClaimReleasesQuietly", func(t *testing.T) {
+		t.Parallel()
+		b := setupPerm(t)
+		b.admit(t, "s", "m1", `/tool echo {"text": "x"}`)
+		runOnce(t, b.exec(), "s")
+		require.Equal(t, admission.Admitted, reply(t, b, requestID(t, b), envelope.ReplyOnce, "").Outcome)
+		var logs testkit.LogBuffer
+		h := &holdAt{Handler: slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelDebug}),
+			msg: "claim acquired", once: &sync.Once{}, reached: make(chan struct{}), proceed: make(chan struct{})}
+		claims := ledger.NewClaims(b.pool, &ledger.ClaimsConfig{Lease: 5 * time.Second, OwnerID: "p"})
+		reg := tools.NewRegistry()
+		require.NoError(t, reg.Register(countingEcho{Tool: tools.NewEcho(), runs: b.runs}))
+		e := newExecutor(t, b.pool, &executor.ExecutorConfig{Claims: claims, Tools: reg, Logger: slog.New(h),
+			PermissionFunc: func(string) tools.Permission { return tools.Ask }})
+		t.Cleanup(e.StopNow)
+		before := b.count(t, `SELECT max(id) FROM outbox`)
+		done, err := e.Wake(ctx, "s", 0)
+		require.NoError(t, err)
+		select {
+		case <-h.reached:
+		case <-time.After(20 * time.Second):
+			t.Fatal("the run never claimed")
+		}
+		_, err = b.pool.Exec(ctx, `UPDATE inputs SET quarantine_reason = 'repaired by hand', quarantined_at = now() WHERE kind = 'permission_reply'`)
+		require.NoError(t, err)
+		close(h.proceed)
+		wait(t, done)
+		require.Zero(t, b.count(t, `SELECT count(*) FROM claims`), "released")
+		require.Zero(t, b.count(t, `SELECT count(*) FROM outbox WHERE id > $1`, before), "no event, no wake")
+		require.Empty(t, b.runs, "nothing ran")
+		require.NotContains(t, logs.String(), "level=ERROR")
 	})
 
 	// Invariant 14: a prompt whose message ID reads like an internal

@@ -232,6 +232,27 @@ func TestWriteRetried(t *testing.T) {
 		require.False(t, x.Fenced(), "not fenced: the claim is left to expire")
 	})
 
+	// With less than retryLastTry (20 ms) of the lease left, a transient
+	// failure is not retried: a retry could not end before the lease
+	// does. The lease is made to end 19 ms from now; the first try fails
+	// at once (the proxy refuses connections), so the decision is taken
+	// with less than that left, and on any machine the real code gives up.
+	t.Run("NoRetryInTheLeaseLastMoments", func(t *testing.T) {
+		t.Parallel()
+		const lease = time.Second
+		b := setupProxied(t, lease)
+		b.session(t, "s", 0)
+		x := b.acquire(t, "s", "e1")
+		b.proxy.Refuse(true)
+		b.proxy.CutAll()
+		ledger.SetLeaseFrom(x, time.Now().Add(-lease+19*time.Millisecond))
+		err := x.WriteRetried(ctx, ledger.RetryOpts{Landed: landed}, write)
+		require.Error(t, err)
+		require.ErrorContains(t, err, "tried 1 times; the lease ends before another retry")
+		require.Zero(t, b.retries.Load(), "no retry")
+		require.Contains(t, b.logs.String(), "the lease ends before a retry")
+	})
+
 	// A retry that the database leaves hanging ends with the lease too:
 	// the executor never waits on a write that would reach the database
 	// after its lease.
