@@ -563,12 +563,9 @@ func (e *Executor) execute(sessionID string, r *sessionRun, log *slog.Logger) {
 	released, err = x.Release(rctx, ledger.ReleaseOpts{
 		Stopping: true, Wake: wakeRow(e.cfg.Topics.Wakes, sessionID, "released", time.Now().UTC()),
 	})
-	if err != nil {
+	if err = e.announced(err); err != nil {
 		ex.logErr(rctx, log, "releasing claim", err)
 		return
-	}
-	if e.cfg.OnCommitFunc != nil {
-		e.cfg.OnCommitFunc()
 	}
 	log.Debug("claim released on stop")
 }
@@ -736,23 +733,28 @@ func (ex *execution) logErr(ctx context.Context, log *slog.Logger, what string, 
 	}
 }
 
-// write runs fn behind the fence; outbox rows written by fn are announced to
-// the relay after commit.
-func (ex *execution) write(ctx context.Context, fn func(tx pgx.Tx) error) error {
-	err := ex.x.Write(ctx, fn)
-	if err == nil && ex.e.cfg.OnCommitFunc != nil {
-		ex.e.cfg.OnCommitFunc()
+// Every write of an execution goes through one of the wrappers below,
+// which announce it (announced): the outbox rows it committed go to the
+// relay at once, not at its next poll. A write that bypassed them would
+// leave its events waiting while the provider works.
+
+// announced runs OnCommitFunc when err says the write committed, and
+// returns err.
+func (e *Executor) announced(err error) error {
+	if err == nil && e.cfg.OnCommitFunc != nil {
+		e.cfg.OnCommitFunc()
 	}
 	return err
 }
 
-// writeQueued is ledger.Execution.WriteQueued, announced as write is.
+// write runs fn behind the fence.
+func (ex *execution) write(ctx context.Context, fn func(tx pgx.Tx) error) error {
+	return ex.e.announced(ex.x.Write(ctx, fn))
+}
+
+// writeQueued is ledger.Execution.WriteQueued.
 func (ex *execution) writeQueued(ctx context.Context, phase ledger.Phase, assistantID string, queue func(b *pgx.Batch)) error {
-	err := ex.x.WriteQueued(ctx, phase, assistantID, queue)
-	if err == nil && ex.e.cfg.OnCommitFunc != nil {
-		ex.e.cfg.OnCommitFunc()
-	}
-	return err
+	return ex.e.announced(ex.x.WriteQueued(ctx, phase, assistantID, queue))
 }
 
 // The writes that record what a dispatch returned retry a transient
@@ -761,29 +763,19 @@ func (ex *execution) writeQueued(ctx context.Context, phase ledger.Phase, assist
 
 // writeRetried is write, retried.
 func (ex *execution) writeRetried(ctx context.Context, landed ledger.LandedFunc, fn func(tx pgx.Tx) error) error {
-	err := ex.x.WriteRetried(ctx, ledger.RetryOpts{Landed: landed}, fn)
-	if err == nil && ex.e.cfg.OnCommitFunc != nil {
-		ex.e.cfg.OnCommitFunc()
-	}
-	return err
+	return ex.e.announced(ex.x.WriteRetried(ctx, ledger.RetryOpts{Landed: landed}, fn))
 }
 
 // finishRetried is finish, retried.
 func (ex *execution) finishRetried(ctx context.Context, landed ledger.LandedFunc, fn func(tx pgx.Tx) error) (bool, error) {
 	released, err := ex.x.FinishRetried(ctx, ledger.RetryOpts{Landed: landed}, fn)
-	if err == nil && ex.e.cfg.OnCommitFunc != nil {
-		ex.e.cfg.OnCommitFunc()
-	}
-	return released, err
+	return released, ex.e.announced(err)
 }
 
 // finishQueuedRetried is finishQueued, retried.
 func (ex *execution) finishQueuedRetried(ctx context.Context, landed ledger.LandedFunc, phase ledger.Phase, assistantID string, queue func(b *pgx.Batch)) (bool, error) {
 	released, err := ex.x.FinishQueuedRetried(ctx, ledger.RetryOpts{Landed: landed}, phase, assistantID, queue)
-	if err == nil && ex.e.cfg.OnCommitFunc != nil {
-		ex.e.cfg.OnCommitFunc()
-	}
-	return released, err
+	return released, ex.e.announced(err)
 }
 
 // A write made after the turn's context ended (a shutdown past its grace,
@@ -808,10 +800,7 @@ func (ex *execution) writeOnce(ctx context.Context, _ ledger.LandedFunc, fn func
 // finishOnce is finishRetried's for a write after a cancellation.
 func (ex *execution) finishOnce(ctx context.Context, _ ledger.LandedFunc, fn func(tx pgx.Tx) error) (bool, error) {
 	released, err := ex.x.Finish(ctx, fn)
-	if err == nil && ex.e.cfg.OnCommitFunc != nil {
-		ex.e.cfg.OnCommitFunc()
-	}
-	return released, err
+	return released, ex.e.announced(err)
 }
 
 // attemptLanded says whether the attempt's outcome is already state.

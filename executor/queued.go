@@ -81,8 +81,6 @@ func (ex *execution) readView(ctx context.Context) (*sessionView, error) {
 func (ex *execution) promoteQueued(ctx context.Context, v *sessionView) (*turn, error) {
 	t := newTurn(pickTurn(v.waiting))
 	var req provider.Request
-	// The transaction writes turn.started: announced at once (writeQueued),
-	// not at the relay's next poll, while the provider works.
 	err := ex.writeQueued(ctx, ledger.PhaseUnknown, t.assistantID, func(b *pgx.Batch) {
 		req = ex.queueFirstStep(b, t, v)
 	})
@@ -115,11 +113,7 @@ func (ex *execution) claimFirstTurn(ctx context.Context, read ledger.SessionRead
 	}
 	ex.x = x
 	t.begun = &req
-	// The transaction wrote turn.started: the relay publishes it now, not
-	// at its next poll (while the provider may take seconds).
-	if f := ex.e.cfg.OnCommitFunc; f != nil {
-		f()
-	}
+	ex.e.announced(nil) // the transaction wrote turn.started
 	return t, nil
 }
 
