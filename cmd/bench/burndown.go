@@ -275,27 +275,25 @@ func burnDownOnce(ctx context.Context, sc *scratchServer, bin string, n, per int
 		defer cancel()
 		go func() { paced <- producePaced(pctx, []string{broker.Addr()}, "prompts", w, rate) }()
 	}
-	select {
-	case err := <-paced:
-		if err != nil {
-			return run, nil, err
-		}
+	// Until every prompt is answered; a paced producer that finished
+	// leaves the wait to the answers.
+	timeout := time.After(15 * time.Minute)
+	for waiting := true; waiting; {
 		select {
+		case err := <-paced:
+			if err != nil {
+				return run, nil, err
+			}
+			paced = nil
 		case <-answered:
+			waiting = false
 		case <-p.exited:
 			return run, nil, fmt.Errorf("the consumer exited (%s):\n%s", p.cmd.ProcessState, tail(p.logs(), 20))
 		case <-ctx.Done():
 			return run, nil, ctx.Err()
-		case <-time.After(15 * time.Minute):
+		case <-timeout:
 			return run, nil, errors.New("not every prompt was answered within 15 minutes")
 		}
-	case <-answered:
-	case <-p.exited:
-		return run, nil, fmt.Errorf("the consumer exited (%s):\n%s", p.cmd.ProcessState, tail(p.logs(), 20))
-	case <-ctx.Done():
-		return run, nil, ctx.Err()
-	case <-time.After(15 * time.Minute):
-		return run, nil, errors.New("not every prompt was answered within 15 minutes")
 	}
 	secs := time.Since(start).Seconds()
 	consumerCPU, _ := procCPU(p.cmd.Process.Pid, false)
