@@ -36,9 +36,11 @@ func TestPermissions(t *testing.T) {
 
 	type bundle struct {
 		*execBundle
-		runs   chan string
-		exec   func() *executor.Executor
-		nudges *nudgeLog
+		runs chan string
+		exec func() *executor.Executor
+		// execLogged is exec with its log to log.
+		execLogged func(log *slog.Logger) *executor.Executor
+		nudges     *nudgeLog
 	}
 	setupPerm := func(t *testing.T) *bundle {
 		b := &bundle{execBundle: setupExec(t), runs: make(chan string, 16), nudges: &nudgeLog{}}
@@ -46,13 +48,14 @@ func TestPermissions(t *testing.T) {
 		require.NoError(t, reg.Register(countingEcho{Tool: tools.NewEcho(), runs: b.runs}))
 		// Each call builds a new executor: a restart, as far as the
 		// session is concerned.
-		b.exec = func() *executor.Executor {
+		b.execLogged = func(log *slog.Logger) *executor.Executor {
 			claims := ledger.NewClaims(b.pool, &ledger.ClaimsConfig{Lease: 5 * time.Second, OwnerID: "p"})
-			e := newExecutor(t, b.pool, &executor.ExecutorConfig{Claims: claims, Tools: reg,
+			e := newExecutor(t, b.pool, &executor.ExecutorConfig{Claims: claims, Tools: reg, Logger: log,
 				PermissionFunc: func(string) tools.Permission { return tools.Ask }, OnCommitFunc: b.nudges.onCommit(b.execBundle)})
 			t.Cleanup(e.StopNow)
 			return e
 		}
+		b.exec = func() *executor.Executor { return b.execLogged(nil) }
 		return b
 	}
 	runOnce := func(t *testing.T, e *executor.Executor, session string) {
@@ -69,6 +72,15 @@ func TestPermissions(t *testing.T) {
 		out, err := b.admitter.AdmitReply(ctx, nil, envelope.PermissionReply{RequestID: id, Reply: r, Message: msg}, admission.Source{Topic: "permission-replies"})
 		require.NoError(t, err)
 		return out
+	}
+	// approved parks session s on an ask for echo, then admits its
+	// approval (once), and returns the request's ID: the reply waits.
+	approved := func(t *testing.T, b *bundle) string {
+		b.admit(t, "s", "m1", `/tool echo {"text": "x"}`)
+		runOnce(t, b.exec(), "s")
+		id := requestID(t, b)
+		require.Equal(t, admission.Admitted, reply(t, b, id, envelope.ReplyOnce, "").Outcome)
+		return id
 	}
 
 	t.Run("AskParksTheSessionAndOnceResumesIt", func(t *testing.T) {
@@ -201,10 +213,7 @@ func TestPermissions(t *testing.T) {
 	t.Run("ReplyWithoutItsRequestIsQuarantined", func(t *testing.T) {
 		t.Parallel()
 		b := setupPerm(t)
-		b.admit(t, "s", "m1", `/tool echo {"text": "x"}`)
-		runOnce(t, b.exec(), "s")
-		id := requestID(t, b)
-		require.Equal(t, admission.Admitted, reply(t, b, id, envelope.ReplyOnce, "").Outcome)
+		id := approved(t, b)
 		b.admit(t, "s", "m2", "next")
 		_, err := b.pool.Exec(ctx, `DELETE FROM permission_requests WHERE request_id = $1`, id)
 		require.NoError(t, err)
@@ -227,22 +236,14 @@ func TestPermissions(t *testing.T) {
 	t.Run("HardStopDuringAPromotionIsNotAnError", func(t *testing.T) {
 		t.Parallel()
 		b := setupPerm(t)
-		b.admit(t, "s", "m1", `/tool echo {"text": "x"}`)
-		runOnce(t, b.exec(), "s")
-		id := requestID(t, b)
-		require.Equal(t, admission.Admitted, reply(t, b, id, envelope.ReplyOnce, "").Outcome)
+		id := approved(t, b)
 		tx, err := b.pool.Begin(ctx)
 		require.NoError(t, err)
 		t.Cleanup(func() { _ = tx.Rollback(ctx) })
 		_, err = tx.Exec(ctx, `SELECT 1 FROM permission_requests WHERE request_id = $1 FOR UPDATE`, id)
 		require.NoError(t, err)
 		var logs testkit.LogBuffer
-		claims := ledger.NewClaims(b.pool, &ledger.ClaimsConfig{Lease: 5 * time.Second, OwnerID: "p"})
-		reg := tools.NewRegistry()
-		require.NoError(t, reg.Register(countingEcho{Tool: tools.NewEcho(), runs: b.runs}))
-		e := newExecutor(t, b.pool, &executor.ExecutorConfig{Claims: claims, Tools: reg, Logger: testkit.Logger(t, &logs),
-			PermissionFunc: func(string) tools.Permission { return tools.Ask }})
-		t.Cleanup(e.StopNow)
+		e := b.execLogged(testkit.Logger(t, &logs))
 		_, err = e.Wake(ctx, "s", 0)
 		require.NoError(t, err)
 		require.Eventually(t, func() bool {
@@ -263,18 +264,11 @@ func TestPermissions(t *testing.T) {
 	t.Run("NothingToPromoteAfterTheClaimReleasesQuietly", func(t *testing.T) {
 		t.Parallel()
 		b := setupPerm(t)
-		b.admit(t, "s", "m1", `/tool echo {"text": "x"}`)
-		runOnce(t, b.exec(), "s")
-		require.Equal(t, admission.Admitted, reply(t, b, requestID(t, b), envelope.ReplyOnce, "").Outcome)
+		approved(t, b)
 		var logs testkit.LogBuffer
 		h := &holdAt{Handler: slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelDebug}),
 			msg: "claim acquired", once: &sync.Once{}, reached: make(chan struct{}), proceed: make(chan struct{})}
-		claims := ledger.NewClaims(b.pool, &ledger.ClaimsConfig{Lease: 5 * time.Second, OwnerID: "p"})
-		reg := tools.NewRegistry()
-		require.NoError(t, reg.Register(countingEcho{Tool: tools.NewEcho(), runs: b.runs}))
-		e := newExecutor(t, b.pool, &executor.ExecutorConfig{Claims: claims, Tools: reg, Logger: slog.New(h),
-			PermissionFunc: func(string) tools.Permission { return tools.Ask }})
-		t.Cleanup(e.StopNow)
+		e := b.execLogged(slog.New(h))
 		before := b.count(t, `SELECT max(id) FROM outbox`)
 		done, err := e.Wake(ctx, "s", 0)
 		require.NoError(t, err)

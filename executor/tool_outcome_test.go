@@ -60,21 +60,14 @@ func TestToolOutcomes(t *testing.T) {
 	} {
 		t.Run(c.do, func(t *testing.T) {
 			t.Parallel()
-			ctx := context.Background()
 			b := setupExec(t)
 			reg := tools.NewRegistry()
 			require.NoError(t, reg.Register(outcomeTool{}))
 			var mu sync.Mutex
 			var runs, settled []string
-			claims := ledger.NewClaims(b.pool, &ledger.ClaimsConfig{Lease: 5 * time.Second, OwnerID: "a"})
-			e := newExecutor(t, b.pool, &executor.ExecutorConfig{Claims: claims, Tools: reg,
+			b.runPrompt(t, &executor.ExecutorConfig{Tools: reg,
 				OnToolRunFunc:     func(o string, _ time.Duration) { mu.Lock(); runs = append(runs, o); mu.Unlock() },
-				OnCallSettledFunc: func(o string) { mu.Lock(); settled = append(settled, o); mu.Unlock() }})
-			t.Cleanup(e.StopNow)
-			b.admit(t, "s", "m1", fmt.Sprintf(`/tool outcome {"do": %q}`, c.do))
-			done, err := e.Wake(ctx, "s", 0)
-			require.NoError(t, err)
-			wait(t, done)
+				OnCallSettledFunc: func(o string) { mu.Lock(); settled = append(settled, o); mu.Unlock() }}, fmt.Sprintf(`/tool outcome {"do": %q}`, c.do))
 			require.Equal(t, 1, b.count(t, `SELECT count(*) FROM tool_calls WHERE state = $1`, string(c.state)))
 			mu.Lock()
 			defer mu.Unlock()
@@ -105,17 +98,10 @@ func (notRunTool) Run(ctx context.Context, _ tools.Call) (tools.Result, error) {
 // which is not left unknown.
 func TestToolHeardAfterItsDeadline(t *testing.T) {
 	t.Parallel()
-	ctx := context.Background()
 	b := setupExec(t)
 	reg := tools.NewRegistry()
 	require.NoError(t, reg.Register(notRunTool{}))
-	claims := ledger.NewClaims(b.pool, &ledger.ClaimsConfig{Lease: 5 * time.Second, OwnerID: "a"})
-	e := newExecutor(t, b.pool, &executor.ExecutorConfig{Claims: claims, Tools: reg, ToolTimeout: 100 * time.Millisecond})
-	t.Cleanup(e.StopNow)
-	b.admit(t, "s", "m1", `/tool late {}`)
-	done, err := e.Wake(ctx, "s", 0)
-	require.NoError(t, err)
-	wait(t, done)
+	b.runPrompt(t, &executor.ExecutorConfig{Tools: reg, ToolTimeout: 100 * time.Millisecond}, `/tool late {}`)
 	require.Equal(t, 1, b.count(t, `SELECT count(*) FROM tool_calls WHERE state = 'failed' AND output LIKE 'not run: %gave up before acting%'`))
 }
 
@@ -141,18 +127,11 @@ func (p *thinkingProvider) Complete(_ context.Context, req provider.Request) (pr
 // text first, then the calls), and the next step's request carries both.
 func TestTextWithToolCallsIsKept(t *testing.T) {
 	t.Parallel()
-	ctx := context.Background()
 	b := setupExec(t)
 	reg := tools.NewRegistry()
 	require.NoError(t, reg.Register(outcomeTool{}))
 	p := &thinkingProvider{}
-	claims := ledger.NewClaims(b.pool, &ledger.ClaimsConfig{Lease: 5 * time.Second, OwnerID: "a"})
-	e := newExecutor(t, b.pool, &executor.ExecutorConfig{Claims: claims, Tools: reg, Provider: p})
-	t.Cleanup(e.StopNow)
-	b.admit(t, "s", "m1", "look it up")
-	done, err := e.Wake(ctx, "s", 0)
-	require.NoError(t, err)
-	wait(t, done)
+	b.runPrompt(t, &executor.ExecutorConfig{Tools: reg, Provider: p}, "look it up")
 	require.Equal(t, 1, testkit.CountEvents(t, b.pool, "s", envelope.EventTurnCompleted))
 	require.Equal(t, 1, b.count(t, `SELECT count(*) FROM message_parts WHERE idx = 0 AND kind = 'text' AND body = 'let me look'`))
 	require.Equal(t, 1, b.count(t, `SELECT count(*) FROM message_parts WHERE idx = 1 AND kind = 'tool_call' AND body LIKE '%"c1"%'`))
@@ -206,16 +185,9 @@ func TestFailedStepIsSentAgainWithItsKey(t *testing.T) {
 	} {
 		t.Run(name, func(t *testing.T) {
 			t.Parallel()
-			ctx := context.Background()
 			b := setupExec(t)
 			var logs testkit.LogBuffer
-			claims := ledger.NewClaims(b.pool, &ledger.ClaimsConfig{Lease: 5 * time.Second, OwnerID: "a"})
-			e := newExecutor(t, b.pool, &executor.ExecutorConfig{Claims: claims, Provider: p, Logger: testkit.Logger(t, &logs)})
-			t.Cleanup(e.StopNow)
-			b.admit(t, "s", "m1", "hello")
-			done, err := e.Wake(ctx, "s", 0)
-			require.NoError(t, err)
-			wait(t, done)
+			b.runPrompt(t, &executor.ExecutorConfig{Provider: p, Logger: testkit.Logger(t, &logs)}, "hello")
 			require.Equal(t, 1, testkit.CountEvents(t, b.pool, "s", envelope.EventTurnCompleted))
 			require.Contains(t, logs.String(), `msg="provider attempt will be retried"`)
 			require.Contains(t, logs.String(), "after=200ms", "the wait before the step is sent again")
@@ -227,4 +199,17 @@ func TestFailedStepIsSentAgainWithItsKey(t *testing.T) {
 			require.Equal(t, 1, b.count(t, `SELECT count(*) FROM attempts WHERE state = 'succeeded' AND tries = 2`), "one attempt, sent twice")
 		})
 	}
+}
+
+// runPrompt admits text as prompt m1 of session s, runs it on an executor
+// of cfg (its Claims set here, a lease of 5 s) until the session is idle.
+func (b *execBundle) runPrompt(t *testing.T, cfg *executor.ExecutorConfig, text string) {
+	t.Helper()
+	cfg.Claims = ledger.NewClaims(b.pool, &ledger.ClaimsConfig{Lease: 5 * time.Second, OwnerID: "a"})
+	e := newExecutor(t, b.pool, cfg)
+	t.Cleanup(e.StopNow)
+	b.admit(t, "s", "m1", text)
+	done, err := e.Wake(context.Background(), "s", 0)
+	require.NoError(t, err)
+	wait(t, done)
 }
