@@ -37,13 +37,6 @@ func LockSession(ctx context.Context, tx pgx.Tx, p *LockSessionParams) (token in
 	return token, true, nil
 }
 
-// QueueLockSession is LockSession on a queued write (a pgx.Batch sent as
-// one implicit transaction, ledger's FinishQueued): the lock is taken where
-// the statement falls in the batch; a missing session locks nothing.
-func QueueLockSession(b *pgx.Batch, p *LockSessionParams) {
-	b.Queue(lockSessionSQL, p.SessionID)
-}
-
 // BumpFencingTokenParams names the session whose fencing token a takeover
 // raised, and the token.
 type BumpFencingTokenParams struct {

@@ -111,16 +111,16 @@ func TestSessionWrites(t *testing.T) {
 		tx, err := b.pool.Begin(ctx)
 		require.NoError(t, err)
 		defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
-		batch := &pgx.Batch{}
-		admission.QueueLockSession(batch, &admission.LockSessionParams{SessionID: "a"})
-		require.NoError(t, tx.SendBatch(ctx, batch).Close())
+		_, found, err := admission.LockSession(ctx, tx, &admission.LockSessionParams{SessionID: "a"})
+		require.NoError(t, err)
+		require.True(t, found)
 		other, err := b.pool.Begin(ctx)
 		require.NoError(t, err)
 		defer func() { _ = other.Rollback(context.WithoutCancel(ctx)) }()
 		_, err = other.Exec(ctx, `SET LOCAL lock_timeout = '100ms'`)
 		require.NoError(t, err)
 		_, _, err = admission.LockSession(ctx, other, &admission.LockSessionParams{SessionID: "a"})
-		require.Error(t, err, "the queued lock holds the row")
+		require.Error(t, err, "the lock holds the row until its transaction ends")
 	})
 
 	t.Run("MarkRedrivenMarksOnlyTheNamedSessions", func(t *testing.T) {

@@ -576,7 +576,8 @@ func (e *Executor) execute(sessionID string, r *sessionRun, log *slog.Logger) {
 // For plain prompts the claim commits together with the first turn's
 // promotion and its attempt intent (phase unknown), in one transaction
 // (first is that turn): the session is read first without a claim, and the
-// claim is taken only if that read is still true (ledger.AcquireAsRead).
+// claim is taken only if that read is still true
+// (ledger.Claims.AcquireAsReadCall).
 // A crash before that commit leaves nothing (the wake is redelivered: the
 // prompt runs once; crash window "claim-as-read"); one after it is the
 // attempt's intent window (crash window "provider-intent").
@@ -752,9 +753,9 @@ func (ex *execution) write(ctx context.Context, fn func(tx pgx.Tx) error) error 
 	return ex.e.announced(ex.x.Write(ctx, fn))
 }
 
-// writeQueued is ledger.Execution.WriteQueued.
-func (ex *execution) writeQueued(ctx context.Context, phase ledger.Phase, assistantID string, queue func(b *pgx.Batch)) error {
-	return ex.e.announced(ex.x.WriteQueued(ctx, phase, assistantID, queue))
+// writeCall is ledger.Execution.WriteCall.
+func (ex *execution) writeCall(ctx context.Context, phase ledger.Phase, assistantID string, c ledger.Call) error {
+	return ex.e.announced(ex.x.WriteCall(ctx, phase, assistantID, c))
 }
 
 // The writes that record what a dispatch returned retry a transient
@@ -772,9 +773,9 @@ func (ex *execution) finishRetried(ctx context.Context, landed ledger.LandedFunc
 	return released, ex.e.announced(err)
 }
 
-// finishQueuedRetried is finishQueued, retried.
-func (ex *execution) finishQueuedRetried(ctx context.Context, landed ledger.LandedFunc, phase ledger.Phase, assistantID string, queue func(b *pgx.Batch)) (bool, error) {
-	released, err := ex.x.FinishQueuedRetried(ctx, ledger.RetryOpts{Landed: landed}, phase, assistantID, queue)
+// finishCallRetried is ledger.Execution.FinishCallRetried.
+func (ex *execution) finishCallRetried(ctx context.Context, landed ledger.LandedFunc, phase ledger.Phase, assistantID string, c ledger.Call) (bool, error) {
+	released, err := ex.x.FinishCallRetried(ctx, ledger.RetryOpts{Landed: landed}, phase, assistantID, c)
 	return released, ex.e.announced(err)
 }
 

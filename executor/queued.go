@@ -15,14 +15,16 @@ import (
 	"github.com/promptline/promptline/transcript"
 )
 
-// The common turn's transactions run on queued writes
-// (ledger.Execution.WriteQueued and FinishQueued), one round trip each: the
-// claim (which also reads what the first promotion needs), the promotion of
-// plain prompts with the first attempt's intent, and an answer without tool
-// calls with the release. The other paths (continuations, permission
+// The common turn's write transactions are one statement each, a call of
+// a SQL function (ledger.Call; migration 00018): the claim with the first
+// promotion and the first attempt's intent (promptline_turn_first), a
+// later promotion of plain prompts under the claim (promptline_turn_next),
+// and an answer without tool calls with the release
+// (promptline_turn_answer). The other paths (continuations, permission
 // replies, tool steps, retries, failures) write through
-// ledger.Execution.Write as before. Both paths commit the same rows in the
-// same transactions; only the number of round trips differs.
+// ledger.Execution.Write, a statement each. Both paths commit the same rows
+// in the same transactions; only the number of statements and round trips
+// differs (TestTurnCallsWriteWhatTheStatementsWrite).
 
 // sessionView is what the execution reads of its session before promoting:
 // the waiting inputs, oldest first, and the transcript as stored (orphaned
@@ -75,16 +77,13 @@ func (ex *execution) readView(ctx context.Context) (*sessionView, error) {
 
 // promoteQueued promotes the next turn's inputs from v (every waiting steer
 // if any, else the oldest queued input) and commits, behind the fence and
-// in one round trip, their user messages, the turn's pending assistant
-// message and the first step's attempt intent with the phase unknown: the
-// same transaction promote commits.
+// in one statement (promptline_turn_next), their user messages, the turn's
+// pending assistant message and the first step's attempt intent with the
+// phase unknown: the same transaction promote commits.
 func (ex *execution) promoteQueued(ctx context.Context, v *sessionView) (*turn, error) {
 	t := newTurn(pickTurn(v.waiting))
-	var req provider.Request
-	err := ex.writeQueued(ctx, ledger.PhaseUnknown, t.assistantID, func(b *pgx.Batch) {
-		req = ex.queueFirstStep(b, t, v)
-	})
-	if err != nil {
+	call, req := ex.firstStep("promptline_turn_next", t, v)
+	if err := ex.writeCall(ctx, ledger.PhaseUnknown, t.assistantID, call); err != nil {
 		return nil, err
 	}
 	t.begun = &req
@@ -92,9 +91,10 @@ func (ex *execution) promoteQueued(ctx context.Context, v *sessionView) (*turn, 
 }
 
 // claimFirstTurn is promoteQueued for a session read without a claim: the
-// claim commits in the same transaction, straight in phase unknown
-// (ledger.Claims.AcquireAsRead), and only if the read is still true; else
-// ledger.ErrStale and nothing is written. ex.x is the execution after it.
+// claim commits in the same statement (promptline_turn_first), straight in
+// phase unknown (ledger.Claims.AcquireAsReadCall), and only if the read is
+// still true; else ledger.ErrStale and nothing is written. ex.x is the
+// execution after it.
 func (ex *execution) claimFirstTurn(ctx context.Context, read ledger.SessionRead, v *sessionView) (*turn, error) {
 	t := newTurn(pickTurn(v.waiting))
 	waiting := make([]string, len(v.waiting))
@@ -102,10 +102,12 @@ func (ex *execution) claimFirstTurn(ctx context.Context, read ledger.SessionRead
 		waiting[i] = w.id
 	}
 	var req provider.Request
-	x, err := ex.e.claims.AcquireAsRead(ctx, ex.sessionID, newID(), read, waiting, ledger.PhaseUnknown, t.assistantID,
-		func(b *pgx.Batch, x *ledger.Execution) {
+	x, err := ex.e.claims.AcquireAsReadCall(ctx, ex.sessionID, newID(), read, waiting, ledger.PhaseUnknown, t.assistantID,
+		func(x *ledger.Execution) ledger.Call {
 			ex.x = x
-			req = ex.queueFirstStep(b, t, v)
+			var call ledger.Call
+			call, req = ex.firstStep("promptline_turn_first", t, v)
+			return call
 		})
 	if err != nil {
 		ex.x, ex.steps = nil, 0
@@ -117,27 +119,24 @@ func (ex *execution) claimFirstTurn(ctx context.Context, read ledger.SessionRead
 	return t, nil
 }
 
-// queueFirstStep queues the promotion of t's inputs (taken from v), their
-// user messages, t's pending assistant message and the first step's
-// attempt intent, and returns the step's request.
-func (ex *execution) queueFirstStep(b *pgx.Batch, t *turn, v *sessionView) provider.Request {
-	cl := ex.x.Claim()
+// firstStep is the call of fn (promptline_turn_first or
+// promptline_turn_next, migration 00018) that promotes t's inputs (taken
+// from v) with their user messages, and writes t's pending assistant
+// message, turn.started and the first step's attempt intent, after the
+// transaction's opening; and the step's request.
+func (ex *execution) firstStep(fn string, t *turn, v *sessionView) (ledger.Call, provider.Request) {
 	attemptID := ex.nextAttemptID()
 	// The transcript after promotion: the stored one, then the turn's user
 	// messages, which promotion appends.
 	hist := transcript.SettleOrphans(append(v.history[:len(v.history):len(v.history)], t.inputs...))
 	req := ex.request(t, attemptID, attemptID, hist)
-	for _, m := range t.inputs {
-		b.Queue(promoteSQL, m.ID, cl.ExecutionID, cl.Token)
-	}
-	transcript.QueueInsertAssistant(b, ex.assistantParams(t))
-	outbox.QueueInsert(b, ex.turnStarted(t))
 	hash, tokens := requestFingerprint(req)
-	ex.x.QueueBeginAttempt(b, ledger.AttemptParams{
-		ID: attemptID, AssistantMessageID: t.assistantID, Step: 1, Provider: ex.e.providerName,
-		IdempotencyKey: attemptID, RequestHash: hash, Model: ex.e.providerModel, RequestTokens: tokens,
-	})
-	return req
+	topics, keys, payloads := outbox.Columns([]outbox.Row{ex.turnStarted(t)})
+	return ledger.Call{Func: fn, Args: []any{
+		ids(t.inputs), t.id,
+		attemptID, ex.e.providerName, attemptID, hash, ex.e.providerModel, tokens,
+		topics, keys, payloads,
+	}}, req
 }
 
 // scanWaiting reads waitingSQL's rows.

@@ -229,13 +229,14 @@ func (ex *execution) recordResponse(ctx context.Context, t *turn, step int, atte
 		// The answer, and the release when nothing waits: one commit, in
 		// one round trip.
 		landed := attemptLanded(attemptID, ledger.AttemptSucceeded)
-		released, err := ex.finishQueuedRetried(ctx, landed, ledger.PhaseSafe, t.assistantID, func(b *pgx.Batch) {
-			ledger.QueueFinishAttempt(b, attemptID, ledger.AttemptSucceeded, "", resp.Usage.InputTokens, resp.Usage.OutputTokens, ex.responseIDs[attemptID])
-			transcript.QueueAnswer(b, &transcript.AnswerParams{MessageID: t.assistantID, Text: resp.Text})
-			outbox.QueueInsert(b, stepDone, eventRow(ex.e.cfg.Topics.Events, envelope.Event{
-				ID: "turn.completed:" + t.assistantID, Type: envelope.EventTurnCompleted, SessionID: ex.sessionID,
-				At: time.Now().UTC(), MessageIDs: ids(t.inputs), AssistantMessageID: t.assistantID, Text: resp.Text,
-			}))
+		topics, keys, payloads := outbox.Columns([]outbox.Row{stepDone, eventRow(ex.e.cfg.Topics.Events, envelope.Event{
+			ID: "turn.completed:" + t.assistantID, Type: envelope.EventTurnCompleted, SessionID: ex.sessionID,
+			At: time.Now().UTC(), MessageIDs: ids(t.inputs), AssistantMessageID: t.assistantID, Text: resp.Text,
+		})})
+		released, err := ex.finishCallRetried(ctx, landed, ledger.PhaseSafe, t.assistantID, ledger.Call{
+			Func: "promptline_turn_answer",
+			Args: []any{attemptID, resp.Usage.InputTokens, resp.Usage.OutputTokens, ex.responseIDs[attemptID],
+				t.assistantID, resp.Text, topics, keys, payloads},
 		})
 		if err != nil {
 			return false, false, fmt.Errorf("recording response of %s: %w", attemptID, err)

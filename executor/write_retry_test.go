@@ -151,7 +151,11 @@ func TestWriteAfterDispatchRetried(t *testing.T) {
 		require.Zero(t, b.count(t, `SELECT count(*) FROM messages WHERE role = 'assistant' AND status <> 'completed'`))
 		require.Zero(t, b.count(t, `SELECT count(*) FROM claims`), "released")
 	}
-	isAnswer := func(label string) bool { return strings.Contains(label, "UPDATE attempts SET state = $2") }
+	// The answer's commit: a step's response, on the transactional path or
+	// as the common turn's one call.
+	isAnswer := func(label string) bool {
+		return strings.Contains(label, "UPDATE attempts SET state = $2") || strings.Contains(label, "promptline_turn_answer")
+	}
 
 	t.Run("AnswerLostBeforeCommit", func(t *testing.T) {
 		t.Parallel()

@@ -36,7 +36,7 @@ func (b *testBundle) acquireAsRead(t *testing.T, s, e string, r ledger.SessionRe
 	t.Helper()
 	return b.claims.AcquireAsRead(context.Background(), s, e, r, waiting, ledger.PhaseUnknown, e+"-answer",
 		func(batch *pgx.Batch, x *ledger.Execution) {
-			outbox.QueueInsert(batch, outbox.Row{Topic: "t", Key: s, Payload: []byte(x.Claim().ExecutionID)})
+			queueRow(batch, outbox.Row{Topic: "t", Key: s, Payload: []byte(x.Claim().ExecutionID)})
 		})
 }
 

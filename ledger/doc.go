@@ -7,15 +7,20 @@
 //
 // Two write paths share the fence. Execution.Write and Execution.Finish
 // run an interactive transaction: use them when the work reads and decides
-// between its statements. WriteQueued and FinishQueued send the fence and
-// statements known in advance as one batch, one implicit transaction in
-// one round trip, which group commit may merge with other sessions'
-// batches (groupcommit.go): the executor's hot path (promotion, an
-// attempt's intent and result, a turn's answer).
+// between its statements. WriteCall, FinishCallRetried and
+// Claims.AcquireAsReadCall send a whole transaction known in advance as one
+// statement, a call of a SQL function that opens with the fence (with the
+// session's lock for a finish, or the claim), in one implicit transaction
+// and one round trip, which group commit may merge with other sessions'
+// (groupcommit.go): the executor's common turn (a plain prompt's promotion
+// with its attempt's intent, and its answer with the release; migration
+// 00018). A Call's function must open as the Call's doc says; the
+// executor's functions are held to the owners' statements they stand for
+// by a test (executor's TestTurnCallsWriteWhatTheStatementsWrite).
 //
 // Invariants this package enforces (docs/design.md numbering):
 //
-//   - 4. AcquireWaiting and AcquireAsRead insert a claim only when the
+//   - 4. AcquireWaiting and AcquireAsReadCall insert a claim only when the
 //     session has none; they never replace a live or an expired claim. Only Takeover (recovery's
 //     compare-and-swap on session, execution, owner, expiry, not
 //     quarantined) replaces an expired one, and it bumps the token.
@@ -34,7 +39,7 @@
 //     two serialise), and never deletes the claim while inputs wait unless
 //     the wake is written in the same transaction.
 //   - 13. A write that records what a dispatch returned (WriteRetried,
-//     FinishRetried, FinishQueuedRetried) retries a transient database
+//     FinishRetried, FinishCallRetried) retries a transient database
 //     error (pgdb.Transient) with backoff while the lease lives, each
 //     retry behind the fence, so that a claim lost meanwhile still stops
 //     the writer. A retry first asks RetryOpts.Landed whether the write

@@ -1,6 +1,11 @@
 package ledger
 
-import "time"
+import (
+	"context"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+)
 
 // GroupCommitCounts reports how many transactions combined several
 // sessions, and how many of those failed and were sent again one by one.
@@ -30,3 +35,34 @@ var RolledBack = rolledBack
 // sent; SetLeaseFrom moves it, as if that write were older.
 func LeaseFrom(x *Execution) time.Time        { return x.leaseFrom }
 func SetLeaseFrom(x *Execution, at time.Time) { x.leaseFrom = at }
+
+// The queued writes' general forms (a statement each, after the opening
+// ledger queues itself), for the tests of the machinery the Calls share.
+func (x *Execution) WriteQueued(ctx context.Context, phase Phase, assistantMessageID string, queue func(b *pgx.Batch)) error {
+	return x.writeQueued(ctx, phase, assistantMessageID, queue)
+}
+
+func (x *Execution) FinishQueued(ctx context.Context, phase Phase, assistantMessageID string, queue func(b *pgx.Batch)) (bool, error) {
+	return x.finishQueued(ctx, phase, assistantMessageID, queue)
+}
+
+func (x *Execution) FinishQueuedRetried(ctx context.Context, opts RetryOpts, phase Phase, assistantMessageID string, queue func(b *pgx.Batch)) (bool, error) {
+	return x.finishQueuedRetried(ctx, opts, phase, assistantMessageID, queue)
+}
+
+func (c *Claims) AcquireAsRead(ctx context.Context, sessionID, executionID string, read SessionRead, waitingIDs []string,
+	phase Phase, assistantMessageID string, queue func(b *pgx.Batch, x *Execution)) (*Execution, error) {
+	return c.acquireAsReadQueued(ctx, sessionID, executionID, read, waitingIDs, phase, assistantMessageID, queue)
+}
+
+// QueueBeginAttempt queues a new attempt's intent (insertAttemptSQL) on a
+// queued write: a reused attempt ID violates the key.
+func (x *Execution) QueueBeginAttempt(b *pgx.Batch, p AttemptParams) {
+	b.Queue(insertAttemptSQL, p.ID, x.claim.SessionID, x.claim.ExecutionID, p.AssistantMessageID,
+		p.Step, p.Provider, p.IdempotencyKey, x.claim.Token, p.RequestHash, p.Model, p.RequestTokens)
+}
+
+// QueueFinishAttempt queues FinishAttemptWith's statement.
+func QueueFinishAttempt(b *pgx.Batch, id string, state AttemptState, errText string, inputTokens, outputTokens int64, responseID string) {
+	b.Queue(finishAttemptSQL, id, string(state), errText, inputTokens, outputTokens, responseID)
+}

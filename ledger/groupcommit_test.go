@@ -67,7 +67,7 @@ func TestGroupCommitAmbiguousIsNotResent(t *testing.T) {
 			wg.Go(func() {
 				<-start
 				errs[i] = x.WriteQueued(ctx, "", "", func(batch *pgx.Batch) {
-					outbox.QueueInsert(batch, outbox.Row{Topic: "t", Key: x.Claim().SessionID, Payload: fmt.Appendf(nil, "r%d", round)})
+					queueRow(batch, outbox.Row{Topic: "t", Key: x.Claim().SessionID, Payload: fmt.Appendf(nil, "r%d", round)})
 				})
 			})
 		}

@@ -4,12 +4,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strconv"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
-
-	"github.com/promptline/promptline/admission"
 )
 
 // The executor's hot path writes in one round trip per transaction: its
@@ -20,7 +19,9 @@ import (
 // after the fact: the fence raises an error (promptline_fence), a reused ID
 // violates a key. Each statement takes its own snapshot (read committed), so
 // a statement that follows the session lock sees whatever committed before
-// the lock was granted, as in an explicit transaction.
+// the lock was granted, as in an explicit transaction. The same holds
+// inside a Call's SQL function: plpgsql takes a fresh snapshot for each
+// statement of a volatile function (the default).
 //
 // Measured on the end-to-end bench (docs/benchmarks.md): a single-prompt turn
 // went from 28 round trips to 3. Queued transactions of several sessions
@@ -96,11 +97,91 @@ func (c *Claims) AcquireWaiting(ctx context.Context, sessionID, executionID stri
 	return &Execution{claims: c, claim: cl, ctx: xctx, cancel: cancel, leaseFrom: sent}, nil
 }
 
-// WriteQueued is Write in one round trip: the fence, which also sets the
+// A Call is a write of an execution that is one statement: a call of the
+// SQL function Func, given the opening's arguments first and Args after
+// them. The function must run the opening before anything else: for
+// WriteCall, promptline_fence with its six arguments (the fence opens every
+// write, invariant 5); for FinishCallRetried, promptline_finish_open (the
+// session's lock, then the fence) and, last, promptline_release_idle,
+// whose answer it returns; for Claims.AcquireAsReadCall,
+// promptline_claim_as_read with its eight arguments, whose expiry it
+// returns. The executor's common turn writes through Calls
+// (migration 00018): one statement per transaction where the queued
+// writes below sent five or six (docs/benchmarks.md).
+type Call struct {
+	Func string
+	Args []any
+}
+
+// callSQL is the statement calling fn with n arguments.
+func callSQL(fn string, n int) string {
+	var sb strings.Builder
+	sb.WriteString("SELECT ")
+	sb.WriteString(fn)
+	sb.WriteByte('(')
+	for i := 1; i <= n; i++ {
+		if i > 1 {
+			sb.WriteString(", ")
+		}
+		sb.WriteByte('$')
+		sb.WriteString(strconv.Itoa(i))
+	}
+	sb.WriteByte(')')
+	return sb.String()
+}
+
+// WriteCall is Write as one statement: c's function, given the fence's
+// arguments (setting the phase unless it is empty, and the claim's
+// assistant message unless empty) then c.Args, in one implicit
+// transaction.
+func (x *Execution) WriteCall(ctx context.Context, phase Phase, assistantMessageID string, c Call) error {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	if x.fenced.Load() {
+		return ErrFenced
+	}
+	args := append(x.fenceArgs(phase, assistantMessageID), c.Args...)
+	b := &pgx.Batch{}
+	b.Queue(callSQL(c.Func, len(args)), args...)
+	return x.sendQueued(ctx, b)
+}
+
+// FinishCallRetried is FinishRetried as one statement: c's function, given
+// the fence's arguments (as WriteCall) then c.Args, locks the session,
+// fences, writes and releases the claim when no input waits, returning
+// whether it did. A transient failure is retried while the lease lives,
+// as FinishRetried does: the retry calls the function again in an explicit
+// transaction, after the landed check (which, the write being there, skips
+// the call and only releases).
+func (x *Execution) FinishCallRetried(ctx context.Context, opts RetryOpts, phase Phase, assistantMessageID string, c Call) (released bool, err error) {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	if x.fenced.Load() {
+		return false, ErrFenced
+	}
+	args := append(x.fenceArgs(phase, assistantMessageID), c.Args...)
+	sql := callSQL(c.Func, len(args))
+	b := &pgx.Batch{}
+	b.Queue(sql, args...).QueryRow(func(row pgx.Row) error { return row.Scan(&released) })
+	released, err = x.finished(released, x.sendQueued(ctx, b))
+	err = x.retry(ctx, err, func(ctx context.Context) error {
+		var err error
+		released, err = x.finishAgain(ctx, phase, assistantMessageID, opts.Landed, func(tx pgx.Tx) error {
+			var r bool // the call's release, which finishTx then reads as its own
+			return tx.QueryRow(ctx, sql, args...).Scan(&r)
+		})
+		return err
+	})
+	return released, err
+}
+
+// writeQueued is a write in one round trip: the fence, which also sets the
 // phase (unless it is empty) and the claim's assistant message (unless
 // empty), then the statements queue adds (with their result callbacks), in
-// one implicit transaction.
-func (x *Execution) WriteQueued(ctx context.Context, phase Phase, assistantMessageID string, queue func(b *pgx.Batch)) error {
+// one implicit transaction. Production writes through Calls; this general
+// form stays for the tests of the machinery the Calls share (group commit,
+// the fence's refusal, a rollback).
+func (x *Execution) writeQueued(ctx context.Context, phase Phase, assistantMessageID string, queue func(b *pgx.Batch)) error {
 	x.mu.Lock()
 	defer x.mu.Unlock()
 	if x.fenced.Load() {
@@ -112,10 +193,10 @@ func (x *Execution) WriteQueued(ctx context.Context, phase Phase, assistantMessa
 	return x.sendQueued(ctx, b)
 }
 
-// FinishQueued is Finish in one round trip: the session lock, the fence
-// (with the phase, as WriteQueued), the statements queue adds, and the
-// release of the claim when no input waits, in one implicit transaction.
-func (x *Execution) FinishQueued(ctx context.Context, phase Phase, assistantMessageID string, queue func(b *pgx.Batch)) (released bool, err error) {
+// finishQueued is writeQueued that opens with the session's lock (with
+// the fence: promptline_finish_open) and ends with the release of the
+// claim when no input waits (promptline_release_idle).
+func (x *Execution) finishQueued(ctx context.Context, phase Phase, assistantMessageID string, queue func(b *pgx.Batch)) (released bool, err error) {
 	x.mu.Lock()
 	defer x.mu.Unlock()
 	return x.finishQueuedLocked(ctx, phase, assistantMessageID, queue)
@@ -126,14 +207,16 @@ func (x *Execution) finishQueuedLocked(ctx context.Context, phase Phase, assista
 		return false, ErrFenced
 	}
 	b := &pgx.Batch{}
-	admission.QueueLockSession(b, &admission.LockSessionParams{SessionID: x.claim.SessionID})
-	x.queueFence(b, phase, assistantMessageID)
+	b.Queue(finishOpenSQL, x.fenceArgs(phase, assistantMessageID)...)
 	queue(b)
-	b.Queue(releaseIdleSQL, x.claim.SessionID, x.claim.Token).Exec(func(tag pgconn.CommandTag) error {
-		released = tag.RowsAffected() == 1
-		return nil
-	})
-	if err := x.sendQueued(ctx, b); err != nil {
+	b.Queue(releaseIdleSQL, x.claim.SessionID, x.claim.Token).QueryRow(func(row pgx.Row) error { return row.Scan(&released) })
+	return x.finished(released, x.sendQueued(ctx, b))
+}
+
+// finished ends a finishing write that was sent: a released claim fences
+// the execution (it writes no more). x.mu is held.
+func (x *Execution) finished(released bool, err error) (bool, error) {
+	if err != nil {
 		return false, err
 	}
 	if released {
@@ -144,8 +227,13 @@ func (x *Execution) finishQueuedLocked(ctx context.Context, phase Phase, assista
 }
 
 func (x *Execution) queueFence(b *pgx.Batch, phase Phase, assistantMessageID string) {
-	p := x.phaseArg(phase)
-	b.Queue(fenceCallSQL, x.claim.SessionID, x.claim.ExecutionID, x.claim.Token, x.claims.cfg.Lease.Milliseconds(), p, assistantMessageID)
+	b.Queue(fenceCallSQL, x.fenceArgs(phase, assistantMessageID)...)
+}
+
+// fenceArgs are promptline_fence's arguments for this execution's next
+// write (and promptline_finish_open's).
+func (x *Execution) fenceArgs(phase Phase, assistantMessageID string) []any {
+	return []any{x.claim.SessionID, x.claim.ExecutionID, x.claim.Token, x.claims.cfg.Lease.Milliseconds(), x.phaseArg(phase), assistantMessageID}
 }
 
 func (x *Execution) sendQueued(ctx context.Context, b *pgx.Batch) error {
@@ -162,19 +250,6 @@ func (x *Execution) sendQueued(ctx context.Context, b *pgx.Batch) error {
 		x.leaseFrom = sent
 	}
 	return err
-}
-
-// QueueBeginAttempt is BeginAttempt for a queued write whose fence sets
-// the phase unknown (WriteQueued), for a new attempt only: a reused attempt
-// ID violates the key and the transaction rolls back.
-func (x *Execution) QueueBeginAttempt(b *pgx.Batch, p AttemptParams) {
-	b.Queue(insertAttemptSQL, p.ID, x.claim.SessionID, x.claim.ExecutionID, p.AssistantMessageID,
-		p.Step, p.Provider, p.IdempotencyKey, x.claim.Token, p.RequestHash, p.Model, p.RequestTokens)
-}
-
-// QueueFinishAttempt is FinishAttemptWith for a queued write.
-func QueueFinishAttempt(b *pgx.Batch, id string, state AttemptState, errText string, inputTokens, outputTokens int64, responseID string) {
-	b.Queue(finishAttemptSQL, id, string(state), errText, inputTokens, outputTokens, responseID)
 }
 
 // acquireWaitingSQL locks the session row, and claims with the next token
@@ -198,13 +273,16 @@ WITH s AS (
 SELECT EXISTS (SELECT 1 FROM s), (SELECT waiting FROM s), c.fencing_token, c.expires_at
 FROM (SELECT 1) AS one LEFT JOIN c ON true`
 
-// releaseIdleSQL deletes the claim unless an input waits; it runs after the
-// session lock, so an input admitted concurrently is either seen here or
-// admitted after the claim is gone, with its own wake (invariant 7).
-const releaseIdleSQL = `
-DELETE FROM claims
-WHERE session_id = $1 AND fencing_token = $2
-  AND NOT EXISTS (SELECT 1 FROM waiting_inputs w WHERE w.session_id = $1)`
+// releaseIdleSQL deletes the claim unless an input waits
+// (promptline_release_idle, migration 00018); it runs after the session
+// lock (finishOpenSQL), so an input admitted concurrently is either seen
+// here or admitted after the claim is gone, with its own wake
+// (invariant 7).
+const releaseIdleSQL = `SELECT promptline_release_idle($1, $2)`
+
+// finishOpenSQL opens a finishing write: the session's lock, then the
+// fence (promptline_finish_open, migration 00018).
+const finishOpenSQL = `SELECT promptline_finish_open($1, $2, $3, $4, $5, $6)`
 
 const insertAttemptSQL = `
 INSERT INTO attempts (attempt_id, session_id, execution_id, assistant_message_id, step, provider,
@@ -214,7 +292,7 @@ VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, 'started', nullif($10, ''), $11)`
 // staleCode is the SQLSTATE raised by promptline_claim_as_read.
 const staleCode = "PLSTA"
 
-// ErrStale says that AcquireAsRead found the session changed since Peek
+// ErrStale says that AcquireAsReadCall found the session changed since Peek
 // read it: no claim was taken and nothing was written.
 var ErrStale = errors.New("session changed since it was read")
 
@@ -228,7 +306,7 @@ type SessionRead struct {
 // Peek reads, without a claim and in one round trip, whether the session
 // exists, whether it is claimed and its fencing token, then the statements
 // reads queues (their callbacks may run twice, as in AcquireWaiting).
-// AcquireAsRead later takes the claim only if this read is still true.
+// AcquireAsReadCall later takes the claim only if this read is still true.
 func (c *Claims) Peek(ctx context.Context, sessionID string, reads func(b *pgx.Batch)) (SessionRead, error) {
 	var r SessionRead
 	b := &pgx.Batch{}
@@ -254,21 +332,48 @@ func (c *Claims) Peek(ctx context.Context, sessionID string, reads func(b *pgx.B
 	return r, nil
 }
 
-// AcquireAsRead takes the session's claim and commits the execution's
-// first write with it, in one round trip: the claim is written straight in
-// phase, with assistantMessageID, and the statements queue adds (given the
-// execution, whose token is read.Token+1) follow it in the same implicit
-// transaction. The claim is taken only if read is still true under the
-// session's lock: the same fencing token (no execution since), no claim,
-// and exactly waitingIDs waiting, in admission order
-// (promptline_claim_as_read). Otherwise nothing is written and it returns
-// ErrStale.
+// AcquireAsReadCall takes the session's claim and commits the execution's
+// first write with it, in one statement: the claim is written straight in
+// phase, with assistantMessageID, by promptline_claim_as_read, which the
+// function of call (given the execution, whose token is read.Token+1) runs
+// first with its eight arguments before its own writes, in the same
+// implicit transaction, and whose expiry it returns. The claim is taken
+// only if read is still true under the session's lock: the same fencing
+// token (no execution since), no claim, and exactly waitingIDs waiting, in
+// admission order. Otherwise nothing is written and it returns ErrStale.
 //
 // It saves the executor a transaction per turn (the claim in phase ready,
 // then the first step): docs/benchmarks.md. A crash before its commit
 // leaves nothing behind, one after it is the first step's own window.
-func (c *Claims) AcquireAsRead(ctx context.Context, sessionID, executionID string, read SessionRead, waitingIDs []string,
+func (c *Claims) AcquireAsReadCall(ctx context.Context, sessionID, executionID string, read SessionRead, waitingIDs []string,
+	phase Phase, assistantMessageID string, call func(x *Execution) Call) (*Execution, error) {
+	return c.acquireAsRead(ctx, sessionID, executionID, read, waitingIDs, phase, assistantMessageID,
+		func(b *pgx.Batch, x *Execution, claimArgs []any) *pgx.QueuedQuery {
+			cl := call(x)
+			args := append(claimArgs, cl.Args...)
+			return b.Queue(callSQL(cl.Func, len(args)), args...)
+		})
+}
+
+// acquireAsReadQueued is AcquireAsReadCall with promptline_claim_as_read
+// sent as a statement of its own, followed by the statements queue adds
+// (given the execution): the general form, kept for the tests of the
+// claim's conditions.
+func (c *Claims) acquireAsReadQueued(ctx context.Context, sessionID, executionID string, read SessionRead, waitingIDs []string,
 	phase Phase, assistantMessageID string, queue func(b *pgx.Batch, x *Execution)) (*Execution, error) {
+	return c.acquireAsRead(ctx, sessionID, executionID, read, waitingIDs, phase, assistantMessageID,
+		func(b *pgx.Batch, x *Execution, claimArgs []any) *pgx.QueuedQuery {
+			q := b.Queue(claimAsReadSQL, claimArgs...)
+			queue(b, x)
+			return q
+		})
+}
+
+// acquireAsRead is AcquireAsReadCall's work: open queues the statement
+// that claims (given promptline_claim_as_read's arguments) and returns it,
+// its one row being the claim's expiry.
+func (c *Claims) acquireAsRead(ctx context.Context, sessionID, executionID string, read SessionRead, waitingIDs []string,
+	phase Phase, assistantMessageID string, open func(b *pgx.Batch, x *Execution, claimArgs []any) *pgx.QueuedQuery) (*Execution, error) {
 	if !read.Exists || read.Claimed || len(waitingIDs) == 0 {
 		return nil, ErrStale
 	}
@@ -278,9 +383,8 @@ func (c *Claims) AcquireAsRead(ctx context.Context, sessionID, executionID strin
 	x := &Execution{claims: c, claim: cl, ctx: xctx, cancel: cancel}
 	var expires time.Time
 	b := &pgx.Batch{}
-	b.Queue(claimAsReadSQL, sessionID, executionID, c.cfg.OwnerID, cl.Token, c.cfg.Lease.Milliseconds(),
-		string(phase), assistantMessageID, waitingIDs).QueryRow(func(row pgx.Row) error { return row.Scan(&expires) })
-	queue(b, x)
+	open(b, x, []any{sessionID, executionID, c.cfg.OwnerID, cl.Token, c.cfg.Lease.Milliseconds(),
+		string(phase), assistantMessageID, waitingIDs}).QueryRow(func(row pgx.Row) error { return row.Scan(&expires) })
 	if err := ctx.Err(); err != nil {
 		cancel()
 		return nil, err

@@ -91,10 +91,10 @@ func (x *Execution) FinishRetried(ctx context.Context, opts RetryOpts, fn func(t
 	return released, err
 }
 
-// FinishQueuedRetried is FinishQueued that retries a transient failure
+// finishQueuedRetried is finishQueued that retries a transient failure
 // while the lease lives, as FinishRetried does. A retry runs the queued
 // statements in an explicit transaction, after the landed check.
-func (x *Execution) FinishQueuedRetried(ctx context.Context, opts RetryOpts, phase Phase, assistantMessageID string, queue func(b *pgx.Batch)) (released bool, err error) {
+func (x *Execution) finishQueuedRetried(ctx context.Context, opts RetryOpts, phase Phase, assistantMessageID string, queue func(b *pgx.Batch)) (released bool, err error) {
 	x.mu.Lock()
 	defer x.mu.Unlock()
 	released, err = x.finishQueuedLocked(ctx, phase, assistantMessageID, queue)

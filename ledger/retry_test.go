@@ -113,7 +113,7 @@ func TestWriteRetried(t *testing.T) {
 		x := b.acquire(t, "s", "e1")
 		b.proxy.CutAfterCommit(isWrite)
 		released, err := x.FinishQueuedRetried(ctx, ledger.RetryOpts{Landed: landed}, ledger.PhaseSafe, "", func(batch *pgx.Batch) {
-			outbox.QueueInsert(batch, row)
+			queueRow(batch, row)
 		})
 		require.NoError(t, err)
 		require.False(t, released, "an input waits")

@@ -26,25 +26,17 @@ func Insert(ctx context.Context, tx pgx.Tx, rows ...Row) error {
 	if len(rows) == 0 {
 		return nil
 	}
-	topics, keys, payloads := columns(rows)
+	topics, keys, payloads := Columns(rows)
 	if _, err := tx.Exec(ctx, insertSQL, topics, keys, payloads); err != nil {
 		return fmt.Errorf("writing %d outbox rows: %w", len(rows), err)
 	}
 	return nil
 }
 
-// QueueInsert is Insert for a queued write (a pgx.Batch sent as one
-// transaction).
-func QueueInsert(b *pgx.Batch, rows ...Row) {
-	if len(rows) == 0 {
-		return
-	}
-	topics, keys, payloads := columns(rows)
-	b.Queue(insertSQL, topics, keys, payloads)
-}
-
-// columns are insertSQL's arrays.
-func columns(rows []Row) (topics, keys []string, payloads [][]byte) {
+// Columns are rows as insertSQL's three arrays, in order: the arguments
+// by which a SQL function that writes a whole transaction in one call
+// (migration 00018) inserts them as insertSQL does.
+func Columns(rows []Row) (topics, keys []string, payloads [][]byte) {
 	topics = make([]string, len(rows))
 	keys = make([]string, len(rows))
 	payloads = make([][]byte, len(rows))

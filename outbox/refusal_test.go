@@ -447,19 +447,25 @@ func TestRelayMessageSizeLimit(t *testing.T) {
 	readTopic(t, b.broker.Addr(), testTopic, 1)
 }
 
-// QueueInsert queues one statement for any number of rows, none for no
-// rows, and keeps their order.
-func TestQueueInsert(t *testing.T) {
+// Insert writes nothing for no rows and keeps the rows' order; Columns,
+// the arguments of the SQL functions that insert rows in a call, keeps it
+// too.
+func TestInsert(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	ctx := context.Background()
-	batch := &pgx.Batch{}
-	QueueInsert(batch)
-	require.Zero(t, batch.Len())
-	QueueInsert(batch, row("k", 1), row("j", 1), row("k", 2))
-	require.Equal(t, 1, batch.Len())
-	require.NoError(t, pgx.BeginFunc(ctx, b.pool, func(tx pgx.Tx) error { return tx.SendBatch(ctx, batch).Close() }))
+	rows := []Row{row("k", 1), row("j", 1), row("k", 2)}
+	require.NoError(t, pgx.BeginFunc(ctx, b.pool, func(tx pgx.Tx) error {
+		if err := Insert(ctx, tx); err != nil {
+			return err
+		}
+		return Insert(ctx, tx, rows...)
+	}))
 	require.Equal(t, []dbRow{{ID: 1, Key: "k"}, {ID: 2, Key: "j"}, {ID: 3, Key: "k"}}, outboxRows(t, b.pool))
+	topics, keys, payloads := Columns(rows)
+	require.Equal(t, []string{testTopic, testTopic, testTopic}, topics)
+	require.Equal(t, []string{"k", "j", "k"}, keys)
+	require.Equal(t, [][]byte{rows[0].Payload, rows[1].Payload, rows[2].Payload}, payloads)
 }
 
 // The documented defaults of RelayConfig.

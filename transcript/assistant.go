@@ -23,11 +23,6 @@ func InsertAssistant(ctx context.Context, tx pgx.Tx, p *InsertAssistantParams) e
 	return err
 }
 
-// QueueInsertAssistant is InsertAssistant for a queued write.
-func QueueInsertAssistant(b *pgx.Batch, p *InsertAssistantParams) {
-	b.Queue(insertAssistantSQL, p.ID, p.SessionID, p.Answers, p.ExecutionID, p.Token, p.TurnID)
-}
-
 // InsertAssistantIfAbsent creates a pending assistant message unless one
 // with that ID exists, which it leaves as it is.
 func InsertAssistantIfAbsent(ctx context.Context, tx pgx.Tx, p *InsertAssistantParams) error {
@@ -64,11 +59,6 @@ type AnswerParams struct {
 func Answer(ctx context.Context, tx pgx.Tx, p *AnswerParams) error {
 	_, err := tx.Exec(ctx, answerSQL, p.MessageID, p.Text)
 	return err
-}
-
-// QueueAnswer is Answer for a queued write.
-func QueueAnswer(b *pgx.Batch, p *AnswerParams) {
-	b.Queue(answerSQL, p.MessageID, p.Text)
 }
 
 // CompleteParams name the assistant message to complete.

@@ -109,16 +109,19 @@ func TestAssistant(t *testing.T) {
 		require.Equal(t, "pending", b.message(t, "b").status, "an absent message is created")
 	})
 
-	t.Run("QueuedInsertAndAnswerCommitTogether", func(t *testing.T) {
+	t.Run("AnswerStoresItsTextAndCompletes", func(t *testing.T) {
 		t.Parallel()
 		b := setup(t)
 		require.NoError(t, b.inTx(t, func(tx pgx.Tx) error {
-			batch := &pgx.Batch{}
-			transcript.QueueInsertAssistant(batch, assistant("a"))
-			transcript.QueueAnswer(batch, &transcript.AnswerParams{MessageID: "a", Text: "hello"})
-			transcript.QueueInsertAssistant(batch, assistant("b"))
-			transcript.QueueAnswer(batch, &transcript.AnswerParams{MessageID: "b", Text: ""})
-			return tx.SendBatch(ctx, batch).Close()
+			for _, a := range []struct{ id, text string }{{"a", "hello"}, {"b", ""}} {
+				if err := transcript.InsertAssistant(ctx, tx, assistant(a.id)); err != nil {
+					return err
+				}
+				if err := transcript.Answer(ctx, tx, &transcript.AnswerParams{MessageID: a.id, Text: a.text}); err != nil {
+					return err
+				}
+			}
+			return nil
 		}))
 		for _, id := range []string{"a", "b"} {
 			m := b.message(t, id)

@@ -346,7 +346,9 @@ func TestAmbiguousPromotionIsNotLost(t *testing.T) {
 	require.Eventually(t, func() bool {
 		return r.b.count(t, `SELECT count(*) FROM inputs WHERE message_id = $1`, queued.MessageID) > 0
 	}, 30*time.Second, 10*time.Millisecond, "the queued prompt is admitted")
-	proxy.CutAfterCommit(func(label string) bool { return strings.Contains(label, "SET promotion_seq") })
+	proxy.CutAfterCommit(func(label string) bool {
+		return strings.Contains(label, "SET promotion_seq") || strings.Contains(label, "promptline_turn_next")
+	})
 	require.NoError(t, r.quiesce(t, p.running))
 	require.Equal(t, 1, proxy.Stats().AmbiguousCuts, "the promotion's answer was lost")
 	require.Empty(t, r.violations(t))

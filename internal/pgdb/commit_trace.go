@@ -126,14 +126,20 @@ func (c *commitTracer) note(conn *pgx.Conn, sql string) {
 
 // CommitLabel picks the label of a commit: its first writing statement,
 // or a later one when the first is the fence that opens every write of an
-// execution (it says nothing of what the transaction writes). Exported for
+// execution, alone or with the session's lock (promptline_fence,
+// promptline_finish_open: it says nothing of what the transaction
+// writes). Exported for
 // the test proxy (internal/testkit/pgproxy), which finds the same commits
 // on the wire.
 func CommitLabel(label, sql string) string {
-	if label == "" || (strings.Contains(label, "promptline_fence") && !strings.Contains(sql, "promptline_fence")) {
+	if label == "" || (opening(label) && !opening(sql)) {
 		return sql
 	}
 	return label
+}
+
+func opening(sql string) bool {
+	return strings.Contains(sql, "promptline_fence") || strings.Contains(sql, "promptline_finish_open")
 }
 
 func (c *commitTracer) take(conn *pgx.Conn) string {

@@ -18,6 +18,7 @@ func TestCommitTracerClassifiesWrites(t *testing.T) {
 		"WITH d AS (DELETE FROM outbox RETURNING id) SELECT count(*)": true,
 		"SELECT promptline_fence($1, $2, $3, $4, $5, $6)":             true,
 		"SELECT promptline_claim_as_read($1)":                         true,
+		"SELECT promptline_turn_answer($1)":                           true,
 		"SELECT 1 FROM sessions WHERE session_id = $1 FOR UPDATE":     false,
 		"SELECT id, topic, key, payload FROM outbox ORDER BY id":      false,
 		"SELECT pg_try_advisory_xact_lock($1)":                        false,
@@ -27,5 +28,10 @@ func TestCommitTracerClassifiesWrites(t *testing.T) {
 	}
 	require.Equal(t, "INSERT INTO messages", CommitLabel("SELECT promptline_fence($1)", "INSERT INTO messages"),
 		"the fence opens every execution's write and labels nothing")
+	require.Equal(t, "INSERT INTO outbox", CommitLabel("SELECT promptline_finish_open($1)", "INSERT INTO outbox"),
+		"nor does the fence with the session's lock")
+	require.Equal(t, "SELECT promptline_turn_answer($1)", CommitLabel("SELECT promptline_finish_open($1)", "SELECT promptline_turn_answer($1)"))
+	require.Equal(t, "SELECT promptline_finish_open($1)", CommitLabel("SELECT promptline_finish_open($1)", "SELECT promptline_fence($1)"),
+		"an opening after an opening labels nothing either")
 	require.Equal(t, "INSERT INTO inputs", CommitLabel("INSERT INTO inputs", "INSERT INTO outbox"))
 }

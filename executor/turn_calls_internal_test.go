@@ -1,0 +1,205 @@
+package executor
+
+import (
+	"context"
+	"encoding/json"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/require"
+
+	"github.com/promptline/promptline/admission"
+	"github.com/promptline/promptline/envelope"
+	"github.com/promptline/promptline/internal/testkit"
+	"github.com/promptline/promptline/ledger"
+	"github.com/promptline/promptline/outbox"
+	"github.com/promptline/promptline/transcript"
+)
+
+// TestTurnCallsWriteWhatTheStatementsWrite holds the common turn's SQL
+// functions (migration 00018) to the owners' statements they stand for:
+// one session runs two queued turns through the calls, as the executor
+// does (the claim with the first step, the answer kept for the waiting
+// prompt, the next turn's first step, the answer with the release); a
+// second session runs the same turns with the same arguments through the
+// owners' statements one by one, in the same transactions (the
+// transactional path). After each transaction every row either session
+// wrote (sessions, inputs, claims, messages and their parts, attempts,
+// outbox) must be the same, less the session's name, times (set or not)
+// and sequence numbers (set or not).
+func TestTurnCallsWriteWhatTheStatementsWrite(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool, _ := testkit.Pool(t)
+	admitter := admission.NewAdmitter(pool, &admission.AdmitterConfig{})
+	claims := ledger.NewClaims(pool, &ledger.ClaimsConfig{Lease: 5 * time.Second, OwnerID: "owner", Logger: testkit.Logger(t, nil)})
+	at := time.Date(2026, 12, 5, 0, 0, 0, 0, time.UTC)
+
+	type turnArgs struct {
+		inputs              []string
+		turn, attempt       string
+		started, completed  []outbox.Row
+		hash                []byte
+		text, response      string
+		inTokens, outTokens int64
+	}
+	turnOf := func(s string, n string, text string) turnArgs {
+		ev := func(typ, what string) outbox.Row {
+			return outbox.EventRow("session-events", envelope.Event{ID: what + ":" + s + "-t" + n, Type: typ, SessionID: s, At: at,
+				TurnID: s + "-t" + n, MessageIDs: []string{s + "-p" + n}, Text: text})
+		}
+		return turnArgs{
+			inputs: []string{s + "-p" + n}, turn: s + "-t" + n, attempt: s + "-e/step-" + n,
+			started:   []outbox.Row{ev(envelope.EventTurnStarted, "turn.started")},
+			completed: []outbox.Row{ev(envelope.EventStepCompleted, "step.completed"), ev(envelope.EventTurnCompleted, "turn.completed")},
+			hash:      []byte("hash-" + n), text: text, response: "resp-" + n, inTokens: 3, outTokens: 5,
+		}
+	}
+	firstArgs := func(a turnArgs) []any {
+		topics, keys, payloads := outbox.Columns(a.started)
+		return []any{a.inputs, a.turn, a.attempt, "scripted", a.attempt, a.hash, "model", int64(7), topics, keys, payloads}
+	}
+	answerCall := func(a turnArgs) ledger.Call {
+		topics, keys, payloads := outbox.Columns(a.completed)
+		return ledger.Call{Func: "promptline_turn_answer", Args: []any{a.attempt, a.inTokens, a.outTokens, a.response, a.turn, a.text, topics, keys, payloads}}
+	}
+	admit := func(s string) {
+		for _, n := range []string{"1", "2"} {
+			_, err := admitter.Admit(ctx, []admission.Incoming{{Prompt: envelope.Prompt{MessageID: s + "-p" + n, SessionID: s, Text: "prompt " + n, Delivery: envelope.DeliveryQueue}}})
+			require.NoError(t, err)
+		}
+	}
+
+	// Through the calls.
+	calls := "sessA"
+	admit(calls)
+	read, err := claims.Peek(ctx, calls, nil)
+	require.NoError(t, err)
+	one, two := turnOf(calls, "1", "first answer"), turnOf(calls, "2", "")
+	xc, err := claims.AcquireAsReadCall(ctx, calls, calls+"-e", read, []string{calls + "-p1", calls + "-p2"}, ledger.PhaseUnknown, one.turn,
+		func(*ledger.Execution) ledger.Call {
+			return ledger.Call{Func: "promptline_turn_first", Args: firstArgs(one)}
+		})
+	require.NoError(t, err)
+	var callSnaps []string
+	callSnaps = append(callSnaps, snapshot(t, pool, calls))
+	released, err := xc.FinishCallRetried(ctx, ledger.RetryOpts{}, ledger.PhaseSafe, one.turn, answerCall(one))
+	require.NoError(t, err)
+	require.False(t, released, "the second prompt waits")
+	callSnaps = append(callSnaps, snapshot(t, pool, calls))
+	require.NoError(t, xc.WriteCall(ctx, ledger.PhaseUnknown, two.turn, ledger.Call{Func: "promptline_turn_next", Args: firstArgs(two)}))
+	callSnaps = append(callSnaps, snapshot(t, pool, calls))
+	released, err = xc.FinishCallRetried(ctx, ledger.RetryOpts{}, ledger.PhaseSafe, two.turn, answerCall(two))
+	require.NoError(t, err)
+	require.True(t, released, "nothing waits")
+	callSnaps = append(callSnaps, snapshot(t, pool, calls))
+
+	// Through the statements.
+	stmts := "sessB"
+	admit(stmts)
+	one, two = turnOf(stmts, "1", "first answer"), turnOf(stmts, "2", "")
+	xs, err := claims.AcquireWaiting(ctx, stmts, stmts+"-e", nil)
+	require.NoError(t, err)
+	first := func(a turnArgs) func(tx pgx.Tx) error {
+		return func(tx pgx.Tx) error {
+			cl := xs.Claim()
+			for _, in := range a.inputs {
+				if _, err := tx.Exec(ctx, promoteSQL, in, cl.ExecutionID, cl.Token); err != nil {
+					return err
+				}
+			}
+			if err := transcript.InsertAssistant(ctx, tx, &transcript.InsertAssistantParams{ID: a.turn, SessionID: stmts, Answers: a.inputs,
+				ExecutionID: cl.ExecutionID, Token: cl.Token, TurnID: a.turn}); err != nil {
+				return err
+			}
+			if err := outbox.Insert(ctx, tx, a.started...); err != nil {
+				return err
+			}
+			if err := xs.BeginAttempt(ctx, tx, ledger.AttemptParams{ID: a.attempt, AssistantMessageID: a.turn, Step: 1, Provider: "scripted",
+				IdempotencyKey: a.attempt, RequestHash: a.hash, Model: "model", RequestTokens: 7}); err != nil {
+				return err
+			}
+			return xs.SetPhase(ctx, tx, ledger.PhaseUnknown, a.turn)
+		}
+	}
+	answer := func(a turnArgs) func(tx pgx.Tx) error {
+		return func(tx pgx.Tx) error {
+			if err := ledger.FinishAttemptWith(ctx, tx, a.attempt, ledger.AttemptSucceeded, "", a.inTokens, a.outTokens, a.response); err != nil {
+				return err
+			}
+			if err := transcript.Answer(ctx, tx, &transcript.AnswerParams{MessageID: a.turn, Text: a.text}); err != nil {
+				return err
+			}
+			if err := outbox.Insert(ctx, tx, a.completed...); err != nil {
+				return err
+			}
+			return xs.SetPhase(ctx, tx, ledger.PhaseSafe, a.turn)
+		}
+	}
+	require.NoError(t, xs.Write(ctx, first(one)))
+	stmtSnaps := []string{snapshot(t, pool, stmts)}
+	released, err = xs.Finish(ctx, answer(one))
+	require.NoError(t, err)
+	require.False(t, released)
+	stmtSnaps = append(stmtSnaps, snapshot(t, pool, stmts))
+	require.NoError(t, xs.Write(ctx, first(two)))
+	stmtSnaps = append(stmtSnaps, snapshot(t, pool, stmts))
+	released, err = xs.Finish(ctx, answer(two))
+	require.NoError(t, err)
+	require.True(t, released)
+	stmtSnaps = append(stmtSnaps, snapshot(t, pool, stmts))
+
+	for i, what := range []string{"the claim with the first step", "the answer kept for a waiting prompt", "the next turn's first step", "the answer with the release"} {
+		require.Equal(t, strings.ReplaceAll(stmtSnaps[i], stmts, "S"), strings.ReplaceAll(callSnaps[i], calls, "S"), what)
+	}
+	require.Contains(t, callSnaps[3], `"status": "completed"`, "the snapshot sees the rows")
+}
+
+// snapshot is every row session s has in the tables a turn writes, as
+// JSON: times, sequence numbers and the inputs' payload hashes (of the
+// session's name) as whether they are set, outbox payloads as text, in a
+// stable order.
+func snapshot(t *testing.T, pool *pgxpool.Pool, s string) string {
+	t.Helper()
+	var out strings.Builder
+	for _, q := range []struct{ table, sql string }{
+		{"sessions", `SELECT to_jsonb(x) FROM sessions x WHERE session_id = $1`},
+		{"inputs", `SELECT to_jsonb(x) FROM inputs x WHERE session_id = $1 ORDER BY message_id`},
+		{"claims", `SELECT to_jsonb(x) FROM claims x WHERE session_id = $1`},
+		{"messages", `SELECT to_jsonb(x) FROM messages x WHERE session_id = $1 ORDER BY message_id`},
+		{"message_parts", `SELECT to_jsonb(x) FROM message_parts x JOIN messages m USING (message_id) WHERE m.session_id = $1 ORDER BY message_id, idx`},
+		{"attempts", `SELECT to_jsonb(x) FROM attempts x WHERE session_id = $1 ORDER BY attempt_id`},
+		{"outbox", `SELECT to_jsonb(x) || jsonb_build_object('payload', convert_from(payload, 'UTF8')) FROM outbox x
+			WHERE key = $1 AND convert_from(payload, 'UTF8') NOT LIKE '%admitted%' ORDER BY id`}, // admission's rows carry its clock
+
+	} {
+		kinds := map[string]string{}
+		rows, err := pool.Query(context.Background(), `SELECT column_name, data_type FROM information_schema.columns WHERE table_name = $1`, q.table)
+		require.NoError(t, err)
+		var col, typ string
+		_, err = pgx.ForEachRow(rows, []any{&col, &typ}, func() error { kinds[col] = typ; return nil })
+		require.NoError(t, err)
+		require.NotEmpty(t, kinds, q.table)
+		rows, err = pool.Query(context.Background(), q.sql, s)
+		require.NoError(t, err)
+		var row map[string]any
+		n := 0
+		_, err = pgx.ForEachRow(rows, []any{&row}, func() error {
+			n++
+			for k, v := range row {
+				if strings.HasPrefix(kinds[k], "timestamp") || k == "id" || k == "seq" || strings.HasSuffix(k, "_seq") || k == "payload_hash" {
+					row[k] = v != nil
+				}
+			}
+			b, err := json.MarshalIndent(row, "", " ")
+			out.WriteString(q.table + " " + string(b) + "\n")
+			return err
+		})
+		require.NoError(t, err)
+		out.WriteString(q.table + " rows: " + string(rune('0'+n)) + "\n")
+	}
+	return out.String()
+}
