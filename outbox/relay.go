@@ -328,7 +328,7 @@ func (r *Relay) publishBatch(ctx context.Context, wait bool) (n int, locked bool
 		_, err = tx.Exec(ctx, lockSQL, RelayLockKey)
 		locked = err == nil
 	} else {
-		err = tx.QueryRow(ctx, tryLockSQL, RelayLockKey).Scan(&locked)
+		err = tx.QueryRow(ctx, tryLockSQL, RelayLockKey).Scan(&locked, nil)
 	}
 	if err != nil {
 		return 0, false, fmt.Errorf("outbox relay: taking advisory lock %d: %w", RelayLockKey, err)
@@ -719,8 +719,19 @@ var transientErrors = []error{
 
 const (
 	quarantineSQL = `UPDATE outbox SET quarantine_reason = $2, quarantined_at = now() WHERE id = $1 AND published_at IS NULL`
-	lockSQL       = `SELECT pg_advisory_xact_lock($1)`
-	tryLockSQL    = `SELECT pg_try_advisory_xact_lock($1)`
+	// The pass's lock also turns bitmap scans off for the pass's
+	// transaction (set_config's true: SET LOCAL), for selectSQL. After a
+	// burst of marks the table's statistics lag, the planner expects a few
+	// unpublished rows and picks a bitmap scan of outbox_unpublished and a
+	// sort; a bitmap scan never marks the index entries of marked rows
+	// dead, so every pass read every such entry and its heap page again
+	// until a vacuum: 15 ms a pass on the burn-down bench, 0.16 ms of
+	// Postgres time per turn. An ordered index scan marks them dead as it
+	// passes them (kill_prior_tuple) and stops at the batch's end: 0.4-1.0
+	// ms against 3.7-7.5 ms a pass over 100,000 marked rows
+	// (docs/benchmarks.md, TestSelectIsAnOrderedIndexScan).
+	lockSQL    = `SELECT pg_advisory_xact_lock($1), set_config('enable_bitmapscan', 'off', true)`
+	tryLockSQL = `SELECT pg_try_advisory_xact_lock($1), set_config('enable_bitmapscan', 'off', true)`
 	// Served by the partial index outbox_unpublished. The rows that failed
 	// on this relay's last pass ($2, at most one per key: its first), then
 	// a batch of the others, leaving out the later rows of those keys ($3),

@@ -1,0 +1,76 @@
+package outbox
+
+import (
+	"context"
+	"encoding/json"
+	"testing"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/stretchr/testify/require"
+
+	"github.com/promptline/promptline/internal/testkit"
+)
+
+// TestSelectIsAnOrderedIndexScan: after a burst of marks, with the
+// table's statistics not yet caught up (autovacuum off here, as it lags
+// on a busy table), the planner's own choice for the relay's select is a
+// bitmap scan, which reads every index entry of a marked row and its heap
+// page again on every pass. In the relay's pass, after its lock
+// statement, the select is an ordered scan of outbox_unpublished, which
+// marks those entries dead as it passes them and stops at the batch.
+func TestSelectIsAnOrderedIndexScan(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool, _ := testkit.Pool(t)
+	for _, sql := range []string{
+		`ALTER TABLE outbox SET (autovacuum_enabled = false)`,
+		`INSERT INTO outbox (topic, key, payload) SELECT 't', 's' || g, '\x00' FROM generate_series(1, 100000) g`,
+		`UPDATE outbox SET published_at = now()`,
+		`INSERT INTO outbox (topic, key, payload) SELECT 't', 's' || g, '\x00' FROM generate_series(1, 500) g`,
+	} {
+		_, err := pool.Exec(ctx, sql)
+		require.NoError(t, err)
+	}
+	nodes := func(tx pgx.Tx) []string {
+		var plan []byte
+		require.NoError(t, tx.QueryRow(ctx, `EXPLAIN (FORMAT JSON) `+selectSQL, 500, []int64{}, []string{}).Scan(&plan))
+		var doc []struct{ Plan planNode }
+		require.NoError(t, json.Unmarshal(plan, &doc))
+		var all []string
+		var walk func(n planNode)
+		walk = func(n planNode) {
+			all = append(all, n.Type+" "+n.Index)
+			for _, c := range n.Plans {
+				walk(c)
+			}
+		}
+		walk(doc[0].Plan)
+		return all
+	}
+	require.NoError(t, pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+		require.Contains(t, nodes(tx), "Bitmap Index Scan outbox_unpublished",
+			"the planner's own choice (if this fails, the planner changed: see lockSQL's comment)")
+		return nil
+	}))
+	for _, lock := range []string{lockSQL, tryLockSQL} {
+		require.NoError(t, pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+			_, err := tx.Exec(ctx, lock, RelayLockKey)
+			require.NoError(t, err)
+			got := nodes(tx)
+			require.Contains(t, got, "Index Scan outbox_unpublished", lock)
+			require.NotContains(t, got, "Bitmap Index Scan outbox_unpublished", lock)
+			require.NotContains(t, got, "Sort ", lock)
+			return nil
+		}))
+	}
+	require.NoError(t, pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+		require.Contains(t, nodes(tx), "Bitmap Index Scan outbox_unpublished", "the setting ends with the pass's transaction")
+		return nil
+	}))
+}
+
+type planNode struct {
+	Type  string     `json:"Node Type"`
+	Index string     `json:"Index Name"`
+	Plans []planNode `json:"Plans"`
+}
