@@ -1,8 +1,11 @@
 package executor
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
+	"fmt"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -39,35 +42,42 @@ func TestTurnCallsWriteWhatTheStatementsWrite(t *testing.T) {
 	at := time.Date(2026, 12, 5, 0, 0, 0, 0, time.UTC)
 
 	type turnArgs struct {
-		inputs              []string
-		turn, attempt       string
-		started, completed  []outbox.Row
-		hash                []byte
-		text, response      string
-		inTokens, outTokens int64
+		inputs                       []string
+		turn, assistant, attempt     string
+		started, completed           []outbox.Row
+		hash                         []byte
+		text, response, model        string
+		requestTokens, in, outTokens int64
 	}
-	turnOf := func(s string, n string, text string) turnArgs {
+	// The first turn answers one prompt with text, a model and a response
+	// ID; the second answers two at once (as steers are) with none of them:
+	// the empty values the functions must store as the statements do.
+	turnOf := func(s string, n string) turnArgs {
+		a := turnArgs{turn: s + "-t" + n, assistant: s + "-a" + n, attempt: s + "-e/step-" + n, hash: []byte("hash-" + n),
+			requestTokens: 7, in: 3, outTokens: 5}
+		if n == "1" {
+			a.inputs, a.text, a.response, a.model = []string{s + "-p1"}, "first answer", "resp-1", "model"
+		} else {
+			a.inputs = []string{s + "-p2", s + "-p3"}
+		}
 		ev := func(typ, what string) outbox.Row {
-			return outbox.EventRow("session-events", envelope.Event{ID: what + ":" + s + "-t" + n, Type: typ, SessionID: s, At: at,
-				TurnID: s + "-t" + n, MessageIDs: []string{s + "-p" + n}, Text: text})
+			return outbox.EventRow("session-events", envelope.Event{ID: what + ":" + a.turn, Type: typ, SessionID: s, At: at,
+				TurnID: a.turn, MessageIDs: a.inputs, AssistantMessageID: a.assistant, Text: a.text})
 		}
-		return turnArgs{
-			inputs: []string{s + "-p" + n}, turn: s + "-t" + n, attempt: s + "-e/step-" + n,
-			started:   []outbox.Row{ev(envelope.EventTurnStarted, "turn.started")},
-			completed: []outbox.Row{ev(envelope.EventStepCompleted, "step.completed"), ev(envelope.EventTurnCompleted, "turn.completed")},
-			hash:      []byte("hash-" + n), text: text, response: "resp-" + n, inTokens: 3, outTokens: 5,
-		}
+		a.started = []outbox.Row{ev(envelope.EventTurnStarted, "turn.started")}
+		a.completed = []outbox.Row{ev(envelope.EventStepCompleted, "step.completed"), ev(envelope.EventTurnCompleted, "turn.completed")}
+		return a
 	}
 	firstArgs := func(a turnArgs) []any {
 		topics, keys, payloads := outbox.Columns(a.started)
-		return []any{a.inputs, a.turn, a.attempt, "scripted", a.attempt, a.hash, "model", int64(7), topics, keys, payloads}
+		return []any{a.inputs, a.turn, a.attempt, "scripted", a.attempt, a.hash, a.model, a.requestTokens, topics, keys, payloads}
 	}
 	answerCall := func(a turnArgs) ledger.Call {
 		topics, keys, payloads := outbox.Columns(a.completed)
-		return ledger.Call{Func: "promptline_turn_answer", Args: []any{a.attempt, a.inTokens, a.outTokens, a.response, a.turn, a.text, topics, keys, payloads}}
+		return ledger.Call{Func: "promptline_turn_answer", Args: []any{a.attempt, a.in, a.outTokens, a.response, a.assistant, a.text, topics, keys, payloads}}
 	}
 	admit := func(s string) {
-		for _, n := range []string{"1", "2"} {
+		for _, n := range []string{"1", "2", "3"} {
 			_, err := admitter.Admit(ctx, []admission.Incoming{{Prompt: envelope.Prompt{MessageID: s + "-p" + n, SessionID: s, Text: "prompt " + n, Delivery: envelope.DeliveryQueue}}})
 			require.NoError(t, err)
 		}
@@ -78,21 +88,26 @@ func TestTurnCallsWriteWhatTheStatementsWrite(t *testing.T) {
 	admit(calls)
 	read, err := claims.Peek(ctx, calls, nil)
 	require.NoError(t, err)
-	one, two := turnOf(calls, "1", "first answer"), turnOf(calls, "2", "")
-	xc, err := claims.AcquireAsReadCall(ctx, calls, calls+"-e", read, []string{calls + "-p1", calls + "-p2"}, ledger.PhaseUnknown, one.turn,
+	one, two := turnOf(calls, "1"), turnOf(calls, "2")
+	xc, err := claims.AcquireAsReadCall(ctx, calls, calls+"-e", read, []string{calls + "-p1", calls + "-p2", calls + "-p3"}, ledger.PhaseUnknown, one.assistant,
 		func(*ledger.Execution) ledger.Call {
 			return ledger.Call{Func: "promptline_turn_first", Args: firstArgs(one)}
 		})
 	require.NoError(t, err)
+	// The statements' session below claims with AcquireWaiting and fences
+	// in its first write, which renews the lease; the call claims as read,
+	// a new claim that no fence renews in its own transaction (as the
+	// batch it replaced did): renewed_at is the claim's time there.
+	fresh := "claims.renewed_at"
 	var callSnaps []string
-	callSnaps = append(callSnaps, snapshot(t, pool, calls))
-	released, err := xc.FinishCallRetried(ctx, ledger.RetryOpts{}, ledger.PhaseSafe, one.turn, answerCall(one))
+	callSnaps = append(callSnaps, snapshot(t, pool, calls, fresh))
+	released, err := xc.FinishCallRetried(ctx, ledger.RetryOpts{}, ledger.PhaseSafe, one.assistant, answerCall(one))
 	require.NoError(t, err)
-	require.False(t, released, "the second prompt waits")
+	require.False(t, released, "two prompts wait")
 	callSnaps = append(callSnaps, snapshot(t, pool, calls))
-	require.NoError(t, xc.WriteCall(ctx, ledger.PhaseUnknown, two.turn, ledger.Call{Func: "promptline_turn_next", Args: firstArgs(two)}))
+	require.NoError(t, xc.WriteCall(ctx, ledger.PhaseUnknown, two.assistant, ledger.Call{Func: "promptline_turn_next", Args: firstArgs(two)}))
 	callSnaps = append(callSnaps, snapshot(t, pool, calls))
-	released, err = xc.FinishCallRetried(ctx, ledger.RetryOpts{}, ledger.PhaseSafe, two.turn, answerCall(two))
+	released, err = xc.FinishCallRetried(ctx, ledger.RetryOpts{}, ledger.PhaseSafe, two.assistant, answerCall(two))
 	require.NoError(t, err)
 	require.True(t, released, "nothing waits")
 	callSnaps = append(callSnaps, snapshot(t, pool, calls))
@@ -100,7 +115,7 @@ func TestTurnCallsWriteWhatTheStatementsWrite(t *testing.T) {
 	// Through the statements.
 	stmts := "sessB"
 	admit(stmts)
-	one, two = turnOf(stmts, "1", "first answer"), turnOf(stmts, "2", "")
+	one, two = turnOf(stmts, "1"), turnOf(stmts, "2")
 	xs, err := claims.AcquireWaiting(ctx, stmts, stmts+"-e", nil)
 	require.NoError(t, err)
 	first := func(a turnArgs) func(tx pgx.Tx) error {
@@ -111,36 +126,36 @@ func TestTurnCallsWriteWhatTheStatementsWrite(t *testing.T) {
 					return err
 				}
 			}
-			if err := transcript.InsertAssistant(ctx, tx, &transcript.InsertAssistantParams{ID: a.turn, SessionID: stmts, Answers: a.inputs,
+			if err := transcript.InsertAssistant(ctx, tx, &transcript.InsertAssistantParams{ID: a.assistant, SessionID: stmts, Answers: a.inputs,
 				ExecutionID: cl.ExecutionID, Token: cl.Token, TurnID: a.turn}); err != nil {
 				return err
 			}
 			if err := outbox.Insert(ctx, tx, a.started...); err != nil {
 				return err
 			}
-			if err := xs.BeginAttempt(ctx, tx, ledger.AttemptParams{ID: a.attempt, AssistantMessageID: a.turn, Step: 1, Provider: "scripted",
-				IdempotencyKey: a.attempt, RequestHash: a.hash, Model: "model", RequestTokens: 7}); err != nil {
+			if err := xs.BeginAttempt(ctx, tx, ledger.AttemptParams{ID: a.attempt, AssistantMessageID: a.assistant, Step: 1, Provider: "scripted",
+				IdempotencyKey: a.attempt, RequestHash: a.hash, Model: a.model, RequestTokens: a.requestTokens}); err != nil {
 				return err
 			}
-			return xs.SetPhase(ctx, tx, ledger.PhaseUnknown, a.turn)
+			return xs.SetPhase(ctx, tx, ledger.PhaseUnknown, a.assistant)
 		}
 	}
 	answer := func(a turnArgs) func(tx pgx.Tx) error {
 		return func(tx pgx.Tx) error {
-			if err := ledger.FinishAttemptWith(ctx, tx, a.attempt, ledger.AttemptSucceeded, "", a.inTokens, a.outTokens, a.response); err != nil {
+			if err := ledger.FinishAttemptWith(ctx, tx, a.attempt, ledger.AttemptSucceeded, "", a.in, a.outTokens, a.response); err != nil {
 				return err
 			}
-			if err := transcript.Answer(ctx, tx, &transcript.AnswerParams{MessageID: a.turn, Text: a.text}); err != nil {
+			if err := transcript.Answer(ctx, tx, &transcript.AnswerParams{MessageID: a.assistant, Text: a.text}); err != nil {
 				return err
 			}
 			if err := outbox.Insert(ctx, tx, a.completed...); err != nil {
 				return err
 			}
-			return xs.SetPhase(ctx, tx, ledger.PhaseSafe, a.turn)
+			return xs.SetPhase(ctx, tx, ledger.PhaseSafe, a.assistant)
 		}
 	}
 	require.NoError(t, xs.Write(ctx, first(one)))
-	stmtSnaps := []string{snapshot(t, pool, stmts)}
+	stmtSnaps := []string{snapshot(t, pool, stmts, fresh)}
 	released, err = xs.Finish(ctx, answer(one))
 	require.NoError(t, err)
 	require.False(t, released)
@@ -159,10 +174,15 @@ func TestTurnCallsWriteWhatTheStatementsWrite(t *testing.T) {
 }
 
 // snapshot is every row session s has in the tables a turn writes, as
-// JSON: times, sequence numbers and the inputs' payload hashes (of the
-// session's name) as whether they are set, outbox payloads as text, in a
-// stable order.
-func snapshot(t *testing.T, pool *pgxpool.Pool, s string) string {
+// JSON, in a stable order, less what differs between two sessions written
+// alike: sequence numbers (outbox IDs, message and admission and promotion
+// sequences) become their ranks within the session's rows, so order
+// counts; times become their ranks within their row (two set by the same
+// transaction's now() share one), so which are equal and which later
+// counts; the inputs' payload hashes (of the session's name) whether they
+// are set; outbox payloads are text; the columns ignore names
+// ("table.column") are left out.
+func snapshot(t *testing.T, pool *pgxpool.Pool, s string, ignore ...string) string {
 	t.Helper()
 	var out strings.Builder
 	for _, q := range []struct{ table, sql string }{
@@ -174,7 +194,6 @@ func snapshot(t *testing.T, pool *pgxpool.Pool, s string) string {
 		{"attempts", `SELECT to_jsonb(x) FROM attempts x WHERE session_id = $1 ORDER BY attempt_id`},
 		{"outbox", `SELECT to_jsonb(x) || jsonb_build_object('payload', convert_from(payload, 'UTF8')) FROM outbox x
 			WHERE key = $1 AND convert_from(payload, 'UTF8') NOT LIKE '%admitted%' ORDER BY id`}, // admission's rows carry its clock
-
 	} {
 		kinds := map[string]string{}
 		rows, err := pool.Query(context.Background(), `SELECT column_name, data_type FROM information_schema.columns WHERE table_name = $1`, q.table)
@@ -185,21 +204,53 @@ func snapshot(t *testing.T, pool *pgxpool.Pool, s string) string {
 		require.NotEmpty(t, kinds, q.table)
 		rows, err = pool.Query(context.Background(), q.sql, s)
 		require.NoError(t, err)
+		var all []map[string]any
 		var row map[string]any
-		n := 0
-		_, err = pgx.ForEachRow(rows, []any{&row}, func() error {
-			n++
-			for k, v := range row {
-				if strings.HasPrefix(kinds[k], "timestamp") || k == "id" || k == "seq" || strings.HasSuffix(k, "_seq") || k == "payload_hash" {
-					row[k] = v != nil
+		_, err = pgx.ForEachRow(rows, []any{&row}, func() error { all = append(all, row); return nil })
+		require.NoError(t, err)
+		sequences := map[string][]float64{} // column → the session's values
+		for _, r := range all {
+			for k, v := range r {
+				if f, ok := v.(float64); ok && (k == "id" || k == "seq" || strings.HasSuffix(k, "_seq")) {
+					sequences[k] = append(sequences[k], f)
 				}
 			}
-			b, err := json.MarshalIndent(row, "", " ")
+		}
+		for _, r := range all {
+			var times []time.Time
+			for k, v := range r {
+				switch {
+				case slices.Contains(ignore, q.table+"."+k):
+					r[k] = "ignored"
+				case sequences[k] != nil && v != nil:
+					r[k] = fmt.Sprintf("rank %d", rank(sequences[k], v.(float64), func(a, b float64) int { return cmp.Compare(a, b) }))
+				case k == "payload_hash":
+					r[k] = v != nil
+				case strings.HasPrefix(kinds[k], "timestamp") && v != nil:
+					at, err := time.Parse(time.RFC3339Nano, v.(string))
+					require.NoError(t, err, "%s.%s", q.table, k)
+					times = append(times, at)
+					r[k] = at
+				}
+			}
+			for k, v := range r {
+				if at, ok := v.(time.Time); ok {
+					r[k] = fmt.Sprintf("time %d", rank(times, at, func(a, b time.Time) int { return a.Compare(b) }))
+				}
+			}
+			b, err := json.MarshalIndent(r, "", " ")
+			require.NoError(t, err)
 			out.WriteString(q.table + " " + string(b) + "\n")
-			return err
-		})
-		require.NoError(t, err)
-		out.WriteString(q.table + " rows: " + string(rune('0'+n)) + "\n")
+		}
+		fmt.Fprintf(&out, "%s rows: %d\n", q.table, len(all))
 	}
 	return out.String()
+}
+
+// rank is v's rank among the distinct values of all.
+func rank[T any](all []T, v T, compare func(a, b T) int) int {
+	sorted := slices.SortedFunc(slices.Values(all), compare)
+	sorted = slices.CompactFunc(sorted, func(a, b T) bool { return compare(a, b) == 0 })
+	i, _ := slices.BinarySearchFunc(sorted, v, compare)
+	return i
 }

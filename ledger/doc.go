@@ -24,20 +24,28 @@
 //     session has none; they never replace a live or an expired claim. Only Takeover (recovery's
 //     compare-and-swap on session, execution, owner, expiry, not
 //     quarantined) replaces an expired one, and it bumps the token.
-//   - 5. Every write of an execution goes through Execution.Write, whose
-//     transaction opens with one conditional statement on the claim: the
+//   - 5. Every write of an execution goes through Execution.Write (or a
+//     Call, whose SQL function runs the same statement first:
+//     promptline_fence, alone or after the session's lock in
+//     promptline_finish_open), whose transaction opens with one
+//     conditional statement on the claim: the
 //     token matches and expires_at > clock_timestamp() (the database
 //     clock when the fence runs, not the transaction's start, which may lie
 //     before a wait for a lock inside the transaction), which also renews
 //     the lease, counted from that same clock. Zero rows means fenced: the
 //     transaction rolls back, the execution's context is cancelled and
 //     every later Write fails with ErrFenced at once, without touching the
-//     database.
+//     database. The ledger cannot see inside a Call's function: each
+//     function production calls is held to its opening by
+//     TestCallsOpenAsTheirDocSays (a zombie's call writes nothing, a stale
+//     read claims nothing).
 //   - 6. An expired claim never renews itself: renewal is that same
 //     statement, which requires a live lease.
 //   - 7. Release locks the session row first (admission upserts it, so the
 //     two serialise), and never deletes the claim while inputs wait unless
-//     the wake is written in the same transaction.
+//     the wake is written in the same transaction. A Call that releases
+//     does both through the ledger's functions: promptline_finish_open
+//     first, promptline_release_idle last.
 //   - 13. A write that records what a dispatch returned (WriteRetried,
 //     FinishRetried, FinishCallRetried) retries a transient database
 //     error (pgdb.Transient) with backoff while the lease lives, each

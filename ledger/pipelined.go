@@ -167,7 +167,12 @@ func (x *Execution) FinishCallRetried(ctx context.Context, opts RetryOpts, phase
 	err = x.retry(ctx, err, func(ctx context.Context) error {
 		var err error
 		released, err = x.finishAgain(ctx, phase, assistantMessageID, opts.Landed, func(tx pgx.Tx) error {
-			var r bool // the call's release, which finishTx then reads as its own
+			// The call releases (or not) under the session's lock; finishTx
+			// then counts the waiting inputs and releases again in the same
+			// transaction under the same lock, so it finds what the call
+			// found and its answer is the call's (TestWriteRetried's Call
+			// cases hold both).
+			var r bool
 			return tx.QueryRow(ctx, sql, args...).Scan(&r)
 		})
 		return err

@@ -123,6 +123,44 @@ func TestWriteRetried(t *testing.T) {
 		require.False(t, x.Fenced())
 	})
 
+	// The answer as one call (FinishCallRetried), its commit lost before it
+	// was sent or after it was carried out, with or without an input
+	// waiting: written once, released exactly when nothing waits, fenced
+	// exactly when released. The retry runs the call in an explicit
+	// transaction, whose own release then finds the claim as the call left
+	// it.
+	for _, c := range []struct {
+		name    string
+		waiting int
+		after   bool
+	}{{"CallLostBeforeCommitNothingWaits", 0, false}, {"CallLostBeforeCommitInputWaits", 1, false},
+		{"CallAmbiguousNothingWaits", 0, true}, {"CallAmbiguousInputWaits", 1, true}} {
+		t.Run(c.name, func(t *testing.T) {
+			t.Parallel()
+			b := setupProxied(t, 5*time.Second)
+			b.session(t, "s", c.waiting)
+			x := b.acquire(t, "s", "e1")
+			answered := func(ctx context.Context, tx pgx.Tx) (bool, error) {
+				var n int
+				err := tx.QueryRow(ctx, `SELECT count(*) FROM outbox WHERE payload = 'answer'`).Scan(&n)
+				return n > 0, err
+			}
+			isCall := func(label string) bool { return strings.Contains(label, "promptline_turn_answer") }
+			if c.after {
+				b.proxy.CutAfterCommit(isCall)
+			} else {
+				b.proxy.CutBeforeCommit(isCall)
+			}
+			released, err := x.FinishCallRetried(ctx, ledger.RetryOpts{Landed: answered}, ledger.PhaseSafe, "", answerCall("none", "none"))
+			require.NoError(t, err)
+			require.Equal(t, int32(1), b.retries.Load())
+			require.Equal(t, c.waiting == 0, released)
+			require.Equal(t, c.waiting, b.count(t, `SELECT count(*) FROM claims WHERE phase = 'safe'`))
+			require.Equal(t, 1, b.count(t, `SELECT count(*) FROM outbox WHERE payload = 'answer'`), "written once")
+			require.Equal(t, released, x.Fenced())
+		})
+	}
+
 	// A zombie: between its failed write and the retry, its claim expired
 	// in the database's eyes and was taken over. The retry's fence refuses
 	// it; it writes nothing and stops.
