@@ -92,7 +92,7 @@ equivalent=$(
 		executor response_id.go:117:13 CONDITIONALS_BOUNDARY
 		executor tool_call.go:57:13 CONDITIONALS_NEGATION
 		ledger attempt.go:181:20 CONDITIONALS_NEGATION
-		ledger pipelined.go:317:51 CONDITIONALS_NEGATION
+		ledger pipelined.go:322:51 CONDITIONALS_NEGATION
 		ledger retry.go:125:11 CONDITIONALS_BOUNDARY
 		outbox relay.go:468:15 CONDITIONALS_BOUNDARY
 		outbox relay.go:484:17 CONDITIONALS_BOUNDARY
