@@ -498,9 +498,8 @@ func (e *Executor) execute(sessionID string, r *sessionRun, log *slog.Logger) {
 	defer cancel()
 	stopAfter := context.AfterFunc(x.Context(), cancel)
 	defer stopAfter()
-	keepAlive := make(chan struct{})
-	go func() { defer close(keepAlive); x.KeepAlive(ctx) }()
-	defer func() { cancel(); <-keepAlive }()
+	stopKeepAlive := x.KeepAlive(ctx)
+	defer func() { cancel(); stopKeepAlive() }()
 
 	// A first turn committed with the claim is under way (its attempt's
 	// intent is committed) and runs whatever happens meanwhile, as any

@@ -33,9 +33,8 @@ func TestKeepAliveWarnsOnlyOnFailedRenewals(t *testing.T) {
 	x := b.acquire(t, "s", "e1")
 
 	kctx, cancel := context.WithCancel(ctx)
-	done := make(chan struct{})
-	go func() { defer close(done); x.KeepAlive(kctx) }()
-	t.Cleanup(func() { cancel(); <-done })
+	stop := x.KeepAlive(kctx)
+	t.Cleanup(func() { cancel(); stop() })
 
 	for range 2 {
 		select {

@@ -218,23 +218,49 @@ func (x *Execution) Renew(ctx context.Context) error {
 	return err
 }
 
-// KeepAlive renews the lease every lease/3 until ctx ends or the execution
-// is fenced. It blocks; run it in a goroutine.
-func (x *Execution) KeepAlive(ctx context.Context) {
-	t := time.NewTicker(x.claims.cfg.Lease / 3)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
+// KeepAlive renews the lease every lease/3 until ctx ends, the execution
+// is fenced or stop is called; stop ends it and waits for a renewal under
+// way. It runs on a timer, not a goroutine of its own: between renewals
+// nothing waits (each renewal runs in the timer's goroutine), so an
+// execution waiting on its provider costs one goroutine, not two
+// (docs/benchmarks.md, "Ten thousand turns in flight").
+func (x *Execution) KeepAlive(ctx context.Context) (stop func()) {
+	every := x.claims.cfg.Lease / 3
+	var (
+		mu      sync.Mutex
+		stopped bool
+		t       *time.Timer
+		running sync.WaitGroup // the renewal scheduled or under way
+	)
+	live := func() bool { return ctx.Err() == nil && x.ctx.Err() == nil }
+	renew := func() {
+		defer running.Done()
+		if !live() {
 			return
-		case <-x.ctx.Done():
-			return
-		case <-t.C:
-			if err := x.Renew(ctx); err != nil && !errors.Is(err, ErrFenced) && ctx.Err() == nil {
-				x.claims.cfg.Logger.WarnContext(ctx, "renewing claim failed; retrying at the next tick",
-					slog.String("session_id", x.claim.SessionID), slog.Any("error", err))
-			}
 		}
+		if err := x.Renew(ctx); err != nil && !errors.Is(err, ErrFenced) && ctx.Err() == nil {
+			x.claims.cfg.Logger.WarnContext(ctx, "renewing claim failed; retrying at the next tick",
+				slog.String("session_id", x.claim.SessionID), slog.Any("error", err))
+		}
+		mu.Lock()
+		defer mu.Unlock()
+		if !stopped && live() {
+			running.Add(1)
+			t.Reset(every)
+		}
+	}
+	mu.Lock()
+	running.Add(1)
+	t = time.AfterFunc(every, renew)
+	mu.Unlock()
+	return func() {
+		mu.Lock()
+		stopped = true
+		if t.Stop() {
+			running.Done() // the scheduled renewal will not run
+		}
+		mu.Unlock()
+		running.Wait()
 	}
 }
 

@@ -2,6 +2,7 @@ package ledger_test
 
 import (
 	"context"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -209,6 +210,31 @@ func TestClaims(t *testing.T) {
 		require.Zero(t, b.count(t, `SELECT count(*) FROM outbox`))
 	})
 
+	// Stopped, the renewals end: the lease then runs out and the execution
+	// is fenced at its next write. Renewing on regardless, the claim would
+	// stay live and the wait below would time out.
+	t.Run("StoppedRenewalsLetTheLeaseRunOut", func(t *testing.T) {
+		t.Parallel()
+		var renewals atomic.Int32
+		b := setup(t, 300*time.Millisecond)
+		b.claims = ledger.NewClaims(b.pool, &ledger.ClaimsConfig{
+			Lease: 300 * time.Millisecond, OwnerID: "a",
+			OnRenewedFunc: func() { renewals.Add(1) },
+		})
+		b.session(t, "s", 0)
+		x := b.acquire(t, "s", "e1")
+		stop := x.KeepAlive(ctx)
+		require.Eventually(t, func() bool { return renewals.Load() >= 2 }, 10*time.Second, 5*time.Millisecond, "renewing")
+		stop()
+		stop() // a second stop is a no-op
+		after := renewals.Load()
+		require.Eventually(t, func() bool {
+			return b.count(t, `SELECT count(*) FROM claims WHERE session_id = 's' AND expires_at < clock_timestamp()`) == 1
+		}, 10*time.Second, 20*time.Millisecond, "the lease runs out once the renewals stop")
+		require.Equal(t, after, renewals.Load(), "no renewal after stop returned")
+		require.ErrorIs(t, x.Write(ctx, nil), ledger.ErrFenced)
+	})
+
 	t.Run("RenewalKeepsALiveClaimAcrossSeveralLeases", func(t *testing.T) {
 		t.Parallel()
 		b := setup(t, 600*time.Millisecond)
@@ -220,8 +246,8 @@ func TestClaims(t *testing.T) {
 		})
 		x := b.acquire(t, "s", "e1")
 		kctx, cancel := context.WithCancel(ctx)
-		done := make(chan struct{})
-		go func() { defer close(done); x.KeepAlive(kctx) }()
+		defer cancel()
+		stop := x.KeepAlive(kctx)
 		deadline := time.NewTimer(20 * time.Second)
 		defer deadline.Stop()
 		for i := range 8 { // 8 renewals at lease/3: about 1.6 s, well over two leases
@@ -231,8 +257,7 @@ func TestClaims(t *testing.T) {
 				require.FailNow(t, "renewals stopped", "%d of 8 renewals; fenced: %v", i, x.Fenced())
 			}
 		}
-		cancel()
-		<-done
+		stop()
 		require.False(t, x.Fenced())
 		require.NoError(t, x.Write(ctx, nil), "still the writer after outliving several leases")
 	})
