@@ -100,3 +100,20 @@ func TestPrunerOnPrunedOnlyAfterDeletes(t *testing.T) {
 	require.Equal(t, [2]int{2, 2}, [2]int{a, c})
 	require.Equal(t, [][2]int{{2, 2}}, got)
 }
+
+// Renewals keep their beat: the wait after one is the interval less the
+// time it took, never less than nothing, so a slow renewal (up to the
+// statement timeout) does not push the next one past the lease.
+func TestRenewalsKeepTheirBeat(t *testing.T) {
+	t.Parallel()
+	every := 10 * time.Second
+	for _, c := range []struct{ took, want time.Duration }{
+		{0, every},
+		{3 * time.Millisecond, every - 3*time.Millisecond},
+		{every - time.Nanosecond, time.Nanosecond},
+		{every, 0},
+		{25 * time.Second, 0},
+	} {
+		require.Equal(t, c.want, ledger.NextRenewal(every, c.took), "took %v", c.took)
+	}
+}

@@ -220,12 +220,13 @@ func (x *Execution) Renew(ctx context.Context) error {
 
 // KeepAlive renews the lease every lease/3 until ctx ends, the execution
 // is fenced or stop is called; stop ends it and waits for a renewal under
-// way. It runs on a timer, not a goroutine of its own: between renewals
-// nothing waits (each renewal runs in the timer's goroutine), so an
-// execution waiting on its provider costs one goroutine, not two
-// (docs/benchmarks.md, "Ten thousand turns in flight").
+// way (so it must not be called from inside a renewal: OnRenewedFunc, the
+// logger). It runs on a timer, not a goroutine of its own: between
+// renewals nothing waits (each renewal runs in the timer's goroutine), so
+// an execution waiting on its provider costs one goroutine, not two
+// (docs/benchmarks.md, "the lease renewed on a timer").
 func (x *Execution) KeepAlive(ctx context.Context) (stop func()) {
-	every := x.claims.cfg.Lease / 3
+	every := max(x.claims.cfg.Lease/3, time.Millisecond)
 	var (
 		mu      sync.Mutex
 		stopped bool
@@ -235,9 +236,13 @@ func (x *Execution) KeepAlive(ctx context.Context) (stop func()) {
 	live := func() bool { return ctx.Err() == nil && x.ctx.Err() == nil }
 	renew := func() {
 		defer running.Done()
-		if !live() {
+		mu.Lock()
+		goOn := !stopped
+		mu.Unlock()
+		if !goOn || !live() {
 			return
 		}
+		began := time.Now()
 		if err := x.Renew(ctx); err != nil && !errors.Is(err, ErrFenced) && ctx.Err() == nil {
 			x.claims.cfg.Logger.WarnContext(ctx, "renewing claim failed; retrying at the next tick",
 				slog.String("session_id", x.claim.SessionID), slog.Any("error", err))
@@ -246,7 +251,7 @@ func (x *Execution) KeepAlive(ctx context.Context) (stop func()) {
 		defer mu.Unlock()
 		if !stopped && live() {
 			running.Add(1)
-			t.Reset(every)
+			t.Reset(nextRenewal(every, time.Since(began)))
 		}
 	}
 	mu.Lock()
@@ -262,6 +267,15 @@ func (x *Execution) KeepAlive(ctx context.Context) (stop func()) {
 		mu.Unlock()
 		running.Wait()
 	}
+}
+
+// nextRenewal is the wait before the next renewal, one that took took
+// having begun every before it: renewals keep their beat of every, so a
+// slow one (a renewal may take up to the statement timeout) does not push
+// the next one later, and one slower than every is followed at once, as a
+// ticker's waiting tick was.
+func nextRenewal(every, took time.Duration) time.Duration {
+	return max(every-took, 0)
 }
 
 // Finish runs fn behind the fence, with the session row locked first, and

@@ -224,6 +224,7 @@ func TestClaims(t *testing.T) {
 		b.session(t, "s", 0)
 		x := b.acquire(t, "s", "e1")
 		stop := x.KeepAlive(ctx)
+		t.Cleanup(stop) // a failure below leaves no renewals running
 		require.Eventually(t, func() bool { return renewals.Load() >= 2 }, 10*time.Second, 5*time.Millisecond, "renewing")
 		stop()
 		stop() // a second stop is a no-op

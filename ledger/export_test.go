@@ -66,3 +66,6 @@ func (x *Execution) QueueBeginAttempt(b *pgx.Batch, p AttemptParams) {
 func QueueFinishAttempt(b *pgx.Batch, id string, state AttemptState, errText string, inputTokens, outputTokens int64, responseID string) {
 	b.Queue(finishAttemptSQL, id, string(state), errText, inputTokens, outputTokens, responseID)
 }
+
+// NextRenewal is KeepAlive's wait before the next renewal.
+var NextRenewal = nextRenewal
