@@ -88,6 +88,9 @@ type inFlightSteady struct {
 	AchievedRate float64       `json:"achieved_per_second"`
 	Peaks        inFlightPeaks `json:"peaks"`
 	CPU          cpuUse        `json:"cpu"`
+	// Stages split send → answer published into legs, from the stored
+	// timestamps (stages.go); the provider's sleep is inside the third.
+	Stages []stage `json:"stages"`
 }
 
 // inFlightBurst is the burst phase: prompts produced at once.
@@ -513,6 +516,10 @@ func inFlightSteadyOnce(ctx context.Context, sc *scratchServer, bin string, o in
 		return res, err
 	}
 	lat := tr.results(deadline)
+	st, err := stages(ctx, c.db.Pool, lat.ids, lat.sentAt)
+	if err != nil {
+		return res, err
+	}
 	over := make([]time.Duration, len(lat.turn))
 	for i, d := range lat.turn {
 		over[i] = d - o.Sleep
@@ -521,6 +528,7 @@ func inFlightSteadyOnce(ctx context.Context, sc *scratchServer, bin string, o in
 		Sent: sent, Measured: lat.measured, Completed: lat.completed, Failed: lat.failed,
 		Missing:  lat.measured - lat.completed - lat.failed,
 		Overhead: percentilesOf(over), AchievedRate: float64(sent) / sendSecs, Peaks: peaks, CPU: cpuBetween(c0, c1),
+		Stages: st,
 	}, nil
 }
 
@@ -617,6 +625,9 @@ func printInFlight(out io.Writer, r *inFlightResult) {
 	tw.Flush()
 	fmt.Fprintf(out, "steady: %d sent (%.0f/s achieved), %d measured after warm-up, %d completed, %d failed, %d unanswered after the drain (counted with their age then); overhead p50 %.1f, p90 %.1f, p99 %.1f, max %.1f ms; %d samples; CPU %.2f cores busy (bench %.2f)\n",
 		s.Sent, s.AchievedRate, s.Measured, s.Completed, s.Failed, s.Missing, s.Overhead.P50, s.Overhead.P90, s.Overhead.P99, s.Overhead.Max, s.Peaks.Samples, s.CPU.Machine, s.CPU.Bench)
+	for _, st := range s.Stages {
+		fmt.Fprintf(out, "steady stage %-52s p50 %8.1f  p99 %8.1f ms\n", st.Name, st.P50, st.P99)
+	}
 	for _, ph := range []struct {
 		name  string
 		peaks inFlightPeaks
