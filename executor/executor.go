@@ -17,6 +17,7 @@ import (
 
 	"github.com/promptline/promptline/internal/faults"
 	"github.com/promptline/promptline/internal/kafkautil"
+	"github.com/promptline/promptline/internal/lazylog"
 	"github.com/promptline/promptline/internal/pgdb"
 	"github.com/promptline/promptline/internal/retry"
 	"github.com/promptline/promptline/internal/startstop"
@@ -138,6 +139,7 @@ const (
 // started again. A turn cancelled by a stop still settles and releases
 // its claim, with a wake where input waits.
 type Executor struct {
+	toolSpecs          atomic.Pointer[toolSpecsCache] // execution.toolSpecs
 	providerName       string
 	providerModel      string
 	idempotentProvider bool
@@ -215,7 +217,9 @@ func NewExecutor(pool *pgxpool.Pool, config *ExecutorConfig) (*Executor, error) 
 	}
 	return &Executor{
 		providerName: cmp.Or(cfg.ProviderName, "scripted"), providerModel: model, idempotentProvider: idem != nil && idem.HonoursIdempotencyKeys(),
-		pool: pool, claims: cfg.Claims, cfg: cfg, log: cfg.Logger,
+		// Each execution's logger carries its session, execution and turn
+		// and rarely writes: lazylog keeps those unformatted until it does.
+		pool: pool, claims: cfg.Claims, cfg: cfg, log: slog.New(lazylog.Handler(cfg.Logger.Handler())),
 		slots: make(chan struct{}, cfg.MaxSessions),
 		runs:  map[string]*sessionRun{}, ctx: ctx, cancel: cancel, stopping: true,
 	}, nil

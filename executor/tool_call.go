@@ -176,15 +176,31 @@ func (ex *execution) settleCall(ctx context.Context, turnID string, p ledger.Cal
 	return err
 }
 
+// toolSpecs are the registry's tools in the provider's form: one slice
+// shared by every request until a tool is registered (Request.Tools is
+// read-only), instead of a copy of every schema per request, which at ten
+// thousand turns in flight was some 750 bytes each (docs/benchmarks.md,
+// "memory per execution in flight").
 func (ex *execution) toolSpecs() []provider.ToolSpec {
-	if ex.e.cfg.Tools == nil {
+	reg := ex.e.cfg.Tools
+	if reg == nil {
 		return nil
 	}
-	var out []provider.ToolSpec
-	for _, s := range ex.e.cfg.Tools.Specs() {
-		out = append(out, provider.ToolSpec{Name: s.Name, Description: s.Description, InputSchema: s.InputSchema})
+	v := reg.Version() // before Specs: a registration in between rebuilds at the next request
+	if c := ex.e.toolSpecs.Load(); c != nil && c.version == v {
+		return c.specs
 	}
-	return out
+	c := &toolSpecsCache{version: v}
+	for _, s := range reg.Specs() {
+		c.specs = append(c.specs, provider.ToolSpec{Name: s.Name, Description: s.Description, InputSchema: s.InputSchema})
+	}
+	ex.e.toolSpecs.Store(c)
+	return c.specs
+}
+
+type toolSpecsCache struct {
+	version uint64
+	specs   []provider.ToolSpec
 }
 
 func (ex *execution) lookup(name string) (tools.Tool, bool) {

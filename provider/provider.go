@@ -67,7 +67,7 @@ type Request struct {
 	Messages []TranscriptMessage
 	// Turn lists the user messages this turn answers.
 	Turn []TranscriptMessage
-	// Tools the model may call.
+	// Tools the model may call. Shared between requests: read-only.
 	Tools []ToolSpec
 	// TextDeltaFunc, when set, takes the answer's text as a streaming
 	// provider receives it, fragment by fragment, in order, from

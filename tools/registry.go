@@ -26,8 +26,9 @@ var namePattern = regexp.MustCompile(`^[a-zA-Z0-9_-]{1,64}$`)
 // Registry holds the tools the model may call, by name. Register them at
 // start-up; lookups and validation are safe for concurrent use.
 type Registry struct {
-	mu    sync.RWMutex
-	tools map[string]registered
+	mu      sync.RWMutex
+	tools   map[string]registered
+	version uint64 // registrations so far: see Version
 }
 
 type registered struct {
@@ -72,7 +73,18 @@ func (r *Registry) Register(t Tool) error {
 		return fmt.Errorf("registering tool %q: %w", spec.Name, ErrDuplicateTool)
 	}
 	r.tools[spec.Name] = registered{tool: t, spec: spec, schema: schema}
+	r.version++
 	return nil
+}
+
+// Version counts the registrations so far: what Specs returns changes only
+// when it moves, so a caller may keep something built from Specs until
+// then (the executor keeps the provider's form of them, one for all its
+// requests, instead of a copy per request).
+func (r *Registry) Version() uint64 {
+	r.mu.RLock()
+	defer r.mu.RUnlock()
+	return r.version
 }
 
 // compileSchema compiles a tool's input schema on its own: no loader is

@@ -51,6 +51,19 @@ func TestRegistryRegister(t *testing.T) {
 		require.ErrorContains(t, err, `"echo"`)
 	})
 
+	t.Run("VersionMovesWithEachRegistration", func(t *testing.T) {
+		t.Parallel()
+		r := tools.NewRegistry()
+		require.Zero(t, r.Version())
+		require.NoError(t, r.Register(fake("a")))
+		require.EqualValues(t, 1, r.Version())
+		require.Error(t, r.Register(fake("a")))
+		require.Error(t, r.Register(fake("")))
+		require.EqualValues(t, 1, r.Version(), "a refused registration changes nothing")
+		require.NoError(t, r.Register(fake("b")))
+		require.EqualValues(t, 2, r.Version())
+	})
+
 	t.Run("EmptyName", func(t *testing.T) {
 		t.Parallel()
 		require.ErrorContains(t, tools.NewRegistry().Register(fake("")), "empty name")

@@ -1,0 +1,75 @@
+// Package lazylog keeps a logger's attributes unformatted until a record
+// is written. slog's JSON and text handlers format the attributes of every
+// With at once and keep the result for the logger's life: a few hundred
+// bytes per call. The executor gives each execution a logger with its
+// session, execution and turn, and at ten thousand turns in flight, each
+// waiting on its provider and rarely logging, that was about a kilobyte per
+// execution spent on lines never written (docs/benchmarks.md, "memory per
+// execution in flight"). The standard library offers no lazy handler and
+// no well-kept library does only this; it is one small slog.Handler.
+package lazylog
+
+import (
+	"context"
+	"log/slog"
+	"slices"
+)
+
+// Handler wraps base: attributes given by WithAttrs are kept as they are
+// and handed to base only when a record is handled; groups, rare, are
+// handed over at once. What is written is what base alone would write.
+func Handler(base slog.Handler) slog.Handler {
+	if h, ok := base.(*handler); ok {
+		return h
+	}
+	return &handler{base: base}
+}
+
+// handler holds what one WithAttrs gave, as given (slog hands the slice
+// over: "the Handler owns the slice"), and its parent: a chain, so that a
+// child shares its parents' attributes instead of copying them.
+type handler struct {
+	base   slog.Handler
+	parent *handler
+	attrs  []slog.Attr
+}
+
+func (h *handler) Enabled(ctx context.Context, level slog.Level) bool {
+	return h.base.Enabled(ctx, level)
+}
+
+func (h *handler) Handle(ctx context.Context, r slog.Record) error {
+	return h.resolved().Handle(ctx, r)
+}
+
+func (h *handler) WithAttrs(attrs []slog.Attr) slog.Handler {
+	if len(attrs) == 0 {
+		return h
+	}
+	return &handler{base: h.base, parent: h, attrs: attrs}
+}
+
+func (h *handler) WithGroup(name string) slog.Handler {
+	if name == "" {
+		return h
+	}
+	return &handler{base: h.resolved().WithGroup(name)}
+}
+
+// resolved is base with the chain's attributes, the oldest first.
+func (h *handler) resolved() slog.Handler {
+	var chain []*handler
+	for c := h; c != nil; c = c.parent {
+		if len(c.attrs) > 0 {
+			chain = append(chain, c)
+		}
+	}
+	if len(chain) == 0 {
+		return h.base
+	}
+	var all []slog.Attr
+	for _, c := range slices.Backward(chain) {
+		all = append(all, c.attrs...)
+	}
+	return h.base.WithAttrs(all)
+}
