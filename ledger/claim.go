@@ -210,13 +210,13 @@ func (x *Execution) SetPhase(ctx context.Context, tx pgx.Tx, phase Phase, assist
 }
 
 // Renew extends the lease; an expired claim cannot be renewed (ErrFenced).
-// It sends the fence alone through group commit, so that the renewals of
-// many executions share a transaction and its commit, as their other
-// writes do; a fenced one fails alone (docs/benchmarks.md, "renewals
-// group-committed": at ten thousand turns in flight, a thousand renewals a
-// second each took a pool connection and a WAL flush of its own).
+// It is a transaction of its own, on a connection of its own, ended by
+// ctx: not group-committed, where it would wait behind other sessions'
+// writes that wait on a lock and let a healthy lease run out, and where a
+// stop could not end it (docs/benchmarks.md, "renewals group-committed:
+// measured and not kept").
 func (x *Execution) Renew(ctx context.Context) error {
-	err := x.writeQueued(ctx, "", "", nil)
+	err := x.Write(ctx, nil)
 	if err == nil && x.claims.cfg.OnRenewedFunc != nil {
 		x.claims.cfg.OnRenewedFunc()
 	}

@@ -183,9 +183,8 @@ func (x *Execution) FinishCallRetried(ctx context.Context, opts RetryOpts, phase
 // writeQueued is a write in one round trip: the fence, which also sets the
 // phase (unless it is empty) and the claim's assistant message (unless
 // empty), then the statements queue adds (with their result callbacks), in
-// one implicit transaction. Production writes through Calls, and renews
-// with the fence alone (queue nil: Renew); this general form stays for
-// that and for the tests of the machinery the Calls share (group commit,
+// one implicit transaction. Production writes through Calls; this general
+// form stays for the tests of the machinery the Calls share (group commit,
 // the fence's refusal, a rollback).
 func (x *Execution) writeQueued(ctx context.Context, phase Phase, assistantMessageID string, queue func(b *pgx.Batch)) error {
 	x.mu.Lock()
@@ -195,9 +194,7 @@ func (x *Execution) writeQueued(ctx context.Context, phase Phase, assistantMessa
 	}
 	b := &pgx.Batch{}
 	x.queueFence(b, phase, assistantMessageID)
-	if queue != nil {
-		queue(b)
-	}
+	queue(b)
 	return x.sendQueued(ctx, b)
 }
 
