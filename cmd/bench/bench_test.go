@@ -278,11 +278,12 @@ func TestInFlight(t *testing.T) {
 	require.LessOrEqual(t, s.Peaks.Connections, int(r.PoolSize))
 	require.LessOrEqual(t, s.Peaks.Busy, s.Peaks.Connections)
 	// The legs of the path: the provider's sleep is inside the third, and
-	// none is negative beyond the clocks' rounding.
+	// every leg was measured (a leg with no timestamps reads 0) and takes
+	// some time.
 	require.Len(t, s.Stages, 4)
 	require.GreaterOrEqual(t, s.Stages[2].P50, float64(sleep.Milliseconds()), "the sleep is in the provider's leg")
 	for _, st := range s.Stages {
-		require.Greater(t, st.P50, -5.0, st.Name)
+		require.Positive(t, st.P50, st.Name)
 		require.GreaterOrEqual(t, st.P99, st.P50, st.Name)
 	}
 

@@ -17,7 +17,13 @@ import (
 
 // Handler wraps base: attributes given by WithAttrs are kept as they are
 // and handed to base only when a record is handled; groups, rare, are
-// handed over at once. What is written is what base alone would write.
+// handed over at once. What is written is what base alone would write,
+// provided the attributes' values do not change after With: they are read
+// (a slog.LogValuer resolved, a slice, map or pointer followed, the
+// handler's ReplaceAttr applied) when each record is written, on the
+// writer's goroutine, not once at With. Give it strings, numbers and other
+// values that do not change; the executor's are session, execution and
+// turn IDs and a fencing token.
 func Handler(base slog.Handler) slog.Handler {
 	if h, ok := base.(*handler); ok {
 		return h
