@@ -66,16 +66,14 @@ func (h *handler) WithGroup(name string) slog.Handler {
 func (h *handler) resolved() slog.Handler {
 	var chain []*handler
 	for c := h; c != nil; c = c.parent {
-		if len(c.attrs) > 0 {
-			chain = append(chain, c)
-		}
-	}
-	if len(chain) == 0 {
-		return h.base
+		chain = append(chain, c)
 	}
 	var all []slog.Attr
 	for _, c := range slices.Backward(chain) {
 		all = append(all, c.attrs...)
+	}
+	if len(all) == 0 {
+		return h.base
 	}
 	return h.base.WithAttrs(all)
 }
