@@ -254,7 +254,7 @@ func TestClaims(t *testing.T) {
 		b.session(t, "a", 0)
 		x := b.acquire(t, "a", "ea")
 		var others []string
-		for i := range 6 {
+		for i := range 4 {
 			s := fmt.Sprintf("locked%d", i)
 			b.session(t, s, 1)
 			others = append(others, s)
@@ -264,13 +264,15 @@ func TestClaims(t *testing.T) {
 		defer func() { _ = holder.Rollback(ctx) }()
 		_, err = holder.Exec(ctx, `SELECT 1 FROM sessions WHERE session_id = ANY($1) FOR UPDATE`, others)
 		require.NoError(t, err)
+		// One at a time, so that each finds the flushes before it stuck
+		// and starts its own: group commit's four flushes, all waiting.
 		var waiting sync.WaitGroup
-		for _, s := range others { // more group-committed writes than flushes, each waiting on the lock
+		for i, s := range others {
 			waiting.Go(func() { _, _ = b.claims.AcquireWaiting(ctx, s, "e-"+s, nil) })
+			require.Eventually(t, func() bool {
+				return b.count(t, `SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND datname = current_database()`) == i+1
+			}, 10*time.Second, 10*time.Millisecond, "the other sessions' writes wait on the lock, one flush each")
 		}
-		require.Eventually(t, func() bool {
-			return b.count(t, `SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND datname = current_database()`) >= 4
-		}, 10*time.Second, 10*time.Millisecond, "the other sessions' writes wait on the lock")
 
 		renewed := make(chan error, 1)
 		go func() { renewed <- x.Renew(ctx) }()
