@@ -210,11 +210,11 @@ func (x *Execution) SetPhase(ctx context.Context, tx pgx.Tx, phase Phase, assist
 }
 
 // Renew extends the lease; an expired claim cannot be renewed (ErrFenced).
-// It is a transaction of its own, on a connection of its own, ended by
-// ctx: not group-committed, where it would wait behind other sessions'
-// writes that wait on a lock and let a healthy lease run out, and where a
-// stop could not end it (docs/benchmarks.md, "renewals group-committed:
-// measured and not kept").
+// It is a transaction of its own on a pool connection, ended by ctx: not
+// group-committed, where it would queue for group commit's few flushes
+// behind other sessions' writes that wait on a lock, and where a stop
+// could not end it (docs/benchmarks.md, "renewals group-committed:
+// measured and not kept"). It still waits for a free pool connection.
 func (x *Execution) Renew(ctx context.Context) error {
 	err := x.Write(ctx, nil)
 	if err == nil && x.claims.cfg.OnRenewedFunc != nil {

@@ -254,7 +254,7 @@ func TestClaims(t *testing.T) {
 		b.session(t, "a", 0)
 		x := b.acquire(t, "a", "ea")
 		var others []string
-		for i := range 4 {
+		for i := range ledger.GroupCommitMaxInFlight {
 			s := fmt.Sprintf("locked%d", i)
 			b.session(t, s, 1)
 			others = append(others, s)
@@ -265,7 +265,7 @@ func TestClaims(t *testing.T) {
 		_, err = holder.Exec(ctx, `SELECT 1 FROM sessions WHERE session_id = ANY($1) FOR UPDATE`, others)
 		require.NoError(t, err)
 		// One at a time, so that each finds the flushes before it stuck
-		// and starts its own: group commit's four flushes, all waiting.
+		// and starts its own: every flush group commit runs, waiting.
 		var waiting sync.WaitGroup
 		for i, s := range others {
 			waiting.Go(func() { _, _ = b.claims.AcquireWaiting(ctx, s, "e-"+s, nil) })
@@ -292,7 +292,6 @@ func TestClaims(t *testing.T) {
 	t.Run("StopDoesNotWaitForABlockedRenewal", func(t *testing.T) {
 		t.Parallel()
 		b := setup(t, 600*time.Millisecond)
-		b.claims = ledger.NewClaims(b.pool, &ledger.ClaimsConfig{Lease: 600 * time.Millisecond, OwnerID: "a"})
 		b.session(t, "s", 0)
 		x := b.acquire(t, "s", "e1")
 		holder, err := b.pool.Begin(ctx)
@@ -315,6 +314,9 @@ func TestClaims(t *testing.T) {
 		case <-time.After(5 * time.Second):
 			require.FailNow(t, "stop waits for the blocked renewal")
 		}
+		require.Eventually(t, func() bool {
+			return b.count(t, `SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND datname = current_database()`) == 0
+		}, 10*time.Second, 10*time.Millisecond, "the renewal's statement ended with its context, the lock still held")
 	})
 
 	t.Run("RenewalKeepsALiveClaimAcrossSeveralLeases", func(t *testing.T) {

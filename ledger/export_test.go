@@ -13,6 +13,10 @@ func GroupCommitCounts(c *Claims) (combined, separated int64) {
 	return c.group.combined.Load(), c.group.separated.Load()
 }
 
+// GroupCommitMaxInFlight is how many group-commit flushes run at once:
+// the renewal's isolation test occupies them all.
+const GroupCommitMaxInFlight = maxInFlight
+
 // The ledger's statements on attempts and tool_calls, for the plan test.
 const (
 	OpenCallsSQL     = openCallsSQL

@@ -18,7 +18,11 @@ import (
 // Handler wraps base: attributes given by WithAttrs are kept as they are
 // and handed to base only when a record is handled; groups, rare, are
 // handed over at once. What is written is what base alone would write,
-// provided the attributes' values do not change after With: they are read
+// provided base's Enabled and state do not depend on the attributes (it
+// is asked Enabled without them, and a handler with them is made afresh
+// for each record: a handler that samples or deduplicates per instance
+// does not belong under it), and that the attributes' values do not
+// change after With: they are read
 // (a slog.LogValuer resolved, a slice, map or pointer followed, the
 // handler's ReplaceAttr applied) when each record is written, on the
 // writer's goroutine, not once at With. Give it strings, numbers and other
@@ -56,10 +60,7 @@ func (h *handler) WithAttrs(attrs []slog.Attr) slog.Handler {
 }
 
 func (h *handler) WithGroup(name string) slog.Handler {
-	if name == "" {
-		return h
-	}
-	return &handler{base: h.resolved().WithGroup(name)}
+	return &handler{base: h.resolved().WithGroup(name)} // an empty name: base returns itself
 }
 
 // resolved is base with the chain's attributes, the oldest first.
