@@ -270,7 +270,7 @@ func TestClaims(t *testing.T) {
 		for i, s := range others {
 			waiting.Go(func() { _, _ = b.claims.AcquireWaiting(ctx, s, "e-"+s, nil) })
 			require.Eventually(t, func() bool {
-				return b.count(t, `SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND datname = current_database()`) == i+1
+				return b.lockWaiters(t) == i+1
 			}, 10*time.Second, 10*time.Millisecond, "the other sessions' writes wait on the lock, one flush each")
 		}
 
@@ -304,7 +304,7 @@ func TestClaims(t *testing.T) {
 		defer cancel()
 		stop := x.KeepAlive(kctx)
 		require.Eventually(t, func() bool {
-			return b.count(t, `SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND datname = current_database()`) == 1
+			return b.lockWaiters(t) == 1
 		}, 10*time.Second, 10*time.Millisecond, "a renewal is under way, blocked on the claim's lock")
 		cancel()
 		stopped := make(chan struct{})
@@ -315,7 +315,7 @@ func TestClaims(t *testing.T) {
 			require.FailNow(t, "stop waits for the blocked renewal")
 		}
 		require.Eventually(t, func() bool {
-			return b.count(t, `SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND datname = current_database()`) == 0
+			return b.lockWaiters(t) == 0
 		}, 10*time.Second, 10*time.Millisecond, "the renewal's statement ended with its context, the lock still held")
 	})
 
@@ -345,4 +345,11 @@ func TestClaims(t *testing.T) {
 		require.False(t, x.Fenced())
 		require.NoError(t, x.Write(ctx, nil), "still the writer after outliving several leases")
 	})
+}
+
+// lockWaiters counts the backends of the test's database waiting on a
+// lock.
+func (b *testBundle) lockWaiters(t *testing.T) int {
+	t.Helper()
+	return b.count(t, `SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND datname = current_database()`)
 }

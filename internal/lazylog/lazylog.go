@@ -12,7 +12,6 @@ package lazylog
 import (
 	"context"
 	"log/slog"
-	"slices"
 )
 
 // Handler wraps base: attributes given by WithAttrs are kept as they are
@@ -65,16 +64,17 @@ func (h *handler) WithGroup(name string) slog.Handler {
 
 // resolved is base with the chain's attributes, the oldest first.
 func (h *handler) resolved() slog.Handler {
-	var chain []*handler
-	for c := h; c != nil; c = c.parent {
-		chain = append(chain, c)
-	}
-	var all []slog.Attr
-	for _, c := range slices.Backward(chain) {
-		all = append(all, c.attrs...)
-	}
+	all := h.appendAttrs(nil)
 	if len(all) == 0 {
 		return h.base
 	}
 	return h.base.WithAttrs(all)
+}
+
+// appendAttrs appends the chain's attributes to all, the parents' first.
+func (h *handler) appendAttrs(all []slog.Attr) []slog.Attr {
+	if h.parent != nil {
+		all = h.parent.appendAttrs(all)
+	}
+	return append(all, h.attrs...)
 }
