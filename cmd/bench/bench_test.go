@@ -185,6 +185,10 @@ func TestMeasurements(t *testing.T) {
 		require.NotNil(t, rep.River, "River's no-op burn-down, same run")
 		require.Equal(t, 300, rep.River.Jobs)
 		require.Positive(t, rep.River.JobsPerSecond)
+		// River's own benchmark's fetch pacing: with River's defaults
+		// (100 ms) 200 workers cap the peer at 2,000 jobs/s.
+		require.InDelta(t, 2.0, rep.River.FetchCooldownMS, 1e-9)
+		require.InDelta(t, 20.0, rep.River.FetchPollIntervalMS, 1e-9)
 		require.InDelta(t, b.One.TurnsPerSecond/rep.River.JobsPerSecond, rep.RiverRatio, 1e-9)
 		var out bytes.Buffer
 		printBurnDown(&out, &rep)

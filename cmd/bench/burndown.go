@@ -677,7 +677,7 @@ func printBurnDown(out io.Writer, rep *report) {
 	fmt.Fprintf(tw, "turn ceiling (turns/s)\t%.0f\t\t\t\n", b.Ceiling.TurnsPerSecond)
 	fmt.Fprintf(tw, "burn-down / turn ceiling\t%.2f\t≥ %.1f\t%s\t\n", b.Efficiency, goalCeilingRatio, met(b.Efficiency >= goalCeilingRatio))
 	if rv := rep.River; rv != nil {
-		fmt.Fprintf(tw, "River no-op burn-down, %d jobs, %d workers (jobs/s)\t%.0f\t\t\t\n", rv.Jobs, rv.Workers, rv.JobsPerSecond)
+		fmt.Fprintf(tw, "River no-op burn-down, %d jobs, %d workers, fetch cooldown %g ms (jobs/s)\t%.0f\t\t\t\n", rv.Jobs, rv.Workers, rv.FetchCooldownMS, rv.JobsPerSecond)
 		fmt.Fprintf(tw, "burn-down / River's\t%.2f\t≥ %.2f\t%s\t\n", rep.RiverRatio, goalRiverRatio, met(rep.RiverRatio >= goalRiverRatio))
 	}
 	fmt.Fprintf(tw, "consumer CPU per turn (ms)\t%.3f\t\t\t\n", one.ConsumerCPUMillisPerTurn)

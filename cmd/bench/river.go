@@ -14,10 +14,14 @@ import (
 
 // riverResult is River's no-op burn-down on the same Postgres.
 type riverResult struct {
-	Jobs          int     `json:"jobs"`
-	Workers       int     `json:"workers"`
-	Seconds       float64 `json:"seconds"`
-	JobsPerSecond float64 `json:"jobs_per_second"`
+	Jobs    int `json:"jobs"`
+	Workers int `json:"workers"`
+	// FetchCooldownMS and FetchPollIntervalMS are the peer client's fetch
+	// pacing (cmd/bench/river says why they are not River's defaults).
+	FetchCooldownMS     float64 `json:"fetch_cooldown_ms"`
+	FetchPollIntervalMS float64 `json:"fetch_poll_interval_ms"`
+	Seconds             float64 `json:"seconds"`
+	JobsPerSecond       float64 `json:"jobs_per_second"`
 }
 
 // riverModuleDir is the peer's module (cmd/bench/river), found from the
