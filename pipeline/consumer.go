@@ -373,43 +373,37 @@ func (c *Consumer) reject(m *sarama.ConsumerMessage, re *envelope.RejectError) *
 	return kafkautil.RejectMessage(c.cfg.Topics.Rejects, m, re.Reason, re.Detail)
 }
 
-type pendingWake struct {
-	msg  *sarama.ConsumerMessage
-	done <-chan struct{}
-}
-
-// consumeWakes hands each wake to the executor and marks its offset once
-// the session it woke has gone idle, in offset order, so that a crash
-// mid-turn redelivers the wake.
+// consumeWakes hands each wake to the executor and commits the
+// partition's offset past a wake once the session it woke has gone idle,
+// and every earlier wake's session too, so that a crash mid-turn
+// redelivers the wake. A run that lasts (a session whose prompts keep
+// arriving, a turn waiting long on its provider) holds the committed
+// offset, never the partition: the wakes after it are handed over all the
+// same (wakeMarks says what is kept for that).
 func (c *Consumer) consumeWakes(s sarama.ConsumerGroupSession, claim sarama.ConsumerGroupClaim) error {
 	ctx := s.Context()
-	pending := make(chan pendingWake, 1024)
-	marked := make(chan struct{})
-	go func() {
-		defer close(marked)
-		for p := range pending {
-			select {
-			case <-p.done:
-				s.MarkMessage(p.msg, "")
-			case <-ctx.Done():
-				for range pending { // drain so the producer side never blocks
-				}
-				return
-			}
-		}
-	}()
-	defer func() {
-		close(pending)
-		<-marked
-	}()
+	marks := newWakeMarks(func(next int64) { s.MarkOffset(claim.Topic(), claim.Partition(), next, "") })
+	msgs := claim.Messages()
 	for {
 		var m *sarama.ConsumerMessage
 		var ok bool
 		select {
-		case m, ok = <-claim.Messages():
+		case m, ok = <-msgs:
 			if !ok {
+				// Revoked: the runs under way may still go idle before
+				// the session ends, and their offsets be committed.
+				if marks.idle() {
+					return nil
+				}
+				msgs = nil
+				continue
+			}
+		case <-marks.head():
+			marks.mark()
+			if msgs == nil && marks.idle() {
 				return nil
 			}
+			continue
 		case <-ctx.Done():
 			return nil
 		}
@@ -420,9 +414,7 @@ func (c *Consumer) consumeWakes(s sarama.ConsumerGroupSession, claim sarama.Cons
 			if f := c.cfg.OnWakeFunc; f != nil {
 				f("invalid")
 			}
-			closed := make(chan struct{})
-			close(closed)
-			pending <- pendingWake{msg: m, done: closed}
+			marks.add(m.Offset, nil)
 			continue
 		}
 		done, local := c.exec.TakeLocal(m.Value, m.Partition)
@@ -430,11 +422,7 @@ func (c *Consumer) consumeWakes(s sarama.ConsumerGroupSession, claim sarama.Cons
 			if f := c.cfg.OnWakeFunc; f != nil {
 				f("local")
 			}
-			select {
-			case pending <- pendingWake{msg: m, done: done}:
-			case <-ctx.Done():
-				return nil
-			}
+			marks.add(m.Offset, done)
 			continue
 		}
 		done, err := c.exec.Wake(ctx, w.SessionID, m.Partition)
@@ -446,11 +434,7 @@ func (c *Consumer) consumeWakes(s sarama.ConsumerGroupSession, claim sarama.Cons
 			// latency includes waiting for a free slot (MaxSessions).
 			f(max(time.Since(w.At), 0))
 		}
-		select {
-		case pending <- pendingWake{msg: m, done: done}:
-		case <-ctx.Done():
-			return nil
-		}
+		marks.add(m.Offset, done)
 	}
 }
 

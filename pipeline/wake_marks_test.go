@@ -1,0 +1,84 @@
+package pipeline_test
+
+import (
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/IBM/sarama"
+	"github.com/stretchr/testify/require"
+
+	"github.com/promptline/promptline/envelope"
+	"github.com/promptline/promptline/internal/kafkautil"
+)
+
+// A session's run lasts while its prompts keep arriving, and a wake's
+// offset is committed only once its session has gone idle. Such a run must
+// hold the wakes partition's committed offset, never the partition: the
+// wakes after it are still handed over, however many (the consumer once
+// kept at most 1,024 wakes waiting for their sessions, and then stopped
+// reading the partition until the run at their head ended).
+func TestWakesPartitionNotHeldByALongRun(t *testing.T) {
+	t.Parallel()
+	b := setup(t, setupOpts{noLocalWakes: true, maxSessions: 64})
+
+	// The long run: each turn sleeps, and the next prompt is admitted
+	// before it ends.
+	chatty := id(t, "chatty")
+	part := kafkautil.Murmur2Partition([]byte(chatty), testPartitions)
+	var (
+		wg   sync.WaitGroup
+		stop = make(chan struct{})
+	)
+	send := func(i int) {
+		b.send(t, envelope.Prompt{MessageID: fmt.Sprintf("%s-%d", chatty, i), SessionID: chatty, Text: "/sleep 300ms"})
+	}
+	send(0)
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		tick := time.NewTicker(100 * time.Millisecond)
+		defer tick.Stop()
+		for i := 1; ; i++ {
+			select {
+			case <-stop:
+				return
+			case <-tick.C:
+				send(i)
+			}
+		}
+	}()
+	t.Cleanup(func() { close(stop); wg.Wait() })
+	var execution string
+	require.Eventually(t, func() bool {
+		return b.pool.QueryRow(t.Context(), `SELECT execution_id FROM claims WHERE session_id = $1`, chatty).Scan(&execution) == nil
+	}, 20*time.Second, 10*time.Millisecond, "the long run starts")
+
+	// More sessions on the same wakes partition than the old bound, each
+	// answered at once.
+	const others = 1100
+	var msgs []*sarama.ProducerMessage
+	var last string
+	for i := 0; len(msgs) < others; i++ {
+		s := id(t, fmt.Sprintf("s%d", i))
+		if kafkautil.Murmur2Partition([]byte(s), testPartitions) != part {
+			continue
+		}
+		last = s + "-m"
+		v, err := envelope.Marshal(envelope.Prompt{MessageID: last, SessionID: s, Text: "hi"})
+		require.NoError(t, err)
+		msgs = append(msgs, &sarama.ProducerMessage{Topic: "prompts", Key: sarama.StringEncoder(s), Value: sarama.ByteEncoder(v)})
+	}
+	require.NoError(t, b.producer.SendMessages(msgs))
+	require.Equal(t, "echo: hi", b.events.WaitTurn(t, last, 60*time.Second).Text,
+		"a session behind the long run on its wakes partition was not run")
+	require.Eventually(t, func() bool {
+		return b.count(t, `SELECT count(*) FROM messages WHERE role = 'assistant' AND status = 'completed' AND session_id <> $1`, chatty) == others
+	}, 30*time.Second, 50*time.Millisecond)
+
+	// The long run was one run throughout: its claim never left.
+	var now string
+	require.NoError(t, b.pool.QueryRow(t.Context(), `SELECT execution_id FROM claims WHERE session_id = $1`, chatty).Scan(&now))
+	require.Equal(t, execution, now, "the long run ended while the others ran: the test proved nothing")
+}
