@@ -50,13 +50,21 @@ func TestLocalWake(t *testing.T) {
 		wakes := &testkit.Counts{}
 		b := setup(t, setupOpts{wakes: wakes, maxSessions: 1})
 		slow, quick := id(t, "slow"), id(t, "quick")
-		b.send(t, envelope.Prompt{MessageID: slow, SessionID: id(t, "s1"), Text: "/sleep 2s\n/reply slow"})
+		b.send(t, envelope.Prompt{MessageID: slow, SessionID: id(t, "s1"), Text: "/sleep 3s\n/reply slow"})
 		// The slow turn holds the only slot before the second prompt is
 		// sent (sent together, the two land on different partitions and
 		// either may be admitted first).
 		require.Eventually(t, func() bool {
 			return b.count(t, `SELECT count(*) FROM claims WHERE session_id = $1`, id(t, "s1")) == 1
 		}, 10*time.Second, 5*time.Millisecond, "the slow turn runs")
+		// Its wake came back from Kafka and joined the local run; its
+		// offset is not committed while that run goes (a few of the
+		// group's commit intervals later, the turn still sleeping).
+		require.Eventually(t, func() bool { return wakes.Get("local") == 1 }, 10*time.Second, 5*time.Millisecond)
+		time.Sleep(time.Second)
+		require.Equal(t, 1, b.count(t, `SELECT count(*) FROM claims WHERE session_id = $1`, id(t, "s1")), "the slow turn ended too soon: the test proved nothing")
+		require.LessOrEqual(t, b.committedWakesOn(t, kafkautil.Murmur2Partition([]byte(id(t, "s1")), testPartitions)), int64(0),
+			"a local run's wake committed while it runs")
 		b.send(t, envelope.Prompt{MessageID: quick, SessionID: id(t, "s2"), Text: "/reply quick"})
 		// The second session found the only slot taken: it waited for its
 		// wake from Kafka, and still ran.

@@ -23,8 +23,8 @@ func TestWakesPartitionNotHeldByALongRun(t *testing.T) {
 	t.Parallel()
 	b := setup(t, setupOpts{noLocalWakes: true, maxSessions: 64})
 
-	// The long run: each turn sleeps, and the next prompt is admitted
-	// before it ends.
+	// The long run: each turn sleeps, and the next prompts are admitted
+	// long before it ends.
 	chatty := id(t, "chatty")
 	part := kafkautil.Murmur2Partition([]byte(chatty), testPartitions)
 	var (
@@ -32,7 +32,7 @@ func TestWakesPartitionNotHeldByALongRun(t *testing.T) {
 		stop = make(chan struct{})
 	)
 	send := func(i int) {
-		b.send(t, envelope.Prompt{MessageID: fmt.Sprintf("%s-%d", chatty, i), SessionID: chatty, Text: "/sleep 300ms"})
+		b.send(t, envelope.Prompt{MessageID: fmt.Sprintf("%s-%d", chatty, i), SessionID: chatty, Text: "/sleep 1s"})
 	}
 	send(0)
 	wg.Add(1)
@@ -81,4 +81,21 @@ func TestWakesPartitionNotHeldByALongRun(t *testing.T) {
 	var now string
 	require.NoError(t, b.pool.QueryRow(t.Context(), `SELECT execution_id FROM claims WHERE session_id = $1`, chatty).Scan(&now))
 	require.Equal(t, execution, now, "the long run ended while the others ran: the test proved nothing")
+	// And it held the committed offset at its first wake, the
+	// partition's first message: a crash now would deliver it again.
+	require.LessOrEqual(t, b.committedWakesOn(t, part), int64(0), "a wake committed while its session still runs")
+}
+
+// committedWakesOn returns the group's committed offset of the wakes
+// partition p (-1: none).
+func (b *testBundle) committedWakesOn(t *testing.T, p int32) int64 {
+	t.Helper()
+	admin, err := sarama.NewClusterAdmin(b.brokers, kafkautil.NewConfig(t.Name()+"-admin"))
+	require.NoError(t, err)
+	defer admin.Close()
+	res, err := admin.ListConsumerGroupOffsets("test", map[string][]int32{"wakes": {p}})
+	require.NoError(t, err)
+	blk := res.GetBlock("wakes", p)
+	require.NotNil(t, blk)
+	return blk.Offset
 }
