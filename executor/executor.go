@@ -105,6 +105,12 @@ type ExecutorConfig struct {
 	// StopGrace is how long Stop lets running turns finish before it
 	// cancels them (they still settle and release). Defaults to 30s.
 	StopGrace time.Duration
+	// FairShare is how long a session's execution runs turn after turn
+	// (its prompts keep arriving) before, when another session waits for
+	// a slot, it hands its session back after the turn under way: released
+	// with a wake, as a stopping execution is, so that the session queues
+	// behind the others. Defaults to 10s.
+	FairShare time.Duration
 }
 
 // Outcomes of provider attempts and tool calls, as the ledger records
@@ -119,6 +125,7 @@ const (
 const (
 	maxSessionsDefault = 256
 	toolTimeoutDefault = 30 * time.Second
+	fairShareDefault   = 10 * time.Second
 	// StopGraceDefault is ExecutorConfig.StopGrace's default, and the
 	// consumer's --shutdown-grace.
 	StopGraceDefault = 30 * time.Second
@@ -149,6 +156,8 @@ type Executor struct {
 	cfg    ExecutorConfig
 	log    *slog.Logger
 	slots  chan struct{}
+	// slotWaiters counts the wakes waiting in Wake for a slot.
+	slotWaiters atomic.Int32
 
 	// life serialises Start and Stop: Stop holds it until every run has
 	// ended, so that a Start racing with a Stop finds the executor stopped,
@@ -185,6 +194,11 @@ type sessionRun struct {
 	again     bool          // a wake arrived while running: run once more
 	stop      atomic.Bool   // partition revoked or shutting down: no new turn
 	done      chan struct{} // closed when the session goes idle here
+	// yielded: the execution handed its session back with a wake while
+	// inputs waited (FairShare); the run ends, and that wake runs it
+	// again behind the sessions waiting for a slot. Only the run's
+	// goroutine reads and writes it.
+	yielded bool
 }
 
 // NewExecutor returns a stopped Executor: Start starts it. A configuration
@@ -204,6 +218,10 @@ func NewExecutor(pool *pgxpool.Pool, config *ExecutorConfig) (*Executor, error) 
 		return nil, fmt.Errorf("executor: ExecutorConfig.StopGrace must not be negative, got %s", cfg.StopGrace)
 	}
 	cfg.StopGrace = cmp.Or(cfg.StopGrace, StopGraceDefault)
+	if cfg.FairShare < 0 {
+		return nil, fmt.Errorf("executor: ExecutorConfig.FairShare must not be negative, got %s", cfg.FairShare)
+	}
+	cfg.FairShare = cmp.Or(cfg.FairShare, fairShareDefault)
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
@@ -265,14 +283,32 @@ func (e *Executor) Wake(ctx context.Context, sessionID string, partition int32) 
 		select {
 		case e.slots <- struct{}{}:
 			return e.start(sessionID, partition)
+		default:
+		}
+		// Every slot is busy: runs that have had their fair share see
+		// this wake waiting and hand their sessions back (FairShare).
+		e.slotWaiters.Add(1)
+		select {
+		case e.slots <- struct{}{}:
+			e.slotWaiters.Add(-1)
+			return e.start(sessionID, partition)
 		case <-ctx.Done():
+			e.slotWaiters.Add(-1)
 			return nil, ctx.Err()
 		case <-turns.Done():
 			// The start this wake waited under was stopped; coalesce
 			// says ErrStopped unless a later Start runs: then the wake
 			// is that start's.
+			e.slotWaiters.Add(-1)
 		}
 	}
+}
+
+// owesSlot says whether an execution that started at started should hand
+// its session back: another session waits for a slot, and this one has
+// run for its fair share.
+func (e *Executor) owesSlot(started time.Time) bool {
+	return e.slotWaiters.Load() > 0 && time.Since(started) >= e.cfg.FairShare
 }
 
 // WakeLocal is Wake for a wake delivered in-process right after its
@@ -464,7 +500,7 @@ func (e *Executor) run(sessionID string, r *sessionRun) {
 	for {
 		e.execute(sessionID, r, log)
 		e.mu.Lock()
-		if r.again && !r.stop.Load() && e.ctx.Err() == nil {
+		if r.again && !r.stop.Load() && !r.yielded && e.ctx.Err() == nil {
 			r.again = false
 			e.mu.Unlock()
 			continue
@@ -509,10 +545,28 @@ func (e *Executor) execute(sessionID string, r *sessionRun, log *slog.Logger) {
 	// intent is committed) and runs whatever happens meanwhile, as any
 	// promoted turn does: a stop ends the run after it. Released instead,
 	// it would be left promoted, unanswered and out of recovery's sight.
+	started := time.Now()
 	for first != nil || (!r.stop.Load() && ctx.Err() == nil && !x.Fenced()) {
 		t := first
 		if first != nil {
 			first = nil
+		} else if e.owesSlot(started) {
+			// Another session waits for a slot and this one has had its
+			// share: release if nothing waits (idle, as below); else hand
+			// the session back by the stopping release, whose wake (the
+			// inputs wait, and only this claim's holder promotes them)
+			// queues it behind the others. The wakes that joined this run
+			// are that wake's: their inputs were admitted before it.
+			if released, err = x.Release(ctx, ledger.ReleaseOpts{}); err != nil {
+				ex.logErr(ctx, log, "releasing claim", err)
+				break
+			}
+			if released {
+				return
+			}
+			log.Debug("session handed back: another waits for a slot", slog.Duration("ran", time.Since(started)))
+			r.yielded = true
+			break
 		} else if t, err = ex.promoteRetried(ctx, log); err != nil {
 			ex.logErr(ctx, log, "promoting inputs", err)
 			if !x.Fenced() {

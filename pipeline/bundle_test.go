@@ -52,6 +52,8 @@ type setupOpts struct {
 	logs io.Writer
 	// replies makes the consumer group consume permission-replies too.
 	replies bool
+	// fairShare is the executor's FairShare (default: the executor's).
+	fairShare time.Duration
 }
 
 func setup(t *testing.T, opts setupOpts) *testBundle {
@@ -69,6 +71,7 @@ func setup(t *testing.T, opts setupOpts) *testBundle {
 	claims := ledger.NewClaims(pool, &ledger.ClaimsConfig{Lease: 5 * time.Second, OwnerID: t.Name(), Logger: log})
 	ecfg := &executor.ExecutorConfig{
 		Claims: claims, OnCommitFunc: relay.Nudge, Logger: log, MaxSessions: opts.maxSessions,
+		FairShare: opts.fairShare,
 	}
 	ccfg := &pipeline.ConsumerConfig{Logger: log,
 		Topics: kafkautil.Topics{Rejects: opts.rejectsTopic}}

@@ -99,3 +99,73 @@ func (b *testBundle) committedWakesOn(t *testing.T, p int32) int64 {
 	require.NotNil(t, blk)
 	return blk.Offset
 }
+
+// Sessions whose prompts keep arriving must not keep every slot: once a
+// run has had its fair share and another session waits for a slot, it
+// hands its session back (released with a wake, as a stopping run does)
+// and the waiting session runs. Nothing of the long session's is lost.
+func TestALongRunYieldsItsSlot(t *testing.T) {
+	t.Parallel()
+	b := setup(t, setupOpts{maxSessions: 1, fairShare: 500 * time.Millisecond})
+
+	chatty := id(t, "chatty")
+	var (
+		wg   sync.WaitGroup
+		stop = make(chan struct{})
+		sent []string
+	)
+	send := func(i int) {
+		msg := fmt.Sprintf("%s-%d", chatty, i)
+		sent = append(sent, msg)
+		b.send(t, envelope.Prompt{MessageID: msg, SessionID: chatty, Text: "/sleep 300ms"})
+	}
+	send(0)
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		tick := time.NewTicker(100 * time.Millisecond)
+		defer tick.Stop()
+		for i := 1; ; i++ {
+			select {
+			case <-stop:
+				return
+			case <-tick.C:
+				send(i)
+			}
+		}
+	}()
+	stopped := false
+	stopChatty := func() {
+		if !stopped {
+			stopped = true
+			close(stop)
+			wg.Wait()
+		}
+	}
+	t.Cleanup(stopChatty)
+	var first string
+	require.Eventually(t, func() bool {
+		return b.pool.QueryRow(t.Context(), `SELECT execution_id FROM claims WHERE session_id = $1`, chatty).Scan(&first) == nil
+	}, 20*time.Second, 10*time.Millisecond, "the long run starts")
+	// Alone, it keeps its slot past its fair share: no one waits.
+	time.Sleep(1500 * time.Millisecond)
+	var still string
+	require.NoError(t, b.pool.QueryRow(t.Context(), `SELECT execution_id FROM claims WHERE session_id = $1`, chatty).Scan(&still))
+	require.Equal(t, first, still, "a run handed its session back while no one waited")
+
+	other := id(t, "other")
+	b.send(t, envelope.Prompt{MessageID: other, SessionID: id(t, "s"), Text: "hi"})
+	require.Equal(t, "echo: hi", b.events.WaitTurn(t, other, 20*time.Second).Text,
+		"the other session never got the only slot")
+	// The long session went on after it, under a new execution.
+	var later string
+	require.Eventually(t, func() bool {
+		return b.pool.QueryRow(t.Context(), `SELECT execution_id FROM claims WHERE session_id = $1`, chatty).Scan(&later) == nil &&
+			later != first
+	}, 20*time.Second, 10*time.Millisecond, "the long session did not run again")
+
+	stopChatty()
+	for _, msg := range sent {
+		require.Equal(t, envelope.EventTurnCompleted, b.events.WaitTurn(t, msg, 30*time.Second).Type, msg)
+	}
+}
