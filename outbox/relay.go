@@ -106,7 +106,10 @@ type RelayConfig struct {
 // unpublished rows by ID, send them in one SendMessages call, mark them,
 // commit. A crash between the send and the commit publishes the batch
 // again: a harmless duplicate (docs/design.md, crash window
-// "outbox-published").
+// "outbox-published"). When the pass's transaction fails after the send
+// (the server ended it during a slow send, a lost connection), the rows
+// Kafka took are marked in a transaction of their own, so that a relay
+// whose sends outlast its transactions still makes progress.
 //
 // A pass marks what Kafka took even when it refused some rows: a refused
 // row, and the later rows of its key (order per key), stay for the next
@@ -154,6 +157,9 @@ type Relay struct {
 	idleSignal chan struct{}
 	// now is the clock of the quarantine windows: time.Now, or a test's.
 	now func() time.Time
+	// afterSend, when set (by tests in this package), runs after each
+	// pass's send, before its rows are marked.
+	afterSend func()
 }
 
 // NewRelay returns a Relay that reads pool's outbox and publishes through
@@ -366,6 +372,9 @@ func (r *Relay) publishBatch(ctx context.Context, wait bool) (n int, locked bool
 
 	ids, held, failed := r.send(pass, quarantine)
 	faults.Hit(faults.RelayAfterPublish)
+	if r.afterSend != nil {
+		r.afterSend()
+	}
 	if len(ids) == 0 && len(quarantine) == 0 {
 		// Nothing went out and nothing is settled: the loop backs off.
 		return 0, true, fmt.Errorf("outbox relay: publishing %d rows (ids %d..%d): %w",
@@ -380,18 +389,32 @@ func (r *Relay) publishBatch(ctx context.Context, wait bool) (n int, locked bool
 	// cancelled meanwhile (Stop), or the last pass would send them again.
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), markTimeout)
 	defer cancel()
-	var oldestSeconds float64
-	if err := tx.QueryRow(ctx, markSQL, ids).Scan(&oldestSeconds); err != nil {
-		return 0, true, fmt.Errorf("outbox relay: marking %d published rows: %w", len(ids), err)
+	oldestSeconds, err := settle(ctx, tx, ids, quarantine)
+	if err == nil {
+		err = tx.Commit(ctx)
+	}
+	if err != nil {
+		// The pass's transaction failed after the send: the server may
+		// have ended it (a send that outlasted its idle-in-transaction
+		// timeout), or a statement or the commit failed. What Kafka took
+		// is there all the same, so the marks go again in a transaction
+		// of their own. Without the lock: a relay that took it meanwhile
+		// may send those rows once more, in order, a harmless duplicate;
+		// not marked, every later pass would send them again, and a send
+		// as slow would never mark them.
+		_ = tx.Rollback(ctx)
+		r.config.Logger.Warn("outbox relay: marking in the pass's transaction failed; marking in a transaction of its own",
+			slog.Int("published", len(ids)), slog.Any("error", err))
+		err = pgx.BeginFunc(ctx, r.pool, func(tx pgx.Tx) (err error) {
+			oldestSeconds, err = settle(ctx, tx, ids, quarantine)
+			return err
+		})
+		if err != nil {
+			return 0, true, fmt.Errorf("outbox relay: %w", err)
+		}
 	}
 	for qid, reason := range quarantine {
-		if _, err := tx.Exec(ctx, quarantineSQL, qid, reason); err != nil {
-			return 0, true, fmt.Errorf("outbox relay: quarantining row %d: %w", qid, err)
-		}
 		r.config.Logger.Warn("outbox row quarantined; the rows behind it go on", slog.Int64("outbox_id", qid), slog.String("reason", reason))
-	}
-	if err := tx.Commit(ctx); err != nil {
-		return 0, true, fmt.Errorf("outbox relay: committing %d published rows: %w", len(ids), err)
 	}
 	for qid := range quarantine {
 		r.forget(qid)
@@ -400,6 +423,22 @@ func (r *Relay) publishBatch(ctx context.Context, wait bool) (n int, locked bool
 		r.config.OnPublished(len(ids), time.Duration(oldestSeconds*float64(time.Second)))
 	}
 	return len(ids), true, nil
+}
+
+// settle marks the rows Kafka took published and quarantines the rows
+// that can never be sent, in tx; it returns the age of the oldest row
+// marked (OnPublished). Both statements skip rows already published, so
+// settling twice changes nothing.
+func settle(ctx context.Context, tx pgx.Tx, ids []int64, quarantine map[int64]string) (oldestSeconds float64, err error) {
+	if err := tx.QueryRow(ctx, markSQL, ids).Scan(&oldestSeconds); err != nil {
+		return 0, fmt.Errorf("marking %d published rows: %w", len(ids), err)
+	}
+	for qid, reason := range quarantine {
+		if _, err := tx.Exec(ctx, quarantineSQL, qid, reason); err != nil {
+			return 0, fmt.Errorf("quarantining row %d: %w", qid, err)
+		}
+	}
+	return oldestSeconds, nil
 }
 
 // passRow is one selected row of a pass.

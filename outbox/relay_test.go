@@ -509,6 +509,31 @@ func TestRelay(t *testing.T) {
 		require.Len(t, relay.nudge, 1)
 	})
 
+	// A send that outlasts the pass's transaction (a broker slow to
+	// answer, the server's idle-in-transaction timeout shorter) must not
+	// leave what Kafka took unmarked: every later pass would send it
+	// again and, as slow, never mark it.
+	t.Run("SendOutlastingItsTransactionIsMarkedAllTheSame", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t)
+		cfg := b.pool.Config()
+		cfg.ConnConfig.RuntimeParams["idle_in_transaction_session_timeout"] = "300"
+		pool, err := pgxpool.NewWithConfig(ctx, cfg)
+		require.NoError(t, err)
+		defer pool.Close()
+		relay := NewRelay(pool, b.producer, &RelayConfig{PollInterval: 10 * time.Millisecond, Logger: slog.New(b.logs), MaxMessageBytes: 1000})
+		relay.afterSend = func() { time.Sleep(time.Second) }
+		commit(t, b.pool, row("k", 1), row("k", 2), Row{Topic: testTopic, Key: "big", Payload: make([]byte, 2000)})
+		require.NoError(t, relay.Flush(ctx))
+		require.Equal(t, 1, unpublished(t, b.pool), "rows Kafka took are left unmarked")
+		require.Equal(t, 1, testkit.Count(t, b.pool, `SELECT count(*) FROM outbox WHERE quarantine_reason IS NOT NULL`),
+			"the row too large to send is not quarantined")
+		got := readTopic(t, b.broker.Addr(), testTopic, 2)
+		require.Len(t, got, 2, "published once each")
+		require.NoError(t, relay.Flush(ctx))
+		require.Len(t, readTopic(t, b.broker.Addr(), testTopic, 2), 2, "sent again by the next pass")
+	})
+
 	t.Run("PublishFailureLeavesRowsForARetry", func(t *testing.T) {
 		t.Parallel()
 		b := setup(t)
