@@ -156,8 +156,11 @@ type Executor struct {
 	cfg    ExecutorConfig
 	log    *slog.Logger
 	slots  chan struct{}
-	// slotWaiters counts the wakes waiting in Wake for a slot.
-	slotWaiters atomic.Int32
+	// slotWaiters counts the wakes waiting in Wake for a slot; handBacks
+	// the runs that took one of them as theirs to hand their session back
+	// for and have not freed their slot yet, so that one waiter sends one
+	// run back, not every run at a turn's end meanwhile.
+	slotWaiters, handBacks atomic.Int32
 
 	// life serialises Start and Stop: Stop holds it until every run has
 	// ended, so that a Start racing with a Stop finds the executor stopped,
@@ -187,6 +190,9 @@ type Executor struct {
 	// afterRead, when set (tests only), runs between an execution's read of
 	// its session and the claim taken as read.
 	afterRead func()
+	// beforeRunEnds, when set (tests only), runs when a run's execution
+	// has returned, before the run decides whether to go again.
+	beforeRunEnds func(sessionID string)
 }
 
 type sessionRun struct {
@@ -199,6 +205,9 @@ type sessionRun struct {
 	// again behind the sessions waiting for a slot. Only the run's
 	// goroutine reads and writes it.
 	yielded bool
+	// owes: the execution took a hand-back (owesSlot); given back when
+	// the run's slot is free, or when it handed nothing back.
+	owes bool
 }
 
 // NewExecutor returns a stopped Executor: Start starts it. A configuration
@@ -305,10 +314,23 @@ func (e *Executor) Wake(ctx context.Context, sessionID string, partition int32) 
 }
 
 // owesSlot says whether an execution that started at started should hand
-// its session back: another session waits for a slot, and this one has
-// run for its fair share.
+// its session back: it has run for its fair share, and a session waits
+// for a slot that no other run is handing back already. When it says
+// yes, the caller owes a hand-back (sessionRun.owes) until its slot is
+// free or it hands nothing back.
 func (e *Executor) owesSlot(started time.Time) bool {
-	return e.slotWaiters.Load() > 0 && time.Since(started) >= e.cfg.FairShare
+	if time.Since(started) < e.cfg.FairShare {
+		return false
+	}
+	for {
+		h := e.handBacks.Load()
+		if e.slotWaiters.Load() <= h {
+			return false
+		}
+		if e.handBacks.CompareAndSwap(h, h+1) {
+			return true
+		}
+	}
 }
 
 // WakeLocal is Wake for a wake delivered in-process right after its
@@ -489,7 +511,12 @@ func (e *Executor) stop(n uint64) {
 
 func (e *Executor) run(sessionID string, r *sessionRun) {
 	defer e.wg.Done()
-	defer func() { <-e.slots }()
+	defer func() {
+		<-e.slots
+		if r.owes {
+			e.handBacks.Add(-1)
+		}
+	}()
 	if f := e.cfg.OnRunStartedFunc; f != nil {
 		f()
 	}
@@ -499,13 +526,22 @@ func (e *Executor) run(sessionID string, r *sessionRun) {
 	log := e.log.With(slog.String("session_id", sessionID))
 	for {
 		e.execute(sessionID, r, log)
+		if r.owes && !r.yielded { // released idle, or failed: nothing handed back
+			e.handBacks.Add(-1)
+			r.owes = false
+		}
+		if e.beforeRunEnds != nil {
+			e.beforeRunEnds(sessionID)
+		}
 		e.mu.Lock()
 		if r.again && !r.stop.Load() && !r.yielded && e.ctx.Err() == nil {
 			r.again = false
 			e.mu.Unlock()
 			continue
 		}
-		delete(e.runs, sessionID)
+		if e.runs[sessionID] == r { // a run that handed its session back is out already
+			delete(e.runs, sessionID)
+		}
 		close(r.done)
 		e.mu.Unlock()
 		return
@@ -551,6 +587,7 @@ func (e *Executor) execute(sessionID string, r *sessionRun, log *slog.Logger) {
 		if first != nil {
 			first = nil
 		} else if e.owesSlot(started) {
+			r.owes = true
 			// Another session waits for a slot and this one has had its
 			// share: release if nothing waits (idle, as below); else hand
 			// the session back by the stopping release, whose wake (the
@@ -565,6 +602,17 @@ func (e *Executor) execute(sessionID string, r *sessionRun, log *slog.Logger) {
 				return
 			}
 			log.Debug("session handed back: another waits for a slot", slog.Duration("ran", time.Since(started)))
+			// Out of the runs before the release: a wake arriving from now
+			// on (the release's own, above all) must not join a run that
+			// ends, or its offset would be committed with nothing run; it
+			// starts a run of its own, behind the waiting sessions. A wake
+			// that joined before was for an input admitted before the
+			// release, which the release's wake covers.
+			e.mu.Lock()
+			if e.runs[sessionID] == r {
+				delete(e.runs, sessionID)
+			}
+			e.mu.Unlock()
 			r.yielded = true
 			break
 		} else if t, err = ex.promoteRetried(ctx, log); err != nil {

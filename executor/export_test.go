@@ -3,3 +3,7 @@ package executor
 // SetAfterRead makes e run f between its read of a session and the claim
 // taken as read, so that a test can change the session in between.
 func SetAfterRead(e *Executor, f func()) { e.afterRead = f }
+
+// SetBeforeRunEnds makes e run f when a run's execution has returned,
+// before the run decides whether to go again.
+func SetBeforeRunEnds(e *Executor, f func(sessionID string)) { e.beforeRunEnds = f }
