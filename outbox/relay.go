@@ -387,7 +387,8 @@ func (r *Relay) publishBatch(ctx context.Context, wait bool) (n int, locked bool
 
 	// The rows are in Kafka now: finish marking them even if ctx was
 	// cancelled meanwhile (Stop), or the last pass would send them again.
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), markTimeout)
+	parent := context.WithoutCancel(ctx)
+	ctx, cancel := context.WithTimeout(parent, markTimeout)
 	defer cancel()
 	oldestSeconds, err := settle(ctx, tx, ids, quarantine)
 	if err == nil {
@@ -402,9 +403,12 @@ func (r *Relay) publishBatch(ctx context.Context, wait bool) (n int, locked bool
 		// may send those rows once more, in order, a harmless duplicate;
 		// not marked, every later pass would send them again, and a send
 		// as slow would never mark them.
+		// A deadline of its own: the first try may have spent all of its.
 		_ = tx.Rollback(ctx)
 		r.config.Logger.Warn("outbox relay: marking in the pass's transaction failed; marking in a transaction of its own",
 			slog.Int("published", len(ids)), slog.Any("error", err))
+		ctx, cancel := context.WithTimeout(parent, markTimeout)
+		defer cancel()
 		err = pgx.BeginFunc(ctx, r.pool, func(tx pgx.Tx) (err error) {
 			oldestSeconds, err = settle(ctx, tx, ids, quarantine)
 			return err
