@@ -206,7 +206,7 @@ type sessionRun struct {
 	// goroutine reads and writes it.
 	yielded bool
 	// owes: the execution took a hand-back (owesSlot); given back when
-	// the run's slot is free, or when it handed nothing back.
+	// the run's slot is free.
 	owes bool
 }
 
@@ -317,7 +317,9 @@ func (e *Executor) Wake(ctx context.Context, sessionID string, partition int32) 
 // its session back: it has run for its fair share, and a session waits
 // for a slot that no other run is handing back already. When it says
 // yes, the caller owes a hand-back (sessionRun.owes) until its slot is
-// free or it hands nothing back.
+// free. (Between that slot freed and the waiter counting itself out, a
+// second run may still hand back for the same waiter: a spare release
+// and wake, never a lost one.)
 func (e *Executor) owesSlot(started time.Time) bool {
 	if time.Since(started) < e.cfg.FairShare {
 		return false
@@ -526,10 +528,6 @@ func (e *Executor) run(sessionID string, r *sessionRun) {
 	log := e.log.With(slog.String("session_id", sessionID))
 	for {
 		e.execute(sessionID, r, log)
-		if r.owes && !r.yielded { // released idle, or failed: nothing handed back
-			e.handBacks.Add(-1)
-			r.owes = false
-		}
 		if e.beforeRunEnds != nil {
 			e.beforeRunEnds(sessionID)
 		}
@@ -587,33 +585,22 @@ func (e *Executor) execute(sessionID string, r *sessionRun, log *slog.Logger) {
 		if first != nil {
 			first = nil
 		} else if e.owesSlot(started) {
-			r.owes = true
 			// Another session waits for a slot and this one has had its
-			// share: release if nothing waits (idle, as below); else hand
-			// the session back by the stopping release, whose wake (the
-			// inputs wait, and only this claim's holder promotes them)
-			// queues it behind the others. The wakes that joined this run
-			// are that wake's: their inputs were admitted before it.
-			if released, err = x.Release(ctx, ledger.ReleaseOpts{}); err != nil {
-				ex.logErr(ctx, log, "releasing claim", err)
-				break
-			}
-			if released {
-				return
-			}
+			// share: hand the session back by the stopping release below,
+			// which writes a wake when inputs wait (only this claim's
+			// holder promotes them), queueing it behind the others. Out of
+			// the runs first: a wake arriving from now on (the release's
+			// own, above all) must not join a run that ends, or its offset
+			// would be committed with nothing run; it starts a run of its
+			// own. A wake that joined before was for an input admitted
+			// before the release, which the release's wake covers.
+			r.owes, r.yielded = true, true
 			log.Debug("session handed back: another waits for a slot", slog.Duration("ran", time.Since(started)))
-			// Out of the runs before the release: a wake arriving from now
-			// on (the release's own, above all) must not join a run that
-			// ends, or its offset would be committed with nothing run; it
-			// starts a run of its own, behind the waiting sessions. A wake
-			// that joined before was for an input admitted before the
-			// release, which the release's wake covers.
 			e.mu.Lock()
 			if e.runs[sessionID] == r {
 				delete(e.runs, sessionID)
 			}
 			e.mu.Unlock()
-			r.yielded = true
 			break
 		} else if t, err = ex.promoteRetried(ctx, log); err != nil {
 			ex.logErr(ctx, log, "promoting inputs", err)

@@ -7,3 +7,6 @@ func SetAfterRead(e *Executor, f func()) { e.afterRead = f }
 // SetBeforeRunEnds makes e run f when a run's execution has returned,
 // before the run decides whether to go again.
 func SetBeforeRunEnds(e *Executor, f func(sessionID string)) { e.beforeRunEnds = f }
+
+// HandBacks is how many runs owe a hand-back now (owesSlot).
+func HandBacks(e *Executor) int32 { return e.handBacks.Load() }

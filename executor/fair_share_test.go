@@ -77,4 +77,6 @@ func TestHandedBackSessionRunsAgain(t *testing.T) {
 	}
 	require.Equal(t, 1, b.count(t, `SELECT count(*) FROM outbox WHERE topic = 'wakes' AND key = 'long' AND convert_from(payload, 'UTF8')::jsonb ->> 'reason' = 'released'`),
 		"the hand-back wrote its wake")
+	require.Eventually(t, func() bool { return executor.HandBacks(e) == 0 }, 10*time.Second, 5*time.Millisecond,
+		"the hand-back is still owed after its run freed its slot")
 }
