@@ -193,6 +193,9 @@ type Executor struct {
 	// beforeRunEnds, when set (tests only), runs when a run's execution
 	// has returned, before the run decides whether to go again.
 	beforeRunEnds func(sessionID string)
+	// beforePromote, when set (tests only), runs before a promotion's
+	// transaction under a claim taken alone (replies, continuations).
+	beforePromote func()
 }
 
 type sessionRun struct {

@@ -10,3 +10,7 @@ func SetBeforeRunEnds(e *Executor, f func(sessionID string)) { e.beforeRunEnds =
 
 // HandBacks is how many runs owe a hand-back now (owesSlot).
 func HandBacks(e *Executor) int32 { return e.handBacks.Load() }
+
+// SetBeforePromote makes e run f before each promotion's transaction under
+// a claim taken alone (permission replies, continuations).
+func SetBeforePromote(e *Executor, f func()) { e.beforePromote = f }

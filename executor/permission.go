@@ -121,6 +121,15 @@ func (ex *execution) park(ctx context.Context, p ledger.CallParams, c provider.T
 // whose call (still requested) is then checked again against the reply.
 func (ex *execution) resume(ctx context.Context, tx pgx.Tx, inputID string) (*turn, error) {
 	requestID := replyRequestID(inputID)
+	// Lock order: the session row first, as everywhere. A reply's
+	// admission delivered again locks the session, then the request; this
+	// transaction marks the request and later writes rows whose foreign
+	// keys take the session row's key-share lock: locking the session
+	// first keeps the two from deadlocking (a deadlock costs the resume
+	// deadlock_timeout, past a short lease).
+	if _, _, err := admission.LockSession(ctx, tx, &admission.LockSessionParams{SessionID: ex.sessionID}); err != nil {
+		return nil, fmt.Errorf("locking session %s: %w", ex.sessionID, err)
+	}
 	assistant, found, err := admission.ParkedTurn(ctx, tx, &admission.ParkedTurnParams{RequestID: requestID, SessionID: ex.sessionID})
 	if err != nil {
 		return nil, fmt.Errorf("reading permission request %s: %w", requestID, err)

@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
 	"github.com/promptline/promptline/admission"
@@ -114,6 +115,47 @@ func TestPermissions(t *testing.T) {
 		require.Equal(t, []string{"m1"}, completed[0].MessageIDs)
 		require.Equal(t, "tool results: echo: hi", completed[0].Text)
 		require.Equal(t, []string{"m2"}, completed[1].MessageIDs, "the queued prompt ran after the resumed turn")
+	})
+
+	// The reply's admission, delivered again (a consumer killed before it
+	// marked the reply's offset), runs while the parked turn resumes: it
+	// locks the session row, then the request's row. The resume must not
+	// lock the request before the session (a foreign key's check takes
+	// the session row's key-share lock later), or the two deadlock and
+	// the resume waits out deadlock_timeout, longer than a short lease.
+	t.Run("ResumeAndAReplyAdmittedAgainDoNotDeadlock", func(t *testing.T) {
+		t.Parallel()
+		b := setupPerm(t)
+		id := approved(t, b)
+		logs := testkit.NewSyncBuffer()
+		e := b.execLogged(slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug})))
+		var (
+			once     sync.Once
+			admitted = make(chan error, 1)
+		)
+		executor.SetBeforePromote(e, func() {
+			once.Do(func() {
+				locked := make(chan struct{})
+				go func() {
+					admitted <- pgx.BeginFunc(ctx, b.pool, func(tx pgx.Tx) error {
+						// What AdmitReply does, in its order.
+						if _, err := tx.Exec(ctx, `SELECT 1 FROM sessions WHERE session_id = 's' FOR UPDATE`); err != nil {
+							return err
+						}
+						close(locked)
+						time.Sleep(300 * time.Millisecond) // the resume goes ahead meanwhile
+						_, err := tx.Exec(ctx, `SELECT status FROM permission_requests WHERE request_id = $1 FOR UPDATE`, id)
+						return err
+					})
+				}()
+				<-locked
+			})
+		})
+		runOnce(t, e, "s")
+		require.NoError(t, <-admitted)
+		require.Len(t, b.runs, 1, "the tool ran once")
+		require.Len(t, testkit.SessionEvents(t, b.pool, "s", envelope.EventTurnCompleted), 1)
+		require.NotContains(t, logs.String(), "40P01", "the resume deadlocked with the reply's admission")
 	})
 
 	t.Run("AlwaysIsRememberedForTheSession", func(t *testing.T) {

@@ -31,6 +31,9 @@ func (ex *execution) promote(ctx context.Context) (*turn, error) {
 	if v.plain() {
 		return ex.promoteQueued(ctx, v)
 	}
+	if ex.e.beforePromote != nil {
+		ex.e.beforePromote()
+	}
 	var t *turn
 	err := ex.write(ctx, func(tx pgx.Tx) error {
 		var err error
