@@ -316,6 +316,32 @@ func (e *Executor) Wake(ctx context.Context, sessionID string, partition int32) 
 	}
 }
 
+// handBack marks r as handing its session back (FairShare) and takes it
+// out of the runs: execute then leaves its loop for the stopping release,
+// which writes a wake when inputs wait (only this claim's holder promotes
+// them), queueing the session behind the others. Out of the runs first: a
+// wake arriving from now on (the release's own, above all) must not join
+// a run that ends, or its offset would be committed with nothing run; it
+// starts a run of its own. A wake that joined before was for an input
+// admitted before the release, which the release's wake covers.
+//
+// Its own function, kept out of execute: every execution waiting on its
+// provider parks inside execute's frame, and a few more bytes there
+// (this branch's log call, measured) tipped the deepest turn's stack
+// past 8 KiB, doubling the stack each of ten thousand waiting executions
+// keeps (docs/benchmarks.md).
+//
+//go:noinline
+func (e *Executor) handBack(sessionID string, r *sessionRun, log *slog.Logger, started time.Time) {
+	r.owes, r.yielded = true, true
+	log.Debug("session handed back: another waits for a slot", slog.Duration("ran", time.Since(started)))
+	e.mu.Lock()
+	if e.runs[sessionID] == r {
+		delete(e.runs, sessionID)
+	}
+	e.mu.Unlock()
+}
+
 // owesSlot says whether an execution that started at started should hand
 // its session back: it has run for its fair share, and a session waits
 // for a slot that no other run is handing back already. When it says
@@ -582,28 +608,13 @@ func (e *Executor) execute(sessionID string, r *sessionRun, log *slog.Logger) {
 	// intent is committed) and runs whatever happens meanwhile, as any
 	// promoted turn does: a stop ends the run after it. Released instead,
 	// it would be left promoted, unanswered and out of recovery's sight.
-	started := time.Now()
+	ex.started = time.Now()
 	for first != nil || (!r.stop.Load() && ctx.Err() == nil && !x.Fenced()) {
 		t := first
 		if first != nil {
 			first = nil
-		} else if e.owesSlot(started) {
-			// Another session waits for a slot and this one has had its
-			// share: hand the session back by the stopping release below,
-			// which writes a wake when inputs wait (only this claim's
-			// holder promotes them), queueing it behind the others. Out of
-			// the runs first: a wake arriving from now on (the release's
-			// own, above all) must not join a run that ends, or its offset
-			// would be committed with nothing run; it starts a run of its
-			// own. A wake that joined before was for an input admitted
-			// before the release, which the release's wake covers.
-			r.owes, r.yielded = true, true
-			log.Debug("session handed back: another waits for a slot", slog.Duration("ran", time.Since(started)))
-			e.mu.Lock()
-			if e.runs[sessionID] == r {
-				delete(e.runs, sessionID)
-			}
-			e.mu.Unlock()
+		} else if e.owesSlot(ex.started) {
+			e.handBack(sessionID, r, log, ex.started)
 			break
 		} else if t, err = ex.promoteRetried(ctx, log); err != nil {
 			ex.logErr(ctx, log, "promoting inputs", err)
@@ -808,6 +819,8 @@ type execution struct {
 	steps     int // provider steps so far, across turns: numbers attempt IDs
 	// view is the session as read with the claim, for the first promotion.
 	view *sessionView
+	// started is when the execution's loop of turns began (FairShare).
+	started time.Time
 	// responseIDs holds the provider's response ID of each attempt of this
 	// execution that reported one (ResponseIDFunc), for its outcome's
 	// write. Only the execution's goroutine touches it.
