@@ -14,3 +14,6 @@ func HandBacks(e *Executor) int32 { return e.handBacks.Load() }
 // SetBeforePromote makes e run f before each promotion's transaction under
 // a claim taken alone (permission replies, continuations).
 func SetBeforePromote(e *Executor, f func()) { e.beforePromote = f }
+
+// SlotWaiters is how many wakes wait in Wake for a slot now.
+func SlotWaiters(e *Executor) int32 { return e.slotWaiters.Load() }

@@ -46,13 +46,28 @@ func TestHandedBackSessionRunsAgain(t *testing.T) {
 			return
 		}
 		once.Do(func() {
+			returned := make(chan struct{})
 			go func() {
+				defer close(returned)
 				done, err := e.Wake(ctx, "long", 0)
 				if err == nil {
 					again <- done
 				}
 			}()
-			time.Sleep(300 * time.Millisecond)
+			// The wake has either joined this run (returned at once) or
+			// waits for a slot behind the other session's.
+			deadline := time.After(10 * time.Second)
+			tick := time.NewTicker(time.Millisecond)
+			defer tick.Stop()
+			for executor.SlotWaiters(e) < 2 {
+				select {
+				case <-returned:
+					return
+				case <-deadline:
+					return // the assertions below fail
+				case <-tick.C:
+				}
+			}
 		})
 	})
 

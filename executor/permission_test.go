@@ -2,6 +2,7 @@ package executor_test
 
 import (
 	"context"
+	"errors"
 	"log/slog"
 	"slices"
 	"sync"
@@ -9,6 +10,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
 	"github.com/promptline/promptline/admission"
@@ -143,7 +145,12 @@ func TestPermissions(t *testing.T) {
 							return err
 						}
 						close(locked)
-						time.Sleep(300 * time.Millisecond) // the resume goes ahead meanwhile
+						// The resume goes ahead until it waits on a lock:
+						// the session row (as it should) or, marking the
+						// request first, a foreign key's check of it.
+						if err := waitForALockWaiter(ctx, b.pool); err != nil {
+							return err
+						}
 						_, err := tx.Exec(ctx, `SELECT status FROM permission_requests WHERE request_id = $1 FOR UPDATE`, id)
 						return err
 					})
@@ -423,4 +430,25 @@ func TestPermissions(t *testing.T) {
 		require.Equal(t, envelope.ReasonUnknownRequest, out.Reason)
 		require.Zero(t, b.count(t, `SELECT count(*) FROM inputs`))
 	})
+}
+
+// waitForALockWaiter polls until a backend of pool's database waits on a
+// lock, for at most 10 s.
+func waitForALockWaiter(ctx context.Context, pool *pgxpool.Pool) error {
+	deadline := time.Now().Add(10 * time.Second)
+	tick := time.NewTicker(5 * time.Millisecond)
+	defer tick.Stop()
+	for ; ; <-tick.C {
+		var n int
+		if err := pool.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity
+			WHERE datname = current_database() AND wait_event_type = 'Lock'`).Scan(&n); err != nil {
+			return err
+		}
+		if n > 0 {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return errors.New("no backend waits on a lock")
+		}
+	}
 }

@@ -12,6 +12,7 @@ import (
 	"github.com/IBM/sarama"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
 
@@ -522,7 +523,16 @@ func TestRelay(t *testing.T) {
 		require.NoError(t, err)
 		defer pool.Close()
 		relay := NewRelay(pool, b.producer, &RelayConfig{PollInterval: 10 * time.Millisecond, Logger: slog.New(b.logs), MaxMessageBytes: 1000})
-		relay.afterSend = func() { time.Sleep(time.Second) }
+		// After the send, wait until the server has ended the pass's
+		// transaction (its backend gone: no session idle in a
+		// transaction is left).
+		relay.afterSend = func() {
+			assert.Eventually(t, func() bool {
+				var n int
+				return b.pool.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity
+					WHERE datname = current_database() AND state LIKE 'idle in transaction%'`).Scan(&n) == nil && n == 0
+			}, waitFor, 5*time.Millisecond, "the pass's transaction outlived the timeout")
+		}
 		commit(t, b.pool, row("k", 1), row("k", 2), Row{Topic: testTopic, Key: "big", Payload: make([]byte, 2000)})
 		require.NoError(t, relay.Flush(ctx))
 		require.Equal(t, 1, unpublished(t, b.pool), "rows Kafka took are left unmarked")

@@ -58,14 +58,20 @@ func TestLocalWake(t *testing.T) {
 			return b.count(t, `SELECT count(*) FROM claims WHERE session_id = $1`, id(t, "s1")) == 1
 		}, 10*time.Second, 5*time.Millisecond, "the slow turn runs")
 		// Its wake came back from Kafka and joined the local run; its
-		// offset is not committed while that run goes (a few of the
-		// group's commit intervals later, the turn still sleeping).
+		// offset is not committed while that run goes. The second prompt's
+		// offset, marked once admitted, is committed by a commit of the
+		// group made after the wake was taken: by then a wrong mark of the
+		// wake would be committed too.
 		require.Eventually(t, func() bool { return wakes.Get("local") == 1 }, 10*time.Second, 5*time.Millisecond)
-		time.Sleep(time.Second)
+		v, err := envelope.Marshal(envelope.Prompt{MessageID: quick, SessionID: id(t, "s2"), Text: "/reply quick"})
+		require.NoError(t, err)
+		qp, qo, err := b.producer.SendMessage(&sarama.ProducerMessage{Topic: "prompts", Key: sarama.StringEncoder(id(t, "s2")), Value: sarama.ByteEncoder(v)})
+		require.NoError(t, err)
+		require.Eventually(t, func() bool { return b.committedOn(t, "prompts", qp) > qo }, 10*time.Second, 10*time.Millisecond,
+			"the second prompt's offset is committed")
 		require.Equal(t, 1, b.count(t, `SELECT count(*) FROM claims WHERE session_id = $1`, id(t, "s1")), "the slow turn ended too soon: the test proved nothing")
-		require.LessOrEqual(t, b.committedWakesOn(t, kafkautil.Murmur2Partition([]byte(id(t, "s1")), testPartitions)), int64(0),
+		require.LessOrEqual(t, b.committedOn(t, "wakes", kafkautil.Murmur2Partition([]byte(id(t, "s1")), testPartitions)), int64(0),
 			"a local run's wake committed while it runs")
-		b.send(t, envelope.Prompt{MessageID: quick, SessionID: id(t, "s2"), Text: "/reply quick"})
 		// The second session found the only slot taken: it waited for its
 		// wake from Kafka, and still ran.
 		require.Equal(t, "slow", b.waitTurn(t, slow).Text)
@@ -91,20 +97,9 @@ func TestLocalWake(t *testing.T) {
 // wakes topic: the number of wakes it has marked.
 func (b *testBundle) committedWakes(t *testing.T) int64 {
 	t.Helper()
-	admin, err := sarama.NewClusterAdmin(b.brokers, kafkautil.NewConfig(t.Name()+"-admin"))
-	require.NoError(t, err)
-	defer admin.Close()
-	parts := make([]int32, testPartitions)
-	for i := range parts {
-		parts[i] = int32(i)
-	}
-	res, err := admin.ListConsumerGroupOffsets("test", map[string][]int32{"wakes": parts})
-	require.NoError(t, err)
 	var sum int64
-	for _, blk := range res.Blocks["wakes"] {
-		if blk.Offset > 0 {
-			sum += blk.Offset
-		}
+	for p := range int32(testPartitions) {
+		sum += max(b.committedOn(t, "wakes", p), 0)
 	}
 	return sum
 }

@@ -83,19 +83,19 @@ func TestWakesPartitionNotHeldByALongRun(t *testing.T) {
 	require.Equal(t, execution, now, "the long run ended while the others ran: the test proved nothing")
 	// And it held the committed offset at its first wake, the
 	// partition's first message: a crash now would deliver it again.
-	require.LessOrEqual(t, b.committedWakesOn(t, part), int64(0), "a wake committed while its session still runs")
+	require.LessOrEqual(t, b.committedOn(t, "wakes", part), int64(0), "a wake committed while its session still runs")
 }
 
-// committedWakesOn returns the group's committed offset of the wakes
-// partition p (-1: none).
-func (b *testBundle) committedWakesOn(t *testing.T, p int32) int64 {
+// committedOn returns the group's committed offset of topic's partition
+// p (-1: none).
+func (b *testBundle) committedOn(t *testing.T, topic string, p int32) int64 {
 	t.Helper()
 	admin, err := sarama.NewClusterAdmin(b.brokers, kafkautil.NewConfig(t.Name()+"-admin"))
 	require.NoError(t, err)
 	defer admin.Close()
-	res, err := admin.ListConsumerGroupOffsets("test", map[string][]int32{"wakes": {p}})
+	res, err := admin.ListConsumerGroupOffsets("test", map[string][]int32{topic: {p}})
 	require.NoError(t, err)
-	blk := res.GetBlock("wakes", p)
+	blk := res.GetBlock(topic, p)
 	require.NotNil(t, blk)
 	return blk.Offset
 }
@@ -121,8 +121,9 @@ func TestALongRunYieldsItsSlot(t *testing.T) {
 	require.Eventually(t, func() bool {
 		return b.pool.QueryRow(t.Context(), `SELECT execution_id FROM claims WHERE session_id = $1`, long).Scan(&first) == nil
 	}, 20*time.Second, 10*time.Millisecond, "the long run starts")
-	// Alone, it keeps its slot past its fair share: no one waits.
-	time.Sleep(1500 * time.Millisecond)
+	// Alone, it keeps its slot past its fair share (three turns of 300
+	// ms against 500 ms): no one waits.
+	require.Equal(t, envelope.EventTurnCompleted, b.events.WaitTurn(t, sent[2], 20*time.Second).Type)
 	var still string
 	require.NoError(t, b.pool.QueryRow(t.Context(), `SELECT execution_id FROM claims WHERE session_id = $1`, long).Scan(&still))
 	require.Equal(t, first, still, "a run handed its session back while no one waited")
