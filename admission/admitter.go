@@ -310,11 +310,20 @@ var (
 // copy equal to the stored prompt (same hash: same session). A row admitted
 // after the snapshot shows as an ID neither stored nor inserted
 // (errAdmissionRaced).
+//
+// stored looks each distinct ID up by itself (LATERAL … LIMIT 1, which the
+// planner cannot fold into a join): the statement is prepared, and the
+// generic plan Postgres keeps after five executions was, for "message_id
+// IN (SELECT id FROM c)" planned while inputs held a few dozen rows, a hash
+// join over a scan of the whole table, kept as the table grew until an
+// analyze re-planned it; a one-row lookup by the primary key is the right
+// plan at every size (TestLockSessionsPlanIsAnIndexLookupAtAnySize).
 const lockSessionsSQL = `
 WITH c AS (
     SELECT * FROM unnest($1::text[], $2::text[], $3::bytea[], $4::bool[]) AS c(id, s, h, first)
 ), stored AS (
-    SELECT message_id, payload_hash, kind FROM inputs WHERE message_id IN (SELECT id FROM c)
+    SELECT i.message_id, i.payload_hash, i.kind FROM (SELECT DISTINCT id FROM c) d,
+    LATERAL (SELECT message_id, payload_hash, kind FROM inputs WHERE message_id = d.id LIMIT 1) i
 ), upserted AS (
     INSERT INTO sessions (session_id)
     SELECT DISTINCT c.s FROM c LEFT JOIN stored ON stored.message_id = c.id

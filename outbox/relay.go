@@ -334,7 +334,7 @@ func (r *Relay) publishBatch(ctx context.Context, wait bool) (n int, locked bool
 		_, err = tx.Exec(ctx, lockSQL, RelayLockKey)
 		locked = err == nil
 	} else {
-		err = tx.QueryRow(ctx, tryLockSQL, RelayLockKey).Scan(&locked, nil)
+		err = tx.QueryRow(ctx, tryLockSQL, RelayLockKey).Scan(&locked, nil, nil)
 	}
 	if err != nil {
 		return 0, false, fmt.Errorf("outbox relay: taking advisory lock %d: %w", RelayLockKey, err)
@@ -410,6 +410,9 @@ func (r *Relay) publishBatch(ctx context.Context, wait bool) (n int, locked bool
 		ctx, cancel := context.WithTimeout(parent, markTimeout)
 		defer cancel()
 		err = pgx.BeginFunc(ctx, r.pool, func(tx pgx.Tx) (err error) {
+			if _, err := tx.Exec(ctx, settleSettingsSQL); err != nil {
+				return err
+			}
 			oldestSeconds, err = settle(ctx, tx, ids, quarantine)
 			return err
 		})
@@ -773,8 +776,22 @@ const (
 	// passes them (kill_prior_tuple) and stops at the batch's end: 0.4-1.0
 	// ms against 3.7-7.5 ms a pass over 100,000 marked rows
 	// (docs/benchmarks.md, TestSelectIsAnOrderedIndexScan).
-	lockSQL    = `SELECT pg_advisory_xact_lock($1), set_config('enable_bitmapscan', 'off', true)`
-	tryLockSQL = `SELECT pg_try_advisory_xact_lock($1), set_config('enable_bitmapscan', 'off', true)`
+	//
+	// It turns sequential scans off as well, for selectSQL and markSQL:
+	// both are prepared, and the generic plan Postgres keeps for a
+	// prepared statement is made once, at the size the table has then. On
+	// a fresh database (no analyze yet) a plan made while the outbox held a
+	// few dozen rows read the whole table, and was kept as the table grew:
+	// 133 passes read 2.3 million rows in the bench's steady phase
+	// (docs/benchmarks.md, "A plan chosen on an empty table";
+	// TestPassPlansAreIndexScansAtAnySize). Both look rows up by an index
+	// at every size.
+	lockSQL    = `SELECT pg_advisory_xact_lock($1), ` + passSettings
+	tryLockSQL = `SELECT pg_try_advisory_xact_lock($1), ` + passSettings
+	// settleSettingsSQL gives a settle in a transaction of its own the
+	// pass's settings.
+	settleSettingsSQL = `SELECT ` + passSettings
+	passSettings      = `set_config('enable_bitmapscan', 'off', true), set_config('enable_seqscan', 'off', true)`
 	// Served by the partial index outbox_unpublished. The rows that failed
 	// on this relay's last pass ($2, at most one per key: its first), then
 	// a batch of the others, leaving out the later rows of those keys ($3),

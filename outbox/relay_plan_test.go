@@ -3,6 +3,8 @@ package outbox
 import (
 	"context"
 	"encoding/json"
+	"fmt"
+	"strings"
 	"testing"
 
 	"github.com/jackc/pgx/v5"
@@ -76,4 +78,66 @@ type planNode struct {
 	Type  string     `json:"Node Type"`
 	Index string     `json:"Index Name"`
 	Plans []planNode `json:"Plans"`
+}
+
+// A pass's statements look rows up by an index at every size of the
+// table, also in the generic plan Postgres keeps for a prepared statement
+// once it chose one: a plan chosen while the outbox held a few dozen rows
+// (a fresh database's first minute, before autovacuum's first analyze)
+// was a scan of the whole table, and nothing re-planned it as the table
+// grew: every pass then read every row (docs/benchmarks.md, "A plan
+// chosen on an empty table").
+func TestPassPlansAreIndexScansAtAnySize(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool, _ := testkit.Pool(t)
+	_, err := pool.Exec(ctx, `ALTER TABLE outbox SET (autovacuum_enabled = false);
+		INSERT INTO outbox (topic, key, payload) SELECT 't', 's' || g, '\x00' FROM generate_series(1, 30) g`)
+	require.NoError(t, err)
+	conn, err := pool.Acquire(ctx)
+	require.NoError(t, err)
+	defer conn.Release()
+	scans := func(tx pgx.Tx, stmt string) []string {
+		var plan []byte
+		require.NoError(t, tx.QueryRow(ctx, `EXPLAIN (FORMAT JSON) EXECUTE `+stmt).Scan(&plan))
+		var doc []struct{ Plan planNode }
+		require.NoError(t, json.Unmarshal(plan, &doc))
+		var all []string
+		var walk func(n planNode)
+		walk = func(n planNode) {
+			if strings.HasSuffix(n.Type, "Scan") && n.Type != "CTE Scan" {
+				all = append(all, n.Type+" "+n.Index)
+			}
+			for _, c := range n.Plans {
+				walk(c)
+			}
+		}
+		walk(doc[0].Plan)
+		return all
+	}
+	for l, lock := range []string{lockSQL, tryLockSQL} {
+		for r, rows := range []int{30, 20000} {
+			require.NoError(t, pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
+				name := fmt.Sprintf("_%d_%d", l, r)
+				for _, sql := range []string{
+					`SET LOCAL plan_cache_mode = force_generic_plan`,
+					`PREPARE sel` + name + `(int, bigint[], text[]) AS ` + selectSQL,
+					`PREPARE mark` + name + `(bigint[]) AS ` + markSQL,
+				} {
+					_, err := tx.Exec(ctx, sql)
+					require.NoError(t, err, sql)
+				}
+				_, err := tx.Exec(ctx, lock, RelayLockKey)
+				require.NoError(t, err)
+				// The plans are made here, at this size, and kept.
+				sel := scans(tx, `sel`+name+`(500, '{}', '{}')`)
+				mark := scans(tx, `mark`+name+`('{1,2}')`)
+				require.Equal(t, []string{"Index Scan outbox_unpublished", "Index Scan outbox_unpublished"}, sel, "%s at %d rows", lock, rows)
+				require.Equal(t, []string{"Index Scan outbox_pkey"}, mark, "%s at %d rows", lock, rows)
+				return nil
+			}))
+			_, err := conn.Exec(ctx, `INSERT INTO outbox (topic, key, payload) SELECT 't', 's' || g, '\x00' FROM generate_series(1, 20000) g`)
+			require.NoError(t, err)
+		}
+	}
 }
