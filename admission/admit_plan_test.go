@@ -8,39 +8,64 @@ import (
 	"github.com/promptline/promptline/internal/testkit"
 )
 
-// A generic plan of lockSessionsSQL made while inputs is small must still
-// look the batch's IDs up by the primary key: pgx prepares the statement,
-// Postgres keeps the generic plan it makes after five executions until
-// something invalidates it (an analyze, which autovacuum first runs on a
-// fresh database a minute or more after the table fills), and a plan that
-// scanned inputs whole, made at a few dozen rows, was kept while the table
-// grew: every batch then read every input (3,090 scans, 19.8 million
-// tuples, for 15,000 turns of the bench's steady phase; docs/benchmarks.md,
-// "A plan made on an empty table").
-func TestLockSessionsPlanIsAnIndexLookupAtAnySize(t *testing.T) {
+// Admission's lookups of inputs stay lookups by key whatever the size and
+// the statistics of the table when their plans were made: pgx prepares
+// every statement, Postgres keeps the generic plan it makes after five
+// executions until an analyze invalidates it, and a plan made while inputs
+// was small (never analyzed, or analyzed at a few dozen rows) scanned the
+// whole table, kept as the table grew: every batch then read every input
+// (3,090 scans, 19.8 million tuples, for 15,000 turns of the bench's
+// steady phase; docs/benchmarks.md, "A plan made on a small table").
+func TestAdmissionPlansAreIndexLookupsAtAnySize(t *testing.T) {
 	t.Parallel()
 	pc := testkit.NewPlanConn(t)
 	pc.Exec(`ALTER TABLE inputs SET (autovacuum_enabled = false)`)
+	pc.Exec(`ALTER TABLE sessions SET (autovacuum_enabled = false)`)
+	// Generic plans throughout, as the plan cache ends with: the checks of
+	// the cached plans below must not get custom plans of the moment.
+	pc.Exec(`SET plan_cache_mode = force_generic_plan`)
 	fill := func(from, to int) {
 		pc.Exec(`INSERT INTO sessions (session_id) SELECT 's-' || g FROM generate_series(` + strconv.Itoa(from) + `, ` + strconv.Itoa(to) + `) g`)
 		pc.Exec(`INSERT INTO inputs (message_id, session_id, text, payload_hash, delivery, wake_pending)
 			SELECT 'm-' || g, 's-' || g, 'hello', '\x00', 'queue', true FROM generate_series(` + strconv.Itoa(from) + `, ` + strconv.Itoa(to) + `) g`)
 	}
-	fill(1, 30)
-	pc.Exec(`SET plan_cache_mode = force_generic_plan`)
-	pc.Exec(`PREPARE lock_sessions(text[], text[], bytea[], bool[]) AS ` + lockSessionsSQL)
-	const args = `('{m-1,m-x}', '{s-1,s-x}', '{"\\x00","\\x00"}', '{t,t}')`
-	check := func(stage string) {
+	statements := []struct{ name, params, sql, args string }{
+		{"lock_sessions", "(text[], text[], bytea[], bool[])", lockSessionsSQL, `('{m-1,m-x}', '{s-1,s-x}', '{"\\x00","\\x00"}', '{t,t}')`},
+		{"select_existing", "(text[])", selectExistingSQL, `('{m-1,m-2}')`},
+		{"arm", "(text[])", armSQL, `('{m-1,m-2}')`},
+	}
+	check := func(stage, name, args string) {
 		t.Helper()
-		plan := pc.Explain("lock_sessions", args)
-		if strings.Contains(plan, "Seq Scan on inputs") || !testkit.UsesIndex(plan, "inputs_pkey") {
-			t.Fatalf("%s: the batch's IDs must be looked up by inputs_pkey:\n%s", stage, plan)
+		plan := pc.Explain(name, args)
+		if strings.Contains(plan, "Seq Scan") || !testkit.UsesIndex(plan, "inputs_pkey") || !strings.Contains(plan, "Index Cond: (message_id = ") {
+			t.Fatalf("%s, %s: inputs must be read by message_id through inputs_pkey:\n%s", stage, name, plan)
 		}
 	}
-	check("at 30 inputs")
-	// The plan cached at 30 rows, after the table grew: nothing re-plans it.
-	fill(31, 20000)
-	check("at 20,000 inputs")
+	// Plans made as an admission transaction makes them: after its
+	// settings, as generic plans (what the plan cache ends with).
+	prepare := func(stage, suffix string) {
+		t.Helper()
+		pc.Exec(`BEGIN`)
+		pc.Exec(admissionSettingsSQL)
+		for _, s := range statements {
+			pc.Exec(`PREPARE ` + s.name + suffix + s.params + ` AS ` + s.sql)
+			check(stage, s.name+suffix, s.args)
+		}
+		pc.Exec(`COMMIT`)
+	}
+	fill(1, 30)
+	prepare("30 inputs, never analyzed", "_fresh")
+	fill(31, 60)
+	pc.Exec(`ANALYZE inputs`)
+	pc.Exec(`ANALYZE sessions`)
+	prepare("60 inputs, analyzed", "_small")
+	// The cached plans, after the table grew: nothing re-plans them.
+	fill(61, 20000)
+	for _, suffix := range []string{"_fresh", "_small"} {
+		for _, s := range statements {
+			check("20,000 inputs, planned small", s.name+suffix, s.args)
+		}
+	}
 }
 
 // The quarantined inputs are counted for the gauge on every recovery

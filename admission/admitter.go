@@ -171,9 +171,10 @@ func (a *Admitter) admit(ctx context.Context, batch []Incoming, afterCommit func
 		p.partitions = append(p.partitions, in.Source.Partition)
 		p.offsets = append(p.offsets, in.Source.Offset)
 	}
-	// Both statements go with BEGIN, in one round trip.
+	// The settings and both statements go with BEGIN, in one round trip.
 	var stored, inserted []string
 	begin := &pgx.Batch{}
+	begin.Queue(admissionSettingsSQL)
 	begin.Queue(lockSessionsSQL, lock.ids, lock.sessions, lock.hashes, lock.first).
 		Query(func(r pgx.Rows) (err error) {
 			stored, err = pgx.CollectRows(r, pgx.RowTo[string])
@@ -305,25 +306,30 @@ var (
 	wakeRow  = outbox.WakeRow
 )
 
+// admissionSettingsSQL opens every admission transaction: sequential
+// scans off for the transaction (set_config's true: SET LOCAL). Every
+// statement admission runs is a lookup by key (lockSessionsSQL,
+// selectExistingSQL, armSQL) or an insert; all are prepared, and Postgres
+// keeps the generic plan it makes after five executions, at the table's
+// size and statistics of that moment, until an analyze invalidates it. A
+// plan made while inputs was small (before the first analyze, or after an
+// analyze of a few dozen rows) scanned the whole table, and was kept as the
+// table grew: 3,090 scans read 19.8 million tuples for 15,000 turns in the
+// bench's steady phase (docs/benchmarks.md, "A plan made on a small
+// table"). With sequential scans off, a lookup by key is the plan at every
+// size; the relay's pass does the same (outbox's passSettings).
+const admissionSettingsSQL = `SELECT set_config('enable_seqscan', 'off', true)`
+
 // lockSessionsSQL returns the IDs stored at its snapshot, and upserts the
 // sessions of the copies that may write: a new ID's first copy, and a
 // copy equal to the stored prompt (same hash: same session). A row admitted
 // after the snapshot shows as an ID neither stored nor inserted
 // (errAdmissionRaced).
-//
-// stored looks each distinct ID up by itself (LATERAL … LIMIT 1, which the
-// planner cannot fold into a join): the statement is prepared, and the
-// generic plan Postgres keeps after five executions was, for "message_id
-// IN (SELECT id FROM c)" planned while inputs held a few dozen rows, a hash
-// join over a scan of the whole table, kept as the table grew until an
-// analyze re-planned it; a one-row lookup by the primary key is the right
-// plan at every size (TestLockSessionsPlanIsAnIndexLookupAtAnySize).
 const lockSessionsSQL = `
 WITH c AS (
     SELECT * FROM unnest($1::text[], $2::text[], $3::bytea[], $4::bool[]) AS c(id, s, h, first)
 ), stored AS (
-    SELECT i.message_id, i.payload_hash, i.kind FROM (SELECT DISTINCT id FROM c) d,
-    LATERAL (SELECT message_id, payload_hash, kind FROM inputs WHERE message_id = d.id LIMIT 1) i
+    SELECT message_id, payload_hash, kind FROM inputs WHERE message_id IN (SELECT id FROM c)
 ), upserted AS (
     INSERT INTO sessions (session_id)
     SELECT DISTINCT c.s FROM c LEFT JOIN stored ON stored.message_id = c.id

@@ -783,7 +783,7 @@ const (
 	// a fresh database (no analyze yet) a plan made while the outbox held a
 	// few dozen rows read the whole table, and was kept as the table grew:
 	// 133 passes read 2.3 million rows in the bench's steady phase
-	// (docs/benchmarks.md, "A plan chosen on an empty table";
+	// (docs/benchmarks.md, "A plan made on a small table";
 	// TestPassPlansAreIndexScansAtAnySize). Both look rows up by an index
 	// at every size.
 	lockSQL    = `SELECT pg_advisory_xact_lock($1), ` + passSettings
