@@ -411,7 +411,7 @@ func (r *Relay) publishBatch(ctx context.Context, wait bool) (n int, locked bool
 		defer cancel()
 		err = pgx.BeginFunc(ctx, r.pool, func(tx pgx.Tx) (err error) {
 			if _, err := tx.Exec(ctx, settleSettingsSQL); err != nil {
-				return err
+				return fmt.Errorf("setting the pass's plan settings: %w", err)
 			}
 			oldestSeconds, err = settle(ctx, tx, ids, quarantine)
 			return err
