@@ -325,11 +325,18 @@ const admissionSettingsSQL = `SELECT set_config('enable_seqscan', 'off', true)`
 // copy equal to the stored prompt (same hash: same session). A row admitted
 // after the snapshot shows as an ID neither stored nor inserted
 // (errAdmissionRaced).
+//
+// stored reads inputs by "message_id = ANY($1)", an index condition
+// whatever the planner knows; "IN (SELECT id FROM c)" is a join, and with
+// sequential scans off its generic plan, made after an analyze of a few
+// hundred rows of time-ordered IDs, was a hash join over a full scan of
+// inputs_pkey, kept as the table grew
+// (TestAdmissionPlansAreIndexLookupsAtAnySize).
 const lockSessionsSQL = `
 WITH c AS (
     SELECT * FROM unnest($1::text[], $2::text[], $3::bytea[], $4::bool[]) AS c(id, s, h, first)
 ), stored AS (
-    SELECT message_id, payload_hash, kind FROM inputs WHERE message_id IN (SELECT id FROM c)
+    SELECT message_id, payload_hash, kind FROM inputs WHERE message_id = ANY($1::text[])
 ), upserted AS (
     INSERT INTO sessions (session_id)
     SELECT DISTINCT c.s FROM c LEFT JOIN stored ON stored.message_id = c.id
