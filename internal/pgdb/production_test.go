@@ -414,39 +414,12 @@ func TestVerifyFullWithCAFile(t *testing.T) {
 func TestHotPathMigrationRunsAgain(t *testing.T) {
 	t.Parallel()
 	ctx := t.Context()
-	url := schemaURL(t, "rerun")
-	db := openSQL(t, url)
-	p, err := goose.NewProvider(goose.DialectPostgres, db, pgdb.Migrations())
-	require.NoError(t, err)
-	_, err = p.UpTo(ctx, 7)
-	require.NoError(t, err)
-
 	// As if the run had been cut short after its last statement: applied,
 	// not recorded.
-	_, err = db.ExecContext(ctx, `DELETE FROM goose_db_version WHERE version_id = 7`)
-	require.NoError(t, err)
-	_, err = p.UpTo(ctx, 7)
-	require.NoError(t, err, "the migration runs again over itself")
-
-	v, err := pgdb.SchemaVersion(ctx, db)
-	require.NoError(t, err)
-	require.Equal(t, int64(7), v)
-	var names []string
-	rows, err := db.QueryContext(ctx, `
-		SELECT c.relname FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid
-		JOIN pg_namespace n ON n.oid = c.relnamespace
-		WHERE n.nspname = 'rerun' AND i.indisvalid
-		  AND c.relname IN ('inputs_waiting_session', 'inputs_redrive_admitted', 'inputs_waiting', 'inputs_redrive', 'claims_expiry')
-		ORDER BY 1`)
-	require.NoError(t, err)
-	defer rows.Close()
-	for rows.Next() {
-		var n string
-		require.NoError(t, rows.Scan(&n))
-		names = append(names, n)
-	}
-	require.NoError(t, rows.Err())
-	require.Equal(t, []string{"inputs_redrive_admitted", "inputs_waiting_session"}, names,
+	db, rerun := migratedTo(t, "rerun", 7)
+	rerun()
+	require.Equal(t, []string{"inputs_redrive_admitted", "inputs_waiting_session"},
+		indexes(t, db, "rerun", true, "inputs_waiting_session", "inputs_redrive_admitted", "inputs_waiting", "inputs_redrive", "claims_expiry"),
 		"the new indexes, valid, and none of the old")
 	var fence int
 	require.NoError(t, db.QueryRowContext(ctx, `SELECT count(*) FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace
