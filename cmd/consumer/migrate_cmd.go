@@ -38,7 +38,7 @@ func newMigrateCommand(o *options) *cobra.Command {
 			// console refuses with advice to run this command; never a
 			// new one, which would be pointless to migrate.
 			db, err := pgdb.Open(cmd.Context(), pgdb.OpenOpts{URL: o.databaseURL, Logger: log, MaxConns: 2,
-				StatementTimeout: stmtTimeout, LockTimeout: lockTimeout, LocalMustExist: true})
+				StatementTimeout: stmtTimeout, MigrateStatementTimeout: stmtTimeout, LockTimeout: lockTimeout, LocalMustExist: true})
 			if err != nil {
 				return err
 			}
@@ -53,7 +53,7 @@ func newMigrateCommand(o *options) *cobra.Command {
 			return nil
 		},
 	}
-	cmd.Flags().DurationVar(&stmtTimeout, "db-statement-timeout", 15*time.Minute, "statement_timeout of the migrating connection (index builds may be long)")
+	cmd.Flags().DurationVar(&stmtTimeout, "db-statement-timeout", pgdb.MigrateStatementTimeoutDefault, "statement_timeout of the migrating connection (index builds may be long)")
 	cmd.Flags().DurationVar(&lockTimeout, "db-lock-timeout", 10*time.Second, "lock_timeout of the migrating connection: a migration waiting behind live traffic fails instead of blocking it")
 	// Longer than the runtime's timeouts by design: the consumer's
 	// PROMPTLINE_DB_STATEMENT_TIMEOUT (or file key) must not cut a migration short.

@@ -128,7 +128,7 @@ func newRootCommandEnv(environ func() []string) *cobra.Command {
 	f.DurationVar(&o.dbTimeouts[0], "db-statement-timeout", pgdb.StatementTimeoutDefault, "Postgres statement_timeout of every connection")
 	f.DurationVar(&o.dbTimeouts[1], "db-lock-timeout", pgdb.LockTimeoutDefault, "Postgres lock_timeout of every connection")
 	f.DurationVar(&o.dbTimeouts[2], "db-idle-in-transaction-timeout", pgdb.IdleInTxTimeoutDefault, "Postgres idle_in_transaction_session_timeout: a paused process cannot hold locks longer")
-	f.BoolVar(&o.migrate, "migrate", true, "apply pending migrations at start; false: only check the schema version (the runtime role has no DDL rights; run `consumer migrate` as the owner)")
+	f.BoolVar(&o.migrate, "migrate", true, "apply pending migrations at start (each statement under a 15-minute timeout); false: only check the schema version (the runtime role has no DDL rights; run `consumer migrate` as the owner)")
 	f.Int32Var(&o.dbMaxConns, "db-max-conns", 32, "Postgres connections in this process's pool (admission per partition, executions, relay)")
 	f.DurationVar(&o.lease, "lease", ledger.LeaseDefault, "claim lease; a live execution renews it every lease/3 by the database clock")
 	f.DurationVar(&o.shutdownGrace, "shutdown-grace", executor.StopGraceDefault, "time running turns get to finish on SIGTERM")

@@ -10,8 +10,10 @@ import (
 	"fmt"
 	"io/fs"
 	"sort"
+	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/jackc/pgx/v5/stdlib"
 	"github.com/pressly/goose/v3"
@@ -215,16 +217,29 @@ func restrictVersionTable(ctx context.Context, db *sql.DB) error {
 	return nil
 }
 
-// MigratePool applies the migrations through a pool's configuration.
+// MigratePool applies the migrations through a pool's configuration, each
+// statement under MigrateStatementTimeoutDefault.
 func MigratePool(ctx context.Context, pool *pgxpool.Pool) error {
-	_, _, err := migratePool(ctx, pool)
+	_, _, err := migratePool(ctx, pool, MigrateStatementTimeoutDefault)
 	return err
 }
 
-func migratePool(ctx context.Context, pool *pgxpool.Pool) (from, to int64, err error) {
-	db := stdlib.OpenDB(*pool.Config().ConnConfig)
+// migratePool applies the migrations through a pool's configuration with
+// the statement timeout replaced by timeout. A statement cancelled by it
+// fails with advice to run `consumer migrate` with a longer one: the
+// operator otherwise sees a bare "canceling statement" at every start.
+func migratePool(ctx context.Context, pool *pgxpool.Pool, timeout time.Duration) (from, to int64, err error) {
+	cc := pool.Config().ConnConfig.Copy()
+	cc.RuntimeParams["statement_timeout"] = ms(timeout)
+	db := stdlib.OpenDB(*cc)
 	defer db.Close()
-	return migrate(ctx, db)
+	from, to, err = migrate(ctx, db)
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) && pgErr.Code == "57014" && ctx.Err() == nil {
+		err = fmt.Errorf("%w: a migration ran past its statement timeout (%s); apply the migrations with "+
+			"`consumer migrate --db-statement-timeout DURATION` (a longer one) as the schema owner role, then start again", err, timeout)
+	}
+	return from, to, err
 }
 
 // CheckPool is CheckVersion through a pool's configuration.

@@ -44,6 +44,13 @@ type OpenOpts struct {
 	LocalMustExist bool
 	// StatementTimeout bounds every statement. Defaults to 30s.
 	StatementTimeout time.Duration
+	// MigrateStatementTimeout bounds each statement of the migrations
+	// Open applies. Defaults to the longer of MigrateStatementTimeoutDefault
+	// and StatementTimeout: an index build on a large table may take far
+	// longer than a runtime statement should, and a start that cut it
+	// short would drop the half-built index, build it again and time out
+	// again at every restart (docs/deploy.md, "Upgrades").
+	MigrateStatementTimeout time.Duration
 	// LockTimeout bounds every lock wait. Defaults to 10s.
 	LockTimeout time.Duration
 	// IdleInTxTimeout ends a session idle inside a transaction, so that a
@@ -64,6 +71,9 @@ const (
 	StatementTimeoutDefault = 30 * time.Second
 	LockTimeoutDefault      = 10 * time.Second
 	IdleInTxTimeoutDefault  = 60 * time.Second
+	// MigrateStatementTimeoutDefault is the statement timeout of the
+	// migrating connection, at start and in `consumer migrate`.
+	MigrateStatementTimeoutDefault = 15 * time.Minute
 )
 
 // DB is an open, migrated database.
@@ -152,7 +162,9 @@ func Open(ctx context.Context, opts OpenOpts) (*DB, error) {
 		err = CheckPool(ctx, db.Pool)
 	} else {
 		var from, to int64
-		from, to, err = migratePool(ctx, db.Pool)
+		timeout := cmp.Or(opts.MigrateStatementTimeout,
+			max(MigrateStatementTimeoutDefault, cmp.Or(opts.StatementTimeout, StatementTimeoutDefault)))
+		from, to, err = migratePool(ctx, db.Pool, timeout)
 		if err == nil && from != to {
 			log.InfoContext(ctx, "schema migrated", slog.Int64("from_version", from), slog.Int64("to_version", to))
 		}

@@ -1,0 +1,74 @@
+package pgdb_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/pressly/goose/v3"
+	"github.com/stretchr/testify/require"
+
+	"github.com/promptline/promptline/internal/pgdb"
+)
+
+// migrationWaits returns the URL of a schema one migration behind this
+// binary, with a transaction of another session holding a lock on inputs
+// that the last migration's index build waits for, for hold; the
+// migration then takes at least that long, whatever the machine's speed.
+func migrationWaits(t *testing.T, schema string, hold time.Duration) string {
+	t.Helper()
+	ctx := t.Context()
+	url := schemaURL(t, schema)
+	p, err := goose.NewProvider(goose.DialectPostgres, openSQL(t, url), pgdb.Migrations())
+	require.NoError(t, err)
+	_, err = p.UpTo(ctx, pgdb.LatestVersion()-1)
+	require.NoError(t, err)
+	conn, err := pgx.Connect(ctx, url)
+	require.NoError(t, err)
+	tx, err := conn.Begin(ctx)
+	require.NoError(t, err)
+	// SHARE UPDATE EXCLUSIVE conflicts with itself, which CREATE INDEX
+	// CONCURRENTLY takes on the table it indexes.
+	_, err = tx.Exec(ctx, `LOCK TABLE inputs IN SHARE UPDATE EXCLUSIVE MODE`)
+	require.NoError(t, err)
+	released := make(chan struct{})
+	go func() {
+		defer close(released)
+		time.Sleep(hold)
+		_ = tx.Rollback(context.Background())
+		_ = conn.Close(context.Background())
+	}()
+	t.Cleanup(func() { <-released })
+	return url
+}
+
+// A consumer that migrates at start (--migrate, the default) must not cut
+// a migration short at its runtime statement timeout: an index build on a
+// large table takes longer than a turn's statement may, and every start
+// would drop the half-built index, build it again and time out again.
+// Migrations run under their own timeout, as `consumer migrate` does.
+func TestMigrateAtStartOutlivesTheRuntimeStatementTimeout(t *testing.T) {
+	t.Parallel()
+	url := migrationWaits(t, "slow_migration", 1500*time.Millisecond)
+	db, err := pgdb.Open(t.Context(), pgdb.OpenOpts{URL: url, StatementTimeout: 300 * time.Millisecond})
+	require.NoError(t, err, "the migration waited longer than the runtime's statement timeout")
+	defer db.Close()
+	var v int64
+	require.NoError(t, db.Pool.QueryRow(t.Context(), `SELECT max(version_id) FROM goose_db_version`).Scan(&v))
+	require.Equal(t, pgdb.LatestVersion(), v)
+	var stmt string
+	require.NoError(t, db.Pool.QueryRow(t.Context(), `SELECT current_setting('statement_timeout')`).Scan(&stmt))
+	require.Equal(t, "300ms", stmt, "the runtime's own connections keep the runtime's timeout")
+}
+
+// A migration that outlives even its own timeout fails the start with an
+// error that says what to run, not a bare "canceling statement".
+func TestMigrationPastItsTimeoutNamesTheCommand(t *testing.T) {
+	t.Parallel()
+	url := migrationWaits(t, "too_slow_migration", 1500*time.Millisecond)
+	_, err := pgdb.Open(t.Context(), pgdb.OpenOpts{URL: url, MigrateStatementTimeout: 300 * time.Millisecond})
+	require.ErrorContains(t, err, "canceling statement due to statement timeout")
+	require.ErrorContains(t, err, "ran past its statement timeout (300ms)")
+	require.ErrorContains(t, err, "`consumer migrate --db-statement-timeout")
+}
