@@ -79,7 +79,12 @@ func Decide(old ledger.Claim, ev Evidence, idempotentProviders []string) Decisio
 		return Decision{Decision: DecisionQuarantined, QuarantineReason: reason}
 	}
 	d := Decision{}
-	superseded := old.AssistantMessageID != "" && ev.NewestAssistantID != old.AssistantMessageID
+	// Superseded by a newer turn, not by the errored rest of its own: a
+	// continuation that dies before it begins a step of its own still
+	// points at the turn's message, after the errored message of the
+	// turn's earlier failure (failedMessage); its started calls must be
+	// reconciled like the first failure's.
+	superseded := old.AssistantMessageID != "" && ev.SupersededBy != ""
 	switch {
 	case superseded:
 		d.Decision = DecisionSuperseded

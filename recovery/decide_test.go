@@ -25,7 +25,7 @@ func TestDecide(t *testing.T) {
 	}{
 		"Ready":      {claim: claim(ledger.PhaseReady, ""), want: recovery.Decision{Decision: recovery.DecisionRewoken}},
 		"Safe":       {claim: claim(ledger.PhaseSafe, "a"), ev: recovery.Evidence{AssistantStatus: "completed", NewestAssistantID: "a"}, want: recovery.Decision{Decision: recovery.DecisionCleared}},
-		"Superseded": {claim: claim(ledger.PhaseContinue, "a"), ev: recovery.Evidence{AssistantStatus: "completed", NewestAssistantID: "b"}, want: recovery.Decision{Decision: recovery.DecisionSuperseded}},
+		"Superseded": {claim: claim(ledger.PhaseContinue, "a"), ev: recovery.Evidence{AssistantStatus: "completed", NewestAssistantID: "b", SupersededBy: "b"}, want: recovery.Decision{Decision: recovery.DecisionSuperseded}},
 		"Continue": {claim: claim(ledger.PhaseContinue, "a"), ev: recovery.Evidence{AssistantStatus: "completed", NewestAssistantID: "a"},
 			want: recovery.Decision{Decision: recovery.DecisionContinued, ContinuationID: recovery.ContinuationID("e")}},
 		"ContinueIDHeldByAPrompt": {claim: claim(ledger.PhaseContinue, "a"), ev: recovery.Evidence{AssistantStatus: "completed", NewestAssistantID: "a",
@@ -58,7 +58,7 @@ func TestDecide(t *testing.T) {
 			want: recovery.Decision{Decision: recovery.DecisionReconciled}},
 		"CapReachedCleared": {claim: claim(ledger.PhaseSafe, "a"), ev: recovery.Evidence{AssistantStatus: "completed", NewestAssistantID: "a", Cap: &recovery.CapFact{Max: 1, Recovered: 5}},
 			want: recovery.Decision{Decision: recovery.DecisionCleared}},
-		"CapReachedSuperseded": {claim: claim(ledger.PhaseContinue, "a"), ev: recovery.Evidence{AssistantStatus: "completed", NewestAssistantID: "b", Cap: &recovery.CapFact{Max: 1, Recovered: 5}},
+		"CapReachedSuperseded": {claim: claim(ledger.PhaseContinue, "a"), ev: recovery.Evidence{AssistantStatus: "completed", NewestAssistantID: "b", SupersededBy: "b", Cap: &recovery.CapFact{Max: 1, Recovered: 5}},
 			want: recovery.Decision{Decision: recovery.DecisionSuperseded}},
 		// Phase continue: a deferred retry to a provider that honours keys
 		// is sent again with its key; any other deferred attempt afresh.
@@ -106,16 +106,23 @@ func TestDecide(t *testing.T) {
 		"UnknownTwoStartedAttempts": {claim: claim(ledger.PhaseUnknown, "a"), idempotent: []string{"p"}, ev: recovery.Evidence{AssistantStatus: "pending", NewestAssistantID: "a",
 			Attempts: []recovery.AttemptFact{{ID: "at1", Provider: "p", State: ledger.AttemptStarted}, {ID: "at2", Provider: "p", State: ledger.AttemptStarted}}},
 			want: recovery.Decision{Decision: recovery.DecisionReconciled}},
-		"UnknownWithoutAssistant": {claim: claim(ledger.PhaseUnknown, ""), ev: recovery.Evidence{NewestAssistantID: "b"},
+		"UnknownWithoutAssistant": {claim: claim(ledger.PhaseUnknown, ""), ev: recovery.Evidence{NewestAssistantID: "b", SupersededBy: "b"},
 			want: recovery.Decision{Decision: recovery.DecisionReconciled}},
 		// Superseded comes first: whatever the phase, a turn that is no
 		// longer the session's newest is not run again nor reconciled.
-		"SupersededUnknown": {claim: claim(ledger.PhaseUnknown, "a"), ev: recovery.Evidence{AssistantStatus: "pending", NewestAssistantID: "b",
+		"SupersededUnknown": {claim: claim(ledger.PhaseUnknown, "a"), ev: recovery.Evidence{AssistantStatus: "pending", NewestAssistantID: "b", SupersededBy: "b",
 			ToolCalls: []recovery.ToolCallFact{{ID: "c", Class: "side_effecting", State: ledger.CallStarted}}},
 			want: recovery.Decision{Decision: recovery.DecisionSuperseded}},
-		"SupersededSafe": {claim: claim(ledger.PhaseSafe, "a"), ev: recovery.Evidence{AssistantStatus: "completed", NewestAssistantID: "b"},
+		// Newer only by the errored rest of its own turn (a failure of
+		// the turn before): decided by its phase, as the first failure was.
+		"ErroredRestOfItsTurnUnknown": {claim: claim(ledger.PhaseUnknown, "a"), ev: recovery.Evidence{AssistantStatus: "errored", NewestAssistantID: "b",
+			ToolCalls: []recovery.ToolCallFact{{ID: "c", Class: "side_effecting", State: ledger.CallStarted}}},
+			want: recovery.Decision{Decision: recovery.DecisionReconciled}},
+		"ErroredRestOfItsTurnContinue": {claim: claim(ledger.PhaseContinue, "a"), ev: recovery.Evidence{AssistantStatus: "errored", NewestAssistantID: "b"},
+			want: recovery.Decision{Decision: recovery.DecisionContinued, ContinuationID: "recovery-continue-e"}},
+		"SupersededSafe": {claim: claim(ledger.PhaseSafe, "a"), ev: recovery.Evidence{AssistantStatus: "completed", NewestAssistantID: "b", SupersededBy: "b"},
 			want: recovery.Decision{Decision: recovery.DecisionSuperseded}},
-		"SupersededReady": {claim: claim(ledger.PhaseReady, "a"), ev: recovery.Evidence{AssistantStatus: "completed", NewestAssistantID: "b"},
+		"SupersededReady": {claim: claim(ledger.PhaseReady, "a"), ev: recovery.Evidence{AssistantStatus: "completed", NewestAssistantID: "b", SupersededBy: "b"},
 			want: recovery.Decision{Decision: recovery.DecisionSuperseded}},
 		"CapReachedIdempotentCalls": {claim: claim(ledger.PhaseUnknown, "a"), ev: recovery.Evidence{AssistantStatus: "pending", NewestAssistantID: "a",
 			ToolCalls: []recovery.ToolCallFact{{ID: "c", Class: "idempotent", State: ledger.CallStarted}}, Cap: &recovery.CapFact{Max: 1, Window: "1h0m0s", Recovered: 1}},

@@ -59,7 +59,8 @@
 // of a capped claim of the session count.
 //
 // Decisions: cleared (phase safe), superseded (the claim's assistant
-// message is not the session's newest), rewoken (phase ready), continued
-// (phase continue, or an idempotent retry), reconciled (phase unknown),
-// quarantined.
+// message is older than a message of a newer turn, or than a step its own
+// turn went on to; not merely than the errored rest of its turn), rewoken
+// (phase ready), continued (phase continue, or an idempotent retry),
+// reconciled (phase unknown), quarantined.
 package recovery

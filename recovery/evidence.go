@@ -10,22 +10,29 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/promptline/promptline/ledger"
+	"github.com/promptline/promptline/transcript"
 )
 
 // Evidence is what a decision rested on, stored with it.
 type Evidence struct {
-	Phase              string          `json:"phase"`
-	AssistantMessageID string          `json:"assistant_message_id,omitempty"`
-	AssistantStatus    string          `json:"assistant_status,omitempty"`
-	NewestAssistantID  string          `json:"newest_assistant_message_id,omitempty"`
-	TurnID             string          `json:"turn_id,omitempty"`
-	TurnMessageIDs     []string        `json:"turn_message_ids,omitempty"`
-	Attempts           []AttemptFact   `json:"attempts"`
-	ToolCalls          []ToolCallFact  `json:"tool_calls"`
-	WaitingInputs      int             `json:"waiting_inputs"`
-	Owner              string          `json:"owner"`
-	ExpiredAt          time.Time       `json:"expired_at"`
-	Extra              json.RawMessage `json:"extra,omitempty"`
+	Phase              string `json:"phase"`
+	AssistantMessageID string `json:"assistant_message_id,omitempty"`
+	AssistantStatus    string `json:"assistant_status,omitempty"`
+	NewestAssistantID  string `json:"newest_assistant_message_id,omitempty"`
+	// SupersededBy is the newest assistant message written after the
+	// claim's, other than the errored rest of its own turn (a continuation
+	// of the turn that failed before its step began, or the message of
+	// an earlier failure recovery created): a newer turn, or the turn
+	// gone on past the step. "" when none: nothing supersedes the claim.
+	SupersededBy   string          `json:"superseded_by,omitempty"`
+	TurnID         string          `json:"turn_id,omitempty"`
+	TurnMessageIDs []string        `json:"turn_message_ids,omitempty"`
+	Attempts       []AttemptFact   `json:"attempts"`
+	ToolCalls      []ToolCallFact  `json:"tool_calls"`
+	WaitingInputs  int             `json:"waiting_inputs"`
+	Owner          string          `json:"owner"`
+	ExpiredAt      time.Time       `json:"expired_at"`
+	Extra          json.RawMessage `json:"extra,omitempty"`
 	// ContinuationHolders are the inputs that hold the candidate IDs of
 	// the execution's continuation (Decide picks one); not stored.
 	ContinuationHolders []InputFact `json:"-"`
@@ -139,6 +146,16 @@ func gather(ctx context.Context, tx pgx.Tx, c ledger.Claim) (Evidence, error) {
 		c.SessionID).Scan(&ev.NewestAssistantID)
 	if err != nil {
 		return ev, fmt.Errorf("reading newest assistant message: %w", err)
+	}
+	if c.AssistantMessageID != "" && ev.NewestAssistantID != c.AssistantMessageID {
+		// The same rule as an operator's resolution (refuseSuperseded).
+		n, found, err := transcript.ReadNewerStep(ctx, tx, &transcript.NewerStepParams{MessageID: c.AssistantMessageID})
+		if err != nil {
+			return ev, fmt.Errorf("reading newer assistant messages: %w", err)
+		}
+		if found {
+			ev.SupersededBy = n.MessageID
+		}
 	}
 	rows, err := tx.Query(ctx, `SELECT attempt_id, step, provider, state, coalesce(model, ''), coalesce(request_tokens, 0), coalesce(response_id, '')
 		FROM attempts WHERE execution_id = $1 ORDER BY step`, c.ExecutionID)

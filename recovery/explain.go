@@ -136,6 +136,9 @@ func explainEvidence(w io.Writer, ev Evidence) {
 	if ev.AssistantMessageID != "" {
 		fmt.Fprintf(w, "  Its assistant message %s was %s; the session's newest is %s.\n",
 			ev.AssistantMessageID, ev.AssistantStatus, ev.NewestAssistantID)
+		if ev.SupersededBy != "" {
+			fmt.Fprintf(w, "  Assistant message %s superseded it (a newer turn, or its turn gone on past it).\n", ev.SupersededBy)
+		}
 	}
 	fmt.Fprintf(w, "  Inputs waiting: %d.\n", ev.WaitingInputs)
 	if c := ev.Cap; c != nil {
@@ -183,7 +186,7 @@ func because(r Record) string {
 	case DecisionCleared:
 		return "the turn had completed; the claim was cleared" + wake(r)
 	case DecisionSuperseded:
-		return "its assistant message was no longer the session's newest; the claim was cleared without continuing" + wake(r)
+		return "a newer turn had superseded its turn (its assistant message was no longer the session's newest); the claim was cleared without continuing" + wake(r)
 	case DecisionRewoken:
 		return "nothing uncertain had been dispatched; the claim was cleared" + wake(r)
 	case DecisionContinued:
