@@ -67,20 +67,29 @@ func TestPendingRejectTruncation(t *testing.T) {
 }
 
 // The headers that say what was cut stand among promptline's, so that a
-// replay of the rejects topic still finds exactly the original's headers.
+// replay of the rejects topic still finds exactly the original's headers,
+// even those named as promptline names its own.
 func TestTruncatedRejectKeepsTheOriginalsHeadersApart(t *testing.T) {
 	t.Parallel()
-	src := &sarama.ConsumerMessage{Topic: "prompts", Key: []byte("k"), Value: bytes.Repeat([]byte("x"), 5000),
-		Headers: []*sarama.RecordHeader{{Key: []byte("trace"), Value: []byte("t1")}}}
-	orig := RejectMessage("prompts.rejects", src, "too_large", "d")
-	m := (&pendingReject{orig: orig, budget: 1000}).message()
-	var hs []*sarama.RecordHeader
-	for i := range m.Headers {
-		hs = append(hs, &m.Headers[i])
+	for name, key := range map[string][]byte{"Value": []byte("k"), "ValueAndKey": bytes.Repeat([]byte("k"), 3000)} {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			src := &sarama.ConsumerMessage{Topic: "prompts", Key: key, Value: bytes.Repeat([]byte("x"), 5000),
+				Headers: []*sarama.RecordHeader{{Key: []byte("reason"), Value: []byte("mine")}, {Key: []byte("trace"), Value: []byte("t1")}}}
+			orig := RejectMessage("prompts.rejects", src, "too_large", "d")
+			m := (&pendingReject{orig: orig, budget: 1000}).message()
+			var hs []*sarama.RecordHeader
+			for i := range m.Headers {
+				hs = append(hs, &m.Headers[i])
+			}
+			require.True(t, Truncated(hs))
+			require.Equal(t, name == "ValueAndKey", header(m, RejectHeaderOriginalKeySHA256) != "", "the key was cut too")
+			rest := OriginalHeaders(hs)
+			require.Len(t, rest, 2)
+			require.Equal(t, "reason", string(rest[0].Key))
+			require.Equal(t, "mine", string(rest[0].Value))
+			require.Equal(t, "trace", string(rest[1].Key))
+			require.False(t, Truncated(src.Headers))
+		})
 	}
-	require.True(t, Truncated(hs))
-	rest := OriginalHeaders(hs)
-	require.Len(t, rest, 1)
-	require.Equal(t, "trace", string(rest[0].Key))
-	require.False(t, Truncated(src.Headers))
 }

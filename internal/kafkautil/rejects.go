@@ -26,11 +26,49 @@ const (
 	RejectHeaderOriginalKeySHA256   = "original_key_sha256"
 )
 
-// rejectHeaderNames are the names OriginalHeaders strips from the front of
-// a reject. A header promptline adds to its rejects belongs here.
-var rejectHeaderNames = []string{
-	RejectHeaderReason, RejectHeaderDetail, RejectHeaderSourceTopic, RejectHeaderSourcePartition, RejectHeaderSourceOffset,
-	RejectHeaderOriginalValueBytes, RejectHeaderOriginalValueSHA256, RejectHeaderOriginalKeyBytes, RejectHeaderOriginalKeySHA256,
+// A reject's own headers have a fixed layout (RejectHeaders and
+// withRejectHeaders write it): the five always, in this order, then the
+// pairs that say what was cut, each whole or absent, in this order. It is
+// read by position, not by name: the original's headers follow, and the
+// original may carry one named as promptline names its own.
+var (
+	rejectHeaderNames = []string{
+		RejectHeaderReason, RejectHeaderDetail, RejectHeaderSourceTopic, RejectHeaderSourcePartition, RejectHeaderSourceOffset,
+	}
+	rejectCutPairs = [][2]string{
+		{RejectHeaderOriginalValueBytes, RejectHeaderOriginalValueSHA256},
+		{RejectHeaderOriginalKeyBytes, RejectHeaderOriginalKeySHA256},
+	}
+	allRejectHeaderNames = append(slices.Clone(rejectHeaderNames),
+		RejectHeaderOriginalValueBytes, RejectHeaderOriginalValueSHA256, RejectHeaderOriginalKeyBytes, RejectHeaderOriginalKeySHA256)
+)
+
+// ownHeaders returns how many of the n headers that key names, from the
+// first, are promptline's own: 0 when they do not begin with its five.
+// cut reports that they include a pair that says what was cut.
+func ownHeaders(n int, key func(i int) string) (own int, cut bool) {
+	for i, name := range rejectHeaderNames {
+		if i >= n || key(i) != name {
+			return 0, false
+		}
+	}
+	own = len(rejectHeaderNames)
+	for _, pair := range rejectCutPairs {
+		if own+1 < n && key(own) == pair[0] && key(own+1) == pair[1] {
+			own += 2
+			cut = true
+		}
+	}
+	return own, cut
+}
+
+func keyOf(hs []*sarama.RecordHeader) func(int) string {
+	return func(i int) string {
+		if hs[i] == nil {
+			return ""
+		}
+		return string(hs[i].Key)
+	}
 }
 
 // RejectMessage is the rejects-topic copy of m: its key and bytes, with
@@ -45,24 +83,31 @@ func RejectMessage(topic string, m *sarama.ConsumerMessage, reason, detail strin
 
 // Truncated reports whether a rejects-topic message was cut to fit: it
 // holds only a prefix of the original (or lost its key), so it is not the
-// message that was sent.
+// message that was sent. It errs on the side of "cut", the safe side (a
+// message judged cut is never admitted from the rejects topic): a header
+// that says so anywhere in the leading run of headers named as
+// promptline's counts, even when the layout is not promptline's exactly
+// or the header is the original's.
 func Truncated(reject []*sarama.RecordHeader) bool {
+	if _, cut := ownHeaders(len(reject), keyOf(reject)); cut {
+		return true
+	}
 	for _, h := range reject {
-		if h != nil && (string(h.Key) == RejectHeaderOriginalValueSHA256 || string(h.Key) == RejectHeaderOriginalKeySHA256) {
+		if h == nil || !slices.ContainsFunc(allRejectHeaderNames, func(n string) bool { return n == string(h.Key) }) {
+			return false
+		}
+		if string(h.Key) == RejectHeaderOriginalValueSHA256 || string(h.Key) == RejectHeaderOriginalKeySHA256 {
 			return true
 		}
 	}
 	return false
 }
 
-// withRejectHeaders returns a copy of a reject's headers with extra placed
-// at the end of promptline's own (before the original's), so that
-// OriginalHeaders still finds exactly the original's.
+// withRejectHeaders returns a copy of a reject's headers with extra (a pair
+// of rejectCutPairs) placed at the end of promptline's own, before the
+// original's, so that OriginalHeaders still finds exactly the original's.
 func withRejectHeaders(hs []sarama.RecordHeader, extra ...sarama.RecordHeader) []sarama.RecordHeader {
-	n := 0
-	for n < len(hs) && slices.Contains(rejectHeaderNames, string(hs[n].Key)) {
-		n++
-	}
+	n, _ := ownHeaders(len(hs), func(i int) string { return string(hs[i].Key) })
 	out := make([]sarama.RecordHeader, 0, len(hs)+len(extra))
 	out = append(out, hs[:n]...)
 	out = append(out, extra...)
@@ -92,13 +137,11 @@ func RejectHeaders(m *sarama.ConsumerMessage, reason, detail string) []sarama.Re
 }
 
 // OriginalHeaders returns the headers of the original message that a
-// rejects-topic message carries: those after the leading run of
-// promptline's reject headers. A reject written before promptline kept the
-// original's headers yields none.
+// rejects-topic message carries: those after promptline's own (ownHeaders).
+// A reject written before promptline kept the original's headers yields
+// none; a message that does not begin with promptline's five headers is
+// not one of its rejects, and yields all of its headers.
 func OriginalHeaders(reject []*sarama.RecordHeader) []*sarama.RecordHeader {
-	i := 0
-	for i < len(reject) && reject[i] != nil && slices.Contains(rejectHeaderNames, string(reject[i].Key)) {
-		i++
-	}
-	return reject[i:]
+	n, _ := ownHeaders(len(reject), keyOf(reject))
+	return reject[n:]
 }
