@@ -230,6 +230,33 @@ func TestHealthMetricsAndLogs(t *testing.T) {
 		require.True(t, ok, "no sample %s in\n%s", series, exposition)
 		require.GreaterOrEqual(t, v, atLeast, series)
 	}
+	// Each prompt is counted once by its classification: a conflict as
+	// outcome conflict, not again as a reject with reason conflict when
+	// its reject is published; a malformed one as rejected, by reason.
+	conflicting := p
+	conflicting.Text = "another payload"
+	b.send(t, conflicting)
+	b.sendRaw(t, "s-health", []byte(`{"message_id":`))
+	require.Eventually(t, func() bool {
+		_, exposition = httpGet(t, base+"/metrics")
+		c, cok := metricValue(exposition, `promptline_admissions_total{outcome="conflict",reason=""}`)
+		r, rok := metricValue(exposition, `promptline_admissions_total{outcome="rejected",reason="invalid_json"}`)
+		return cok && c == 1 && rok && r == 1
+	}, 20*time.Second, 50*time.Millisecond, "the conflict and the malformed prompt are counted:\n%s", exposition)
+	// Same session, same partition, sent after the conflict: its reject
+	// is published after the conflict's, which is therefore counted by now.
+	_, counted := metricValue(exposition, `promptline_admissions_total{outcome="rejected",reason="conflict"}`)
+	require.False(t, counted, "a conflict counted twice:\n%s", exposition)
+	var prompts float64
+	for _, l := range strings.Split(exposition, "\n") {
+		if strings.HasPrefix(l, "promptline_admissions_total{") {
+			v, err := strconv.ParseFloat(l[strings.LastIndexByte(l, ' ')+1:], 64)
+			require.NoError(t, err, l)
+			prompts += v
+		}
+	}
+	require.Equal(t, 3.0, prompts, "three prompts, each counted once:\n%s", exposition)
+
 	lagSeries := regexp.MustCompile(`(?m)^promptline_kafka_consumer_lag_messages\{partition="\d+",topic="(prompts|wakes|permission-replies)"\} \d+$`)
 	require.Len(t, lagSeries.FindAllString(exposition, -1), 3*testPartitions,
 		"one lag series per owned partition of the three topics:\n%s", exposition)

@@ -320,8 +320,15 @@ func run(ctx context.Context, o *options, stderr io.Writer) (err error) {
 	defer rec.Stop()
 	ccfg := &pipeline.ConsumerConfig{
 		Topics: topics, MaxBatch: o.maxBatch, MaxMessageBytes: o.maxMessageBytes, Logger: log,
-		Limits:            envelope.Limits{MaxValueBytes: o.maxValueBytes},
-		OnRejectFunc:      func(outcome, reason string) { m.Admissions.WithLabelValues(outcome, reason).Inc() },
+		Limits: envelope.Limits{MaxValueBytes: o.maxValueBytes},
+		OnRejectFunc: func(outcome, reason string) {
+			if outcome == "rejected" && reason == envelope.ReasonConflict {
+				// Counted once, as outcome conflict, when admission
+				// classified it: a prompt is counted by its classification.
+				return
+			}
+			m.Admissions.WithLabelValues(outcome, reason).Inc()
+		},
 		OnWakeFunc:        func(result string) { m.Wakes.WithLabelValues(result).Inc() },
 		OnWakeStartedFunc: func(sinceAt time.Duration) { m.WakeToStart.Observe(sinceAt.Seconds()) },
 	}
