@@ -2,9 +2,13 @@ package admission
 
 import (
 	"errors"
+	"fmt"
+	"strings"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/promptline/promptline/envelope"
 )
 
 // errNotFound says that a statement returned no row (pgx.ErrNoRows).
@@ -26,6 +30,22 @@ func (e *DataError) Error() string { return e.err.Error() }
 
 // Unwrap returns the error the admission returned.
 func (e *DataError) Unwrap() error { return e.err }
+
+// maxRejectDetail bounds the detail of a data error's reject: the
+// server's message may quote the refused value.
+const maxRejectDetail = 256
+
+// Reject is the reject of the message Postgres refused: reason
+// envelope.ReasonDataError, the SQLSTATE and the server's message as its
+// detail, cut to maxRejectDetail bytes. Live admission and replay
+// reject a data error with it alike.
+func (e *DataError) Reject() *envelope.RejectError {
+	detail := fmt.Sprintf("Postgres refused it: SQLSTATE %s: %s", e.Code, e.Message)
+	if len(detail) > maxRejectDetail {
+		detail = strings.ToValidUTF8(detail[:maxRejectDetail], "")
+	}
+	return &envelope.RejectError{Reason: envelope.ReasonDataError, Detail: detail}
+}
 
 // interpretError is the package's only translation of driver errors
 // (River's interpretError): no other file of the package tests

@@ -3,11 +3,15 @@ package admission
 import (
 	"errors"
 	"fmt"
+	"strings"
 	"testing"
+	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/stretchr/testify/require"
+
+	"github.com/promptline/promptline/envelope"
 )
 
 // A data error keeps the server's code and message for the reject, and
@@ -31,4 +35,24 @@ func TestAsDataError(t *testing.T) {
 	require.ErrorIs(t, interpretError(fmt.Errorf("reading: %w", pgx.ErrNoRows)), errNotFound)
 	other := errors.New("other")
 	require.Same(t, other, interpretError(other))
+}
+
+// The reject of a data error names the SQLSTATE and the server's message,
+// cut to maxRejectDetail bytes of valid UTF-8: live admission and replay
+// publish the same.
+func TestDataErrorReject(t *testing.T) {
+	t.Parallel()
+	de, ok := AsDataError(&pgconn.PgError{Code: "23514", Message: `new row for relation "inputs" violates check constraint "c"`})
+	require.True(t, ok)
+	re := de.Reject()
+	require.Equal(t, envelope.ReasonDataError, re.Reason)
+	require.Equal(t, `Postgres refused it: SQLSTATE 23514: new row for relation "inputs" violates check constraint "c"`, re.Detail)
+
+	de, ok = AsDataError(&pgconn.PgError{Code: "22001", Message: strings.Repeat("é", 200)})
+	require.True(t, ok)
+	re = de.Reject()
+	require.LessOrEqual(t, len(re.Detail), maxRejectDetail)
+	require.Greater(t, len(re.Detail), maxRejectDetail-2)
+	require.True(t, utf8.ValidString(re.Detail))
+	require.True(t, strings.HasPrefix(re.Detail, "Postgres refused it: SQLSTATE 22001: éé"))
 }

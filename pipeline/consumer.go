@@ -7,7 +7,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"strings"
 	"sync/atomic"
 	"time"
 
@@ -332,17 +331,7 @@ func isDataError(err error) bool {
 // data error.
 func dataReject(err error) *envelope.RejectError {
 	de, _ := admission.AsDataError(err)
-	return &envelope.RejectError{Reason: envelope.ReasonDataError,
-		Detail: truncateDetail(fmt.Sprintf("Postgres refused it: SQLSTATE %s: %s", de.Code, de.Message))}
-}
-
-// truncateDetail bounds a detail header built from an error's text.
-func truncateDetail(s string) string {
-	const maxDetail = 256
-	if len(s) <= maxDetail {
-		return s
-	}
-	return strings.ToValidUTF8(s[:maxDetail], "")
+	return de.Reject()
 }
 
 // checkHeaders enforces the header limits on m, before its value is

@@ -395,17 +395,23 @@ func (r *Replayer) process(ctx, work context.Context, topic string, batch []*sar
 		}
 	}
 
-	if err := r.classify(ctx, work, good, res.outcomes); err != nil {
+	refused, err := r.classify(ctx, work, good, res.outcomes)
+	if err != nil {
 		return res, err
 	}
 	for _, d := range good {
 		i := d.i
-		if res.outcomes[i] != Conflict {
+		j := rejs[i]
+		switch {
+		case refused[i] != nil:
+			j.Outcome, j.Reason, j.Detail = Malformed.String(), refused[i].Reason, refused[i].Detail
+		case res.outcomes[i] == Conflict:
+			j.Outcome, j.Reason = Conflict.String(), envelope.ReasonConflict
+			j.Detail = fmt.Sprintf("message_id %q was admitted before with another payload", d.in.Prompt.MessageID)
+		default:
 			continue
 		}
-		j := rejs[i]
-		j.Outcome, j.Reason = Conflict.String(), envelope.ReasonConflict
-		j.Detail = fmt.Sprintf("message_id %q was admitted before with another payload", d.in.Prompt.MessageID)
+		j.MessageID, j.SessionID = d.in.Prompt.MessageID, d.in.Prompt.SessionID
 		rejs[i] = j
 	}
 	for i, m := range batch {
@@ -414,13 +420,6 @@ func (r *Replayer) process(ctx, work context.Context, topic string, batch []*sar
 			continue
 		}
 		j.Partition, j.Offset = m.Partition, m.Offset
-		if res.outcomes[i] == Conflict {
-			for _, d := range good {
-				if d.i == i {
-					j.MessageID, j.SessionID = d.in.Prompt.MessageID, d.in.Prompt.SessionID
-				}
-			}
-		}
 		res.rejections = append(res.rejections, j)
 	}
 	if r.cfg.PublishRejects {
@@ -434,23 +433,24 @@ func (r *Replayer) process(ctx, work context.Context, topic string, batch []*sar
 // classify fills the outcomes of the decoded prompts. Prompts whose ID is
 // already admitted are classified by a read-only query (the package's
 // invariant 2, doc.go); the rest go through Admit, unless this is a dry
-// run.
-func (r *Replayer) classify(ctx, work context.Context, good []decoded, outcomes []Outcome) error {
+// run. A prompt Postgres refuses with a data error is Malformed, and
+// refused holds its reject by batch index (docs/design.md, invariant 13).
+func (r *Replayer) classify(ctx, work context.Context, good []decoded, outcomes []Outcome) (refused map[int]*envelope.RejectError, err error) {
 	if len(good) == 0 {
-		return nil
+		return nil, nil
 	}
 	ids := make([]string, len(good))
 	for k, d := range good {
 		ids[k] = d.in.Prompt.MessageID
 	}
 	var prior map[string]admission.Stored
-	err := retried(ctx, r.log, "reading admitted inputs", func() error {
+	err = retried(ctx, r.log, "reading admitted inputs", func() error {
 		var err error
 		prior, err = admission.ReadStored(work, r.pool, ids)
 		return err
 	})
 	if err != nil {
-		return err
+		return nil, err
 	}
 	var toAdmit []decoded
 	for _, d := range good {
@@ -474,7 +474,7 @@ func (r *Replayer) classify(ctx, work context.Context, good []decoded, outcomes 
 		outcomes[d.i] = Outcome(o)
 	}
 	if len(toAdmit) == 0 {
-		return nil
+		return nil, nil
 	}
 	in := make([]admission.Incoming, len(toAdmit))
 	for k, d := range toAdmit {
@@ -486,13 +486,51 @@ func (r *Replayer) classify(ctx, work context.Context, good []decoded, outcomes 
 		got, err = r.admitter.Admit(work, in)
 		return err
 	})
+	if _, ok := admission.AsDataError(err); ok {
+		r.log.WarnContext(ctx, "replay: admission refused by Postgres with a data error; admitting the batch's prompts one by one",
+			slog.Int("prompts", len(in)), slog.Any("error", err))
+		return r.admitOneByOne(ctx, work, toAdmit, outcomes)
+	}
 	if err != nil {
-		return err
+		return nil, err
 	}
 	for k, d := range toAdmit {
 		outcomes[d.i] = Outcome(got[k])
 	}
-	return nil
+	return nil, nil
+}
+
+// admitOneByOne admits the prompts of a batch that Postgres refused with a
+// data error each in a transaction of its own, so that only the prompts
+// it refuses are rejected, as live admission does (pipeline.Consumer). It
+// goes in the batch's order: a later copy of an ID is then classified
+// against the stored first one, as the batch would have been. Once the
+// first prompt commits, the batch is partly admitted: it finishes as a
+// unit, its retries bounded by their tries, not by the stop signal ctx.
+func (r *Replayer) admitOneByOne(ctx, work context.Context, toAdmit []decoded, outcomes []Outcome) (map[int]*envelope.RejectError, error) {
+	refused := map[int]*envelope.RejectError{}
+	for _, d := range toAdmit {
+		var got []admission.Outcome
+		err := retried(work, r.log, "admitting one prompt", func() error {
+			var err error
+			got, err = r.admitter.Admit(work, []admission.Incoming{d.in})
+			return err
+		})
+		if de, ok := admission.AsDataError(err); ok {
+			r.log.WarnContext(ctx, "replay: prompt refused by Postgres with a data error; rejected",
+				slog.String("message_id", d.in.Prompt.MessageID), slog.String("source_topic", d.in.Source.Topic),
+				slog.Int("source_partition", int(d.in.Source.Partition)), slog.Int64("source_offset", d.in.Source.Offset),
+				slog.Any("error", err))
+			outcomes[d.i] = Malformed
+			refused[d.i] = de.Reject()
+			continue
+		}
+		if err != nil {
+			return nil, err
+		}
+		outcomes[d.i] = Outcome(got[0])
+	}
+	return refused, nil
 }
 
 // wouldAdmitOutcome classifies, in a dry run, a prompt whose ID is not in
@@ -565,10 +603,16 @@ func header(m *sarama.ConsumerMessage, key string) string {
 }
 
 // retried runs f until it succeeds, backing off, for at most
-// retryAttempts tries or until ctx (the stop signal) ends.
+// retryAttempts tries or until ctx (the stop signal) ends. A data error of
+// Postgres (admission.AsDataError) is the same on every try: it is
+// returned at once, for the caller to reject the prompt.
 func retried(ctx context.Context, log *slog.Logger, what string, f func() error) error {
 	err := retry.Do(ctx, retry.Policy{
 		Min: 100 * time.Millisecond, Max: 5 * time.Second, Tries: retryAttempts,
+		Final: func(err error) bool {
+			_, ok := admission.AsDataError(err)
+			return ok
+		},
 		OnRetry: func(_ int, err error, wait time.Duration) {
 			log.WarnContext(ctx, what+" failed; retrying", slog.Any("error", err), slog.Duration("backoff", wait))
 		},

@@ -4,10 +4,12 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"strings"
 	"testing"
 
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/stretchr/testify/require"
 )
 
@@ -38,4 +40,22 @@ func TestRetriedTriesAgainThenGivesUp(t *testing.T) {
 	require.ErrorIs(t, err, down)
 	require.ErrorContains(t, err, "reading admitted inputs: ")
 	require.Equal(t, retryAttempts, n)
+}
+
+// A data error of Postgres is the same on every try: retried returns it
+// at once, for the caller to reject the prompt (docs/design.md,
+// invariant 13).
+func TestRetriedReturnsADataErrorAtOnce(t *testing.T) {
+	t.Parallel()
+	var logs bytes.Buffer
+	log := slog.New(slog.NewTextHandler(&logs, nil))
+	refused := &pgconn.PgError{Code: "23514", Message: "violates check constraint"}
+	n := 0
+	err := retried(context.Background(), log, "admitting", func() error {
+		n++
+		return fmt.Errorf("admitting 3 prompts: %w", refused)
+	})
+	require.ErrorIs(t, err, refused)
+	require.Equal(t, 1, n)
+	require.Empty(t, logs.String())
 }
