@@ -10,6 +10,7 @@ import (
 	"slices"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/IBM/sarama"
@@ -93,6 +94,8 @@ type Replayer struct {
 	rejections []Rejection
 	omitted    int64
 	wouldAdmit map[string][]byte // dry run: IDs it would admit, and their hashes
+
+	stopWaitLogged atomic.Bool // logStopWaits logged in this run
 }
 
 // New returns a Replayer. client reads the topic; rejects is needed only
@@ -140,8 +143,10 @@ func (r *Replayer) Progress() []PartitionReport {
 }
 
 // Run replays the ranges of topic and returns the report. Cancelling ctx
-// stops the replay cleanly: batches in flight finish (or, if they cannot,
-// are not counted), and the report's next offsets say where to resume; the
+// stops the replay cleanly: batches in flight finish (or, if they cannot
+// before their admission commits, are not counted; once it has committed,
+// a batch also waits for its rejects to be published, with
+// PublishRejects), and the report's next offsets say where to resume; the
 // report then has Interrupted set and the error is nil. An error stops all
 // partitions; the report is still returned for resuming.
 func (r *Replayer) Run(ctx context.Context, topic string, ranges []Range) (*Report, error) {
@@ -152,6 +157,7 @@ func (r *Replayer) Run(ctx context.Context, topic string, ranges []Range) (*Repo
 		r.parts[i] = &PartitionReport{Range: rg, First: -1, Last: -1, Next: rg.From}
 	}
 	r.mu.Unlock()
+	r.stopWaitLogged.Store(false)
 
 	consumer, err := sarama.NewConsumerFromClient(r.client)
 	if err != nil {
@@ -231,7 +237,7 @@ func (r *Replayer) runPartition(ctx context.Context, consumer sarama.Consumer, t
 			res, err := r.process(ctx, work, topic, batch)
 			if err != nil {
 				if ctx.Err() != nil {
-					return nil // stopped while retrying: the batch is not counted
+					return nil // stopped while retrying before its commit: the batch is not counted
 				}
 				return err
 			}
@@ -423,11 +429,27 @@ func (r *Replayer) process(ctx, work context.Context, topic string, batch []*sar
 		res.rejections = append(res.rejections, j)
 	}
 	if r.cfg.PublishRejects {
-		if err := r.publishRejects(ctx, batch, res.rejections); err != nil {
+		// The batch's admission has committed: it finishes as a unit, so
+		// its rejects are published on work, and a stop waits for them
+		// (a batch is committed whole or not counted).
+		if len(res.rejections) > 0 {
+			defer context.AfterFunc(ctx, r.logStopWaits)()
+		}
+		if err := r.publishRejects(work, batch, res.rejections); err != nil {
 			return res, err
 		}
 	}
 	return res, nil
+}
+
+// logStopWaits says, once per run, that the stop waits for the rejects of
+// a batch whose admission committed.
+func (r *Replayer) logStopWaits() {
+	if r.stopWaitLogged.Swap(true) {
+		return
+	}
+	r.log.Warn("replay: the stop waits for the rejects of the batches already admitted to be published " +
+		"(retried while the rejects topic is unavailable); a second SIGINT exits at once")
 }
 
 // classify fills the outcomes of the decoded prompts. Prompts whose ID is
@@ -588,8 +610,9 @@ func (r *Replayer) publishRejects(ctx context.Context, batch []*sarama.ConsumerM
 	for _, j := range rejs {
 		msgs = append(msgs, kafkautil.RejectMessage(r.cfg.Topics.Rejects, byOffset[j.Offset], j.Reason, j.Detail))
 	}
-	// Transient errors are retried until they pass or the replay is
-	// stopped; a reject too large to publish whole goes out truncated.
+	// Transient errors are retried until they pass (ctx is the work
+	// context: not until the replay is stopped); a reject too large to
+	// publish whole goes out truncated.
 	return r.rejects.Publish(ctx, msgs)
 }
 
