@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgtype"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/promptline/promptline/admission"
@@ -54,6 +55,49 @@ type Claim struct {
 	Phase              Phase
 	AssistantMessageID string
 	ExpiresAt          time.Time
+	// ExpiresNotFinite is ExpiryNegativeInfinity or ExpiryInfinity when
+	// expires_at holds that instead of a time (ExpiresAt is then zero), ""
+	// when it holds a time. No writer of promptline sets one (every lease
+	// is the clock plus a duration), but the column admits them: a hand
+	// edit, a restore or a repair script may leave one. Reading such a
+	// claim never fails; recovery quarantines it (its lease is neither
+	// live nor expired by any clock).
+	ExpiresNotFinite string
+}
+
+// The values of expires_at that are not a time (Claim.ExpiresNotFinite).
+const (
+	ExpiryNegativeInfinity = "-infinity"
+	ExpiryInfinity         = "infinity"
+)
+
+// setExpiry sets the claim's expiry from expires_at as read.
+func (c *Claim) setExpiry(t pgtype.Timestamptz) {
+	c.ExpiresAt, c.ExpiresNotFinite = expiryOf(t)
+}
+
+// expiryOf splits expires_at as read into a time and, when it holds none,
+// the value it holds instead.
+func expiryOf(t pgtype.Timestamptz) (time.Time, string) {
+	switch t.InfinityModifier {
+	case pgtype.NegativeInfinity:
+		return time.Time{}, ExpiryNegativeInfinity
+	case pgtype.Infinity:
+		return time.Time{}, ExpiryInfinity
+	}
+	return t.Time, ""
+}
+
+// expiryArg is an expiry as a query argument, the value the column holds,
+// infinite or not: a compare-and-swap on expires_at, a scan's position.
+func expiryArg(at time.Time, notFinite string) pgtype.Timestamptz {
+	switch notFinite {
+	case ExpiryNegativeInfinity:
+		return pgtype.Timestamptz{InfinityModifier: pgtype.NegativeInfinity, Valid: true}
+	case ExpiryInfinity:
+		return pgtype.Timestamptz{InfinityModifier: pgtype.Infinity, Valid: true}
+	}
+	return pgtype.Timestamptz{Time: at, Valid: true}
 }
 
 // ClaimsConfig configures Claims.
@@ -392,8 +436,9 @@ func Takeover(ctx context.Context, tx pgx.Tx, old Claim, executionID, ownerID st
 	}
 	nc := old
 	nc.ExecutionID, nc.OwnerID, nc.Token = executionID, ownerID, token+1
-	err = tx.QueryRow(ctx, takeoverSQL, old.SessionID, old.ExecutionID, old.OwnerID, old.ExpiresAt,
+	err = tx.QueryRow(ctx, takeoverSQL, old.SessionID, old.ExecutionID, old.OwnerID, expiryArg(old.ExpiresAt, old.ExpiresNotFinite),
 		executionID, ownerID, nc.Token, lease.Milliseconds()).Scan(&nc.ExpiresAt)
+	nc.ExpiresNotFinite = "" // the new lease is the clock plus lease
 	if errors.Is(interpretError(err), errNotFound) {
 		return Claim{}, ErrNotExpired
 	}
@@ -412,7 +457,8 @@ func Get(ctx context.Context, q interface {
 }, sessionID string) (c Claim, ok bool, err error) {
 	var phase string
 	var asst *string
-	err = q.QueryRow(ctx, getClaimSQL, sessionID).Scan(&c.SessionID, &c.ExecutionID, &c.OwnerID, &c.Token, &phase, &asst, &c.ExpiresAt)
+	var expires pgtype.Timestamptz
+	err = q.QueryRow(ctx, getClaimSQL, sessionID).Scan(&c.SessionID, &c.ExecutionID, &c.OwnerID, &c.Token, &phase, &asst, &expires)
 	if errors.Is(interpretError(err), errNotFound) {
 		return Claim{}, false, nil
 	}
@@ -420,6 +466,7 @@ func Get(ctx context.Context, q interface {
 		return Claim{}, false, fmt.Errorf("reading claim of %s: %w", sessionID, err)
 	}
 	c.Phase = Phase(phase)
+	c.setExpiry(expires)
 	if asst != nil {
 		c.AssistantMessageID = *asst
 	}

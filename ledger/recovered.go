@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgtype"
 )
 
 // The ledger's side of a recovery decision: what recovery (recovery's
@@ -156,7 +157,7 @@ type QuarantineClaimParams struct {
 // quarantine decision and after a decision that failed.
 func QuarantineClaim(ctx context.Context, tx pgx.Tx, p *QuarantineClaimParams) (quarantined bool, err error) {
 	c := p.Claim
-	tag, err := tx.Exec(ctx, quarantineClaimSQL, c.SessionID, c.ExecutionID, c.Token, c.ExpiresAt, p.Reason)
+	tag, err := tx.Exec(ctx, quarantineClaimSQL, c.SessionID, c.ExecutionID, c.Token, expiryArg(c.ExpiresAt, c.ExpiresNotFinite), p.Reason)
 	if err != nil {
 		return false, fmt.Errorf("quarantining claim of %s: %w", c.SessionID, err)
 	}
@@ -196,24 +197,43 @@ type ExpiredClaimsParams struct {
 	// pages on past the claims it has seen.
 	AfterExpiresAt *time.Time
 	AfterSessionID string
+	// AfterExpiresNotFinite, when not empty, is the position's expiry
+	// instead of AfterExpiresAt (the last claim seen had one that is not a
+	// time: Claim.ExpiresNotFinite).
+	AfterExpiresNotFinite string
 }
 
 // ExpiredClaims reads the claims whose lease expired and that are not
 // quarantined, at most p.Limit, in the order recovery handles them
-// (expiry, then session): what a recovery pass decides on. q is the pool
-// (a pass) or a transaction (a plan's snapshot).
+// (expiry, then session): what a recovery pass decides on. A claim whose
+// expires_at is not a time ('-infinity', 'infinity': Claim.ExpiresNotFinite)
+// is read too, in the same order ('-infinity' first, 'infinity' last), for
+// recovery to quarantine: it fails no scan, and a session held by a lease
+// that never ends is not left held silently. q is the pool (a pass) or a
+// transaction (a plan's snapshot).
 func ExpiredClaims(ctx context.Context, q interface {
 	Query(context.Context, string, ...any) (pgx.Rows, error)
 }, p *ExpiredClaimsParams) ([]Claim, error) {
-	rows, err := q.Query(ctx, expiredClaimsSQL, p.Limit, p.SessionID, p.AfterExpiresAt, p.AfterSessionID)
+	var after *pgtype.Timestamptz
+	switch {
+	case p.AfterExpiresNotFinite != "":
+		a := expiryArg(time.Time{}, p.AfterExpiresNotFinite)
+		after = &a
+	case p.AfterExpiresAt != nil:
+		a := expiryArg(*p.AfterExpiresAt, "")
+		after = &a
+	}
+	rows, err := q.Query(ctx, expiredClaimsSQL, p.Limit, p.SessionID, after, p.AfterSessionID)
 	if err != nil {
 		return nil, fmt.Errorf("scanning expired claims: %w", err)
 	}
 	var out []Claim
 	var c Claim
 	var phase string
-	_, err = pgx.ForEachRow(rows, []any{&c.SessionID, &c.ExecutionID, &c.OwnerID, &c.Token, &phase, &c.AssistantMessageID, &c.ExpiresAt}, func() error {
+	var expires pgtype.Timestamptz
+	_, err = pgx.ForEachRow(rows, []any{&c.SessionID, &c.ExecutionID, &c.OwnerID, &c.Token, &phase, &c.AssistantMessageID, &expires}, func() error {
 		c.Phase = Phase(phase)
+		c.setExpiry(expires)
 		out = append(out, c)
 		return nil
 	})
@@ -236,9 +256,13 @@ func CountQuarantinedClaims(ctx context.Context, q interface {
 	return n, nil
 }
 
+// expiredClaimsSQL: a claim whose expires_at is not finite is never
+// expired by the clock ('infinity') or expired since before any clock
+// ('-infinity'); both are read, for recovery to quarantine them. The table
+// is read whole either way (no index on expires_at: migration 00007).
 const expiredClaimsSQL = `
 SELECT session_id, execution_id, owner_id, fencing_token, phase, coalesce(assistant_message_id, ''), expires_at
-FROM claims WHERE quarantine_reason IS NULL AND expires_at <= now() AND ($2 = '' OR session_id = $2)
+FROM claims WHERE quarantine_reason IS NULL AND (expires_at <= now() OR NOT isfinite(expires_at)) AND ($2 = '' OR session_id = $2)
   AND ($3::timestamptz IS NULL OR (expires_at, session_id) > ($3::timestamptz, $4::text))
 ORDER BY expires_at, session_id LIMIT $1`
 

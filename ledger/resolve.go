@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgtype"
 
 	"github.com/promptline/promptline/transcript"
 )
@@ -81,7 +82,10 @@ type SessionClaim struct {
 	OwnerID     string
 	Phase       Phase
 	ExpiresAt   time.Time
-	Quarantined bool
+	// ExpiresNotFinite is as Claim's: the value of expires_at when it is
+	// not a time (ExpiresAt is then zero).
+	ExpiresNotFinite string
+	Quarantined      bool
 }
 
 // ReadSessionClaim reads the claim that holds the session (live, expired
@@ -89,7 +93,8 @@ type SessionClaim struct {
 // writer is then the caller, under the session's row lock.
 func ReadSessionClaim(ctx context.Context, tx pgx.Tx, p *SessionClaimParams) (c SessionClaim, found bool, err error) {
 	var phase string
-	err = tx.QueryRow(ctx, sessionClaimSQL, p.SessionID).Scan(&c.ExecutionID, &c.OwnerID, &phase, &c.ExpiresAt, &c.Quarantined)
+	var expires pgtype.Timestamptz
+	err = tx.QueryRow(ctx, sessionClaimSQL, p.SessionID).Scan(&c.ExecutionID, &c.OwnerID, &phase, &expires, &c.Quarantined)
 	if errors.Is(interpretError(err), errNotFound) {
 		return SessionClaim{}, false, nil
 	}
@@ -97,6 +102,7 @@ func ReadSessionClaim(ctx context.Context, tx pgx.Tx, p *SessionClaimParams) (c 
 		return SessionClaim{}, false, fmt.Errorf("reading the claim of %s: %w", p.SessionID, err)
 	}
 	c.Phase = Phase(phase)
+	c.ExpiresAt, c.ExpiresNotFinite = expiryOf(expires)
 	return c, true, nil
 }
 

@@ -38,8 +38,20 @@ var ContinuationID = ledger.ContinuationID
 // hold (a prompt's message ID has no space, envelope.Decode).
 func ContinuationTakenID(executionID string) string { return "recovery-continue " + executionID }
 
+// ReasonExpiryNotFinite begins the quarantine reason of a claim whose
+// expires_at is '-infinity' or 'infinity' (ledger.Claim.ExpiresNotFinite),
+// followed by the value in parentheses.
+const ReasonExpiryNotFinite = "expires_at is not finite"
+
 // validate returns why a claim cannot be decided on, or "".
 func validate(c ledger.Claim, ev Evidence) string {
+	if c.ExpiresNotFinite != "" {
+		// No writer sets one (a lease is the clock plus a duration,
+		// invariant 5): the row was edited, restored or repaired outside
+		// promptline, so it is not what an executor left, and 'infinity'
+		// would hold its session for good. An operator sets a time.
+		return ReasonExpiryNotFinite + " (" + c.ExpiresNotFinite + ")"
+	}
 	switch c.Phase {
 	case ledger.PhaseReady, ledger.PhaseUnknown, ledger.PhaseContinue, ledger.PhaseSafe:
 	default:

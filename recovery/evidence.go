@@ -39,6 +39,11 @@ type Evidence struct {
 	// Cap is the session's count against Config.MaxPerSession; nil when
 	// no cap is set.
 	Cap *CapFact `json:"recovery_cap,omitempty"`
+
+	// ExpiredAtNotFinite is the claim's expires_at when it is not a time
+	// ('-infinity', 'infinity': ledger.Claim.ExpiresNotFinite); ExpiredAt
+	// is then zero. Such a claim is quarantined (validate).
+	ExpiredAtNotFinite string `json:"expired_at_not_finite,omitempty"`
 }
 
 // ReasonRecoveryCap begins the quarantine reason of a claim whose session
@@ -56,6 +61,15 @@ type CapFact struct {
 	// claim of the session quarantined by the cap (ReleasedAt).
 	Recovered  int        `json:"recovered"`
 	ReleasedAt *time.Time `json:"released_at,omitempty"`
+}
+
+// expiredAtText is when the claim's lease expired, in words: its time, or
+// the value expires_at held instead.
+func (ev Evidence) expiredAtText() string {
+	if ev.ExpiredAtNotFinite != "" {
+		return ev.ExpiredAtNotFinite
+	}
+	return ev.ExpiredAt.UTC().Format(time.RFC3339)
 }
 
 // reached says that one more recovery that runs the turn again exceeds
@@ -130,7 +144,7 @@ type ToolCallFact struct {
 
 func gather(ctx context.Context, tx pgx.Tx, c ledger.Claim) (Evidence, error) {
 	ev := Evidence{Phase: string(c.Phase), AssistantMessageID: c.AssistantMessageID, Owner: c.OwnerID, ExpiredAt: c.ExpiresAt,
-		Attempts: []AttemptFact{}, ToolCalls: []ToolCallFact{}}
+		ExpiredAtNotFinite: c.ExpiresNotFinite, Attempts: []AttemptFact{}, ToolCalls: []ToolCallFact{}}
 	if c.AssistantMessageID != "" {
 		var turnID *string
 		err := tx.QueryRow(ctx, `SELECT status, coalesce(answers, '{}'), turn_id FROM messages WHERE message_id = $1 AND session_id = $2 AND role = 'assistant'`,

@@ -104,7 +104,7 @@ func Explain(w io.Writer, records []Record, resolutions ...Resolution) {
 	for _, r := range records {
 		fmt.Fprintf(w, "%s  execution %s (owner %s) expired at %s in phase %q.\n",
 			r.DecidedAt.UTC().Format(time.RFC3339), r.ExecutionID, r.Evidence.Owner,
-			r.Evidence.ExpiredAt.UTC().Format(time.RFC3339), r.PhaseFound)
+			r.Evidence.expiredAtText(), r.PhaseFound)
 		fmt.Fprintf(w, "  Decision: %s — %s\n", r.Decision, because(r))
 		if r.Decision != DecisionQuarantined {
 			fmt.Fprintf(w, "  Fencing token %d → %d: the old execution can write nothing more.\n", r.TokenBefore, r.TokenAfter)

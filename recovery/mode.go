@@ -129,8 +129,7 @@ func (r *Recoverer) held(ctx context.Context) (map[DecisionKind]int, error) {
 				h.last, h.running, h.after = h.running, map[DecisionKind]int{}, nil
 				break
 			}
-			last := page[len(page)-1]
-			h.after = &claimCursor{expiresAt: last.Evidence.ExpiredAt, sessionID: last.SessionID}
+			h.after = cursorAfter(page[len(page)-1])
 		}
 		if err := tx.QueryRow(ctx, lostWakesCountSQL, r.cfg.RedriveAfter.Milliseconds(), "").Scan(&lostWakes); err != nil {
 			return fmt.Errorf("counting lost wakes: %w", err)
@@ -174,8 +173,7 @@ func (r *Recoverer) Waiting(ctx context.Context, opts *PlanOpts) (map[DecisionKi
 			if len(page) < r.cfg.Batch {
 				break
 			}
-			last := page[len(page)-1]
-			after = &claimCursor{expiresAt: last.Evidence.ExpiredAt, sessionID: last.SessionID}
+			after = cursorAfter(page[len(page)-1])
 		}
 		var n int
 		if err := tx.QueryRow(ctx, lostWakesCountSQL, r.cfg.RedriveAfter.Milliseconds(), opts.SessionID).Scan(&n); err != nil {
@@ -307,8 +305,7 @@ func (r *Recoverer) Apply(ctx context.Context, opts *ApplyOpts) (Applied, error)
 			// The next plan pages on past these, whatever becomes of
 			// them: a claim left here (another decision, changed since)
 			// must not keep the rest behind the batch bound.
-			last := plan.Claims[n-1]
-			after = &claimCursor{expiresAt: last.Evidence.ExpiredAt, sessionID: last.SessionID}
+			after = cursorAfter(plan.Claims[n-1])
 			progressed = true
 		}
 		for _, c := range plan.Claims {
@@ -321,7 +318,8 @@ func (r *Recoverer) Apply(ctx context.Context, opts *ApplyOpts) (Applied, error)
 				return res, err
 			}
 			claim := ledger.Claim{SessionID: c.SessionID, ExecutionID: c.ExecutionID, OwnerID: c.Evidence.Owner, Token: c.Token,
-				Phase: ledger.Phase(c.Evidence.Phase), AssistantMessageID: c.Evidence.AssistantMessageID, ExpiresAt: c.Evidence.ExpiredAt}
+				Phase: ledger.Phase(c.Evidence.Phase), AssistantMessageID: c.Evidence.AssistantMessageID, ExpiresAt: c.Evidence.ExpiredAt,
+				ExpiresNotFinite: c.Evidence.ExpiredAtNotFinite}
 			d, _, err := applier.recoverOnly(ctx, claim, opts.Decision)
 			switch {
 			case errors.Is(err, errSkipped):

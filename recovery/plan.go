@@ -37,7 +37,13 @@ type PlanOpts struct {
 // claimCursor is a position in the pass's order of expired claims.
 type claimCursor struct {
 	expiresAt time.Time
+	notFinite string // expires_at when it is not a time (expiresAt is zero)
 	sessionID string
+}
+
+// cursorAfter is the position of a planned claim in the pass's order.
+func cursorAfter(c PlannedClaim) *claimCursor {
+	return &claimCursor{expiresAt: c.Evidence.ExpiredAt, notFinite: c.Evidence.ExpiredAtNotFinite, sessionID: c.SessionID}
 }
 
 // Plan is what a recovery pass would do now, decided by the pass's own
@@ -66,7 +72,10 @@ type LostWake struct {
 	SessionID     string       `json:"session_id"`
 	Decision      DecisionKind `json:"decision"`
 	WaitingInputs int          `json:"waiting_inputs"`
-	OldestWaiting time.Time    `json:"oldest_waiting_admitted_at"`
+	// OldestWaiting is when the oldest waiting input was admitted; zero
+	// when its admitted_at is not a time ('-infinity': a hand edit, a
+	// restore), which the plan reads without failing.
+	OldestWaiting time.Time `json:"oldest_waiting_admitted_at"`
 }
 
 // Plan reads, in one REPEATABLE READ READ ONLY transaction, what a pass
@@ -94,8 +103,7 @@ func (r *Recoverer) Plan(ctx context.Context, opts *PlanOpts) (Plan, error) {
 			if !opts.All || len(claims) < r.cfg.Batch {
 				break
 			}
-			last := claims[len(claims)-1]
-			after = &claimCursor{expiresAt: last.Evidence.ExpiredAt, sessionID: last.SessionID}
+			after = cursorAfter(claims[len(claims)-1])
 		}
 		limit := &r.cfg.Batch
 		if opts.All {
@@ -106,8 +114,12 @@ func (r *Recoverer) Plan(ctx context.Context, opts *PlanOpts) (Plan, error) {
 			return fmt.Errorf("planning lost wakes: %w", err)
 		}
 		var w LostWake
-		if _, err := pgx.ForEachRow(rows, []any{&w.SessionID, &w.WaitingInputs, &w.OldestWaiting}, func() error {
-			w.Decision = DecisionRedriven
+		var oldest *time.Time
+		if _, err := pgx.ForEachRow(rows, []any{&w.SessionID, &w.WaitingInputs, &oldest}, func() error {
+			w.Decision, w.OldestWaiting = DecisionRedriven, time.Time{}
+			if oldest != nil {
+				w.OldestWaiting = *oldest
+			}
 			plan.LostWakes = append(plan.LostWakes, w)
 			return nil
 		}); err != nil {
@@ -162,7 +174,7 @@ func scanExpired(ctx context.Context, q interface {
 }, batch int, sessionID string, after *claimCursor) ([]ledger.Claim, error) {
 	p := &ledger.ExpiredClaimsParams{Limit: batch, SessionID: sessionID}
 	if after != nil {
-		p.AfterExpiresAt, p.AfterSessionID = &after.expiresAt, after.sessionID
+		p.AfterExpiresAt, p.AfterExpiresNotFinite, p.AfterSessionID = &after.expiresAt, after.notFinite, after.sessionID
 	}
 	return ledger.ExpiredClaims(ctx, q, p)
 }
@@ -179,7 +191,7 @@ func WritePlan(w io.Writer, p Plan) {
 			Rule: c.Rule, Evidence: c.Evidence, ContinuationID: c.ContinuationID, RetryAttemptID: c.RetryAttemptID,
 			QuarantineReason: c.QuarantineReason}
 		fmt.Fprintf(w, "Session %s: execution %s (owner %s) expired at %s in phase %q.\n",
-			c.SessionID, c.ExecutionID, c.Evidence.Owner, c.Evidence.ExpiredAt.UTC().Format(time.RFC3339), c.Evidence.Phase)
+			c.SessionID, c.ExecutionID, c.Evidence.Owner, c.Evidence.expiredAtText(), c.Evidence.Phase)
 		fmt.Fprintf(w, "  Would decide: %s — %s\n", rec.Decision, because(rec))
 		explainEvidence(w, c.Evidence)
 		if c.ContinuationID != "" {
@@ -187,8 +199,12 @@ func WritePlan(w io.Writer, p Plan) {
 		}
 	}
 	for _, l := range p.LostWakes {
+		oldest := "-infinity"
+		if !l.OldestWaiting.IsZero() {
+			oldest = l.OldestWaiting.UTC().Format(time.RFC3339)
+		}
 		fmt.Fprintf(w, "Session %s: %d inputs wait (the oldest admitted at %s) with no claim and no wake on its way.\n",
-			l.SessionID, l.WaitingInputs, l.OldestWaiting.UTC().Format(time.RFC3339))
+			l.SessionID, l.WaitingInputs, oldest)
 		fmt.Fprintf(w, "  Would decide: %s — its wake was lost; the session is woken again.\n", l.Decision)
 	}
 }

@@ -169,7 +169,10 @@ type Pass struct {
 	Held map[DecisionKind]int `json:",omitempty"`
 }
 
-// RunOnce runs one bounded pass: expired claims, then lost wakes.
+// RunOnce runs one bounded pass: expired claims, then lost wakes, then the
+// gauges. The three are independent: a failure of one (a scan that fails)
+// holds back neither of the others, and the pass returns the failures
+// joined (invariant 10).
 func (r *Recoverer) RunOnce(ctx context.Context) (Pass, error) {
 	p := Pass{Decisions: map[DecisionKind]int{}}
 	mode, err := r.mode(ctx)
@@ -179,14 +182,18 @@ func (r *Recoverer) RunOnce(ctx context.Context) (Pass, error) {
 	if mode == ModeHold {
 		// Held: plan only, take nothing over, wake nothing; an operator
 		// applies (Apply) or resumes.
-		if p.Held, err = r.held(ctx); err != nil {
-			return p, err
+		held, err := r.held(ctx)
+		if err == nil {
+			p.Held = held
+			r.log.DebugContext(ctx, "recovery pass held", slog.Any("held", p.Held))
+			if f := r.cfg.OnHeldFunc; f != nil {
+				f(p.Held)
+			}
 		}
-		r.log.DebugContext(ctx, "recovery pass held", slog.Any("held", p.Held))
-		if f := r.cfg.OnHeldFunc; f != nil {
-			f(p.Held)
+		if ctx.Err() != nil {
+			return p, errors.Join(err, ctx.Err())
 		}
-		return p, r.reportQuarantined(ctx)
+		return p, errors.Join(err, r.reportQuarantined(ctx))
 	}
 	r.forgetHeld()
 	if f := r.cfg.OnHeldFunc; f != nil {
@@ -197,14 +204,47 @@ func (r *Recoverer) RunOnce(ctx context.Context) (Pass, error) {
 	deadline := time.Now().Add(r.cfg.Interval)
 	if r.cfg.Rate > 0 {
 		if _, err := r.pool.Exec(ctx, ensureBucketSQL); err != nil {
-			return p, fmt.Errorf("checking the recovery bucket: %w", err)
+			// Both halves of the pass take tokens from the bucket.
+			err = fmt.Errorf("checking the recovery bucket: %w", err)
+			if ctx.Err() != nil {
+				return p, err
+			}
+			return p, errors.Join(err, r.reportQuarantined(ctx))
 		}
 	}
+	wrote, claimsErr := r.claimsPass(ctx, &p, deadline)
+	if ctx.Err() != nil {
+		return p, cmp.Or(claimsErr, ctx.Err())
+	}
+	n, deferred, redriveErr := r.redrivePaced(ctx, deadline)
+	p.Redriven = n
+	if deferred > 0 {
+		p.Deferred += deferred
+		if f := r.cfg.OnDeferredFunc; f != nil {
+			f("wake", deferred)
+		}
+	}
+	if n > 0 && r.cfg.OnRedriveFunc != nil {
+		r.cfg.OnRedriveFunc(n)
+	}
+	if (wrote || n > 0) && r.cfg.OnCommitFunc != nil {
+		r.cfg.OnCommitFunc()
+	}
+	if ctx.Err() != nil {
+		return p, errors.Join(claimsErr, redriveErr, ctx.Err())
+	}
+	return p, errors.Join(claimsErr, redriveErr, r.reportQuarantined(ctx))
+}
+
+// claimsPass decides the expired claims of one pass (a batch), counting
+// in p; wrote says that a decision committed. An error is the scan's, or
+// the context's: a claim's own failure is isolated (quarantined, or left
+// for the next pass when transient).
+func (r *Recoverer) claimsPass(ctx context.Context, p *Pass, deadline time.Time) (wrote bool, err error) {
 	claims, err := r.expired(ctx)
 	if err != nil {
-		return p, err
+		return false, err
 	}
-	wrote := false
 	for _, c := range claims {
 		decision, failed, err := r.recoverPaced(ctx, c, deadline)
 		switch {
@@ -217,7 +257,7 @@ func (r *Recoverer) RunOnce(ctx context.Context) (Pass, error) {
 			}
 		case err != nil:
 			if ctx.Err() != nil {
-				return p, ctx.Err()
+				return wrote, ctx.Err()
 			}
 			if pgdb.Transient(err) {
 				// A lost connection, a timeout, a deadlock: nothing about
@@ -242,7 +282,7 @@ func (r *Recoverer) RunOnce(ctx context.Context) (Pass, error) {
 			case errors.Is(qerr, errSkipped):
 				p.Skipped++
 			case ctx.Err() != nil:
-				return p, ctx.Err()
+				return wrote, ctx.Err()
 			case pgdb.Transient(qerr):
 				p.Retried++
 				r.transientError(ctx, c, "quarantining the claim failed transiently; it is left for the next pass", qerr)
@@ -260,24 +300,7 @@ func (r *Recoverer) RunOnce(ctx context.Context) (Pass, error) {
 			}
 		}
 	}
-	n, deferred, err := r.redrivePaced(ctx, deadline)
-	if err != nil {
-		return p, err
-	}
-	p.Redriven = n
-	if deferred > 0 {
-		p.Deferred += deferred
-		if f := r.cfg.OnDeferredFunc; f != nil {
-			f("wake", deferred)
-		}
-	}
-	if n > 0 && r.cfg.OnRedriveFunc != nil {
-		r.cfg.OnRedriveFunc(n)
-	}
-	if (wrote || n > 0) && r.cfg.OnCommitFunc != nil {
-		r.cfg.OnCommitFunc()
-	}
-	return p, r.reportQuarantined(ctx)
+	return wrote, nil
 }
 
 // madeUnknown lists the attempts that carrying out d marks unknown: every

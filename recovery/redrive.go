@@ -112,9 +112,11 @@ FOR UPDATE SKIP LOCKED`
 
 // redrivePlanSQL is redriveSQL's selection read without locks (a plan runs
 // read only), with what the plan shows of each session; $3, when not
-// empty, keeps that session only.
+// empty, keeps that session only. The oldest admission is NULL when it is
+// not a time ('-infinity': the column admits it; 'infinity' is never older
+// than the interval), so that one odd row fails no plan.
 const redrivePlanSQL = `
-SELECT i.session_id, count(*)::int, min(i.admitted_at) FROM waiting_inputs i
+SELECT i.session_id, count(*)::int, CASE WHEN isfinite(min(i.admitted_at)) THEN min(i.admitted_at) END FROM waiting_inputs i
 JOIN sessions r ON r.session_id = i.session_id
 WHERE i.admitted_at < now() - $1 * interval '1 millisecond'
   AND (r.redriven_at IS NULL OR r.redriven_at < now() - $1 * interval '1 millisecond')

@@ -353,14 +353,20 @@ func refuseClaimed(ctx context.Context, tx pgx.Tx, sessionID string) error {
 		return nil
 	}
 	why := "a consumer is running it; resolve after its turn ended"
+	until := c.ExpiresNotFinite
+	if until == "" {
+		until = c.ExpiresAt.UTC().Format(time.RFC3339)
+	}
 	switch {
 	case c.Quarantined:
 		why = "the claim is quarantined; repair and release it (consumer quarantine release), let recovery decide it, then resolve"
+	case c.ExpiresNotFinite != "":
+		why = "its lease is not a time; recovery quarantines it: repair and release it (consumer quarantine release), let recovery decide it, then resolve"
 	case !c.ExpiresAt.After(time.Now()):
 		why = "its lease expired; recovery has not decided it yet (consumer recover), then resolve"
 	}
 	return fmt.Errorf("session %s: %w by execution %s (owner %s, phase %s, lease until %s): %s; nothing was recorded",
-		sessionID, ErrSessionBusy, c.ExecutionID, c.OwnerID, c.Phase, c.ExpiresAt.UTC().Format(time.RFC3339), why)
+		sessionID, ErrSessionBusy, c.ExecutionID, c.OwnerID, c.Phase, until, why)
 }
 
 // refuseSuperseded fails when the session has an assistant message newer
