@@ -72,5 +72,6 @@ func newConsoleCommand(o *options) *cobra.Command {
 	}
 	cmd.Flags().StringVar(&addr, "addr", "127.0.0.1:9470", "listen address of the console; other than loopback only with --console-token-file")
 	cmd.Flags().StringVar(&tokenFile, "console-token-file", "", "file holding the console's token (at least 16 characters): every page then needs it, as Authorization: Bearer or through the login form")
+	outboxTopicFlags(cmd.Flags(), &o.topics)
 	return cmd
 }

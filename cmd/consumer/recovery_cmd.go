@@ -50,23 +50,26 @@ func operatorLogger(cmd *cobra.Command, o *options) (*slog.Logger, error) {
 }
 
 func newRecoverCommand(o *options) *cobra.Command {
-	var batch int
-	var redriveAfter time.Duration
+	var policy recoveryPolicy
 	var asJSON bool
 	cmd := &cobra.Command{
 		Use:   "recover",
 		Short: "Run one recovery pass now: expired claims, then lost wakes",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			if batch < 1 {
-				return fmt.Errorf("--recovery-batch: must be at least 1, got %d", batch)
+			owner := "recover-command"
+			if u, err := user.Current(); err == nil {
+				owner += ":" + u.Username
+			}
+			// The fleet's policy (the same flags and keys as the
+			// consumer's), or this pass would decide otherwise than the
+			// fleet and than `recovery plan`.
+			cfg, err := policy.config(owner, o.topics)
+			if err != nil {
+				return err
 			}
 			return withDB(cmd, o, func(db *pgdb.DB) error {
-				owner := "recover-command"
-				if u, err := user.Current(); err == nil {
-					owner += ":" + u.Username
-				}
-				p, err := recovery.New(db.Pool, &recovery.Config{Batch: batch, RedriveAfter: redriveAfter, OwnerID: owner, Topics: o.topics}).RunOnce(cmd.Context())
+				p, err := recovery.New(db.Pool, cfg).RunOnce(cmd.Context())
 				if err != nil {
 					return err
 				}
@@ -79,8 +82,8 @@ func newRecoverCommand(o *options) *cobra.Command {
 			})
 		},
 	}
-	cmd.Flags().IntVar(&batch, "recovery-batch", recovery.BatchDefault, "expired claims and lost wakes handled in this pass")
-	cmd.Flags().DurationVar(&redriveAfter, "redrive-after", recovery.RedriveAfterDefault, "age of a waiting input without a claim before its session is woken again")
+	policy.flags(cmd.Flags())
+	outboxTopicFlags(cmd.Flags(), &o.topics)
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print the pass as JSON")
 	return cmd
 }
@@ -262,6 +265,7 @@ func newQuarantineCommand(o *options) *cobra.Command {
 	}
 	release.Flags().StringVar(&operator, "operator", "", "who releases the row (default: the OS user), recorded in the audit")
 	release.Flags().StringVar(&note, "note", "", "what was repaired, recorded in the audit")
+	outboxTopicFlags(release.Flags(), &o.topics)
 	cmd.AddCommand(list, release)
 	return cmd
 }
@@ -373,6 +377,7 @@ func newRecoveryApplyCommand(o *options) *cobra.Command {
 		},
 	}
 	policy.flags(cmd.Flags())
+	outboxTopicFlags(cmd.Flags(), &o.topics)
 	cmd.Flags().StringVar(&opts.SessionID, "session", "", "apply to this session only")
 	cmd.Flags().StringVar((*string)(&opts.Decision), "decision", "", "apply only what a pass decides so (cleared, superseded, rewoken, continued, reconciled, quarantined; redriven for lost wakes)")
 	cmd.Flags().Float64Var(&opts.Rate, "rate", 10, "most decisions applied per second")

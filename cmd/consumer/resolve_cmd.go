@@ -92,5 +92,6 @@ another finding was recorded before.`,
 	cmd.Flags().StringVar(&note, "note", "", "how it was found out, recorded in the audit")
 	cmd.Flags().IntVar(&round, "round", 0, "the resolution round the finding is about, once a call is unknown again after an earlier round's continuation ran it (default: the round it is in)")
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print the resolution as JSON")
+	outboxTopicFlags(cmd.Flags(), &o.topics)
 	return cmd
 }

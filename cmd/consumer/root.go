@@ -134,8 +134,7 @@ func newRootCommandEnv(environ func() []string) *cobra.Command {
 	f.DurationVar(&o.shutdownGrace, "shutdown-grace", executor.StopGraceDefault, "time running turns get to finish on SIGTERM")
 	f.DurationVar(&o.toolTimeout, "tool-timeout", 30*time.Second, "bound of one tool call: past it the call's outcome is unknown (never re-run automatically) and the turn goes on")
 	f.StringVar(&o.topics.Prompts, "prompts-topic", "prompts", "topic of incoming prompts")
-	f.StringVar(&o.topics.Wakes, "wakes-topic", "wakes", "topic of internal wakes")
-	f.StringVar(&o.topics.Events, "events-topic", "session-events", "topic of outgoing session events")
+	outboxTopicFlags(f, &o.topics)
 	f.StringVar(&o.topics.Rejects, "rejects-topic", "prompts.rejects", "topic of rejected input")
 	root.AddCommand(newBrokerCommand(), newRecoverCommand(o), newRecoveryCommand(o), newQuarantineCommand(o), newSessionCommand(o), newMigrateCommand(o), newReplayCommand(o), newConsoleCommand(o))
 	loader := cliconfig.New(&cliconfig.Config{
@@ -312,4 +311,15 @@ func newBrokerCommand() *cobra.Command {
 	cmd.Flags().StringVar(&dataDir, "data-dir", "", "directory that keeps topics across restarts (empty: in memory)")
 	cmd.Flags().Int32Var(&partitions, "partitions", 16, "partitions of the promptline topics it creates")
 	return cmd
+}
+
+// outboxTopicFlags adds the flags of the topics outbox rows go to (wakes
+// and session events), with the same names on the consumer and on every
+// operator command that writes such rows (recover, recovery apply,
+// quarantine release, session resolve, console): one config file or
+// environment serves the fleet and its operators, whose events and wakes
+// must reach the topics the fleet reads.
+func outboxTopicFlags(f *pflag.FlagSet, t *kafkautil.Topics) {
+	f.StringVar(&t.Wakes, "wakes-topic", "wakes", "topic of internal wakes")
+	f.StringVar(&t.Events, "events-topic", "session-events", "topic of outgoing session events")
 }
