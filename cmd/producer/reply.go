@@ -10,6 +10,7 @@ import (
 
 	"github.com/promptline/promptline/client"
 	"github.com/promptline/promptline/envelope"
+	"github.com/promptline/promptline/internal/cliconfig"
 )
 
 // replyOpts are the flags of the reply command.
@@ -49,7 +50,11 @@ answered request is rejected (conflict).`,
 		RunE: func(cmd *cobra.Command, args []string) error { return o.run(cmd, args[0]) },
 	}
 	f := cmd.Flags()
-	f.StringVar(&o.topic, "topic", client.RepliesTopicDefault, "topic to publish to (the consumer's --permission-replies-topic)")
+	f.StringVar(&o.topic, "topic", client.RepliesTopicDefault, "topic to publish to (the consumer's --permission-replies-topic); command line only: the shared topic setting is send's prompts topic")
+	// The shared `topic` setting (PROMPTLINE_TOPIC, a file's topic key)
+	// is send's: the prompts topic. Read here, it would send the reply
+	// into the prompts topic, where admission rejects it.
+	cliconfig.CommandLineOnly(f, "topic")
 	f.StringVar(&o.session, "session", "", "session ID of the request (the Kafka key)")
 	f.StringVar(&o.request, "request", "", "request ID, the request_id of the permission.asked event")
 	f.StringVar(&o.message, "message", "", "with reject: feedback handed back to the model")

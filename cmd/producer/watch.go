@@ -16,6 +16,7 @@ import (
 
 	"github.com/promptline/promptline/client"
 	"github.com/promptline/promptline/envelope"
+	"github.com/promptline/promptline/internal/cliconfig"
 )
 
 // watchOpts are the flags of the watch command.
@@ -68,7 +69,8 @@ to standard output.`,
 		},
 	}
 	f := cmd.Flags()
-	f.StringVar(&o.topic, "topic", "session-events", "topic to read")
+	f.StringVar(&o.topic, "topic", "session-events", "topic to read; command line only: the shared topic setting is send's prompts topic")
+	cliconfig.CommandLineOnly(f, "topic") // as reply's (reply.go)
 	f.BoolVar(&o.fromBeginning, "from-beginning", false, "start at the oldest offsets (default: the newest offsets at start)")
 	f.StringVar(&o.session, "session", "", "only events of this session")
 	f.StringArrayVar(&o.types, "type", nil, "only events of this type (repeatable), e.g. turn.completed")
