@@ -2,6 +2,7 @@ package envelope
 
 import (
 	"encoding/json"
+	"errors"
 	"strings"
 	"time"
 )
@@ -122,11 +123,22 @@ type Wake struct {
 	At        time.Time `json:"at"`
 }
 
-// DecodeEvent parses a session event.
+// DecodeEvent parses a session event. Every event has an id and a type
+// (docs/session-events.md): a JSON object without them (a prompt, a wake,
+// another producer's record on the topic) is no session event, and is
+// refused rather than returned as an empty one.
 func DecodeEvent(b []byte) (Event, error) {
 	var e Event
-	err := json.Unmarshal(b, &e)
-	return e, err
+	if err := json.Unmarshal(b, &e); err != nil {
+		return e, err
+	}
+	switch {
+	case e.ID == "":
+		return e, errors.New("not a session event: no id")
+	case e.Type == "":
+		return e, errors.New("not a session event: no type")
+	}
+	return e, nil
 }
 
 // Replies to a permission request (PermissionReply.Reply).

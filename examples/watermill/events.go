@@ -167,10 +167,7 @@ type eventsConsumer struct {
 
 func (c *eventsConsumer) consume(msg *message.Message) error {
 	ctx := msg.Context()
-	e, err := envelope.DecodeEvent(msg.Payload)
-	if err == nil && e.ID == "" {
-		err = errors.New("no id")
-	}
+	e, err := envelope.DecodeEvent(msg.Payload) // refuses a record without id or type
 	if err != nil {
 		c.logger.WarnContext(ctx, "skipping a message that is not a session event",
 			slog.String("kafka", msg.UUID), slog.String("error", err.Error()))
