@@ -142,7 +142,7 @@ func New(reg prometheus.Registerer) *Metrics {
 			Name: "promptline_provider_response_id_write_failures_total", Help: "Best-effort writes of a provider's response ID, while its attempt was in flight, that failed; the turn went on.",
 		}),
 		AttemptsUnknown: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "promptline_provider_attempts_unknown_total", Help: "Provider attempts that recovery reconciled as unknown (they may have been billed), by provider and model.",
+			Name: "promptline_provider_attempts_unknown_total", Help: "Provider attempts that became unknown (they may have been billed), recorded so by the executor or by a recovery decision, by provider and model.",
 		}, []string{"provider", "model"}),
 		TokensAtRisk: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "promptline_provider_tokens_at_risk", Help: "Estimated input tokens of the provider attempts left unknown and not resolved, by provider and model, from the database, refreshed every recovery pass.",

@@ -53,6 +53,7 @@ func TestFlags(t *testing.T) {
 	}{
 		{"PartitionsZero", []string{"--partitions", "0"}, "--partitions"},
 		{"LogLevelLoud", []string{"--log-level", "loud"}, "--log-level"},
+		{"LogLevelOffset", []string{"--log-level", "warn+3"}, "--log-level"},
 		{"MaxSessionsNegative", []string{"--max-sessions", "-1"}, "--max-sessions"},
 		{"BrokersWithoutPort", []string{"--brokers", "nohostport"}, "--brokers"},
 		{"ShutdownGraceUnparsable", []string{"--shutdown-grace", "x"}, "--shutdown-grace"},

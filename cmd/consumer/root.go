@@ -275,12 +275,21 @@ func (o *options) validate() error {
 // truncated reject's headers, and for the events and wakes the relay sends.
 const minMessageBytes = 4096
 
+// parseLevel reads --log-level: one of the four documented names, in any
+// case. slog's own syntax ("warn+3", "info-4") is not accepted: a level
+// between them would hide the lines the docs say each level shows.
 func parseLevel(s string) (slog.Level, error) {
-	var l slog.Level
-	if err := l.UnmarshalText([]byte(s)); err != nil {
-		return 0, fmt.Errorf("--log-level: want debug, info, warn or error, got %q", s)
+	switch strings.ToLower(s) {
+	case "debug":
+		return slog.LevelDebug, nil
+	case "info":
+		return slog.LevelInfo, nil
+	case "warn":
+		return slog.LevelWarn, nil
+	case "error":
+		return slog.LevelError, nil
 	}
-	return l, nil
+	return 0, fmt.Errorf("--log-level: want debug, info, warn or error, got %q", s)
 }
 
 func newBrokerCommand() *cobra.Command {
