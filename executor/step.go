@@ -111,7 +111,7 @@ func (ex *execution) runStep(ctx context.Context, t *turn, step int, log *slog.L
 			return false, false, ledger.ErrFenced // dispatch nothing more, write nothing
 		}
 		if perr == nil {
-			return ex.recordResponse(ctx, t, step, attemptID, resp, log)
+			return ex.recordResponse(ctx, t, step, attemptID, storableResponse(resp), log)
 		}
 		if ctx.Err() != nil {
 			// Cut off by shutdown: the request may have been acted on.
@@ -130,7 +130,7 @@ func (ex *execution) runStep(ctx context.Context, t *turn, step int, log *slog.L
 			// answer was lost changes nothing (DeferAttempt updates only a
 			// started attempt) and reads the tries it committed.
 			err := ex.writeRetried(ctx, nil, func(tx pgx.Tx) error {
-				if err := ex.x.DeferAttempt(ctx, tx, attemptID, wait, perr.Error()); err != nil {
+				if err := ex.x.DeferAttempt(ctx, tx, attemptID, wait, storable(perr.Error())); err != nil {
 					return err
 				}
 				var err error

@@ -139,6 +139,7 @@ func (ex *execution) runTool(ctx context.Context, tool tools.Tool, call tools.Ca
 // cancellation (a shutdown past its grace) it writes once, on a context
 // that outlives it (afterCancel).
 func (ex *execution) settleCall(ctx context.Context, turnID string, p ledger.CallParams, c provider.ToolCall, state ledger.CallState, output string, isError bool) error {
+	output = storable(output) // a tool's output, or an error's text (storable.go)
 	cl := ex.x.Claim()
 	var last bool
 	settled := func(ctx context.Context, tx pgx.Tx) (settled bool, err error) {

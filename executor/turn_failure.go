@@ -40,6 +40,7 @@ func (ex *execution) failTurn(ctx context.Context, t *turn, reason string, cause
 		}
 		return found && status == "errored", nil
 	}
+	causeText := storable(cause.Error()) // a provider's or tool's words (storable.go)
 	released, err = finish(wctx, failed, func(tx pgx.Tx) error {
 		// The calls not run end interrupted, each announced (tool.completed)
 		// before the turn's end, in the order they were requested.
@@ -56,7 +57,7 @@ func (ex *execution) failTurn(ctx context.Context, t *turn, reason string, cause
 			return err
 		}
 		if o.AttemptState != "" {
-			if err := ledger.FinishAttemptWith(wctx, tx, o.AttemptID, o.AttemptState, cause.Error(), 0, 0, ex.responseIDs[o.AttemptID]); err != nil {
+			if err := ledger.FinishAttemptWith(wctx, tx, o.AttemptID, o.AttemptState, causeText, 0, 0, ex.responseIDs[o.AttemptID]); err != nil {
 				return err
 			}
 		}
@@ -68,7 +69,7 @@ func (ex *execution) failTurn(ctx context.Context, t *turn, reason string, cause
 		if err := transcript.InsertAssistantIfAbsent(wctx, tx, ex.assistantParams(t)); err != nil {
 			return fmt.Errorf("creating failed turn's assistant message: %w", err)
 		}
-		if err := transcript.FailAssistant(wctx, tx, &transcript.FailAssistantParams{MessageID: t.assistantID, Error: cause.Error()}); err != nil {
+		if err := transcript.FailAssistant(wctx, tx, &transcript.FailAssistantParams{MessageID: t.assistantID, Error: causeText}); err != nil {
 			return fmt.Errorf("storing failed turn: %w", err)
 		}
 		if err := ex.x.SetPhase(wctx, tx, ledger.PhaseSafe, t.assistantID); err != nil {
@@ -77,7 +78,7 @@ func (ex *execution) failTurn(ctx context.Context, t *turn, reason string, cause
 		return outbox.Insert(wctx, tx, eventRow(ex.e.cfg.Topics.Events, envelope.Event{
 			ID: "turn.failed:" + t.assistantID, Type: envelope.EventTurnFailed, SessionID: ex.sessionID,
 			At: time.Now().UTC(), MessageIDs: ids(t.inputs), AssistantMessageID: t.assistantID,
-			Reason: reason, Error: cause.Error(),
+			Reason: reason, Error: causeText,
 		}))
 	})
 	if err != nil {
