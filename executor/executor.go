@@ -906,6 +906,12 @@ func (ex *execution) writeOnce(ctx context.Context, _ ledger.LandedFunc, fn func
 	return ex.write(ctx, fn)
 }
 
+// finishCallOnce is finishCallRetried's for a write after a cancellation.
+func (ex *execution) finishCallOnce(ctx context.Context, _ ledger.LandedFunc, phase ledger.Phase, assistantID string, c ledger.Call) (bool, error) {
+	released, err := ex.x.FinishCall(ctx, phase, assistantID, c)
+	return released, ex.e.announced(err)
+}
+
 // finishOnce is finishRetried's for a write after a cancellation.
 func (ex *execution) finishOnce(ctx context.Context, _ ledger.LandedFunc, fn func(tx pgx.Tx) error) (bool, error) {
 	released, err := ex.x.Finish(ctx, fn)

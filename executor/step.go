@@ -214,7 +214,23 @@ func (ex *execution) retryable(err error) (time.Duration, bool) {
 // safe, turn.completed in the same transaction); with them, the phase is
 // continue (nothing is in flight; the model must see their results) and
 // the calls run next.
+//
+// An answer in hand when the turn's context has ended (a shutdown past its
+// grace) is recorded all the same, once, on a context that outlives the
+// cancellation (afterCancel), as failTurn and settleCall record theirs:
+// thrown away, the attempt would stay started and recovery could only fail
+// the turn as outcome unknown. Its tool calls are then recorded as
+// requested and not run: the claim, in phase continue, is left to expire,
+// and recovery continues the turn.
 func (ex *execution) recordResponse(ctx context.Context, t *turn, step int, attemptID string, resp provider.Response, log *slog.Logger) (done, released bool, err error) {
+	write, finishCall := ex.writeRetried, ex.finishCallRetried
+	cut := context.Cause(ctx)
+	if cut != nil {
+		var cancel context.CancelFunc
+		ctx, cancel = afterCancel(ctx)
+		defer cancel()
+		write, finishCall = ex.writeOnce, ex.finishCallOnce
+	}
 	calls := make([]ledger.CallParams, len(resp.ToolCalls))
 	for i, c := range resp.ToolCalls {
 		calls[i] = ledger.CallParams{
@@ -233,7 +249,7 @@ func (ex *execution) recordResponse(ctx context.Context, t *turn, step int, atte
 			ID: "turn.completed:" + t.assistantID, Type: envelope.EventTurnCompleted, SessionID: ex.sessionID,
 			At: time.Now().UTC(), MessageIDs: ids(t.inputs), AssistantMessageID: t.assistantID, Text: resp.Text,
 		})})
-		released, err := ex.finishCallRetried(ctx, landed, ledger.PhaseSafe, t.assistantID, ledger.Call{
+		released, err := finishCall(ctx, landed, ledger.PhaseSafe, t.assistantID, ledger.Call{
 			Func: "promptline_turn_answer",
 			Args: []any{attemptID, resp.Usage.InputTokens, resp.Usage.OutputTokens, ex.responseIDs[attemptID],
 				t.assistantID, resp.Text, topics, keys, payloads},
@@ -245,7 +261,7 @@ func (ex *execution) recordResponse(ctx context.Context, t *turn, step int, atte
 		return true, released, nil
 	}
 	// Tool calls: the response and the calls as requested, phase continue.
-	err = ex.writeRetried(ctx, attemptLanded(attemptID, ledger.AttemptSucceeded), func(tx pgx.Tx) error {
+	err = write(ctx, attemptLanded(attemptID, ledger.AttemptSucceeded), func(tx pgx.Tx) error {
 		if err := ledger.FinishAttemptWith(ctx, tx, attemptID, ledger.AttemptSucceeded, "", resp.Usage.InputTokens, resp.Usage.OutputTokens, ex.responseIDs[attemptID]); err != nil {
 			return err
 		}
@@ -273,6 +289,9 @@ func (ex *execution) recordResponse(ctx context.Context, t *turn, step int, atte
 	})
 	if err != nil {
 		return false, false, fmt.Errorf("recording response of %s: %w", attemptID, err)
+	}
+	if cut != nil {
+		return false, false, fmt.Errorf("recorded the response of %s; its %d tool calls are left to recovery: %w", attemptID, len(calls), cut)
 	}
 	for i, c := range resp.ToolCalls {
 		if err := ex.runCall(ctx, t.id, calls[i], c, log); err != nil {

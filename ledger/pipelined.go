@@ -180,6 +180,21 @@ func (x *Execution) FinishCallRetried(ctx context.Context, opts RetryOpts, phase
 	return released, err
 }
 
+// FinishCall is FinishCallRetried with one try and no retry: for a write
+// after the turn's context ended (a shutdown past its grace), which may
+// not hold the shutdown for the rest of the lease.
+func (x *Execution) FinishCall(ctx context.Context, phase Phase, assistantMessageID string, c Call) (released bool, err error) {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	if x.fenced.Load() {
+		return false, ErrFenced
+	}
+	args := append(x.fenceArgs(phase, assistantMessageID), c.Args...)
+	b := &pgx.Batch{}
+	b.Queue(callSQL(c.Func, len(args)), args...).QueryRow(func(row pgx.Row) error { return row.Scan(&released) })
+	return x.finished(released, x.sendQueued(ctx, b))
+}
+
 // writeQueued is a write in one round trip: the fence, which also sets the
 // phase (unless it is empty) and the claim's assistant message (unless
 // empty), then the statements queue adds (with their result callbacks), in
