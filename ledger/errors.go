@@ -26,6 +26,12 @@ var (
 	errStaleRaised = errors.New("claim as read refused by the server")
 )
 
+// errNoRow is what a QueryRow finding no row returns, as pgx's: the
+// callbacks of a combined transaction read their rows through
+// groupcommit.go's ownRow, which must answer as pgx's row does, for the
+// callback and interpretError alike.
+var errNoRow = pgx.ErrNoRows
+
 // interpretError translates a driver error into the ledger's sentinels:
 // the SQLSTATEs raised by the ledger's SQL functions into errFenceRaised
 // and errStaleRaised (a lost claim is never mistaken for anything else),

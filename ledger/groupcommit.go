@@ -3,10 +3,13 @@ package ledger
 import (
 	"cmp"
 	"context"
+	"errors"
 	"slices"
 	"sync/atomic"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgtype"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/promptline/promptline/internal/groupflush"
@@ -28,6 +31,14 @@ import (
 // unknown (the connection was lost before its answer: it may have
 // committed) is never sent again: every sender gets the error, as it would
 // alone.
+//
+// A result callback that fails (its own error, or a Scan that fails) is its
+// session's alone: the server knows nothing of it and commits, so every
+// callback still runs (ownResults) and each sender gets its own callback's
+// error, as it would alone; the others are told that they committed. The
+// sender at fault committed too: its error is neither a refusal nor
+// transient, so its caller treats the write as one that may have landed
+// (the claim left to expire, recovery deciding from what committed).
 //
 // There is no background goroutine to stop (groupflush.Queue): a sender
 // that finds fewer than maxInFlight flushes running starts one, which
@@ -84,15 +95,27 @@ func (g *groupCommit) flush(txs []*queuedTx) {
 	}
 	slices.SortStableFunc(txs, func(a, b *queuedTx) int { return cmp.Compare(a.session, b.session) })
 	all := &pgx.Batch{}
-	for _, t := range txs {
-		all.QueuedQueries = append(all.QueuedQueries, t.batch.QueuedQueries...)
+	failed := make([]error, len(txs)) // each sender's first callback error
+	for i, t := range txs {
+		for _, q := range t.batch.QueuedQueries {
+			// A copy: t.batch keeps its own callbacks, for a split.
+			all.QueuedQueries = append(all.QueuedQueries, &pgx.QueuedQuery{SQL: q.SQL, Arguments: q.Arguments, Fn: ownResults(q.Fn, &failed[i])})
+		}
 	}
 	g.combined.Add(1)
 	err := g.pool.SendBatch(ctx, all).Close()
-	if err == nil || !rolledBack(err) {
-		// Committed, or perhaps committed (the connection was lost with
-		// the answer): sent again alone, a transaction that did commit
-		// would be applied twice. Each sender gets the error and decides
+	switch {
+	case err == nil:
+		// Committed: each sender's statements are there, and its own
+		// callbacks' error, if any, is its alone.
+		for i, t := range txs {
+			t.done <- failed[i]
+		}
+		return
+	case !rolledBack(err):
+		// Perhaps committed (the connection was lost with the answer):
+		// sent again alone, a transaction that did commit would be applied
+		// twice. Each sender gets the error and decides
 		// (ledger.RetryOpts.Landed).
 		for _, t := range txs {
 			t.done <- err
@@ -109,4 +132,137 @@ func (g *groupCommit) flush(txs []*queuedTx) {
 		}
 		t.done <- g.pool.SendBatch(ctx, alone).Close()
 	}
+}
+
+// ownResults is the result callback fn in a combined transaction. fn's own
+// error (the callback's, a Scan's) is stored in *failed, the first one
+// only, and kept from pgx: pgx stops calling callbacks after one fails, and
+// carries a failed Scan on to the next statement, so the later sessions'
+// callbacks would not run, and the batch's error would be a callback's
+// where the server committed. What it returns is the statement's own
+// error, the server's or the connection's, which is the transaction's.
+func ownResults(fn func(pgx.BatchResults) error, failed *error) func(pgx.BatchResults) error {
+	if fn == nil {
+		return nil // pgx reads the result itself
+	}
+	return func(br pgx.BatchResults) error {
+		r := &ownBatchResults{BatchResults: br}
+		if err := fn(r); err != nil && *failed == nil {
+			*failed = err
+		}
+		return r.end()
+	}
+}
+
+// ownBatchResults is the one statement's result a callback reads, whose
+// rows keep the callback's errors to themselves.
+type ownBatchResults struct {
+	pgx.BatchResults
+	read bool
+	rows *ownRows // read by Query or QueryRow
+	err  error    // Exec's
+}
+
+func (r *ownBatchResults) Exec() (pgconn.CommandTag, error) {
+	r.read = true
+	var ct pgconn.CommandTag
+	ct, r.err = r.BatchResults.Exec()
+	return ct, r.err
+}
+
+func (r *ownBatchResults) Query() (pgx.Rows, error) {
+	r.read = true
+	rows, err := r.BatchResults.Query()
+	r.rows = &ownRows{Rows: rows}
+	return r.rows, err
+}
+
+func (r *ownBatchResults) QueryRow() pgx.Row {
+	_, _ = r.Query() // an error is the rows', as in pgx
+	return ownRow{r.rows}
+}
+
+// end reads the rest of the statement's result and returns its error: the
+// server's or the connection's, never the callback's.
+func (r *ownBatchResults) end() error {
+	switch {
+	case r.rows != nil:
+		r.rows.Rows.Close()
+		return r.rows.Rows.Err()
+	case !r.read: // a callback that read nothing: its result is still read
+		_, err := r.BatchResults.Exec()
+		return err
+	}
+	return r.err
+}
+
+// ownRows are a statement's rows whose Scan errors are the callback's:
+// pgx's rows record a failed Scan as their own error, which the batch then
+// reports at the next statement. Values is pgx's: it fails only when the
+// driver cannot decode what the server sent in the column's own type.
+type ownRows struct {
+	pgx.Rows
+	err error // a Scan's
+}
+
+func (r *ownRows) Next() bool { return r.err == nil && r.Rows.Next() }
+
+func (r *ownRows) Err() error {
+	if r.err != nil {
+		return r.err
+	}
+	return r.Rows.Err()
+}
+
+func (r *ownRows) Scan(dest ...any) error {
+	if r.err != nil {
+		return r.err
+	}
+	var err error
+	if rs, ok := onlyRowScanner(dest); ok {
+		err = rs.ScanRow(r)
+	} else {
+		err = pgx.ScanRow(r.TypeMap(), r.FieldDescriptions(), r.RawValues(), dest...)
+	}
+	if err != nil {
+		// As pgx's: the rows end with the error, the rest of the result
+		// is read.
+		if r.err == nil {
+			r.err = err
+		}
+		r.Rows.Close()
+	}
+	return err
+}
+
+func onlyRowScanner(dest []any) (pgx.RowScanner, bool) {
+	if len(dest) != 1 {
+		return nil, false
+	}
+	rs, ok := dest[0].(pgx.RowScanner)
+	return rs, ok
+}
+
+// ownRow is pgx's QueryRow over ownRows.
+type ownRow struct{ rows *ownRows }
+
+func (r ownRow) Scan(dest ...any) error {
+	if err := r.rows.Err(); err != nil {
+		return err
+	}
+	for _, d := range dest {
+		if _, ok := d.(*pgtype.DriverBytes); ok {
+			r.rows.Close()
+			return errors.New("cannot scan into *pgtype.DriverBytes from QueryRow")
+		}
+	}
+	if !r.rows.Next() {
+		if err := r.rows.Err(); err != nil {
+			return err
+		}
+		return errNoRow
+	}
+	_ = r.rows.Scan(dest...) // its error is the rows'
+	r.rows.Close()
+	return r.rows.Err()
 }
