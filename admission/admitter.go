@@ -145,7 +145,7 @@ func (a *Admitter) admit(ctx context.Context, batch []Incoming, afterCommit func
 	}
 
 	// The first statement reads which IDs are stored and upserts (and so
-	// locks) the sessions the outcome may write to, in sorted order:
+	// locks) the sessions the outcome may write to, in byte order:
 	// admission and release serialise on the session row (invariant 7),
 	// and sorted locking keeps concurrent batches free of deadlocks. Those
 	// are the session of a new ID's first copy and the session of a stored
@@ -332,6 +332,13 @@ const admissionSettingsSQL = `SELECT set_config('enable_seqscan', 'off', true)`
 // hundred rows of time-ordered IDs, was a hash join over a full scan of
 // inputs_pkey, kept as the table grew
 // (TestAdmissionPlansAreIndexLookupsAtAnySize).
+//
+// The sessions are upserted, and so locked, in byte order (COLLATE "C"),
+// not in the database's collation: byte order is the order of Go's string
+// comparison, in which the ledger's group commit sorts the sessions of a
+// combined transaction; under another collation (en-US puts 'a' before
+// 'B') the two could each hold a session the other waits for
+// (TestAdmissionLocksSessionsInByteOrder).
 const lockSessionsSQL = `
 WITH c AS (
     SELECT * FROM unnest($1::text[], $2::text[], $3::bytea[], $4::bool[]) AS c(id, s, h, first)
@@ -339,7 +346,7 @@ WITH c AS (
     SELECT message_id, payload_hash, kind FROM inputs WHERE message_id = ANY($1::text[])
 ), upserted AS (
     INSERT INTO sessions (session_id)
-    SELECT DISTINCT c.s FROM c LEFT JOIN stored ON stored.message_id = c.id
+    SELECT DISTINCT c.s COLLATE "C" FROM c LEFT JOIN stored ON stored.message_id = c.id
     WHERE CASE WHEN stored.message_id IS NULL THEN c.first ELSE stored.kind = 'prompt' AND stored.payload_hash = c.h END
     ORDER BY 1
     ON CONFLICT (session_id) DO UPDATE SET last_admitted_at = now()

@@ -13,7 +13,7 @@ import (
 // recovery and an operator's resolution lock it), the fencing token a
 // takeover raises (ledger), and the redrive's mark.
 // Admission itself locks its batches' sessions in lockSessionsSQL, in
-// sorted order.
+// byte order (the ledger's group commit locks in the same order).
 
 // LockSessionParams names the session whose row is locked.
 type LockSessionParams struct {

@@ -43,8 +43,10 @@ import (
 // There is no background goroutine to stop (groupflush.Queue): a sender
 // that finds fewer than maxInFlight flushes running starts one, which
 // drains the queue and ends.
-// Sessions are sorted within a transaction, as admission sorts them, so two
-// transactions that lock several session rows never deadlock each other.
+// Sessions are sorted within a transaction in byte order (Go's string
+// order), as admission's lockSessionsSQL locks them (COLLATE "C", whatever
+// the database's collation), so two transactions that lock several session
+// rows never deadlock each other.
 type groupCommit struct {
 	pool  *pgxpool.Pool
 	queue groupflush.Queue[*queuedTx]
