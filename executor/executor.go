@@ -584,8 +584,9 @@ func (e *Executor) execute(sessionID string, r *sessionRun, log *slog.Logger) {
 		return
 	}
 	x := ex.x
-	cl := x.Claim()
-	log = log.With(slog.String("execution_id", cl.ExecutionID), slog.Int64("fencing_token", cl.Token))
+	// The claim's fields, not a copy of it: this frame is on the stack of
+	// every execution in flight (ledger's onPhase).
+	log = log.With(slog.String("execution_id", x.ExecutionID()), slog.Int64("fencing_token", x.Token()))
 	log.Debug("claim acquired")
 	defer func() {
 		if x.Fenced() && !released {

@@ -164,6 +164,28 @@ type Execution struct {
 // Claim returns the claim as acquired.
 func (x *Execution) Claim() Claim { return x.claim }
 
+// ExecutionID and Token are the claim's, without a copy of the whole
+// Claim in the caller's frame (see onPhase).
+func (x *Execution) ExecutionID() string { return x.claim.ExecutionID }
+
+// Token is the claim's fencing token.
+func (x *Execution) Token() int64 { return x.claim.Token }
+
+// onPhase reports a phase to cfg.OnPhaseFunc, a hook of tests. Not
+// inlined, on purpose: a Claim passed by value is spilled to the caller's
+// frame, and the callers are on the stack of every execution, whose
+// deepest call sits just under the 8 KiB past which each of ten thousand
+// executions in flight keeps a 16 KiB stack (docs/benchmarks.md, "A few
+// bytes of a frame"): the outgoing copy lives here, where only a test
+// with the hook pays for it.
+//
+//go:noinline
+func (c *Claims) onPhase(cl *Claim, phase Phase) {
+	if f := c.cfg.OnPhaseFunc; f != nil {
+		f(*cl, phase)
+	}
+}
+
 // Context is cancelled when the execution is fenced (or released).
 func (x *Execution) Context() context.Context { return x.ctx }
 
@@ -247,9 +269,7 @@ func (x *Execution) SetPhase(ctx context.Context, tx pgx.Tx, phase Phase, assist
 	if err != nil {
 		return fmt.Errorf("setting phase %s: %w", phase, err)
 	}
-	if f := x.claims.cfg.OnPhaseFunc; f != nil {
-		f(x.claim, phase)
-	}
+	x.claims.onPhase(&x.claim, phase)
 	return nil
 }
 

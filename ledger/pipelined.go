@@ -90,9 +90,7 @@ func (c *Claims) AcquireWaiting(ctx context.Context, sessionID, executionID stri
 		return nil, ErrClaimHeld
 	}
 	cl.SessionID, cl.ExecutionID, cl.OwnerID, cl.Phase = sessionID, executionID, c.cfg.OwnerID, PhaseReady
-	if f := c.cfg.OnPhaseFunc; f != nil {
-		f(cl, PhaseReady)
-	}
+	c.onPhase(&cl, PhaseReady)
 	xctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	return &Execution{claims: c, claim: cl, ctx: xctx, cancel: cancel, leaseFrom: sent}, nil
 }
@@ -397,13 +395,14 @@ func (c *Claims) acquireAsRead(ctx context.Context, sessionID, executionID strin
 	if !read.Exists || read.Claimed || len(waitingIDs) == 0 {
 		return nil, ErrStale
 	}
-	cl := Claim{SessionID: sessionID, ExecutionID: executionID, OwnerID: c.cfg.OwnerID, Token: read.Token + 1,
-		Phase: phase, AssistantMessageID: assistantMessageID}
+	// The claim is built in the execution, not copied from a local: this
+	// frame is on every execution's stack (onPhase).
 	xctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
-	x := &Execution{claims: c, claim: cl, ctx: xctx, cancel: cancel}
+	x := &Execution{claims: c, ctx: xctx, cancel: cancel, claim: Claim{SessionID: sessionID, ExecutionID: executionID,
+		OwnerID: c.cfg.OwnerID, Token: read.Token + 1, Phase: phase, AssistantMessageID: assistantMessageID}}
 	var expires time.Time
 	b := &pgx.Batch{}
-	open(b, x, []any{sessionID, executionID, c.cfg.OwnerID, cl.Token, c.cfg.Lease.Milliseconds(),
+	open(b, x, []any{sessionID, executionID, c.cfg.OwnerID, x.claim.Token, c.cfg.Lease.Milliseconds(),
 		string(phase), assistantMessageID, waitingIDs}).QueryRow(func(row pgx.Row) error { return row.Scan(&expires) })
 	if err := ctx.Err(); err != nil {
 		cancel()
@@ -418,9 +417,7 @@ func (c *Claims) acquireAsRead(ctx context.Context, sessionID, executionID strin
 		return nil, fmt.Errorf("acquiring claim of %s with its first write: %w", sessionID, err)
 	}
 	x.claim.ExpiresAt = expires
-	if f := c.cfg.OnPhaseFunc; f != nil {
-		f(x.claim, phase) // after the commit: a refused claim set no phase
-	}
+	c.onPhase(&x.claim, phase) // after the commit: a refused claim set no phase
 	return x, nil
 }
 
@@ -436,9 +433,7 @@ func (x *Execution) phaseArg(phase Phase) *string {
 	if phase == "" {
 		return nil
 	}
-	if f := x.claims.cfg.OnPhaseFunc; f != nil {
-		f(x.claim, phase)
-	}
+	x.claims.onPhase(&x.claim, phase)
 	s := string(phase)
 	return &s
 }
