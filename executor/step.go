@@ -98,7 +98,7 @@ func (ex *execution) runStep(ctx context.Context, t *turn, step int, log *slog.L
 		rid := ex.responseIDRecorder(attemptID, log)
 		req.ResponseIDFunc = rid.report
 		sent := time.Now()
-		resp, perr := ex.e.cfg.Provider.Complete(ctx, req)
+		resp, perr := ex.complete(ctx, req, log) // a panic in it is an unknown outcome
 		ex.keepResponseID(attemptID, cmp.Or(rid.wait(), cleanResponseID(resp.ResponseID)))
 		if deltas != nil {
 			// The rest of the text goes out before the response is

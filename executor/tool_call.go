@@ -63,15 +63,23 @@ func (ex *execution) runCall(ctx context.Context, turnID string, p ledger.CallPa
 	res, err := ex.runTool(ctx, tool, tools.Call{
 		ID: c.ID, Name: c.Name, Input: c.Input, SessionID: ex.sessionID,
 		IdempotencyKey: p.IdempotencyKey, FencingToken: ex.x.Claim().Token,
-	})
+	}, p.ID, log)
 	faults.Hit(faults.ToolAfterRun)
 	ex.callSecondsMetric(ctx, err, res, time.Since(sent))
 	if ex.x.Fenced() {
 		return ledger.ErrFenced
 	}
+	var panicked *panicError
 	switch {
 	case errors.Is(err, tools.ErrNotRun):
 		return ex.settleCall(ctx, turnID, p, c, ledger.CallFailed, "not run: "+redact.Text(err.Error()), true)
+	case errors.As(err, &panicked):
+		// The tool panicked after its dispatch: it may have had effects,
+		// so its outcome is unknown, whatever its class (an idempotent
+		// call is not run again either: on the input the model chose, it
+		// would panic again). Logged with its stack where it was
+		// recovered; its value is redacted and bounded (panicText).
+		return ex.settleCall(ctx, turnID, p, c, ledger.CallUnknown, "outcome unknown: "+err.Error(), true)
 	case err != nil && ctx.Err() != nil:
 		return ex.settleCall(ctx, turnID, p, c, ledger.CallUnknown, "outcome unknown: interrupted by shutdown", true)
 	case err != nil:
@@ -102,7 +110,10 @@ const toolAbandonAfter = 500 * time.Millisecond
 // past the deadline or the end of the shutdown grace, and its outcome is
 // unknown: no tool may keep a turn, or the process's stop, waiting. The
 // abandoned goroutine ends when the tool returns, or with the process.
-func (ex *execution) runTool(ctx context.Context, tool tools.Tool, call tools.Call) (tools.Result, error) {
+// A tool that panics (or ends its goroutine without returning) fails
+// with a *panicError, logged here with its stack (callID names the call),
+// abandoned or not: the process goes on.
+func (ex *execution) runTool(ctx context.Context, tool tools.Tool, call tools.Call, callID string, log *slog.Logger) (tools.Result, error) {
 	d := ex.e.cfg.ToolTimeout
 	cctx, cancel := context.WithTimeoutCause(ctx, d, errToolTimeout)
 	defer cancel()
@@ -112,9 +123,20 @@ func (ex *execution) runTool(ctx context.Context, tool tools.Tool, call tools.Ca
 	}
 	got := make(chan outcome, 1)
 	go func() {
+		var o outcome
+		returned := false
+		defer func() {
+			if !returned {
+				pe := recovered("tool", recover())
+				log.ErrorContext(ctx, "tool panicked; the call's outcome is unknown", slog.String("call_id", callID),
+					slog.String("tool", call.Name), slog.String("panic", pe.value), slog.String("stack", pe.stack))
+				o = outcome{err: pe}
+			}
+			got <- o
+		}()
 		faults.Stall(faults.ToolStall)
-		res, err := tool.Run(cctx, call)
-		got <- outcome{res, err}
+		o.res, o.err = tool.Run(cctx, call)
+		returned = true
 	}()
 	var o outcome
 	select {

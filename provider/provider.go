@@ -32,6 +32,10 @@ import (
 //   - anything else: the provider answered with a failure; the attempt is
 //     recorded failed; retried only when the provider honours idempotency
 //     keys, with the same key.
+//
+// A panic in Complete (in its own goroutine: not in one it starts) is
+// recovered by the executor and taken as an error wrapping
+// ErrOutcomeUnknown.
 type Provider interface {
 	Complete(ctx context.Context, req Request) (Response, error)
 }

@@ -67,6 +67,8 @@ type Tool interface {
 	// Run performs the call. A Result (with IsError or not) is an outcome
 	// the tool is sure of. An error means the tool could not run or does
 	// not know the outcome; wrap ErrNotRun when no side effect started.
-	// Run must honour ctx and be safe for concurrent use.
+	// A panic in Run is taken as an error of the second kind: the call's
+	// outcome is unknown. Run must honour ctx and be safe for concurrent
+	// use.
 	Run(ctx context.Context, call Call) (Result, error)
 }

@@ -1,0 +1,173 @@
+package executor_test
+
+import (
+	"context"
+	"encoding/json"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/promptline/promptline/envelope"
+	"github.com/promptline/promptline/executor"
+	"github.com/promptline/promptline/internal/testkit"
+	"github.com/promptline/promptline/ledger"
+	"github.com/promptline/promptline/provider"
+	"github.com/promptline/promptline/provider/scripted"
+	"github.com/promptline/promptline/tools"
+)
+
+// panickyTool panics on every run, as a tool with a bug on some model
+// input would: with value when it is set, else by assigning to a nil map.
+type panickyTool struct {
+	class tools.Class
+	value any
+	runs  atomic.Int32
+}
+
+func (p *panickyTool) Spec() tools.Spec {
+	return tools.Spec{Name: "panicky", Description: "panics", InputSchema: json.RawMessage(`{"type":"object"}`), Class: p.class}
+}
+
+func (p *panickyTool) Run(context.Context, tools.Call) (tools.Result, error) {
+	p.runs.Add(1)
+	if p.value != nil {
+		panic(p.value)
+	}
+	var m map[string]int
+	m["boom"]++ // assignment to entry in nil map
+	return tools.Result{}, nil
+}
+
+// TestToolPanicSettlesTheCall: a tool's panic is bad data (the model chose
+// the input), not a crash. It happened after the call's dispatch, so the
+// call is settled unknown, whatever its class: it may have had effects,
+// and an idempotent one run again would panic again. The turn goes on (the
+// model sees the unknown outcome), the tool ran once, and the process goes
+// on serving other sessions. The recorded text says "panic", with the
+// panic's value redacted and bounded as a tool's error is.
+func TestToolPanicSettlesTheCall(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	for _, tc := range []struct {
+		name  string
+		class tools.Class
+		value any
+		want  string // LIKE pattern of the call's output
+	}{
+		{"SideEffecting", tools.SideEffecting, nil, "outcome unknown: the tool panicked: assignment to entry in nil map"},
+		{"Idempotent", tools.Idempotent, nil, "outcome unknown: the tool panicked: assignment to entry in nil map"},
+		{"ValueRedacted", tools.SideEffecting, `Post "https://u:hunter2@hooks.internal/x?token=t0ken": boom`,
+			`outcome unknown: the tool panicked: Post "https://u:****@hooks.internal/x?token=****": boom`},
+		{"ValueBounded", tools.SideEffecting, strings.Repeat("x", 100_000), "outcome unknown: the tool panicked: xxx%…[truncated]"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			b := setupExec(t)
+			tool := &panickyTool{class: tc.class, value: tc.value}
+			reg := tools.NewRegistry()
+			require.NoError(t, reg.Register(tool))
+			claims := ledger.NewClaims(b.pool, &ledger.ClaimsConfig{Lease: 5 * time.Second, OwnerID: "a"})
+			var logs testkit.LogBuffer
+			e := newExecutor(t, b.pool, &executor.ExecutorConfig{Claims: claims, Tools: reg, Logger: testkit.Logger(t, &logs)})
+			t.Cleanup(e.StopNow)
+			b.admit(t, "s", "m1", "/tool panicky {}")
+			done, err := e.Wake(ctx, "s", 0)
+			require.NoError(t, err)
+			wait(t, done)
+			require.Equal(t, 1, b.count(t, `SELECT count(*) FROM tool_calls WHERE session_id = 's' AND tool = 'panicky'
+				AND state = 'unknown' AND is_error AND output LIKE $1 AND length(output) < 1200`, tc.want), "the call is unknown, naming the panic")
+			require.Equal(t, int32(1), tool.runs.Load(), "never run again")
+			require.Equal(t, 1, b.count(t, `SELECT count(*) FROM message_parts p JOIN messages m USING (message_id)
+				WHERE m.role = 'assistant' AND m.status = 'completed' AND p.kind = 'text' AND p.body LIKE 'tool results: panicky: outcome unknown: the tool panicked: %'`),
+				"the turn went on: the model answered the unknown outcome")
+			for _, secret := range []string{"hunter2", "t0ken"} {
+				require.Zero(t, b.count(t, `SELECT count(*) FROM tool_calls WHERE output LIKE '%' || $1 || '%'`, secret), secret)
+				require.Zero(t, b.count(t, `SELECT count(*) FROM message_parts WHERE body LIKE '%' || $1 || '%'`, secret), secret)
+			}
+			require.Zero(t, b.count(t, `SELECT count(*) FROM claims`), "released")
+			require.Contains(t, logs.String(), `level=ERROR msg="tool panicked; the call's outcome is unknown"`)
+			require.Contains(t, logs.String(), "panic_test.go", "the stack is logged")
+			require.NotContains(t, logs.String(), "hunter2")
+
+			// The process is alive: another session's turn runs.
+			b.admit(t, "s2", "m2", "hello")
+			done, err = e.Wake(ctx, "s2", 0)
+			require.NoError(t, err)
+			wait(t, done)
+			require.Equal(t, 1, b.answered(t, "m2"))
+		})
+	}
+}
+
+// panickyProvider panics on a prompt "panic" (its first panics tries;
+// every try when panics is negative), and otherwise answers as the
+// scripted provider does.
+type panickyProvider struct {
+	panics     int32
+	idempotent bool
+	tries      atomic.Int32
+}
+
+func (p *panickyProvider) HonoursIdempotencyKeys() bool { return p.idempotent }
+
+func (p *panickyProvider) Complete(ctx context.Context, req provider.Request) (provider.Response, error) {
+	if req.Turn[0].Text == "panic" && (p.panics < 0 || p.tries.Add(1) <= p.panics) {
+		var s []int
+		_ = s[len(req.Turn)+2] // index out of range
+	}
+	return scripted.ScriptedProvider{}.Complete(ctx, req)
+}
+
+// TestProviderPanicIsAnUnknownAttempt: a provider's panic comes after the
+// attempt's intent, while the request may have been sent: the attempt is
+// recorded unknown, as after a dropped connection, and the turn fails
+// with outcome_unknown (a provider that honours idempotency keys sends
+// the step again under its key instead). The process goes on serving
+// other sessions.
+func TestProviderPanicIsAnUnknownAttempt(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	run := func(t *testing.T, p *panickyProvider) *execBundle {
+		b := setupExec(t)
+		var logs testkit.LogBuffer
+		claims := ledger.NewClaims(b.pool, &ledger.ClaimsConfig{Lease: 5 * time.Second, OwnerID: "a"})
+		e := newExecutor(t, b.pool, &executor.ExecutorConfig{Claims: claims, Provider: p, Logger: testkit.Logger(t, &logs)})
+		t.Cleanup(e.StopNow)
+		b.admit(t, "s", "m1", "panic")
+		done, err := e.Wake(ctx, "s", 0)
+		require.NoError(t, err)
+		wait(t, done)
+		require.Zero(t, b.count(t, `SELECT count(*) FROM claims`), "released")
+		require.Contains(t, logs.String(), `level=ERROR msg="provider panicked; the attempt's outcome is unknown"`)
+		require.Contains(t, logs.String(), "panic_test.go", "the stack is logged")
+
+		b.admit(t, "s2", "m2", "hello")
+		done, err = e.Wake(ctx, "s2", 0)
+		require.NoError(t, err)
+		wait(t, done)
+		require.Equal(t, 1, b.answered(t, "m2"), "the process is alive: another session's turn runs")
+		return b
+	}
+
+	t.Run("OutcomeUnknown", func(t *testing.T) {
+		t.Parallel()
+		b := run(t, &panickyProvider{panics: -1})
+		require.Equal(t, 1, b.count(t, `SELECT count(*) FROM attempts WHERE session_id = 's' AND state = 'unknown'
+			AND error LIKE 'outcome unknown: the provider panicked: runtime error: index out of range%'`))
+		require.Equal(t, 1, b.count(t, `SELECT count(*) FROM messages WHERE session_id = 's' AND role = 'assistant' AND status = 'errored'`))
+		failed := testkit.SessionEvents(t, b.pool, "s", envelope.EventTurnFailed)
+		require.Len(t, failed, 1)
+		require.Equal(t, envelope.FailOutcomeUnknown, failed[0].Reason)
+		require.Contains(t, failed[0].Error, "panic")
+	})
+
+	t.Run("IdempotentProviderSendsAgain", func(t *testing.T) {
+		t.Parallel()
+		b := run(t, &panickyProvider{panics: 1, idempotent: true})
+		require.Equal(t, 1, b.answered(t, "m1"))
+		require.Equal(t, 1, b.count(t, `SELECT count(*) FROM attempts WHERE session_id = 's' AND state = 'succeeded' AND tries = 2`))
+	})
+}
