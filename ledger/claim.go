@@ -414,6 +414,12 @@ type ReleaseOpts struct {
 // transaction (invariant 7). The session row is locked first, so an input
 // admitted concurrently is either seen here or admitted after the claim is
 // gone, with its own wake.
+//
+// released is true only once the release committed. After an error it is
+// false, and the execution is not marked fenced: a failed commit released
+// nothing, and one whose answer was lost (the ambiguous commit) may have
+// released or not; the next write's fence tells (the claim gone refuses
+// it, and the execution stops), as for a retried write (retry.go).
 func (x *Execution) Release(ctx context.Context, opts ReleaseOpts) (released bool, err error) {
 	x.mu.Lock()
 	defer x.mu.Unlock()
@@ -434,6 +440,11 @@ func (x *Execution) Release(ctx context.Context, opts ReleaseOpts) (released boo
 		}
 		return nil
 	})
+	if err != nil {
+		// Rolled back, or its commit failed or went unanswered: not known
+		// to be released.
+		return false, err
+	}
 	if released {
 		x.fenced.Store(true) // released: no more writes
 		x.cancel()
