@@ -822,9 +822,10 @@ type execution struct {
 	view *sessionView
 	// started is when the execution's loop of turns began (FairShare).
 	started time.Time
-	// responseIDs holds the provider's response ID of each attempt of this
-	// execution that reported one (ResponseIDFunc), for its outcome's
-	// write. Only the execution's goroutine touches it.
+	// responseIDs holds the provider's response ID of the execution's
+	// latest attempt, if it reported one (ResponseIDFunc), for its
+	// outcome's write: one entry at most (keepResponseID). Only the
+	// execution's goroutine touches it.
 	responseIDs map[string]string
 }
 

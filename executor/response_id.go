@@ -94,9 +94,15 @@ func (w *responseIDWrite) wait() string {
 // for its outcome's write. A try that reported none forgets an earlier
 // try's: a deferred attempt begun again starts without an ID
 // (beginAttemptSQL), and the outcome must not name another try's.
+//
+// It keeps that attempt's only. An execution's steps run one after
+// another, each attempt's outcome written (or the execution ended)
+// before the next attempt begins: every other attempt it remembered has
+// settled, and its ID is dropped. Kept, one entry per attempt grew
+// without bound in an execution kept busy turn after turn.
 func (ex *execution) keepResponseID(attemptID, id string) {
+	clear(ex.responseIDs)
 	if id == "" {
-		delete(ex.responseIDs, attemptID)
 		return
 	}
 	if ex.responseIDs == nil {

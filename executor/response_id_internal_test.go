@@ -1,6 +1,7 @@
 package executor
 
 import (
+	"fmt"
 	"strings"
 	"testing"
 
@@ -27,4 +28,28 @@ func TestCleanResponseID(t *testing.T) {
 	} {
 		require.Equal(t, c.want, cleanResponseID(c.in), "%q", c.in)
 	}
+}
+
+// TestKeepResponseIDHoldsOneAttempt: an execution kept busy turn after
+// turn keeps the response ID of its attempt in flight only; those of its
+// settled attempts are dropped, so what it holds does not grow with the
+// turns it runs.
+func TestKeepResponseIDHoldsOneAttempt(t *testing.T) {
+	t.Parallel()
+	ex := &execution{}
+	for i := range 1000 {
+		a := fmt.Sprintf("exec/%d", i+1)
+		ex.keepResponseID(a, "resp-"+a)
+		require.Equal(t, "resp-"+a, ex.responseIDs[a], "the attempt in flight keeps its ID")
+		require.Len(t, ex.responseIDs, 1, "after attempt %d", i+1)
+		if i%2 == 0 {
+			// A second try of the same attempt replaces its ID.
+			ex.keepResponseID(a, "resp-again-"+a)
+			require.Equal(t, "resp-again-"+a, ex.responseIDs[a])
+			require.Len(t, ex.responseIDs, 1)
+		}
+	}
+	// A try that reported none forgets the attempt's earlier try's.
+	ex.keepResponseID("exec/1000", "")
+	require.Empty(t, ex.responseIDs)
 }
