@@ -77,6 +77,7 @@ func TestProviderAnswerThatIsNotTextIsRecorded(t *testing.T) {
 	}{
 		"NULInText":      {resp: provider.Response{Text: "before\x00after \xff"}, wantText: "before\uFFFDafter \uFFFD"},
 		"InputNotJSON":   {resp: provider.Response{ToolCalls: []provider.ToolCall{{ID: "c\x00", Name: "echo", Input: json.RawMessage("{not json \xff")}}}, wantInput: "\"{not json \uFFFD\""},
+		"LoneSurrogate":  {resp: provider.Response{ToolCalls: []provider.ToolCall{{ID: "c", Name: "echo", Input: json.RawMessage(`{"a":"\ud800","b":"\uDC00x","c":"\ud83d\ude00"}`)}}}, wantInput: "{\"a\": \"\uFFFD\", \"b\": \"\uFFFDx\", \"c\": \"\U0001F600\"}"},
 		"NULInInputJSON": {resp: provider.Response{ToolCalls: []provider.ToolCall{{ID: "c", Name: "echo", Input: json.RawMessage(`{"a":"x\u0000y","b\u0000":[1.50,"\\u0000"]}`)}}}, wantInput: "{\"a\": \"x\uFFFDy\", \"b\uFFFD\": [1.50, \"\\\\u0000\"]}"},
 	} {
 		t.Run(name, func(t *testing.T) {

@@ -3,6 +3,7 @@ package executor
 import (
 	"bytes"
 	"encoding/json"
+	"regexp"
 	"strings"
 	"unicode/utf8"
 
@@ -36,7 +37,7 @@ func storableJSON(b json.RawMessage) json.RawMessage {
 		out, _ := json.Marshal(storable(string(b))) // a string always marshals
 		return out
 	}
-	if !bytes.Contains(b, []byte(`\u0000`)) {
+	if !bytes.Contains(b, []byte(`\u0000`)) && !escapedSurrogate.Match(b) {
 		return b
 	}
 	d := json.NewDecoder(bytes.NewReader(b))
@@ -52,6 +53,13 @@ func storableJSON(b json.RawMessage) json.RawMessage {
 	}
 	return out
 }
+
+// escapedSurrogate finds a \u escape of a UTF-16 surrogate, which jsonb
+// refuses unless it is half of a pair, and which Go's decoder accepts
+// alone (as U+FFFD): such an input is decoded and encoded again, a pair
+// then written as its character. (A backslash escaped before the u makes
+// a false match, which costs a decode and changes nothing.)
+var escapedSurrogate = regexp.MustCompile(`\\u[dD][89a-fA-F]`)
 
 func storableValue(v any) any {
 	switch v := v.(type) {
