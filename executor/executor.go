@@ -555,6 +555,8 @@ func (e *Executor) run(sessionID string, r *sessionRun) {
 		defer f()
 	}
 	log := e.log.With(slog.String("session_id", sessionID))
+	ended := false
+	defer e.endedWithoutReturning(sessionID, r, log, &ended)
 	for {
 		e.execute(sessionID, r, log)
 		if e.beforeRunEnds != nil {
@@ -570,9 +572,30 @@ func (e *Executor) run(sessionID string, r *sessionRun) {
 			delete(e.runs, sessionID)
 		}
 		close(r.done)
+		ended = true
 		e.mu.Unlock()
 		return
 	}
+}
+
+// endedWithoutReturning ends a run whose goroutine is ending without
+// returning: a provider's Complete runs on it, and a runtime.Goexit there
+// (a test double's FailNow, say) cannot be recovered. Left in the map, the
+// dead run would be joined by every later wake of the session, whose done
+// never closes: the session would never run again in this process. Its
+// claim is left to expire, as after a crash (execute's deferred calls have
+// run), and recovery decides from its phase.
+func (e *Executor) endedWithoutReturning(sessionID string, r *sessionRun, log *slog.Logger, ended *bool) {
+	if *ended {
+		return
+	}
+	log.Error("the session's run ended without returning (runtime.Goexit in what it called); its claim is left to expire for recovery")
+	e.mu.Lock()
+	if e.runs[sessionID] == r {
+		delete(e.runs, sessionID)
+	}
+	close(r.done)
+	e.mu.Unlock()
 }
 
 // execute is one execution: acquire, run turns until nothing waits (or the
