@@ -74,24 +74,28 @@ func TestGroupCommitCallbackErrorIsOnlyItsSessions(t *testing.T) {
 			require.NoError(t, err)
 			_, err = lock.Exec(ctx, `SELECT 1 FROM sessions WHERE session_id LIKE 'blk%' FOR UPDATE`)
 			require.NoError(t, err)
+			// Watched from outside the pool too: the flushes hold its
+			// connections.
+			watch, err := pgx.ConnectConfig(ctx, b.pool.Config().ConnConfig.Copy())
+			require.NoError(t, err)
+			t.Cleanup(func() { watch.Close(context.Background()) })
+			waiting := func() int {
+				var n int
+				require.NoError(t, watch.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity
+					WHERE wait_event_type = 'Lock' AND datname = current_database()`).Scan(&n))
+				return n
+			}
+			// One at a time, each waiting before the next is sent: sent at
+			// once, several could go out in one flush (a slow machine, the
+			// race detector) and leave a flush free.
 			blocked := make(chan error, ledger.GroupCommitMaxInFlight)
 			for i := range ledger.GroupCommitMaxInFlight {
 				go func() {
 					_, err := b.claims.AcquireWaiting(ctx, fmt.Sprintf("blk%d", i), fmt.Sprintf("e-blk%d", i), nil)
 					blocked <- err
 				}()
+				require.Eventually(t, func() bool { return waiting() >= i+1 }, 20*time.Second, 10*time.Millisecond)
 			}
-			// Watched from outside the pool too: the flushes hold its
-			// connections.
-			watch, err := pgx.ConnectConfig(ctx, b.pool.Config().ConnConfig.Copy())
-			require.NoError(t, err)
-			t.Cleanup(func() { watch.Close(context.Background()) })
-			require.Eventually(t, func() bool {
-				var n int
-				require.NoError(t, watch.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity
-					WHERE wait_event_type = 'Lock' AND datname = current_database()`).Scan(&n))
-				return n >= ledger.GroupCommitMaxInFlight
-			}, 10*time.Second, 10*time.Millisecond)
 
 			// Both queue behind the busy flushes, and go out as one
 			// transaction once the lock is gone.
