@@ -13,6 +13,13 @@ func GroupCommitCounts(c *Claims) (combined, separated int64) {
 	return c.group.combined.Load(), c.group.separated.Load()
 }
 
+// GroupCommitQueued reports how many transactions wait in group commit's
+// queue for a flush.
+func GroupCommitQueued(c *Claims) int {
+	queued, _ := c.group.queue.State()
+	return queued
+}
+
 // GroupCommitMaxInFlight is how many group-commit flushes run at once:
 // the renewal's isolation test occupies them all.
 const GroupCommitMaxInFlight = maxInFlight

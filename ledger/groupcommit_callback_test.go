@@ -112,7 +112,8 @@ func TestGroupCommitCallbackErrorIsOnlyItsSessions(t *testing.T) {
 				}()
 			}
 			other := map[string]string{"a": "b", "b": "a"}[tc.failing]
-			time.Sleep(300 * time.Millisecond)
+			require.Eventually(t, func() bool { return ledger.GroupCommitQueued(b.claims) == 2 }, 20*time.Second, 5*time.Millisecond,
+				"a and b wait together for a flush")
 			require.NoError(t, lock.Commit(ctx))
 			for range ledger.GroupCommitMaxInFlight {
 				require.NoError(t, <-blocked)

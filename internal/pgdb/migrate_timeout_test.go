@@ -14,8 +14,10 @@ import (
 
 // migrationWaits returns the URL of a schema one migration behind this
 // binary, with a transaction of another session holding a lock on inputs
-// that the last migration's index build waits for, for hold; the
-// migration then takes at least that long, whatever the machine's speed.
+// that the last migration's index build waits for. The lock is let go once
+// the server has seen the build wait for it for hold (so the migration
+// takes at least that long, whatever the machine's speed), or once a
+// waiter it saw is gone (cancelled by a timeout), or after a minute.
 func migrationWaits(t *testing.T, schema string, hold time.Duration) string {
 	t.Helper()
 	ctx := t.Context()
@@ -26,6 +28,8 @@ func migrationWaits(t *testing.T, schema string, hold time.Duration) string {
 	require.NoError(t, err)
 	conn, err := pgx.Connect(ctx, url)
 	require.NoError(t, err)
+	watch, err := pgx.Connect(ctx, url)
+	require.NoError(t, err)
 	tx, err := conn.Begin(ctx)
 	require.NoError(t, err)
 	// SHARE UPDATE EXCLUSIVE conflicts with itself, which CREATE INDEX
@@ -35,9 +39,30 @@ func migrationWaits(t *testing.T, schema string, hold time.Duration) string {
 	released := make(chan struct{})
 	go func() {
 		defer close(released)
-		time.Sleep(hold)
-		_ = tx.Rollback(context.Background())
-		_ = conn.Close(context.Background())
+		defer func() {
+			_ = tx.Rollback(context.Background())
+			_ = conn.Close(context.Background())
+			_ = watch.Close(context.Background())
+		}()
+		seen := false
+		poll := time.NewTicker(20 * time.Millisecond)
+		defer poll.Stop()
+		for deadline := time.Now().Add(time.Minute); time.Now().Before(deadline); <-poll.C {
+			var waited *float64
+			if err := watch.QueryRow(context.Background(), `SELECT max(extract(epoch FROM clock_timestamp() - a.state_change))::float8
+				FROM pg_locks l JOIN pg_stat_activity a USING (pid)
+				WHERE NOT l.granted AND l.relation = 'inputs'::regclass`).Scan(&waited); err != nil {
+				return
+			}
+			switch {
+			case waited != nil && *waited >= hold.Seconds():
+				return
+			case waited != nil:
+				seen = true
+			case seen:
+				return // the waiter is gone: cancelled
+			}
+		}
 	}()
 	t.Cleanup(func() { <-released })
 	return url
