@@ -157,8 +157,7 @@ func (x *Execution) FinishCallRetried(ctx context.Context, opts RetryOpts, phase
 	if x.fenced.Load() {
 		return false, ErrFenced
 	}
-	args := append(x.fenceArgs(phase, assistantMessageID), c.Args...)
-	sql := callSQL(c.Func, len(args))
+	sql, args := x.finishCallSQL(phase, assistantMessageID, c)
 	b := &pgx.Batch{}
 	b.Queue(sql, args...).QueryRow(func(row pgx.Row) error { return row.Scan(&released) })
 	released, err = x.finished(released, x.sendQueued(ctx, b))
@@ -187,10 +186,17 @@ func (x *Execution) FinishCall(ctx context.Context, phase Phase, assistantMessag
 	if x.fenced.Load() {
 		return false, ErrFenced
 	}
-	args := append(x.fenceArgs(phase, assistantMessageID), c.Args...)
+	sql, args := x.finishCallSQL(phase, assistantMessageID, c)
 	b := &pgx.Batch{}
-	b.Queue(callSQL(c.Func, len(args)), args...).QueryRow(func(row pgx.Row) error { return row.Scan(&released) })
+	b.Queue(sql, args...).QueryRow(func(row pgx.Row) error { return row.Scan(&released) })
 	return x.finished(released, x.sendQueued(ctx, b))
+}
+
+// finishCallSQL is the statement of a finishing call: c's function given
+// the fence's arguments, then c.Args.
+func (x *Execution) finishCallSQL(phase Phase, assistantMessageID string, c Call) (string, []any) {
+	args := append(x.fenceArgs(phase, assistantMessageID), c.Args...)
+	return callSQL(c.Func, len(args)), args
 }
 
 // writeQueued is a write in one round trip: the fence, which also sets the

@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
 	"github.com/promptline/promptline/internal/faults"
@@ -67,12 +68,7 @@ func TestRecoverTakesTheFleetsSettings(t *testing.T) {
 
 	rows, err := b.pool.Query(t.Context(), `SELECT DISTINCT topic FROM outbox WHERE id > $1 ORDER BY 1`, before)
 	require.NoError(t, err)
-	var topics []string
-	for rows.Next() {
-		var s string
-		require.NoError(t, rows.Scan(&s))
-		topics = append(topics, s)
-	}
-	require.NoError(t, rows.Err())
+	topics, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	require.NoError(t, err)
 	require.Equal(t, []string{"team.session-events", "team.wakes"}, topics, "the recovery's event and the continuation's wake, on the fleet's topics")
 }
