@@ -313,8 +313,11 @@ func TestConcurrentRecoveryDecidesOnce(t *testing.T) {
 	require.Equal(t, 1, testkit.CountEvents(t, b.pool, session, envelope.EventRecoveryDecided), "one recovery.decided written")
 	require.Equal(t, 1, distinctIDs(recoveryDecidedIDs(t, b.events, session)), "one recovery.decided event id")
 	require.Equal(t, 1, testkit.CountEvents(t, b.pool, session, envelope.EventTurnFailed), "one turn.failed written")
-	require.Equal(t, 1, countLogs(r1, "recovery decided", session)+countLogs(r2, "recovery decided", session),
-		"one of the two decided")
+	// The decider logs after its commit, which the relay may publish
+	// first: wait for the line, then require that it is the only one.
+	decided := func() int { return countLogs(r1, "recovery decided", session) + countLogs(r2, "recovery decided", session) }
+	require.Eventually(t, func() bool { return decided() >= 1 }, 10*time.Second, 20*time.Millisecond, "one of the two logged its decision")
+	require.Equal(t, 1, decided(), "one of the two decided")
 	require.Zero(t, b.count(t, `SELECT count(*) FROM claims WHERE session_id = $1`, session), "the claim is cleared, not quarantined")
 }
 
