@@ -315,7 +315,9 @@ func TestConcurrentRecoveryDecidesOnce(t *testing.T) {
 	require.Equal(t, 1, testkit.CountEvents(t, b.pool, session, envelope.EventTurnFailed), "one turn.failed written")
 	// The decider logs after its commit, which the relay may publish
 	// first: wait for the line, then require that it is the only one.
-	decided := func() int { return countLogs(r1, "recovery decided", session) + countLogs(r2, "recovery decided", session) }
+	decided := func() int {
+		return countLogs(r1, "recovery decided", session) + countLogs(r2, "recovery decided", session)
+	}
 	require.Eventually(t, func() bool { return decided() >= 1 }, 10*time.Second, 20*time.Millisecond, "one of the two logged its decision")
 	require.Equal(t, 1, decided(), "one of the two decided")
 	require.Zero(t, b.count(t, `SELECT count(*) FROM claims WHERE session_id = $1`, session), "the claim is cleared, not quarantined")
