@@ -89,6 +89,7 @@ func TestWriteAfterDispatchRetried(t *testing.T) {
 	type bundle struct {
 		*execBundle
 		proxy    *pgproxy.Proxy
+		ppool    *pgxpool.Pool // the executor's pool, through the proxy
 		provider *gateProvider
 		tool     *effectTool
 		block    *blockTool
@@ -104,7 +105,7 @@ func TestWriteAfterDispatchRetried(t *testing.T) {
 		t.Cleanup(ppool.Close)
 		b := &bundle{
 			execBundle: &execBundle{pool: pool, admitter: admission.NewAdmitter(pool, &admission.AdmitterConfig{})},
-			proxy:      proxy, tool: &effectTool{}, block: &blockTool{started: make(chan struct{}, 1)},
+			proxy:      proxy, ppool: ppool, tool: &effectTool{}, block: &blockTool{started: make(chan struct{}, 1)},
 			provider: &gateProvider{answered: make(chan struct{}, 1), gate: make(chan struct{})},
 		}
 		reg := tools.NewRegistry()
@@ -360,6 +361,12 @@ func TestWriteAfterDispatchRetried(t *testing.T) {
 		b.proxy.CutAll()
 		close(b.provider.gate)
 		wait(t, done) // it gave up: it does not retry past its lease
+		// A connection the pool was opening for an acquire given up on
+		// (the lease's renewal, cancelled as the run ended) is still
+		// opened in the background and refused: not a retry. Counted once
+		// none is under way.
+		require.Eventually(t, func() bool { return b.ppool.Stat().ConstructingConns() == 0 },
+			10*time.Second, 5*time.Millisecond, "the pool's connects end")
 		refused := b.proxy.Stats().Refused
 		require.GreaterOrEqual(t, refused, 2, "it retried while the lease lived")
 		b.proxy.Refuse(false)
