@@ -49,6 +49,14 @@ func TestOriginalHeadersKeepOnesNamedLikePromptlines(t *testing.T) {
 	require.False(t, kafkautil.Truncated(ptrs(rm.Headers)), "an original header after another of the original's says nothing of the reject")
 	require.Equal(t, []string{"trace", "original_value_sha256"}, keys(kafkautil.OriginalHeaders(ptrs(rm.Headers))))
 
+	// The original's last header is named as the first of a pair that
+	// says what was cut, and nothing follows it: its own header, read
+	// within the message's bounds.
+	rm = kafkautil.RejectMessage("prompts.rejects", &sarama.ConsumerMessage{Topic: "prompts", Headers: []*sarama.RecordHeader{
+		{Key: []byte("original_value_bytes"), Value: []byte("7")},
+	}}, "invalid_json", "x")
+	require.Equal(t, []string{"original_value_bytes"}, keys(kafkautil.OriginalHeaders(ptrs(rm.Headers))))
+
 	// A message that does not begin with promptline's five headers is
 	// not one of its rejects: every header is the original's.
 	foreign := []sarama.RecordHeader{{Key: []byte("reason"), Value: []byte("r")}, {Key: []byte("detail"), Value: []byte("d")}}
