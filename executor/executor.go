@@ -405,7 +405,7 @@ func (e *Executor) start(sessionID string, partition int32) (<-chan struct{}, er
 	}
 	if r, ok := e.runs[sessionID]; ok { // started while we waited for a slot
 		<-e.slots
-		r.again, r.partition = true, partition
+		r.join(partition)
 		e.wakeMetric("coalesced")
 		return r.done, nil
 	}
@@ -424,11 +424,26 @@ func (e *Executor) coalesce(sessionID string, partition int32) (<-chan struct{},
 		return nil, false, ErrStopped
 	}
 	if r, ok := e.runs[sessionID]; ok {
-		r.again, r.partition = true, partition
+		r.join(partition)
 		e.wakeMetric("coalesced")
 		return r.done, true, nil
 	}
 	return nil, false, nil
+}
+
+// join hands r a wake that arrived on partition: r runs once more before
+// its session goes idle. Called under Executor.mu.
+//
+// A run that a revocation told to stop (Revoke) is told to go on: the wake
+// comes from the partition's assignment after the revocation (Revoke runs
+// once the revoked assignment's consumers have ended, and a stopping
+// executor takes no wakes), so the session is this process's again. Left
+// stopped, the run would end without looking at the session, and the wake
+// would end with it: its input, admitted after the run's last release,
+// has no other wake, and would wait for the lost-wake redrive.
+func (r *sessionRun) join(partition int32) {
+	r.again, r.partition = true, partition
+	r.stop.Store(false)
 }
 
 func (e *Executor) claimMetric(event string) {

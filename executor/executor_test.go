@@ -890,3 +890,46 @@ func quickTool(t *testing.T, class tools.Class) (*tools.Registry, *stuckTool) {
 	require.NoError(t, reg.Register(quick))
 	return reg, quick
 }
+
+// A wake that comes from a new assignment of a revoked partition, while the
+// revoked run is ending, is a wake of this process again: the run takes
+// it and runs its input. The revoked run released its claim before the
+// input was admitted, so no release wrote a wake for it; the admission's
+// own wake is this one.
+//
+// It catches: a wake that joins a stopped run after its last release,
+// whose done then closes with the input unrun and no wake left for it
+// anywhere (its offset committed): the prompt waits for the lost-wake
+// redrive.
+func TestWakeFromANewAssignmentJoinsTheRevokedRun(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	b := setupExec(t)
+	p := newBlockingProvider()
+	e := b.executor(t, "a", p, 5*time.Second, 0)
+	ending, resume := make(chan struct{}), make(chan struct{})
+	var once sync.Once
+	executor.SetBeforeRunEnds(e, func(string) {
+		once.Do(func() { close(ending); <-resume })
+	})
+	b.admit(t, "s", "first", "one")
+	done1, err := e.Wake(ctx, "s", 0)
+	require.NoError(t, err)
+	require.Equal(t, "first", <-p.started)
+	e.Revoke([]int32{0}) // the rebalance: the partition is revoked...
+	close(p.gate)
+	<-ending // ...the run's execution has ended and released
+	require.Zero(t, b.count(t, `SELECT count(*) FROM claims`))
+
+	// ...and assigned here again: a prompt's wake arrives from it.
+	b.admit(t, "s", "second", "two")
+	done2, err := e.Wake(ctx, "s", 0)
+	require.NoError(t, err)
+	close(resume)
+	wait(t, done1)
+	wait(t, done2)
+
+	require.Equal(t, 1, b.answered(t, "first"))
+	require.Equal(t, 1, b.answered(t, "second"), "the wake's input ran before its done closed")
+	require.Zero(t, b.count(t, `SELECT count(*) FROM claims`))
+}
