@@ -27,6 +27,10 @@ const (
 	ReplyTakenPrefix = "permission-reply "
 )
 
+// maxQuotedKey is how much of a mismatched Kafka key a reject's detail
+// quotes: as much as a prompt's does (envelope.Decode).
+const maxQuotedKey = 64
+
 // errInputIDTaken: every ID an internal input may take is held by another
 // input (of another kind, or the same kind with another payload).
 var errInputIDTaken = errors.New("input ID taken by another input")
@@ -63,8 +67,12 @@ func (a *Admitter) AdmitReply(ctx context.Context, key []byte, r envelope.Permis
 			return err
 		}
 		if key != nil && string(key) != session {
+			// The key is the sender's, of any size: the detail quotes its
+			// first bytes only, as a prompt's does (envelope.Decode). Whole,
+			// a large key (four bytes of detail for each control byte) made
+			// a reject too large to publish even without the original.
 			out = ReplyOutcome{Outcome: Conflict, Reason: envelope.ReasonKeyMismatch,
-				Detail: fmt.Sprintf("Kafka key %q differs from the request's session %q", string(key), session)}
+				Detail: fmt.Sprintf("Kafka key %q differs from the request's session %q", key[:min(len(key), maxQuotedKey)], session)}
 			return nil
 		}
 		// Lock order: the session row first, as everywhere.

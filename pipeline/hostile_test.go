@@ -1,6 +1,7 @@
 package pipeline_test
 
 import (
+	"bytes"
 	"strings"
 	"testing"
 	"time"
@@ -69,4 +70,47 @@ func manyHeaders(n, size int) []sarama.RecordHeader {
 		hs[i] = sarama.RecordHeader{Key: []byte{'h', byte('a' + i%26)}, Value: []byte(strings.Repeat("v", size))}
 	}
 	return hs
+}
+
+// TestReplyWithAHugeKeyIsRejectedWhole: a permission reply whose Kafka key
+// is not its request's session is rejected with reason key_mismatch, and
+// its detail names the key bounded, as a prompt's does: a key of 300 KB of
+// control bytes, quoted whole into the detail (four bytes each), made a
+// reject that could not be published even without the original's key and
+// value, and it was dropped (reject_unpublished) instead of reaching the
+// rejects topic (P6).
+func TestReplyWithAHugeKeyIsRejectedWhole(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	b := setup(t, setupOpts{replies: true})
+	sess := id(t, "s")
+	_, err := b.pool.Exec(ctx, `ALTER TABLE permission_requests DROP CONSTRAINT permission_requests_call_id_fkey`)
+	require.NoError(t, err)
+	_, err = b.pool.Exec(ctx, `INSERT INTO sessions (session_id) VALUES ($1)`, sess)
+	require.NoError(t, err)
+	for _, r := range []string{"r-key", "r-last"} {
+		_, err = b.pool.Exec(ctx, `INSERT INTO permission_requests (request_id, session_id, call_id, tool, pattern, status)
+			VALUES ($1, $2, $1, 'echo', 'echo', 'pending')`, r, sess)
+		require.NoError(t, err)
+	}
+
+	key := bytes.Repeat([]byte{0x01}, 300_000)
+	value := `{"request_id":"r-key","reply":"once"}`
+	_, _, err = b.producer.SendMessage(&sarama.ProducerMessage{Topic: "permission-replies", Key: sarama.ByteEncoder(key),
+		Value: sarama.StringEncoder(value)})
+	require.NoError(t, err)
+	_, _, err = b.producer.SendMessage(&sarama.ProducerMessage{Topic: "permission-replies", Key: sarama.StringEncoder(sess),
+		Value: sarama.StringEncoder(`{"request_id":"r-last","reply":"once"}`)})
+	require.NoError(t, err)
+
+	require.Eventually(t, func() bool {
+		return b.count(t, `SELECT count(*) FROM permission_requests WHERE request_id = 'r-last' AND status = 'approved'`) == 1
+	}, 20*time.Second, 10*time.Millisecond, "the reply behind it was applied")
+	require.Eventually(t, func() bool { return len(b.rejects.All()) == 1 }, 20*time.Second, 10*time.Millisecond,
+		"the reply with a huge key reached the rejects topic")
+	r := b.rejects.All()[0]
+	require.Equal(t, envelope.ReasonKeyMismatch, testkit.Header(r, "reason"))
+	require.LessOrEqual(t, len(testkit.Header(r, "detail")), 512, "a bounded detail")
+	require.Equal(t, value, string(r.Value), "whole")
+	require.Equal(t, 1, b.count(t, `SELECT count(*) FROM permission_requests WHERE request_id = 'r-key' AND status = 'pending'`))
 }
