@@ -4,12 +4,16 @@ import (
 	"cmp"
 	"embed"
 	"errors"
+	"fmt"
 	"html/template"
 	"log/slog"
+	"mime"
 	"net/http"
+	"net/url"
 	"strconv"
 	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
@@ -140,6 +144,33 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 }
 
 func (s *Server) serve(w http.ResponseWriter, r *http.Request, rt string) {
+	if r.Method == http.MethodPost {
+		// The login form is served to anyone: a body read without a bound
+		// (a multipart file part is spooled to disk) would let anyone make
+		// the console read gigabytes. Parsed here, once, so that every
+		// handler's PostFormValue reads what was parsed.
+		r.Body = http.MaxBytesReader(w, r.Body, maxFormBytes)
+		parse := r.ParseForm // ParseMultipartForm would drop its error
+		if ct, _, _ := mime.ParseMediaType(r.Header.Get("Content-Type")); ct == "multipart/form-data" {
+			parse = func() error { return r.ParseMultipartForm(maxFormBytes) }
+		}
+		if err := parse(); err != nil {
+			var tooLarge *http.MaxBytesError
+			if errors.As(err, &tooLarge) {
+				s.fail(w, r, http.StatusRequestEntityTooLarge, fmt.Sprintf("the form is larger than %d bytes", maxFormBytes))
+				return
+			}
+			s.fail(w, r, http.StatusBadRequest, "the form does not parse")
+			return
+		}
+	}
+	// What a handler reads goes to Postgres, whose text holds neither
+	// bytes that are not UTF-8 nor NUL: refused there, it would be
+	// answered as a database failure (503, "reload to try again").
+	if name := badText(r.URL.Query(), r.PostForm); name != "" {
+		s.fail(w, r, http.StatusBadRequest, name+": not valid UTF-8 text")
+		return
+	}
 	by := s.auth.check(r)
 	if r.Method == http.MethodPost && by != authBearer {
 		if why := crossSite(r); why != "" {
@@ -162,6 +193,30 @@ func (s *Server) serve(w http.ResponseWriter, r *http.Request, rt string) {
 		s.mux.ServeHTTP(w, r)
 	}
 }
+
+// maxFormBytes bounds a posted form: the largest of the console's forms,
+// a release with its note, is a few KiB.
+const maxFormBytes = 64 << 10
+
+// badText names the first parameter, of any of sets, whose name or value
+// is not valid UTF-8 or holds NUL; "" when there is none.
+func badText(sets ...url.Values) string {
+	for _, set := range sets {
+		for name, values := range set {
+			if !validText(name) {
+				return "a parameter name"
+			}
+			for _, v := range values {
+				if !validText(v) {
+					return name
+				}
+			}
+		}
+	}
+	return ""
+}
+
+func validText(s string) bool { return utf8.ValidString(s) && strings.IndexByte(s, 0) < 0 }
 
 // recorder keeps the status and size of a response.
 type recorder struct {

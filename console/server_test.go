@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"mime/multipart"
 	"net/http"
 	"net/http/httptest"
 	"net/url"
@@ -333,5 +334,71 @@ func TestAuth(t *testing.T) {
 		require.ErrorIs(t, console.CheckAddr(":9470", false), console.ErrNonLoopback)
 		require.ErrorIs(t, console.CheckAddr("10.1.2.3:9470", false), console.ErrNonLoopback)
 		require.NoError(t, console.CheckAddr("0.0.0.0:9470", true))
+	})
+}
+
+// TestHostileInput sends what a browser never would: text that is not
+// UTF-8 (or holds NUL, which Postgres text cannot hold) and a body far
+// larger than any of the console's forms.
+func TestHostileInput(t *testing.T) {
+	t.Parallel()
+	b := setup(t, console.Config{Token: token})
+	b.admit(t, "s-1", "m-1", "hello")
+	b.quarantineClaim(t, "s-q")
+
+	// Not the database's fault: a 400 naming the parameter, never a 503
+	// ("reload to try again") with an error line in the log.
+	t.Run("TextThatIsNotUTF8IsABadRequest", func(t *testing.T) {
+		for _, path := range []string{"/session?id=%FF", "/session?id=s%00", "/timeline.svg?id=%FF", "/sessions?q=%FF",
+			"/sessions?after=2026-01-01T00:00:00Z%7C%FF", "/recovery?decision=%00"} {
+			code, body := b.get(t, path, token)
+			require.Equal(t, http.StatusBadRequest, code, "%s: %s", path, body)
+			require.NotContains(t, body, "reading the database failed", path)
+		}
+		require.NotContains(t, b.log.String(), `"level":"ERROR"`, "a bad request is not a database failure")
+
+		_, body := b.get(t, "/quarantine", token)
+		csrf := csrfRe.FindStringSubmatch(body)
+		require.NotNil(t, csrf)
+		// Repaired, so that only the operator's name stands in the way.
+		_, err := b.pool.Exec(t.Context(), `UPDATE claims SET phase = 'safe' WHERE session_id = 's-q'`)
+		require.NoError(t, err)
+		form := url.Values{"kind": {"claim"}, "id": {"s-q"}, "operator": {"alice\xff"}, "csrf": {csrf[1]}}
+		req, err := http.NewRequest(http.MethodPost, b.srv.URL+"/quarantine/release", strings.NewReader(form.Encode()))
+		require.NoError(t, err)
+		req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
+		req.Header.Set("Authorization", "Bearer "+token)
+		resp, err := noRedirect.Do(req)
+		require.NoError(t, err)
+		resp.Body.Close()
+		require.Equal(t, http.StatusBadRequest, resp.StatusCode, "a form field that is not UTF-8")
+		_, body = b.get(t, "/quarantine", token)
+		require.Contains(t, body, `<td>claim</td><td>s-q</td>`, "nothing released")
+	})
+
+	// The login form is served to anyone: its body must be bounded, or
+	// anyone may make the console read (and spool to disk) gigabytes.
+	t.Run("HugeBodyRefused", func(t *testing.T) {
+		var body strings.Builder
+		mw := multipart.NewWriter(&body)
+		fw, err := mw.CreateFormFile("upload", "big")
+		require.NoError(t, err)
+		_, err = io.WriteString(fw, strings.Repeat("x", 2<<20))
+		require.NoError(t, err)
+		require.NoError(t, mw.WriteField("token", "wrong-token-0123456789"))
+		require.NoError(t, mw.Close())
+		req, err := http.NewRequest(http.MethodPost, b.srv.URL+"/login", strings.NewReader(body.String()))
+		require.NoError(t, err)
+		req.Header.Set("Content-Type", mw.FormDataContentType())
+		resp, err := noRedirect.Do(req)
+		require.NoError(t, err)
+		resp.Body.Close()
+		require.Equal(t, http.StatusRequestEntityTooLarge, resp.StatusCode)
+
+		big := url.Values{"token": {strings.Repeat("y", 2<<20)}}
+		resp, err = noRedirect.PostForm(b.srv.URL+"/login", big)
+		require.NoError(t, err)
+		resp.Body.Close()
+		require.Equal(t, http.StatusRequestEntityTooLarge, resp.StatusCode)
 	})
 }
