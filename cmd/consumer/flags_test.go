@@ -110,6 +110,31 @@ func TestFlags(t *testing.T) {
 		require.Contains(t, stderr, "--recovery-max-per-session: must not be negative")
 	})
 
+	// A rate that paces nothing must not pass for one: NaN and +Inf, and a
+	// rate so small that its interval overflows a duration, would each
+	// apply or replay at full speed (the interval converted from a NaN or
+	// from too large a float is negative in Go).
+	for _, tc := range []struct{ name, cmd, rate, want string }{
+		{"ReplayRateNaN", "replay", "NaN", "--rate: must be 0 (no cap) or a finite number"},
+		{"ReplayRateInf", "replay", "+Inf", "--rate: must be 0 (no cap) or a finite number"},
+		{"ReplayRateTooSmall", "replay", "1e-12", "--rate: must be 0 (no cap) or a finite number"},
+		{"ApplyRateNaN", "apply", "NaN", "--rate: must be a finite number"},
+		{"ApplyRateInf", "apply", "+Inf", "--rate: must be a finite number"},
+		{"ApplyRateTooSmall", "apply", "1e-12", "--rate: must be a finite number"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			args := []string{"replay", "--brokers", "127.0.0.1:1"}
+			if tc.cmd == "apply" {
+				args = []string{"recovery", "apply", "--operator", "alice"}
+			}
+			args = append(args, "--database-url", "postgres://127.0.0.1:1/none?connect_timeout=1", "--rate", tc.rate)
+			_, stderr, code := runOnce(t, args...)
+			require.Equal(t, 1, code, stderr)
+			require.Contains(t, stderr, tc.want)
+		})
+	}
+
 	t.Run("BrokerPartitionsZero", func(t *testing.T) {
 		t.Parallel()
 		_, stderr, code := runOnce(t, "broker", "--addr", "127.0.0.1:0", "--partitions", "0")

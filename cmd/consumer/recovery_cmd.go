@@ -327,8 +327,8 @@ func newRecoveryApplyCommand(o *options) *cobra.Command {
 			if opts.Operator, err = operatorOr(opts.Operator, "applies"); err != nil {
 				return err
 			}
-			if opts.Rate <= 0 {
-				return fmt.Errorf("--rate: must be more than 0, got %g", opts.Rate)
+			if !pacedRate(opts.Rate) {
+				return fmt.Errorf("--rate: must be a finite number of decisions per second above 1e-9, got %g", opts.Rate)
 			}
 			if opts.Max < 0 {
 				return fmt.Errorf("--max: must not be negative, got %d", opts.Max)

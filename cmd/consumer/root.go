@@ -275,6 +275,18 @@ func (o *options) validate() error {
 // truncated reject's headers, and for the events and wakes the relay sends.
 const minMessageBytes = 4096
 
+// pacedRate reports whether rate (per second) paces anything: a finite
+// number not below minRate. A NaN, an infinity or a rate whose interval
+// (one second over it) overflows a time.Duration is converted to a
+// negative or zero interval, which paces nothing: the command would run
+// at full speed where the operator asked for a bound.
+func pacedRate(rate float64) bool { return rate >= minRate && !math.IsInf(rate, 0) }
+
+// minRate is the smallest rate a command paces by, one per 31 years: far
+// below any an operator means, and far above the one whose interval
+// overflows a time.Duration (one per 292 years).
+const minRate = 1e-9
+
 // parseLevel reads --log-level: one of the four documented names, in any
 // case. slog's own syntax ("warn+3", "info-4") is not accepted: a level
 // between them would hide the lines the docs say each level shows.
