@@ -205,6 +205,10 @@ func (r *replayOptions) run(cmd *cobra.Command, o *options) (err error) {
 			return fmt.Errorf("--resume-file %s is for topic %s, not %s", r.resumeFile, st.Topic, r.topic)
 		}
 		r.topic, ranges = st.Topic, st.Ranges
+		if r.publishRejects && r.topic == r.topics.Rejects {
+			// validate saw --topic; the file names the topic read.
+			return fmt.Errorf("--publish-rejects: --resume-file %s replays the rejects topic %s; it would publish into the topic it reads", r.resumeFile, r.topic)
+		}
 		fmt.Fprintf(stderr, "replay: resuming %s from %s (range flags ignored)\n", r.topic, r.resumeFile)
 	} else if ranges, err = replay.Resolve(client, r.topic, bounds); err != nil {
 		return err

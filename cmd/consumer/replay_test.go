@@ -311,6 +311,42 @@ func TestReplayCommand(t *testing.T) {
 		require.Zero(t, b.count(t, "SELECT count(*) FROM inputs WHERE message_id = $1 AND wake_pending", big.MessageID))
 	})
 
+	// --publish-rejects never publishes into the topic it reads, also when
+	// that topic comes from a resume file rather than --topic: each run
+	// would add its rejects to the rejects it replays.
+	t.Run("PublishRejectsRefusedOnAResumedRejectsTopic", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t)
+		_, _, err := b.producer.SendMessage(&sarama.ProducerMessage{Topic: "prompts.rejects", Key: sarama.StringEncoder("s-x"),
+			Value: sarama.StringEncoder("not json"), Headers: []sarama.RecordHeader{
+				{Key: []byte("reason"), Value: []byte(envelope.ReasonInvalidJSON)}, {Key: []byte("source_topic"), Value: []byte("prompts")},
+				{Key: []byte("source_partition"), Value: []byte("0")}, {Key: []byte("source_offset"), Value: []byte("0")}}})
+		require.NoError(t, err)
+		client, err := sarama.NewClient([]string{b.addr}, kafkautil.NewConfig("replay-test"))
+		require.NoError(t, err)
+		defer client.Close()
+		rejectsHWM := func() int64 {
+			var n int64
+			for p := range int32(testPartitions) {
+				hwm, err := client.GetOffset("prompts.rejects", p, sarama.OffsetNewest)
+				require.NoError(t, err)
+				n += hwm
+			}
+			return n
+		}
+		ranges, err := replay.Resolve(client, "prompts.rejects", replay.Bounds{})
+		require.NoError(t, err)
+		resume := filepath.Join(t.TempDir(), "resume.json")
+		require.NoError(t, replay.SaveResume(resume, replay.ResumeState{Topic: "prompts.rejects", Ranges: ranges}))
+		before := rejectsHWM()
+		require.Equal(t, int64(1), before)
+
+		r := b.startReplay(t, "--resume-file", resume, "--publish-rejects")
+		require.Error(t, r.wait(t), "stdout:\n%s", r.stdout.String())
+		require.Contains(t, r.stderr.String(), "--publish-rejects")
+		require.Equal(t, before, rejectsHWM(), "nothing published into the topic replayed")
+	})
+
 	t.Run("BadFlags", func(t *testing.T) {
 		t.Parallel()
 		for _, c := range []struct {
