@@ -128,6 +128,34 @@ func TestProducer(t *testing.T) {
 		require.Empty(t, testkit.ReadAll(t, b.addr, "permission-replies"))
 	})
 
+	// json.Marshal would replace bytes that are not UTF-8 with U+FFFD and
+	// send a text the caller never wrote; admission refuses such a value
+	// (invalid_utf8), so Send and Reply refuse it too.
+	t.Run("TextNotUTF8SendsNothing", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t)
+		p, err := client.NewProducer(b.cfg)
+		require.NoError(t, err)
+		defer p.Close()
+		latin1 := "caf\xe9"
+		var rej *envelope.RejectError
+		_, _, err = p.Send(t.Context(), envelope.Prompt{MessageID: "m-1", SessionID: "s-1", Text: latin1})
+		require.ErrorAs(t, err, &rej)
+		require.Equal(t, envelope.ReasonInvalidUTF8, rej.Reason)
+		require.ErrorContains(t, err, "text")
+		n, err := p.SendBatch(t.Context(), []envelope.Prompt{{MessageID: "m-2", SessionID: "s-1", Text: "fine"},
+			{MessageID: "m-3", SessionID: "s-1", Text: latin1}}, nil)
+		require.Zero(t, n)
+		require.ErrorAs(t, err, &rej)
+		require.Equal(t, envelope.ReasonInvalidUTF8, rej.Reason)
+		_, _, err = p.Reply(t.Context(), "s-1", "r-1", envelope.ReplyReject, latin1)
+		require.ErrorAs(t, err, &rej)
+		require.Equal(t, envelope.ReasonInvalidUTF8, rej.Reason)
+		require.ErrorContains(t, err, "message")
+		require.Empty(t, testkit.ReadAll(t, b.addr, "prompts"))
+		require.Empty(t, testkit.ReadAll(t, b.addr, "permission-replies"))
+	})
+
 	t.Run("SendBatchInOrder", func(t *testing.T) {
 		t.Parallel()
 		b := setup(t)

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"unicode/utf8"
 
 	"github.com/IBM/sarama"
 	"github.com/google/uuid"
@@ -274,6 +275,9 @@ func (p *Producer) promptMessage(prompt envelope.Prompt) (*sarama.ProducerMessag
 	if prompt.MessageID == "" {
 		return nil, &envelope.RejectError{Reason: envelope.ReasonMissingField, Detail: "message_id is required (client.NewMessageID makes one)"}
 	}
+	if err := validUTF8("message_id", prompt.MessageID, "session_id", prompt.SessionID, "text", prompt.Text); err != nil {
+		return nil, err
+	}
 	value, err := envelope.Marshal(prompt)
 	if err != nil {
 		return nil, fmt.Errorf("encoding the envelope: %w", err)
@@ -290,6 +294,9 @@ func (p *Producer) replyMessage(session string, r envelope.PermissionReply) (*sa
 	if session == "" {
 		return nil, errors.New("the session ID (the record's key) is required")
 	}
+	if err := validUTF8("request_id", r.RequestID, "message", r.Message); err != nil {
+		return nil, err
+	}
 	value, err := json.Marshal(r)
 	if err != nil {
 		return nil, fmt.Errorf("encoding the reply: %w", err)
@@ -298,6 +305,20 @@ func (p *Producer) replyMessage(session string, r envelope.PermissionReply) (*sa
 		return nil, err
 	}
 	return &sarama.ProducerMessage{Topic: p.cfg.RepliesTopic, Key: sarama.StringEncoder(session), Value: sarama.ByteEncoder(value)}, nil
+}
+
+// validUTF8 refuses, as admission refuses the value (invalid_utf8), a
+// field that is not valid UTF-8; nameValues alternates names and values.
+// Checked before encoding: json.Marshal replaces bad bytes with U+FFFD,
+// and the value sent would pass admission with a text the caller never
+// wrote.
+func validUTF8(nameValues ...string) error {
+	for i := 0; i+1 < len(nameValues); i += 2 {
+		if !utf8.ValidString(nameValues[i+1]) {
+			return &envelope.RejectError{Reason: envelope.ReasonInvalidUTF8, Detail: nameValues[i] + " is not valid UTF-8"}
+		}
+	}
+	return nil
 }
 
 // Close waits for the records in flight (their senders get their

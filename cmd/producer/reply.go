@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"unicode/utf8"
 
 	"github.com/spf13/cobra"
 
@@ -83,6 +84,10 @@ func (o *replyOpts) run(cmd *cobra.Command, reply string) error {
 		return fmt.Errorf("--message goes only with reject, not with %s", reply)
 	}
 	// Validate before connecting, naming the flag at fault.
+	if !utf8.ValidString(o.message) {
+		// json.Marshal would silently replace the bad bytes.
+		return fmt.Errorf("--message: %s: not valid UTF-8", envelope.ReasonInvalidUTF8)
+	}
 	value, err := json.Marshal(envelope.PermissionReply{RequestID: o.request, Reply: reply, Message: o.message})
 	if err != nil {
 		return fmt.Errorf("encoding the reply: %w", err)

@@ -96,6 +96,9 @@ func TestReply(t *testing.T) {
 			{[]string{"--session", "s", "--request", "a b", "once"}, "--request: invalid_field: request_id"},
 			{[]string{"--session", "s", "--request", "r", "reject", "--message", "a\x00b"}, "--message: invalid_field: message must not contain U+0000"},
 			{[]string{"--session", "s", "--request", "r", "--topic", "", "once"}, "--topic: must not be empty"},
+			// json.Marshal would send U+FFFD in its place: the model would
+			// get a message the operator never wrote.
+			{[]string{"--brokers", "127.0.0.1:1", "--session", "s", "--request", "r", "reject", "--message", "caf\xe9"}, "--message: invalid_utf8"},
 		} {
 			res := runCLI(t.Context(), "", append([]string{"reply"}, tc.args...)...)
 			require.ErrorContains(t, res.err, tc.want, fmt.Sprint(tc.args))
