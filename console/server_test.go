@@ -274,6 +274,25 @@ func TestRelease(t *testing.T) {
 	require.Contains(t, body, `class="release"`, "the timeline shows the release")
 }
 
+// TestLeaseNotATime: the session page and its timeline show a claim
+// whose lease is not a time, the row an operator must inspect and
+// repair before releasing it (docs/runbook.md).
+func TestLeaseNotATime(t *testing.T) {
+	t.Parallel()
+	b := setup(t, console.Config{})
+	b.quarantineClaim(t, "s-q")
+	for _, v := range []string{"-infinity", "infinity"} {
+		_, err := b.pool.Exec(t.Context(), `UPDATE claims SET expires_at = $1::timestamptz WHERE session_id = 's-q'`, v)
+		require.NoError(t, err)
+		code, body := b.get(t, "/session?id=s-q", "")
+		require.Equal(t, http.StatusOK, code, body)
+		require.Contains(t, body, "<td>"+v+"</td>", "the lease as stored")
+		code, body = b.get(t, "/timeline.svg?id=s-q", "")
+		require.Equal(t, http.StatusOK, code, body)
+		require.Contains(t, body, "lease until "+v)
+	}
+}
+
 func TestAuth(t *testing.T) {
 	t.Parallel()
 

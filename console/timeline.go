@@ -198,8 +198,12 @@ func drawTimeline(r inspect.Report, recs []recovery.Record, releases []inspect.R
 			}
 		}
 		if c := r.Claim; c != nil && c.ExecutionID == id {
+			until := c.ExpiresAt.Format(time.RFC3339Nano)
+			if c.ExpiresNotFinite != nil {
+				until = *c.ExpiresNotFinite
+			}
 			what = fmt.Sprintf("execution %s: claim (token %d, phase %s) acquired %s, lease until %s", id, c.FencingToken, c.Phase,
-				c.AcquiredAt.Format(time.RFC3339Nano), c.ExpiresAt.Format(time.RFC3339Nano))
+				c.AcquiredAt.Format(time.RFC3339Nano), until)
 			if c.QuarantinedAt != nil {
 				class = "claim quarantined"
 			}

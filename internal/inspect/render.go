@@ -96,6 +96,9 @@ func Render(w io.Writer, r Report) error {
 	} else {
 		tw := p.table()
 		expires := ts(c.ExpiresAt)
+		if c.ExpiresNotFinite != nil {
+			expires = *c.ExpiresNotFinite
+		}
 		if c.Expired {
 			expires += " (expired)"
 		}

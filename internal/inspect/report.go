@@ -148,17 +148,22 @@ type CallPart struct {
 
 // Claim is the session's claim row.
 type Claim struct {
-	ExecutionID        string     `json:"execution_id"`
-	OwnerID            string     `json:"owner_id"`
-	FencingToken       int64      `json:"fencing_token"`
-	Phase              string     `json:"phase"`
-	AssistantMessageID *string    `json:"assistant_message_id"`
-	AcquiredAt         time.Time  `json:"acquired_at"`
-	RenewedAt          time.Time  `json:"renewed_at"`
-	ExpiresAt          time.Time  `json:"expires_at"`
-	Expired            bool       `json:"expired"` // by the database clock, at ReadAt
-	QuarantineReason   *string    `json:"quarantine_reason"`
-	QuarantinedAt      *time.Time `json:"quarantined_at"`
+	ExecutionID        string    `json:"execution_id"`
+	OwnerID            string    `json:"owner_id"`
+	FencingToken       int64     `json:"fencing_token"`
+	Phase              string    `json:"phase"`
+	AssistantMessageID *string   `json:"assistant_message_id"`
+	AcquiredAt         time.Time `json:"acquired_at"`
+	RenewedAt          time.Time `json:"renewed_at"`
+	ExpiresAt          time.Time `json:"expires_at"` // the zero time when not finite
+	// ExpiresNotFinite is "-infinity" or "infinity" when expires_at is not
+	// a time (a hand edit or a restore: recovery quarantines such a
+	// claim for an operator to repair, docs/design.md), as recovery's
+	// evidence has it; null otherwise.
+	ExpiresNotFinite *string    `json:"expires_at_not_finite"`
+	Expired          bool       `json:"expired"` // by the database clock, at ReadAt
+	QuarantineReason *string    `json:"quarantine_reason"`
+	QuarantinedAt    *time.Time `json:"quarantined_at"`
 }
 
 // Attempt is one provider attempt of the ledger.
@@ -394,13 +399,17 @@ func part(idx int, kind, body string) Part {
 
 func readClaim(ctx context.Context, tx pgx.Tx, r *Report) error {
 	var c Claim
+	var expires *time.Time
 	err := tx.QueryRow(ctx, claimSQL, r.SessionID).Scan(&c.ExecutionID, &c.OwnerID, &c.FencingToken, &c.Phase,
-		&c.AssistantMessageID, &c.AcquiredAt, &c.RenewedAt, &c.ExpiresAt, &c.Expired, &c.QuarantineReason, &c.QuarantinedAt)
+		&c.AssistantMessageID, &c.AcquiredAt, &c.RenewedAt, &expires, &c.ExpiresNotFinite, &c.Expired, &c.QuarantineReason, &c.QuarantinedAt)
 	if errors.Is(interpretError(err), ErrNotFound) {
 		return nil
 	}
 	if err != nil {
 		return err
+	}
+	if expires != nil {
+		c.ExpiresAt = *expires
 	}
 	r.Claim = &c
 	return nil
@@ -543,7 +552,9 @@ func utc(r *Report) {
 	if c := r.Claim; c != nil {
 		u(&c.AcquiredAt)
 		u(&c.RenewedAt)
-		u(&c.ExpiresAt)
+		if c.ExpiresNotFinite == nil {
+			u(&c.ExpiresAt)
+		}
 		up(c.QuarantinedAt)
 	}
 	for i := range r.Attempts {
@@ -597,7 +608,8 @@ FROM messages m LEFT JOIN message_parts p ON p.message_id = m.message_id
 WHERE m.session_id = $1 ORDER BY m.seq, p.idx`
 
 const claimSQL = `
-SELECT execution_id, owner_id, fencing_token, phase, assistant_message_id, acquired_at, renewed_at, expires_at,
+SELECT execution_id, owner_id, fencing_token, phase, assistant_message_id, acquired_at, renewed_at,
+       CASE WHEN isfinite(expires_at) THEN expires_at END, CASE WHEN NOT isfinite(expires_at) THEN expires_at::text END,
        expires_at <= now(), quarantine_reason, quarantined_at
 FROM claims WHERE session_id = $1`
 

@@ -344,6 +344,37 @@ func TestSession(t *testing.T) {
 		require.Contains(t, render(t, r), "(expired)")
 	})
 
+	// A lease that is not a time (a hand edit, a restore) is what recovery
+	// quarantines for an operator to repair (docs/design.md, Phases):
+	// the report that operator reads must show it, not fail on it.
+	t.Run("LeaseThatIsNotATimeIsShown", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t, setupOpts{})
+		b.admit(t, "s", "m1", "hello")
+		claims := ledger.NewClaims(b.pool, &ledger.ClaimsConfig{Lease: time.Minute, OwnerID: "holder"})
+		_, err := claims.AcquireWaiting(ctx, "s", "exec-1", nil)
+		require.NoError(t, err)
+		for _, v := range []string{"-infinity", "infinity"} {
+			_, err = b.pool.Exec(ctx, `UPDATE claims SET expires_at = $1::timestamptz WHERE session_id = 's'`, v)
+			require.NoError(t, err)
+			r := b.report(t, "s")
+			require.NotNil(t, r.Claim)
+			require.NotNil(t, r.Claim.ExpiresNotFinite, v)
+			require.Equal(t, v, *r.Claim.ExpiresNotFinite)
+			require.True(t, r.Claim.ExpiresAt.IsZero(), "the zero time, as recovery's evidence has it")
+			require.Equal(t, v == "-infinity", r.Claim.Expired)
+			js, err := json.Marshal(r)
+			require.NoError(t, err)
+			require.Contains(t, string(js), `"expires_at_not_finite":"`+v+`"`)
+			require.Contains(t, render(t, r), "  expires            "+v)
+		}
+		_, err = b.pool.Exec(ctx, `UPDATE claims SET expires_at = now() + interval '1 minute' WHERE session_id = 's'`)
+		require.NoError(t, err)
+		js, err := json.Marshal(b.report(t, "s"))
+		require.NoError(t, err)
+		require.Contains(t, string(js), `"expires_at_not_finite":null`, "every key present, null when unset")
+	})
+
 	t.Run("UnknownSessionIsNotFound", func(t *testing.T) {
 		t.Parallel()
 		pool, _ := testkit.Pool(t)
