@@ -751,8 +751,10 @@ func (e *Executor) acquire(sessionID string, r *sessionRun, log *slog.Logger) (e
 		return nil, nil, nil
 	}
 	// A run told to stop starts no turn: it claims first, and its stopping
-	// release hands the session on with a wake.
-	if view.plain() && !r.stop.Load() {
+	// release hands the session on with a wake. A transcript that cannot
+	// be read starts none either: the claim, taken alone, is left to
+	// recovery (promote).
+	if view.plain() && !r.stop.Load() && view.unreadable == nil {
 		if e.afterRead != nil {
 			e.afterRead()
 		}

@@ -28,6 +28,14 @@ func (ex *execution) promote(ctx context.Context) (*turn, error) {
 	if len(v.waiting) == 0 {
 		return nil, nil // the caller's release looks again, under the session lock
 	}
+	if v.unreadable != nil {
+		// No turn can be sent on a transcript that cannot be read, and
+		// none will be until a person repairs it: the claim is left to
+		// expire (execute), and recovery quarantines it with the part
+		// named (docs/design.md, P6 and invariant 13). Dropped instead,
+		// the session would be read and dropped again at every wake.
+		return nil, fmt.Errorf("reading the session's transcript; its claim is left to recovery, which quarantines it: %w", v.unreadable)
+	}
 	if v.plain() {
 		return ex.promoteQueued(ctx, v)
 	}

@@ -35,6 +35,10 @@ import (
 type sessionView struct {
 	waiting []waitingInput
 	history []provider.TranscriptMessage
+	// unreadable says that the stored transcript cannot be read (a
+	// transcript.UnreadablePartError): no turn can be sent (history is
+	// empty), and the session is left to recovery, which quarantines it.
+	unreadable error
 }
 
 // kind is the input's (admission.KindPrompt, admission.KindPermissionReply,
@@ -50,7 +54,9 @@ func (v *sessionView) queue(b *pgx.Batch, sessionID string) {
 		v.waiting, err = scanWaiting(rows)
 		return err
 	})
-	transcript.QueueHistory(b, sessionID, func(h []provider.TranscriptMessage) { v.history = h })
+	transcript.QueueHistory(b, sessionID, func(h []provider.TranscriptMessage, unreadable error) {
+		v.history, v.unreadable = h, unreadable
+	})
 }
 
 // plain reports whether every waiting input is a prompt: no continuation

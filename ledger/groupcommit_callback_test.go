@@ -18,9 +18,10 @@ import (
 // transaction, since nothing failed there, so every other session's
 // statements committed and it is told so; the session whose callback
 // failed is told its error (its statements committed too, and its caller
-// treats the error as a write that may have landed). In the executor:
-// transcript.QueueHistory on a malformed tool-call part, read with a
-// claim that shares the flush with another session's claim. Both a
+// treats the error as a write that may have landed). In the executor: a
+// read queued with a claim (its waiting inputs, its transcript) whose
+// rows cannot be scanned, in a flush shared with another session's claim.
+// Both a
 // callback's own error and a Scan that fails (which pgx otherwise carries
 // on to the next statement of the batch) are covered. A statement the
 // server refused is still the transaction's, even when only a callback

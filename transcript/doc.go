@@ -11,7 +11,8 @@
 // cross-table statement.
 //
 // It also reads the transcript back as a provider sees it (History,
-// QueueHistory), what the executor reads of a turn it continues or fails
+// QueueHistory; CheckHistory says whether it can be read, for recovery's
+// evidence), what the executor reads of a turn it continues or fails
 // and what an operator's resolution reads of the turn it settles
 // (turn.go), and defines the JSON of a tool_call part
 // (ToolCallPart) for the writer and the reader alike.
@@ -24,6 +25,8 @@
 // pgx.Batch. Errors are the driver's, unwrapped: the caller says what it
 // was doing; a missing row that a caller expects is a found flag instead
 // (errors.go's interpretError, the package's one test of pgx.ErrNoRows).
+// One error is the package's own: a stored part that cannot be read back
+// (UnreadablePartError, naming the message and part).
 //
 // Rules kept here, once for every writer:
 //

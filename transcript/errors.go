@@ -2,6 +2,7 @@ package transcript
 
 import (
 	"errors"
+	"fmt"
 
 	"github.com/jackc/pgx/v5"
 )
@@ -22,3 +23,21 @@ func interpretError(err error) error {
 	}
 	return err
 }
+
+// UnreadablePartError says that a stored part of a session's transcript
+// cannot be read back: a tool call's body that does not decode as
+// ToolCallPart. No writer stores one (the executor stores what
+// json.Marshal made of a ToolCallPart); a hand edit, a restore or an old
+// bug can. The session's history cannot be read until the part is
+// repaired.
+type UnreadablePartError struct {
+	MessageID string
+	Index     int   // the part's idx
+	Err       error // why it does not decode
+}
+
+func (e *UnreadablePartError) Error() string {
+	return fmt.Sprintf("message %s part %d: tool call part is not JSON {id, name, input}: %v", e.MessageID, e.Index, e.Err)
+}
+
+func (e *UnreadablePartError) Unwrap() error { return e.Err }

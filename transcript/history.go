@@ -3,6 +3,7 @@ package transcript
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 
 	"github.com/jackc/pgx/v5"
@@ -25,7 +26,10 @@ const UnsettledResult = "no result: the call was interrupted before it ran, or i
 // History reads the session's transcript as a provider sees it, in the
 // caller's transaction: user messages, completed assistant messages (text
 // and tool calls) and tool results, oldest first; every tool call is
-// followed by a result (SettleOrphans).
+// followed by a result (SettleOrphans). A stored part that cannot be
+// decoded fails it with an *UnreadablePartError (errors.As): no part of
+// the transcript is left out or guessed at, for a request built without
+// it could have the model repeat what it cannot see.
 func History(ctx context.Context, tx pgx.Tx, sessionID string) ([]provider.TranscriptMessage, error) {
 	rows, err := tx.Query(ctx, historySQL, sessionID)
 	if err != nil {
@@ -43,15 +47,62 @@ func History(ctx context.Context, tx pgx.Tx, sessionID string) ([]provider.Trans
 // not settled: the caller appends what its transaction adds (the turn's
 // user messages) and calls SettleOrphans. set may run twice (a combined
 // transaction sent again alone), and must set, not append.
-func QueueHistory(b *pgx.Batch, sessionID string, set func([]provider.TranscriptMessage)) {
+//
+// A transcript that cannot be read is handed to set as unreadable (an
+// *UnreadablePartError, with no messages), not returned to the batch: it
+// is a fact about the session's rows, not a failure of the batch, whose
+// other statements (a claim taken with the read) stand. A driver error
+// fails the batch as before.
+func QueueHistory(b *pgx.Batch, sessionID string, set func(h []provider.TranscriptMessage, unreadable error)) {
 	b.Queue(historySQL, sessionID).Query(func(rows pgx.Rows) error {
 		out, err := scanHistory(rows)
-		if err != nil {
+		var u *UnreadablePartError
+		switch {
+		case errors.As(err, &u):
+			set(nil, err)
+		case err != nil:
 			return err
+		default:
+			set(out, nil)
 		}
-		set(out)
 		return nil
 	})
+}
+
+// CheckHistoryParams names a session.
+type CheckHistoryParams struct {
+	SessionID string
+}
+
+// CheckHistory says whether History can read the session's transcript: nil
+// when it can, the *UnreadablePartError of the first part (in transcript
+// order) it cannot decode, or the driver's error. It reads the tool-call
+// parts alone, the only parts History decodes.
+func CheckHistory(ctx context.Context, tx pgx.Tx, p *CheckHistoryParams) error {
+	rows, err := tx.Query(ctx, toolCallPartsSQL, p.SessionID)
+	if err != nil {
+		return err
+	}
+	var (
+		id   string
+		idx  int
+		body string
+	)
+	_, err = pgx.ForEachRow(rows, []any{&id, &idx, &body}, func() error {
+		_, err := decodeToolCall(id, idx, body)
+		return err
+	})
+	return err
+}
+
+// decodeToolCall decodes the body of a tool_call part: the one rule by
+// which History reads one and CheckHistory judges it.
+func decodeToolCall(messageID string, idx int, body string) (ToolCallPart, error) {
+	var p ToolCallPart
+	if err := json.Unmarshal([]byte(body), &p); err != nil {
+		return ToolCallPart{}, &UnreadablePartError{MessageID: messageID, Index: idx, Err: err}
+	}
+	return p, nil
 }
 
 // scanHistory reads historySQL's rows into messages, orphans unsettled.
@@ -61,9 +112,10 @@ func scanHistory(rows pgx.Rows) ([]provider.TranscriptMessage, error) {
 		id, role   string
 		toolCallID *string
 		isError    bool
+		idx        *int
 		kind, body *string
 	)
-	_, err := pgx.ForEachRow(rows, []any{&id, &role, &toolCallID, &isError, &kind, &body}, func() error {
+	_, err := pgx.ForEachRow(rows, []any{&id, &role, &toolCallID, &isError, &idx, &kind, &body}, func() error {
 		if len(out) == 0 || out[len(out)-1].ID != id {
 			m := provider.TranscriptMessage{ID: id, Role: role, IsError: isError}
 			if toolCallID != nil {
@@ -77,9 +129,9 @@ func scanHistory(rows pgx.Rows) ([]provider.TranscriptMessage, error) {
 		case *kind == PartText:
 			m.Text += *body
 		case *kind == PartToolCall:
-			var p ToolCallPart
-			if err := json.Unmarshal([]byte(*body), &p); err != nil {
-				return fmt.Errorf("message %s: malformed tool call part: %w", id, err)
+			p, err := decodeToolCall(id, *idx, *body)
+			if err != nil {
+				return err
 			}
 			m.ToolCalls = append(m.ToolCalls, provider.ToolCall(p))
 		}
@@ -132,8 +184,16 @@ func SettleOrphans(in []provider.TranscriptMessage) []provider.TranscriptMessage
 
 // The provider sees user messages, tool results and completed assistant
 // messages; pending and errored assistant messages are not part of it.
+const visibleSQL = `m.session_id = $1 AND (m.role IN ('user', 'tool') OR m.status = 'completed')`
+
 const historySQL = `
-SELECT m.message_id, m.role, m.tool_call_id, m.is_error, p.kind, p.body
+SELECT m.message_id, m.role, m.tool_call_id, m.is_error, p.idx, p.kind, p.body
 FROM messages m LEFT JOIN message_parts p ON p.message_id = m.message_id
-WHERE m.session_id = $1 AND (m.role IN ('user', 'tool') OR m.status = 'completed')
+WHERE ` + visibleSQL + `
+ORDER BY m.seq, p.idx`
+
+const toolCallPartsSQL = `
+SELECT m.message_id, p.idx, p.body
+FROM messages m JOIN message_parts p ON p.message_id = m.message_id
+WHERE ` + visibleSQL + ` AND p.kind = 'tool_call'
 ORDER BY m.seq, p.idx`
