@@ -43,6 +43,11 @@ func ContinuationTakenID(executionID string) string { return "recovery-continue 
 // followed by the value in parentheses.
 const ReasonExpiryNotFinite = "expires_at is not finite"
 
+// ReasonTranscriptUnreadable begins the quarantine reason of a claim whose
+// session's transcript cannot be read back (Evidence.TranscriptUnreadable),
+// followed by the part and why.
+const ReasonTranscriptUnreadable = "transcript unreadable"
+
 // validate returns why a claim cannot be decided on, or "".
 func validate(c ledger.Claim, ev Evidence) string {
 	if c.ExpiresNotFinite != "" {
@@ -62,6 +67,16 @@ func validate(c ledger.Claim, ev Evidence) string {
 	}
 	if c.Phase == ledger.PhaseContinue && c.AssistantMessageID == "" {
 		return "phase continue without an assistant message"
+	}
+	if ev.TranscriptUnreadable != "" {
+		// Every provider step sends the session's history, and the
+		// executor sends none it cannot read whole (a request without a
+		// call could have the model make it again): continued, re-woken
+		// or woken, the session would fail again at every lease, and
+		// nothing would say so (invariant 13). Held here, it is counted
+		// and alerted on; once an operator repaired the part and released
+		// the claim, it is decided by its phase.
+		return ReasonTranscriptUnreadable + ": " + ev.TranscriptUnreadable
 	}
 	return ""
 }

@@ -68,6 +68,14 @@ func TestDecide(t *testing.T) {
 		"ContinueDeferredOtherProvider": {claim: claim(ledger.PhaseContinue, "a"), idempotent: []string{"p"}, ev: recovery.Evidence{AssistantStatus: "completed", NewestAssistantID: "a",
 			Attempts: []recovery.AttemptFact{{ID: "at", Provider: "q", State: ledger.AttemptRetryWait}}},
 			want: recovery.Decision{Decision: recovery.DecisionContinued, ContinuationID: recovery.ContinuationID("e")}},
+		// A transcript that cannot be read holds the claim in every phase,
+		// superseded or capped: no decision runs the session on it.
+		"TranscriptUnreadableContinue": {claim: claim(ledger.PhaseContinue, "a"), ev: recovery.Evidence{AssistantStatus: "completed", NewestAssistantID: "a", TranscriptUnreadable: "message a part 1: bad"},
+			want: recovery.Decision{Decision: recovery.DecisionQuarantined, QuarantineReason: "transcript unreadable: message a part 1: bad"}},
+		"TranscriptUnreadableReady": {claim: claim(ledger.PhaseReady, ""), ev: recovery.Evidence{TranscriptUnreadable: "message a part 1: bad", Cap: &recovery.CapFact{Max: 1, Recovered: 5}},
+			want: recovery.Decision{Decision: recovery.DecisionQuarantined, QuarantineReason: "transcript unreadable: message a part 1: bad"}},
+		"TranscriptUnreadableSuperseded": {claim: claim(ledger.PhaseSafe, "a"), ev: recovery.Evidence{AssistantStatus: "completed", NewestAssistantID: "b", SupersededBy: "b", TranscriptUnreadable: "message b part 1: bad"},
+			want: recovery.Decision{Decision: recovery.DecisionQuarantined, QuarantineReason: "transcript unreadable: message b part 1: bad"}},
 		"ContinueWithoutAssistant": {claim: claim(ledger.PhaseContinue, ""),
 			want: recovery.Decision{Decision: recovery.DecisionQuarantined, QuarantineReason: "phase continue without an assistant message"}},
 		// The continuation's ID: an exact retry takes its own ID again;

@@ -58,6 +58,13 @@
 // process counts the same; only recoveries decided after the last release
 // of a capped claim of the session count.
 //
+// A claim of a session whose transcript cannot be read back (a tool
+// call's stored part that does not decode: transcript.CheckHistory, part
+// of the evidence) is quarantined whatever its phase, reason
+// "transcript unreadable: ...": every provider step sends that history,
+// so any decision that runs the session again would fail at every lease.
+// Its release is refused until the part is repaired.
+//
 // Decisions: cleared (phase safe), superseded (the claim's assistant
 // message is older than a message of a newer turn, or than a step its own
 // turn went on to; not merely than the errored rest of its turn), rewoken

@@ -44,6 +44,13 @@ type Evidence struct {
 	// ('-infinity', 'infinity': ledger.Claim.ExpiresNotFinite); ExpiredAt
 	// is then zero. Such a claim is quarantined (validate).
 	ExpiredAtNotFinite string `json:"expired_at_not_finite,omitempty"`
+
+	// TranscriptUnreadable names the first part of the session's
+	// transcript that cannot be read back, and why
+	// (transcript.CheckHistory); "" when it can be. No turn of the session
+	// can be sent until it is repaired: the claim is quarantined
+	// (validate).
+	TranscriptUnreadable string `json:"transcript_unreadable,omitempty"`
 }
 
 // ReasonRecoveryCap begins the quarantine reason of a claim whose session
@@ -170,6 +177,15 @@ func gather(ctx context.Context, tx pgx.Tx, c ledger.Claim) (Evidence, error) {
 		if found {
 			ev.SupersededBy = n.MessageID
 		}
+	}
+	// Every decision that runs the session again reads its transcript:
+	// one that cannot be read would fail it at every lease.
+	var unreadable *transcript.UnreadablePartError
+	switch err := transcript.CheckHistory(ctx, tx, &transcript.CheckHistoryParams{SessionID: c.SessionID}); {
+	case errors.As(err, &unreadable):
+		ev.TranscriptUnreadable = unreadable.Error()
+	case err != nil:
+		return ev, fmt.Errorf("reading the transcript's tool calls: %w", err)
 	}
 	rows, err := tx.Query(ctx, `SELECT attempt_id, step, provider, state, coalesce(model, ''), coalesce(request_tokens, 0), coalesce(response_id, '')
 		FROM attempts WHERE execution_id = $1 ORDER BY step`, c.ExecutionID)
