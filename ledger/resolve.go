@@ -188,17 +188,20 @@ func LaterUnknown(ctx context.Context, tx pgx.Tx, t Target) (kind, id string, er
 
 const sessionClaimSQL = `SELECT execution_id, owner_id, phase, expires_at, quarantine_reason IS NOT NULL FROM claims WHERE session_id = $1`
 
+// laterUnknownSQL names a message's turn as transcript does:
+// coalesce(turn_id, message_id), a message written before migration 00003
+// being a turn of its own.
 const laterUnknownSQL = `
 SELECT kind, id FROM (
   SELECT 'attempt' AS kind, a.attempt_id AS id, n.seq
   FROM attempts a JOIN messages n ON n.message_id = a.assistant_message_id, messages m
   WHERE m.message_id = $1 AND a.session_id = $2 AND a.state = 'unknown' AND a.attempt_id <> $3
-    AND n.turn_id IS NOT DISTINCT FROM m.turn_id AND (n.seq > m.seq OR n.message_id = m.message_id)
+    AND coalesce(n.turn_id, n.message_id) = coalesce(m.turn_id, m.message_id) AND (n.seq > m.seq OR n.message_id = m.message_id)
   UNION ALL
   SELECT 'tool_call', c.call_id, n.seq
   FROM tool_calls c JOIN attempts a ON a.attempt_id = c.attempt_id JOIN messages n ON n.message_id = a.assistant_message_id, messages m
   WHERE m.message_id = $1 AND c.session_id = $2 AND c.state = 'unknown'
-    AND n.turn_id IS NOT DISTINCT FROM m.turn_id AND n.seq > m.seq
+    AND coalesce(n.turn_id, n.message_id) = coalesce(m.turn_id, m.message_id) AND n.seq > m.seq
 ) later ORDER BY seq, kind, id LIMIT 1`
 
 const readCallTargetSQL = `

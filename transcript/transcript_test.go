@@ -508,6 +508,65 @@ func TestTurnReads(t *testing.T) {
 		require.ErrorContains(t, err, "current transaction is aborted")
 	})
 
+	// A message written before migration 00003 has no turn_id and is a
+	// turn of its own, named by its ID (ReadTurnID): two such messages are
+	// two turns, and the rest of one written later carries its ID.
+	t.Run("LegacyTurnIsNamedByItsMessage", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t)
+		legacy := func(id, status string) {
+			t.Helper()
+			_, err := b.pool.Exec(ctx, `INSERT INTO messages (message_id, session_id, role, status) VALUES ($1, 's', 'assistant', $2)`, id, status)
+			require.NoError(t, err)
+		}
+		rest := func(id, turn string) {
+			t.Helper()
+			p := assistant(id)
+			p.TurnID = turn
+			require.NoError(t, b.inTx(t, func(tx pgx.Tx) error {
+				if err := transcript.InsertAssistant(ctx, tx, p); err != nil {
+					return err
+				}
+				return transcript.FailAssistant(ctx, tx, &transcript.FailAssistantParams{MessageID: id, Error: "boom"})
+			}))
+		}
+		newer := func(id string) (transcript.NewerStep, bool) {
+			t.Helper()
+			var n transcript.NewerStep
+			var found bool
+			require.NoError(t, b.inTx(t, func(tx pgx.Tx) error {
+				var err error
+				n, found, err = transcript.ReadNewerStep(ctx, tx, &transcript.NewerStepParams{MessageID: id})
+				return err
+			}))
+			return n, found
+		}
+		steps := func(turn, except string) int {
+			t.Helper()
+			var n int
+			require.NoError(t, b.inTx(t, func(tx pgx.Tx) error {
+				var err error
+				n, err = transcript.CompletedSteps(ctx, tx, &transcript.CompletedStepsParams{SessionID: "s", TurnID: turn, ExceptMessageID: except})
+				return err
+			}))
+			return n
+		}
+
+		legacy("l1", "completed")
+		rest("l1-rest", "l1")
+		_, found := newer("l1")
+		require.False(t, found, "the errored rest of l1's turn supersedes nothing")
+		require.Equal(t, 1, steps("l1", "next"), "l1 is a completed step of its own turn")
+
+		legacy("l2", "errored")
+		n, found := newer("l1")
+		require.True(t, found)
+		require.Equal(t, transcript.NewerStep{MessageID: "l2"}, n, "another legacy message is another turn, errored or not")
+		_, found = newer("l1-rest")
+		require.True(t, found, "l2 is newer than l1's turn")
+		require.Equal(t, 0, steps("l2", "next"), "an errored message is no completed step")
+	})
+
 	t.Run("MessageStatusFindsOnlyAnExistingMessage", func(t *testing.T) {
 		t.Parallel()
 		b := setup(t)

@@ -82,7 +82,8 @@ type CompletedStepsParams struct {
 
 // CompletedSteps counts the turn's completed assistant messages (each a
 // step announced by its step.completed) other than p.ExceptMessageID:
-// the number a continuation's steps go on counting from.
+// the number a continuation's steps go on counting from. p.TurnID names
+// the turn as ReadTurnID does: a message without turn_id is its own.
 func CompletedSteps(ctx context.Context, tx pgx.Tx, p *CompletedStepsParams) (int, error) {
 	var n int
 	if err := tx.QueryRow(ctx, completedStepsSQL, p.SessionID, p.TurnID, p.ExceptMessageID).Scan(&n); err != nil {
@@ -161,14 +162,23 @@ const turnInputsSQL = `SELECT m.message_id, coalesce(string_agg(p.body, '' ORDER
 		FROM messages m LEFT JOIN message_parts p ON p.message_id = m.message_id
 		WHERE m.message_id = ANY($1) GROUP BY m.message_id, m.seq ORDER BY m.seq`
 
+// A message's turn is coalesce(turn_id, message_id), here and in every
+// statement that compares turns (ledger's laterUnknownSQL too): a message
+// written before migration 00003 has no turn_id and was a turn of its own
+// (there were no tool steps), and the rest of such a turn, written later
+// (a continuation's step, recovery's errored message), carries its ID as
+// turn_id (ReadTurnID, the executor's continueTurn, recovery's apply).
+// Compared raw, two legacy messages (NULL and NULL) would be one turn and
+// the rest of a legacy turn (its ID and NULL) another.
+
 const completedStepsSQL = `SELECT count(*) FROM messages
-		WHERE session_id = $1 AND turn_id = $2 AND role = 'assistant' AND status = 'completed' AND message_id <> $3`
+		WHERE session_id = $1 AND coalesce(turn_id, message_id) = $2 AND role = 'assistant' AND status = 'completed' AND message_id <> $3`
 
 const messageStatusSQL = `SELECT status FROM messages WHERE message_id = $1`
 
 const turnIDSQL = `SELECT coalesce(turn_id, message_id) FROM messages WHERE message_id = $1`
 
-const newerStepSQL = `SELECT n.message_id, n.turn_id IS NOT DISTINCT FROM m.turn_id FROM messages n, messages m
+const newerStepSQL = `SELECT n.message_id, coalesce(n.turn_id, n.message_id) = coalesce(m.turn_id, m.message_id) FROM messages n, messages m
 		WHERE m.message_id = $1 AND n.session_id = m.session_id AND n.role = 'assistant' AND n.seq > m.seq
-		  AND NOT (n.status = 'errored' AND n.turn_id IS NOT DISTINCT FROM m.turn_id)
+		  AND NOT (n.status = 'errored' AND coalesce(n.turn_id, n.message_id) = coalesce(m.turn_id, m.message_id))
 		ORDER BY n.seq DESC LIMIT 1`
