@@ -8,6 +8,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgtype"
 	"github.com/stretchr/testify/require"
 
 	"github.com/promptline/promptline/ledger"
@@ -50,6 +52,32 @@ func TestGroupCommitCallbackErrorIsOnlyItsSessions(t *testing.T) {
 				return row.Scan(&n)
 			})
 		}, "cannot scan", false},
+		// A callback that reads its result with Exec has no rows: its
+		// error is still only its own.
+		{"ExecCallbackError", "a", func(batch *pgx.Batch) {
+			batch.Queue(`SELECT 1`).Exec(func(pgconn.CommandTag) error {
+				return errors.New("session a's command cannot be used")
+			})
+		}, "session a's command cannot be used", false},
+		// A Scan into a pgx.RowScanner is the scanner's, as in pgx: here
+		// it reads the row and then finds it cannot be used.
+		{"RowScannerError", "a", func(batch *pgx.Batch) {
+			batch.Queue(`SELECT 7`).QueryRow(func(row pgx.Row) error {
+				return row.Scan(&refusingScanner{})
+			})
+		}, "the row scanner read 7 and refused it", false},
+		{"DriverBytesRefused", "b", func(batch *pgx.Batch) {
+			batch.Queue(`SELECT 'x'::text`).QueryRow(func(row pgx.Row) error {
+				var b pgtype.DriverBytes
+				return row.Scan(&b)
+			})
+		}, "cannot scan into *pgtype.DriverBytes from QueryRow", false},
+		{"NoRow", "a", func(batch *pgx.Batch) {
+			batch.Queue(`SELECT 1 WHERE false`).QueryRow(func(row pgx.Row) error {
+				var n int
+				return row.Scan(&n)
+			})
+		}, pgx.ErrNoRows.Error(), false},
 		{"RefusedInLastCallback", "b", func(batch *pgx.Batch) {
 			batch.Queue(`SELECT 1 / 0`).QueryRow(func(row pgx.Row) error {
 				var n int
@@ -136,4 +164,16 @@ func TestGroupCommitCallbackErrorIsOnlyItsSessions(t *testing.T) {
 				"the failing session's claim committed with the transaction: its error is a write that may have landed, left to recovery")
 		})
 	}
+}
+
+// refusingScanner is a pgx.RowScanner that reads its row's one column and
+// then refuses it.
+type refusingScanner struct{}
+
+func (refusingScanner) ScanRow(rows pgx.Rows) error {
+	var n int
+	if err := rows.Scan(&n); err != nil {
+		return err
+	}
+	return fmt.Errorf("the row scanner read %d and refused it", n)
 }
