@@ -160,7 +160,11 @@ func (x *Execution) FinishCallRetried(ctx context.Context, opts RetryOpts, phase
 	sql, args := x.finishCallSQL(phase, assistantMessageID, c)
 	b := &pgx.Batch{}
 	b.Queue(sql, args...).QueryRow(func(row pgx.Row) error { return row.Scan(&released) })
-	released, err = x.finished(released, x.sendQueued(ctx, b))
+	// The batch's callback sets released: it is read after the send
+	// returns. In one argument list, Go leaves the order of a variable's
+	// read and a call unspecified.
+	err = x.sendQueued(ctx, b)
+	released, err = x.finished(released, err)
 	err = x.retry(ctx, err, func(ctx context.Context) error {
 		var err error
 		released, err = x.finishAgain(ctx, phase, assistantMessageID, opts.Landed, func(tx pgx.Tx) error {
@@ -189,7 +193,8 @@ func (x *Execution) FinishCall(ctx context.Context, phase Phase, assistantMessag
 	sql, args := x.finishCallSQL(phase, assistantMessageID, c)
 	b := &pgx.Batch{}
 	b.Queue(sql, args...).QueryRow(func(row pgx.Row) error { return row.Scan(&released) })
-	return x.finished(released, x.sendQueued(ctx, b))
+	err = x.sendQueued(ctx, b) // sets released: read after it
+	return x.finished(released, err)
 }
 
 // finishCallSQL is the statement of a finishing call: c's function given
@@ -234,7 +239,8 @@ func (x *Execution) finishQueuedLocked(ctx context.Context, phase Phase, assista
 	b.Queue(finishOpenSQL, x.fenceArgs(phase, assistantMessageID)...)
 	queue(b)
 	b.Queue(releaseIdleSQL, x.claim.SessionID, x.claim.Token).QueryRow(func(row pgx.Row) error { return row.Scan(&released) })
-	return x.finished(released, x.sendQueued(ctx, b))
+	err = x.sendQueued(ctx, b) // sets released: read after it
+	return x.finished(released, err)
 }
 
 // finished ends a finishing write that was sent: a released claim fences
