@@ -8,10 +8,13 @@ import (
 )
 
 // The statements on sessions that other packages make in their own
-// transactions: the session row lock that every writer of a session takes
+// transactions: the session row lock that every writer that admits to a
+// session, releases its claim or decides on its waiting inputs takes
 // first (docs/design.md, invariant 7: admission upserts the row, release,
-// recovery and an operator's resolution lock it), the fencing token a
-// takeover raises (ledger), and the redrive's mark.
+// recovery and an operator's resolution lock it; the executor's writes
+// that cannot release open with the fence alone, so they run beside an
+// admission), the fencing token a takeover raises (ledger), and the
+// redrive's mark.
 // Admission itself locks its batches' sessions in lockSessionsSQL, in
 // byte order (the ledger's group commit locks in the same order).
 

@@ -20,8 +20,9 @@ type Row struct {
 	Payload []byte
 }
 
-// Insert writes rows inside tx, in order: the relay publishes rows of one
-// key in the order of their IDs.
+// Insert writes rows inside tx, in order: the relay publishes the rows of
+// one transaction and key in the order of their IDs (across transactions,
+// see Relay).
 func Insert(ctx context.Context, tx pgx.Tx, rows ...Row) error {
 	if len(rows) == 0 {
 		return nil

@@ -34,6 +34,8 @@ const RelayLockKey int64 = 0x6f7574626f78
 // HeaderOutboxID is the Kafka header carrying the row's outbox ID (decimal).
 // Publishing is at least once: a consumer that must drop repeats can key on
 // it, and it lets anyone trace a message back to the row that announced it.
+// It is no watermark: the rows of one key may reach Kafka out of ID order
+// (see Relay), so a lower ID after a higher one is not a repeat.
 const HeaderOutboxID = "promptline-outbox-id"
 
 const (
@@ -124,8 +126,19 @@ type RelayConfig struct {
 // ID cursor: identity values are taken at insert, transactions commit in
 // another order, and a cursor past a later ID would skip an earlier one
 // that commits afterwards. Order per key is ID order among the rows each
-// pass sees; writers of one key serialise on its session row, so their IDs
-// follow commit order.
+// pass sees, and a pass does not wait for a lower ID still in flight.
+// Writers of one key do not all serialise: admission locks the session
+// row, but the executor's writes that cannot release its claim (a later
+// turn's first step, promptline_turn_next; a step with tool calls; a tool
+// call's intent and result; a permission ask) open with the fence alone,
+// so an admission may take the next ID and commit first. Such rows go out
+// in commit order when a pass comes between the two commits, in ID order
+// when none does. Neither row can tell of the other's transaction (the
+// lower was written before the higher committed, the higher committed
+// before the lower did), so either order is a true history; and a row
+// written after another row of its key committed has the higher ID and is
+// never visible without it, so it is published after it
+// (TestSessionEventsOfOverlappingWrites, in ledger).
 type Relay struct {
 	pool     *pgxpool.Pool
 	producer sarama.SyncProducer
