@@ -67,8 +67,9 @@ func TestLedger(t *testing.T) {
 		require.Equal(t, 1, b.count(t, `SELECT count(*) FROM tool_calls WHERE session_id = 's' AND tool = 'echo' AND class = 'idempotent' AND state = 'succeeded' AND output = 'hi'`))
 		require.Equal(t, 1, b.count(t, `SELECT count(*) FROM tool_calls WHERE session_id = 's' AND tool = 'append_line' AND class = 'side_effecting' AND state = 'succeeded'`))
 		require.Equal(t, 0, b.count(t, `SELECT count(*) FROM tool_calls WHERE idempotency_key = '' OR fencing_token <> 1`))
-		require.Equal(t, []ledger.Phase{ledger.PhaseUnknown, ledger.PhaseContinue, ledger.PhaseUnknown, ledger.PhaseContinue, ledger.PhaseUnknown, ledger.PhaseSafe}, phases.get(),
-			"unknown from the claim on (committed with the promotion and the first attempt), and while each call is in flight; continue when settled; safe at the answer")
+		require.Equal(t, []ledger.Phase{ledger.PhaseUnknown, ledger.PhaseContinue, ledger.PhaseUnknown, ledger.PhaseContinue,
+			ledger.PhaseUnknown, ledger.PhaseContinue, ledger.PhaseUnknown, ledger.PhaseSafe}, phases.get(),
+			"unknown from the claim on (committed with the promotion and the first attempt), and while each call is in flight; continue when each is settled; safe at the answer")
 
 		// The answer step saw both results, each after its call.
 		step2 := rec.request(1)

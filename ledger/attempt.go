@@ -223,21 +223,27 @@ func (x *Execution) StartCall(ctx context.Context, tx pgx.Tx, callID string) err
 	return x.SetPhase(ctx, tx, PhaseUnknown, "")
 }
 
-// SettleCall records a call's result. When it was the step's last unsettled
-// call, the same transaction sets the phase to continue (the model must see
-// the results), and last is true.
+// SettleCall records a call's result; last is true when it was the step's
+// last unsettled call. Once no call of the session is started, nothing is
+// in flight, so the same transaction sets the phase to continue, whether
+// calls of the step are still requested or not: the turn goes on from
+// here, the calls left requested first (a continuation runs them), then a
+// step that hands the model the results. Left at unknown (StartCall's)
+// while a later call waited to start, a crash there had recovery
+// reconcile a turn in which nothing was uncertain: the turn failed
+// outcome_unknown and the call that never ran was interrupted.
 func (x *Execution) SettleCall(ctx context.Context, tx pgx.Tx, callID, attemptID string, state CallState, output string, isError bool) (last bool, err error) {
 	if _, err := tx.Exec(ctx, settleCallSQL, callID, string(state), output, isError); err != nil {
 		return false, fmt.Errorf("settling tool call %s: %w", callID, err)
 	}
-	var open int
-	if err := tx.QueryRow(ctx, openCallsSQL, attemptID).Scan(&open); err != nil {
+	var open, started int
+	if err := tx.QueryRow(ctx, unsettledCallsSQL, attemptID, x.claim.SessionID).Scan(&open, &started); err != nil {
 		return false, fmt.Errorf("counting open tool calls: %w", err)
 	}
-	if open > 0 {
-		return false, nil
+	if started > 0 {
+		return open == 0, nil
 	}
-	return true, x.SetPhase(ctx, tx, PhaseContinue, "")
+	return open == 0, x.SetPhase(ctx, tx, PhaseContinue, "")
 }
 
 // beginAttemptSQL is insertAttemptSQL that may also begin a deferred
@@ -271,6 +277,12 @@ INSERT INTO tool_calls (call_id, attempt_id, session_id, execution_id, idx, mode
 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, 'requested')`
 
 const openCallsSQL = `SELECT count(*) FROM tool_calls WHERE attempt_id = $1 AND state IN ('requested', 'started')`
+
+// unsettledCallsSQL counts the attempt's open calls, and the session's
+// started ones (whichever attempt's: any one keeps the phase unknown).
+const unsettledCallsSQL = `
+SELECT count(*) FILTER (WHERE attempt_id = $1), count(*) FILTER (WHERE state = 'started')
+FROM tool_calls WHERE session_id = $2 AND state IN ('requested', 'started')`
 
 const startCallSQL = `UPDATE tool_calls SET state = 'started', started_at = now() WHERE call_id = $1 AND state = 'requested'`
 

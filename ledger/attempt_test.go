@@ -113,6 +113,7 @@ func TestAttemptsAndCalls(t *testing.T) {
 		calls := []ledger.CallParams{
 			{ID: "c1", AttemptID: p.ID, Index: 0, ModelCallID: "m1", Tool: "echo", Class: "idempotent", Input: []byte(`{"text":"hi"}`), IdempotencyKey: "k-c1"},
 			{ID: "c2", AttemptID: p.ID, Index: 1, ModelCallID: "m2", Tool: "append_line", Class: "side_effecting", Input: []byte(`{not json`), IdempotencyKey: "k-c2"},
+			{ID: "c4", AttemptID: p.ID, Index: 2, ModelCallID: "m4", Tool: "append_line", Class: "side_effecting", Input: []byte(`{}`), IdempotencyKey: "k-c4"},
 		}
 		require.NoError(t, x.Write(ctx, func(tx pgx.Tx) error { return x.RequestCalls(ctx, tx, calls) }))
 		var in1, in2 string
@@ -139,10 +140,21 @@ func TestAttemptsAndCalls(t *testing.T) {
 			return err
 		}))
 		require.False(t, last, "c2 is still requested")
-		require.Equal(t, ledger.PhaseUnknown, phase(t, b).Phase)
+		require.Equal(t, ledger.PhaseContinue, phase(t, b).Phase, "nothing is in flight: c2 never started")
 
+		// Another call started (the executor runs one at a time; the
+		// ledger does not rely on it): its outcome is not recorded yet.
+		require.NoError(t, x.Write(ctx, func(tx pgx.Tx) error { return x.StartCall(ctx, tx, "c2") }))
+		require.NoError(t, x.Write(ctx, func(tx pgx.Tx) error { return x.StartCall(ctx, tx, "c4") }))
 		require.NoError(t, x.Write(ctx, func(tx pgx.Tx) (err error) {
 			last, err = x.SettleCall(ctx, tx, "c2", p.ID, ledger.CallInterrupted, "", true)
+			return err
+		}))
+		require.False(t, last, "c4 is still started")
+		require.Equal(t, ledger.PhaseUnknown, phase(t, b).Phase, "c4 may be running")
+
+		require.NoError(t, x.Write(ctx, func(tx pgx.Tx) (err error) {
+			last, err = x.SettleCall(ctx, tx, "c4", p.ID, ledger.CallSucceeded, "ok", false)
 			return err
 		}))
 		require.True(t, last)
