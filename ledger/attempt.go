@@ -224,7 +224,7 @@ func (x *Execution) StartCall(ctx context.Context, tx pgx.Tx, callID string) err
 }
 
 // SettleCall records a call's result; last is true when it was the step's
-// last unsettled call. Once no call of the session is started, nothing is
+// last unsettled call. Once no call of the step is started, nothing is
 // in flight, so the same transaction sets the phase to continue, whether
 // calls of the step are still requested or not: the turn goes on from
 // here, the calls left requested first (a continuation runs them), then a
@@ -237,7 +237,7 @@ func (x *Execution) SettleCall(ctx context.Context, tx pgx.Tx, callID, attemptID
 		return false, fmt.Errorf("settling tool call %s: %w", callID, err)
 	}
 	var open, started int
-	if err := tx.QueryRow(ctx, unsettledCallsSQL, attemptID, x.claim.SessionID).Scan(&open, &started); err != nil {
+	if err := tx.QueryRow(ctx, unsettledCallsSQL, attemptID).Scan(&open, &started); err != nil {
 		return false, fmt.Errorf("counting open tool calls: %w", err)
 	}
 	if started > 0 {
@@ -278,11 +278,16 @@ VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, 'requested')`
 
 const openCallsSQL = `SELECT count(*) FROM tool_calls WHERE attempt_id = $1 AND state IN ('requested', 'started')`
 
-// unsettledCallsSQL counts the attempt's open calls, and the session's
-// started ones (whichever attempt's: any one keeps the phase unknown).
+// unsettledCallsSQL counts the attempt's open calls, and of them the
+// started ones. By the attempt (its index, tool_calls_attempt), not the
+// session: a session's calls are read by session through an index of all
+// its calls, every one of them a row visited at each settle, and a call of
+// another attempt is never started here (the executor runs a session's
+// calls one at a time, and a takeover reconciles a started call before a
+// continuation runs any).
 const unsettledCallsSQL = `
-SELECT count(*) FILTER (WHERE attempt_id = $1), count(*) FILTER (WHERE state = 'started')
-FROM tool_calls WHERE session_id = $2 AND state IN ('requested', 'started')`
+SELECT count(*), count(*) FILTER (WHERE state = 'started')
+FROM tool_calls WHERE attempt_id = $1 AND state IN ('requested', 'started')`
 
 const startCallSQL = `UPDATE tool_calls SET state = 'started', started_at = now() WHERE call_id = $1 AND state = 'requested'`
 
