@@ -7,7 +7,7 @@
 // Every metric, its labels and meaning (a public contract; keep the README
 // in step):
 //
-//	promptline_admissions_total{outcome,reason}   prompts classified by admission, each counted once: outcome admitted | duplicate | conflict (its reject is not counted again as rejected) | rejected (reason: the rejects header; rejected permission replies are counted here too) | reject_unpublished (a reject too large for the rejects topic even without its value: logged, dropped; the original stays in its topic)
+//	promptline_admissions_total{outcome,reason}   prompts classified by admission, each counted once: outcome admitted | duplicate | conflict (its reject is not counted again as rejected) | rejected (reason: the rejects header; rejected permission replies are counted here too) | reject_unpublished (a reject too large for the rejects topic even without its value, or one the broker refuses for good, INVALID_RECORD, as a compacted rejects topic refuses a keyless reject: logged, dropped; the original stays in its topic)
 //	promptline_admission_batch_size               histogram of prompts per admission transaction
 //	promptline_admission_seconds                  histogram of admission transaction latency
 //	promptline_turns_total{outcome}               turns finished: completed | failed

@@ -38,7 +38,9 @@ type ConsumerConfig struct {
 	// OnRejectFunc runs once per reject of a prompt or a permission reply
 	// with its outcome, "rejected" when published (whole or truncated) or
 	// "reject_unpublished" when dropped as too large even without its
-	// value, and its reason (the rejects header). Defaults to nothing.
+	// value or as refused by the broker for good (a keyless reject on a
+	// compacted rejects topic), and its reason (the rejects header).
+	// Defaults to nothing.
 	OnRejectFunc func(outcome, reason string)
 	// OnWakeFunc runs for each wake consumed that the executor does not
 	// take, with its result: "invalid" (skipped) or "local" (its prompt

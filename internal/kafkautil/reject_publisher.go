@@ -18,8 +18,9 @@ import (
 
 // RejectPublisher sends rejects to the rejects topic for live admission
 // and for replay alike, so that both keep the same promise: a reject is
-// never dropped for a transient error, and one too large to publish whole
-// is published truncated instead of stopping its partition
+// never dropped for a transient error, one too large to publish whole is
+// published truncated, and one the broker refuses for good is dropped,
+// logged and counted, instead of stopping its partition
 // (docs/session-events.md, prompts.rejects).
 type RejectPublisher struct {
 	Producer sarama.SyncProducer
@@ -30,7 +31,8 @@ type RejectPublisher struct {
 	Logger *slog.Logger
 	// OnPublishedFunc is called once per reject with its reason and its
 	// outcome: "rejected" when published (whole or truncated),
-	// "reject_unpublished" when dropped. Defaults to none.
+	// "reject_unpublished" when dropped (too large even without its value,
+	// or refused for good). Defaults to none.
 	OnPublishedFunc func(reason, outcome string)
 }
 
@@ -43,9 +45,10 @@ type RejectPublisher struct {
 // time the broker refuses it again (a topic max.message.bytes below the
 // producer's), to half of that; a reject refused together with others is
 // sent alone first, since the broker's limit applies to a record batch. Only one that cannot be published even
-// without value and key is dropped, logged at error level with its source
-// and counted (outcome reject_unpublished): its original stays in the
-// source topic.
+// without value and key is dropped, or one the broker refuses for what it
+// is (refusedForGood: a keyless reject on a compacted rejects topic), once
+// sent alone: logged at error level with its source and counted (outcome
+// reject_unpublished); its original stays in the source topic.
 func (rp *RejectPublisher) Publish(ctx context.Context, rejects []*sarama.ProducerMessage) error {
 	pending := make([]*pendingReject, len(rejects))
 	for i, r := range rejects {
@@ -85,25 +88,23 @@ func (rp *RejectPublisher) round(ctx context.Context, pending []*pendingReject) 
 			switch {
 			case !ok:
 				rp.count(p.orig, "rejected")
-			case !tooLarge(perr):
+			case !tooLarge(perr) && !refusedForGood(perr):
 				transient = perr
 				again = append(again, p)
 			case len(call) > 1:
-				// The broker's limit is on a record batch: refused
-				// together, it may fit alone.
+				// The broker's limit is on a record batch, and it
+				// refuses a batch whole for one bad record: refused
+				// together, it may be taken alone.
 				p.alone = true
 				again = append(again, p)
-			case p.shrink(msgs[i]):
+			case tooLarge(perr) && p.shrink(msgs[i]):
 				rp.log().WarnContext(ctx, "reject refused for its size; publishing it truncated", slog.Any("error", perr),
 					slog.Int("limit", p.budget), slog.String("reason", header(p.orig, "reason")))
 				again = append(again, p)
+			case tooLarge(perr):
+				rp.drop(ctx, p, perr, "reject refused for its size even without its value; dropped (the original stays in its topic)")
 			default:
-				rp.log().ErrorContext(ctx, "reject refused for its size even without its value; dropped (the original stays in its topic)",
-					slog.Any("error", perr), slog.String("reason", header(p.orig, "reason")),
-					slog.String("source_topic", header(p.orig, "source_topic")),
-					slog.String("source_partition", header(p.orig, "source_partition")),
-					slog.String("source_offset", header(p.orig, "source_offset")))
-				rp.count(p.orig, "reject_unpublished")
+				rp.drop(ctx, p, perr, "reject refused by the broker for what it is, which no retry changes; dropped (the original stays in its topic)")
 			}
 		}
 	}
@@ -148,6 +149,15 @@ func (rp *RejectPublisher) send(call []*pendingReject) ([]*sarama.ProducerMessag
 	return msgs, failed
 }
 
+// drop gives p up: logged at error level with its source, and counted.
+func (rp *RejectPublisher) drop(ctx context.Context, p *pendingReject, err error, msg string) {
+	rp.log().ErrorContext(ctx, msg, slog.Any("error", err), slog.String("reason", header(p.orig, "reason")),
+		slog.String("source_topic", header(p.orig, "source_topic")),
+		slog.String("source_partition", header(p.orig, "source_partition")),
+		slog.String("source_offset", header(p.orig, "source_offset")))
+	rp.count(p.orig, "reject_unpublished")
+}
+
 func (rp *RejectPublisher) count(r *sarama.ProducerMessage, outcome string) {
 	if rp.OnPublishedFunc != nil {
 		rp.OnPublishedFunc(header(r, RejectHeaderReason), outcome)
@@ -173,10 +183,29 @@ func header(m *sarama.ProducerMessage, key string) string {
 // tooLarge reports whether a publish failed for the message's size: Sarama
 // refuses one above its own Producer.MaxMessageBytes with a
 // ConfigurationError, the broker one above the topic's max.message.bytes
-// with ErrMessageSizeTooLarge.
+// with ErrMessageSizeTooLarge, and a batch above the topic's segment.bytes
+// with ErrMessageSetSizeTooLarge (RECORD_LIST_TOO_LARGE). Kafka defines
+// none of them as retriable; a smaller message fixes each.
 func tooLarge(err error) bool {
 	var ce sarama.ConfigurationError
-	return errors.As(err, &ce) || errors.Is(err, sarama.ErrMessageSizeTooLarge)
+	return errors.As(err, &ce) || errors.Is(err, sarama.ErrMessageSizeTooLarge) || errors.Is(err, sarama.ErrMessageSetSizeTooLarge)
+}
+
+// refusedForGood reports whether the broker refused a record for what it
+// is, with an error Kafka defines as not retriable: INVALID_RECORD (a
+// record without a key on a topic with cleanup.policy=compact, or one that
+// fails another of the broker's checks of a record). Sending it again,
+// unchanged, is refused again, forever.
+//
+// The other errors Kafka defines as not retriable are not about the record
+// but about where it goes, and are retried like a broker that is away: an
+// operator fixes them and the reject is published then (an ACL not yet
+// granted, TOPIC_AUTHORIZATION_FAILED; a clock far from the broker's,
+// INVALID_TIMESTAMP, as the producer stamps every record with its own
+// time; a misconfigured producer; UNKNOWN_SERVER_ERROR, which says nothing
+// of why). Size errors are tooLarge's: a smaller message fixes them.
+func refusedForGood(err error) bool {
+	return errors.Is(err, sarama.ErrInvalidRecord)
 }
 
 // pendingReject is a reject on its way to the rejects topic: the whole
