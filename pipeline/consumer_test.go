@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"crypto/sha256"
+	"encoding/binary"
 	"encoding/hex"
 	"fmt"
 	"strconv"
@@ -79,6 +80,66 @@ func TestRejectTooLargeToPublishWhole(t *testing.T) {
 		require.Equal(t, "echo: behind it", b.waitTurn(t, id(t, "after")).Text, "the partition moved on")
 		check(t, b, value, topicLimit)
 	})
+}
+
+// TestRejectOfHugeHeadersIsPublishedCut: a prompt whose headers are about
+// 1 MB is rejected as headers_too_large, and its reject, larger than the
+// producer sends, was cut of its value and key but never of the original's
+// headers: it stayed too large and was dropped (reject_unpublished). The
+// original's headers are cut too, with their size and SHA-256, so the
+// reject is published and says it is not the whole original.
+func TestRejectOfHugeHeadersIsPublishedCut(t *testing.T) {
+	t.Parallel()
+	b := setup(t, setupOpts{})
+	sess := id(t, "s")
+	v, err := envelope.Marshal(envelope.Prompt{MessageID: id(t, "huge"), SessionID: sess, Text: "headers"})
+	require.NoError(t, err)
+	headers := []sarama.RecordHeader{
+		{Key: []byte("trace"), Value: []byte("t1")},
+		{Key: []byte("empty"), Value: []byte{}},
+		{Key: []byte("big"), Value: bytes.Repeat([]byte("h"), 500_000)},
+		{Key: []byte("bigger")},
+	}
+	pm := &sarama.ProducerMessage{Topic: "prompts", Key: sarama.StringEncoder(sess), Value: sarama.ByteEncoder(v), Headers: headers}
+	// The prompt just fits the producer's limit: its reject, with
+	// promptline's headers added, does not.
+	headers[3].Value = bytes.Repeat([]byte("H"), kafkautil.MaxMessageBytesDefault-50-pm.ByteSize(2))
+	require.Equal(t, kafkautil.MaxMessageBytesDefault-50, pm.ByteSize(2))
+	_, _, err = b.producer.SendMessage(pm)
+	require.NoError(t, err)
+	b.send(t, envelope.Prompt{MessageID: id(t, "after"), SessionID: sess, Text: "behind it"})
+	require.Equal(t, "echo: behind it", b.waitTurn(t, id(t, "after")).Text, "the partition moved on")
+
+	require.Eventually(t, func() bool { return len(b.rejects.All()) == 1 }, 20*time.Second, 10*time.Millisecond,
+		"the reject was published")
+	r := b.rejects.All()[0]
+	require.Equal(t, envelope.ReasonHeadersTooLarge, testkit.Header(r, "reason"))
+	// The documented encoding: each header as a Kafka record (v2) holds
+	// it, the key's length and the value's as zigzag varints, -1 for a
+	// null value.
+	var enc []byte
+	for _, h := range headers {
+		enc = binary.AppendVarint(enc, int64(len(h.Key)))
+		enc = append(enc, h.Key...)
+		if h.Value == nil {
+			enc = binary.AppendVarint(enc, -1)
+			continue
+		}
+		enc = binary.AppendVarint(enc, int64(len(h.Value)))
+		enc = append(enc, h.Value...)
+	}
+	sum := sha256.Sum256(enc)
+	require.Equal(t, strconv.Itoa(len(enc)), testkit.Header(r, "original_headers_bytes"))
+	require.Equal(t, hex.EncodeToString(sum[:]), testkit.Header(r, "original_headers_sha256"))
+	require.Empty(t, kafkautil.OriginalHeaders(r.Headers), "none of the original's headers is kept")
+	require.True(t, kafkautil.Truncated(r.Headers), "never re-admitted from the rejects topic as if whole")
+	require.Equal(t, sess, string(r.Key), "the key fits once the headers are gone")
+	require.Equal(t, v, r.Value, "so does the value")
+	rm := &sarama.ProducerMessage{Key: sarama.ByteEncoder(r.Key), Value: sarama.ByteEncoder(r.Value)}
+	for _, h := range r.Headers {
+		rm.Headers = append(rm.Headers, *h)
+	}
+	require.LessOrEqual(t, rm.ByteSize(2), kafkautil.MaxMessageBytesDefault)
 }
 
 // TestRejectsRefusedTogetherAreSentAlone: the broker checks its limit on

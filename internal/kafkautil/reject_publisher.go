@@ -45,7 +45,7 @@ type RejectPublisher struct {
 // time the broker refuses it again (a topic max.message.bytes below the
 // producer's), to half of that; a reject refused together with others is
 // sent alone first, since the broker's limit applies to a record batch. Only one that cannot be published even
-// without value and key is dropped, or one the broker refuses for what it
+// without its value, key and the original's headers is dropped, or one the broker refuses for what it
 // is (refusedForGood: a keyless reject on a compacted rejects topic), once
 // sent alone: logged at error level with its source and counted (outcome
 // reject_unpublished); its original stays in the source topic.
@@ -222,45 +222,85 @@ const recordVersion = 2
 
 // message returns a new message (Sarama keeps state in the ones it sent)
 // for p: the whole reject when it fits its budget, else truncated to it.
+// The value goes first; then, while the reject is still too large, the
+// original's headers, or the key, or both, whichever first fits in this
+// order (the key is the session, which the headers are not); when none
+// fits, the smallest. Each cut is announced by its pair of headers; the
+// value then gets the room left, as a prefix of the original's.
 func (p *pendingReject) message() *sarama.ProducerMessage {
-	m := &sarama.ProducerMessage{Topic: p.orig.Topic, Key: p.orig.Key, Value: p.orig.Value,
-		Headers: slices.Clone(p.orig.Headers)}
-	if m.ByteSize(recordVersion) <= p.budget {
+	if m := p.cut(rejectCut{}); m.ByteSize(recordVersion) <= p.budget {
 		return m
 	}
-	value := encoded(p.orig.Value)
-	sum := sha256.Sum256(value)
-	m.Headers = withRejectHeaders(m.Headers,
-		sarama.RecordHeader{Key: []byte(RejectHeaderOriginalValueBytes), Value: []byte(strconv.Itoa(len(value)))},
-		sarama.RecordHeader{Key: []byte(RejectHeaderOriginalValueSHA256), Value: []byte(hex.EncodeToString(sum[:]))})
-	m.Value = sarama.ByteEncoder(nil)
-	if m.ByteSize(recordVersion) > p.budget && m.Key != nil {
-		// A key too large for the budget (the key is the sender's to
-		// choose): it goes too, its size and hash kept, when that makes
-		// the reject smaller.
-		key := encoded(m.Key)
-		sum := sha256.Sum256(key)
-		alt := &sarama.ProducerMessage{Topic: m.Topic, Value: m.Value, Headers: withRejectHeaders(m.Headers,
-			sarama.RecordHeader{Key: []byte(RejectHeaderOriginalKeyBytes), Value: []byte(strconv.Itoa(len(key)))},
-			sarama.RecordHeader{Key: []byte(RejectHeaderOriginalKeySHA256), Value: []byte(hex.EncodeToString(sum[:]))})}
-		if alt.ByteSize(recordVersion) < m.ByteSize(recordVersion) {
-			m = alt
+	var m *sarama.ProducerMessage
+	for _, c := range []rejectCut{{value: true}, {value: true, headers: true}, {value: true, key: true}, {value: true, headers: true, key: true}} {
+		if (c.key && p.orig.Key == nil) || (c.headers && len(p.originalHeaders()) == 0) {
+			continue
+		}
+		next := p.cut(c)
+		if m == nil || next.ByteSize(recordVersion) < m.ByteSize(recordVersion) || next.ByteSize(recordVersion) <= p.budget {
+			m = next
+		}
+		if m.ByteSize(recordVersion) <= p.budget {
+			break
 		}
 	}
 	if room := p.budget - m.ByteSize(recordVersion); room > 0 {
+		value := encoded(p.orig.Value)
 		m.Value = sarama.ByteEncoder(value[:min(room, len(value))])
 	}
 	return m
 }
 
+// rejectCut says what of the original a reject goes without.
+type rejectCut struct{ value, key, headers bool }
+
+// cut returns the reject without what c says, each cut announced by its
+// pair of headers (rejectCutPairs, in their order), a cut value empty.
+func (p *pendingReject) cut(c rejectCut) *sarama.ProducerMessage {
+	own, original := splitRejectHeaders(p.orig.Headers)
+	m := &sarama.ProducerMessage{Topic: p.orig.Topic, Key: p.orig.Key, Value: p.orig.Value}
+	m.Headers = slices.Clone(own)
+	if c.value {
+		m.Headers = append(m.Headers, cutPair(RejectHeaderOriginalValueBytes, RejectHeaderOriginalValueSHA256, encoded(p.orig.Value))...)
+		m.Value = sarama.ByteEncoder(nil)
+	}
+	if c.key {
+		m.Headers = append(m.Headers, cutPair(RejectHeaderOriginalKeyBytes, RejectHeaderOriginalKeySHA256, encoded(p.orig.Key))...)
+		m.Key = nil
+	}
+	if c.headers {
+		m.Headers = append(m.Headers, cutPair(RejectHeaderOriginalHeadersBytes, RejectHeaderOriginalHeadersSHA256, EncodeHeaders(original))...)
+	} else {
+		m.Headers = append(m.Headers, original...)
+	}
+	return m
+}
+
+// originalHeaders returns the original's headers that p carries.
+func (p *pendingReject) originalHeaders() []sarama.RecordHeader {
+	_, original := splitRejectHeaders(p.orig.Headers)
+	return original
+}
+
+// cutPair is the pair of headers that says b was cut: its size and
+// SHA-256.
+func cutPair(bytesName, sha256Name string, b []byte) []sarama.RecordHeader {
+	sum := sha256.Sum256(b)
+	return []sarama.RecordHeader{
+		{Key: []byte(bytesName), Value: []byte(strconv.Itoa(len(b)))},
+		{Key: []byte(sha256Name), Value: []byte(hex.EncodeToString(sum[:]))},
+	}
+}
+
 // shrink halves the budget of p after sent, its last message, was refused
-// for its size; false when sent had nothing left to cut: no value (the key
-// is gone too by then, unless dropping it would not make it smaller).
+// for its size; false when that makes no smaller message: nothing is left
+// to cut.
 func (p *pendingReject) shrink(sent *sarama.ProducerMessage) bool {
-	if sent.Value == nil || sent.Value.Length() == 0 {
+	next := &pendingReject{orig: p.orig, budget: min(p.budget, sent.ByteSize(recordVersion)) / 2}
+	if next.message().ByteSize(recordVersion) >= sent.ByteSize(recordVersion) {
 		return false
 	}
-	p.budget = min(p.budget, sent.ByteSize(recordVersion)) / 2
+	p.budget = next.budget
 	return true
 }
 

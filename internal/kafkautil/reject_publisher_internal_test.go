@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"crypto/sha256"
 	"encoding/hex"
+	"slices"
 	"strconv"
 	"testing"
 
@@ -63,6 +64,71 @@ func TestPendingRejectTruncation(t *testing.T) {
 		require.Equal(t, sha(key), get(m, RejectHeaderOriginalKeySHA256))
 		require.Equal(t, "value", string(encoded(m.Value)), "the value fits once the key is gone")
 		require.Equal(t, "5", get(m, RejectHeaderOriginalValueBytes))
+	})
+
+	// The original's headers too large for the budget go, their size and
+	// hash kept; the key stays when that is enough, and the layout that
+	// OriginalHeaders and Truncated read stays promptline's.
+	bigHeaders := []*sarama.RecordHeader{{Key: []byte("trace"), Value: []byte("t")}, {Key: []byte("nil")},
+		{Key: []byte("big"), Value: bytes.Repeat([]byte("h"), 3000)}}
+	encodedBig := []byte{10, 't', 'r', 'a', 'c', 'e', 2, 't', 6, 'n', 'i', 'l', 1, 6, 'b', 'i', 'g', 0xf0, 0x2e}
+	encodedBig = append(encodedBig, bytes.Repeat([]byte("h"), 3000)...)
+	keysOf := func(m *sarama.ProducerMessage) []string {
+		var ks []string
+		for _, h := range m.Headers {
+			ks = append(ks, string(h.Key))
+		}
+		return ks
+	}
+	ptrs := func(m *sarama.ProducerMessage) []*sarama.RecordHeader {
+		var hs []*sarama.RecordHeader
+		for i := range m.Headers {
+			hs = append(hs, &m.Headers[i])
+		}
+		return hs
+	}
+	five := []string{"reason", "detail", "source_topic", "source_partition", "source_offset"}
+
+	t.Run("HeadersCut", func(t *testing.T) {
+		t.Parallel()
+		src := &sarama.ConsumerMessage{Topic: "prompts", Key: []byte("k"), Value: []byte("value"), Headers: bigHeaders}
+		m := (&pendingReject{orig: RejectMessage("prompts.rejects", src, "headers_too_large", "d"), budget: 1000}).message()
+		require.LessOrEqual(t, m.ByteSize(recordVersion), 1000)
+		require.Equal(t, append(slices.Clone(five), RejectHeaderOriginalValueBytes, RejectHeaderOriginalValueSHA256,
+			RejectHeaderOriginalHeadersBytes, RejectHeaderOriginalHeadersSHA256), keysOf(m))
+		require.Equal(t, encodedBig, EncodeHeaders(RejectHeaders(src, "", "")[5:]), "the documented encoding")
+		require.Equal(t, strconv.Itoa(len(encodedBig)), get(m, RejectHeaderOriginalHeadersBytes))
+		require.Equal(t, sha(encodedBig), get(m, RejectHeaderOriginalHeadersSHA256))
+		require.Empty(t, OriginalHeaders(ptrs(m)), "none of the original's is kept")
+		require.True(t, Truncated(ptrs(m)))
+		require.Equal(t, "k", string(encoded(m.Key)), "the key stays when cutting the headers is enough")
+		require.Equal(t, "value", string(encoded(m.Value)))
+	})
+
+	t.Run("KeyAndHeadersCut", func(t *testing.T) {
+		t.Parallel()
+		src := &sarama.ConsumerMessage{Topic: "prompts", Key: bytes.Repeat([]byte("k"), 3000), Value: []byte("value"), Headers: bigHeaders}
+		p := &pendingReject{orig: RejectMessage("prompts.rejects", src, "headers_too_large", "d"), budget: 1000}
+		m := p.message()
+		require.LessOrEqual(t, m.ByteSize(recordVersion), 1000)
+		require.Nil(t, m.Key)
+		require.Equal(t, append(slices.Clone(five), RejectHeaderOriginalValueBytes, RejectHeaderOriginalValueSHA256,
+			RejectHeaderOriginalKeyBytes, RejectHeaderOriginalKeySHA256, RejectHeaderOriginalHeadersBytes, RejectHeaderOriginalHeadersSHA256),
+			keysOf(m), "the pairs in their order")
+		require.Empty(t, OriginalHeaders(ptrs(m)))
+		require.True(t, Truncated(ptrs(m)))
+
+		// A value-less original refused by a broker with a lower limit
+		// still has its headers to cut.
+		src.Value = nil
+		src.Key = []byte("k")
+		p = &pendingReject{orig: RejectMessage("prompts.rejects", src, "headers_too_large", "d"), budget: 100_000}
+		m = p.message()
+		require.Equal(t, keysOf(m)[5:], []string{"trace", "nil", "big"}, "whole: it fits the producer's limit")
+		require.True(t, p.shrink(m), "the original's headers are left to cut")
+		m = p.message()
+		require.Empty(t, OriginalHeaders(ptrs(m)))
+		require.False(t, p.shrink(m), "nothing is left to cut")
 	})
 }
 

@@ -1,6 +1,7 @@
 package kafkautil
 
 import (
+	"encoding/binary"
 	"slices"
 	"strconv"
 
@@ -18,12 +19,15 @@ const (
 
 	// A reject published truncated (RejectPublisher) says what was cut:
 	// the original value's size and SHA-256, and, when the key had to go
-	// too, the key's. They stand among promptline's headers, before the
-	// original's.
-	RejectHeaderOriginalValueBytes  = "original_value_bytes"
-	RejectHeaderOriginalValueSHA256 = "original_value_sha256"
-	RejectHeaderOriginalKeyBytes    = "original_key_bytes"
-	RejectHeaderOriginalKeySHA256   = "original_key_sha256"
+	// too, the key's; when the original's headers had to go, their size
+	// and SHA-256 in the encoding of EncodeHeaders. They stand among
+	// promptline's headers, before the original's.
+	RejectHeaderOriginalValueBytes    = "original_value_bytes"
+	RejectHeaderOriginalValueSHA256   = "original_value_sha256"
+	RejectHeaderOriginalKeyBytes      = "original_key_bytes"
+	RejectHeaderOriginalKeySHA256     = "original_key_sha256"
+	RejectHeaderOriginalHeadersBytes  = "original_headers_bytes"
+	RejectHeaderOriginalHeadersSHA256 = "original_headers_sha256"
 )
 
 // A reject's own headers have a fixed layout (RejectHeaders and
@@ -38,9 +42,11 @@ var (
 	rejectCutPairs = [][2]string{
 		{RejectHeaderOriginalValueBytes, RejectHeaderOriginalValueSHA256},
 		{RejectHeaderOriginalKeyBytes, RejectHeaderOriginalKeySHA256},
+		{RejectHeaderOriginalHeadersBytes, RejectHeaderOriginalHeadersSHA256},
 	}
 	allRejectHeaderNames = append(slices.Clone(rejectHeaderNames),
-		RejectHeaderOriginalValueBytes, RejectHeaderOriginalValueSHA256, RejectHeaderOriginalKeyBytes, RejectHeaderOriginalKeySHA256)
+		RejectHeaderOriginalValueBytes, RejectHeaderOriginalValueSHA256, RejectHeaderOriginalKeyBytes, RejectHeaderOriginalKeySHA256,
+		RejectHeaderOriginalHeadersBytes, RejectHeaderOriginalHeadersSHA256)
 )
 
 // ownHeaders returns how many of the n headers that key names, from the
@@ -95,22 +101,40 @@ func Truncated(reject []*sarama.RecordHeader) bool {
 		if h == nil || !slices.ContainsFunc(allRejectHeaderNames, func(n string) bool { return n == string(h.Key) }) {
 			return false
 		}
-		if string(h.Key) == RejectHeaderOriginalValueSHA256 || string(h.Key) == RejectHeaderOriginalKeySHA256 {
+		switch string(h.Key) {
+		case RejectHeaderOriginalValueSHA256, RejectHeaderOriginalKeySHA256, RejectHeaderOriginalHeadersSHA256:
 			return true
 		}
 	}
 	return false
 }
 
-// withRejectHeaders returns a copy of a reject's headers with extra (a pair
-// of rejectCutPairs) placed at the end of promptline's own, before the
-// original's, so that OriginalHeaders still finds exactly the original's.
-func withRejectHeaders(hs []sarama.RecordHeader, extra ...sarama.RecordHeader) []sarama.RecordHeader {
+// splitRejectHeaders splits a reject's headers into promptline's own and
+// the original's (ownHeaders).
+func splitRejectHeaders(hs []sarama.RecordHeader) (own, original []sarama.RecordHeader) {
 	n, _ := ownHeaders(len(hs), func(i int) string { return string(hs[i].Key) })
-	out := make([]sarama.RecordHeader, 0, len(hs)+len(extra))
-	out = append(out, hs[:n]...)
-	out = append(out, extra...)
-	return append(out, hs[n:]...)
+	return hs[:n], hs[n:]
+}
+
+// EncodeHeaders returns hs as a Kafka record (format v2) encodes them,
+// after their count: for each header in order, the key's length as a
+// zigzag varint and the key, then the value's length as a zigzag varint
+// (-1 for a null value) and the value. original_headers_bytes and
+// original_headers_sha256 are the size and SHA-256 of this encoding of
+// the original's headers.
+func EncodeHeaders(hs []sarama.RecordHeader) []byte {
+	var b []byte
+	for _, h := range hs {
+		b = binary.AppendVarint(b, int64(len(h.Key)))
+		b = append(b, h.Key...)
+		if h.Value == nil {
+			b = binary.AppendVarint(b, -1)
+			continue
+		}
+		b = binary.AppendVarint(b, int64(len(h.Value)))
+		b = append(b, h.Value...)
+	}
+	return b
 }
 
 // RejectHeaders are the headers of the rejects-topic copy of m: the reason,

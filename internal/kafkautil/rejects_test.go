@@ -57,6 +57,14 @@ func TestOriginalHeadersKeepOnesNamedLikePromptlines(t *testing.T) {
 	}}, "invalid_json", "x")
 	require.Equal(t, []string{"original_value_bytes"}, keys(kafkautil.OriginalHeaders(ptrs(rm.Headers))))
 
+	// A reject whose original's headers were cut says so, even with
+	// nothing else cut: none of the original's headers follows.
+	rm = kafkautil.RejectMessage("prompts.rejects", &sarama.ConsumerMessage{Topic: "prompts"}, "headers_too_large", "x")
+	rm.Headers = append(rm.Headers, sarama.RecordHeader{Key: []byte("original_headers_bytes"), Value: []byte("9")},
+		sarama.RecordHeader{Key: []byte("original_headers_sha256"), Value: []byte("00")})
+	require.True(t, kafkautil.Truncated(ptrs(rm.Headers)))
+	require.Empty(t, kafkautil.OriginalHeaders(ptrs(rm.Headers)))
+
 	// A message that does not begin with promptline's five headers is
 	// not one of its rejects: every header is the original's.
 	foreign := []sarama.RecordHeader{{Key: []byte("reason"), Value: []byte("r")}, {Key: []byte("detail"), Value: []byte("d")}}
