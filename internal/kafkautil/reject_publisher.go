@@ -58,6 +58,8 @@ func (rp *RejectPublisher) Publish(ctx context.Context, rejects []*sarama.Produc
 	// with a transient failure waits first.
 	err := retry.Do(ctx, retry.Policy{
 		Min: 100 * time.Millisecond, Max: 5 * time.Second,
+		// Ended by a rebalance or a shutdown: no retry to announce.
+		Final: func(error) bool { return ctx.Err() != nil },
 		OnRetry: func(_ int, err error, wait time.Duration) {
 			rp.log().WarnContext(ctx, "publishing rejects failed; retrying", slog.Any("error", err), slog.Duration("backoff", wait))
 		},
@@ -82,7 +84,10 @@ func (rp *RejectPublisher) round(ctx context.Context, pending []*pendingReject) 
 	var again []*pendingReject
 	var transient error
 	for _, call := range sendCalls(pending) {
-		msgs, failed := rp.send(call)
+		msgs, failed, err := rp.send(ctx, call)
+		if err != nil {
+			return pending, err
+		}
 		for i, p := range call {
 			perr, ok := failed[msgs[i]]
 			switch {
@@ -126,13 +131,29 @@ func sendCalls(pending []*pendingReject) [][]*pendingReject {
 }
 
 // send publishes the messages of call and returns them with the error of
-// each one that failed.
-func (rp *RejectPublisher) send(call []*pendingReject) ([]*sarama.ProducerMessage, map[*sarama.ProducerMessage]error) {
+// each one that failed, or ctx's error when ctx ends first.
+//
+// Sarama's SendMessages takes no context: a rejects topic that does not
+// answer holds it for the producer's whole retry budget (Producer.Retry.Max
+// retries of a request given up after Net.ReadTimeout: minutes), longer
+// than a consumer group's rebalance timeout. Ended by a rebalance or a
+// shutdown, send returns at once and leaves the call to finish on its own
+// (Sarama bounds it; closing the producer ends it): its messages may still
+// be published, and the caller, which marks no offset, has the next owner
+// publish them again, a duplicate reject as after a crash.
+func (rp *RejectPublisher) send(ctx context.Context, call []*pendingReject) ([]*sarama.ProducerMessage, map[*sarama.ProducerMessage]error, error) {
 	msgs := make([]*sarama.ProducerMessage, len(call))
 	for i, p := range call {
 		msgs[i] = p.message()
 	}
-	err := rp.Producer.SendMessages(msgs)
+	sent := make(chan error, 1)
+	go func() { sent <- rp.Producer.SendMessages(msgs) }()
+	var err error
+	select {
+	case err = <-sent:
+	case <-ctx.Done():
+		return nil, nil, ctx.Err()
+	}
 	failed := map[*sarama.ProducerMessage]error{}
 	var perrs sarama.ProducerErrors
 	switch {
@@ -146,7 +167,7 @@ func (rp *RejectPublisher) send(call []*pendingReject) ([]*sarama.ProducerMessag
 			failed[m] = err
 		}
 	}
-	return msgs, failed
+	return msgs, failed, nil
 }
 
 // drop gives p up: logged at error level with its source, and counted.

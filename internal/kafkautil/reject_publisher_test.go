@@ -120,3 +120,48 @@ func TestRejectRefusedForGoodIsDropped(t *testing.T) {
 	require.Len(t, rejects, 1)
 	require.Equal(t, "keyed", testkit.Header(rejects[0], "reason"))
 }
+
+// TestRejectPublishReturnsWhenItsContextEnds: a rebalance ends the
+// session's context, and a partition's handler must return within the
+// rebalance timeout (60s). A rejects topic that does not answer held
+// Publish, in Sarama's SendMessages, for Sarama's whole retry budget (ten
+// retries of a request unanswered for 15s), whatever its context said.
+// Publish now returns when its context ends, without counting the reject
+// as published: the caller does not mark its offset, and the partition's
+// next owner rejects the message again.
+func TestRejectPublishReturnsWhenItsContextEnds(t *testing.T) {
+	t.Parallel()
+	rb := setupRejects(t)
+	c := rb.broker.Cluster()
+	release, held := make(chan struct{}), make(chan struct{}, 1)
+	c.ControlKey(int16(kmsg.Produce), func(kmsg.Request) (kmsg.Response, error, bool) {
+		c.KeepControl()
+		select {
+		case held <- struct{}{}:
+		default:
+		}
+		c.SleepControl(func() { <-release })
+		return nil, nil, false
+	})
+	defer close(release) // before the producer and the broker close
+
+	ctx, cancel := context.WithCancel(t.Context())
+	defer cancel()
+	reject := kafkautil.RejectMessage("prompts.rejects",
+		&sarama.ConsumerMessage{Topic: "prompts", Key: []byte("s"), Value: []byte("{")}, "invalid_json", "d")
+	done := make(chan error, 1)
+	go func() { done <- rb.publisher.Publish(ctx, []*sarama.ProducerMessage{reject}) }()
+	select {
+	case <-held:
+	case <-time.After(20 * time.Second):
+		t.Fatal("the reject was never produced")
+	}
+	cancel()
+	select {
+	case err := <-done:
+		require.ErrorIs(t, err, context.Canceled)
+	case <-time.After(5 * time.Second):
+		t.Fatal("Publish held on after its context ended")
+	}
+	require.Empty(t, rb.outcome("invalid_json"), "not counted: the next owner rejects it again")
+}
