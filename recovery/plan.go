@@ -73,9 +73,13 @@ type LostWake struct {
 	Decision      DecisionKind `json:"decision"`
 	WaitingInputs int          `json:"waiting_inputs"`
 	// OldestWaiting is when the oldest waiting input was admitted; zero
-	// when its admitted_at is not a time ('-infinity': a hand edit, a
-	// restore), which the plan reads without failing.
+	// when its admitted_at is not a time (a hand edit, a restore), which
+	// the plan reads without failing.
 	OldestWaiting time.Time `json:"oldest_waiting_admitted_at"`
+	// OldestWaitingNotFinite is that admitted_at when it is not a time
+	// ('-infinity', 'infinity'), as Evidence.ExpiredAtNotFinite is a
+	// claim's expires_at; such a wake is due whatever the clock.
+	OldestWaitingNotFinite string `json:"oldest_waiting_admitted_at_not_finite,omitempty"`
 }
 
 // Plan reads, in one REPEATABLE READ READ ONLY transaction, what a pass
@@ -115,7 +119,7 @@ func (r *Recoverer) Plan(ctx context.Context, opts *PlanOpts) (Plan, error) {
 		}
 		var w LostWake
 		var oldest *time.Time
-		if _, err := pgx.ForEachRow(rows, []any{&w.SessionID, &w.WaitingInputs, &oldest}, func() error {
+		if _, err := pgx.ForEachRow(rows, []any{&w.SessionID, &w.WaitingInputs, &oldest, &w.OldestWaitingNotFinite}, func() error {
 			w.Decision, w.OldestWaiting = DecisionRedriven, time.Time{}
 			if oldest != nil {
 				w.OldestWaiting = *oldest
@@ -199,8 +203,8 @@ func WritePlan(w io.Writer, p Plan) {
 		}
 	}
 	for _, l := range p.LostWakes {
-		oldest := "-infinity"
-		if !l.OldestWaiting.IsZero() {
+		oldest := l.OldestWaitingNotFinite
+		if oldest == "" {
 			oldest = l.OldestWaiting.UTC().Format(time.RFC3339)
 		}
 		fmt.Fprintf(w, "Session %s: %d inputs wait (the oldest admitted at %s) with no claim and no wake on its way.\n",

@@ -84,6 +84,22 @@ func (r *Recoverer) redriveFor(ctx context.Context, sessionID string, batch int,
 	return n, left, after, nil
 }
 
+// lostWakeSQL is what makes a session's waiting inputs a lost wake, the
+// one predicate of the redrive scan, its plan and its count (i: the
+// waiting input, r: its session): admitted more than RedriveAfter ($1)
+// ago, no redrive of the session within it, no claim. A timestamp the
+// column admits that is not a time is read as such (invariant 10): an
+// admitted_at of 'infinity' is due (no clock ever passes it, and a wake
+// for a waiting input is harmless: the claim gates execution; P1), and
+// so is a session whose redriven_at is 'infinity' (no clock tells when it
+// was redriven; the redrive sets a time). '-infinity' is older than any
+// clock already. Equalities, not isfinite(), so that the scan still reads
+// waiting inputs through their partial index of admitted_at.
+const lostWakeSQL = `
+    (i.admitted_at < now() - $1 * interval '1 millisecond' OR i.admitted_at = 'infinity')
+    AND (r.redriven_at IS NULL OR r.redriven_at < now() - $1 * interval '1 millisecond' OR r.redriven_at = 'infinity')
+    AND NOT EXISTS (SELECT 1 FROM claims c WHERE c.session_id = i.session_id)`
+
 // The filters (no claim, not redriven within the interval) apply before the
 // limit: a session that cannot be redriven — a quarantined or long-running
 // claim, a recent redrive — never takes a place in the batch, so however
@@ -92,35 +108,34 @@ func (r *Recoverer) redriveFor(ctx context.Context, sessionID string, batch int,
 // (TestRedriveScanUsesTheRedriveIndex). The outer filters are checked again
 // on the locked row (a concurrent pass may have redriven it meanwhile).
 // Sessions are locked in sorted order (as admission does) and skipped when
-// busy: a concurrent pass or admission is handling them.
+// busy: a concurrent pass or admission is handling them. A session whose
+// oldest waiting input was admitted at 'infinity' comes last.
 const redriveSQL = `
 SELECT s.session_id FROM sessions s
 WHERE s.session_id IN (
     SELECT i.session_id FROM waiting_inputs i
     JOIN sessions r ON r.session_id = i.session_id
-    WHERE i.admitted_at < now() - $1 * interval '1 millisecond'
-      AND (r.redriven_at IS NULL OR r.redriven_at < now() - $1 * interval '1 millisecond')
-      AND NOT EXISTS (SELECT 1 FROM claims c WHERE c.session_id = i.session_id)
+    WHERE` + lostWakeSQL + `
       AND ($3 = '' OR i.session_id = $3)
     GROUP BY i.session_id
     ORDER BY min(i.admitted_at), i.session_id
     LIMIT $2)
   AND NOT EXISTS (SELECT 1 FROM claims c WHERE c.session_id = s.session_id)
-  AND (s.redriven_at IS NULL OR s.redriven_at < now() - $1 * interval '1 millisecond')
+  AND (s.redriven_at IS NULL OR s.redriven_at < now() - $1 * interval '1 millisecond' OR s.redriven_at = 'infinity')
 ORDER BY s.session_id
 FOR UPDATE SKIP LOCKED`
 
 // redrivePlanSQL is redriveSQL's selection read without locks (a plan runs
 // read only), with what the plan shows of each session; $3, when not
 // empty, keeps that session only. The oldest admission is NULL when it is
-// not a time ('-infinity': the column admits it; 'infinity' is never older
-// than the interval), so that one odd row fails no plan.
+// not a time, and its value in words ('-infinity', 'infinity': the column
+// admits them) is beside it, so that one odd row fails no plan.
 const redrivePlanSQL = `
-SELECT i.session_id, count(*)::int, CASE WHEN isfinite(min(i.admitted_at)) THEN min(i.admitted_at) END FROM waiting_inputs i
+SELECT i.session_id, count(*)::int, CASE WHEN isfinite(min(i.admitted_at)) THEN min(i.admitted_at) END,
+       CASE WHEN NOT isfinite(min(i.admitted_at)) THEN min(i.admitted_at)::text ELSE '' END
+FROM waiting_inputs i
 JOIN sessions r ON r.session_id = i.session_id
-WHERE i.admitted_at < now() - $1 * interval '1 millisecond'
-  AND (r.redriven_at IS NULL OR r.redriven_at < now() - $1 * interval '1 millisecond')
-  AND NOT EXISTS (SELECT 1 FROM claims c WHERE c.session_id = i.session_id)
+WHERE` + lostWakeSQL + `
   AND ($3 = '' OR i.session_id = $3)
 GROUP BY i.session_id
 ORDER BY min(i.admitted_at), i.session_id
@@ -132,7 +147,5 @@ LIMIT $2`
 const lostWakesCountSQL = `
 SELECT count(DISTINCT i.session_id)::int FROM waiting_inputs i
 JOIN sessions r ON r.session_id = i.session_id
-WHERE i.admitted_at < now() - $1 * interval '1 millisecond'
-  AND (r.redriven_at IS NULL OR r.redriven_at < now() - $1 * interval '1 millisecond')
-  AND NOT EXISTS (SELECT 1 FROM claims c WHERE c.session_id = i.session_id)
+WHERE` + lostWakeSQL + `
   AND ($2 = '' OR i.session_id = $2)`
