@@ -94,7 +94,16 @@ func (r *Recoverer) gather(ctx context.Context, tx pgx.Tx, c ledger.Claim) (Evid
 	// A release of a capped claim starts the count afresh: the operator
 	// has looked, and the session runs again (up to the cap) before it is
 	// capped again.
-	err = tx.QueryRow(ctx, `SELECT (SELECT max(released_at) FROM quarantine_releases
+	//
+	// The count is of times: one that is not a time (a hand edit: the
+	// columns admit '-infinity' and 'infinity') says nothing about when,
+	// so it is left out, a release, a decision or a step's answer alike
+	// (invariant 10): a release at 'infinity' fails no decision (the
+	// driver reads no infinity into a time), a decision at 'infinity'
+	// does not count for good (each release of the capped claim capped
+	// again at once), and an answer at 'infinity' does not turn the cap
+	// off for the session.
+	err = tx.QueryRow(ctx, `SELECT (SELECT max(released_at) FILTER (WHERE isfinite(released_at)) FROM quarantine_releases
 		WHERE kind = $2 AND ref = $1 AND starts_with(reason, $3))`, c.SessionID, KindClaim, ReasonRecoveryCap+":").Scan(&ev.Cap.ReleasedAt)
 	if err != nil {
 		return ev, fmt.Errorf("reading the last release of a capped claim: %w", err)
@@ -108,8 +117,9 @@ func (r *Recoverer) gather(ctx context.Context, tx pgx.Tx, c ledger.Claim) (Evid
 	// (docs/design.md, invariant 13).
 	err = tx.QueryRow(ctx, `SELECT count(*) FROM recoveries
 		WHERE session_id = $1 AND decision = ANY($2) AND decided_at > now() - $3 * interval '1 millisecond'
+		  AND decided_at < 'infinity'
 		  AND ($4::timestamptz IS NULL OR decided_at > $4)
-		  AND decided_at > coalesce((SELECT max(completed_at) FROM messages
+		  AND decided_at > coalesce((SELECT max(completed_at) FILTER (WHERE isfinite(completed_at)) FROM messages
 		      WHERE session_id = $1 AND role = 'assistant' AND status IN ('completed', 'errored')), '-infinity')`,
 		c.SessionID, []string{string(DecisionContinued), string(DecisionRewoken)}, r.cfg.MaxPerSessionWindow.Milliseconds(), ev.Cap.ReleasedAt).Scan(&ev.Cap.Recovered)
 	if err != nil {

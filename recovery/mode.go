@@ -25,10 +25,13 @@ const (
 
 // ModeSetting is the fleet's recovery mode as an operator set it.
 type ModeSetting struct {
-	Mode  string    `json:"mode"`
-	SetBy string    `json:"set_by"`
-	Note  string    `json:"note,omitempty"`
-	SetAt time.Time `json:"set_at"`
+	Mode  string `json:"mode"`
+	SetBy string `json:"set_by"`
+	Note  string `json:"note,omitempty"`
+	// SetAt is read as what the column holds, a time or not (a hand
+	// edit): every pass reads the mode first, so a read that failed on it
+	// would stop every pass of every consumer (invariant 10).
+	SetAt pgdb.Time `json:"set_at"`
 }
 
 // Mode reads the fleet's recovery mode; ok is false when no operator ever

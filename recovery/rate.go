@@ -62,10 +62,17 @@ const rateBusyWait = 5 * time.Millisecond
 // last take. LIMIT 1 keeps the planner's estimate at one row: on the
 // table's default estimate (some two thousand rows, joined with itself)
 // the plan's cost passed jit_above_cost, and compiling it cost fifty times
-// the statement's own work (measured: 14 ms a take against 0.2).
+// the statement's own work (measured: 14 ms a take against 0.2). An
+// updated_at that is not a time (a hand edit: the column admits
+// '-infinity' and 'infinity') says nothing about when the last take was,
+// and the clock cannot be subtracted from it (a data error, which would
+// quarantine every paced claim): the bucket is then full, the burst it
+// allows after any long calm, and the take sets a time again.
 const takeTokensSQL = `
 WITH b AS (
-    SELECT least($2::float8, tokens + $1::float8 * greatest(0, extract(epoch FROM clock_timestamp() - updated_at))) AS have
+    SELECT CASE WHEN isfinite(updated_at)
+                THEN least($2::float8, tokens + $1::float8 * greatest(0, extract(epoch FROM clock_timestamp() - updated_at)))
+                ELSE $2::float8 END AS have
     FROM recovery_rate WHERE singleton LIMIT 1 FOR UPDATE SKIP LOCKED
 ), u AS (
     UPDATE recovery_rate SET tokens = b.have - least(floor(b.have), $3::int), updated_at = clock_timestamp()

@@ -13,6 +13,8 @@
 // translates the driver errors of its statements, pgx.ErrNoRows and the
 // SQLSTATEs it cares about, in its errors.go's interpretError, and no
 // other code of the module looks at them: docs/design.md, Table owners);
-// and, in builds with the faults tag, the commit tracer of the crash
+// Time, a timestamptz read as the column holds it, '-infinity' and
+// 'infinity' included, for the reads one odd row must not fail; and, in
+// builds with the faults tag, the commit tracer of the crash
 // sweep.
 package pgdb
