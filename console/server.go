@@ -20,6 +20,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/promptline/promptline/internal/kafkautil"
+	"github.com/promptline/promptline/internal/pgdb"
 	"github.com/promptline/promptline/metrics"
 )
 
@@ -299,40 +300,46 @@ func (s *Server) checkCSRF(w http.ResponseWriter, r *http.Request) bool {
 
 var errBadCursor = errors.New("bad cursor")
 
-// cursor reads a keyset cursor "RFC3339Nano|id".
-func parseCursor(v string) (time.Time, string, error) {
+// cursor reads a keyset cursor "RFC3339Nano|id"; the time may be
+// "-infinity" or "infinity", a row's time that is not a time.
+func parseCursor(v string) (pgdb.Time, string, error) {
 	if v == "" {
-		return time.Time{}, "", nil
+		return pgdb.Time{}, "", nil
 	}
 	at, id, ok := strings.Cut(v, "|")
 	if !ok || id == "" {
-		return time.Time{}, "", errBadCursor
+		return pgdb.Time{}, "", errBadCursor
 	}
-	t, err := time.Parse(time.RFC3339Nano, at)
+	t, err := pgdb.ParseTime(time.RFC3339Nano, at)
 	if err != nil {
-		return time.Time{}, "", errBadCursor
+		return pgdb.Time{}, "", errBadCursor
 	}
 	return t, id, nil
 }
 
-func formatCursor(t time.Time, id string) string {
+func formatCursor(t pgdb.Time, id string) string {
 	return t.UTC().Format(time.RFC3339Nano) + "|" + id
 }
 
 func urlQueryEscape(s string) string { return template.URLQueryEscaper(s) }
 
 var funcs = template.FuncMap{
-	"ts": func(t any) string {
+	// ts fails the page on a value of a type it does not know, rather
+	// than print nothing where a time belongs.
+	"ts": func(t any) (string, error) {
+		const layout = "2006-01-02 15:04:05.000Z"
 		switch v := t.(type) {
 		case time.Time:
-			return v.UTC().Format("2006-01-02 15:04:05.000Z")
-		case *time.Time:
+			return v.UTC().Format(layout), nil
+		case pgdb.Time: // "-infinity" or "infinity" when not a time
+			return v.UTC().Format(layout), nil
+		case *pgdb.Time:
 			if v == nil {
-				return "—"
+				return "—", nil
 			}
-			return v.UTC().Format("2006-01-02 15:04:05.000Z")
+			return v.UTC().Format(layout), nil
 		}
-		return ""
+		return "", fmt.Errorf("ts: %T is not a time", t)
 	},
 	"deref": func(v any) string {
 		switch p := v.(type) {

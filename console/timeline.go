@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/promptline/promptline/internal/inspect"
+	"github.com/promptline/promptline/internal/pgdb"
 	"github.com/promptline/promptline/recovery"
 )
 
@@ -59,20 +60,24 @@ const (
 // a recovery's takeover), the provider attempts and tool calls inside it
 // coloured by outcome, permission asks and replies, recovery decisions
 // with the fencing token before and after; quarantines and releases.
+//
+// A time that is not a time ('-infinity', 'infinity': a hand edit) has no
+// place on the axis: the axis spans the times, and such a value is drawn
+// at its start or its end, its tooltip saying which value it is.
 func drawTimeline(r inspect.Report, recs []recovery.Record, releases []inspect.Release) Timeline {
 	type span struct {
 		id         string
-		start, end time.Time
+		start, end pgdb.Time
 	}
 	spans := map[string]*span{}
 	var order []string
-	see := func(exec string, ts ...*time.Time) {
+	see := func(exec string, ts ...*pgdb.Time) {
 		if exec == "" {
 			return
 		}
 		sp := spans[exec]
 		for _, t := range ts {
-			if t == nil || t.IsZero() {
+			if t == nil || (t.IsFinite() && t.At.IsZero()) {
 				continue
 			}
 			if sp == nil {
@@ -80,15 +85,15 @@ func drawTimeline(r inspect.Report, recs []recovery.Record, releases []inspect.R
 				spans[exec] = sp
 				order = append(order, exec)
 			}
-			if t.Before(sp.start) {
+			if t.Compare(sp.start) < 0 {
 				sp.start = *t
 			}
-			if t.After(sp.end) {
+			if t.Compare(sp.end) > 0 {
 				sp.end = *t
 			}
 		}
 	}
-	var all []time.Time
+	var all []pgdb.Time
 	for _, in := range r.Inputs {
 		all = append(all, in.AdmittedAt)
 		if in.QuarantinedAt != nil {
@@ -113,8 +118,8 @@ func drawTimeline(r inspect.Report, recs []recovery.Record, releases []inspect.R
 		see(recs[i].ExecutionID, &recs[i].DecidedAt)
 	}
 	if c := r.Claim; c != nil {
-		end := r.ReadAt
-		if c.Expired || c.ExpiresAt.Before(end) {
+		end := pgdb.TimeOf(r.ReadAt)
+		if c.Expired || c.ExpiresAt.Compare(end) < 0 {
 			end = c.ExpiresAt
 		}
 		see(c.ExecutionID, &c.AcquiredAt, &end)
@@ -136,7 +141,7 @@ func drawTimeline(r inspect.Report, recs []recovery.Record, releases []inspect.R
 	for _, sp := range spans {
 		all = append(all, sp.start, sp.end)
 	}
-	sort.SliceStable(order, func(i, j int) bool { return spans[order[i]].start.Before(spans[order[j]].start) })
+	sort.SliceStable(order, func(i, j int) bool { return spans[order[i]].start.Compare(spans[order[j]].start) < 0 })
 
 	lanes := 2 + len(order) // admissions, executions, quarantine
 	t := Timeline{Width: tlWidth, Height: tlTop + lanes*tlLaneH + 24}
@@ -144,35 +149,49 @@ func drawTimeline(r inspect.Report, recs []recovery.Record, releases []inspect.R
 		t.Empty = true
 		return t
 	}
-	t0, t1 := all[0], all[0]
+	var t0, t1 time.Time
 	for _, x := range all {
-		if x.Before(t0) {
-			t0 = x
+		if !x.IsFinite() {
+			continue
 		}
-		if x.After(t1) {
-			t1 = x
+		if t0.IsZero() || x.At.Before(t0) {
+			t0 = x.At
 		}
+		if t1.IsZero() || x.At.After(t1) {
+			t1 = x.At
+		}
+	}
+	if t0.IsZero() {
+		t0, t1 = r.ReadAt, r.ReadAt // no time at all: an axis of a second
 	}
 	total := t1.Sub(t0)
 	if total <= 0 {
 		total = time.Second
 	}
 	plot := tlWidth - tlLeft - 40
-	x := func(at time.Time) int { return tlLeft + int(float64(plot)*float64(at.Sub(t0))/float64(total)) }
+	x := func(at pgdb.Time) int {
+		switch at.NotFinite {
+		case pgdb.NegativeInfinity:
+			return tlLeft
+		case pgdb.Infinity:
+			return tlLeft + plot
+		}
+		return tlLeft + int(float64(plot)*float64(at.At.Sub(t0))/float64(total))
+	}
 	laneY := func(i int) int { return tlTop + i*tlLaneH }
 	for i := 0; i <= 4; i++ {
 		at := t0.Add(total * time.Duration(i) / 4)
-		t.Ticks = append(t.Ticks, Tick{X: x(at), Label: fmt.Sprintf("+%s", at.Sub(t0).Round(time.Millisecond))})
+		t.Ticks = append(t.Ticks, Tick{X: x(pgdb.TimeOf(at)), Label: fmt.Sprintf("+%s", at.Sub(t0).Round(time.Millisecond))})
 	}
 	t.Ticks[0].Label = t0.UTC().Format("15:04:05.000Z")
-	bar := func(y, h int, from, to time.Time, class, title, label string) Shape {
+	bar := func(y, h int, from, to pgdb.Time, class, title, label string) Shape {
 		x0, x1 := x(from), x(to)
 		if x1-x0 < tlMinBarW {
 			x1 = x0 + tlMinBarW
 		}
 		return Shape{X: x0, Y: y, W: x1 - x0, H: h, Kind: "bar", Class: class, Title: title, Label: label}
 	}
-	marker := func(y int, at time.Time, class, title, label string) Shape {
+	marker := func(y int, at pgdb.Time, class, title, label string) Shape {
 		return Shape{X: x(at), Y: y, Kind: "marker", Class: class, Title: title, Label: label}
 	}
 
@@ -198,12 +217,8 @@ func drawTimeline(r inspect.Report, recs []recovery.Record, releases []inspect.R
 			}
 		}
 		if c := r.Claim; c != nil && c.ExecutionID == id {
-			until := c.ExpiresAt.Format(time.RFC3339Nano)
-			if c.ExpiresNotFinite != nil {
-				until = *c.ExpiresNotFinite
-			}
 			what = fmt.Sprintf("execution %s: claim (token %d, phase %s) acquired %s, lease until %s", id, c.FencingToken, c.Phase,
-				c.AcquiredAt.Format(time.RFC3339Nano), until)
+				c.AcquiredAt.Format(time.RFC3339Nano), c.ExpiresAt.Format(time.RFC3339Nano))
 			if c.QuarantinedAt != nil {
 				class = "claim quarantined"
 			}

@@ -13,24 +13,31 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/promptline/promptline/internal/pgdb"
 )
 
 // Record is one stored recovery decision.
 type Record struct {
-	ExecutionID      string       `json:"execution_id"`
-	SessionID        string       `json:"session_id"`
-	PhaseFound       string       `json:"phase_found"`
-	Decision         DecisionKind `json:"decision"`
-	Rule             string       `json:"rule,omitempty"`
-	Evidence         Evidence     `json:"evidence"`
-	TokenBefore      int64        `json:"token_before"`
-	TokenAfter       int64        `json:"token_after"`
-	ContinuationID   string       `json:"continuation_message_id,omitempty"`
-	RetryAttemptID   string       `json:"retry_attempt_id,omitempty"`
-	RecoveredBy      string       `json:"recovered_by"`
-	DecidedAt        time.Time    `json:"decided_at"`
-	SettledAt        *time.Time   `json:"settled_at,omitempty"`
-	QuarantineReason string       `json:"quarantine_reason,omitempty"`
+	ExecutionID    string       `json:"execution_id"`
+	SessionID      string       `json:"session_id"`
+	PhaseFound     string       `json:"phase_found"`
+	Decision       DecisionKind `json:"decision"`
+	Rule           string       `json:"rule,omitempty"`
+	Evidence       Evidence     `json:"evidence"`
+	TokenBefore    int64        `json:"token_before"`
+	TokenAfter     int64        `json:"token_after"`
+	ContinuationID string       `json:"continuation_message_id,omitempty"`
+	RetryAttemptID string       `json:"retry_attempt_id,omitempty"`
+	RecoveredBy    string       `json:"recovered_by"`
+	DecidedAt      pgdb.Time    `json:"decided_at"`
+	SettledAt      *pgdb.Time   `json:"settled_at,omitempty"`
+	// DecidedAtNotFinite and SettledAtNotFinite are those times when they
+	// are not a time ('-infinity', 'infinity': a hand edit), the times
+	// then zero, as Evidence.ExpiredAtNotFinite is a claim's expires_at.
+	DecidedAtNotFinite string `json:"decided_at_not_finite,omitempty"`
+	SettledAtNotFinite string `json:"settled_at_not_finite,omitempty"`
+	QuarantineReason   string `json:"quarantine_reason,omitempty"`
 	// Resolutions are the operators' findings on what this execution left
 	// unknown (consumer session resolve).
 	Resolutions []Resolution `json:"resolutions,omitempty"`
@@ -51,6 +58,10 @@ func Records(ctx context.Context, pool *pgxpool.Pool, sessionID string) ([]Recor
 	_, err = pgx.ForEachRow(rows, []any{&r.ExecutionID, &r.SessionID, &r.PhaseFound, &r.Decision, &r.Rule, &ev,
 		&r.TokenBefore, &r.TokenAfter, &r.ContinuationID, &r.RetryAttemptID, &r.RecoveredBy, &r.DecidedAt, &r.SettledAt,
 		&r.QuarantineReason}, func() error {
+		r.DecidedAtNotFinite, r.SettledAtNotFinite = r.DecidedAt.NotFinite, ""
+		if r.SettledAt != nil {
+			r.SettledAtNotFinite = r.SettledAt.NotFinite
+		}
 		r.Evidence = Evidence{}
 		if err := json.Unmarshal(ev, &r.Evidence); err != nil {
 			return fmt.Errorf("recovery of %s: evidence: %w", r.ExecutionID, err)

@@ -7,6 +7,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/promptline/promptline/internal/pgdb"
 	"github.com/promptline/promptline/recovery"
 )
 
@@ -29,7 +30,7 @@ func TestExplainSaysWhatEachFindingLedTo(t *testing.T) {
 		t.Run(name, func(t *testing.T) {
 			t.Parallel()
 			r := recovery.Resolution{TargetID: "e1/step-1", TargetKind: tc.kind, Finding: tc.finding, Output: tc.output,
-				StateBefore: "unknown", ResolvedBy: "ops", ResolvedAt: at}
+				StateBefore: "unknown", ResolvedBy: "ops", ResolvedAt: pgdb.TimeOf(at)}
 			var out bytes.Buffer
 			recovery.Explain(&out, nil, r)
 			// The finding closes the line: "... by ops: <finding>.".

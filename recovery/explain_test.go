@@ -7,6 +7,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/promptline/promptline/internal/pgdb"
 	"github.com/promptline/promptline/recovery"
 )
 
@@ -14,7 +15,7 @@ import (
 func TestExplainEachDecision(t *testing.T) {
 	t.Parallel()
 	at := time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
-	base := recovery.Record{ExecutionID: "e1", SessionID: "s", TokenBefore: 3, TokenAfter: 4, DecidedAt: at,
+	base := recovery.Record{ExecutionID: "e1", SessionID: "s", TokenBefore: 3, TokenAfter: 4, DecidedAt: pgdb.TimeOf(at),
 		Evidence: recovery.Evidence{Owner: "consumer-a", ExpiredAt: at, WaitingInputs: 1,
 			AssistantMessageID: "a1", AssistantStatus: "pending", NewestAssistantID: "a1",
 			Attempts:  []recovery.AttemptFact{{ID: "e1/step-1", Step: 1, Provider: "http", State: "started"}},

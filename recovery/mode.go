@@ -32,6 +32,10 @@ type ModeSetting struct {
 	// edit): every pass reads the mode first, so a read that failed on it
 	// would stop every pass of every consumer (invariant 10).
 	SetAt pgdb.Time `json:"set_at"`
+	// SetAtNotFinite is set_at when it is not a time ('-infinity',
+	// 'infinity'), SetAt then zero, as Evidence.ExpiredAtNotFinite is a
+	// claim's expires_at.
+	SetAtNotFinite string `json:"set_at_not_finite,omitempty"`
 }
 
 // Mode reads the fleet's recovery mode; ok is false when no operator ever
@@ -44,6 +48,7 @@ func Mode(ctx context.Context, pool *pgxpool.Pool) (s ModeSetting, ok bool, err 
 	if err != nil {
 		return ModeSetting{}, false, fmt.Errorf("reading the recovery mode: %w", err)
 	}
+	s.SetAtNotFinite = s.SetAt.NotFinite
 	return s, true, nil
 }
 

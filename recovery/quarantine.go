@@ -29,7 +29,11 @@ type QuarantinedRow struct {
 	ID            string    `json:"id"` // the session ID (claim), the message ID (input) or the row ID (outbox)
 	SessionID     string    `json:"session_id"`
 	Reason        string    `json:"reason"`
-	QuarantinedAt time.Time `json:"quarantined_at"`
+	QuarantinedAt pgdb.Time `json:"quarantined_at"`
+	// QuarantinedAtNotFinite is quarantined_at when it is not a time
+	// ('-infinity', 'infinity': a hand edit), QuarantinedAt then zero, as
+	// Evidence.ExpiredAtNotFinite is a claim's expires_at.
+	QuarantinedAtNotFinite string `json:"quarantined_at_not_finite,omitempty"`
 }
 
 // ErrNotQuarantined says that no quarantined row has that kind and ID.
@@ -70,7 +74,17 @@ func ListQuarantined(ctx context.Context, pool *pgxpool.Pool) ([]QuarantinedRow,
 	if err != nil {
 		return nil, fmt.Errorf("listing quarantined rows: %w", err)
 	}
-	return pgx.CollectRows(rows, pgx.RowToStructByPos[QuarantinedRow])
+	out := []QuarantinedRow{} // --json prints [] for none
+	var q QuarantinedRow
+	_, err = pgx.ForEachRow(rows, []any{&q.Kind, &q.ID, &q.SessionID, &q.Reason, &q.QuarantinedAt}, func() error {
+		q.QuarantinedAtNotFinite = q.QuarantinedAt.NotFinite
+		out = append(out, q)
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("listing quarantined rows: %w", err)
+	}
+	return out, nil
 }
 
 // ErrStillInvalid says that a quarantined row still fails the validation

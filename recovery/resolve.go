@@ -130,8 +130,13 @@ type Resolution struct {
 	ContinuationID     string     `json:"continuation_message_id,omitempty"`
 	ResolvedBy         string     `json:"resolved_by"`
 	Note               string     `json:"note,omitempty"`
-	ResolvedAt         time.Time  `json:"resolved_at"`
-	SettledAt          *time.Time `json:"settled_at,omitempty"`
+	ResolvedAt         pgdb.Time  `json:"resolved_at"`
+	SettledAt          *pgdb.Time `json:"settled_at,omitempty"`
+	// ResolvedAtNotFinite and SettledAtNotFinite are those times when they
+	// are not a time ('-infinity', 'infinity': a hand edit), the times
+	// then zero, as Evidence.ExpiredAtNotFinite is a claim's expires_at.
+	ResolvedAtNotFinite string `json:"resolved_at_not_finite,omitempty"`
+	SettledAtNotFinite  string `json:"settled_at_not_finite,omitempty"`
 }
 
 // Resolve records an operator's finding on a tool call or provider attempt
@@ -454,6 +459,10 @@ func scanResolutions(rows pgx.Rows) ([]Resolution, error) {
 	var r Resolution
 	_, err := pgx.ForEachRow(rows, []any{&r.TargetID, &r.Round, &r.TargetKind, &r.SessionID, &r.ExecutionID, &r.AssistantMessageID,
 		&r.Finding, &r.Output, &r.StateBefore, &r.OutputBefore, &r.ContinuationID, &r.ResolvedBy, &r.Note, &r.ResolvedAt, &r.SettledAt}, func() error {
+		r.ResolvedAtNotFinite, r.SettledAtNotFinite = r.ResolvedAt.NotFinite, ""
+		if r.SettledAt != nil {
+			r.SettledAtNotFinite = r.SettledAt.NotFinite
+		}
 		out = append(out, r)
 		return nil
 	})

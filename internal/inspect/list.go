@@ -3,10 +3,11 @@ package inspect
 import (
 	"context"
 	"fmt"
-	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/promptline/promptline/internal/pgdb"
 )
 
 // States lists the session states a list can be filtered by, in the order
@@ -19,15 +20,17 @@ type SessionRow struct {
 	SessionID      string    `json:"session_id"`
 	State          string    `json:"state"`
 	FencingToken   int64     `json:"fencing_token"`
-	CreatedAt      time.Time `json:"created_at"`
-	LastAdmittedAt time.Time `json:"last_admitted_at"`
+	CreatedAt      pgdb.Time `json:"created_at"`
+	LastAdmittedAt pgdb.Time `json:"last_admitted_at"`
 }
 
 // Cursor is a keyset position in the sessions list (newest first): the
 // page after it starts with the next older session. The zero Cursor is
-// the start.
+// the start. Its time may be one that is not a time: the list pages on
+// past a session created at '-infinity' or 'infinity' (a hand edit) as
+// past any other.
 type Cursor struct {
-	CreatedAt time.Time
+	CreatedAt pgdb.Time
 	SessionID string
 }
 
@@ -75,7 +78,7 @@ func ListSessions(ctx context.Context, pool *pgxpool.Pool, p ListParams) (rows [
 	case StateParked:
 		query = listParkedSQL
 	}
-	var afterAt *time.Time
+	var afterAt *pgdb.Time
 	if !p.After.IsZero() {
 		at := p.After.CreatedAt
 		afterAt = &at
@@ -163,14 +166,14 @@ type RecoveryRow struct {
 	TokenBefore      int64     `json:"token_before"`
 	TokenAfter       int64     `json:"token_after"`
 	RecoveredBy      string    `json:"recovered_by"`
-	DecidedAt        time.Time `json:"decided_at"`
+	DecidedAt        pgdb.Time `json:"decided_at"`
 	QuarantineReason *string   `json:"quarantine_reason"`
 }
 
 // RecoveryCursor is a keyset position in the recent decisions (newest
 // first). The zero RecoveryCursor is the start.
 type RecoveryCursor struct {
-	DecidedAt   time.Time
+	DecidedAt   pgdb.Time
 	ExecutionID string
 }
 
@@ -184,7 +187,7 @@ func RecentRecoveries(ctx context.Context, pool *pgxpool.Pool, decision string, 
 	if limit <= 0 {
 		limit = 50
 	}
-	var afterAt *time.Time
+	var afterAt *pgdb.Time
 	if !after.IsZero() {
 		at := after.DecidedAt
 		afterAt = &at
@@ -223,7 +226,7 @@ type Release struct {
 	Reason     string    `json:"reason"`
 	ReleasedBy string    `json:"released_by"`
 	Note       *string   `json:"note"`
-	ReleasedAt time.Time `json:"released_at"`
+	ReleasedAt pgdb.Time `json:"released_at"`
 }
 
 // Releases reads the audited releases of a session's claim and inputs,

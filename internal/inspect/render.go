@@ -9,10 +9,13 @@ import (
 	"time"
 	"unicode"
 	"unicode/utf8"
+
+	"github.com/promptline/promptline/internal/pgdb"
 )
 
 // Render writes the report for people: a header, then one section per
-// table, aligned in columns, times in RFC 3339 UTC, "none" (or "no claim")
+// table, aligned in columns, times in RFC 3339 UTC ("-infinity" or
+// "infinity" for a value that is not a time), "none" (or "no claim")
 // where a section is empty. Texts are printed indented below their
 // message, with control characters escaped so that a prompt cannot drive
 // the operator's terminal.
@@ -25,7 +28,7 @@ func Render(w io.Writer, r Report) error {
 	p.row(tw, "created", ts(r.CreatedAt))
 	p.row(tw, "last admitted", ts(r.LastAdmittedAt))
 	p.row(tw, "redriven", tsp(r.RedrivenAt))
-	p.row(tw, "read at", ts(r.ReadAt))
+	p.row(tw, "read at", ts(pgdb.TimeOf(r.ReadAt)))
 	p.flush(tw)
 
 	p.section("INPUTS", len(r.Inputs))
@@ -96,9 +99,6 @@ func Render(w io.Writer, r Report) error {
 	} else {
 		tw := p.table()
 		expires := ts(c.ExpiresAt)
-		if c.ExpiresNotFinite != nil {
-			expires = *c.ExpiresNotFinite
-		}
 		if c.Expired {
 			expires += " (expired)"
 		}
@@ -296,9 +296,9 @@ func isControl(r rune) bool { return unicode.IsControl(r) || r == '\u2028' || r 
 // oneLine is escape for a table cell: newlines too are escaped.
 func oneLine(s string) string { return escape(s) }
 
-func ts(t time.Time) string { return t.UTC().Format(time.RFC3339) }
+func ts(t pgdb.Time) string { return t.UTC().Format(time.RFC3339) }
 
-func tsp(t *time.Time) string {
+func tsp(t *pgdb.Time) string {
 	if t == nil {
 		return "-"
 	}
@@ -347,7 +347,7 @@ func source(in Input) string {
 	return s
 }
 
-func quarantine(reason *string, at *time.Time) string {
+func quarantine(reason *string, at *pgdb.Time) string {
 	if reason == nil {
 		return "-"
 	}

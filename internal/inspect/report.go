@@ -10,6 +10,8 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/promptline/promptline/internal/pgdb"
 )
 
 // ErrNotFound says that the database holds no such session. Session wraps
@@ -39,14 +41,24 @@ const (
 
 // Report is what Postgres holds about one session. Its JSON is stable:
 // snake_case keys, every key always present (null when unset), lists
-// never null.
+// never null. Times are RFC 3339 in UTC. Every timestamptz column also
+// admits '-infinity' and 'infinity' (a hand edit, a restore or a repair
+// script): each time is read as a pgdb.Time, so that such a value fails
+// no report, least of all the one of the session an operator has to look
+// at, and each time key has a key beside it named with "_not_finite"
+// (the claim's expires_at: expires_at_not_finite), "-infinity" or
+// "infinity" when the column holds that, the time then the zero time, as
+// recovery's evidence has expired_at_not_finite; null otherwise.
 type Report struct {
-	SessionID      string     `json:"session_id"`
-	State          string     `json:"state"`
-	FencingToken   int64      `json:"fencing_token"`
-	CreatedAt      time.Time  `json:"created_at"`
-	LastAdmittedAt time.Time  `json:"last_admitted_at"`
-	RedrivenAt     *time.Time `json:"redriven_at"`
+	SessionID               string     `json:"session_id"`
+	State                   string     `json:"state"`
+	FencingToken            int64      `json:"fencing_token"`
+	CreatedAt               pgdb.Time  `json:"created_at"`
+	CreatedAtNotFinite      *string    `json:"created_at_not_finite"`
+	LastAdmittedAt          pgdb.Time  `json:"last_admitted_at"`
+	LastAdmittedAtNotFinite *string    `json:"last_admitted_at_not_finite"`
+	RedrivenAt              *pgdb.Time `json:"redriven_at"`
+	RedrivenAtNotFinite     *string    `json:"redriven_at_not_finite"`
 	// ReadAt is the database's clock when the report was read; Claim.Expired
 	// is judged by it.
 	ReadAt time.Time `json:"read_at"`
@@ -65,21 +77,24 @@ type Report struct {
 // Input is one admitted prompt (or a permission reply's, or a recovery
 // continuation's input).
 type Input struct {
-	MessageID    string     `json:"message_id"`
-	Delivery     string     `json:"delivery"`
-	AdmissionSeq int64      `json:"admission_seq"`
-	AdmittedAt   time.Time  `json:"admitted_at"`
-	Promoted     bool       `json:"promoted"`
-	PromotionSeq *int64     `json:"promotion_seq"`
-	PromotedAt   *time.Time `json:"promoted_at"`
-	WakePending  bool       `json:"wake_pending"`
+	MessageID           string     `json:"message_id"`
+	Delivery            string     `json:"delivery"`
+	AdmissionSeq        int64      `json:"admission_seq"`
+	AdmittedAt          pgdb.Time  `json:"admitted_at"`
+	AdmittedAtNotFinite *string    `json:"admitted_at_not_finite"`
+	Promoted            bool       `json:"promoted"`
+	PromotionSeq        *int64     `json:"promotion_seq"`
+	PromotedAt          *pgdb.Time `json:"promoted_at"`
+	PromotedAtNotFinite *string    `json:"promoted_at_not_finite"`
+	WakePending         bool       `json:"wake_pending"`
 	// Waiting: the input is in the waiting_inputs view, i.e. promotable now.
-	Waiting          bool       `json:"waiting"`
-	QuarantineReason *string    `json:"quarantine_reason"`
-	QuarantinedAt    *time.Time `json:"quarantined_at"`
-	SourceTopic      *string    `json:"source_topic"`
-	SourcePartition  *int32     `json:"source_partition"`
-	SourceOffset     *int64     `json:"source_offset"`
+	Waiting                bool       `json:"waiting"`
+	QuarantineReason       *string    `json:"quarantine_reason"`
+	QuarantinedAt          *pgdb.Time `json:"quarantined_at"`
+	QuarantinedAtNotFinite *string    `json:"quarantined_at_not_finite"`
+	SourceTopic            *string    `json:"source_topic"`
+	SourcePartition        *int32     `json:"source_partition"`
+	SourceOffset           *int64     `json:"source_offset"`
 	// Text is the prompt, bounded; once promoted it is also the user
 	// message's part in the transcript.
 	Text Text `json:"text"`
@@ -111,20 +126,22 @@ func bound(s string, max int) Text {
 
 // Message is one transcript message, in session order.
 type Message struct {
-	MessageID    string     `json:"message_id"`
-	Role         string     `json:"role"` // user, assistant or tool
-	Seq          int64      `json:"seq"`
-	Status       string     `json:"status"` // pending, completed or errored
-	Error        *string    `json:"error"`
-	TurnID       *string    `json:"turn_id"`
-	Answers      []string   `json:"answers"`      // assistant: the input IDs it answers
-	ToolCallID   *string    `json:"tool_call_id"` // tool: the call it is the result of
-	IsError      bool       `json:"is_error"`     // tool: the result is an error
-	ExecutionID  *string    `json:"execution_id"`
-	FencingToken *int64     `json:"fencing_token"`
-	CreatedAt    time.Time  `json:"created_at"`
-	CompletedAt  *time.Time `json:"completed_at"`
-	Parts        []Part     `json:"parts"`
+	MessageID            string     `json:"message_id"`
+	Role                 string     `json:"role"` // user, assistant or tool
+	Seq                  int64      `json:"seq"`
+	Status               string     `json:"status"` // pending, completed or errored
+	Error                *string    `json:"error"`
+	TurnID               *string    `json:"turn_id"`
+	Answers              []string   `json:"answers"`      // assistant: the input IDs it answers
+	ToolCallID           *string    `json:"tool_call_id"` // tool: the call it is the result of
+	IsError              bool       `json:"is_error"`     // tool: the result is an error
+	ExecutionID          *string    `json:"execution_id"`
+	FencingToken         *int64     `json:"fencing_token"`
+	CreatedAt            pgdb.Time  `json:"created_at"`
+	CreatedAtNotFinite   *string    `json:"created_at_not_finite"`
+	CompletedAt          *pgdb.Time `json:"completed_at"`
+	CompletedAtNotFinite *string    `json:"completed_at_not_finite"`
+	Parts                []Part     `json:"parts"`
 }
 
 // Part is one part of a message: a text, or a tool call.
@@ -148,22 +165,21 @@ type CallPart struct {
 
 // Claim is the session's claim row.
 type Claim struct {
-	ExecutionID        string    `json:"execution_id"`
-	OwnerID            string    `json:"owner_id"`
-	FencingToken       int64     `json:"fencing_token"`
-	Phase              string    `json:"phase"`
-	AssistantMessageID *string   `json:"assistant_message_id"`
-	AcquiredAt         time.Time `json:"acquired_at"`
-	RenewedAt          time.Time `json:"renewed_at"`
-	ExpiresAt          time.Time `json:"expires_at"` // the zero time when not finite
-	// ExpiresNotFinite is "-infinity" or "infinity" when expires_at is not
-	// a time (a hand edit or a restore: recovery quarantines such a
-	// claim for an operator to repair, docs/design.md), as recovery's
-	// evidence has it; null otherwise.
-	ExpiresNotFinite *string    `json:"expires_at_not_finite"`
-	Expired          bool       `json:"expired"` // by the database clock, at ReadAt
-	QuarantineReason *string    `json:"quarantine_reason"`
-	QuarantinedAt    *time.Time `json:"quarantined_at"`
+	ExecutionID            string     `json:"execution_id"`
+	OwnerID                string     `json:"owner_id"`
+	FencingToken           int64      `json:"fencing_token"`
+	Phase                  string     `json:"phase"`
+	AssistantMessageID     *string    `json:"assistant_message_id"`
+	AcquiredAt             pgdb.Time  `json:"acquired_at"`
+	AcquiredAtNotFinite    *string    `json:"acquired_at_not_finite"`
+	RenewedAt              pgdb.Time  `json:"renewed_at"`
+	RenewedAtNotFinite     *string    `json:"renewed_at_not_finite"`
+	ExpiresAt              pgdb.Time  `json:"expires_at"`
+	ExpiresNotFinite       *string    `json:"expires_at_not_finite"`
+	Expired                bool       `json:"expired"` // by the database clock, at ReadAt
+	QuarantineReason       *string    `json:"quarantine_reason"`
+	QuarantinedAt          *pgdb.Time `json:"quarantined_at"`
+	QuarantinedAtNotFinite *string    `json:"quarantined_at_not_finite"`
 }
 
 // Attempt is one provider attempt of the ledger.
@@ -184,12 +200,15 @@ type Attempt struct {
 	// tokens) and ResponseID (the provider's response or request ID, from
 	// the first bytes of its answer) are what is known of an attempt that
 	// may have been billed; null when not recorded.
-	Model         *string    `json:"model"`
-	RequestTokens *int64     `json:"request_tokens"`
-	ResponseID    *string    `json:"response_id"`
-	StartedAt     time.Time  `json:"started_at"`
-	NextRetryAt   *time.Time `json:"next_retry_at"`
-	FinishedAt    *time.Time `json:"finished_at"`
+	Model                *string    `json:"model"`
+	RequestTokens        *int64     `json:"request_tokens"`
+	ResponseID           *string    `json:"response_id"`
+	StartedAt            pgdb.Time  `json:"started_at"`
+	StartedAtNotFinite   *string    `json:"started_at_not_finite"`
+	NextRetryAt          *pgdb.Time `json:"next_retry_at"`
+	NextRetryAtNotFinite *string    `json:"next_retry_at_not_finite"`
+	FinishedAt           *pgdb.Time `json:"finished_at"`
+	FinishedAtNotFinite  *string    `json:"finished_at_not_finite"`
 }
 
 // ToolCall is one tool invocation of the ledger.
@@ -206,10 +225,13 @@ type ToolCall struct {
 	FencingToken   int64  `json:"fencing_token"`
 	IsError        *bool  `json:"is_error"`
 	// Output is an excerpt of at most MaxOutputRunes; null before a result.
-	Output      *Text      `json:"output"`
-	RequestedAt time.Time  `json:"requested_at"`
-	StartedAt   *time.Time `json:"started_at"`
-	FinishedAt  *time.Time `json:"finished_at"`
+	Output               *Text      `json:"output"`
+	RequestedAt          pgdb.Time  `json:"requested_at"`
+	RequestedAtNotFinite *string    `json:"requested_at_not_finite"`
+	StartedAt            *pgdb.Time `json:"started_at"`
+	StartedAtNotFinite   *string    `json:"started_at_not_finite"`
+	FinishedAt           *pgdb.Time `json:"finished_at"`
+	FinishedAtNotFinite  *string    `json:"finished_at_not_finite"`
 }
 
 // Recovery is one recovery decision (`consumer recovery explain` gives its
@@ -224,9 +246,11 @@ type Recovery struct {
 	TokenBefore           int64      `json:"token_before"`
 	TokenAfter            int64      `json:"token_after"`
 	RecoveredBy           string     `json:"recovered_by"`
-	DecidedAt             time.Time  `json:"decided_at"`
+	DecidedAt             pgdb.Time  `json:"decided_at"`
+	DecidedAtNotFinite    *string    `json:"decided_at_not_finite"`
 	Settled               bool       `json:"settled"`
-	SettledAt             *time.Time `json:"settled_at"`
+	SettledAt             *pgdb.Time `json:"settled_at"`
+	SettledAtNotFinite    *string    `json:"settled_at_not_finite"`
 	QuarantineReason      *string    `json:"quarantine_reason"`
 }
 
@@ -243,30 +267,36 @@ type Resolution struct {
 	ContinuationMessageID *string    `json:"continuation_message_id"`
 	ResolvedBy            string     `json:"resolved_by"`
 	Note                  *string    `json:"note"`
-	ResolvedAt            time.Time  `json:"resolved_at"`
+	ResolvedAt            pgdb.Time  `json:"resolved_at"`
+	ResolvedAtNotFinite   *string    `json:"resolved_at_not_finite"`
 	Settled               bool       `json:"settled"`
-	SettledAt             *time.Time `json:"settled_at"`
+	SettledAt             *pgdb.Time `json:"settled_at"`
+	SettledAtNotFinite    *string    `json:"settled_at_not_finite"`
 }
 
 // PermissionRequest is one durable ask for tool approval and its reply.
 type PermissionRequest struct {
-	RequestID string     `json:"request_id"`
-	CallID    string     `json:"call_id"`
-	Tool      string     `json:"tool"`
-	Pattern   string     `json:"pattern"`
-	Status    string     `json:"status"` // pending, approved or rejected
-	Reply     *string    `json:"reply"`  // once, always or reject
-	Message   *Text      `json:"message"`
-	AskedAt   time.Time  `json:"asked_at"`
-	RepliedAt *time.Time `json:"replied_at"`
-	ResumedAt *time.Time `json:"resumed_at"`
+	RequestID          string     `json:"request_id"`
+	CallID             string     `json:"call_id"`
+	Tool               string     `json:"tool"`
+	Pattern            string     `json:"pattern"`
+	Status             string     `json:"status"` // pending, approved or rejected
+	Reply              *string    `json:"reply"`  // once, always or reject
+	Message            *Text      `json:"message"`
+	AskedAt            pgdb.Time  `json:"asked_at"`
+	AskedAtNotFinite   *string    `json:"asked_at_not_finite"`
+	RepliedAt          *pgdb.Time `json:"replied_at"`
+	RepliedAtNotFinite *string    `json:"replied_at_not_finite"`
+	ResumedAt          *pgdb.Time `json:"resumed_at"`
+	ResumedAtNotFinite *string    `json:"resumed_at_not_finite"`
 }
 
 // PermissionGrant is an "always" reply, remembered for the session.
 type PermissionGrant struct {
-	Pattern   string    `json:"pattern"`
-	RequestID string    `json:"request_id"`
-	GrantedAt time.Time `json:"granted_at"`
+	Pattern            string    `json:"pattern"`
+	RequestID          string    `json:"request_id"`
+	GrantedAt          pgdb.Time `json:"granted_at"`
+	GrantedAtNotFinite *string   `json:"granted_at_not_finite"`
 }
 
 // Session reads the report of one session; a session the database does not
@@ -399,17 +429,13 @@ func part(idx int, kind, body string) Part {
 
 func readClaim(ctx context.Context, tx pgx.Tx, r *Report) error {
 	var c Claim
-	var expires *time.Time
 	err := tx.QueryRow(ctx, claimSQL, r.SessionID).Scan(&c.ExecutionID, &c.OwnerID, &c.FencingToken, &c.Phase,
-		&c.AssistantMessageID, &c.AcquiredAt, &c.RenewedAt, &expires, &c.ExpiresNotFinite, &c.Expired, &c.QuarantineReason, &c.QuarantinedAt)
+		&c.AssistantMessageID, &c.AcquiredAt, &c.RenewedAt, &c.ExpiresAt, &c.Expired, &c.QuarantineReason, &c.QuarantinedAt)
 	if errors.Is(interpretError(err), ErrNotFound) {
 		return nil
 	}
 	if err != nil {
 		return err
-	}
-	if expires != nil {
-		c.ExpiresAt = *expires
 	}
 	r.Claim = &c
 	return nil
@@ -526,67 +552,71 @@ func readGrants(ctx context.Context, tx pgx.Tx, r *Report) error {
 }
 
 // utc puts every time of the report in UTC, so that its JSON does not
-// depend on the server's or the client's time zone.
+// depend on the server's or the client's time zone, and sets the key
+// beside each time that says when it is not a time.
 func utc(r *Report) {
-	u := func(t *time.Time) { *t = t.UTC() }
-	up := func(t *time.Time) {
+	u := func(t *pgdb.Time, notFinite **string) {
+		*t = t.UTC()
+		*notFinite = t.NotFiniteOrNil()
+	}
+	up := func(t *pgdb.Time, notFinite **string) {
+		*notFinite = nil
 		if t != nil {
-			*t = t.UTC()
+			u(t, notFinite)
 		}
 	}
-	u(&r.CreatedAt)
-	u(&r.LastAdmittedAt)
-	up(r.RedrivenAt)
-	u(&r.ReadAt)
+	u(&r.CreatedAt, &r.CreatedAtNotFinite)
+	u(&r.LastAdmittedAt, &r.LastAdmittedAtNotFinite)
+	up(r.RedrivenAt, &r.RedrivenAtNotFinite)
+	r.ReadAt = r.ReadAt.UTC()
 	for i := range r.Inputs {
 		in := &r.Inputs[i]
-		u(&in.AdmittedAt)
-		up(in.PromotedAt)
-		up(in.QuarantinedAt)
+		u(&in.AdmittedAt, &in.AdmittedAtNotFinite)
+		up(in.PromotedAt, &in.PromotedAtNotFinite)
+		up(in.QuarantinedAt, &in.QuarantinedAtNotFinite)
 	}
 	for i := range r.Transcript {
 		m := &r.Transcript[i]
-		u(&m.CreatedAt)
-		up(m.CompletedAt)
+		u(&m.CreatedAt, &m.CreatedAtNotFinite)
+		up(m.CompletedAt, &m.CompletedAtNotFinite)
 	}
 	if c := r.Claim; c != nil {
-		u(&c.AcquiredAt)
-		u(&c.RenewedAt)
-		if c.ExpiresNotFinite == nil {
-			u(&c.ExpiresAt)
-		}
-		up(c.QuarantinedAt)
+		u(&c.AcquiredAt, &c.AcquiredAtNotFinite)
+		u(&c.RenewedAt, &c.RenewedAtNotFinite)
+		u(&c.ExpiresAt, &c.ExpiresNotFinite)
+		up(c.QuarantinedAt, &c.QuarantinedAtNotFinite)
 	}
 	for i := range r.Attempts {
 		a := &r.Attempts[i]
-		u(&a.StartedAt)
-		up(a.NextRetryAt)
-		up(a.FinishedAt)
+		u(&a.StartedAt, &a.StartedAtNotFinite)
+		up(a.NextRetryAt, &a.NextRetryAtNotFinite)
+		up(a.FinishedAt, &a.FinishedAtNotFinite)
 	}
 	for i := range r.ToolCalls {
 		c := &r.ToolCalls[i]
-		u(&c.RequestedAt)
-		up(c.StartedAt)
-		up(c.FinishedAt)
+		u(&c.RequestedAt, &c.RequestedAtNotFinite)
+		up(c.StartedAt, &c.StartedAtNotFinite)
+		up(c.FinishedAt, &c.FinishedAtNotFinite)
 	}
 	for i := range r.Recoveries {
 		d := &r.Recoveries[i]
-		u(&d.DecidedAt)
-		up(d.SettledAt)
+		u(&d.DecidedAt, &d.DecidedAtNotFinite)
+		up(d.SettledAt, &d.SettledAtNotFinite)
 	}
 	for i := range r.Resolutions {
 		d := &r.Resolutions[i]
-		u(&d.ResolvedAt)
-		up(d.SettledAt)
+		u(&d.ResolvedAt, &d.ResolvedAtNotFinite)
+		up(d.SettledAt, &d.SettledAtNotFinite)
 	}
 	for i := range r.PermissionRequests {
 		p := &r.PermissionRequests[i]
-		u(&p.AskedAt)
-		up(p.RepliedAt)
-		up(p.ResumedAt)
+		u(&p.AskedAt, &p.AskedAtNotFinite)
+		up(p.RepliedAt, &p.RepliedAtNotFinite)
+		up(p.ResumedAt, &p.ResumedAtNotFinite)
 	}
 	for i := range r.PermissionGrants {
-		u(&r.PermissionGrants[i].GrantedAt)
+		g := &r.PermissionGrants[i]
+		u(&g.GrantedAt, &g.GrantedAtNotFinite)
 	}
 }
 
@@ -608,8 +638,7 @@ FROM messages m LEFT JOIN message_parts p ON p.message_id = m.message_id
 WHERE m.session_id = $1 ORDER BY m.seq, p.idx`
 
 const claimSQL = `
-SELECT execution_id, owner_id, fencing_token, phase, assistant_message_id, acquired_at, renewed_at,
-       CASE WHEN isfinite(expires_at) THEN expires_at END, CASE WHEN NOT isfinite(expires_at) THEN expires_at::text END,
+SELECT execution_id, owner_id, fencing_token, phase, assistant_message_id, acquired_at, renewed_at, expires_at,
        expires_at <= now(), quarantine_reason, quarantined_at
 FROM claims WHERE session_id = $1`
 

@@ -24,8 +24,13 @@ const (
 // pass over every other row. Scan into a Time (a *Time for a nullable
 // column) what such a row must not fail.
 //
-// Its JSON and Format are the time's, or the value's words: "-infinity"
-// or "infinity", in place of the time.
+// Format is the time's, or the value's words, "-infinity" or "infinity",
+// in place of the time. Its JSON is the time's, the zero time when it is
+// not a time: a JSON document carries the words in a key of its own beside
+// it, named after the time's key with "_not_finite" (NotFiniteOrNil), as
+// recovery's evidence carries expired_at_not_finite. So a key that holds a
+// time always holds one, whatever the row, and a reader that parses it as
+// a time never fails on it.
 type Time struct {
 	// At is the time; zero when NotFinite is set.
 	At time.Time
@@ -46,6 +51,17 @@ func TimeOf(t time.Time) Time { return Time{At: t} }
 
 // IsFinite says whether t is a time.
 func (t Time) IsFinite() bool { return t.NotFinite == "" }
+
+// NotFiniteOrNil is the value in words when t is not a time, nil when it
+// is: the *_not_finite key of a JSON document that keeps every key, null
+// when unset.
+func (t Time) NotFiniteOrNil() *string {
+	if t.IsFinite() {
+		return nil
+	}
+	s := t.NotFinite
+	return &s
+}
 
 // UTC is t with its time in UTC.
 func (t Time) UTC() Time {
@@ -117,21 +133,12 @@ func (t Time) TimestamptzValue() (pgtype.Timestamptz, error) {
 	return pgtype.Timestamptz{}, fmt.Errorf("pgdb.Time: %q is neither %s nor %s", t.NotFinite, NegativeInfinity, Infinity)
 }
 
-// MarshalJSON is the time's JSON (RFC 3339), or "-infinity" or "infinity".
-func (t Time) MarshalJSON() ([]byte, error) {
-	if !t.IsFinite() {
-		return json.Marshal(t.NotFinite)
-	}
-	return t.At.MarshalJSON()
-}
+// MarshalJSON is the time's JSON (RFC 3339); the zero time when t is not
+// a time (its words go in a key of their own: NotFiniteOrNil).
+func (t Time) MarshalJSON() ([]byte, error) { return t.At.MarshalJSON() }
 
-// UnmarshalJSON reads what MarshalJSON writes.
+// UnmarshalJSON reads a time's JSON.
 func (t *Time) UnmarshalJSON(b []byte) error {
-	var s string
-	if err := json.Unmarshal(b, &s); err == nil && (s == NegativeInfinity || s == Infinity) {
-		*t = Time{NotFinite: s}
-		return nil
-	}
 	*t = Time{}
 	return t.At.UnmarshalJSON(b)
 }
