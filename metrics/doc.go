@@ -50,7 +50,7 @@
 //	promptline_ready                              1 when ready (Postgres reachable, migrations applied, Kafka group joined, no broker silent on a request for 5s), else 0; /readyz says why not
 //	promptline_database_stats_up                  1 when the database gauges below were read, 0 when the read failed (they are then absent)
 //	promptline_outbox_backlog_rows                unpublished outbox rows, database-wide
-//	promptline_outbox_oldest_unpublished_seconds  age of the oldest unpublished outbox row (0 when none), database-wide
+//	promptline_outbox_oldest_unpublished_seconds  age of the oldest unpublished outbox row (0 when none), database-wide; a row whose created_at is not a time ('-infinity', 'infinity': a hand edit) has no age and is left out of it, not out of the backlog
 //	promptline_permission_requests_pending        permission requests waiting for a reply, database-wide
 //
 // The database-wide gauges are the same on every replica: aggregate them

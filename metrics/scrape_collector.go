@@ -15,7 +15,7 @@ type DatabaseStats struct {
 	// OutboxBacklog is the number of unpublished outbox rows.
 	OutboxBacklog int64
 	// OutboxOldestUnpublished is the age of the oldest unpublished outbox
-	// row (zero when none).
+	// row (zero when none) whose created_at is a time.
 	OutboxOldestUnpublished time.Duration
 	// PermissionsPending is the number of permission requests waiting for a
 	// reply.

@@ -97,11 +97,15 @@ func (r *readiness) Check(ctx context.Context) error {
 
 // databaseStatsSQL reads the database-wide gauges in one statement: the
 // partial indexes outbox_unpublished and permission_requests_pending serve
-// both parts; the scrape timeout bounds it on a huge backlog.
+// both parts; the scrape timeout bounds it on a huge backlog. The oldest
+// age is that of the oldest row whose created_at is a time: the column
+// admits '-infinity' and 'infinity' (a hand edit), whose age is no number
+// of seconds, and the clock less either is an error that would fail every
+// scrape; such a row still counts in the backlog.
 const databaseStatsSQL = `
 SELECT o.n, o.oldest, (SELECT count(*) FROM permission_requests WHERE status = 'pending')
 FROM (SELECT count(*) AS n,
-             coalesce(extract(epoch FROM clock_timestamp() - min(created_at)), 0)::float8 AS oldest
+             coalesce(extract(epoch FROM clock_timestamp() - min(created_at) FILTER (WHERE isfinite(created_at))), 0)::float8 AS oldest
       FROM outbox WHERE published_at IS NULL AND quarantine_reason IS NULL) o`
 
 // databaseStats reads the gauges of metrics.DatabaseStats.
