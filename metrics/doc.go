@@ -27,7 +27,7 @@
 //	promptline_recovery_deferred_total{kind}      expired claims (kind claim) and lost wakes (kind wake) an automatic recovery pass left for the next one for want of a --recovery-rate token (the fleet's bucket gave none within one --recovery-interval); they stay as they were, nothing is skipped for good
 //	promptline_redriven_wakes_total               sessions re-woken because their wake was lost
 //	promptline_quarantined_rows{kind}             quarantined rows (claim | input | outbox), from the database, refreshed every recovery pass
-//	promptline_outbox_publish_delay_seconds       histogram, per published batch: the age of its oldest row when marked published (commit-to-publish latency, upper bound)
+//	promptline_outbox_publish_delay_seconds       histogram, per published batch: the age of its oldest row when marked published (commit-to-publish latency, upper bound), of the rows whose created_at is a time
 //	promptline_wake_to_start_seconds              histogram of the latency from a wake's at to the executor starting (or joining) the session's run
 //	promptline_provider_attempts_total{outcome}   provider requests sent, by outcome: succeeded | failed | unknown (may have been acted on)
 //	promptline_provider_attempt_seconds{outcome}  histogram of one provider request's latency

@@ -78,7 +78,9 @@ type RelayConfig struct {
 	Logger *slog.Logger
 	// OnPublished, when set, is called after each committed batch with the
 	// number of rows and the age of the oldest (database clock, from the
-	// start of the transaction that wrote it to its marking), for metrics.
+	// start of the transaction that wrote it to its marking; a row whose
+	// created_at is not a time has none, and 0 when no row has one), for
+	// metrics.
 	// It may be called from the loop and from Flush at once. Defaults to
 	// nil (not called).
 	OnPublished func(n int, oldest time.Duration)
@@ -820,12 +822,16 @@ UNION ALL
  ORDER BY id LIMIT $1)
 ORDER BY id`
 	// now() is this transaction's start, the same for the whole batch; the
-	// age reported to OnPublished uses the clock at marking time.
+	// age reported to OnPublished uses the clock at marking time, of the
+	// oldest row whose created_at is a time: the column admits
+	// '-infinity' and 'infinity' (a hand edit, a restore), which have no
+	// age, and the clock less either is an error that would fail the mark
+	// of the whole batch on every pass (invariant 13).
 	markSQL = `
 WITH marked AS (
     UPDATE outbox SET published_at = now()
     WHERE id = ANY($1) AND published_at IS NULL
     RETURNING created_at
 )
-SELECT coalesce(extract(epoch FROM clock_timestamp() - min(created_at)), 0)::float8 FROM marked`
+SELECT coalesce(extract(epoch FROM clock_timestamp() - min(created_at) FILTER (WHERE isfinite(created_at))), 0)::float8 FROM marked`
 )
