@@ -109,10 +109,15 @@ func Truncated(reject []*sarama.RecordHeader) bool {
 	return false
 }
 
-// splitRejectHeaders splits a reject's headers into promptline's own and
-// the original's (ownHeaders).
+// splitRejectHeaders splits a reject about to be published, as
+// RejectMessage made it, into promptline's own headers and the original's:
+// its five, never a pair that says what was cut (only the message sent
+// carries those). Read by name past the five, an original's first headers
+// named as such a pair would be taken for promptline's, kept ahead of the
+// pairs a cut adds, and left out of the original's size and hash.
 func splitRejectHeaders(hs []sarama.RecordHeader) (own, original []sarama.RecordHeader) {
 	n, _ := ownHeaders(len(hs), func(i int) string { return string(hs[i].Key) })
+	n = min(n, len(rejectHeaderNames))
 	return hs[:n], hs[n:]
 }
 
