@@ -7,6 +7,8 @@ import (
 	"fmt"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/promptline/promptline/internal/pgdb"
 )
 
 // The writes to inputs that other packages make in their own
@@ -87,6 +89,11 @@ func QuarantineInput(ctx context.Context, tx pgx.Tx, p *QuarantineInputParams) e
 // ReleaseInputParams names the quarantined input an operator releases.
 type ReleaseInputParams struct {
 	MessageID string
+	// QuarantinedAt, when not nil, releases the row only if its
+	// quarantine began then: a caller that listed the row first (a bulk
+	// release) leaves alone a row released and quarantined again since.
+	// Defaults to any quarantine.
+	QuarantinedAt *pgdb.Time
 }
 
 // ReleasedInput is what ReleaseInput lifted.
@@ -104,7 +111,7 @@ type ReleasedInput struct {
 // holds the session's row lock (LockSession, invariant 7), audits the
 // release and writes the wake it needs.
 func ReleaseInput(ctx context.Context, tx pgx.Tx, p *ReleaseInputParams) (r ReleasedInput, found bool, err error) {
-	err = tx.QueryRow(ctx, releaseInputSQL, p.MessageID).Scan(&r.SessionID, &r.Reason)
+	err = tx.QueryRow(ctx, releaseInputSQL, p.MessageID, p.QuarantinedAt).Scan(&r.SessionID, &r.Reason)
 	if errors.Is(interpretError(err), errNotFound) {
 		return ReleasedInput{}, false, nil
 	}
@@ -165,7 +172,8 @@ func CountQuarantinedInputs(ctx context.Context, q RowQuerier) (int, error) {
 const releaseInputSQL = `
 WITH old AS (
     SELECT message_id, session_id, quarantine_reason FROM inputs
-    WHERE message_id = $1 AND quarantine_reason IS NOT NULL FOR UPDATE
+    WHERE message_id = $1 AND quarantine_reason IS NOT NULL
+      AND ($2::timestamptz IS NULL OR quarantined_at = $2) FOR UPDATE
 )
 UPDATE inputs i SET quarantine_reason = NULL, quarantined_at = NULL
 FROM old WHERE i.message_id = old.message_id

@@ -8,6 +8,8 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgtype"
+
+	"github.com/promptline/promptline/internal/pgdb"
 )
 
 // The ledger's side of a recovery decision: what recovery (recovery's
@@ -167,6 +169,11 @@ func QuarantineClaim(ctx context.Context, tx pgx.Tx, p *QuarantineClaimParams) (
 // ReleaseClaimParams names the quarantined claim an operator releases.
 type ReleaseClaimParams struct {
 	SessionID string
+	// QuarantinedAt, when not nil, releases the row only if its
+	// quarantine began then: a caller that listed the row first (a bulk
+	// release) leaves alone a row released and quarantined again since.
+	// Defaults to any quarantine.
+	QuarantinedAt *pgdb.Time
 }
 
 // ReleaseClaim lifts the quarantine of the session's claim and returns
@@ -176,7 +183,7 @@ type ReleaseClaimParams struct {
 // (recovery.Release does when the claim still fails validation); the next
 // recovery pass decides the claim.
 func ReleaseClaim(ctx context.Context, tx pgx.Tx, p *ReleaseClaimParams) (reason string, found bool, err error) {
-	err = tx.QueryRow(ctx, releaseQuarantinedClaimSQL, p.SessionID).Scan(&reason)
+	err = tx.QueryRow(ctx, releaseQuarantinedClaimSQL, p.SessionID, p.QuarantinedAt).Scan(&reason)
 	if errors.Is(interpretError(err), errNotFound) {
 		return "", false, nil
 	}
@@ -273,7 +280,8 @@ const countQuarantinedClaimsSQL = `SELECT count(*) FROM claims WHERE quarantine_
 const releaseQuarantinedClaimSQL = `
 WITH old AS (
     SELECT session_id, quarantine_reason FROM claims
-    WHERE session_id = $1 AND quarantine_reason IS NOT NULL FOR UPDATE
+    WHERE session_id = $1 AND quarantine_reason IS NOT NULL
+      AND ($2::timestamptz IS NULL OR quarantined_at = $2) FOR UPDATE
 )
 UPDATE claims c SET quarantine_reason = NULL, quarantined_at = NULL
 FROM old WHERE c.session_id = old.session_id

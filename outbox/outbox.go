@@ -10,6 +10,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/promptline/promptline/envelope"
+	"github.com/promptline/promptline/internal/pgdb"
 )
 
 // Row is one message to publish: written in the transaction of the state
@@ -69,6 +70,11 @@ func WakeRow(topic, session, reason string, at time.Time) Row {
 // text, as an operator types it (an ID that is no number finds no row).
 type ReleaseParams struct {
 	ID string
+	// QuarantinedAt, when not nil, releases the row only if its
+	// quarantine began then: a caller that listed the row first (a bulk
+	// release) leaves alone a row released and quarantined again since.
+	// Defaults to any quarantine.
+	QuarantinedAt *pgdb.Time
 }
 
 // Release lifts the quarantine of an outbox row, which the next relay pass
@@ -81,7 +87,7 @@ func Release(ctx context.Context, tx pgx.Tx, p *ReleaseParams) (reason string, f
 	if err != nil || strconv.FormatInt(id, 10) != p.ID {
 		return "", false, nil // no row has that ID as its text
 	}
-	rows, err := tx.Query(ctx, releaseSQL, id)
+	rows, err := tx.Query(ctx, releaseSQL, id, p.QuarantinedAt)
 	if err != nil {
 		return "", false, fmt.Errorf("releasing outbox row %s: %w", p.ID, err)
 	}
@@ -116,7 +122,8 @@ const countQuarantinedSQL = `SELECT count(*) FROM outbox WHERE quarantine_reason
 const releaseSQL = `
 WITH old AS (
     SELECT id, quarantine_reason FROM outbox
-    WHERE id = $1 AND quarantine_reason IS NOT NULL FOR UPDATE
+    WHERE id = $1 AND quarantine_reason IS NOT NULL
+      AND ($2::timestamptz IS NULL OR quarantined_at = $2) FOR UPDATE
 )
 UPDATE outbox o SET quarantine_reason = NULL, quarantined_at = NULL
 FROM old WHERE o.id = old.id

@@ -100,6 +100,12 @@ type ReleaseOpts struct {
 	// Topics names the outbox targets of a released input's wake. Defaults
 	// to kafkautil's defaults.
 	Topics kafkautil.Topics
+	// QuarantinedAt, when not nil, releases the row only if its quarantine
+	// began then (QuarantinedRow.QuarantinedAt as listed), else
+	// ErrNotQuarantined: a row released and quarantined again since it was
+	// listed is left alone. Defaults to the row's quarantine, whenever it
+	// began.
+	QuarantinedAt *pgdb.Time
 }
 
 // Release lifts the quarantine of one row after an operator repaired it,
@@ -131,16 +137,16 @@ func Release(ctx context.Context, pool *pgxpool.Pool, kind, id string, opts *Rel
 		var found, wake bool
 		switch kind {
 		case KindClaim:
-			reason, found, err = ledger.ReleaseClaim(ctx, tx, &ledger.ReleaseClaimParams{SessionID: id})
+			reason, found, err = ledger.ReleaseClaim(ctx, tx, &ledger.ReleaseClaimParams{SessionID: id, QuarantinedAt: opts.QuarantinedAt})
 		case KindInput:
 			var in admission.ReleasedInput
-			in, found, err = admission.ReleaseInput(ctx, tx, &admission.ReleaseInputParams{MessageID: id})
+			in, found, err = admission.ReleaseInput(ctx, tx, &admission.ReleaseInputParams{MessageID: id, QuarantinedAt: opts.QuarantinedAt})
 			reason, wake = in.Reason, in.Waiting
 			if err == nil && found && in.SessionID != session {
 				return fmt.Errorf("releasing %s %s: it moved from session %s to %s meanwhile; try again", kind, id, session, in.SessionID)
 			}
 		case KindOutbox:
-			reason, found, err = outbox.Release(ctx, tx, &outbox.ReleaseParams{ID: id})
+			reason, found, err = outbox.Release(ctx, tx, &outbox.ReleaseParams{ID: id, QuarantinedAt: opts.QuarantinedAt})
 		}
 		if err != nil {
 			return fmt.Errorf("releasing %s %s: %w", kind, id, err)
@@ -216,4 +222,58 @@ func stillInvalid(ctx context.Context, tx pgx.Tx, session string) (string, error
 		return "", err
 	}
 	return validate(c, ev), nil
+}
+
+// quarantinedPageParams selects a page of one kind's quarantined rows for
+// a bulk release.
+type quarantinedPageParams struct {
+	Kind string
+	// ReasonContains keeps the rows whose reason contains it, as written
+	// (no pattern, case counts); "" keeps every row.
+	ReasonContains string
+	// Before keeps the rows quarantined at or before it, and those whose
+	// quarantined_at is 'infinity' (a hand edit; listed, not lost): a row
+	// quarantined again after the bulk began is not part of it.
+	Before time.Time
+	// After, when not nil, keeps the rows after (After, AfterID) in the
+	// order of quarantine time, then ID.
+	After   *pgdb.Time
+	AfterID string
+	Limit   int
+}
+
+// listQuarantinedPage reads one page of quarantined rows in the order of
+// ListQuarantined, from the same statement narrowed to one kind.
+func listQuarantinedPage(ctx context.Context, pool *pgxpool.Pool, p *quarantinedPageParams) ([]QuarantinedRow, error) {
+	var after pgdb.Time
+	if p.After != nil {
+		after = *p.After
+	}
+	rows, err := pool.Query(ctx, `
+		SELECT kind, id, session_id, reason, at FROM (
+			SELECT 'claim' AS kind, session_id AS id, session_id, quarantine_reason AS reason, quarantined_at AS at FROM claims WHERE quarantine_reason IS NOT NULL
+			UNION ALL
+			SELECT 'input', message_id, session_id, quarantine_reason, quarantined_at FROM inputs WHERE quarantine_reason IS NOT NULL
+			UNION ALL
+			SELECT 'outbox', id::text, key, quarantine_reason, quarantined_at FROM outbox WHERE quarantine_reason IS NOT NULL
+		) q
+		WHERE kind = $1 AND strpos(reason, $2) > 0
+		  AND (at <= $3 OR at = 'infinity')
+		  AND ($4 OR (at, id) > ($5, $6))
+		ORDER BY at, id
+		LIMIT $7`, p.Kind, p.ReasonContains, p.Before, p.After == nil, after, p.AfterID, p.Limit)
+	if err != nil {
+		return nil, fmt.Errorf("listing quarantined rows: %w", err)
+	}
+	var out []QuarantinedRow
+	var q QuarantinedRow
+	_, err = pgx.ForEachRow(rows, []any{&q.Kind, &q.ID, &q.SessionID, &q.Reason, &q.QuarantinedAt}, func() error {
+		q.QuarantinedAtNotFinite = q.QuarantinedAt.NotFinite
+		out = append(out, q)
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("listing quarantined rows: %w", err)
+	}
+	return out, nil
 }

@@ -20,12 +20,18 @@ import (
 // that runs until killed).
 func runOnce(t *testing.T, args ...string) (stdout, stderr string, code int) {
 	t.Helper()
+	return runOnceEnv(t, nil, args...)
+}
+
+// runOnceEnv is runOnce with variables added to the environment.
+func runOnceEnv(t *testing.T, env []string, args ...string) (stdout, stderr string, code int) {
+	t.Helper()
 	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
 	defer cancel()
 	var o, e bytes.Buffer
 	cmd := exec.CommandContext(ctx, consumerBin, args...)
 	cmd.Args[0] = "consumer"
-	cmd.Env = append(os.Environ(), "PROMPTLINE_FAULT=")
+	cmd.Env = append(append(os.Environ(), "PROMPTLINE_FAULT="), env...)
 	cmd.Stdout, cmd.Stderr = &o, &e
 	err := cmd.Run()
 	require.NoError(t, ctx.Err(), "consumer %v did not exit; stderr:\n%s", args, e.String())

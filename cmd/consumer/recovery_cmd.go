@@ -16,6 +16,7 @@ import (
 	"github.com/vbauerster/mpb/v8"
 	"github.com/vbauerster/mpb/v8/decor"
 
+	"github.com/promptline/promptline/internal/cliconfig"
 	"github.com/promptline/promptline/internal/kafkautil"
 	"github.com/promptline/promptline/internal/pgdb"
 	"github.com/promptline/promptline/recovery"
@@ -240,21 +241,54 @@ func newQuarantineCommand(o *options) *cobra.Command {
 		},
 	}
 	list.Flags().BoolVar(&asJSON, "json", false, "print the rows as JSON")
-	var operator, note string
+	cmd.AddCommand(list, newQuarantineReleaseCommand(o))
+	return cmd
+}
+
+// newQuarantineReleaseCommand is `quarantine release KIND ID`, and its bulk
+// form `quarantine release KIND --all --reason-contains TEXT` (or
+// --any-reason): the same audited release, row by row.
+func newQuarantineReleaseCommand(o *options) *cobra.Command {
+	var operator, note, reasonContains string
+	var all, anyReason, dryRun, asJSON bool
 	release := &cobra.Command{
-		Use:   "release KIND ID",
-		Short: "Release a repaired row (KIND: claim, with the session ID; input, with the message ID; outbox, with the row ID); audited",
-		Args:  cobra.ExactArgs(2),
+		Use:   "release KIND ID | KIND --all (--reason-contains TEXT | --any-reason)",
+		Short: "Release a repaired row (KIND: claim, with the session ID; input, with the message ID; outbox, with the row ID), or with --all every quarantined row of KIND whose reason matches; audited",
+		Args:  cobra.RangeArgs(1, 2),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			if operator == "" {
-				if u, err := user.Current(); err == nil {
-					operator = u.Username
+			f := cmd.Flags()
+			if !all {
+				for _, name := range []string{"reason-contains", "any-reason", "dry-run", "json"} {
+					if f.Changed(name) {
+						return fmt.Errorf("--%s: only with --all (a bulk release); a single release takes KIND and ID", name)
+					}
+				}
+				if len(args) != 2 {
+					return errors.New("quarantine release: needs KIND and ID, or KIND and --all to release many rows")
+				}
+			} else {
+				if len(args) != 1 {
+					return fmt.Errorf("--all: takes KIND only, not an ID (got %q): it releases every matching row of KIND", args[1])
+				}
+				switch {
+				case anyReason && f.Changed("reason-contains"):
+					return errors.New("--any-reason: not with --reason-contains; say one")
+				case anyReason:
+				case !f.Changed("reason-contains"):
+					return errors.New("--all: needs --reason-contains TEXT (the rows' reason must contain it), or --any-reason to release every quarantined row of KIND")
+				case reasonContains == "":
+					return errors.New("--reason-contains: must not be empty (it would match every reason); use --any-reason to release every quarantined row of KIND")
 				}
 			}
-			if operator == "" {
-				return errors.New("--operator: must name who releases the row")
+			operator, err := operatorOr(operator, "releases the row")
+			if err != nil {
+				return err
 			}
 			return withDB(cmd, o, func(db *pgdb.DB) error {
+				if all {
+					return releaseMatching(cmd, db, &recovery.BulkReleaseOpts{Kind: args[0], ReasonContains: reasonContains,
+						DryRun: dryRun, Operator: operator, Note: note, Topics: o.topics}, asJSON)
+				}
 				if err := recovery.Release(cmd.Context(), db.Pool, args[0], args[1], &recovery.ReleaseOpts{Operator: operator, Note: note, Topics: o.topics}); err != nil {
 					return err
 				}
@@ -263,11 +297,72 @@ func newQuarantineCommand(o *options) *cobra.Command {
 			})
 		},
 	}
-	release.Flags().StringVar(&operator, "operator", "", "who releases the row (default: the OS user), recorded in the audit")
-	release.Flags().StringVar(&note, "note", "", "what was repaired, recorded in the audit")
-	outboxTopicFlags(release.Flags(), &o.topics)
-	cmd.AddCommand(list, release)
-	return cmd
+	f := release.Flags()
+	f.StringVar(&operator, "operator", "", "who releases the row (default: the OS user), recorded in the audit")
+	f.StringVar(&note, "note", "", "what was repaired, recorded in the audit")
+	f.BoolVar(&all, "all", false, "release every quarantined row of KIND that --reason-contains selects (or --any-reason), one by one, each audited; exit 1 when a claim is refused")
+	f.StringVar(&reasonContains, "reason-contains", "", "with --all: release the rows whose reason contains this text, as written (no pattern, case counts; not empty)")
+	f.BoolVar(&anyReason, "any-reason", false, "with --all: release every quarantined row of KIND, whatever its reason")
+	f.BoolVar(&dryRun, "dry-run", false, "with --all: list the rows that would be released; write nothing")
+	f.BoolVar(&asJSON, "json", false, "with --all: print a JSON object per row, then one with the summary")
+	// A bulk release is said on the command line, each time: a fleet's
+	// config file or environment (where `all` serves recovery plan, and
+	// dry-run replay) must never widen a release.
+	for _, name := range []string{"all", "reason-contains", "any-reason", "dry-run", "json"} {
+		cliconfig.CommandLineOnly(f, name)
+	}
+	outboxTopicFlags(f, &o.topics)
+	return release
+}
+
+// releaseMatching runs a bulk release and prints a line per row as it
+// goes, then the summary; an error when a row was refused or the release
+// stopped (an interrupt: what was released stays released and audited).
+func releaseMatching(cmd *cobra.Command, db *pgdb.DB, opts *recovery.BulkReleaseOpts, asJSON bool) error {
+	out := cmd.OutOrStdout()
+	enc := json.NewEncoder(out)
+	var refused []recovery.BulkReleaseRow
+	sum, err := recovery.ReleaseMatching(cmd.Context(), db.Pool, opts, func(r recovery.BulkReleaseRow) error {
+		if r.Outcome == recovery.OutcomeRefused {
+			refused = append(refused, r)
+		}
+		if asJSON {
+			return enc.Encode(r)
+		}
+		var werr error
+		switch r.Outcome {
+		case recovery.OutcomeWouldRelease:
+			_, werr = fmt.Fprintf(out, "would release %s %s (%s)\n", r.Kind, r.ID, r.Reason)
+		case recovery.OutcomeReleased:
+			_, werr = fmt.Fprintf(out, "released %s %s (%s)\n", r.Kind, r.ID, r.Reason)
+		default:
+			_, werr = fmt.Fprintf(out, "%s %s %s: %s\n", r.Outcome, r.Kind, r.ID, r.Detail)
+		}
+		return werr
+	})
+	if asJSON {
+		if jerr := enc.Encode(struct {
+			Summary recovery.BulkReleaseSummary `json:"summary"`
+		}{sum}); jerr != nil && err == nil {
+			err = jerr
+		}
+	} else {
+		if opts.DryRun {
+			fmt.Fprintf(out, "would release %d (dry run: nothing written)\n", sum.WouldRelease)
+		} else {
+			fmt.Fprintf(out, "released %d, refused %d, skipped %d\n", sum.Released, sum.Refused, sum.Skipped)
+		}
+		for _, r := range refused {
+			fmt.Fprintf(out, "  refused %s %s: %s\n", r.Kind, r.ID, r.Detail)
+		}
+	}
+	switch {
+	case err != nil:
+		return fmt.Errorf("bulk release stopped after releasing %d rows (each audited); run it again to release the rest: %w", sum.Released, err)
+	case sum.Refused > 0:
+		return fmt.Errorf("%d of %d rows refused (they still fail validation); repair them, then release them", sum.Refused, sum.Released+sum.Refused+sum.Skipped)
+	}
+	return nil
 }
 
 // operatorOr names the operator: the flag, else the OS user.

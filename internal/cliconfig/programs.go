@@ -17,7 +17,7 @@ import (
 // flags (Settings), so that a flag added without its entry fails there.
 var Programs = map[string][]string{
 	"consumer": {
-		"addr", "all", "brokers", "config", "console-token-file", "create-topics", "data-dir", "database-url",
+		"addr", "all", "any-reason", "brokers", "config", "console-token-file", "create-topics", "data-dir", "database-url",
 		"db-idle-in-transaction-timeout", "db-lock-timeout", "db-max-conns", "db-statement-timeout", "deltas-topic",
 		"decision", "did-not-run", "dry-run", "embedded-kafka-addr", "events-topic", "from-offset", "from-time", "group",
 		"http-tool-endpoint", "json", "lease", "ledger-retention", "local-wakes", "log-level", "max-batch",
@@ -25,7 +25,7 @@ var Programs = map[string][]string{
 		"openai-api-key-env", "openai-api-key-file", "openai-base-url", "openai-model", "openai-stream", "operator",
 		"outbox-retention", "output", "partitions", "permission-replies-topic", "progress-interval",
 		"prompts-topic", "provider", "provider-honours-idempotency-keys", "provider-url",
-		"publish-rejects", "ran", "rate", "recovery-batch", "recovery-interval", "recovery-max-per-session",
+		"publish-rejects", "ran", "rate", "reason-contains", "recovery-batch", "recovery-interval", "recovery-max-per-session",
 		"recovery-max-per-session-window", "recovery-mode", "recovery-rate", "redrive-after",
 		"rejects-topic", "replication-factor", "resume-file", "round", "sandbox-dir", "sasl-mechanism", "session",
 		"sasl-password-file", "sasl-token-file", "sasl-user", "shutdown-grace", "tls", "tls-ca-file",
