@@ -556,7 +556,8 @@ func TestReplayTransactions(t *testing.T) {
 	require.NoError(t, err)
 	ctx, cancel := context.WithTimeout(t.Context(), 20*time.Second)
 	defer cancel()
-	rep, err := b.replayer(t, b.pool, replay.Config{}).Run(ctx, "prompts", ranges)
+	var batches batchLog
+	rep, err := b.replayer(t, b.pool, replay.Config{OnBatchFunc: batches.onBatch}).Run(ctx, "prompts", ranges)
 	require.NoError(t, err)
 	require.True(t, rep.Complete, "the range ends on a transaction marker: the replay finishes")
 	require.False(t, rep.Interrupted)
@@ -566,15 +567,33 @@ func TestReplayTransactions(t *testing.T) {
 	for _, p := range rep.Partitions {
 		require.Equal(t, p.To, p.Next)
 	}
+	partition := rep.Partitions[slices.IndexFunc(rep.Partitions, func(p replay.PartitionReport) bool { return p.Messages > 0 })].Partition
+	nexts := batches.of(partition)
+	require.NotEmpty(t, nexts)
+	require.Equal(t, int64(2), nexts[len(nexts)-1], "OnBatchFunc is told of batches of messages, not of the markers' end")
 
 	// A range that ends right after a commit marker finishes too.
 	rep, err = b.replayer(t, newPool(t), replay.Config{}).Run(ctx, "prompts", []replay.Range{{
-		Partition: rep.Partitions[slices.IndexFunc(rep.Partitions, func(p replay.PartitionReport) bool { return p.Messages > 0 })].Partition,
-		From:      0, To: 3,
+		Partition: partition, From: 0, To: 3,
 	}})
 	require.NoError(t, err)
 	require.True(t, rep.Complete)
 	require.Equal(t, int64(2), rep.Totals.Admitted)
+
+	// A range that ends on the abort marker, with a message after it: that
+	// message is past the range and is not replayed.
+	after := prompt("s-t", "after the range")
+	p, o := b.sendRaw(t, "prompts", after.SessionID, value(t, after), time.Time{})
+	require.Equal(t, partition, p)
+	require.Equal(t, int64(5), o, "two prompts and their commit marker, an aborted prompt and its marker")
+	fresh := newPool(t)
+	rep, err = b.replayer(t, fresh, replay.Config{}).Run(ctx, "prompts", []replay.Range{{Partition: partition, From: 0, To: 5}})
+	require.NoError(t, err)
+	require.True(t, rep.Complete)
+	require.Equal(t, int64(2), rep.Totals.Messages)
+	require.Equal(t, int64(1), rep.Partitions[0].Last)
+	require.Equal(t, int64(5), rep.Partitions[0].Next)
+	require.Zero(t, testkit.Count(t, fresh, "SELECT count(*) FROM inputs WHERE message_id = $1", after.MessageID))
 }
 
 func TestParseOffsetSpec(t *testing.T) {
