@@ -66,3 +66,41 @@ func TestReplayDataErrorRejectsOnlyItsPrompt(t *testing.T) {
 	require.Contains(t, testkit.Header(got[0], "detail"), "SQLSTATE 23514")
 	require.Equal(t, value(t, poison), got[0].Value, "the original bytes")
 }
+
+// TestReplayDatabaseErrorStopsTheReplay: a database error that is not a
+// data error (here the inputs table is gone: SQLSTATE 42P01) is retried a
+// few times, then stops the replay with that error, not as an interrupt;
+// the report's next offsets are where the batch began, and once the
+// database is back the resumed run admits it (docs/replay.md).
+func TestReplayDatabaseErrorStopsTheReplay(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := context.Background()
+	p := prompt("s-db-down", "one")
+	b.send(t, p)
+	_, err := b.pool.Exec(ctx, `ALTER TABLE inputs RENAME TO inputs_away`)
+	require.NoError(t, err)
+
+	ranges, err := replay.Resolve(b.client, "prompts", replay.Bounds{})
+	require.NoError(t, err)
+	runCtx, cancel := context.WithTimeout(t.Context(), 60*time.Second)
+	defer cancel()
+	rep, err := b.replayer(t, b.pool, replay.Config{}).Run(runCtx, "prompts", ranges)
+	require.ErrorContains(t, err, "42P01", "the replay stops with the database's error")
+	require.NoError(t, runCtx.Err(), "stopped by the error, not by the test's deadline")
+	require.False(t, rep.Complete)
+	require.False(t, rep.Interrupted, "an error is not an interrupt")
+	require.Zero(t, rep.Totals.Messages, "the batch is not counted")
+	for _, part := range rep.Partitions {
+		require.Equal(t, part.From, part.Next, "partition %d resumes where it began", part.Partition)
+	}
+
+	_, err = b.pool.Exec(ctx, `ALTER TABLE inputs_away RENAME TO inputs`)
+	require.NoError(t, err)
+	st := rep.Resume()
+	rep, err = b.replayer(t, b.pool, replay.Config{}).Run(runCtx, st.Topic, st.Ranges)
+	require.NoError(t, err)
+	require.True(t, rep.Complete)
+	require.Equal(t, int64(1), rep.Totals.Admitted)
+	require.Equal(t, 1, testkit.Count(t, b.pool, "SELECT count(*) FROM inputs WHERE message_id = $1", p.MessageID))
+}
