@@ -101,6 +101,8 @@ equivalent=$(
 		recovery rate.go:113:32 CONDITIONALS_BOUNDARY
 		recovery mode.go:285:31 CONDITIONALS_BOUNDARY
 		recovery redrive.go:22:8 CONDITIONALS_BOUNDARY
+		replay replayer.go:204:17 CONDITIONALS_BOUNDARY
+		replay replayer.go:438:64 CONDITIONALS_NEGATION
 	EOF
 )
 
