@@ -62,9 +62,12 @@ type inFlightPeaks struct {
 	Goroutines int `json:"peak_goroutines"`
 	// Executions is the largest promptline_active_executions served.
 	Executions int `json:"peak_active_executions"`
-	// Connections are the consumer's backends in pg_stat_activity (its
-	// pool's open connections); Busy those not idle (running a statement
-	// or inside a transaction).
+	// Connections are the consumer's client backends in pg_stat_activity
+	// (its pool's open connections); Busy those not idle (running a
+	// statement or inside a transaction). The parallel workers of its
+	// statements carry its application_name too, and are not connections:
+	// they come from max_worker_processes, not from the pool or
+	// max_connections.
 	Connections int `json:"peak_connections"`
 	Busy        int `json:"peak_busy_connections"`
 	// InFlight is the largest count of prompts sent and not yet answered.
@@ -359,7 +362,8 @@ func (s *sampler) sample(ctx context.Context) {
 	var conns, busy int
 	cErr := s.c.db.Pool.QueryRow(sctx, `
 SELECT count(*), count(*) FILTER (WHERE state IS DISTINCT FROM 'idle')
-FROM pg_stat_activity WHERE datname = current_database() AND application_name = $1`, inFlightConsumerAppName).Scan(&conns, &busy)
+FROM pg_stat_activity WHERE datname = current_database() AND application_name = $1 AND backend_type = 'client backend'`,
+		inFlightConsumerAppName).Scan(&conns, &busy)
 	var over []string
 	if cErr == nil && conns > s.pool {
 		over = s.backends(sctx)
@@ -389,7 +393,7 @@ func (s *sampler) backends(ctx context.Context) []string {
 SELECT format('%s %s/%s, connected %s ago, in state %s ago: %s', state, wait_event_type, wait_event,
               date_trunc('milliseconds', now() - backend_start), date_trunc('milliseconds', now() - state_change),
               left(regexp_replace(query, '\s+', ' ', 'g'), 80))
-FROM pg_stat_activity WHERE datname = current_database() AND application_name = $1
+FROM pg_stat_activity WHERE datname = current_database() AND application_name = $1 AND backend_type = 'client backend'
 ORDER BY backend_start`, inFlightConsumerAppName)
 	if err != nil {
 		return []string{"reading pg_stat_activity: " + err.Error()}
