@@ -89,6 +89,8 @@ equivalent=$(
 		envelope envelope.go:390:12 CONDITIONALS_BOUNDARY
 		executor delta_stream.go:75:8 INCREMENT_DECREMENT
 		executor executor.go:273:10 INCREMENT_DECREMENT
+		executor panic.go:61:8 CONDITIONALS_BOUNDARY
+		executor storable.go:86:22 CONDITIONALS_BOUNDARY
 		executor response_id.go:117:13 CONDITIONALS_BOUNDARY
 		executor tool_call.go:57:13 CONDITIONALS_NEGATION
 		ledger attempt.go:181:20 CONDITIONALS_NEGATION
