@@ -210,3 +210,20 @@ func TestFailingClaimScanDoesNotStopThePass(t *testing.T) {
 		})
 	}
 }
+
+// A paced pass whose bucket cannot be read (here: its table is gone) ends
+// with that error and still reports the quarantine gauge, as a failing
+// claim scan does: the alert must not go dark with the pass.
+func TestFailingBucketStillReportsTheQuarantined(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	b := setup(t)
+	b.exec(t, `ALTER TABLE recovery_rate RENAME TO recovery_rate_gone`)
+	var reported []map[string]int
+	rec := recovery.New(b.pool, &recovery.Config{OwnerID: "r", RedriveAfter: time.Minute, Rate: 10,
+		OnQuarantinedFunc: func(counts map[string]int) { reported = append(reported, counts) }})
+	_, err := rec.RunOnce(ctx)
+	require.ErrorContains(t, err, "checking the recovery bucket")
+	require.Equal(t, []map[string]int{{recovery.KindClaim: 0, recovery.KindInput: 0, recovery.KindOutbox: 0}}, reported,
+		"the quarantine gauge was reported")
+}
