@@ -82,19 +82,27 @@ func QuarantinedCounts(ctx context.Context, pool *pgxpool.Pool) (map[string]int,
 // across owners): the kinds are ordered together by the database, in one
 // snapshot.
 func ListQuarantined(ctx context.Context, pool *pgxpool.Pool) ([]QuarantinedRow, error) {
-	rows, err := pool.Query(ctx, `
-		SELECT 'claim', session_id, session_id, quarantine_reason, quarantined_at FROM claims WHERE quarantine_reason IS NOT NULL
-		UNION ALL
-		SELECT 'input', message_id, session_id, quarantine_reason, quarantined_at FROM inputs WHERE quarantine_reason IS NOT NULL
-		UNION ALL
-		SELECT 'outbox', id::text, key, quarantine_reason, quarantined_at FROM outbox WHERE quarantine_reason IS NOT NULL
+	rows, err := pool.Query(ctx, quarantinedRowsSQL+`
 		ORDER BY 5, 2`)
 	if err != nil {
 		return nil, fmt.Errorf("listing quarantined rows: %w", err)
 	}
-	out := []QuarantinedRow{} // --json prints [] for none
+	return collectQuarantined(rows, []QuarantinedRow{}) // --json prints [] for none
+}
+
+// quarantinedRowsSQL is every quarantined row of the three owners' tables:
+// kind, id, session_id, reason, at.
+const quarantinedRowsSQL = `
+		SELECT 'claim' AS kind, session_id AS id, session_id, quarantine_reason AS reason, quarantined_at AS at FROM claims WHERE quarantine_reason IS NOT NULL
+		UNION ALL
+		SELECT 'input', message_id, session_id, quarantine_reason, quarantined_at FROM inputs WHERE quarantine_reason IS NOT NULL
+		UNION ALL
+		SELECT 'outbox', id::text, key, quarantine_reason, quarantined_at FROM outbox WHERE quarantine_reason IS NOT NULL`
+
+// collectQuarantined appends the rows of a quarantinedRowsSQL read to out.
+func collectQuarantined(rows pgx.Rows, out []QuarantinedRow) ([]QuarantinedRow, error) {
 	var q QuarantinedRow
-	_, err = pgx.ForEachRow(rows, []any{&q.Kind, &q.ID, &q.SessionID, &q.Reason, &q.QuarantinedAt}, func() error {
+	_, err := pgx.ForEachRow(rows, []any{&q.Kind, &q.ID, &q.SessionID, &q.Reason, &q.QuarantinedAt}, func() error {
 		q.QuarantinedAtNotFinite = q.QuarantinedAt.NotFinite
 		out = append(out, q)
 		return nil
@@ -268,13 +276,7 @@ func listQuarantinedPage(ctx context.Context, pool *pgxpool.Pool, p *quarantined
 		after = *p.After
 	}
 	rows, err := pool.Query(ctx, `
-		SELECT kind, id, session_id, reason, at FROM (
-			SELECT 'claim' AS kind, session_id AS id, session_id, quarantine_reason AS reason, quarantined_at AS at FROM claims WHERE quarantine_reason IS NOT NULL
-			UNION ALL
-			SELECT 'input', message_id, session_id, quarantine_reason, quarantined_at FROM inputs WHERE quarantine_reason IS NOT NULL
-			UNION ALL
-			SELECT 'outbox', id::text, key, quarantine_reason, quarantined_at FROM outbox WHERE quarantine_reason IS NOT NULL
-		) q
+		SELECT kind, id, session_id, reason, at FROM (`+quarantinedRowsSQL+`) q
 		WHERE kind = $1 AND strpos(reason, $2) > 0
 		  AND (at <= $3 OR at = 'infinity')
 		  AND ($4 OR (at, id) > ($5, $6))
@@ -283,15 +285,5 @@ func listQuarantinedPage(ctx context.Context, pool *pgxpool.Pool, p *quarantined
 	if err != nil {
 		return nil, fmt.Errorf("listing quarantined rows: %w", err)
 	}
-	var out []QuarantinedRow
-	var q QuarantinedRow
-	_, err = pgx.ForEachRow(rows, []any{&q.Kind, &q.ID, &q.SessionID, &q.Reason, &q.QuarantinedAt}, func() error {
-		q.QuarantinedAtNotFinite = q.QuarantinedAt.NotFinite
-		out = append(out, q)
-		return nil
-	})
-	if err != nil {
-		return nil, fmt.Errorf("listing quarantined rows: %w", err)
-	}
-	return out, nil
+	return collectQuarantined(rows, nil)
 }
