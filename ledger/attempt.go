@@ -99,9 +99,22 @@ func (x *Execution) DeferAttempt(ctx context.Context, tx pgx.Tx, id string, retr
 // AttemptRetry reads a deferred attempt's tries and the time to wait.
 func AttemptRetry(ctx context.Context, tx pgx.Tx, id string) (tries int, wait time.Duration, err error) {
 	var ms float64
-	err = tx.QueryRow(ctx, `SELECT tries, greatest(0, extract(epoch FROM next_retry_at - now()) * 1000) FROM attempts WHERE attempt_id = $1`, id).Scan(&tries, &ms)
+	err = tx.QueryRow(ctx, attemptRetrySQL, id).Scan(&tries, &ms)
 	return tries, time.Duration(ms) * time.Millisecond, err
 }
+
+// attemptRetrySQL reads the wait until next_retry_at. A next_retry_at
+// that is not a time ('-infinity' or 'infinity': the column admits both,
+// and a hand edit, a restore or a repair script may leave one) says
+// nothing of when the retry is due, and the clock cannot be subtracted
+// from it (a data error, which would fail the executor's deferral and
+// leave a turn whose request was certainly not acted on to recovery): it
+// is due now, as a waiting input admitted at 'infinity' is a lost wake
+// due now.
+const attemptRetrySQL = `
+SELECT tries, CASE WHEN isfinite(next_retry_at)
+                   THEN greatest(0, extract(epoch FROM next_retry_at - now()) * 1000) ELSE 0 END
+FROM attempts WHERE attempt_id = $1`
 
 // FinishAttempt records the attempt's outcome (succeeded, failed or
 // unknown) with usage and error text.
