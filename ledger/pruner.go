@@ -27,7 +27,10 @@ import (
 //   - every attempt of the execution settled (succeeded, failed, unknown:
 //     recovery sets unknown when it reconciles) and finished before the
 //     cutoff, so no started or deferred attempt (an uncertain or pending
-//     request) is ever removed;
+//     request) is ever removed (a finished_at that is not a time,
+//     '-infinity' or 'infinity' by a hand edit, a restore or a repair
+//     script, says nothing of when: it is before any cutoff, else
+//     'infinity' would keep the execution for good);
 //   - every tool call of its attempts settled (succeeded, failed, unknown,
 //     interrupted) and finished before the cutoff, and none has a
 //     permission request (that table keeps its requests, which name the
@@ -211,11 +214,13 @@ WITH lock AS (
                            AND r.continuation_message_id IS NOT NULL AND r.settled_at IS NULL)
            AND NOT EXISTS (SELECT 1 FROM attempts a WHERE a.execution_id = b.execution_id
                            AND (a.state NOT IN ('succeeded', 'failed', 'unknown')
-                                OR a.finished_at IS NULL OR a.finished_at >= (SELECT at FROM cut)))
+                                OR a.finished_at IS NULL
+                                OR (a.finished_at >= (SELECT at FROM cut) AND isfinite(a.finished_at))))
            AND NOT EXISTS (SELECT 1 FROM attempts a JOIN tool_calls t ON t.attempt_id = a.attempt_id
                            WHERE a.execution_id = b.execution_id
                              AND (t.state NOT IN ('succeeded', 'failed', 'unknown', 'interrupted')
-                                  OR t.finished_at IS NULL OR t.finished_at >= (SELECT at FROM cut)
+                                  OR t.finished_at IS NULL
+                                  OR (t.finished_at >= (SELECT at FROM cut) AND isfinite(t.finished_at))
                                   OR EXISTS (SELECT 1 FROM permission_requests p WHERE p.call_id = t.call_id))) AS prunable
     FROM batch b
 ), doomed AS (

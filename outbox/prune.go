@@ -16,7 +16,8 @@ import (
 // retention. The outbox is the transport to Kafka, not an archive: Kafka
 // keeps what was published, under each topic's retention. Without pruning
 // the table grows by every event and wake ever written, three rows or more
-// per prompt. Unpublished and quarantined rows are never pruned.
+// per prompt. Unpublished and quarantined rows are never pruned; a
+// published row whose published_at is not a time is pruned as an old one.
 
 const (
 	pruneBatchDefault      = 5000
@@ -136,11 +137,18 @@ func (p *Pruner) run(ctx context.Context) {
 // past the batch), deletes those published before the cutoff, and reports
 // the deleted count, the batch's last ID (none when another pruner holds
 // $4) and how many of its rows must be kept that are not quarantined.
+// A published_at that is not a time ('-infinity' or 'infinity': the column
+// admits both, and a hand edit, a restore or a repair script may leave
+// one) is old: it says nothing of when the row was published, so no
+// retention can be counted from it. Kept, an 'infinity' row would stop
+// every pass at its batch, and nothing published after it would be
+// pruned again (invariant 10).
 const pruneSQL = `
 WITH lock AS (
     SELECT pg_try_advisory_xact_lock($4) AS ok
 ), batch AS (
-    SELECT id, published_at < now() - $3 * interval '1 millisecond' AS old, quarantine_reason IS NOT NULL AS quarantined
+    SELECT id, published_at < now() - $3 * interval '1 millisecond' OR NOT isfinite(published_at) AS old,
+           quarantine_reason IS NOT NULL AS quarantined
     FROM outbox WHERE id > $1 AND (SELECT ok FROM lock) ORDER BY id LIMIT $2
 ), gone AS (
     DELETE FROM outbox o USING batch b WHERE o.id = b.id AND b.old RETURNING o.id
