@@ -67,7 +67,10 @@ const rateBusyWait = 5 * time.Millisecond
 // '-infinity' and 'infinity') says nothing about when the last take was,
 // and the clock cannot be subtracted from it (a data error, which would
 // quarantine every paced claim): the bucket is then full, the burst it
-// allows after any long calm, and the take sets a time again.
+// allows after any long calm, and the take sets a time again. So is a
+// tokens of 'NaN' or 'Infinity' (the column's CHECK admits both: Postgres
+// orders NaN above every number): least(), not the refill, caps the
+// bucket and reads either as full, and the take writes a number again.
 const takeTokensSQL = `
 WITH b AS (
     SELECT CASE WHEN isfinite(updated_at)
