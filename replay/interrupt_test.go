@@ -111,3 +111,68 @@ func TestReplayStopWaitsForTheRejectsOfAnAdmittedBatch(t *testing.T) {
 	union.Malformed += second.Totals.Malformed
 	require.Equal(t, want.Totals, union, "first run %+v, resumed run %+v", r.rep.Totals, second.Totals)
 }
+
+// TestReplayStopGivesUpOnRejectsAfterTheGrace: the wait of a stop for the
+// rejects of an admitted batch is bounded by Config.StopGrace. Past it the
+// publish is cancelled, the batch is not counted (its partition resumes at
+// it) and Run returns the interrupted report; the resumed run reports the
+// batch's prompt duplicate and publishes its reject.
+func TestReplayStopGivesUpOnRejectsAfterTheGrace(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	b.send(t, prompt("s-grace", "fresh"))
+	malformed := []byte(`{"message_id":`)
+	b.sendRaw(t, "prompts", "s-grace", malformed, time.Time{})
+	ranges, err := replay.Resolve(b.client, "prompts", replay.Bounds{})
+	require.NoError(t, err)
+
+	const rejectsTopic = "late.rejects"
+	logs := testkit.NewSyncBuffer()
+	cfg := replay.Config{MaxBatch: 2, Topics: kafkautil.Topics{Rejects: rejectsTopic}, PublishRejects: true,
+		StopGrace: 500 * time.Millisecond, Logger: slog.New(slog.NewTextHandler(logs, nil))}
+	ctx, cancel := context.WithCancel(t.Context())
+	defer cancel()
+	type result struct {
+		rep *replay.Report
+		err error
+	}
+	done := make(chan result, 1)
+	go func() {
+		rep, err := b.replayer(t, b.pool, cfg).Run(ctx, "prompts", ranges)
+		done <- result{rep, err}
+	}()
+	logs.WaitFor(t, "publishing rejects failed; retrying", 60*time.Second)
+	require.Equal(t, 1, testkit.Count(t, b.pool, "SELECT count(*) FROM inputs"), "the batch's admission committed")
+
+	cancel() // SIGINT
+	var r result
+	select {
+	case r = <-done:
+	case <-time.After(30 * time.Second):
+		t.Fatal("the stop still waited for the rejects 30s after it, with a grace of 500ms")
+	}
+	require.NoError(t, r.err)
+	require.True(t, r.rep.Interrupted)
+	require.Zero(t, r.rep.Totals.Messages, "the batch is not counted")
+	for _, p := range r.rep.Partitions {
+		require.Equal(t, p.From, p.Next, "partition %d resumes at the batch", p.Partition)
+	}
+	require.Contains(t, logs.String(), "the stop's grace")
+
+	admin, err := sarama.NewClusterAdmin([]string{b.addr}, kafkautil.NewConfig(t.Name()+"-admin"))
+	require.NoError(t, err)
+	defer admin.Close()
+	require.NoError(t, admin.CreateTopic(rejectsTopic, &sarama.TopicDetail{NumPartitions: partitions, ReplicationFactor: 1}, false))
+	resumed := cfg
+	resumed.Logger = nil
+	st := r.rep.Resume()
+	second, err := b.replayer(t, b.pool, resumed).Run(t.Context(), st.Topic, st.Ranges)
+	require.NoError(t, err)
+	require.True(t, second.Complete)
+	require.Equal(t, replay.Counts{Messages: 2, Bytes: second.Totals.Bytes, Duplicate: 1, Malformed: 1}, second.Totals)
+	rejects := testkit.ReadAll(t, b.addr, rejectsTopic)
+	require.NotEmpty(t, rejects, "the resumed run publishes the batch's reject")
+	for _, m := range rejects {
+		require.Equal(t, malformed, m.Value)
+	}
+}

@@ -62,7 +62,22 @@ type Config struct {
 	// OnBatchFunc runs after each durable batch with the partition's next
 	// offset. Defaults to nothing.
 	OnBatchFunc func(partition int32, next int64)
+	// StopGrace bounds a stop: once Run's ctx ends, the work in flight (a
+	// batch's admission, and with PublishRejects the rejects of a batch
+	// whose admission committed, retried while the rejects topic is away)
+	// gets this long, then it is cancelled and its batch is not counted
+	// (the resumed run replays it: its prompts duplicate, its rejects
+	// published again). Defaults to StopGraceDefault.
+	StopGrace time.Duration
 }
+
+// StopGraceDefault is Config.StopGrace's default, as the consumer's
+// --shutdown-grace.
+const StopGraceDefault = 30 * time.Second
+
+// errStopGraceEnded ends the work of a stopped replay once its grace is
+// over.
+var errStopGraceEnded = errors.New("the stop's grace ended")
 
 // ReasonTruncated is the replay reason of a rejects-topic message that
 // was published truncated (kafkautil.Truncated): it is not the message
@@ -105,6 +120,7 @@ func New(pool *pgxpool.Pool, client sarama.Client, rejects sarama.SyncProducer, 
 	cfg.Topics = cfg.Topics.WithDefaults()
 	cfg.MaxBatch = cmp.Or(cfg.MaxBatch, MaxBatchDefault)
 	cfg.Linger = cmp.Or(cfg.Linger, lingerDefault)
+	cfg.StopGrace = cmp.Or(cfg.StopGrace, StopGraceDefault)
 	cfg.MaxRejections = max(0, cmp.Or(cfg.MaxRejections, MaxRejectionsDefault))
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
@@ -116,6 +132,8 @@ func New(pool *pgxpool.Pool, client sarama.Client, rejects sarama.SyncProducer, 
 		return nil, errors.New("replay: a dry run publishes nothing")
 	case cfg.Rate < 0:
 		return nil, errors.New("replay: Rate must not be negative")
+	case cfg.StopGrace < 0:
+		return nil, errors.New("replay: StopGrace must not be negative")
 	}
 	if cfg.Rate > 0 {
 		// Small batches keep the pace smooth: about ten per second.
@@ -146,9 +164,11 @@ func (r *Replayer) Progress() []PartitionReport {
 // stops the replay cleanly: batches in flight finish (or, if they cannot
 // before their admission commits, are not counted; once it has committed,
 // a batch also waits for its rejects to be published, with
-// PublishRejects), and the report's next offsets say where to resume; the
-// report then has Interrupted set and the error is nil. An error stops all
-// partitions; the report is still returned for resuming.
+// PublishRejects), for at most Config.StopGrace, after which what is still
+// in flight is cancelled and its batch not counted; the report's next
+// offsets say where to resume; the report then has Interrupted set and the
+// error is nil. An error stops all partitions; the report is still
+// returned for resuming.
 func (r *Replayer) Run(ctx context.Context, topic string, ranges []Range) (*Report, error) {
 	start := time.Now()
 	r.mu.Lock()
@@ -167,6 +187,17 @@ func (r *Replayer) Run(ctx context.Context, topic string, ranges []Range) (*Repo
 
 	stopCtx, stop := context.WithCancelCause(ctx)
 	defer stop(nil)
+	// Work that was started finishes even when ctx ends (a batch is
+	// committed whole or not counted), within the stop's grace: a stop
+	// that waited for good (a rejects topic away, a database that does
+	// not answer) would leave the operator only a second signal, which
+	// exits without a report or a resume file.
+	work, endWork := context.WithCancelCause(context.WithoutCancel(ctx))
+	defer endWork(nil)
+	defer context.AfterFunc(ctx, func() {
+		grace := time.AfterFunc(r.cfg.StopGrace, func() { endWork(errStopGraceEnded) })
+		context.AfterFunc(work, func() { grace.Stop() })
+	})()
 	var wg sync.WaitGroup
 	errs := make([]error, len(ranges))
 	for i, rg := range ranges {
@@ -174,7 +205,7 @@ func (r *Replayer) Run(ctx context.Context, topic string, ranges []Range) (*Repo
 			continue
 		}
 		wg.Go(func() {
-			if err := r.runPartition(stopCtx, consumer, topic, rg, r.parts[i]); err != nil {
+			if err := r.runPartition(stopCtx, work, consumer, topic, rg, r.parts[i]); err != nil {
 				errs[i] = fmt.Errorf("replaying %s/%d: %w", topic, rg.Partition, err)
 				stop(errs[i])
 			}
@@ -211,16 +242,14 @@ func (r *Replayer) report(topic string, start time.Time, ctx context.Context) *R
 }
 
 // runPartition replays one range. It returns nil when the range is done
-// or ctx was cancelled between batches.
-func (r *Replayer) runPartition(ctx context.Context, consumer sarama.Consumer, topic string, rg Range, st *PartitionReport) error {
+// or ctx was cancelled between batches. work is the context of database
+// and rejects work, which outlives ctx by the stop's grace.
+func (r *Replayer) runPartition(ctx, work context.Context, consumer sarama.Consumer, topic string, rg Range, st *PartitionReport) error {
 	pc, err := consumer.ConsumePartition(topic, rg.Partition, rg.From)
 	if err != nil {
 		return fmt.Errorf("consuming from offset %d: %w", rg.From, err)
 	}
 	defer pc.Close() // errors after the end are of no interest
-	// Work that was started finishes even when ctx ends: a batch is
-	// committed whole or not counted.
-	work := context.WithoutCancel(ctx)
 	next := rg.From
 	for {
 		batch, end, err := r.nextBatch(ctx, pc, topic, rg.Partition, next, rg.To)
@@ -236,6 +265,12 @@ func (r *Replayer) runPartition(ctx context.Context, consumer sarama.Consumer, t
 			}
 			res, err := r.process(ctx, work, topic, batch)
 			if err != nil {
+				if errors.Is(context.Cause(work), errStopGraceEnded) {
+					r.log.Warn(fmt.Sprintf("replay: the stop's grace (--stop-grace %s) ended before the batch finished; "+
+						"it is not counted, and the resumed run replays it (its prompts duplicate, its rejects published again)", r.cfg.StopGrace),
+						slog.Int("partition", int(rg.Partition)), slog.Int64("from_offset", batch[0].Offset), slog.Any("error", err))
+					return nil
+				}
 				if ctx.Err() != nil {
 					return nil // stopped while retrying before its commit: the batch is not counted
 				}
@@ -448,8 +483,8 @@ func (r *Replayer) logStopWaits() {
 	if r.stopWaitLogged.Swap(true) {
 		return
 	}
-	r.log.Warn("replay: the stop waits for the rejects of the batches already admitted to be published " +
-		"(retried while the rejects topic is unavailable); a second SIGINT exits at once")
+	r.log.Warn(fmt.Sprintf("replay: the stop waits for the rejects of the batches already admitted to be published "+
+		"(retried while the rejects topic is unavailable), for at most %s (--stop-grace); a second SIGINT exits at once", r.cfg.StopGrace))
 }
 
 // classify fills the outcomes of the decoded prompts. Prompts whose ID is

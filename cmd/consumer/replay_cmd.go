@@ -44,6 +44,7 @@ type replayOptions struct {
 	maxRejections    int
 	dbMaxConns       int32
 	progressInterval time.Duration
+	stopGrace        time.Duration
 	topics           kafkautil.Topics
 	security         kafkautil.Security
 }
@@ -88,6 +89,7 @@ providers. See docs/replay.md.`,
 	f.IntVar(&r.maxRejections, "max-rejections", replay.MaxRejectionsDefault, "rejected messages listed in the report (all are counted)")
 	f.Int32Var(&r.dbMaxConns, "db-max-conns", 16, "Postgres connections (one admission transaction per partition at a time)")
 	f.DurationVar(&r.progressInterval, "progress-interval", 2*time.Second, "interval of the plain progress lines (when stderr is not a terminal)")
+	f.DurationVar(&r.stopGrace, "stop-grace", replay.StopGraceDefault, "how long a stop (SIGINT, SIGTERM) waits for the batches in flight (their admission, and with --publish-rejects their rejects) before it gives up on them; a second signal exits at once")
 	f.StringVar(&r.topics.Prompts, "prompts-topic", "prompts", "the prompts topic (a rejects replay admits only what came from it)")
 	f.StringVar(&r.topics.Wakes, "wakes-topic", "wakes", "topic of internal wakes (outbox rows of --wake)")
 	f.StringVar(&r.topics.Events, "events-topic", "session-events", "topic of session events (outbox rows of input.admitted)")
@@ -115,6 +117,8 @@ func (r *replayOptions) validate() (replay.Bounds, error) {
 		return b, fmt.Errorf("--max-rejections: must not be negative, got %d", r.maxRejections)
 	case r.dbMaxConns < 2:
 		return b, fmt.Errorf("--db-max-conns: must be at least 2, got %d", r.dbMaxConns)
+	case r.stopGrace <= 0:
+		return b, fmt.Errorf("--stop-grace: must be positive, got %s", r.stopGrace)
 	case r.progressInterval <= 0:
 		return b, fmt.Errorf("--progress-interval: must be positive, got %s", r.progressInterval)
 	case r.dryRun && r.publishRejects:
@@ -173,7 +177,8 @@ func (r *replayOptions) run(cmd *cobra.Command, o *options) (err error) {
 	log := slog.New(slog.NewJSONHandler(stderr, &slog.HandlerOptions{Level: level}))
 	ctx := cmd.Context()
 	// Database work outlives the stop signal long enough to finish the
-	// batches in flight: the signal stops reading, not writing.
+	// batches in flight (--stop-grace, which the replayer bounds): the
+	// signal stops reading, not writing.
 	work := context.WithoutCancel(ctx)
 
 	// An operator command: without a URL, the default server, else the
@@ -229,6 +234,7 @@ func (r *replayOptions) run(cmd *cobra.Command, o *options) (err error) {
 		Topics: r.topics, Limits: envelope.Limits{MaxValueBytes: r.maxValueBytes}, MaxBatch: r.maxBatch,
 		Rate: r.rate, Wake: r.wake, DryRun: r.dryRun, PublishRejects: r.publishRejects,
 		MaxRejections: maxRej, Logger: log, MaxMessageBytes: client.Config().Producer.MaxMessageBytes,
+		StopGrace: r.stopGrace,
 	})
 	if err != nil {
 		return err

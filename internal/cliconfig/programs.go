@@ -28,7 +28,7 @@ var Programs = map[string][]string{
 		"publish-rejects", "ran", "rate", "reason-contains", "recovery-batch", "recovery-interval", "recovery-max-per-session",
 		"recovery-max-per-session-window", "recovery-mode", "recovery-rate", "redrive-after",
 		"rejects-topic", "replication-factor", "resume-file", "round", "sandbox-dir", "sasl-mechanism", "session",
-		"sasl-password-file", "sasl-token-file", "sasl-user", "shutdown-grace", "tls", "tls-ca-file",
+		"sasl-password-file", "sasl-token-file", "sasl-user", "shutdown-grace", "stop-grace", "tls", "tls-ca-file",
 		"tls-cert-file", "tls-key-file", "tls-server-name", "to-offset", "to-time", "tool-class", "tool-permission", "tool-timeout",
 		"topic", "wake", "wakes-topic",
 	},
