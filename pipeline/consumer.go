@@ -256,6 +256,8 @@ func (c *Consumer) handlePrompts(ctx context.Context, batch []*sarama.ConsumerMe
 		// against the stored first one, as the batch would have.
 		outcomes, err = c.admitRetrying(ctx, good, c.admissions.AdmitAlone)
 		if isDataError(err) {
+			c.log.WarnContext(ctx, "admission refused by Postgres with a data error; admitting the batch's prompts one by one",
+				slog.Int("prompts", len(good)), slog.Any("error", err))
 			outcomes = make([]admission.Outcome, len(good))
 			for i := range good {
 				o, err := c.admitRetrying(ctx, good[i:i+1], c.admissions.AdmitAlone)

@@ -88,6 +88,7 @@ func (rp *RejectPublisher) round(ctx context.Context, pending []*pendingReject) 
 		if err != nil {
 			return pending, err
 		}
+		var split error
 		for i, p := range call {
 			perr, ok := failed[msgs[i]]
 			switch {
@@ -102,6 +103,7 @@ func (rp *RejectPublisher) round(ctx context.Context, pending []*pendingReject) 
 				// together, it may be taken alone.
 				p.alone = true
 				again = append(again, p)
+				split = perr
 			case tooLarge(perr) && p.shrink(msgs[i]):
 				rp.log().WarnContext(ctx, "reject refused for its size; publishing it truncated", slog.Any("error", perr),
 					slog.Int("limit", p.budget), slog.String("reason", header(p.orig, "reason")))
@@ -111,6 +113,9 @@ func (rp *RejectPublisher) round(ctx context.Context, pending []*pendingReject) 
 			default:
 				rp.drop(ctx, p, perr, "reject refused by the broker for what it is, which no retry changes; dropped (the original stays in its topic)")
 			}
+		}
+		if split != nil {
+			rp.log().WarnContext(ctx, "rejects refused together; sending each alone", slog.Int("rejects", len(call)), slog.Any("error", split))
 		}
 	}
 	return again, transient
