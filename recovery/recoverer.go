@@ -155,18 +155,21 @@ func (r *Recoverer) run(ctx context.Context) {
 }
 
 // Pass reports one pass.
+//
+// Its JSON (`consumer recover --json`, docs/runbook.md) has snake_case
+// keys, as every operator command's JSON.
 type Pass struct {
-	Decisions map[DecisionKind]int
-	Skipped   int // taken over by another process first
-	Failed    int // decision failed deterministically; the row was quarantined
-	Retried   int // decision failed transiently; the row is left for the next pass
-	Redriven  int
+	Decisions map[DecisionKind]int `json:"decisions"`
+	Skipped   int                  `json:"skipped"`  // taken over by another process first
+	Failed    int                  `json:"failed"`   // decision failed deterministically; the row was quarantined
+	Retried   int                  `json:"retried"`  // decision failed transiently; the row is left for the next pass
+	Redriven  int                  `json:"redriven"` // sessions re-woken because their wake was lost
 	// Deferred counts the claims and lost wakes left for the next pass
 	// for want of a recovery token (Config.Rate).
-	Deferred int `json:",omitempty"`
+	Deferred int `json:"deferred,omitempty"`
 	// Held is what a pass in hold planned and left, by decision (lost
 	// wakes as DecisionRedriven); empty in auto.
-	Held map[DecisionKind]int `json:",omitempty"`
+	Held map[DecisionKind]int `json:"held,omitempty"`
 }
 
 // RunOnce runs one bounded pass: expired claims, then lost wakes, then the
