@@ -288,7 +288,10 @@ func decodeMembers(value []byte, allowed map[string]bool) (map[string]json.RawMe
 		return nil, reject(ReasonInvalidJSON, "value is not a JSON object")
 	}
 	fields := make(map[string]json.RawMessage, len(allowed))
-	var unknown, repeated string
+	// unknown is a pointer, not the name: "" is a member name too, and
+	// the first unknown member must be reported whatever it is called.
+	var unknown *string
+	var repeated string
 	for dec.More() {
 		tok, err := dec.Token()
 		if err != nil {
@@ -301,7 +304,9 @@ func decodeMembers(value []byte, allowed map[string]bool) (map[string]json.RawMe
 		}
 		switch _, seen := fields[name]; {
 		case !allowed[name]:
-			unknown = cmp.Or(unknown, name)
+			if unknown == nil {
+				unknown = &name
+			}
 		case seen:
 			repeated = cmp.Or(repeated, name)
 		default:
@@ -315,8 +320,8 @@ func decodeMembers(value []byte, allowed map[string]bool) (map[string]json.RawMe
 		return nil, reject(ReasonTrailingBytes, "data after the JSON object")
 	}
 	switch {
-	case unknown != "":
-		return nil, reject(ReasonUnknownField, "unknown field %q", truncate([]byte(unknown), 64))
+	case unknown != nil:
+		return nil, reject(ReasonUnknownField, "unknown field %q", truncate([]byte(*unknown), 64))
 	case repeated != "":
 		return nil, reject(ReasonInvalidJSON, "field %q appears more than once", repeated)
 	}

@@ -506,6 +506,7 @@ func TestLimitsBeyondDecode(t *testing.T) {
 			`{"request_id":"r1","reply":"maybe"}`:              envelope.ReasonInvalidField,
 			`{"request_id":"r1","reply":"once","message":"x"}`: envelope.ReasonInvalidField,
 			`{"request_id":"r1","reply":"once","extra":1}`:     envelope.ReasonUnknownField,
+			`{"request_id":"r1","reply":"once","":1}`:          envelope.ReasonUnknownField,
 			"\xff": envelope.ReasonInvalidUTF8,
 			// The prompt decoder's discipline (issue 15, items 4 and 14):
 			// encoding/json took these as approvals.

@@ -121,6 +121,7 @@ func TestPromptSchemaAgreesWithDecode(t *testing.T) {
 		{name: "NullResume", value: `{"message_id":"m1","session_id":"s1","text":"hi","resume":null}`, reason: envelope.ReasonInvalidField},
 		{name: "UnknownField", value: `{"message_id":"m1","session_id":"s1","text":"hi","model":"x"}`, reason: envelope.ReasonUnknownField},
 		{name: "NameInOtherCase", value: `{"message_id":"m1","Session_ID":"s1","text":"hi"}`, reason: envelope.ReasonUnknownField},
+		{name: "EmptyMemberName", value: `{"message_id":"m1","session_id":"s1","text":"hi","":"x"}`, reason: envelope.ReasonUnknownField},
 		{name: "BadDelivery", value: `{"message_id":"m1","session_id":"s1","text":"hi","delivery":"now"}`, reason: envelope.ReasonInvalidField},
 		{name: "EmptyText", value: `{"message_id":"m1","session_id":"s1","text":""}`, reason: envelope.ReasonInvalidField},
 		{name: "NULInText", value: `{"message_id":"m1","session_id":"s1","text":"a\u0000"}`, reason: envelope.ReasonInvalidField},
