@@ -60,3 +60,27 @@ func checkHelpFlag(t *testing.T, help string, f *pflag.Flag) {
 		"--%s: the placeholder after the name must be its type %q", f.Name, want)
 	require.NotContains(t, line, "`", "--%s: a back-quote in a usage text is taken for the placeholder", f.Name)
 }
+
+// TestUnknownSubcommandFails runs every command that has subcommands
+// with one that does not exist: it must exit 1 naming it, as the root
+// does, never print the help and exit 0 (a script's `consumer recovery
+// hodl` would otherwise go on as if recovery were held).
+func TestUnknownSubcommandFails(t *testing.T) {
+	t.Parallel()
+	var walk func(path []string, c *cobra.Command)
+	walk = func(path []string, c *cobra.Command) {
+		if !c.HasSubCommands() {
+			return
+		}
+		t.Run(strings.Join(append([]string{"consumer"}, path...), "_"), func(t *testing.T) {
+			t.Parallel()
+			stdout, stderr, code := runOnce(t, append(append([]string{}, path...), "no-such-command")...)
+			require.Equal(t, 1, code, "stdout:\n%s", stdout)
+			require.Contains(t, stderr, `unknown command "no-such-command"`)
+		})
+		for _, sub := range c.Commands() {
+			walk(append(append([]string{}, path...), sub.Name()), sub)
+		}
+	}
+	walk(nil, newRootCommandEnv(func() []string { return nil }))
+}

@@ -149,8 +149,35 @@ func newRootCommandEnv(environ func() []string) *cobra.Command {
 		Program: "consumer",
 	})
 	root.AddCommand(newConfigCommand(root, loader))
+	failUnknownSubcommands(root)
 	loader.Install(root)
 	return root
+}
+
+// failUnknownSubcommands makes every command that only groups others
+// (recovery, quarantine, session, config) refuse a subcommand it does not
+// have, as cobra makes the root do. Cobra leaves a group without a Run
+// alone: `consumer recovery hodl` printed the help and exited 0, and a
+// script took it for done.
+func failUnknownSubcommands(c *cobra.Command) {
+	for _, sub := range c.Commands() {
+		failUnknownSubcommands(sub)
+	}
+	if !c.HasParent() || c.Runnable() || !c.HasSubCommands() {
+		return
+	}
+	c.Args = cobra.ArbitraryArgs
+	c.SuggestionsMinimumDistance = 2 // the root's default: hodl finds hold
+	c.RunE = func(cmd *cobra.Command, args []string) error {
+		if len(args) == 0 {
+			return cmd.Help()
+		}
+		msg := fmt.Sprintf("unknown command %q for %q", args[0], cmd.CommandPath())
+		if suggestions := cmd.SuggestionsFor(args[0]); len(suggestions) > 0 {
+			msg += "; did you mean " + strings.Join(suggestions, " or ") + "?"
+		}
+		return errors.New(msg)
+	}
 }
 
 // addSecurityFlags adds the Kafka TLS and SASL flags (kafkautil.Security
