@@ -28,3 +28,15 @@ func TestRecoverJSONKeys(t *testing.T) {
 	require.ElementsMatch(t, []string{"decisions", "skipped", "failed", "retried", "redriven"}, keys, out)
 	require.JSONEq(t, `{}`, string(got["decisions"]), out)
 }
+
+// TestRecoveryExplainJSONNoDecisions runs `consumer recovery explain
+// --json` for a session no recovery decided on: an empty array, as
+// `quarantine list --json` prints for no rows, never null (`jq '.[]'`
+// fails on null).
+func TestRecoveryExplainJSONNoDecisions(t *testing.T) {
+	t.Parallel()
+	_, dbURL := testkit.Pool(t)
+	out, stderr, code := runOnce(t, "recovery", "explain", "s-never-recovered", "--json", "--database-url", dbURL)
+	require.Zero(t, code, "consumer recovery explain --json: %s", stderr)
+	require.JSONEq(t, `[]`, out)
+}

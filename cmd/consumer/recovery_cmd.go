@@ -103,7 +103,11 @@ func newRecoveryCommand(o *options) *cobra.Command {
 					return err
 				}
 				if asJSON {
-					return json.NewEncoder(cmd.OutOrStdout()).Encode(x.Records)
+					records := x.Records
+					if records == nil {
+						records = []recovery.Record{} // no decisions is [], not null
+					}
+					return json.NewEncoder(cmd.OutOrStdout()).Encode(records)
 				}
 				recovery.Explain(cmd.OutOrStdout(), x.Records, x.Unattached...)
 				return nil
