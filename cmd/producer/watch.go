@@ -277,6 +277,20 @@ func formatEvent(e envelope.Event) string {
 		}
 	case envelope.EventTurnRecovered:
 		b.WriteString(" continuation=" + e.ContinuationMessageID)
+	case envelope.EventPermissionAsked:
+		// What `producer reply --request` needs; never the call's input,
+		// which may hold secrets.
+		b.WriteString(" request_id=" + e.RequestID + " tool=" + e.Tool)
+	case envelope.EventPermissionReplied:
+		b.WriteString(" request_id=" + e.RequestID + " reply=" + e.Reply)
+	case envelope.EventRecoveryDecided:
+		b.WriteString(" decision=" + e.Decision)
+		if e.Rule != "" {
+			b.WriteString(" rule=" + e.Rule)
+		}
+		if e.ContinuationMessageID != "" {
+			b.WriteString(" continuation=" + e.ContinuationMessageID)
+		}
 	}
 	if e.Reason != "" {
 		b.WriteString(" reason=" + e.Reason)

@@ -137,7 +137,13 @@ func TestFormatEvent(t *testing.T) {
 		{envelope.Event{SessionID: "s-1", Type: "tool.completed", Tool: "echo", Class: "idempotent", Outcome: "unknown"},
 			`s-1 tool.completed tool=echo class=idempotent outcome=unknown`},
 		{envelope.Event{SessionID: "s-1", Type: "turn.recovered", ContinuationMessageID: "recovery-continue-x"}, `s-1 turn.recovered continuation=recovery-continue-x`},
-		{envelope.Event{SessionID: "s-1", Type: "permission.asked", Tool: "echo", RequestID: "r"}, `s-1 permission.asked`},
+		// What `producer reply` needs, never the call's input (it may hold secrets).
+		{envelope.Event{SessionID: "s-1", Type: "permission.asked", Tool: "echo", RequestID: "r", Input: []byte(`{"token":"x"}`)},
+			`s-1 permission.asked request_id=r tool=echo`},
+		{envelope.Event{SessionID: "s-1", Type: "permission.replied", RequestID: "r", Reply: "once"}, `s-1 permission.replied request_id=r reply=once`},
+		{envelope.Event{SessionID: "s-1", Type: "recovery.decided", ExecutionID: "x", Decision: "continued", Rule: "idempotent_tool_retry", ContinuationMessageID: "recovery-continue-x"},
+			`s-1 recovery.decided decision=continued rule=idempotent_tool_retry continuation=recovery-continue-x`},
+		{envelope.Event{SessionID: "s-1", Type: "recovery.decided", ExecutionID: "x", Decision: "reconciled"}, `s-1 recovery.decided decision=reconciled`},
 	} {
 		require.Equal(t, tc.want, formatEvent(tc.e))
 	}
