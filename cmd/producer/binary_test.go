@@ -44,6 +44,23 @@ func TestBinary(t *testing.T) {
 		require.Equal(t, "producer: --delivery: want queue or steer, got \"x\"\n", stderr)
 	})
 
+	// A broker without a port is a bad flag value, named as such before
+	// anything connects (as the consumer and consumer replay do), for
+	// every command.
+	for _, args := range [][]string{
+		{"send", "--session", "s-1", "--text", "hi"},
+		{"watch", "--timeout", "1s"},
+		{"reply", "--session", "s-1", "--request", "r-1", "once"},
+	} {
+		t.Run("BrokerWithoutPort_"+args[0], func(t *testing.T) {
+			t.Parallel()
+			stdout, stderr, code := run(append(args, "--brokers", "127.0.0.1:1,nohostport")...)
+			require.Equal(t, 1, code)
+			require.Empty(t, stdout)
+			require.Equal(t, "producer: --brokers: \"nohostport\" is not host:port\n", stderr)
+		})
+	}
+
 	t.Run("Send", func(t *testing.T) {
 		t.Parallel()
 		addr := testkit.Broker(t, 4).Addr()

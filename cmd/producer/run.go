@@ -3,6 +3,7 @@ package main
 import (
 	"fmt"
 	"io"
+	"net"
 	"os"
 	"slices"
 	"strings"
@@ -87,9 +88,13 @@ docs/producers.md.`,
 func parseBrokers(s string) ([]string, error) {
 	var out []string
 	for b := range strings.SplitSeq(s, ",") {
-		if b = strings.TrimSpace(b); b != "" {
-			out = append(out, b)
+		if b = strings.TrimSpace(b); b == "" {
+			continue
 		}
+		if _, port, err := net.SplitHostPort(b); err != nil || port == "" {
+			return nil, fmt.Errorf("--brokers: %q is not host:port", b)
+		}
+		out = append(out, b)
 	}
 	if len(out) == 0 {
 		return nil, fmt.Errorf("--brokers: want host:port[,host:port...], got %q", s)
