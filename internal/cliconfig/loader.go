@@ -279,13 +279,13 @@ func setFromFile(f *pflag.Flag, v any, where string) error {
 			vals = append(vals, s)
 		}
 		if _, ok := f.Value.(pflag.SliceValue); !ok {
-			return fmt.Errorf("%s: invalid value %v: want one %s, not a list", where, v, typeName(f))
+			return fmt.Errorf("%s: invalid value %v (want %s, not a list)", where, v, typeName(f))
 		}
 		return set(f, vals, true, where, fmt.Sprint(v))
 	default:
 		s, ok := scalar(v)
 		if !ok {
-			return fmt.Errorf("%s: invalid value %v: want %s", where, v, typeName(f))
+			return fmt.Errorf("%s: invalid value %v (want %s)", where, v, typeName(f))
 		}
 		if _, ok := f.Value.(pflag.SliceValue); ok {
 			return set(f, splitList(s), true, where, s)

@@ -190,7 +190,7 @@ func TestLoader(t *testing.T) {
 			{"UnknownEmptyEnv", []string{"PROMPTLINE_NO_SUCH="}, "", "PROMPTLINE_NO_SUCH"},
 			{"InvalidFileInt", nil, "db-max-conns: x\n", `db-max-conns: invalid value "x"`},
 			{"InvalidFileDuration", nil, "lease: 30\n", `lease: invalid value "30" (want a duration`},
-			{"InvalidFileList", nil, "lease: [1m]\n", `lease: invalid value [1m]: want one a duration`},
+			{"InvalidFileList", nil, "lease: [1m]\n", `lease: invalid value [1m] (want a duration like 30s or 1m30s, not a list)`},
 			{"InvalidEnvBool", []string{"PROMPTLINE_CREATE_TOPICS=maybe"}, "", `environment variable PROMPTLINE_CREATE_TOPICS (--create-topics): invalid value "maybe"`},
 			{"InvalidYAML", nil, "lease: [\n", "config file "},
 		} {
