@@ -40,6 +40,7 @@ func FuzzDecode(f *testing.F) {
 		{`{"message_id":"m1","session_id":"s1","text":"x"}]`, "", false},
 		{`{"message_id":"m1","session_id":"s1","text":""}`, "", false},
 		{`{"message_id":"m 1","session_id":"s1","text":"x","extra":1}`, "", false},
+		{`{"message_id":"m1","session_id":"s1","text":"x","":1}`, "", false},
 		{"{\"message_id\":\"m1\",\"session_id\":\"s1\",\"text\":\"\xff\"}", "", false},
 		{`{}`, "", false},
 		{`[]`, "", false},
@@ -77,6 +78,7 @@ func FuzzDecode(f *testing.F) {
 		}
 
 		checkValid(t, k, p)
+		checkMembers(t, value)
 
 		b, err := envelope.Marshal(p)
 		if err != nil {
@@ -119,6 +121,34 @@ func checkValid(t *testing.T, key []byte, p envelope.Prompt) {
 	}
 	if key != nil && string(key) != p.SessionID {
 		t.Fatalf("accepted key %q for session %q", key, p.SessionID)
+	}
+}
+
+// checkMembers asserts that an accepted value is one object whose member
+// names are the envelope's, spelled exactly, each once (the schema's
+// additionalProperties: false, and no unknown member of any name).
+func checkMembers(t *testing.T, value []byte) {
+	t.Helper()
+	allowed := map[string]bool{"message_id": true, "session_id": true, "text": true, "delivery": true, "resume": true}
+	dec := json.NewDecoder(bytes.NewReader(value))
+	if tok, err := dec.Token(); err != nil || tok != json.Delim('{') {
+		t.Fatalf("accepted %q, which does not open an object", value)
+	}
+	seen := map[string]bool{}
+	for dec.More() {
+		tok, err := dec.Token()
+		if err != nil {
+			t.Fatalf("accepted %q: %v", value, err)
+		}
+		name, _ := tok.(string)
+		if !allowed[name] || seen[name] {
+			t.Fatalf("accepted %q with member %q", value, name)
+		}
+		seen[name] = true
+		var raw json.RawMessage
+		if err := dec.Decode(&raw); err != nil {
+			t.Fatalf("accepted %q: %v", value, err)
+		}
 	}
 }
 
