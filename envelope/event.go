@@ -1,10 +1,12 @@
 package envelope
 
 import (
+	"bytes"
 	"encoding/json"
 	"errors"
 	"strings"
 	"time"
+	"unicode/utf8"
 )
 
 // Event types on the session-events topic.
@@ -101,6 +103,73 @@ type Event struct {
 	// tool.completed: succeeded, failed, unknown or interrupted (the
 	// ledger's terminal call states).
 	Outcome string `json:"outcome,omitempty"`
+
+	// Truncated: Text or Error is cut short, or Input left out, so that
+	// the event fits in one Kafka message (MarshalWithin); the transcript
+	// holds the whole.
+	Truncated bool `json:"truncated,omitempty"`
+}
+
+// MarshalWithin returns e as JSON of at most limit bytes (no bound when
+// limit is 0 or less). What an event carries from outside (a model's answer, an
+// error's text, a tool call's input) has no bound of its own, and an
+// event larger than the topic takes could never be published: its
+// watchers would never see the turn end, or the ask its session waits on.
+// So when e does not fit, Input is left out (cut JSON is no JSON), then
+// Text and Error are cut at a character boundary, the longer first, until
+// it fits, and Truncated says so. An event that still does not fit (its IDs
+// alone are too many) is returned whole: the relay quarantines it.
+//
+// Strings are written as they are, not with HTML's <, > and & escaped
+// (json.Marshal's default), which would make an answer full of markup six
+// times its size; the JSON value is the same.
+func (e Event) MarshalWithin(limit int) []byte {
+	b := marshalEvent(e)
+	if limit <= 0 || len(b) <= limit {
+		return b
+	}
+	e.Truncated, e.Input = true, nil
+	for {
+		b = marshalEvent(e)
+		over := len(b) - limit
+		if over <= 0 {
+			return b
+		}
+		long, short := &e.Text, &e.Error
+		if len(e.Error) > len(e.Text) {
+			long, short = short, long
+		}
+		if *long == "" {
+			return b
+		}
+		// Each byte cut takes at least one byte of JSON with it. The
+		// longer member is cut first, down to the shorter's length at
+		// most, then each by half of what is over, so that both keep a
+		// part when both are long.
+		*long = cutEnd(*long, min(over, max(len(*long)-len(*short), (over+1)/2)))
+	}
+}
+
+// marshalEvent is e as JSON, HTML's characters unescaped.
+func marshalEvent(e Event) []byte {
+	var buf bytes.Buffer
+	enc := json.NewEncoder(&buf)
+	enc.SetEscapeHTML(false)
+	_ = enc.Encode(e) // an Event always marshals
+	return bytes.TrimSuffix(buf.Bytes(), []byte("\n"))
+}
+
+// cutEnd returns s without at least its last n bytes, cut before a
+// character.
+func cutEnd(s string, n int) string {
+	if n >= len(s) {
+		return ""
+	}
+	i := len(s) - n
+	for i > 0 && !utf8.RuneStart(s[i]) {
+		i--
+	}
+	return s[:i]
 }
 
 // EventToolCall is a tool call a step requested (step.completed), without

@@ -15,6 +15,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/promptline/promptline/envelope"
 	"github.com/promptline/promptline/internal/faults"
 	"github.com/promptline/promptline/internal/kafkautil"
 	"github.com/promptline/promptline/internal/lazylog"
@@ -102,6 +103,12 @@ type ExecutorConfig struct {
 	// DeltaMaxBytes publishes a delta once its text has this many bytes.
 	// Defaults to 1024.
 	DeltaMaxBytes int
+	// MaxMessageBytes is the largest message the outbox relay sends
+	// (outbox.RelayConfig.MaxMessageBytes): an event whose answer, error
+	// or tool input would make it larger carries what fits and says it was
+	// cut (envelope.Event.Truncated); the transcript holds the whole.
+	// Defaults to the relay's default.
+	MaxMessageBytes int
 	// StopGrace is how long Stop lets running turns finish before it
 	// cancels them (they still settle and release). Defaults to 30s.
 	StopGrace time.Duration
@@ -968,9 +975,12 @@ func attemptLanded(id string, state ledger.AttemptState) ledger.LandedFunc {
 	}
 }
 
-var (
-	eventRow = outbox.EventRow
-	wakeRow  = outbox.WakeRow
-)
+var wakeRow = outbox.WakeRow
+
+// eventRow is the outbox row of a session event, its outside content cut
+// to fit the relay's messages.
+func (e *Executor) eventRow(ev envelope.Event) outbox.Row {
+	return outbox.EventRowWithin(e.cfg.Topics.Events, ev, e.cfg.MaxMessageBytes)
+}
 
 func newID() string { return uuid.Must(uuid.NewV7()).String() }

@@ -104,7 +104,7 @@ func (ex *execution) park(ctx context.Context, p ledger.CallParams, c provider.T
 		if !inserted {
 			return nil
 		}
-		return outbox.Insert(ctx, tx, eventRow(ex.e.cfg.Topics.Events, envelope.Event{
+		return outbox.Insert(ctx, tx, ex.e.eventRow(envelope.Event{
 			ID: "permission.asked:" + p.ID, Type: envelope.EventPermissionAsked, SessionID: ex.sessionID,
 			At: time.Now().UTC(), RequestID: p.ID, Tool: c.Name, Input: jsonOrString(c.Input),
 		}))

@@ -245,7 +245,7 @@ func (ex *execution) recordResponse(ctx context.Context, t *turn, step int, atte
 		// The answer, and the release when nothing waits: one commit, in
 		// one round trip.
 		landed := attemptLanded(attemptID, ledger.AttemptSucceeded)
-		topics, keys, payloads := outbox.Columns([]outbox.Row{stepDone, eventRow(ex.e.cfg.Topics.Events, envelope.Event{
+		topics, keys, payloads := outbox.Columns([]outbox.Row{stepDone, ex.e.eventRow(envelope.Event{
 			ID: "turn.completed:" + t.assistantID, Type: envelope.EventTurnCompleted, SessionID: ex.sessionID,
 			At: time.Now().UTC(), MessageIDs: ids(t.inputs), AssistantMessageID: t.assistantID, Text: resp.Text,
 		})})

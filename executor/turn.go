@@ -48,7 +48,7 @@ type pendingCall struct {
 
 // turnStarted announces t's promotion.
 func (ex *execution) turnStarted(t *turn) outbox.Row {
-	return eventRow(ex.e.cfg.Topics.Events, envelope.Event{
+	return ex.e.eventRow(envelope.Event{
 		ID: "turn.started:" + t.id, Type: envelope.EventTurnStarted, SessionID: ex.sessionID, At: time.Now().UTC(),
 		TurnID: t.id, MessageIDs: ids(t.inputs),
 	})
@@ -76,7 +76,7 @@ func (ex *execution) stepCompleted(t *turn, step int, text string, calls []ledge
 	for _, c := range calls {
 		e.ToolCalls = append(e.ToolCalls, envelope.EventToolCall{CallID: c.ID, ModelCallID: c.ModelCallID, Tool: c.Tool, Class: c.Class})
 	}
-	return eventRow(ex.e.cfg.Topics.Events, e)
+	return ex.e.eventRow(e)
 }
 
 // toolEvent announces a call's dispatch (tool.started) or outcome
@@ -89,7 +89,7 @@ func (ex *execution) stepCompleted(t *turn, step int, text string, calls []ledge
 // the call start again and keeps "unknown" for what really happened.
 func (ex *execution) toolEvent(typ, turnID string, p ledger.CallParams, outcome string) outbox.Row {
 	id := typ + ":" + p.ID + "@" + strconv.FormatInt(ex.x.Claim().Token, 10)
-	return eventRow(ex.e.cfg.Topics.Events, envelope.Event{
+	return ex.e.eventRow(envelope.Event{
 		ID: id, Type: typ, SessionID: ex.sessionID, At: time.Now().UTC(),
 		TurnID: turnID, CallID: p.ID, ModelCallID: p.ModelCallID, Tool: p.Tool, Class: p.Class, Outcome: outcome,
 	})

@@ -75,7 +75,7 @@ func (ex *execution) failTurn(ctx context.Context, t *turn, reason string, cause
 		if err := ex.x.SetPhase(wctx, tx, ledger.PhaseSafe, t.assistantID); err != nil {
 			return err
 		}
-		return outbox.Insert(wctx, tx, eventRow(ex.e.cfg.Topics.Events, envelope.Event{
+		return outbox.Insert(wctx, tx, ex.e.eventRow(envelope.Event{
 			ID: "turn.failed:" + t.assistantID, Type: envelope.EventTurnFailed, SessionID: ex.sessionID,
 			At: time.Now().UTC(), MessageIDs: ids(t.inputs), AssistantMessageID: t.assistantID,
 			Reason: reason, Error: causeText,

@@ -1,6 +1,7 @@
 package outbox
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -54,10 +55,29 @@ INSERT INTO outbox (topic, key, payload)
 SELECT t, k, p FROM unnest($1::text[], $2::text[], $3::bytea[]) WITH ORDINALITY AS r(t, k, p, n)
 ORDER BY n`
 
-// EventRow is the outbox row announcing a session event on topic.
+// EventRow is the outbox row announcing a session event on topic, cut to
+// fit the relay's default limit (EventRowWithin).
 func EventRow(topic string, e envelope.Event) Row {
-	b, _ := json.Marshal(e) // an Event always marshals
+	return EventRowWithin(topic, e, 0)
+}
+
+// EventRowWithin is the outbox row announcing a session event on topic,
+// its outside content cut (envelope.Event.MarshalWithin) so that the
+// relay's message fits in maxMessageBytes (RelayConfig.MaxMessageBytes;
+// 0 for its default): a row larger than the relay sends is quarantined,
+// and an event is never released from that, however often an operator
+// tries.
+func EventRowWithin(topic string, e envelope.Event, maxMessageBytes int) Row {
+	limit := cmp.Or(maxMessageBytes, maxMessageBytesDefault)
+	b := e.MarshalWithin(limit - messageBytes(e.SessionID, 0))
 	return Row{Topic: topic, Key: e.SessionID, Payload: b}
+}
+
+// messageBytes is about the size of the message the relay sends for a row
+// of key and payload, as Sarama counts it against its limit: the key, the
+// payload, the outbox ID's header and a record's own fields.
+func messageBytes(key string, payload int) int {
+	return payload + len(key) + len(HeaderOutboxID) + 64
 }
 
 // WakeRow is the outbox row waking session on topic.

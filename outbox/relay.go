@@ -371,7 +371,7 @@ func (r *Relay) publishBatch(ctx context.Context, wait bool) (n int, locked bool
 	)
 	quarantine := map[int64]string{}
 	_, err = pgx.ForEachRow(rows, []any{&id, &topic, &key, &payload}, func() error {
-		if size := len(payload) + len(key) + len(HeaderOutboxID) + 64; size > r.maxMessageBytes() {
+		if size := messageBytes(key, len(payload)); size > r.maxMessageBytes() {
 			quarantine[id] = fmt.Sprintf("message of about %d bytes exceeds the producer's limit of %d", size, r.maxMessageBytes())
 			return nil
 		}
@@ -714,7 +714,13 @@ func (r *Relay) forget(id int64) {
 }
 
 // maxMessageBytes is RelayConfig.MaxMessageBytes with its default.
-func (r *Relay) maxMessageBytes() int { return cmp.Or(r.config.MaxMessageBytes, 1_000_000) }
+func (r *Relay) maxMessageBytes() int {
+	return cmp.Or(r.config.MaxMessageBytes, maxMessageBytesDefault)
+}
+
+// maxMessageBytesDefault is RelayConfig.MaxMessageBytes when it is zero:
+// Sarama's default.
+const maxMessageBytesDefault = 1_000_000
 
 // sizeError reports whether err says the message, or the produce set it
 // was batched in, is over a limit: the broker refuses the whole set, so a

@@ -261,7 +261,7 @@ func run(ctx context.Context, o *options, stderr io.Writer) (err error) {
 	exec, err := executor.NewExecutor(db.Pool, &executor.ExecutorConfig{
 		Claims: claims, Topics: topics, MaxSessions: o.maxSessions, Logger: log, OnCommitFunc: relay.Nudge,
 		Provider: provider, ProviderName: providerName, Tools: toolbox, PermissionFunc: o.permissions.lookup,
-		ToolTimeout: o.toolTimeout, Deltas: deltas, StopGrace: o.shutdownGrace,
+		ToolTimeout: o.toolTimeout, Deltas: deltas, StopGrace: o.shutdownGrace, MaxMessageBytes: cfg.Producer.MaxMessageBytes,
 		OnClaimFunc:      func(event string) { m.Claims.WithLabelValues(event).Inc() },
 		OnWakeFunc:       func(result string) { m.Wakes.WithLabelValues(result).Inc() },
 		OnRunStartedFunc: m.ActiveExecutions.Inc,
