@@ -201,8 +201,16 @@ func requestFingerprint(req provider.Request) (hash []byte, tokens int64) {
 	return h[:], (int64(len(b)) + 3) / 4
 }
 
+// waitingSQL reads every waiting input of a session, oldest first, with
+// the text of those a turn can pick (pickTurn: the steers, else the
+// oldest) and an empty text for the others, not read from storage: a
+// session with a thousand queued prompts of a megabyte would have every
+// turn read and hold all of them (TestViewReadsTheTextOfWhatATurnCanPick).
 const waitingSQL = `
-SELECT message_id, text, delivery, kind FROM waiting_inputs WHERE session_id = $1 ORDER BY admission_seq`
+SELECT message_id,
+       CASE WHEN delivery = 'steer' OR row_number() OVER (ORDER BY admission_seq) = 1 THEN text ELSE '' END,
+       delivery, kind
+FROM waiting_inputs WHERE session_id = $1 ORDER BY admission_seq`
 
 // promoteSQL promotes one input and creates its user message with its
 // text, in one statement: it writes inputs (admission's table) and

@@ -1,0 +1,85 @@
+package executor
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/promptline/promptline/admission"
+	"github.com/promptline/promptline/envelope"
+	"github.com/promptline/promptline/internal/testkit"
+)
+
+// A session's view read the text of every waiting input, to promote one
+// (or the steers): a session with a thousand queued prompts of a megabyte
+// had each of its turns read and hold a gigabyte, a thousand times over,
+// enough to kill the process at every wake of it (and its partition's
+// other sessions with it). The view reads the text of the inputs a turn
+// can pick: the steers and the oldest.
+func TestViewReadsTheTextOfWhatATurnCanPick(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool, _ := testkit.Pool(t)
+	admitter := admission.NewAdmitter(pool, &admission.AdmitterConfig{})
+
+	const n, size = 200, 256 << 10
+	admit := func(t *testing.T, session string, delivery func(i int) envelope.Delivery) {
+		t.Helper()
+		for i := 0; i < n; i += 20 {
+			var batch []admission.Incoming
+			for j := i; j < i+20; j++ {
+				batch = append(batch, admission.Incoming{Prompt: envelope.Prompt{
+					MessageID: fmt.Sprintf("%s-m%03d", session, j), SessionID: session,
+					Text: fmt.Sprintf("%03d", j) + strings.Repeat("x", size), Delivery: delivery(j)}})
+			}
+			_, err := admitter.Admit(ctx, batch)
+			require.NoError(t, err)
+		}
+	}
+	view := func(t *testing.T, session string) (*sessionView, int) {
+		t.Helper()
+		ex := &execution{e: &Executor{pool: pool}, sessionID: session}
+		start := time.Now()
+		v, err := ex.readView(ctx)
+		require.NoError(t, err)
+		held := 0
+		for _, w := range v.waiting {
+			held += len(w.text)
+		}
+		t.Logf("view of %d waiting inputs of %d kB: %d kB of text read in %s", len(v.waiting), size>>10, held>>10, time.Since(start))
+		return v, held
+	}
+
+	t.Run("Queued", func(t *testing.T) {
+		t.Parallel()
+		admit(t, "q", func(int) envelope.Delivery { return envelope.DeliveryQueue })
+		v, held := view(t, "q")
+		require.Len(t, v.waiting, n, "every waiting input is seen")
+		require.Equal(t, size+3, held, "the text of the oldest alone")
+		tt := newTurn(pickTurn(v.waiting))
+		require.Len(t, tt.inputs, 1)
+		require.Equal(t, "000"+strings.Repeat("x", size), tt.inputs[0].Text)
+	})
+
+	t.Run("Steers", func(t *testing.T) {
+		t.Parallel()
+		admit(t, "s", func(i int) envelope.Delivery {
+			if i%50 == 7 {
+				return envelope.DeliverySteer
+			}
+			return envelope.DeliveryQueue
+		})
+		v, held := view(t, "s")
+		require.Len(t, v.waiting, n)
+		require.Equal(t, 5*(size+3), held, "the steers' and the oldest's")
+		tt := newTurn(pickTurn(v.waiting))
+		require.Len(t, tt.inputs, 4)
+		for i, in := range tt.inputs {
+			require.Equal(t, fmt.Sprintf("%03d", 50*i+7)+strings.Repeat("x", size), in.Text)
+		}
+	})
+}
