@@ -250,7 +250,7 @@ func BenchmarkIdlePass(b *testing.B) {
 	pool := benchPool(b, 4)
 	relay := NewRelay(pool, nil, nil) // an empty pass never reaches the producer
 	for b.Loop() {
-		if _, _, err := relay.publishBatch(ctx, false); err != nil {
+		if _, _, _, err := relay.publishBatch(ctx, false); err != nil {
 			b.Fatal(err)
 		}
 	}

@@ -8,7 +8,6 @@ import (
 	"io"
 	"log/slog"
 	"net"
-	"slices"
 	"strconv"
 	"sync"
 	"syscall"
@@ -101,6 +100,14 @@ type RelayConfig struct {
 	// sent: it would fail every pass and block the rows behind it.
 	// Defaults to 1,000,000, Sarama's default.
 	MaxMessageBytes int
+	// MaxPassBytes bounds the payloads one pass holds and sends: the pass
+	// ends at the row that reaches it (it takes one row at least), and the
+	// next pass follows at once. A row may be as large as MaxMessageBytes,
+	// and a pass held BatchSize of them at once: 500 events of a large
+	// answer each (a backlog after an outage of Kafka) were up to 500 MB
+	// of rows in one relay, and the next relay to take the lock took the
+	// same rows. Defaults to 16 MiB.
+	MaxPassBytes int
 }
 
 // Relay publishes committed outbox rows to Kafka, at least once and in
@@ -189,6 +196,7 @@ func NewRelay(pool *pgxpool.Pool, producer sarama.SyncProducer, config *RelayCon
 	c.PollInterval = cmp.Or(c.PollInterval, pollIntervalDefault)
 	c.Logger = cmp.Or(c.Logger, slog.New(slog.DiscardHandler))
 	c.FailingRowQuarantineAfter = cmp.Or(c.FailingRowQuarantineAfter, failingRowQuarantineAfterDefault)
+	c.MaxPassBytes = cmp.Or(c.MaxPassBytes, maxPassBytesDefault)
 	return &Relay{
 		pool:        pool,
 		producer:    producer,
@@ -233,17 +241,17 @@ func (r *Relay) Nudge() {
 }
 
 // Flush publishes everything committed before it was called and returns
-// when a pass finds less than a full batch. Unlike the loop it waits for
+// when a pass finds less than a full batch (of rows or of bytes). Unlike the loop it waits for
 // RelayLockKey instead of giving up, so it also waits out a pass running in
 // another relay. It runs in the caller's goroutine, beside a started loop
 // or without one.
 func (r *Relay) Flush(ctx context.Context) error {
 	for {
-		n, _, err := r.publishBatch(ctx, true)
+		_, _, more, err := r.publishBatch(ctx, true)
 		if err != nil {
 			return err
 		}
-		if n < r.config.BatchSize {
+		if !more {
 			return nil
 		}
 	}
@@ -267,12 +275,12 @@ func (r *Relay) run(ctx context.Context) {
 			nudged = true
 		default:
 		}
-		n, locked, err := r.publishBatch(ctx, false)
+		_, locked, more, err := r.publishBatch(ctx, false)
 		if err == nil && !locked && nudged {
 			// Another relay's pass holds the lock, and rows committed here
 			// may have missed its SELECT: wait for the lock (bounded by
 			// the connection's lock_timeout) rather than for the poll.
-			n, locked, err = r.publishBatch(ctx, true)
+			_, locked, more, err = r.publishBatch(ctx, true)
 		}
 		nudged = false
 		var wait time.Duration
@@ -285,7 +293,7 @@ func (r *Relay) run(ctx context.Context) {
 			failures++
 			r.logger.WarnContext(ctx, "outbox relay: publish failed; rows stay unpublished and will be retried",
 				slog.Any("error", err), slog.Duration("retry_in", wait), slog.Int("failures", failures))
-		case locked && n == r.config.BatchSize:
+		case locked && more:
 			failures = 0
 			continue
 		default:
@@ -335,11 +343,12 @@ func (r *Relay) finalFlush(ctx context.Context) {
 
 // publishBatch runs one pass. With wait it blocks on RelayLockKey, else it
 // gives up when another transaction holds it (locked is false). It returns
-// the number of rows published.
-func (r *Relay) publishBatch(ctx context.Context, wait bool) (n int, locked bool, err error) {
+// the number of rows published, and more when rows may be left behind
+// the pass: it published a full batch, or it ended at MaxPassBytes.
+func (r *Relay) publishBatch(ctx context.Context, wait bool) (n int, locked, more bool, err error) {
 	tx, err := r.pool.Begin(ctx)
 	if err != nil {
-		return 0, false, fmt.Errorf("outbox relay: beginning publish transaction: %w", err)
+		return 0, false, false, fmt.Errorf("outbox relay: beginning publish transaction: %w", err)
 	}
 	// After Commit this is a no-op; on any failure it releases the lock
 	// and leaves the rows unpublished, even when ctx is already cancelled.
@@ -352,16 +361,16 @@ func (r *Relay) publishBatch(ctx context.Context, wait bool) (n int, locked bool
 		err = tx.QueryRow(ctx, tryLockSQL, RelayLockKey).Scan(&locked, nil, nil)
 	}
 	if err != nil {
-		return 0, false, fmt.Errorf("outbox relay: taking advisory lock %d: %w", RelayLockKey, err)
+		return 0, false, false, fmt.Errorf("outbox relay: taking advisory lock %d: %w", RelayLockKey, err)
 	}
 	if !locked {
-		return 0, false, nil
+		return 0, false, false, nil
 	}
 
 	failingIDs, suspectKeys := r.failingSnapshot()
 	rows, err := tx.Query(ctx, selectSQL, r.config.BatchSize, failingIDs, suspectKeys)
 	if err != nil {
-		return 0, true, fmt.Errorf("outbox relay: selecting unpublished rows: %w", err)
+		return 0, true, false, fmt.Errorf("outbox relay: selecting unpublished rows: %w", err)
 	}
 	var (
 		pass       []passRow
@@ -370,19 +379,33 @@ func (r *Relay) publishBatch(ctx context.Context, wait bool) (n int, locked bool
 		payload    []byte
 	)
 	quarantine := map[int64]string{}
+	// cut: the pass ended at MaxPassBytes; the rows after it, in ID order,
+	// wait for the next pass, which follows at once.
+	var passBytes int
+	cut := false
 	_, err = pgx.ForEachRow(rows, []any{&id, &topic, &key, &payload}, func() error {
 		if size := messageBytes(key, len(payload)); size > r.maxMessageBytes() {
 			quarantine[id] = fmt.Sprintf("message of about %d bytes exceeds the producer's limit of %d", size, r.maxMessageBytes())
 			return nil
 		}
-		pass = append(pass, passRow{id: id, topic: topic, key: key, payload: slices.Clone(payload)})
+		// pgx scans a bytea into a new slice each row (it copies out of
+		// its read buffer), so payload is the row's own: no clone, which
+		// held every pass's rows twice.
+		pass = append(pass, passRow{id: id, topic: topic, key: key, payload: payload})
+		if passBytes += len(payload); passBytes >= r.config.MaxPassBytes {
+			cut = true
+			return errPassFull
+		}
 		return nil
 	})
+	if errors.Is(err, errPassFull) {
+		err = nil
+	}
 	if err != nil {
-		return 0, true, fmt.Errorf("outbox relay: reading unpublished rows: %w", err)
+		return 0, true, false, fmt.Errorf("outbox relay: reading unpublished rows: %w", err)
 	}
 	if len(pass) == 0 && len(quarantine) == 0 {
-		return 0, true, nil
+		return 0, true, false, nil
 	}
 
 	ids, held, failed := r.send(pass, quarantine)
@@ -392,7 +415,7 @@ func (r *Relay) publishBatch(ctx context.Context, wait bool) (n int, locked bool
 	}
 	if len(ids) == 0 && len(quarantine) == 0 {
 		// Nothing went out and nothing is settled: the loop backs off.
-		return 0, true, fmt.Errorf("outbox relay: publishing %d rows (ids %d..%d): %w",
+		return 0, true, false, fmt.Errorf("outbox relay: publishing %d rows (ids %d..%d): %w",
 			len(pass), pass[0].id, pass[len(pass)-1].id, failed)
 	}
 	if held > 0 {
@@ -432,7 +455,7 @@ func (r *Relay) publishBatch(ctx context.Context, wait bool) (n int, locked bool
 			return err
 		})
 		if err != nil {
-			return 0, true, fmt.Errorf("outbox relay: %w", err)
+			return 0, true, false, fmt.Errorf("outbox relay: %w", err)
 		}
 	}
 	for qid, reason := range quarantine {
@@ -444,7 +467,7 @@ func (r *Relay) publishBatch(ctx context.Context, wait bool) (n int, locked bool
 	if r.config.OnPublished != nil && len(ids) > 0 {
 		r.config.OnPublished(len(ids), time.Duration(oldestSeconds*float64(time.Second)))
 	}
-	return len(ids), true, nil
+	return len(ids), true, cut || len(ids) == r.config.BatchSize, nil
 }
 
 // settle marks the rows Kafka took published and quarantines the rows
@@ -721,6 +744,12 @@ func (r *Relay) maxMessageBytes() int {
 // maxMessageBytesDefault is RelayConfig.MaxMessageBytes when it is zero:
 // Sarama's default.
 const maxMessageBytesDefault = 1_000_000
+
+// maxPassBytesDefault is RelayConfig.MaxPassBytes when it is zero.
+const maxPassBytesDefault = 16 << 20
+
+// errPassFull ends the reading of a pass's rows at MaxPassBytes.
+var errPassFull = errors.New("the pass holds MaxPassBytes")
 
 // sizeError reports whether err says the message, or the produce set it
 // was batched in, is over a limit: the broker refuses the whole set, so a
