@@ -72,7 +72,7 @@ func (ex *execution) promoteTx(ctx context.Context, tx pgx.Tx) (*turn, error) {
 // selectTurn promotes the next turn's inputs inside tx.
 func (ex *execution) selectTurn(ctx context.Context, tx pgx.Tx) (*turn, error) {
 	cl := ex.x.Claim()
-	rows, err := tx.Query(ctx, waitingSQL, ex.sessionID)
+	rows, err := tx.Query(ctx, waitingSQL, ex.sessionID, maxSteersPerTurn, maxSteerBytesPerTurn)
 	if err != nil {
 		return nil, fmt.Errorf("reading waiting inputs: %w", err)
 	}

@@ -44,13 +44,19 @@ type sessionView struct {
 // kind is the input's (admission.KindPrompt, admission.KindPermissionReply,
 // admission.KindContinuation):
 // what the input is, whatever its ID says.
-type waitingInput struct{ id, text, delivery, kind string }
+//
+// pickable says that a turn can take it (waitingSQL): only then is its
+// text read.
+type waitingInput struct {
+	id, text, delivery, kind string
+	pickable                 bool
+}
 
 // queue adds the view's reads to b, filling v when b's results are read.
 // The callbacks may run twice (a combined transaction that failed is sent
 // again alone), so each sets its part of v afresh.
 func (v *sessionView) queue(b *pgx.Batch, sessionID string) {
-	b.Queue(waitingSQL, sessionID).Query(func(rows pgx.Rows) (err error) {
+	b.Queue(waitingSQL, sessionID, maxSteersPerTurn, maxSteerBytesPerTurn).Query(func(rows pgx.Rows) (err error) {
 		v.waiting, err = scanWaiting(rows)
 		return err
 	})
@@ -149,7 +155,7 @@ func (ex *execution) firstStep(fn string, t *turn, v *sessionView) (ledger.Call,
 func scanWaiting(rows pgx.Rows) ([]waitingInput, error) {
 	var all []waitingInput
 	var w waitingInput
-	if _, err := pgx.ForEachRow(rows, []any{&w.id, &w.text, &w.delivery, &w.kind}, func() error {
+	if _, err := pgx.ForEachRow(rows, []any{&w.id, &w.text, &w.delivery, &w.kind, &w.pickable}, func() error {
 		all = append(all, w)
 		return nil
 	}); err != nil {
@@ -158,13 +164,24 @@ func scanWaiting(rows pgx.Rows) ([]waitingInput, error) {
 	return all, nil
 }
 
+// A turn takes the oldest waiting steers up to maxSteersPerTurn of them
+// and maxSteerBytesPerTurn of their text (the one that reaches it
+// included: one at least); the others jump the queue in the turns right
+// after. Unbounded, a thousand steers of a megabyte were one request of a
+// gigabyte, held several times over, and events naming a thousand inputs.
+const (
+	maxSteersPerTurn     = 100
+	maxSteerBytesPerTurn = 1 << 20
+)
+
 // pickTurn chooses the next turn's inputs from the waiting ones (oldest
-// first, at least one): every steer if any (they jump the queue), else the
+// first, at least one): the steers waitingSQL found pickable if any steer
+// waits (they jump the queue; the oldest is always pickable), else the
 // oldest queued input.
 func pickTurn(waiting []waitingInput) []waitingInput {
 	var pick []waitingInput
 	for _, w := range waiting {
-		if w.delivery == string(envelope.DeliverySteer) {
+		if w.delivery == string(envelope.DeliverySteer) && w.pickable {
 			pick = append(pick, w)
 		}
 	}

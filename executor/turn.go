@@ -201,16 +201,27 @@ func requestFingerprint(req provider.Request) (hash []byte, tokens int64) {
 	return h[:], (int64(len(b)) + 3) / 4
 }
 
-// waitingSQL reads every waiting input of a session, oldest first, with
-// the text of those a turn can pick (pickTurn: the steers, else the
-// oldest) and an empty text for the others, not read from storage: a
-// session with a thousand queued prompts of a megabyte would have every
-// turn read and hold all of them (TestViewReadsTheTextOfWhatATurnCanPick).
+// waitingSQL reads every waiting input of a session, oldest first, and
+// whether a turn can pick it (pickTurn): the oldest input, and the oldest
+// steers up to $2 of them and $3 bytes of text (the one that reaches it
+// included). Only those have their text read; the others' is empty, not
+// read from storage (octet_length reads a stored value's size, not the
+// value): a session with a thousand queued prompts of a megabyte would
+// have every turn read and hold all of them
+// (TestViewReadsTheTextOfWhatATurnCanPick).
 const waitingSQL = `
-SELECT message_id,
-       CASE WHEN delivery = 'steer' OR row_number() OVER (ORDER BY admission_seq) = 1 THEN text ELSE '' END,
-       delivery, kind
-FROM waiting_inputs WHERE session_id = $1 ORDER BY admission_seq`
+SELECT message_id, CASE WHEN pickable THEN text ELSE '' END, delivery, kind, pickable
+FROM (
+    SELECT message_id, text, delivery, kind, admission_seq,
+           CASE WHEN delivery = 'steer'
+                THEN count(*) FILTER (WHERE delivery = 'steer') OVER w <= $2
+                     AND sum(octet_length(text)) FILTER (WHERE delivery = 'steer') OVER w - octet_length(text) < $3
+                ELSE row_number() OVER w = 1
+           END AS pickable
+    FROM waiting_inputs WHERE session_id = $1
+    WINDOW w AS (ORDER BY admission_seq)
+) v
+ORDER BY admission_seq`
 
 // promoteSQL promotes one input and creates its user message with its
 // text, in one statement: it writes inputs (admission's table) and

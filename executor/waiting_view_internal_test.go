@@ -3,6 +3,7 @@ package executor
 import (
 	"context"
 	"fmt"
+	"math"
 	"strings"
 	"testing"
 	"time"
@@ -83,3 +84,64 @@ func TestViewReadsTheTextOfWhatATurnCanPick(t *testing.T) {
 		}
 	})
 }
+
+// Every waiting steer joined the next turn: a thousand steers of a
+// megabyte were one turn, a request of a gigabyte held three times over
+// (the request, its fingerprint, the provider's encoding), and events
+// naming a thousand inputs. A turn takes the oldest waiting steers up to
+// maxSteersPerTurn and maxSteerBytesPerTurn of text (one at least); the
+// others still jump the queue, in the turns right after.
+func TestATurnTakesABoundedShareOfTheSteers(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool, _ := testkit.Pool(t)
+	admitter := admission.NewAdmitter(pool, &admission.AdmitterConfig{})
+
+	admit := func(t *testing.T, session string, n, size int) {
+		t.Helper()
+		var batch []admission.Incoming
+		batch = append(batch, admission.Incoming{Prompt: envelope.Prompt{MessageID: session + "-q", SessionID: session,
+			Text: "queued first", Delivery: envelope.DeliveryQueue}})
+		for j := range n {
+			batch = append(batch, admission.Incoming{Prompt: envelope.Prompt{
+				MessageID: fmt.Sprintf("%s-s%04d", session, j), SessionID: session,
+				Text: fmt.Sprintf("%04d", j) + strings.Repeat("x", size), Delivery: envelope.DeliverySteer}})
+			if len(batch) == 50 {
+				_, err := admitter.Admit(ctx, batch)
+				require.NoError(t, err)
+				batch = nil
+			}
+		}
+		_, err := admitter.Admit(ctx, batch)
+		require.NoError(t, err)
+	}
+	pick := func(t *testing.T, session string) []waitingInput {
+		t.Helper()
+		v, err := (&execution{e: &Executor{pool: pool}, sessionID: session}).readView(ctx)
+		require.NoError(t, err)
+		return pickTurn(v.waiting)
+	}
+	for _, tc := range []struct {
+		name    string
+		n, size int
+		want    int
+	}{
+		{name: "ByCount", n: 3 * maxSteersPerTurn, size: 10, want: maxSteersPerTurn},
+		{name: "ByBytes", n: 150, size: 16 << 10, want: int(math.Ceil(float64(maxSteerBytesPerTurn) / float64(4+16<<10)))},
+		{name: "OneLargerThanTheBound", n: 3, size: maxSteerBytesPerTurn + 1, want: 1},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			s := id(t)
+			admit(t, s, tc.n, tc.size)
+			got := pick(t, s)
+			require.Equal(t, tc.want, len(got), "steers in the turn")
+			for i, w := range got {
+				require.Equal(t, fmt.Sprintf("%s-s%04d", s, i), w.id, "the oldest steers, in order")
+				require.Equal(t, fmt.Sprintf("%04d", i)+strings.Repeat("x", tc.size), w.text)
+			}
+		})
+	}
+}
+
+func id(t *testing.T) string { return strings.ReplaceAll(t.Name(), "/", "-") }
