@@ -104,9 +104,9 @@ type Event struct {
 	// ledger's terminal call states).
 	Outcome string `json:"outcome,omitempty"`
 
-	// Truncated: Text or Error is cut short, or Input left out, so that
-	// the event fits in one Kafka message (MarshalWithin); the transcript
-	// holds the whole.
+	// Truncated: Text or Error is cut short, Input left out, or
+	// ToolCalls cut to the first ones, so that the event fits in one
+	// Kafka message (MarshalWithin); the transcript holds the whole.
 	Truncated bool `json:"truncated,omitempty"`
 }
 
@@ -116,9 +116,11 @@ type Event struct {
 // event larger than the topic takes could never be published: its
 // watchers would never see the turn end, or the ask its session waits on.
 // So when e does not fit, Input is left out (cut JSON is no JSON), then
-// Text and Error are cut at a character boundary, the longer first, until
-// it fits, and Truncated says so. An event that still does not fit (its IDs
-// alone are too many) is returned whole: the relay quarantines it.
+// ToolCalls are cut to the first ones (a step of thousands of calls; each
+// has tool.started and tool.completed of its own), then Text and Error are
+// cut at a character boundary, the longer first, until it fits, and
+// Truncated says so. An event that still does not fit (its IDs alone are
+// too many) is returned whole: the relay quarantines it.
 //
 // Strings are written as they are, not with HTML's <, > and & escaped
 // (json.Marshal's default), which would make an answer full of markup six
@@ -134,6 +136,14 @@ func (e Event) MarshalWithin(limit int) []byte {
 		over := len(b) - limit
 		if over <= 0 {
 			return b
+		}
+		if n := len(e.ToolCalls); n > 0 {
+			// Drop calls worth what is over, at their average size, and one
+			// more: at least one call a round.
+			calls, _ := json.Marshal(e.ToolCalls)
+			drop := min(n, over/max(1, len(calls)/n)+1)
+			e.ToolCalls = e.ToolCalls[: n-drop : n-drop]
+			continue
 		}
 		long, short := &e.Text, &e.Error
 		if len(e.Error) > len(e.Text) {

@@ -2,6 +2,7 @@ package envelope_test
 
 import (
 	"encoding/json"
+	"fmt"
 	"strings"
 	"testing"
 	"unicode/utf8"
@@ -103,4 +104,27 @@ func TestMarshalWithin(t *testing.T) {
 		e.Text = strings.Repeat("x", 10_000)
 		require.Equal(t, e, decode(t, e.MarshalWithin(0)))
 	})
+}
+
+func TestMarshalWithinCutsToolCalls(t *testing.T) {
+	t.Parallel()
+	e := envelope.Event{ID: "step.completed:a", Type: envelope.EventStepCompleted, SessionID: "s", TurnID: "a",
+		MessageIDs: []string{"m"}, AssistantMessageID: "a", Step: 1, Text: "calling"}
+	for i := range 5_000 {
+		e.ToolCalls = append(e.ToolCalls, envelope.EventToolCall{CallID: fmt.Sprintf("a/call-%d", i), ModelCallID: fmt.Sprintf("m%d", i), Tool: "echo", Class: "idempotent"})
+	}
+	for _, limit := range []int{400, 1_000, 50_000, 300_000} {
+		b := e.MarshalWithin(limit)
+		require.LessOrEqual(t, len(b), limit)
+		got, err := envelope.DecodeEvent(b)
+		require.NoError(t, err)
+		require.True(t, got.Truncated)
+		require.Equal(t, "calling", got.Text, "the calls are cut before the text")
+		for i, c := range got.ToolCalls {
+			require.Equal(t, e.ToolCalls[i], c, "the first calls")
+		}
+		if limit > 1_000 {
+			require.Greater(t, len(b), limit*9/10, "cut by the calls' average size, not much more")
+		}
+	}
 }

@@ -3,6 +3,7 @@ package executor_test
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -18,17 +19,26 @@ import (
 	"github.com/promptline/promptline/tools"
 )
 
-// sizedProvider answers text; with call, its first step asks for call
-// instead.
+// sizedProvider answers text; with call (or calls), its first step asks
+// for them instead.
 type sizedProvider struct {
-	text string
-	call *provider.ToolCall
+	text  string
+	call  *provider.ToolCall
+	calls int
 }
 
 func (p sizedProvider) Complete(_ context.Context, req provider.Request) (provider.Response, error) {
 	afterTools := len(req.Messages) > 0 && req.Messages[len(req.Messages)-1].Role == "tool"
-	if p.call != nil && !afterTools {
+	switch {
+	case afterTools:
+	case p.call != nil:
 		return provider.Response{ToolCalls: []provider.ToolCall{*p.call}}, nil
+	case p.calls > 0:
+		calls := make([]provider.ToolCall, p.calls)
+		for i := range calls {
+			calls[i] = provider.ToolCall{ID: fmt.Sprintf("model-call-%06d", i), Name: "echo", Input: json.RawMessage(`{"text":"hi"}`)}
+		}
+		return provider.Response{ToolCalls: calls}, nil
 	}
 	return provider.Response{Text: p.text}, nil
 }
@@ -44,8 +54,9 @@ func TestEventsOfLargeOutsideContentArePublished(t *testing.T) {
 	ctx := context.Background()
 
 	type want struct {
-		typ string
-		cut bool // the text is a prefix of the answer, or the ask's input left out
+		typ   string
+		cut   bool // the text is a prefix of the answer, or the ask's input left out
+		calls bool // step.completed's tool calls: the first ones
 	}
 	for _, tc := range []struct {
 		name string
@@ -75,6 +86,12 @@ func TestEventsOfLargeOutsideContentArePublished(t *testing.T) {
 			Input: json.RawMessage(`{"text":"` + strings.Repeat("<", 200_000) + `"}`)}},
 		ask:  true,
 		want: []want{{typ: envelope.EventPermissionAsked}},
+	}, {
+		// A step of 8,000 calls: step.completed lists them all, 1.2 MB.
+		name: "StepWithThousandsOfCalls",
+		p:    sizedProvider{calls: 8_000},
+		ask:  true,
+		want: []want{{typ: envelope.EventStepCompleted, cut: true, calls: true}, {typ: envelope.EventPermissionAsked}},
 	}} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
@@ -89,7 +106,7 @@ func TestEventsOfLargeOutsideContentArePublished(t *testing.T) {
 			reg := tools.NewRegistry()
 			require.NoError(t, reg.Register(tools.NewEcho()))
 			cfg := &executor.ExecutorConfig{
-				Claims:   ledger.NewClaims(b.pool, &ledger.ClaimsConfig{Lease: 5 * time.Second, OwnerID: "o"}),
+				Claims:   ledger.NewClaims(b.pool, &ledger.ClaimsConfig{Lease: time.Minute, OwnerID: "o"}), // a step of 8,000 calls takes seconds to record
 				Provider: tc.p, Tools: reg,
 			}
 			if tc.ask {
@@ -133,11 +150,18 @@ func TestEventsOfLargeOutsideContentArePublished(t *testing.T) {
 				}, 20*time.Second, 10*time.Millisecond, "%s published", w.typ)
 				require.Equal(t, w.cut, got.Truncated, "%s says whether it was cut", w.typ)
 				switch {
+				case w.calls:
+					require.NotEmpty(t, got.ToolCalls)
+					require.Less(t, len(got.ToolCalls), tc.p.calls, "the calls that fit")
+					for i, c := range got.ToolCalls {
+						require.Equal(t, fmt.Sprintf("model-call-%06d", i), c.ModelCallID, "the first calls, in order")
+					}
 				case tc.ask && w.cut:
 					require.Nil(t, got.Input, "an input that does not fit is left out, not cut")
 					require.NotEmpty(t, got.RequestID)
-				case tc.ask:
+				case tc.ask && tc.p.call != nil:
 					require.JSONEq(t, string(tc.p.call.Input), string(got.Input))
+				case tc.ask:
 				case w.cut:
 					require.True(t, strings.HasPrefix(tc.p.text, got.Text), "%s carries a prefix of the answer", w.typ)
 					require.Greater(t, len(got.Text), 900_000, "%s carries what fits", w.typ)
