@@ -29,6 +29,10 @@ type ConsumerConfig struct {
 	Limits envelope.Limits
 	// MaxBatch is the most prompts admitted in one transaction. Defaults to 500.
 	MaxBatch int
+	// MaxBatchBytes bounds the prompts' values taken into one batch: the
+	// batch ends at the prompt that reaches it (one at least). Defaults to
+	// admission.MaxBatchBytesDefault (16 MiB).
+	MaxBatchBytes int
 	// MaxMessageBytes is the largest message the rejects producer sends
 	// (its Sarama Producer.MaxMessageBytes): a reject that would be larger
 	// is published truncated. Defaults to kafkautil.MaxMessageBytesDefault.
@@ -93,6 +97,7 @@ func NewConsumer(admitter *admission.Admitter, exec *executor.Executor, rejects 
 	cfg := *config
 	cfg.Topics = cfg.Topics.WithDefaults()
 	cfg.MaxBatch = cmp.Or(cfg.MaxBatch, maxBatchDefault)
+	cfg.MaxBatchBytes = cmp.Or(cfg.MaxBatchBytes, admission.MaxBatchBytesDefault)
 	cfg.MaxMessageBytes = cmp.Or(cfg.MaxMessageBytes, kafkautil.MaxMessageBytesDefault)
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
@@ -190,30 +195,17 @@ func (c *Consumer) consumePrompts(s sarama.ConsumerGroupSession, claim sarama.Co
 	ctx := s.Context()
 	msgs := claim.Messages()
 	for {
-		var batch []*sarama.ConsumerMessage
+		var first *sarama.ConsumerMessage
 		select {
 		case m, ok := <-msgs:
 			if !ok {
 				return nil
 			}
-			batch = append(batch, m)
+			first = m
 		case <-ctx.Done():
 			return nil
 		}
-		// Take what is already at hand, without waiting: batches grow with
-		// the backlog and stay small when traffic is light.
-	fill:
-		for len(batch) < c.cfg.MaxBatch {
-			select {
-			case m, ok := <-msgs:
-				if !ok {
-					break fill
-				}
-				batch = append(batch, m)
-			default:
-				break fill
-			}
-		}
+		batch := fillBatch(first, msgs, c.cfg.MaxBatch, c.cfg.MaxBatchBytes)
 		if err := c.handlePrompts(ctx, batch); err != nil {
 			if ctx.Err() != nil {
 				return nil // rebalance or shutdown: the next owner redelivers
@@ -222,6 +214,30 @@ func (c *Consumer) consumePrompts(s sarama.ConsumerGroupSession, claim sarama.Co
 		}
 		s.MarkMessage(batch[len(batch)-1], "")
 	}
+}
+
+// fillBatch is first and what is already at hand in msgs, without
+// waiting: batches grow with the backlog and stay small when traffic is
+// light. A batch ends at maxBatch messages, or at the message that brings
+// its values to maxBytes: by count alone, a backlog of prompts of a
+// megabyte made one admission of hundreds of megabytes, longer than the
+// statement timeout, failed again at every retry of the same batch.
+func fillBatch(first *sarama.ConsumerMessage, msgs <-chan *sarama.ConsumerMessage, maxBatch, maxBytes int) []*sarama.ConsumerMessage {
+	batch := []*sarama.ConsumerMessage{first}
+	bytes := len(first.Value)
+	for len(batch) < maxBatch && bytes < maxBytes {
+		select {
+		case m, ok := <-msgs:
+			if !ok {
+				return batch
+			}
+			batch = append(batch, m)
+			bytes += len(m.Value)
+		default:
+			return batch
+		}
+	}
+	return batch
 }
 
 // handlePrompts decodes, admits and rejects one batch, retrying while
