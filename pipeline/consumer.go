@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"sync/atomic"
 	"time"
 
@@ -62,9 +63,28 @@ type ConsumerConfig struct {
 	// without waiting for its wake to come back from Kafka (hint.go). When
 	// nil, or when it fails, every prompt waits for its wake.
 	WakesPartitions func() (int32, error)
+	// TopicIDsFunc returns the ID Kafka gave each of the consumed topics
+	// (prompts, wakes, permission replies) when it created it
+	// (kafkautil.TopicIDs). A topic deleted and created again under the
+	// same name while this process runs gets a new ID, and the positions
+	// and committed offsets of the old one would skip as many records of
+	// the new one (acknowledged prompts never admitted): when an ID
+	// changes, the assignment ends and every partition of that topic is
+	// read again from its oldest offset (OldestOffsetFunc); what had been
+	// admitted comes back as exact retries. Defaults to nil: not checked.
+	TopicIDsFunc func(topics []string) (map[string]sarama.Uuid, error)
+	// OldestOffsetFunc returns the first offset a partition still holds
+	// (kafkautil.OldestOffset); TopicIDsFunc needs it. Defaults to nil.
+	OldestOffsetFunc func(topic string, partition int32) (int64, error)
+	// TopicCheckInterval is how often TopicIDsFunc is asked while an
+	// assignment lasts. Defaults to 5s.
+	TopicCheckInterval time.Duration
 }
 
-const maxBatchDefault = 500
+const (
+	maxBatchDefault           = 500
+	topicCheckIntervalDefault = 5 * time.Second
+)
 
 // localRoute is what the consumer knows of the current assignment to wake
 // sessions locally: the wakes topic's partition count and the wakes
@@ -87,6 +107,15 @@ type Consumer struct {
 	log       *slog.Logger
 	route     atomic.Pointer[localRoute] // nil: no local wakes
 
+	// topicIDs are the IDs of the consumed topics that this process's
+	// positions and the group's committed offsets refer to (TopicIDsFunc);
+	// only Setup writes them, between assignments.
+	topicIDs map[string]sarama.Uuid
+	// recreated is closed when a consumed topic of the current assignment
+	// was created again: every claim of the assignment then returns, which
+	// ends it (Sarama ends a session when one of its claims returns).
+	recreated atomic.Pointer[chan struct{}]
+
 	admissions *admission.Group
 }
 
@@ -99,10 +128,11 @@ func NewConsumer(admitter *admission.Admitter, exec *executor.Executor, rejects 
 	cfg.MaxBatch = cmp.Or(cfg.MaxBatch, maxBatchDefault)
 	cfg.MaxBatchBytes = cmp.Or(cfg.MaxBatchBytes, admission.MaxBatchBytesDefault)
 	cfg.MaxMessageBytes = cmp.Or(cfg.MaxMessageBytes, kafkautil.MaxMessageBytesDefault)
+	cfg.TopicCheckInterval = cmp.Or(cfg.TopicCheckInterval, topicCheckIntervalDefault)
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
-	c := &Consumer{admitter: admitter, exec: exec, cfg: cfg, log: cfg.Logger}
+	c := &Consumer{admitter: admitter, exec: exec, cfg: cfg, log: cfg.Logger, topicIDs: map[string]sarama.Uuid{}}
 	c.rejectPub = &kafkautil.RejectPublisher{Producer: rejects, MaxMessageBytes: cfg.MaxMessageBytes, Logger: cfg.Logger,
 		OnPublishedFunc: func(reason, outcome string) {
 			if f := cfg.OnRejectFunc; f != nil {
@@ -117,6 +147,9 @@ func NewConsumer(admitter *admission.Admitter, exec *executor.Executor, rejects 
 func (c *Consumer) Setup(s sarama.ConsumerGroupSession) error {
 	c.log.Info("partitions assigned", slog.Any("claims", s.Claims()), slog.Int("generation", int(s.GenerationID())))
 	c.route.Store(nil)
+	if err := c.checkTopics(s); err != nil {
+		return err
+	}
 	if c.exec == nil || c.cfg.WakesPartitions == nil {
 		return nil
 	}
@@ -131,6 +164,88 @@ func (c *Consumer) Setup(s sarama.ConsumerGroupSession) error {
 	}
 	c.route.Store(r)
 	return nil
+}
+
+// recreatedChan is the current assignment's recreated channel; nil (never
+// ready) before the first Setup.
+func (c *Consumer) recreatedChan() <-chan struct{} {
+	if p := c.recreated.Load(); p != nil {
+		return *p
+	}
+	return nil
+}
+
+// consumedTopics are the topics of the group's subscription.
+func (c *Consumer) consumedTopics() []string {
+	return []string{c.cfg.Topics.Prompts, c.cfg.Topics.Wakes, c.cfg.Topics.PermissionReplies}
+}
+
+// checkTopics runs before the assignment's claims start. A consumed topic
+// whose ID differs from the one this process last saw was deleted and
+// created again: its claimed partitions are reset to their oldest offset,
+// below whatever a position of the old topic committed onto the new one
+// (Kafka drops a deleted topic's committed offsets, but a member still
+// fetching at its old position, or marking after the recreation, commits
+// offsets of the old topic's numbering onto the new one). Then it watches
+// the IDs for as long as the assignment lasts. A failed lookup of the IDs
+// leaves them unchecked until the next look; a failed lookup of an oldest
+// offset fails the assignment, which is joined again with the ID still to
+// be reset.
+func (c *Consumer) checkTopics(s sarama.ConsumerGroupSession) error {
+	recreated := make(chan struct{})
+	c.recreated.Store(&recreated)
+	if c.cfg.TopicIDsFunc == nil || c.cfg.OldestOffsetFunc == nil {
+		return nil
+	}
+	topics := c.consumedTopics()
+	now, err := c.cfg.TopicIDsFunc(topics)
+	if err != nil {
+		c.log.Warn("topic IDs unknown; a topic created again is not told from the old one until they are read", slog.Any("error", err))
+	}
+	for topic, id := range now {
+		if prev, seen := c.topicIDs[topic]; seen && prev != id {
+			parts := s.Claims()[topic]
+			for _, p := range parts {
+				oldest, err := c.cfg.OldestOffsetFunc(topic, p)
+				if err != nil {
+					return fmt.Errorf("topic %s was created again: %w", topic, err)
+				}
+				s.ResetOffset(topic, p, oldest, "")
+			}
+			c.log.Warn("topic deleted and created again: its partitions are read again from their oldest offset",
+				slog.String("topic", topic), slog.Any("partitions", parts))
+		}
+		c.topicIDs[topic] = id
+	}
+	known := maps.Clone(c.topicIDs)
+	go c.watchTopics(s.Context(), topics, known, recreated)
+	return nil
+}
+
+// watchTopics closes recreated when a topic of known gets another ID, or
+// returns when ctx (the assignment's) ends.
+func (c *Consumer) watchTopics(ctx context.Context, topics []string, known map[string]sarama.Uuid, recreated chan struct{}) {
+	tick := time.NewTicker(c.cfg.TopicCheckInterval)
+	defer tick.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-tick.C:
+		}
+		now, err := c.cfg.TopicIDsFunc(topics)
+		if err != nil {
+			continue
+		}
+		for topic, id := range now {
+			if prev, ok := known[topic]; ok && prev != id {
+				c.log.Warn("topic deleted and created again; ending the assignment to read it again from its oldest offset",
+					slog.String("topic", topic))
+				close(recreated)
+				return
+			}
+		}
+	}
 }
 
 // afterAdmission runs right after each admission commit, before any offset
@@ -194,6 +309,7 @@ func (c *Consumer) ConsumeClaim(s sarama.ConsumerGroupSession, claim sarama.Cons
 func (c *Consumer) consumePrompts(s sarama.ConsumerGroupSession, claim sarama.ConsumerGroupClaim) error {
 	ctx := s.Context()
 	msgs := claim.Messages()
+	recreated := c.recreatedChan()
 	for {
 		var first *sarama.ConsumerMessage
 		select {
@@ -204,6 +320,8 @@ func (c *Consumer) consumePrompts(s sarama.ConsumerGroupSession, claim sarama.Co
 			first = m
 		case <-ctx.Done():
 			return nil
+		case <-recreated:
+			return nil // the next assignment reads the topic again (checkTopics)
 		}
 		batch := fillBatch(first, msgs, c.cfg.MaxBatch, c.cfg.MaxBatchBytes)
 		if err := c.handlePrompts(ctx, batch); err != nil {
@@ -393,6 +511,7 @@ func (c *Consumer) consumeWakes(s sarama.ConsumerGroupSession, claim sarama.Cons
 	ctx := s.Context()
 	marks := newWakeMarks(func(next int64) { s.MarkOffset(claim.Topic(), claim.Partition(), next, "") })
 	msgs := claim.Messages()
+	recreated := c.recreatedChan()
 	for {
 		var m *sarama.ConsumerMessage
 		var ok bool
@@ -415,6 +534,8 @@ func (c *Consumer) consumeWakes(s sarama.ConsumerGroupSession, claim sarama.Cons
 			continue
 		case <-ctx.Done():
 			return nil
+		case <-recreated:
+			return nil // as on a rebalance; the next assignment reads the topic again
 		}
 		var w envelope.Wake
 		if err := json.Unmarshal(m.Value, &w); err != nil || w.SessionID == "" {
@@ -452,6 +573,7 @@ func (c *Consumer) consumeWakes(s sarama.ConsumerGroupSession, claim sarama.Cons
 // the rejects topic, the offset marked only after.
 func (c *Consumer) consumeReplies(s sarama.ConsumerGroupSession, claim sarama.ConsumerGroupClaim) error {
 	ctx := s.Context()
+	recreated := c.recreatedChan()
 	for {
 		var m *sarama.ConsumerMessage
 		var ok bool
@@ -461,6 +583,8 @@ func (c *Consumer) consumeReplies(s sarama.ConsumerGroupSession, claim sarama.Co
 				return nil
 			}
 		case <-ctx.Done():
+			return nil
+		case <-recreated:
 			return nil
 		}
 		rejects, err := c.handleReply(ctx, m)

@@ -332,6 +332,10 @@ func run(ctx context.Context, o *options, stderr io.Writer) (err error) {
 		OnWakeFunc:        func(result string) { m.Wakes.WithLabelValues(result).Inc() },
 		OnWakeStartedFunc: func(sinceAt time.Duration) { m.WakeToStart.Observe(sinceAt.Seconds()) },
 	}
+	// A consumed topic deleted and created again while this process runs
+	// is read again from its oldest offset (pipeline.ConsumerConfig).
+	ccfg.TopicIDsFunc = kafkautil.TopicIDs(client)
+	ccfg.OldestOffsetFunc = kafkautil.OldestOffset(client)
 	if o.localWakes {
 		ccfg.WakesPartitions = kafkautil.PartitionCount(client, topics.Wakes)
 	}

@@ -158,3 +158,41 @@ func PartitionCount(client sarama.Client, topic string) func() (int32, error) {
 		return int32(len(ps)), nil
 	}
 }
+
+// TopicIDs returns a function that asks the cluster, through client, for
+// the ID of each of topics: the UUID Kafka gives a topic when it creates
+// it, a new one for a topic deleted and created again under the same name
+// (the name alone cannot tell the two apart, nor can an offset). A topic
+// the cluster does not know, or whose metadata came with an error, is left
+// out of the map.
+func TopicIDs(client sarama.Client) func(topics []string) (map[string]sarama.Uuid, error) {
+	return func(topics []string) (map[string]sarama.Uuid, error) {
+		b := client.LeastLoadedBroker()
+		if b == nil {
+			return nil, fmt.Errorf("reading the IDs of %v: %w", topics, sarama.ErrOutOfBrokers)
+		}
+		resp, err := b.GetMetadata(sarama.NewMetadataRequest(client.Config().Version, topics))
+		if err != nil {
+			return nil, fmt.Errorf("reading the IDs of %v: %w", topics, err)
+		}
+		ids := make(map[string]sarama.Uuid, len(topics))
+		for _, t := range resp.Topics {
+			if t.Err == sarama.ErrNoError && t.Uuid != (sarama.Uuid{}) {
+				ids[t.Name] = t.Uuid
+			}
+		}
+		return ids, nil
+	}
+}
+
+// OldestOffset returns a function that asks the cluster, through client,
+// for the first offset a partition still holds.
+func OldestOffset(client sarama.Client) func(topic string, partition int32) (int64, error) {
+	return func(topic string, partition int32) (int64, error) {
+		o, err := client.GetOffset(topic, partition, sarama.OffsetOldest)
+		if err != nil {
+			return 0, fmt.Errorf("reading the oldest offset of %s/%d: %w", topic, partition, err)
+		}
+		return o, nil
+	}
+}
