@@ -1,0 +1,124 @@
+package pipeline
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/IBM/sarama"
+	"github.com/stretchr/testify/require"
+)
+
+// resetSession is the part of a consumer-group session that Setup uses:
+// its claims, its context, and the offsets it was told to reset to.
+type resetSession struct {
+	sarama.ConsumerGroupSession // nil: any other method panics
+	ctx                         context.Context
+	claims                      map[string][]int32
+
+	mu     sync.Mutex
+	resets map[string]map[int32]int64
+}
+
+func (s *resetSession) Claims() map[string][]int32 { return s.claims }
+func (s *resetSession) GenerationID() int32        { return 1 }
+func (s *resetSession) Context() context.Context   { return s.ctx }
+func (s *resetSession) ResetOffset(topic string, partition int32, offset int64, _ string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.resets[topic] == nil {
+		s.resets[topic] = map[int32]int64{}
+	}
+	s.resets[topic][partition] = offset
+}
+
+// A topic whose ID changes between two assignments was deleted and created
+// again: its claimed partitions are reset to their oldest offset, and only
+// its; a lookup that fails changes nothing and leaves the old ID on
+// record; a change during an assignment ends it.
+func TestSetupResetsATopicCreatedAgain(t *testing.T) {
+	t.Parallel()
+	idA, idB := sarama.Uuid{1}, sarama.Uuid{2}
+	var mu sync.Mutex
+	ids := map[string]sarama.Uuid{"prompts": idA, "wakes": {9}, "permission-replies": {8}}
+	var idsErr, oldestErr error
+	c := NewConsumer(nil, nil, nil, &ConsumerConfig{
+		TopicCheckInterval: 10 * time.Millisecond,
+		TopicIDsFunc: func(topics []string) (map[string]sarama.Uuid, error) {
+			mu.Lock()
+			defer mu.Unlock()
+			if idsErr != nil {
+				return nil, idsErr
+			}
+			out := map[string]sarama.Uuid{}
+			for _, t := range topics {
+				if id, ok := ids[t]; ok {
+					out[t] = id
+				}
+			}
+			return out, nil
+		},
+		OldestOffsetFunc: func(topic string, partition int32) (int64, error) {
+			mu.Lock()
+			defer mu.Unlock()
+			return 100 + int64(partition), oldestErr
+		},
+	})
+	set := func(f func()) {
+		mu.Lock()
+		defer mu.Unlock()
+		f()
+	}
+	// setup runs one assignment's Setup and returns its session, ended
+	// with the test.
+	setup := func() (*resetSession, error) {
+		ctx, cancel := context.WithCancel(context.Background())
+		t.Cleanup(cancel)
+		s := &resetSession{ctx: ctx, resets: map[string]map[int32]int64{},
+			claims: map[string][]int32{"prompts": {0, 2}, "wakes": {0, 2}, "permission-replies": {1}}}
+		err := c.Setup(s)
+		return s, err
+	}
+
+	s, err := setup()
+	require.NoError(t, err)
+	require.Empty(t, s.resets, "the first assignment has nothing to compare with")
+	s, err = setup()
+	require.NoError(t, err)
+	require.Empty(t, s.resets, "the same IDs")
+
+	set(func() { ids["prompts"], idsErr = idB, errors.New("metadata refused") })
+	s, err = setup()
+	require.NoError(t, err, "an ID lookup that fails does not fail the assignment")
+	require.Empty(t, s.resets)
+
+	set(func() { idsErr, oldestErr = nil, errors.New("no leader") })
+	_, err = setup()
+	require.ErrorContains(t, err, "topic prompts was created again", "the reset is tried again at the next join")
+
+	set(func() { oldestErr = nil })
+	s, err = setup()
+	require.NoError(t, err)
+	require.Equal(t, map[string]map[int32]int64{"prompts": {0: 100, 2: 102}}, s.resets, "prompts read again from its oldest offsets")
+	s, err = setup()
+	require.NoError(t, err)
+	require.Empty(t, s.resets, "reset once: the new ID is on record")
+
+	// During an assignment.
+	select {
+	case <-c.recreatedChan():
+		t.Fatal("the assignment ended with no topic created again")
+	case <-time.After(50 * time.Millisecond): // five checks
+	}
+	set(func() { ids["permission-replies"] = sarama.Uuid{7} })
+	select {
+	case <-c.recreatedChan():
+	case <-time.After(10 * time.Second):
+		t.Fatal("a topic created again during the assignment did not end it")
+	}
+	s, err = setup()
+	require.NoError(t, err)
+	require.Equal(t, map[string]map[int32]int64{"permission-replies": {1: 101}}, s.resets)
+}
