@@ -1,0 +1,54 @@
+package kafkautil_test
+
+import (
+	"testing"
+	"time"
+
+	"github.com/IBM/sarama"
+	"github.com/stretchr/testify/require"
+
+	"github.com/promptline/promptline/internal/kafkautil"
+	"github.com/promptline/promptline/internal/testkit"
+)
+
+// A topic's ID is the same at every look, and another once the topic was
+// deleted and created again under its name; a topic the cluster does not
+// know is left out. The consumer reads a consumed topic again from its
+// oldest offset when its ID changes (pipeline.ConsumerConfig.TopicIDsFunc),
+// so an ID that changed at every look would end every assignment.
+func TestTopicIDs(t *testing.T) {
+	t.Parallel()
+	b := testkit.Broker(t, 2)
+	cfg := kafkautil.NewConfig("test-ids")
+	client, err := sarama.NewClient([]string{b.Addr()}, cfg)
+	require.NoError(t, err)
+	defer client.Close()
+	ids := kafkautil.TopicIDs(client)
+
+	first, err := ids([]string{"prompts", "wakes", "no-such-topic"})
+	require.NoError(t, err)
+	require.Len(t, first, 2, "the two topics, not the missing one: %v", first)
+	require.NotEqual(t, first["prompts"], first["wakes"])
+	again, err := ids([]string{"prompts", "wakes"})
+	require.NoError(t, err)
+	require.Equal(t, first, again, "the same IDs at every look")
+
+	admin, err := sarama.NewClusterAdminFromClient(client)
+	require.NoError(t, err)
+	require.NoError(t, admin.DeleteTopic("prompts"))
+	var now map[string]sarama.Uuid
+	require.Eventually(t, func() bool {
+		now, err = ids([]string{"prompts"})
+		return err == nil && len(now) == 0
+	}, 30*time.Second, 50*time.Millisecond, "prompts gone")
+	require.NoError(t, admin.CreateTopic("prompts", &sarama.TopicDetail{NumPartitions: 2, ReplicationFactor: 1}, false))
+	require.Eventually(t, func() bool {
+		now, err = ids([]string{"prompts"})
+		return err == nil && len(now) == 1
+	}, 30*time.Second, 50*time.Millisecond, "prompts back")
+	require.NotEqual(t, first["prompts"], now["prompts"], "a new ID for the topic created again")
+
+	oldest, err := kafkautil.OldestOffset(client)("prompts", 1)
+	require.NoError(t, err)
+	require.Zero(t, oldest)
+}
