@@ -78,15 +78,20 @@ func apacheAdmin(t *testing.T, addrs []string) sarama.ClusterAdmin {
 // TestApacheTopicsMissingAtStart: with --create-topics=false and none of
 // its topics on the cluster, the consumer does not exit; it warns, naming
 // the missing topics, at every attempt to join, and once an operator
-// creates them it joins and answers a prompt without a restart.
+// creates them it joins and answers a prompt without a restart; /readyz
+// says not ready meanwhile.
 func TestApacheTopicsMissingAtStart(t *testing.T) {
 	b, k := apacheSetup(t, 1)
 	c := b.start(t, "consumer", "", "--create-topics=false")
-	c.waitLog(t, "consumer running", 3*time.Minute)
+	metricsAddr, _ := c.waitLog(t, "consumer running", 3*time.Minute)["metrics_addr"].(string)
+	require.NotEmpty(t, metricsAddr)
 	ended := c.waitLog(t, "consumer group session ended", time.Minute)
 	msg, _ := ended["error"].(string)
 	require.Contains(t, msg, "prompts", "the warning names the missing topic")
 	require.Nil(t, findLog(c.stderr.String(), "partitions assigned"), "no assignment without the topics")
+	code, body := httpGet(t, "http://"+metricsAddr+"/readyz")
+	require.Equal(t, 503, code)
+	require.Contains(t, body, "consumer group not joined")
 
 	_, err := kafkautil.EnsureTopics(apacheAdmin(t, k.Addrs()), kafkautil.Topics{}.WithDefaults(), testPartitions, 1, nil)
 	require.NoError(t, err)
