@@ -198,7 +198,7 @@ func (c *Consumer) checkTopics(s sarama.ConsumerGroupSession) error {
 		return nil
 	}
 	topics := c.consumedTopics()
-	now, err := c.cfg.TopicIDsFunc(topics)
+	now, err := c.lookupTopicIDs(topics)
 	if err != nil {
 		c.log.Warn("topic IDs unknown; a topic created again is not told from the old one until they are read", slog.Any("error", err))
 	}
@@ -220,6 +220,33 @@ func (c *Consumer) checkTopics(s sarama.ConsumerGroupSession) error {
 	known := maps.Clone(c.topicIDs)
 	go c.watchTopics(s.Context(), topics, known, recreated)
 	return nil
+}
+
+// topicLookupTimeout bounds the lookup of the topic IDs in Setup. Sarama
+// bounds a request by its read timeout (15s), and the broker asked may be
+// one that is stopped and not yet cut off: the assignment's start must
+// not wait for it. A lookup given up is a failed one (checked at the next
+// look); it finishes on its own within the read timeout.
+const topicLookupTimeout = 2 * time.Second
+
+func (c *Consumer) lookupTopicIDs(topics []string) (map[string]sarama.Uuid, error) {
+	type result struct {
+		ids map[string]sarama.Uuid
+		err error
+	}
+	done := make(chan result, 1)
+	go func() {
+		ids, err := c.cfg.TopicIDsFunc(topics)
+		done <- result{ids, err}
+	}()
+	timer := time.NewTimer(topicLookupTimeout)
+	defer timer.Stop()
+	select {
+	case r := <-done:
+		return r.ids, r.err
+	case <-timer.C:
+		return nil, fmt.Errorf("reading the IDs of %v: no answer within %s", topics, topicLookupTimeout)
+	}
 }
 
 // watchTopics closes recreated when a topic of known gets another ID, or

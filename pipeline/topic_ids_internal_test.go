@@ -122,3 +122,27 @@ func TestSetupResetsATopicCreatedAgain(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, map[string]map[int32]int64{"permission-replies": {1: 101}}, s.resets)
 }
+
+// A lookup of the topic IDs that gets no answer (a stopped broker that is
+// not cut off yet holds a request for the client's read timeout) does not
+// hold the assignment's start: Setup gives it up after topicLookupTimeout.
+func TestSetupDoesNotWaitForASilentBroker(t *testing.T) {
+	t.Parallel()
+	release := make(chan struct{})
+	t.Cleanup(func() { close(release) })
+	c := NewConsumer(nil, nil, nil, &ConsumerConfig{
+		TopicCheckInterval: time.Hour,
+		TopicIDsFunc: func([]string) (map[string]sarama.Uuid, error) {
+			<-release
+			return nil, errors.New("released")
+		},
+		OldestOffsetFunc: func(string, int32) (int64, error) { return 0, nil },
+	})
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	s := &resetSession{ctx: ctx, resets: map[string]map[int32]int64{}, claims: map[string][]int32{"prompts": {0}}}
+	start := time.Now()
+	require.NoError(t, c.Setup(s))
+	require.Less(t, time.Since(start), topicLookupTimeout+time.Second)
+	require.Empty(t, s.resets)
+}
