@@ -4,7 +4,10 @@
 // latency, stall one connection inside a transaction past lock_timeout,
 // and the ambiguous commit: forward the Nth commit a client sends to the
 // server, let the server commit it, and cut the connection before the
-// answer reaches the client, which then cannot know whether it committed.
+// answer reaches the client, which then cannot know whether it committed;
+// and the silent partition: the same commit, after which the connection
+// forwards nothing more either way and stays open, as when the server's
+// host dies or moves in a failover and no reset ever comes back.
 //
 // It is written here rather than taken from toxiproxy because the
 // ambiguous commit needs to understand the Postgres protocol: toxiproxy's
@@ -57,6 +60,7 @@ type Proxy struct {
 	cutBefore func(label string) bool
 	cutAfter  func(label string) bool
 	cutWhere  func(stmts []string) bool
+	silence   func(label string) bool
 	commits   int64
 	labels    []string
 	stats     Stats
@@ -71,6 +75,7 @@ type Stats struct {
 	AmbiguousCuts int // connections cut after a commit was sent, before its answer
 	CutsBefore    int // connections cut instead of sending a commit
 	Stalls        int // units held inside a transaction
+	Silenced      int // connections silenced after a commit was sent
 }
 
 // Start listens on 127.0.0.1 and forwards to target (host:port). The
@@ -182,6 +187,20 @@ func (p *Proxy) CutBeforeCommit(match func(label string) bool) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.cutBefore = match
+}
+
+// SilenceAfterCommit arms a silent partition: the next commit of a write
+// whose label match accepts is sent to the server, which commits it, and
+// from then on the connection forwards nothing, in either direction (the
+// commit's answer included), and stays open: what the client sends is
+// read and dropped, so its kernel's writes are acknowledged, as the
+// server host's kernel would until it died, and no reset ever comes. The
+// client hears nothing until it gives the connection up itself; closing
+// it ends the proxied connection.
+func (p *Proxy) SilenceAfterCommit(match func(label string) bool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.silence = match
 }
 
 // StallNextInTx arms a stall: the next message unit a client sends while
@@ -310,6 +329,7 @@ type conn struct {
 	status    atomic.Int32 // the last ReadyForQuery status: 'I', 'T' or 'E'
 	sslReply  atomic.Int32 // one-byte answers the server owes (SSLRequest, GSSENCRequest)
 	drop      atomic.Bool  // discard the server's messages: the ambiguous commit's answer
+	silent    atomic.Bool  // forward nothing more, either way, and keep the connection open
 	answered  chan struct{}
 	answerOne sync.Once
 
@@ -374,6 +394,9 @@ func (c *conn) fromClient() {
 		typ, msg, err := readTyped(r)
 		if err != nil {
 			return
+		}
+		if c.silent.Load() {
+			continue // the partition: read, acknowledged by this kernel, never forwarded
 		}
 		unit = append(unit, msg...)
 		body := msg[5:]
@@ -448,7 +471,7 @@ func (c *conn) commitOf(stmts []string) string {
 // stmts are the statements it binds.
 func (c *conn) forward(unit []byte, label string, stmts []string) error {
 	p := c.p
-	cutHere, lose := false, false
+	cutHere, lose, silence := false, false, false
 	var stall time.Duration
 	p.mu.Lock()
 	if label != "" && p.cutBefore != nil && p.cutBefore(label) {
@@ -471,8 +494,12 @@ func (c *conn) forward(unit []byte, label string, stmts []string) error {
 			cutHere = true
 			p.stats.AmbiguousCuts++
 		}
+		if !at && !after && !where && !lose && p.silence != nil && p.silence(label) {
+			p.silence, silence = nil, true
+			p.stats.Silenced++
+		}
 	}
-	if p.stallInTx > 0 && c.status.Load() == 'T' && !cutHere {
+	if p.stallInTx > 0 && c.status.Load() == 'T' && !cutHere && !silence {
 		stall, p.stallInTx = p.stallInTx, 0
 		p.stats.Stalls++
 	}
@@ -487,6 +514,9 @@ func (c *conn) forward(unit []byte, label string, stmts []string) error {
 	p.delay()
 	if cutHere {
 		c.drop.Store(true)
+	}
+	if silence {
+		c.silent.Store(true) // before the write: not a byte of the answer gets through
 	}
 	if _, err := c.server.Write(unit); err != nil {
 		return err
@@ -529,6 +559,9 @@ func (c *conn) fromServer() {
 		}
 		if typ == 'Z' && len(msg) > 5 {
 			c.status.Store(int32(msg[5]))
+		}
+		if c.silent.Load() {
+			continue
 		}
 		if c.drop.Load() {
 			if typ == 'Z' {
