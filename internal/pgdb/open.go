@@ -58,6 +58,20 @@ type OpenOpts struct {
 	// call inside a transaction) cannot hold row and advisory locks that
 	// block admission, takeover or the relay. Defaults to 60s.
 	IdleInTxTimeout time.Duration
+	// RoundTripTimeout is the longest the process waits for the server's
+	// answer where its caller set no deadline, and the pool's
+	// connections' TCP user timeout: a silent network partition or a
+	// failover that sends no reset (the primary's host died) then costs a
+	// connection this long, not the kernel's retransmissions (about 15
+	// minutes, or for ever behind a middlebox that still acknowledges).
+	// It bounds here the ping of a connection taken from the pool after
+	// an idle second (pgxpool's PingTimeout) and, through TCP_USER_TIMEOUT
+	// and keepalives (Linux), any round trip whose data the server does
+	// not acknowledge; the writers that wait whatever their callers'
+	// contexts (ledger's group commit, the relay's pass) take it as their
+	// own deadline (RoundTripTimeoutFor). Defaults to StatementTimeout
+	// plus RoundTripMargin.
+	RoundTripTimeout time.Duration
 	// NoMigrate applies no migration: Open only checks that the schema is
 	// at this binary's version (a *SchemaVersionError otherwise), so that
 	// a role without DDL rights can run. Defaults to false: migrate.
@@ -74,7 +88,21 @@ const (
 	// MigrateStatementTimeoutDefault is the statement timeout of the
 	// migrating connection, at start and in `consumer migrate`.
 	MigrateStatementTimeoutDefault = 15 * time.Minute
+	// RoundTripMargin is how much longer than the statement timeout the
+	// default RoundTripTimeout waits: the server ends a statement at its
+	// statement timeout, and its error still has to come back.
+	RoundTripMargin = 5 * time.Second
+	// RoundTripTimeoutDefault is RoundTripTimeout with the default
+	// statement timeout.
+	RoundTripTimeoutDefault = StatementTimeoutDefault + RoundTripMargin
 )
+
+// RoundTripTimeoutFor is OpenOpts.RoundTripTimeout as Open uses it:
+// roundTrip, or else the statement timeout (its default when zero) plus
+// RoundTripMargin.
+func RoundTripTimeoutFor(roundTrip, statementTimeout time.Duration) time.Duration {
+	return cmp.Or(roundTrip, cmp.Or(statementTimeout, StatementTimeoutDefault)+RoundTripMargin)
+}
 
 // DB is an open, migrated database.
 type DB struct {
@@ -141,6 +169,9 @@ func Open(ctx context.Context, opts OpenOpts) (*DB, error) {
 	rp["statement_timeout"] = ms(cmp.Or(opts.StatementTimeout, StatementTimeoutDefault))
 	rp["lock_timeout"] = ms(cmp.Or(opts.LockTimeout, LockTimeoutDefault))
 	rp["idle_in_transaction_session_timeout"] = ms(cmp.Or(opts.IdleInTxTimeout, IdleInTxTimeoutDefault))
+	roundTrip := RoundTripTimeoutFor(opts.RoundTripTimeout, opts.StatementTimeout)
+	cfg.PingTimeout = roundTrip
+	cfg.ConnConfig.DialFunc = dialer(cfg.ConnConfig.ConnectTimeout, roundTrip).DialContext
 	if faults.Enabled {
 		cfg.ConnConfig.Tracer = &commitTracer{wrote: map[*pgx.Conn]string{}}
 	}
