@@ -106,6 +106,22 @@ type ClaimsConfig struct {
 	Lease time.Duration
 	// OwnerID names this process in claims. Defaults to "unknown-owner".
 	OwnerID string
+	// RoundTripTimeout bounds each wait for the database that has no
+	// deadline of its caller: a group commit's flush (its senders wait
+	// for the outcome whatever their contexts), and an execution's write
+	// or renewal called without one. Past it the connection is closed and
+	// the write is in doubt, as after a lost connection (the landed
+	// check, or the claim left to expire). Without it a silent network
+	// partition holds the write, and every session whose write shares its
+	// flush, until the kernel gives the connection up (about 15 minutes).
+	// Never shorter than Lease: a write given up while its lease lives
+	// would be retried (retry.go) while the one given up may still be
+	// running on the server, behind a lock, and land after the retry's
+	// landed check, applied twice; given up once the lease as this
+	// process counts it has ended, it is never retried, and if it lands
+	// late, it is the write's only landing. Defaults to
+	// pgdb.RoundTripTimeoutDefault, or Lease when that is longer.
+	RoundTripTimeout time.Duration
 	// Logger defaults to discarding.
 	Logger *slog.Logger
 	// OnFencedFunc runs each time a write is fenced (the fenced-writes
@@ -137,10 +153,11 @@ func NewClaims(pool *pgxpool.Pool, config *ClaimsConfig) *Claims {
 	cfg := *config
 	cfg.Lease = cmp.Or(cfg.Lease, LeaseDefault)
 	cfg.OwnerID = cmp.Or(cfg.OwnerID, "unknown-owner")
+	cfg.RoundTripTimeout = max(cmp.Or(cfg.RoundTripTimeout, pgdb.RoundTripTimeoutDefault), cfg.Lease)
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
-	return &Claims{pool: pool, cfg: cfg, group: newGroupCommit(pool)}
+	return &Claims{pool: pool, cfg: cfg, group: newGroupCommit(pool, cfg.RoundTripTimeout)}
 }
 
 // Lease is the configured lease.
@@ -225,6 +242,11 @@ func (x *Execution) writeTx(ctx context.Context, lockSession bool, phase Phase, 
 		return ErrFenced
 	}
 	p := x.phaseArg(phase)
+	if _, ok := ctx.Deadline(); !ok {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, x.claims.cfg.RoundTripTimeout)
+		defer cancel()
+	}
 	sent := time.Now()
 	err := pgdb.InTx(ctx, x.claims.pool, func(tx pgx.Tx) error {
 		if lockSession {

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"slices"
 	"sync/atomic"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -50,6 +51,14 @@ import (
 type groupCommit struct {
 	pool  *pgxpool.Pool
 	queue groupflush.Queue[*queuedTx]
+	// timeout bounds each transaction a flush sends
+	// (ClaimsConfig.RoundTripTimeout): the senders wait whatever their
+	// contexts, so without it a connection gone silent (a partition, a
+	// failover with no reset) would hold its flush, and every sender in
+	// it, until the kernel gave up. Past it pgx closes the connection and
+	// the error is a lost connection's: the combined transaction is in
+	// doubt and never sent again.
+	timeout time.Duration
 
 	// For tests: transactions of several sessions, and those of them that
 	// failed and were sent again one by one.
@@ -69,8 +78,8 @@ const (
 	maxSessionsPerTx = 64
 )
 
-func newGroupCommit(pool *pgxpool.Pool) *groupCommit {
-	g := &groupCommit{pool: pool}
+func newGroupCommit(pool *pgxpool.Pool, timeout time.Duration) *groupCommit {
+	g := &groupCommit{pool: pool, timeout: timeout}
 	g.queue = groupflush.Queue[*queuedTx]{
 		Max:   maxInFlight,
 		Take:  func(queued []*queuedTx) int { return min(len(queued), maxSessionsPerTx) },
@@ -82,17 +91,25 @@ func newGroupCommit(pool *pgxpool.Pool) *groupCommit {
 // send runs b as one transaction, with the queued transactions of other
 // sessions when there are any, and returns its error. It waits for the
 // outcome even when ctx ends: once queued, the statements may commit, and
-// the caller must know (statement timeouts bound the wait).
+// the caller must know (g.timeout bounds the wait).
 func (g *groupCommit) send(session string, b *pgx.Batch) error {
 	q := &queuedTx{session: session, batch: b, done: make(chan error, 1)}
 	g.queue.Add(q)
 	return <-q.done
 }
 
+// sendBatch sends b as one transaction, bounded by g.timeout, not by any
+// sender's context: the senders wait for the outcome whatever their
+// contexts.
+func (g *groupCommit) sendBatch(b *pgx.Batch) error {
+	ctx, cancel := context.WithTimeout(context.Background(), g.timeout)
+	defer cancel()
+	return g.pool.SendBatch(ctx, b).Close()
+}
+
 func (g *groupCommit) flush(txs []*queuedTx) {
-	ctx := context.Background() // the senders wait for the outcome whatever their contexts
 	if len(txs) == 1 {
-		txs[0].done <- g.pool.SendBatch(ctx, txs[0].batch).Close()
+		txs[0].done <- g.sendBatch(txs[0].batch)
 		return
 	}
 	slices.SortStableFunc(txs, func(a, b *queuedTx) int { return cmp.Compare(a.session, b.session) })
@@ -105,7 +122,7 @@ func (g *groupCommit) flush(txs []*queuedTx) {
 		}
 	}
 	g.combined.Add(1)
-	err := g.pool.SendBatch(ctx, all).Close()
+	err := g.sendBatch(all)
 	switch {
 	case err == nil:
 		// Committed: each sender's statements are there, and its own
@@ -132,7 +149,7 @@ func (g *groupCommit) flush(txs []*queuedTx) {
 		for _, q := range t.batch.QueuedQueries {
 			alone.QueuedQueries = append(alone.QueuedQueries, &pgx.QueuedQuery{SQL: q.SQL, Arguments: q.Arguments, Fn: q.Fn})
 		}
-		t.done <- g.pool.SendBatch(ctx, alone).Close()
+		t.done <- g.sendBatch(alone)
 	}
 }
 
