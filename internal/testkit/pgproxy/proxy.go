@@ -61,6 +61,7 @@ type Proxy struct {
 	cutAfter  func(label string) bool
 	cutWhere  func(stmts []string) bool
 	silence   func(label string) bool
+	silenceAt func(stmts []string) bool
 	commits   int64
 	labels    []string
 	stats     Stats
@@ -75,7 +76,7 @@ type Stats struct {
 	AmbiguousCuts int // connections cut after a commit was sent, before its answer
 	CutsBefore    int // connections cut instead of sending a commit
 	Stalls        int // units held inside a transaction
-	Silenced      int // connections silenced after a commit was sent
+	Silenced      int // connections silenced after a commit or a chosen unit was sent
 }
 
 // Start listens on 127.0.0.1 and forwards to target (host:port). The
@@ -195,12 +196,20 @@ func (p *Proxy) CutBeforeCommit(match func(label string) bool) {
 // commit's answer included), and stays open: what the client sends is
 // read and dropped, so its kernel's writes are acknowledged, as the
 // server host's kernel would until it died, and no reset ever comes. The
-// client hears nothing until it gives the connection up itself; closing
-// it ends the proxied connection.
+// client hears nothing until it gives the connection up itself, not even
+// that the server ended its side; closing it ends the proxied connection.
 func (p *Proxy) SilenceAfterCommit(match func(label string) bool) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.silence = match
+}
+
+// SilenceAt is SilenceAfterCommit for the next message unit, a commit or
+// not, whose statements match accepts: a read, a lock wait.
+func (p *Proxy) SilenceAt(match func(stmts []string) bool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.silenceAt = match
 }
 
 // StallNextInTx arms a stall: the next message unit a client sends while
@@ -499,6 +508,10 @@ func (c *conn) forward(unit []byte, label string, stmts []string) error {
 			p.stats.Silenced++
 		}
 	}
+	if !cutHere && !lose && !silence && p.silenceAt != nil && p.silenceAt(stmts) {
+		p.silenceAt, silence = nil, true
+		p.stats.Silenced++
+	}
 	if p.stallInTx > 0 && c.status.Load() == 'T' && !cutHere && !silence {
 		stall, p.stallInTx = p.stallInTx, 0
 		p.stats.Stalls++
@@ -537,7 +550,14 @@ func (c *conn) forward(unit []byte, label string, stmts []string) error {
 // fromServer forwards the server's messages, following ReadyForQuery.
 func (c *conn) fromServer() {
 	defer c.p.wg.Done()
-	defer c.cut()
+	defer func() {
+		// A silenced connection's client never hears that the server
+		// closed its end (the partition): fromClient cuts it when the
+		// client gives up, or Close does.
+		if !c.silent.Load() {
+			c.cut()
+		}
+	}()
 	r := bufio.NewReaderSize(c.server, 64<<10)
 	w := bufio.NewWriterSize(c.client, 64<<10)
 	for {
