@@ -18,6 +18,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/promptline/promptline/internal/faults"
+	"github.com/promptline/promptline/internal/pgdb"
 	"github.com/promptline/promptline/internal/startstop"
 )
 
@@ -108,6 +109,15 @@ type RelayConfig struct {
 	// of rows in one relay, and the next relay to take the lock took the
 	// same rows. Defaults to 16 MiB.
 	MaxPassBytes int
+	// RoundTripTimeout bounds a pass's database work before the send (its
+	// transaction's start, the advisory lock, the select) and its
+	// rollback: the loop's context has no deadline, and a connection gone
+	// silent (a partition, a failover with no reset) would otherwise hold
+	// the relay, and every row it should publish (the wakes among them),
+	// until the kernel gave up (about 15 minutes). Past it the connection
+	// is closed and the loop backs off and tries again on another.
+	// Defaults to pgdb.RoundTripTimeoutDefault.
+	RoundTripTimeout time.Duration
 }
 
 // Relay publishes committed outbox rows to Kafka, at least once and in
@@ -197,6 +207,7 @@ func NewRelay(pool *pgxpool.Pool, producer sarama.SyncProducer, config *RelayCon
 	c.Logger = cmp.Or(c.Logger, slog.New(slog.DiscardHandler))
 	c.FailingRowQuarantineAfter = cmp.Or(c.FailingRowQuarantineAfter, failingRowQuarantineAfterDefault)
 	c.MaxPassBytes = cmp.Or(c.MaxPassBytes, maxPassBytesDefault)
+	c.RoundTripTimeout = cmp.Or(c.RoundTripTimeout, pgdb.RoundTripTimeoutDefault)
 	return &Relay{
 		pool:        pool,
 		producer:    producer,
@@ -346,19 +357,27 @@ func (r *Relay) finalFlush(ctx context.Context) {
 // the number of rows published, and more when rows may be left behind
 // the pass: it published a full batch, or it ended at MaxPassBytes.
 func (r *Relay) publishBatch(ctx context.Context, wait bool) (n int, locked, more bool, err error) {
-	tx, err := r.pool.Begin(ctx)
+	// The reads before the send are bounded (RoundTripTimeout), whatever
+	// ctx's deadline: their deadline ending closes the connection.
+	rctx, rcancel := context.WithTimeout(ctx, r.config.RoundTripTimeout)
+	defer rcancel()
+	tx, err := r.pool.Begin(rctx)
 	if err != nil {
 		return 0, false, false, fmt.Errorf("outbox relay: beginning publish transaction: %w", err)
 	}
 	// After Commit this is a no-op; on any failure it releases the lock
 	// and leaves the rows unpublished, even when ctx is already cancelled.
-	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
+	defer func() {
+		ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), r.config.RoundTripTimeout)
+		defer cancel()
+		_ = tx.Rollback(ctx)
+	}()
 
 	if wait {
-		_, err = tx.Exec(ctx, lockSQL, RelayLockKey)
+		_, err = tx.Exec(rctx, lockSQL, RelayLockKey)
 		locked = err == nil
 	} else {
-		err = tx.QueryRow(ctx, tryLockSQL, RelayLockKey).Scan(&locked, nil, nil)
+		err = tx.QueryRow(rctx, tryLockSQL, RelayLockKey).Scan(&locked, nil, nil)
 	}
 	if err != nil {
 		return 0, false, false, fmt.Errorf("outbox relay: taking advisory lock %d: %w", RelayLockKey, err)
@@ -368,7 +387,7 @@ func (r *Relay) publishBatch(ctx context.Context, wait bool) (n int, locked, mor
 	}
 
 	failingIDs, suspectKeys := r.failingSnapshot()
-	rows, err := tx.Query(ctx, selectSQL, r.config.BatchSize, failingIDs, suspectKeys)
+	rows, err := tx.Query(rctx, selectSQL, r.config.BatchSize, failingIDs, suspectKeys)
 	if err != nil {
 		return 0, true, false, fmt.Errorf("outbox relay: selecting unpublished rows: %w", err)
 	}
