@@ -353,3 +353,27 @@ func TestAmbiguousPromotionIsNotLost(t *testing.T) {
 	require.Equal(t, 1, proxy.Stats().AmbiguousCuts, "the promotion's answer was lost")
 	require.Empty(t, r.violations(t))
 }
+
+// TestSilentCommitDoesNotWedgeTheSession: the connection of a turn's last
+// commit goes silent once the server has committed it (a silent
+// partition: the primary's host dies, or moves in a failover, and no
+// reset ever comes back; the proxy's kernel still acknowledges, so TCP
+// never gives up). The commit goes through the executor's group commit.
+// The writer must give the connection up within a bound of its own, and
+// the session must go on: its next prompt is answered, once.
+func TestSilentCommitDoesNotWedgeTheSession(t *testing.T) {
+	t.Parallel()
+	r, proxy := proxiedRun(t)
+	proxy.SilenceAfterCommit(func(label string) bool { return strings.Contains(label, "promptline_turn_answer") })
+	p := r.b.start(t, "consumer", "", append(sweepFlags(r.sandbox, r.toolURL), "--db-round-trip-timeout", "3s")...)
+	session := r.session("silent")
+	first := prompt(session, "first")
+	r.b.send(t, first)
+	require.Eventually(t, func() bool { return proxy.Stats().Silenced == 1 },
+		30*time.Second, 10*time.Millisecond, "the answer's commit is sent and its connection silenced")
+	second := prompt(session, "second, after the silence")
+	r.prompts = []envelope.Prompt{first, second}
+	r.b.send(t, second)
+	require.NoError(t, r.quiesce(t, p.running), r.describe(t))
+	require.Empty(t, r.violations(t))
+}

@@ -73,6 +73,9 @@ func TestFlags(t *testing.T) {
 		{"RecoveryRateNegative", []string{"--recovery-rate", "-1"}, "--recovery-rate: must be 0 (unbounded) or a positive number"},
 		{"RecoveryRateNaN", []string{"--recovery-rate", "NaN"}, "--recovery-rate: must be 0 (unbounded) or a positive number"},
 		{"RecoveryRateInf", []string{"--recovery-rate", "+Inf"}, "--recovery-rate: must be 0 (unbounded) or a positive number"},
+		{"RoundTripTimeoutTooShort", []string{"--db-round-trip-timeout", "10ms"}, "--db-round-trip-timeout: must be 0"},
+		{"RoundTripTimeoutNegative", []string{"--db-round-trip-timeout", "-1s"}, "--db-round-trip-timeout: must be 0"},
+		{"RoundTripTimeoutShorterThanLease", []string{"--db-round-trip-timeout", "5s", "--lease", "10s"}, "--db-round-trip-timeout: must not be shorter than --lease"},
 		{"UnknownFlag", []string{"--no-such-flag"}, "--no-such-flag"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

@@ -52,6 +52,7 @@ type options struct {
 	ledgerRetention   time.Duration
 	dbMaxConns        int32
 	dbTimeouts        [3]time.Duration // statement, lock, idle in transaction
+	dbRoundTrip       time.Duration    // 0: the statement timeout plus pgdb.RoundTripMargin
 	migrate           bool             // apply migrations at start; false: only check the schema version
 	provider          providerOptions
 	permissionFlags   []string
@@ -128,6 +129,7 @@ func newRootCommandEnv(environ func() []string) *cobra.Command {
 	f.DurationVar(&o.dbTimeouts[0], "db-statement-timeout", pgdb.StatementTimeoutDefault, "Postgres statement_timeout of every connection")
 	f.DurationVar(&o.dbTimeouts[1], "db-lock-timeout", pgdb.LockTimeoutDefault, "Postgres lock_timeout of every connection")
 	f.DurationVar(&o.dbTimeouts[2], "db-idle-in-transaction-timeout", pgdb.IdleInTxTimeoutDefault, "Postgres idle_in_transaction_session_timeout: a paused process cannot hold locks longer")
+	f.DurationVar(&o.dbRoundTrip, "db-round-trip-timeout", 0, "longest wait for Postgres's answer that has no deadline of its own (a group commit, a renewal, a relay pass, a pool ping), and the connections' TCP user timeout: a silent partition or failover then costs this long, not the kernel's 15 minutes; past it the connection is closed and the write is handled as after a lost connection; never shorter than --lease; 0: --db-statement-timeout plus 5s, or --lease when longer")
 	f.BoolVar(&o.migrate, "migrate", true, "apply pending migrations at start (each statement under a 15-minute timeout, or --db-statement-timeout if longer); false: only check the schema version (the runtime role has no DDL rights; run consumer migrate as the owner)")
 	f.Int32Var(&o.dbMaxConns, "db-max-conns", 32, "Postgres connections in this process's pool (admission per partition, executions, relay)")
 	f.DurationVar(&o.lease, "lease", ledger.LeaseDefault, "claim lease; a live execution renews it every lease/3 by the database clock")
@@ -236,6 +238,10 @@ func (o *options) validate() error {
 	case o.dbTimeouts[0] < time.Second || o.dbTimeouts[1] < 100*time.Millisecond || o.dbTimeouts[2] < time.Second:
 		return fmt.Errorf("--db-statement-timeout (≥1s), --db-lock-timeout (≥100ms), --db-idle-in-transaction-timeout (≥1s): got %s, %s, %s",
 			o.dbTimeouts[0], o.dbTimeouts[1], o.dbTimeouts[2])
+	case o.dbRoundTrip != 0 && o.dbRoundTrip < time.Second:
+		return fmt.Errorf("--db-round-trip-timeout: must be 0 (--db-statement-timeout plus 5s) or at least 1s, got %s", o.dbRoundTrip)
+	case o.dbRoundTrip != 0 && o.dbRoundTrip < o.lease:
+		return fmt.Errorf("--db-round-trip-timeout: must not be shorter than --lease (%s), got %s: a write given up while its lease lives would be retried while it may still land", o.lease, o.dbRoundTrip)
 	case o.maxBatch < 1:
 		return fmt.Errorf("--max-batch: must be at least 1, got %d", o.maxBatch)
 	case o.maxValueBytes < 1:

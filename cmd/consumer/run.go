@@ -111,8 +111,12 @@ func run(ctx context.Context, o *options, stderr io.Writer) (err error) {
 	watch.Apply(cfg)
 	groupCfg := kafkautil.GroupConfig(cfg)
 
+	// Never shorter than the lease (ledger.ClaimsConfig.RoundTripTimeout
+	// says why), the connections' TCP user timeout included.
+	roundTrip := max(pgdb.RoundTripTimeoutFor(o.dbRoundTrip, o.dbTimeouts[0]), o.lease)
 	db, err := pgdb.Open(ctx, pgdb.OpenOpts{URL: o.databaseURL, Logger: log, MaxConns: o.dbMaxConns,
-		StatementTimeout: o.dbTimeouts[0], LockTimeout: o.dbTimeouts[1], IdleInTxTimeout: o.dbTimeouts[2], NoMigrate: !o.migrate})
+		StatementTimeout: o.dbTimeouts[0], LockTimeout: o.dbTimeouts[1], IdleInTxTimeout: o.dbTimeouts[2],
+		RoundTripTimeout: roundTrip, NoMigrate: !o.migrate})
 	if err != nil {
 		return err
 	}
@@ -170,8 +174,9 @@ func run(ctx context.Context, o *options, stderr io.Writer) (err error) {
 	defer producer.Close()
 
 	relay := outbox.NewRelay(db.Pool, producer, &outbox.RelayConfig{
-		MaxMessageBytes: cfg.Producer.MaxMessageBytes,
-		Logger:          log.With(slog.String("component", "relay")),
+		MaxMessageBytes:  cfg.Producer.MaxMessageBytes,
+		RoundTripTimeout: roundTrip,
+		Logger:           log.With(slog.String("component", "relay")),
 		OnPublished: func(n int, oldest time.Duration) {
 			m.OutboxPublished.Add(float64(n))
 			m.OutboxPublishDelay.Observe(oldest.Seconds())
@@ -234,7 +239,7 @@ func run(ctx context.Context, o *options, stderr io.Writer) (err error) {
 		idempotentProviders = []string{providerName}
 	}
 	claims := ledger.NewClaims(db.Pool, &ledger.ClaimsConfig{
-		Lease: o.lease, OwnerID: owner, Logger: log,
+		Lease: o.lease, OwnerID: owner, Logger: log, RoundTripTimeout: roundTrip,
 		OnFencedFunc:     m.FencedWrites.Inc,
 		OnWriteRetryFunc: m.WriteRetries.Inc,
 		OnRenewedFunc:    m.Claims.WithLabelValues("renewed").Inc,
