@@ -31,6 +31,15 @@ type Config struct {
 	RedriveAfter time.Duration
 	// OwnerID names this process in takeovers. Defaults to "recovery".
 	OwnerID string
+	// RoundTripTimeout bounds each pass of the loop (its context has no
+	// deadline): a connection gone silent under a pass (a partition, a
+	// failover with no reset) would otherwise hold this process's
+	// recovery until the kernel gave the connection up (about 15
+	// minutes). A pass given up leaves what it did not decide for the
+	// next; a decision given up is in doubt and the next pass's
+	// compare-and-swap finds it done or not (invariant 9). Defaults to
+	// pgdb.RoundTripTimeoutDefault.
+	RoundTripTimeout time.Duration
 	// Topics names the outbox targets. Defaults to kafkautil's defaults.
 	Topics kafkautil.Topics
 	// IdempotentProviders names the providers (as recorded on attempts)
@@ -115,6 +124,7 @@ func New(pool *pgxpool.Pool, config *Config) *Recoverer {
 	cfg.Batch = cmp.Or(cfg.Batch, BatchDefault)
 	cfg.RedriveAfter = cmp.Or(cfg.RedriveAfter, RedriveAfterDefault)
 	cfg.OwnerID = cmp.Or(cfg.OwnerID, "recovery")
+	cfg.RoundTripTimeout = cmp.Or(cfg.RoundTripTimeout, pgdb.RoundTripTimeoutDefault)
 	cfg.Mode = cmp.Or(cfg.Mode, ModeAuto)
 	cfg.HeldPages = cmp.Or(cfg.HeldPages, 10)
 	cfg.MaxPerSessionWindow = cmp.Or(cfg.MaxPerSessionWindow, MaxPerSessionWindowDefault)
@@ -143,7 +153,10 @@ func (r *Recoverer) run(ctx context.Context) {
 	t := time.NewTicker(r.cfg.Interval)
 	defer t.Stop()
 	for {
-		if _, err := r.RunOnce(ctx); err != nil && ctx.Err() == nil {
+		pctx, cancel := context.WithTimeout(ctx, r.cfg.RoundTripTimeout)
+		_, err := r.RunOnce(pctx)
+		cancel()
+		if err != nil && ctx.Err() == nil {
 			r.log.WarnContext(ctx, "recovery pass failed", slog.Any("error", err))
 		}
 		select {
