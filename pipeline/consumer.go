@@ -18,6 +18,7 @@ import (
 	"github.com/promptline/promptline/executor"
 	"github.com/promptline/promptline/internal/faults"
 	"github.com/promptline/promptline/internal/kafkautil"
+	"github.com/promptline/promptline/internal/pgdb"
 	"github.com/promptline/promptline/internal/retry"
 	"github.com/promptline/promptline/outbox"
 )
@@ -34,6 +35,15 @@ type ConsumerConfig struct {
 	// batch ends at the prompt that reaches it (one at least). Defaults to
 	// admission.MaxBatchBytesDefault (16 MiB).
 	MaxBatchBytes int
+	// RoundTripTimeout bounds each try of an admission (a batch, a
+	// permission reply), which is retried after it: the partition's
+	// context has no deadline, and a connection gone silent (a partition,
+	// a failover with no reset) would otherwise hold the partition's
+	// admission, and with it the group's rebalances, until the kernel
+	// gave the connection up (about 15 minutes). A try given up is in
+	// doubt; its retry is an exact retry of the same message IDs (P2).
+	// Defaults to pgdb.RoundTripTimeoutDefault.
+	RoundTripTimeout time.Duration
 	// MaxMessageBytes is the largest message the rejects producer sends
 	// (its Sarama Producer.MaxMessageBytes): a reject that would be larger
 	// is published truncated. Defaults to kafkautil.MaxMessageBytesDefault.
@@ -127,6 +137,7 @@ func NewConsumer(admitter *admission.Admitter, exec *executor.Executor, rejects 
 	cfg.Topics = cfg.Topics.WithDefaults()
 	cfg.MaxBatch = cmp.Or(cfg.MaxBatch, maxBatchDefault)
 	cfg.MaxBatchBytes = cmp.Or(cfg.MaxBatchBytes, admission.MaxBatchBytesDefault)
+	cfg.RoundTripTimeout = cmp.Or(cfg.RoundTripTimeout, pgdb.RoundTripTimeoutDefault)
 	cfg.MaxMessageBytes = cmp.Or(cfg.MaxMessageBytes, kafkautil.MaxMessageBytesDefault)
 	cfg.TopicCheckInterval = cmp.Or(cfg.TopicCheckInterval, topicCheckIntervalDefault)
 	if cfg.Logger == nil {
@@ -459,8 +470,10 @@ func (c *Consumer) admitRetrying(ctx context.Context, batch []admission.Incoming
 	err := retry.Do(ctx, admissionRetry(func(err error, wait time.Duration) {
 		c.log.WarnContext(ctx, "admission failed; retrying", slog.Any("error", err), slog.Duration("backoff", wait))
 	}), func() error {
+		actx, cancel := context.WithTimeout(ctx, c.cfg.RoundTripTimeout)
+		defer cancel()
 		var err error
-		outcomes, err = admit(ctx, batch)
+		outcomes, err = admit(actx, batch)
 		return err
 	})
 	switch {
@@ -642,8 +655,10 @@ func (c *Consumer) handleReply(ctx context.Context, m *sarama.ConsumerMessage) (
 	err = retry.Do(ctx, admissionRetry(func(err error, wait time.Duration) {
 		c.log.WarnContext(ctx, "admitting permission reply failed; retrying", slog.Any("error", err), slog.Duration("backoff", wait))
 	}), func() error {
+		actx, cancel := context.WithTimeout(ctx, c.cfg.RoundTripTimeout)
+		defer cancel()
 		var err error
-		out, err = c.admitter.AdmitReply(ctx, m.Key, r, admission.Source{Topic: m.Topic, Partition: m.Partition, Offset: m.Offset})
+		out, err = c.admitter.AdmitReply(actx, m.Key, r, admission.Source{Topic: m.Topic, Partition: m.Partition, Offset: m.Offset})
 		return err
 	})
 	switch {
