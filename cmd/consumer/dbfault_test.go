@@ -377,3 +377,26 @@ func TestSilentCommitDoesNotWedgeTheSession(t *testing.T) {
 	require.NoError(t, r.quiesce(t, p.running), r.describe(t))
 	require.Empty(t, r.violations(t))
 }
+
+// TestSilentAdmissionDoesNotWedgeThePartition: the connection of an
+// admission's commit goes silent once the server has committed it (a
+// silent partition). The admission must be given up and tried again (an
+// exact retry), and the partition's next prompt admitted and answered.
+func TestSilentAdmissionDoesNotWedgeThePartition(t *testing.T) {
+	t.Parallel()
+	r, proxy := proxiedRun(t)
+	proxy.SilenceAfterCommit(func(label string) bool {
+		return strings.Contains(label, "INSERT INTO sessions") || strings.Contains(label, "INSERT INTO inputs")
+	})
+	p := r.b.start(t, "consumer", "", append(sweepFlags(r.sandbox, r.toolURL), "--db-round-trip-timeout", "3s")...)
+	session := r.session("silent-admission")
+	first := prompt(session, "first")
+	r.b.send(t, first)
+	require.Eventually(t, func() bool { return proxy.Stats().Silenced == 1 },
+		30*time.Second, 10*time.Millisecond, "the admission's commit is sent and its connection silenced")
+	second := prompt(session, "second, on the same partition")
+	r.prompts = []envelope.Prompt{first, second}
+	r.b.send(t, second)
+	require.NoError(t, r.quiesce(t, p.running), r.describe(t))
+	require.Empty(t, r.violations(t))
+}

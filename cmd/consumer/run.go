@@ -298,7 +298,7 @@ func run(ctx context.Context, o *options, stderr io.Writer) (err error) {
 	}
 	defer exec.StopNow()
 	recCfg := &recovery.Config{
-		Interval: o.recoveryInterval, Batch: o.recoveryBatch, RedriveAfter: o.redriveAfter,
+		Interval: o.recoveryInterval, Batch: o.recoveryBatch, RedriveAfter: o.redriveAfter, RoundTripTimeout: roundTrip,
 		OwnerID: owner, Topics: topics, Logger: log.With(slog.String("component", "recovery")),
 		IdempotentProviders: idempotentProviders,
 		OnDecisionFunc:      func(d recovery.DecisionKind) { m.RecoveryDecisions.WithLabelValues(string(d)).Inc() },
@@ -324,7 +324,7 @@ func run(ctx context.Context, o *options, stderr io.Writer) (err error) {
 	}
 	defer rec.Stop()
 	ccfg := &pipeline.ConsumerConfig{
-		Topics: topics, MaxBatch: o.maxBatch, MaxMessageBytes: o.maxMessageBytes, Logger: log,
+		Topics: topics, MaxBatch: o.maxBatch, MaxMessageBytes: o.maxMessageBytes, Logger: log, RoundTripTimeout: roundTrip,
 		Limits: envelope.Limits{MaxValueBytes: o.maxValueBytes},
 		OnRejectFunc: func(outcome, reason string) {
 			if outcome == "rejected" && reason == envelope.ReasonConflict {
