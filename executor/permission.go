@@ -55,12 +55,14 @@ func (ex *execution) checkPermission(ctx context.Context, p ledger.CallParams, c
 	case tools.Deny:
 		return fmt.Sprintf("denied: tool %q is not permitted here", c.Name), nil
 	}
-	r, found, err := admission.ReadPermissionReply(ctx, ex.e.pool, &admission.PermissionReplyParams{RequestID: p.ID})
+	rctx, cancel := ex.readCtx(ctx)
+	defer cancel()
+	r, found, err := admission.ReadPermissionReply(rctx, ex.e.pool, &admission.PermissionReplyParams{RequestID: p.ID})
 	switch {
 	case err != nil:
 		return "", fmt.Errorf("reading permission request %s: %w", p.ID, err)
 	case !found:
-		granted, err := admission.PermissionGranted(ctx, ex.e.pool, &admission.PermissionGrantedParams{SessionID: ex.sessionID, Pattern: c.Name})
+		granted, err := admission.PermissionGranted(rctx, ex.e.pool, &admission.PermissionGrantedParams{SessionID: ex.sessionID, Pattern: c.Name})
 		if err != nil {
 			return "", fmt.Errorf("reading permission grants: %w", err)
 		}

@@ -65,6 +65,17 @@ func (v *sessionView) queue(b *pgx.Batch, sessionID string) {
 	})
 }
 
+// readCtx bounds a read made under the claim (ledger's RoundTripTimeout):
+// the run's context has no deadline, and while a read waits on a
+// connection gone silent (a partition, a failover with no reset) the
+// lease is still renewed on other connections, so recovery would never
+// take the claim over, and the session's prompts would wait until the
+// kernel gave the connection up. Given up, the read fails and the claim
+// is left to expire, as after any failed read.
+func (ex *execution) readCtx(ctx context.Context) (context.Context, context.CancelFunc) {
+	return context.WithTimeout(ctx, ex.e.claims.RoundTripTimeout())
+}
+
 // plain reports whether every waiting input is a prompt: no continuation
 // or permission reply, which take the transactional path.
 func (v *sessionView) plain() bool {
@@ -78,6 +89,8 @@ func (v *sessionView) plain() bool {
 
 // readView reads the session's view in one round trip.
 func (ex *execution) readView(ctx context.Context) (*sessionView, error) {
+	ctx, cancel := ex.readCtx(ctx)
+	defer cancel()
 	v := &sessionView{}
 	b := &pgx.Batch{}
 	v.queue(b, ex.sessionID)

@@ -163,6 +163,11 @@ func NewClaims(pool *pgxpool.Pool, config *ClaimsConfig) *Claims {
 // Lease is the configured lease.
 func (c *Claims) Lease() time.Duration { return c.cfg.Lease }
 
+// RoundTripTimeout is the configured bound of a wait for the database
+// with no deadline of its caller (ClaimsConfig.RoundTripTimeout): an
+// executor's reads under a claim take it too.
+func (c *Claims) RoundTripTimeout() time.Duration { return c.cfg.RoundTripTimeout }
+
 // Execution is the right to write a session: a held claim. All its writes
 // go through Write.
 type Execution struct {

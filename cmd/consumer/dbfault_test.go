@@ -400,3 +400,33 @@ func TestSilentAdmissionDoesNotWedgeThePartition(t *testing.T) {
 	require.NoError(t, r.quiesce(t, p.running), r.describe(t))
 	require.Empty(t, r.violations(t))
 }
+
+// TestSilentReadDoesNotHoldTheClaim: the connection of the executor's
+// read of a session's view, after a turn and with a prompt queued behind
+// it, goes silent (a silent partition). The run must give the read up
+// rather than wait on it while the claim's lease is renewed on other
+// connections, which would keep recovery out for as long as the read
+// waits: the queued prompt must be answered, once.
+func TestSilentReadDoesNotHoldTheClaim(t *testing.T) {
+	t.Parallel()
+	r, proxy := proxiedRun(t)
+	p := r.b.start(t, "consumer", "", append(sweepFlags(r.sandbox, r.toolURL), "--db-round-trip-timeout", "3s")...)
+	session := r.session("silent-read")
+	long := prompt(session, "/sleep 800ms\nlong")
+	queued := prompt(session, "queued behind it")
+	r.prompts = []envelope.Prompt{long, queued}
+	r.b.send(t, long)
+	require.Eventually(t, func() bool {
+		return r.b.count(t, `SELECT count(*) FROM attempts WHERE session_id = $1`, session) > 0
+	}, 30*time.Second, 10*time.Millisecond, "the long turn runs")
+	// The view read after the turn: the waiting inputs and the history in
+	// one batch, outside a transaction and without the claim's peek.
+	proxy.SilenceAt(func(stmts []string) bool {
+		return len(stmts) == 2 && strings.Contains(stmts[0], "FROM waiting_inputs") && strings.Contains(stmts[1], "FROM messages m")
+	})
+	r.b.send(t, queued)
+	require.Eventually(t, func() bool { return proxy.Stats().Silenced == 1 },
+		30*time.Second, 10*time.Millisecond, "the view's read is sent and its connection silenced")
+	require.NoError(t, r.quiesce(t, p.running), r.describe(t))
+	require.Empty(t, r.violations(t))
+}
