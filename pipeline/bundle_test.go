@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -35,6 +36,11 @@ type testBundle struct {
 	kafka    *testkit.KafkaClient
 	events   *testkit.TopicReader
 	rejects  *testkit.TopicReader
+	handler  *pipeline.Consumer
+	topics   []string // the topics the consumer group consumes
+	// stopGroup stops the consumer group that setup started (nil with
+	// setupOpts.noGroup); b.consume starts another.
+	stopGroup func()
 }
 
 type setupOpts struct {
@@ -54,6 +60,16 @@ type setupOpts struct {
 	replies bool
 	// fairShare is the executor's FairShare (default: the executor's).
 	fairShare time.Duration
+	// maxBatch is the consumer's MaxBatch (default: the consumer's).
+	maxBatch int
+	// onAdmitted is the admitter's OnAdmittedFunc (default: none).
+	onAdmitted func(outcomes []admission.Outcome, took time.Duration)
+	// wakesPartitions is the consumer's WakesPartitions (default: the
+	// wakes topic's partition count, unless noLocalWakes).
+	wakesPartitions func() (int32, error)
+	// noGroup leaves the consumer group unstarted: the test starts it
+	// (b.consume) when what it needs is in the topics.
+	noGroup bool
 }
 
 func setup(t *testing.T, opts setupOpts) *testBundle {
@@ -67,19 +83,22 @@ func setup(t *testing.T, opts setupOpts) *testBundle {
 	relay := outbox.NewRelay(pool, kc.Producer, &outbox.RelayConfig{PollInterval: 20 * time.Millisecond, Logger: log})
 	require.NoError(t, relay.Start(t.Context()))
 	t.Cleanup(relay.Stop)
-	admitter := admission.NewAdmitter(pool, &admission.AdmitterConfig{OnCommitFunc: relay.Nudge})
+	admitter := admission.NewAdmitter(pool, &admission.AdmitterConfig{OnCommitFunc: relay.Nudge, OnAdmittedFunc: opts.onAdmitted})
 	claims := ledger.NewClaims(pool, &ledger.ClaimsConfig{Lease: 5 * time.Second, OwnerID: t.Name(), Logger: log})
 	ecfg := &executor.ExecutorConfig{
 		Claims: claims, OnCommitFunc: relay.Nudge, Logger: log, MaxSessions: opts.maxSessions,
 		FairShare: opts.fairShare,
 	}
-	ccfg := &pipeline.ConsumerConfig{Logger: log,
+	ccfg := &pipeline.ConsumerConfig{Logger: log, MaxBatch: opts.maxBatch,
 		Topics: kafkautil.Topics{Rejects: opts.rejectsTopic}}
 	if opts.wakes != nil {
 		ecfg.OnWakeFunc, ccfg.OnWakeFunc = opts.wakes.Add, opts.wakes.Add
 	}
 	if !opts.noLocalWakes {
 		ccfg.WakesPartitions = kafkautil.PartitionCount(kc.Client, "wakes")
+		if opts.wakesPartitions != nil {
+			ccfg.WakesPartitions = opts.wakesPartitions
+		}
 	}
 	exec, err := executor.NewExecutor(pool, ecfg)
 	require.NoError(t, err)
@@ -91,16 +110,45 @@ func setup(t *testing.T, opts setupOpts) *testBundle {
 	if opts.replies {
 		topics = append(topics, "permission-replies")
 	}
-	// Cleanups run last first: the group stops, then the executor, the
-	// relay, and the producer they write through.
-	kc.ConsumeGroup(t, "test", topics, handler)
-
-	b := &testBundle{pool: pool, dbURL: dbURL, brokers: brokers, producer: kc.Producer, kafka: kc}
+	b := &testBundle{pool: pool, dbURL: dbURL, brokers: brokers, producer: kc.Producer, kafka: kc, handler: handler, topics: topics}
+	if !opts.noGroup {
+		// Cleanups run last first: the group stops, then the executor, the
+		// relay, and the producer they write through.
+		b.stopGroup = b.consume(t)
+	}
 	b.events = testkit.ReadTopic(t, brokers, "session-events", nil)
 	if opts.rejectsTopic == "" { // a test naming one creates it when it wants
 		b.rejects = testkit.ReadTopic(t, brokers, "prompts.rejects", nil)
 	}
 	return b
+}
+
+// consume runs the consumer group "test" with b.handler until the stop it
+// returns is called, or the test ends: its member leaves the group, so a
+// later b.consume is assigned every partition at once.
+func (b *testBundle) consume(t *testing.T) (stop func()) {
+	t.Helper()
+	g, err := sarama.NewConsumerGroup(b.brokers, "test", kafkautil.GroupConfig(b.kafka.Config))
+	require.NoError(t, err)
+	ctx, cancel := context.WithCancel(t.Context())
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		for ctx.Err() == nil {
+			_ = g.Consume(ctx, b.topics, b.handler)
+		}
+	})
+	var once sync.Once
+	stop = func() {
+		once.Do(func() {
+			cancel()
+			wg.Wait()
+			if err := g.Close(); err != nil {
+				t.Errorf("closing the consumer group: %v", err)
+			}
+		})
+	}
+	t.Cleanup(stop)
+	return stop
 }
 
 // send publishes a prompt envelope with key = session.
