@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -67,6 +68,9 @@ type setupOpts struct {
 	// wakesPartitions is the consumer's WakesPartitions (default: the
 	// wakes topic's partition count, unless noLocalWakes).
 	wakesPartitions func() (int32, error)
+	// wakeStarted receives the consumer's OnWakeStartedFunc (default: not
+	// set).
+	wakeStarted *wakeLatencies
 	// noGroup leaves the consumer group unstarted: the test starts it
 	// (b.consume) when what it needs is in the topics.
 	noGroup bool
@@ -93,6 +97,9 @@ func setup(t *testing.T, opts setupOpts) *testBundle {
 		Topics: kafkautil.Topics{Rejects: opts.rejectsTopic}}
 	if opts.wakes != nil {
 		ecfg.OnWakeFunc, ccfg.OnWakeFunc = opts.wakes.Add, opts.wakes.Add
+	}
+	if opts.wakeStarted != nil {
+		ccfg.OnWakeStartedFunc = opts.wakeStarted.add
 	}
 	if !opts.noLocalWakes {
 		ccfg.WakesPartitions = kafkautil.PartitionCount(kc.Client, "wakes")
@@ -183,4 +190,22 @@ func (b *testBundle) count(t *testing.T, sql string, args ...any) int {
 // id returns a message or session ID unique to this test.
 func id(t *testing.T, what string) string {
 	return fmt.Sprintf("%s-%s", strings.NewReplacer("/", "-", "_", "-").Replace(t.Name()), what)
+}
+
+// wakeLatencies records what OnWakeStartedFunc is told.
+type wakeLatencies struct {
+	mu  sync.Mutex
+	got []time.Duration
+}
+
+func (w *wakeLatencies) add(d time.Duration) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.got = append(w.got, d)
+}
+
+func (w *wakeLatencies) all() []time.Duration {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return slices.Clone(w.got)
 }

@@ -21,8 +21,9 @@ func TestLocalWake(t *testing.T) {
 
 	t.Run("RunsOnceAndTakesItsWakeFromKafka", func(t *testing.T) {
 		t.Parallel()
-		wakes := &testkit.Counts{}
-		b := setup(t, setupOpts{wakes: wakes})
+		wakes, started := &testkit.Counts{}, &wakeLatencies{}
+		began := time.Now()
+		b := setup(t, setupOpts{wakes: wakes, wakeStarted: started})
 		const n = 3
 		var msgs []string
 		for i := range n {
@@ -40,6 +41,7 @@ func TestLocalWake(t *testing.T) {
 		}, 10*time.Second, 10*time.Millisecond, "the wakes from Kafka were not taken by the local runs")
 		require.Equal(t, n, wakes.Get("started"))
 		require.Zero(t, wakes.Get("coalesced"))
+		requireWakeLatencies(t, started, n, time.Since(began)) // the local starts; their wakes from Kafka started nothing
 		require.Equal(t, n, b.count(t, `SELECT count(*) FROM messages WHERE role = 'assistant' AND status = 'completed'`))
 		// And their offsets are committed: a restart would not run them again.
 		require.Eventually(t, func() bool { return b.committedWakes(t) == n }, 10*time.Second, 50*time.Millisecond)
@@ -83,13 +85,15 @@ func TestLocalWake(t *testing.T) {
 
 	t.Run("OffWithoutThePartitionCount", func(t *testing.T) {
 		t.Parallel()
-		wakes := &testkit.Counts{}
-		b := setup(t, setupOpts{wakes: wakes, noLocalWakes: true})
+		wakes, started := &testkit.Counts{}, &wakeLatencies{}
+		began := time.Now()
+		b := setup(t, setupOpts{wakes: wakes, noLocalWakes: true, wakeStarted: started})
 		msg := id(t, "m")
 		b.send(t, envelope.Prompt{MessageID: msg, SessionID: id(t, "s"), Text: "hello"})
 		require.Equal(t, "echo: hello", b.waitTurn(t, msg).Text)
 		require.Zero(t, wakes.Get("local"))
 		require.Equal(t, 1, wakes.Get("started"))
+		requireWakeLatencies(t, started, 1, time.Since(began)) // from Kafka
 	})
 }
 
@@ -102,4 +106,19 @@ func (b *testBundle) committedWakes(t *testing.T) int64 {
 		sum += max(b.committedOn(t, "wakes", p), 0)
 	}
 	return sum
+}
+
+// requireWakeLatencies checks that OnWakeStartedFunc was told of n starts,
+// each with a time since its wake's at that is no longer than the test.
+func requireWakeLatencies(t *testing.T, started *wakeLatencies, n int, within time.Duration) {
+	t.Helper()
+	// Told right after the run started, which the turn's event follows:
+	// waited for all the same.
+	require.Eventually(t, func() bool { return len(started.all()) >= n }, 10*time.Second, 5*time.Millisecond)
+	got := started.all()
+	require.Len(t, got, n, "OnWakeStartedFunc: %v", got)
+	for _, d := range got {
+		require.GreaterOrEqual(t, d, time.Duration(0))
+		require.LessOrEqual(t, d, within)
+	}
 }
