@@ -7,6 +7,7 @@ import (
 	"encoding/binary"
 	"encoding/hex"
 	"fmt"
+	"regexp"
 	"strconv"
 	"strings"
 	"testing"
@@ -282,12 +283,30 @@ func TestAdmissionRetriedAfterTransientFailure(t *testing.T) {
 	_, offset, err := b.producer.SendMessage(&sarama.ProducerMessage{Topic: "prompts", Key: sarama.StringEncoder(sess), Value: sarama.ByteEncoder(v)})
 	require.NoError(t, err)
 
-	first := blocked(0)
-	var terminated bool
-	require.NoError(t, b.pool.QueryRow(ctx, `SELECT pg_terminate_backend($1)`, first).Scan(&terminated))
-	require.True(t, terminated)
-	waitCount(t, logs, "admission failed; retrying", 1)
-	blocked(first) // the retry, on another connection, waits again
+	// Three failures: each retry, on another connection, waits again.
+	var last int32
+	for i := 1; i <= 3; i++ {
+		pid := blocked(last)
+		var terminated bool
+		require.NoError(t, b.pool.QueryRow(ctx, `SELECT pg_terminate_backend($1)`, pid).Scan(&terminated))
+		require.True(t, terminated)
+		waitCount(t, logs, "admission failed; retrying", i)
+		last = pid
+	}
+	blocked(last)
+	// The backoff starts at 100 ms and doubles, each wait drawn within
+	// half of it either way (retry.Do).
+	var waits []time.Duration
+	for _, m := range regexp.MustCompile(`admission failed; retrying.* backoff=(\S+)`).FindAllStringSubmatch(logs.String(), -1) {
+		d, err := time.ParseDuration(m[1])
+		require.NoError(t, err)
+		waits = append(waits, d)
+	}
+	require.Len(t, waits, 3)
+	for i, backoff := range []time.Duration{100 * time.Millisecond, 200 * time.Millisecond, 400 * time.Millisecond} {
+		require.GreaterOrEqual(t, waits[i], backoff/2, "wait %d of %v", i, waits)
+		require.LessOrEqual(t, waits[i], backoff*3/2, "wait %d of %v", i, waits)
+	}
 
 	// Another partition's prompt is admitted and its offset committed; the
 	// consumer commits every partition's marked offset together, so ours
