@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/IBM/sarama"
+	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
 	"github.com/promptline/promptline/admission"
@@ -134,4 +135,39 @@ func TestAdmissionOnlyConsumer(t *testing.T) {
 	<-consumed
 	require.NoError(t, g.Close())
 	require.Equal(t, 1, testkit.Count(t, pool, `SELECT count(*) FROM outbox WHERE topic = 'wakes'`), "its wake waits for a relay")
+}
+
+// An admission that the end of the assignment cuts off (a rebalance or a
+// stop while it waits for Postgres) is no error of the consumer group,
+// which the consumer would log as a warning: the prompt is redelivered to
+// the partition's next owner, and admitted then.
+func TestAdmissionCutOffByTheEndOfTheAssignmentIsNoError(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	b := setup(t, setupOpts{})
+	sess, msg := id(t, "s"), id(t, "m")
+
+	// Hold the session's row: admission upserts it, so it waits for us.
+	_, err := b.pool.Exec(ctx, `INSERT INTO sessions (session_id) VALUES ($1)`, sess)
+	require.NoError(t, err)
+	locker, err := pgx.Connect(ctx, b.dbURL)
+	require.NoError(t, err)
+	defer locker.Close(ctx)
+	lock, err := locker.Begin(ctx)
+	require.NoError(t, err)
+	_, err = lock.Exec(ctx, `SELECT 1 FROM sessions WHERE session_id = $1 FOR UPDATE`, sess)
+	require.NoError(t, err)
+
+	b.send(t, envelope.Prompt{MessageID: msg, SessionID: sess, Text: "cut off"})
+	require.Eventually(t, func() bool {
+		return b.count(t, `SELECT count(*) FROM pg_stat_activity WHERE $1 = ANY (pg_blocking_pids(pid))`, locker.PgConn().PID()) > 0
+	}, 20*time.Second, 10*time.Millisecond, "no admission waits for the session row")
+	b.stopGroup()
+	require.Empty(t, b.groupErrors())
+	require.Zero(t, b.count(t, `SELECT count(*) FROM inputs WHERE message_id = $1`, msg))
+
+	require.NoError(t, lock.Rollback(ctx))
+	b.consume(t)
+	require.Equal(t, "echo: cut off", b.waitTurn(t, msg).Text)
+	require.Equal(t, 1, b.turnsFor(t, msg))
 }

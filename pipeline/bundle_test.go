@@ -42,6 +42,9 @@ type testBundle struct {
 	// stopGroup stops the consumer group that setup started (nil with
 	// setupOpts.noGroup); b.consume starts another.
 	stopGroup func()
+
+	mu        sync.Mutex
+	groupErrs []error // what the consumer groups of b.consume returned (Errors)
 }
 
 type setupOpts struct {
@@ -144,6 +147,15 @@ func (b *testBundle) consume(t *testing.T) (stop func()) {
 			_ = g.Consume(ctx, b.topics, b.handler)
 		}
 	})
+	errorsRead := make(chan struct{})
+	go func() {
+		defer close(errorsRead)
+		for err := range g.Errors() { // closed by Close
+			b.mu.Lock()
+			b.groupErrs = append(b.groupErrs, err)
+			b.mu.Unlock()
+		}
+	}()
 	var once sync.Once
 	stop = func() {
 		once.Do(func() {
@@ -152,10 +164,19 @@ func (b *testBundle) consume(t *testing.T) (stop func()) {
 			if err := g.Close(); err != nil {
 				t.Errorf("closing the consumer group: %v", err)
 			}
+			<-errorsRead
 		})
 	}
 	t.Cleanup(stop)
 	return stop
+}
+
+// groupErrors returns the errors the consumer groups of b.consume
+// returned (the consumer logs them as warnings).
+func (b *testBundle) groupErrors() []error {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return slices.Clone(b.groupErrs)
 }
 
 // send publishes a prompt envelope with key = session.
