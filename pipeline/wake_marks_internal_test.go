@@ -76,7 +76,8 @@ func TestWakeMarks(t *testing.T) {
 			offset++
 			w.add(offset, long) // and the long run's session's next prompt
 			close(r)
-			require.LessOrEqual(t, len(w.runs), wakeMarksSweepMin, "runs that ended behind a long one, or wakes that joined it, are kept")
+			// Swept out when wakeMarksSweepMin runs are kept: never as many.
+			require.Less(t, len(w.runs), wakeMarksSweepMin, "runs that ended behind a long one, or wakes that joined it, are kept")
 		}
 		require.Len(t, w.seen, len(w.runs))
 		require.Equal(t, []int64{0}, *commits, "nothing past the long run is committed while it goes")
@@ -85,5 +86,36 @@ func TestWakeMarks(t *testing.T) {
 		require.Equal(t, []int64{0, offset + 1}, *commits)
 		require.True(t, w.idle())
 		require.Empty(t, w.seen)
+	})
+
+	// The long run at the head ends while wakes keep arriving (the
+	// partition's goroutine takes a wake before it sees the end), and the
+	// wake that brings the runs to the sweep's length is of a run that
+	// ended already (a local run gone idle before its wake came back from
+	// Kafka): the sweep finds nothing going.
+	t.Run("SweepThatFindsEveryRunEnded", func(t *testing.T) {
+		t.Parallel()
+		w, commits := newMarks()
+		long := make(chan struct{})
+		w.add(0, long)
+		offset := int64(0)
+		for range wakeMarksSweepMin - 2 {
+			r := make(chan struct{})
+			offset++
+			w.add(offset, r)
+			close(r)
+		}
+		// Kept until the runs reach the sweep's length, not swept at every
+		// wake: a sweep costs the runs kept, and is paid for by as many
+		// wakes (sweep).
+		require.Len(t, w.runs, wakeMarksSweepMin-1)
+		close(long)
+		ended := make(chan struct{})
+		close(ended)
+		offset++
+		w.add(offset, ended)
+		require.True(t, w.idle())
+		require.Empty(t, w.seen)
+		require.Equal(t, []int64{0, offset + 1}, *commits)
 	})
 }

@@ -11,6 +11,7 @@ import (
 
 	"github.com/promptline/promptline/envelope"
 	"github.com/promptline/promptline/internal/kafkautil"
+	"github.com/promptline/promptline/internal/testkit"
 )
 
 // A session's run lasts while its prompts keep arriving, and a wake's
@@ -140,4 +141,24 @@ func TestALongRunYieldsItsSlot(t *testing.T) {
 	require.Equal(t, 1, b.count(t, `SELECT count(*) FROM outbox WHERE topic = 'wakes' AND key = $1 AND convert_from(payload, 'UTF8')::jsonb ->> 'reason' = 'released'`, long),
 		"the hand-back's wake")
 	require.Equal(t, 2, b.count(t, `SELECT count(DISTINCT execution_id) FROM messages WHERE session_id = $1 AND role = 'assistant'`, long))
+}
+
+// Wakes are internal hints: one that does not decode, or names no session,
+// is skipped and counted "invalid", and its offset is committed at once
+// (nothing runs for it); the partition goes on to the wakes behind it.
+func TestInvalidWakesAreSkipped(t *testing.T) {
+	t.Parallel()
+	wakes := &testkit.Counts{}
+	b := setup(t, setupOpts{wakes: wakes, noLocalWakes: true})
+	key := []byte(id(t, "s"))
+	part := kafkautil.Murmur2Partition(key, testPartitions)
+	b.kafka.Send(t, "wakes", key, []byte("not json"))
+	b.kafka.Send(t, "wakes", key, []byte(`{"reason":"admitted"}`))
+	// A prompt of the same session: its wake comes after the two.
+	msg := id(t, "m")
+	b.send(t, envelope.Prompt{MessageID: msg, SessionID: string(key), Text: "hello"})
+	require.Equal(t, "echo: hello", b.waitTurn(t, msg).Text)
+	require.Eventually(t, func() bool { return b.committedOn(t, "wakes", part) == 3 }, 10*time.Second, 20*time.Millisecond)
+	require.Equal(t, 2, wakes.Get("invalid"))
+	require.Equal(t, 1, wakes.Get("started"))
 }
