@@ -132,6 +132,8 @@ type Consumer struct {
 var _ sarama.ConsumerGroupHandler = (*Consumer)(nil)
 
 // NewConsumer returns a Consumer. rejects publishes to the rejects topic.
+// exec may be nil for a consumer of prompts alone (one whose group consumes
+// no wakes topic): it admits, and runs nothing.
 func NewConsumer(admitter *admission.Admitter, exec *executor.Executor, rejects sarama.SyncProducer, config *ConsumerConfig) *Consumer {
 	cfg := *config
 	cfg.Topics = cfg.Topics.WithDefaults()
