@@ -71,7 +71,7 @@ test/db-faults: ## database faults through a proxy: every ambiguous commit of th
 	  | grep -E '^(=== RUN|--- FAIL|FAIL|ok|PASS)|ambiguous-commit sweep:|random connection cuts|pg_terminate_backend during|database outage:|^ +FAIL |^ +--- FAIL|^panic:|^ +[a-z_]+_test\.go:[0-9]+: .*(should stop|did not exit|still running)|^[[:space:]]+(Error Trace|Error|Messages):' ; exit $${PIPESTATUS[0]}
 
 .PHONY: test/mutation
-test/mutation: ## mutation score of ledger, recovery, outbox, envelope, admission and executor (docs/testing.md; MUTATION_PKGS chooses)
+test/mutation: ## mutation score of ledger, recovery, outbox, envelope, admission, executor, pipeline and transcript (docs/testing.md; MUTATION_PKGS chooses)
 	GO=$(GO) ./scripts/mutation.sh $(BIN)
 
 .PHONY: chaos

@@ -57,10 +57,10 @@ gremlins)
 	;;
 esac
 
-# The measured packages, whole: the Kafka plumbing (pipeline) and the
-# providers are not measured. MUTATION_EXCLUDE_<pkg> (a regular expression
-# of paths) sets files of a package aside.
-pkgs=${MUTATION_PKGS:-envelope ledger recovery outbox admission executor}
+# The measured packages, whole: the providers, replay and the commands are
+# not measured. MUTATION_EXCLUDE_<pkg> (a regular expression of paths) sets
+# files of a package aside.
+pkgs=${MUTATION_PKGS:-envelope ledger recovery outbox admission executor pipeline transcript}
 declare -A exclude=()
 for pkg in $pkgs; do
 	var=MUTATION_EXCLUDE_$pkg
