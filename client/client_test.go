@@ -1,6 +1,7 @@
 package client_test
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -105,7 +106,8 @@ func TestProducer(t *testing.T) {
 		p, err := client.NewProducer(b.cfg)
 		require.NoError(t, err)
 		defer p.Close()
-		_, _, err = p.Send(t.Context(), envelope.Prompt{SessionID: "s-1", Text: "no id"})
+		part, off, err := p.Send(t.Context(), envelope.Prompt{SessionID: "s-1", Text: "no id"})
+		require.Equal(t, []int64{-1, -1}, []int64{int64(part), off}, "nowhere")
 		var rej *envelope.RejectError
 		require.ErrorAs(t, err, &rej)
 		require.Equal(t, envelope.ReasonMissingField, rej.Reason)
@@ -122,7 +124,8 @@ func TestProducer(t *testing.T) {
 		require.Equal(t, 2, be.Index)
 		require.ErrorContains(t, err, "conflict: message_id is used by prompt 0 with another payload")
 
-		_, _, err = p.Reply(t.Context(), "s-1", "r-1", envelope.ReplyOnce, "only with reject")
+		part, off, err = p.Reply(t.Context(), "s-1", "r-1", envelope.ReplyOnce, "only with reject")
+		require.Equal(t, []int64{-1, -1}, []int64{int64(part), off}, "nowhere")
 		require.ErrorAs(t, err, &rej)
 		require.Empty(t, testkit.ReadAll(t, b.addr, "prompts"))
 		require.Empty(t, testkit.ReadAll(t, b.addr, "permission-replies"))
@@ -184,6 +187,23 @@ func TestProducer(t *testing.T) {
 		}
 	})
 
+	// A batch whose ctx has ended sends nothing and says so: no prompt
+	// was written, and the caller must not take the batch for sent.
+	t.Run("SendBatchWithAnEndedContext", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t)
+		p, err := client.NewProducer(b.cfg)
+		require.NoError(t, err)
+		defer p.Close()
+		ctx, cancel := context.WithCancel(t.Context())
+		cancel()
+		n, err := p.SendBatch(ctx, []envelope.Prompt{{MessageID: "m-1", SessionID: "s-1", Text: "x"}}, nil)
+		require.ErrorIs(t, err, context.Canceled)
+		require.ErrorContains(t, err, "sent 0 of 1 prompts")
+		require.Zero(t, n)
+		require.Empty(t, testkit.ReadAll(t, b.addr, "prompts"))
+	})
+
 	t.Run("ClosedProducer", func(t *testing.T) {
 		t.Parallel()
 		b := setup(t)
@@ -191,8 +211,12 @@ func TestProducer(t *testing.T) {
 		require.NoError(t, err)
 		require.NoError(t, p.Close())
 		require.NoError(t, p.Close(), "Close may be called twice")
-		_, _, err = p.Send(t.Context(), envelope.Prompt{MessageID: "m-1", SessionID: "s-1", Text: "late"})
+		part, off, err := p.Send(t.Context(), envelope.Prompt{MessageID: "m-1", SessionID: "s-1", Text: "late"})
 		require.ErrorIs(t, err, client.ErrClosed)
+		require.Equal(t, []int64{-1, -1}, []int64{int64(part), off}, "nowhere")
+		part, off, err = p.Reply(t.Context(), "s-1", "r-1", envelope.ReplyOnce, "")
+		require.ErrorIs(t, err, client.ErrClosed)
+		require.Equal(t, []int64{-1, -1}, []int64{int64(part), off}, "nowhere")
 		_, err = p.SendBatch(t.Context(), []envelope.Prompt{{MessageID: "m-1", SessionID: "s-1", Text: "late"}}, nil)
 		require.ErrorIs(t, err, client.ErrClosed)
 	})
@@ -327,6 +351,17 @@ func TestWatcher(t *testing.T) {
 		e, err = atTime.Next(t.Context())
 		require.NoError(t, err)
 		require.Equal(t, "new", e.ID)
+
+		// A time before every record starts at the first (offset 0), not
+		// at the newest.
+		before, err := client.NewWatcher(b.cfg, &client.WatchOpts{SessionID: "s-1", Start: client.StartAtTime(t0.Add(-time.Second))})
+		require.NoError(t, err)
+		defer before.Close()
+		ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
+		defer cancel()
+		e, err = before.Next(ctx)
+		require.NoError(t, err)
+		require.Equal(t, "old", e.ID)
 
 		atOffset, err := client.NewWatcher(b.cfg, &client.WatchOpts{SessionID: "s-1", Start: client.StartAtOffset(1)})
 		require.NoError(t, err)

@@ -100,7 +100,7 @@ func NewMessageID() string {
 }
 
 // Send validates p with the rules admission applies and publishes it, key
-// = session ID, and returns where it was written. p.MessageID is required
+// = session ID, and returns where it was written (-1, -1 with an error). p.MessageID is required
 // (NewMessageID). When ctx ends before the brokers answered, Send returns
 // ctx's error and the prompt may or may not have been written: send it
 // again with the same message ID, which is an exact retry.
@@ -121,7 +121,8 @@ func (p *Producer) Send(ctx context.Context, prompt envelope.Prompt) (partition 
 // ReplyAlways or ReplyReject; message goes only with ReplyReject and is
 // handed back to the model as feedback (without one the turn fails with
 // reason declined). The reply is validated as admission will, then
-// published to the permission-replies topic, key = session ID. Replies are
+// published to the permission-replies topic, key = session ID; it returns
+// where it was written (-1, -1 with an error). Replies are
 // admitted once: sending the same reply again is a duplicate, another
 // reply to an answered request is rejected as a conflict.
 func (p *Producer) Reply(ctx context.Context, session, requestID, reply, message string) (partition int32, offset int64, err error) {
