@@ -13,6 +13,7 @@ import (
 	"github.com/promptline/promptline/admission"
 	"github.com/promptline/promptline/envelope"
 	"github.com/promptline/promptline/internal/testkit"
+	"github.com/promptline/promptline/ledger"
 )
 
 // A session's view read the text of every waiting input, to promote one
@@ -43,7 +44,7 @@ func TestViewReadsTheTextOfWhatATurnCanPick(t *testing.T) {
 	}
 	view := func(t *testing.T, session string) (*sessionView, int) {
 		t.Helper()
-		ex := &execution{e: &Executor{pool: pool}, sessionID: session}
+		ex := &execution{e: &Executor{pool: pool, claims: ledger.NewClaims(pool, &ledger.ClaimsConfig{})}, sessionID: session}
 		start := time.Now()
 		v, err := ex.readView(ctx)
 		require.NoError(t, err)
@@ -117,7 +118,7 @@ func TestATurnTakesABoundedShareOfTheSteers(t *testing.T) {
 	}
 	pick := func(t *testing.T, session string) []waitingInput {
 		t.Helper()
-		v, err := (&execution{e: &Executor{pool: pool}, sessionID: session}).readView(ctx)
+		v, err := (&execution{e: &Executor{pool: pool, claims: ledger.NewClaims(pool, &ledger.ClaimsConfig{})}, sessionID: session}).readView(ctx)
 		require.NoError(t, err)
 		return pickTurn(v.waiting)
 	}
