@@ -2,6 +2,7 @@ package main
 
 import (
 	"errors"
+	"fmt"
 	"os"
 	"time"
 
@@ -38,6 +39,9 @@ type options struct {
 	riverWorkers int
 	// kafka is --kafka: embedded, apache or both (kafka.go).
 	kafka string
+	// channelBuffers, when set, runs only admission, once per size in
+	// this order (alternate them: A B A B), on one pre-filled topic.
+	channelBuffers []int
 }
 
 func newRootCommand() *cobra.Command {
@@ -75,6 +79,7 @@ func newRootCommand() *cobra.Command {
 	f.IntVar(&o.riverJobs, "river-jobs", 100000, "jobs of River's no-op burn-down on the same Postgres, run with the burn-down (builds cmd/bench/river, its own Go module); 0 skips it")
 	f.IntVar(&o.riverWorkers, "river-workers", 200, "workers of River's no-op burn-down")
 	f.StringVar(&o.kafka, "kafka", kafkaEmbedded, "broker of the admission, end-to-end latency and replay runs: embedded, apache (a single-node Apache Kafka started with scripts/kafka.sh; no knobs, no scale-out) or both (each figure on both, with the ratio Apache/embedded)")
+	f.IntSliceVar(&o.channelBuffers, "channel-buffers", nil, "run only admission, once per Sarama ChannelBufferSize in this order (alternate them, e.g. 1024,64,1024,64), on one pre-filled topic, and print each run's rate and its ratio to the first")
 	f.StringVar(&o.cpuProfile, "cpuprofile", "", "write a CPU profile of the baseline admission run to this file")
 	f.BoolVar(&o.latencyOnly, "latency-only", false, "run only the end-to-end latency run (for work on the executor's path)")
 	f.StringVar(&o.latencyCPUProfile, "latency-cpuprofile", "", "write a CPU profile of the baseline latency run to this file")
@@ -101,6 +106,11 @@ func (o *options) validate() error {
 		return errors.New("--latency-only and --burndown-only exclude each other")
 	case o.partitions < 1:
 		return errors.New("--partitions must be at least 1")
+	}
+	for _, n := range o.channelBuffers {
+		if n < 1 {
+			return fmt.Errorf("--channel-buffers: every size must be at least 1, got %d", n)
+		}
 	}
 	if _, err := kafkaModes(o.kafka); err != nil {
 		return err

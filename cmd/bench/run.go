@@ -176,6 +176,10 @@ func run(ctx context.Context, o *options, stdout, stderr io.Writer) (err error) 
 		return err
 	}
 
+	if len(o.channelBuffers) > 0 {
+		return runChannelBuffers(ctx, sc, o, w, stdout, progress)
+	}
+
 	progress("raw ceiling: %d prompts, %d writers, batches of 500", o.prompts, o.partitions)
 	db, err := sc.create(ctx, poolOpts{})
 	if err != nil {
@@ -378,6 +382,35 @@ func admissionOnFreshTopic(ctx context.Context, sc *scratchServer, w *workload, 
 		return admissionResult{}, err
 	}
 	return measureAdmission(ctx, sc, []string{b.Addr()}, len(w.prompts), admissionOpts{})
+}
+
+// runChannelBuffers is --channel-buffers: admission alone on one embedded
+// broker's pre-filled topic, once per channel size in the order given (a
+// fresh database and consumer group each), each rate as a ratio to the
+// first run's.
+func runChannelBuffers(ctx context.Context, sc *scratchServer, o *options, w *workload, stdout io.Writer, progress func(string, ...any)) error {
+	b, err := startBroker(o.partitions)
+	if err != nil {
+		return err
+	}
+	defer b.Close()
+	brokers := []string{b.Addr()}
+	if err := prefill(ctx, brokers, "prompts", w); err != nil {
+		return err
+	}
+	var base float64
+	for i, n := range o.channelBuffers {
+		progress("admission: ChannelBufferSize=%d (run %d of %d)", n, i+1, len(o.channelBuffers))
+		r, err := measureAdmission(ctx, sc, brokers, o.prompts, admissionOpts{ChannelBuffer: n})
+		if err != nil {
+			return fmt.Errorf("admission with ChannelBufferSize=%d: %w", n, err)
+		}
+		if i == 0 {
+			base = r.Rate
+		}
+		fmt.Fprintf(stdout, "ChannelBufferSize=%d\t%.0f prompts/s\tratio %.2f\tmean batch %.0f\tmean tx %.1fms\n", n, r.Rate, r.Rate/base, r.MeanBatch, r.MeanTxMillis)
+	}
+	return nil
 }
 
 func printReport(out io.Writer, o *options, rep *report) {
