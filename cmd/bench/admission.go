@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -15,6 +16,7 @@ import (
 	dto "github.com/prometheus/client_model/go"
 
 	"github.com/promptline/promptline/admission"
+	"github.com/promptline/promptline/envelope"
 	"github.com/promptline/promptline/internal/kafkautil"
 	"github.com/promptline/promptline/metrics"
 	"github.com/promptline/promptline/pipeline"
@@ -29,7 +31,8 @@ type admissionOpts struct {
 	MaxBatch int
 	// ChannelBuffer is Sarama's ChannelBufferSize: how many fetched
 	// messages wait in a partition's channel, and so the most a batch can
-	// take "already at hand". Defaults to Sarama's 256.
+	// take "already at hand". Defaults to the consumer's at its default
+	// --buffer-bytes and --max-value-bytes (kafkautil.ChannelBufferFor).
 	ChannelBuffer int
 	// CPUProfile, when set, receives a CPU profile of the run.
 	CPUProfile string
@@ -90,9 +93,7 @@ func measureAdmission(ctx context.Context, sc *scratchServer, brokers []string, 
 	reg := prometheus.NewRegistry()
 	m := metrics.New(reg)
 	cfg := kafkautil.NewConfig("bench-admission")
-	if opts.ChannelBuffer > 0 {
-		cfg.ChannelBufferSize = opts.ChannelBuffer
-	}
+	cfg.ChannelBufferSize = cmp.Or(opts.ChannelBuffer, kafkautil.ChannelBufferFor(kafkautil.BufferBytesDefault, envelope.MaxValueBytesDefault))
 	rejects, err := sarama.NewSyncProducer(brokers, cfg)
 	if err != nil {
 		return res, fmt.Errorf("connecting rejects producer: %w", err)

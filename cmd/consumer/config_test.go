@@ -166,6 +166,7 @@ replication-factor: 3
 			// The flag validation still names the flag, and now the source.
 			{"ValidationFromEnv", []string{"PROMPTLINE_PARTITIONS=0"}, "", []string{"--partitions: must be at least 1, got 0", "set by env PROMPTLINE_PARTITIONS"}},
 			{"ValidationFromFile", nil, "lease: 1ms\n", []string{"--lease: must be at least 300ms", "set by config file "}},
+			{"BufferBytesFromEnv", []string{"PROMPTLINE_BUFFER_BYTES=0"}, "", []string{"--buffer-bytes: must be at least 1, got 0", "set by env PROMPTLINE_BUFFER_BYTES"}},
 			{"ValidationFromFlag", nil, "", []string{"--max-sessions: must be at least 1"}},
 		} {
 			t.Run(tc.name, func(t *testing.T) {

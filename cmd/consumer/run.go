@@ -96,6 +96,7 @@ func run(ctx context.Context, o *options, stderr io.Writer) (err error) {
 	owner := "consumer-" + uuid.Must(uuid.NewV7()).String()
 	cfg := kafkautil.NewConfig(owner)
 	cfg.Producer.MaxMessageBytes = o.maxMessageBytes
+	cfg.ChannelBufferSize = kafkautil.ChannelBufferFor(o.bufferBytes, o.maxValueBytes)
 	if err := o.security.Apply(cfg); err != nil {
 		return err
 	}

@@ -17,7 +17,7 @@ import (
 // flags (Settings), so that a flag added without its entry fails there.
 var Programs = map[string][]string{
 	"consumer": {
-		"addr", "all", "any-reason", "brokers", "config", "console-token-file", "create-topics", "data-dir", "database-url",
+		"addr", "all", "any-reason", "brokers", "buffer-bytes", "config", "console-token-file", "create-topics", "data-dir", "database-url",
 		"db-idle-in-transaction-timeout", "db-lock-timeout", "db-max-conns", "db-round-trip-timeout", "db-statement-timeout", "deltas-topic",
 		"decision", "did-not-run", "dry-run", "embedded-kafka-addr", "events-topic", "from-offset", "from-time", "group",
 		"http-tool-endpoint", "json", "lease", "ledger-retention", "local-wakes", "log-level", "max-batch",

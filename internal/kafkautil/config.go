@@ -80,9 +80,39 @@ func NewConfig(clientID string) *sarama.Config {
 	c.Consumer.MaxWaitTime = 50 * time.Millisecond
 	// Admission batches what is already in a partition's channel; Sarama's
 	// default buffer (256) capped batches below --max-batch (measured:
-	// 1.37x admission throughput with 1024, docs/benchmarks.md).
-	c.ChannelBufferSize = 1024
+	// 1.37x admission throughput with 1024, docs/benchmarks.md). A
+	// consumer of prompts sizes it by bytes instead (ChannelBufferFor).
+	c.ChannelBufferSize = ChannelBufferMax
 	return c
+}
+
+// ChannelBufferMax is the most messages a partition's channel holds: the
+// size that lets admission batches reach the default --max-batch.
+const ChannelBufferMax = 1024
+
+// BufferBytesDefault is the consumer's --buffer-bytes when it is not set:
+// the most bytes of fetched prompt values waiting in one owned partition's
+// channel, counted at --max-value-bytes each (docs/benchmarks.md, "The
+// consumer's buffer by bytes"). Defaults to 32 MiB: 32 prompts of the
+// default --max-value-bytes.
+const BufferBytesDefault = 32 << 20
+
+// ChannelBufferFor is the ChannelBufferSize of a consumer that may hold
+// bufferBytes of values per partition when a value may be maxValueBytes
+// long: bufferBytes / maxValueBytes messages, at least 1 and at most
+// ChannelBufferMax. Sarama's channel counts messages, not bytes, so a
+// backlog of the largest prompts filled 1024 of them per partition (about
+// 1 GiB each at 1 MiB) and a consumer under a memory limit was killed
+// again at every restart; counted at the largest value, the channel never
+// holds more than bufferBytes (or one value, when a value is larger).
+// What else a partition holds: the fetch response being fed to the
+// channel (Consumer.Fetch.Default, or one value when larger) and the batch
+// admission is writing.
+func ChannelBufferFor(bufferBytes, maxValueBytes int) int {
+	if maxValueBytes < 1 {
+		return ChannelBufferMax
+	}
+	return min(max(bufferBytes/maxValueBytes, 1), ChannelBufferMax)
 }
 
 // GroupConfig returns a copy of c for a consumer group's client. The

@@ -40,3 +40,26 @@ func TestConfigOtherRequestsGiveUpSoon(t *testing.T) {
 	require.Greater(t, g.Net.ReadTimeout, c.Net.ReadTimeout)
 	require.NoError(t, c.Validate())
 }
+
+// The channel of a consumer of prompts holds at most bufferBytes of
+// values counted at the largest value, one message at least and never
+// more than ChannelBufferMax.
+func TestChannelBufferFor(t *testing.T) {
+	for _, c := range []struct{ buffer, maxValue, want int }{
+		{kafkautil.BufferBytesDefault, 1 << 20, 32},
+		{kafkautil.BufferBytesDefault, 1 << 10, kafkautil.ChannelBufferMax},
+		{kafkautil.BufferBytesDefault, 32 << 10, kafkautil.ChannelBufferMax},
+		{kafkautil.BufferBytesDefault, 64 << 10, 512},
+		{1 << 20, 16 << 20, 1},
+		{1, 1, 1},
+		{1 << 30, 1 << 20, kafkautil.ChannelBufferMax},
+	} {
+		got := kafkautil.ChannelBufferFor(c.buffer, c.maxValue)
+		if got != c.want {
+			t.Errorf("ChannelBufferFor(%d, %d) = %d, want %d", c.buffer, c.maxValue, got, c.want)
+		}
+		if got > 1 && got*c.maxValue > c.buffer {
+			t.Errorf("ChannelBufferFor(%d, %d) = %d holds %d bytes", c.buffer, c.maxValue, got, got*c.maxValue)
+		}
+	}
+}

@@ -1,0 +1,102 @@
+package main
+
+import (
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/IBM/sarama"
+	"github.com/stretchr/testify/require"
+
+	"github.com/promptline/promptline/envelope"
+	"github.com/promptline/promptline/internal/kafkautil"
+)
+
+// A backlog of large prompts on one partition (after an outage; agents
+// paste large contexts) must not take more of the consumer's memory than
+// --buffer-bytes bounds. Sarama's channel counted 1024 messages per owned
+// partition whatever their size: 1 MB prompts waiting for admission held
+// hundreds of MB, and a consumer under a memory limit was killed at every
+// restart by the same backlog, its partitions stopped for good. The broker
+// runs in this test process, so the consumer's peak RSS (VmHWM) counts
+// only what the consumer holds.
+func TestLargePromptBacklogStaysWithinTheBufferBytes(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	const (
+		prompts   = 500
+		textBytes = 1_000_000
+	)
+	// Sessions whose key lands on partition 0 of prompts: one partition's
+	// channel holds the backlog.
+	part := kafkautil.NewMurmur2Partitioner("prompts")
+	var sessions []string
+	for i := 0; len(sessions) < prompts; i++ {
+		s := fmt.Sprintf("s-backlog-%d", i)
+		p, err := part.Partition(&sarama.ProducerMessage{Key: sarama.StringEncoder(s)}, testPartitions)
+		require.NoError(t, err)
+		if p == 0 {
+			sessions = append(sessions, s)
+		}
+	}
+	// Random letters: Postgres cannot compress them away, so admission
+	// writes every byte and the backlog waits for it.
+	rng := rand.New(rand.NewPCG(1, 2))
+	text := make([]byte, textBytes)
+	for i, s := range sessions {
+		for j := range text {
+			text[j] = byte('a' + rng.IntN(26))
+		}
+		b.send(t, envelope.Prompt{MessageID: "m-backlog-" + strconv.Itoa(i), SessionID: s, Text: string(text)})
+	}
+
+	// One session at a time: the executor's turns hold one prompt's
+	// history, not the backlog's.
+	c := b.start(t, "c1", "", "--max-sessions", "1")
+	require.Eventually(t, func() bool {
+		return b.count(t, `SELECT count(*) FROM inputs`) == prompts
+	}, 5*time.Minute, 50*time.Millisecond, "every prompt of the backlog admitted")
+	hwm := vmHWM(t, c.cmd.Process.Pid)
+
+	// What the consumer may hold at most: the channel's --buffer-bytes
+	// (default) of values, the fetch being fed to it (1 MiB, one value
+	// here) and two admission batches of 16 MiB of prompts (one written,
+	// one taken); each value byte costs up to four of RSS (the value, its
+	// decoded text, the driver's wire buffer, and the headroom of the Go
+	// collector, which lets the heap reach twice what is live), plus the
+	// process's own 128 MiB (executor, relay, pools, runtime; measured:
+	// 124 MiB with a channel of one message). The old channel of 1024
+	// messages held the whole backlog: 1068 MiB.
+	live := kafkautil.BufferBytesDefault + 1<<20 + 2*16<<20
+	bound := int64(4*live + 128<<20)
+	if raceEnabled {
+		bound *= 2 // the race detector's shadow memory
+	}
+	t.Logf("consumer peak RSS %d MiB, bound %d MiB", hwm>>20, bound>>20)
+	require.Less(t, hwm, bound, "peak RSS of the consumer under a backlog of %d prompts of %d bytes", prompts, textBytes)
+}
+
+// vmHWM is the peak resident set size of a process, from /proc.
+func vmHWM(t *testing.T, pid int) int64 {
+	t.Helper()
+	st, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	require.NoError(t, err)
+	for l := range strings.Lines(string(st)) {
+		rest, ok := strings.CutPrefix(l, "VmHWM:")
+		if !ok {
+			continue
+		}
+		f := strings.Fields(rest)
+		require.Len(t, f, 2, "VmHWM: %q", rest)
+		require.Equal(t, "kB", f[1])
+		kb, err := strconv.ParseInt(f[0], 10, 64)
+		require.NoError(t, err)
+		return kb << 10
+	}
+	require.FailNow(t, "no VmHWM in /proc status", string(st))
+	return 0
+}
