@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"log/slog"
 	"maps"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -44,6 +45,12 @@ type ConsumerConfig struct {
 	// doubt; its retry is an exact retry of the same message IDs (P2).
 	// Defaults to pgdb.RoundTripTimeoutDefault.
 	RoundTripTimeout time.Duration
+	// BufferBytes bounds the values of the prompts a partition holds
+	// between Sarama's channel and the end of their admission, by their
+	// real sizes: up to kafkautil.ChannelBufferMax small prompts wait at
+	// hand for the next batch, few large ones. Defaults to
+	// kafkautil.BufferBytesDefault.
+	BufferBytes int
 	// MaxMessageBytes is the largest message the rejects producer sends
 	// (its Sarama Producer.MaxMessageBytes): a reject that would be larger
 	// is published truncated. Defaults to kafkautil.MaxMessageBytesDefault.
@@ -140,6 +147,7 @@ func NewConsumer(admitter *admission.Admitter, exec *executor.Executor, rejects 
 	cfg.MaxBatch = cmp.Or(cfg.MaxBatch, maxBatchDefault)
 	cfg.MaxBatchBytes = cmp.Or(cfg.MaxBatchBytes, admission.MaxBatchBytesDefault)
 	cfg.RoundTripTimeout = cmp.Or(cfg.RoundTripTimeout, pgdb.RoundTripTimeoutDefault)
+	cfg.BufferBytes = cmp.Or(cfg.BufferBytes, kafkautil.BufferBytesDefault)
 	cfg.MaxMessageBytes = cmp.Or(cfg.MaxMessageBytes, kafkautil.MaxMessageBytesDefault)
 	cfg.TopicCheckInterval = cmp.Or(cfg.TopicCheckInterval, topicCheckIntervalDefault)
 	if cfg.Logger == nil {
@@ -347,8 +355,11 @@ func (c *Consumer) ConsumeClaim(s sarama.ConsumerGroupSession, claim sarama.Cons
 }
 
 func (c *Consumer) consumePrompts(s sarama.ConsumerGroupSession, claim sarama.ConsumerGroupClaim) error {
-	ctx := s.Context()
-	msgs := claim.Messages()
+	ctx, cancel := context.WithCancel(s.Context())
+	defer cancel() // ends the reader below
+	gate := newByteGate(c.cfg.BufferBytes)
+	msgs := make(chan *sarama.ConsumerMessage, kafkautil.ChannelBufferMax)
+	go readBounded(ctx, claim.Messages(), msgs, gate)
 	recreated := c.recreatedChan()
 	for {
 		var first *sarama.ConsumerMessage
@@ -371,6 +382,83 @@ func (c *Consumer) consumePrompts(s sarama.ConsumerGroupSession, claim sarama.Co
 			return err
 		}
 		s.MarkMessage(batch[len(batch)-1], "")
+		n := 0
+		for _, m := range batch {
+			n += len(m.Value)
+		}
+		gate.release(n)
+	}
+}
+
+// readBounded moves the messages of a partition from Sarama's channel to
+// out while the values taken and not yet released through gate stay
+// within its bytes, and closes out when in closes. Sarama's channel
+// counts messages only, so it is kept short (kafkautil.ChannelBufferFor)
+// and this queue holds up to its capacity of small prompts, or few large
+// ones: a backlog of prompts of a megabyte filled 1024 of them per
+// partition.
+func readBounded(ctx context.Context, in <-chan *sarama.ConsumerMessage, out chan<- *sarama.ConsumerMessage, gate *byteGate) {
+	defer close(out)
+	for {
+		var m *sarama.ConsumerMessage
+		select {
+		case v, ok := <-in:
+			if !ok {
+				return
+			}
+			m = v
+		case <-ctx.Done():
+			return
+		}
+		if !gate.acquire(ctx, len(m.Value)) {
+			return
+		}
+		select {
+		case out <- m:
+		case <-ctx.Done():
+			return
+		}
+	}
+}
+
+// byteGate counts the bytes of values taken and not yet released, up to
+// max; one value larger than max passes alone. One goroutine acquires and
+// one releases.
+type byteGate struct {
+	mu    sync.Mutex
+	used  int
+	max   int
+	freed chan struct{}
+}
+
+func newByteGate(max int) *byteGate { return &byteGate{max: max, freed: make(chan struct{}, 1)} }
+
+// acquire waits until n more bytes fit (or nothing is held) and takes
+// them; false when ctx ended first.
+func (g *byteGate) acquire(ctx context.Context, n int) bool {
+	for {
+		g.mu.Lock()
+		if g.used == 0 || g.used+n <= g.max {
+			g.used += n
+			g.mu.Unlock()
+			return true
+		}
+		g.mu.Unlock()
+		select {
+		case <-g.freed:
+		case <-ctx.Done():
+			return false
+		}
+	}
+}
+
+func (g *byteGate) release(n int) {
+	g.mu.Lock()
+	g.used -= n
+	g.mu.Unlock()
+	select {
+	case g.freed <- struct{}{}:
+	default:
 	}
 }
 

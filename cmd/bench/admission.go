@@ -31,8 +31,10 @@ type admissionOpts struct {
 	MaxBatch int
 	// ChannelBuffer is Sarama's ChannelBufferSize: how many fetched
 	// messages wait in a partition's channel, and so the most a batch can
-	// take "already at hand". Defaults to the consumer's at its default
-	// --buffer-bytes and --max-value-bytes (kafkautil.ChannelBufferFor).
+	// take "already at hand" when admission's queue is empty. Defaults to
+	// the consumer's at its default --buffer-bytes and --max-value-bytes
+	// (half the buffer, kafkautil.ChannelBufferFor); admission's queue
+	// gets the other half, as in the consumer.
 	ChannelBuffer int
 	// CPUProfile, when set, receives a CPU profile of the run.
 	CPUProfile string
@@ -93,7 +95,7 @@ func measureAdmission(ctx context.Context, sc *scratchServer, brokers []string, 
 	reg := prometheus.NewRegistry()
 	m := metrics.New(reg)
 	cfg := kafkautil.NewConfig("bench-admission")
-	cfg.ChannelBufferSize = cmp.Or(opts.ChannelBuffer, kafkautil.ChannelBufferFor(kafkautil.BufferBytesDefault, envelope.MaxValueBytesDefault))
+	cfg.ChannelBufferSize = cmp.Or(opts.ChannelBuffer, kafkautil.ChannelBufferFor(kafkautil.BufferBytesDefault/2, envelope.MaxValueBytesDefault))
 	rejects, err := sarama.NewSyncProducer(brokers, cfg)
 	if err != nil {
 		return res, fmt.Errorf("connecting rejects producer: %w", err)
@@ -109,7 +111,7 @@ func measureAdmission(ctx context.Context, sc *scratchServer, brokers []string, 
 		},
 	})
 	handler := &joinSignal{
-		ConsumerGroupHandler: pipeline.NewConsumer(admitter, nil, rejects, &pipeline.ConsumerConfig{MaxBatch: opts.MaxBatch,
+		ConsumerGroupHandler: pipeline.NewConsumer(admitter, nil, rejects, &pipeline.ConsumerConfig{MaxBatch: opts.MaxBatch, BufferBytes: kafkautil.BufferBytesDefault / 2,
 			OnRejectFunc: func(outcome, reason string) { m.Admissions.WithLabelValues(outcome, reason).Inc() },
 		}),
 		joined: make(chan struct{}),

@@ -111,7 +111,7 @@ func newRootCommandEnv(environ func() []string) *cobra.Command {
 	f.IntVar(&o.maxBatch, "max-batch", 500, "most prompts admitted in one transaction")
 	f.BoolVar(&o.localWakes, "local-wakes", true, "start a session at once when a prompt admitted here belongs to a wakes partition this process owns (its wake, arriving from Kafka, then waits for that run)")
 	f.IntVar(&o.maxValueBytes, "max-value-bytes", envelope.MaxValueBytesDefault, "largest accepted prompt value in bytes")
-	f.IntVar(&o.bufferBytes, "buffer-bytes", kafkautil.BufferBytesDefault, "most bytes of fetched messages waiting for admission per owned partition, each counted at --max-value-bytes (the channel holds buffer-bytes / max-value-bytes messages, 1 to 1024): bounds the memory a backlog of large prompts takes")
+	f.IntVar(&o.bufferBytes, "buffer-bytes", kafkautil.BufferBytesDefault, "most bytes of fetched prompts a partition holds before and during their admission: half in the Kafka client's channel, counted at --max-value-bytes each (1 to 1024 messages), half in admission's queue, counted at their real sizes; bounds the memory a backlog of large prompts takes")
 	f.IntVar(&o.maxMessageBytes, "max-message-bytes", kafkautil.MaxMessageBytesDefault, "largest message the Kafka producer sends (rejects, events, wakes); every topic's max.message.bytes must be at least 61 bytes more (a record batch's header); a larger reject is published truncated")
 	f.StringVar(&o.provider.kind, "provider", "scripted", "model provider: scripted (no model; demos and tests), http, openai")
 	f.StringVar(&o.provider.url, "provider-url", "", "URL the http provider POSTs turns to (docs/providers.md)")

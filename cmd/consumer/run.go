@@ -96,7 +96,10 @@ func run(ctx context.Context, o *options, stderr io.Writer) (err error) {
 	owner := "consumer-" + uuid.Must(uuid.NewV7()).String()
 	cfg := kafkautil.NewConfig(owner)
 	cfg.Producer.MaxMessageBytes = o.maxMessageBytes
-	cfg.ChannelBufferSize = kafkautil.ChannelBufferFor(o.bufferBytes, o.maxValueBytes)
+	// --buffer-bytes is halved between Sarama's channel, which counts
+	// messages at --max-value-bytes each, and admission's queue, which
+	// counts their real sizes (pipeline.ConsumerConfig.BufferBytes).
+	cfg.ChannelBufferSize = kafkautil.ChannelBufferFor(o.bufferBytes/2, o.maxValueBytes)
 	if err := o.security.Apply(cfg); err != nil {
 		return err
 	}
@@ -325,7 +328,7 @@ func run(ctx context.Context, o *options, stderr io.Writer) (err error) {
 	}
 	defer rec.Stop()
 	ccfg := &pipeline.ConsumerConfig{
-		Topics: topics, MaxBatch: o.maxBatch, MaxMessageBytes: o.maxMessageBytes, Logger: log, RoundTripTimeout: roundTrip,
+		Topics: topics, MaxBatch: o.maxBatch, BufferBytes: max(o.bufferBytes/2, 1), MaxMessageBytes: o.maxMessageBytes, Logger: log, RoundTripTimeout: roundTrip,
 		Limits: envelope.Limits{MaxValueBytes: o.maxValueBytes},
 		OnRejectFunc: func(outcome, reason string) {
 			if outcome == "rejected" && reason == envelope.ReasonConflict {

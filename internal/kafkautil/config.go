@@ -91,10 +91,11 @@ func NewConfig(clientID string) *sarama.Config {
 const ChannelBufferMax = 1024
 
 // BufferBytesDefault is the consumer's --buffer-bytes when it is not set:
-// the most bytes of fetched prompt values waiting in one owned partition's
-// channel, counted at --max-value-bytes each (docs/benchmarks.md, "The
-// consumer's buffer by bytes"). Defaults to 32 MiB: 32 prompts of the
-// default --max-value-bytes.
+// the most bytes of fetched prompt values one owned partition holds before
+// and during their admission, half in Sarama's channel counted at
+// --max-value-bytes each, half in admission's queue counted at their real
+// sizes (pipeline.ConsumerConfig.BufferBytes; docs/benchmarks.md, "The
+// consumer's buffer by bytes"). Defaults to 32 MiB.
 const BufferBytesDefault = 32 << 20
 
 // ChannelBufferFor is the ChannelBufferSize of a consumer that may hold
