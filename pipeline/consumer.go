@@ -210,7 +210,7 @@ func (c *Consumer) consumedTopics() []string {
 // offsets of the old topic's numbering onto the new one). Then it watches
 // the IDs for as long as the assignment lasts. A failed lookup of the IDs
 // leaves them unchecked until the next look; a failed lookup of an oldest
-// offset fails the assignment, which is joined again with the ID still to
+// offset fails the assignment, which is joined again with the IDs still to
 // be reset.
 func (c *Consumer) checkTopics(s sarama.ConsumerGroupSession) error {
 	recreated := make(chan struct{})
@@ -223,6 +223,9 @@ func (c *Consumer) checkTopics(s sarama.ConsumerGroupSession) error {
 	if err != nil {
 		c.log.Warn("topic IDs unknown; a topic created again is not told from the old one until they are read", slog.Any("error", err))
 	}
+	// The IDs are recorded only once every reset is made: a failed Setup
+	// ends its session, whose resets may never be committed, so the next
+	// Setup resets every topic of now again, not only the one that failed.
 	for topic, id := range now {
 		if prev, seen := c.topicIDs[topic]; seen && prev != id {
 			parts := s.Claims()[topic]
@@ -236,8 +239,8 @@ func (c *Consumer) checkTopics(s sarama.ConsumerGroupSession) error {
 			c.log.Warn("topic deleted and created again: its partitions are read again from their oldest offset",
 				slog.String("topic", topic), slog.Any("partitions", parts))
 		}
-		c.topicIDs[topic] = id
 	}
+	maps.Copy(c.topicIDs, now)
 	known := maps.Clone(c.topicIDs)
 	go c.watchTopics(s.Context(), topics, known, recreated)
 	return nil

@@ -146,3 +146,59 @@ func TestSetupDoesNotWaitForASilentBroker(t *testing.T) {
 	require.Less(t, time.Since(start), topicLookupTimeout+time.Second)
 	require.Empty(t, s.resets)
 }
+
+// Two topics created again, and the oldest offset of the second one read
+// fails (a new topic's leader not elected yet): the Setup fails, and the
+// next one resets both. Its session ended with the Setup, so the reset of
+// the first one may never have been committed: had its new ID been
+// recorded all the same, the next Setup would take the topic as seen and
+// read it from the offsets committed in the old numbering.
+func TestSetupRecordsNoIDOfAFailedReset(t *testing.T) {
+	t.Parallel()
+	var mu sync.Mutex
+	ids := map[string]sarama.Uuid{"prompts": {1}, "wakes": {2}, "permission-replies": {3}}
+	calls, failCall := 0, 0
+	c := NewConsumer(nil, nil, nil, &ConsumerConfig{
+		TopicCheckInterval: time.Hour,
+		TopicIDsFunc: func(topics []string) (map[string]sarama.Uuid, error) {
+			mu.Lock()
+			defer mu.Unlock()
+			out := map[string]sarama.Uuid{}
+			for _, t := range topics {
+				out[t] = ids[t]
+			}
+			return out, nil
+		},
+		OldestOffsetFunc: func(topic string, partition int32) (int64, error) {
+			mu.Lock()
+			defer mu.Unlock()
+			calls++
+			if calls == failCall {
+				return 0, errors.New("no leader")
+			}
+			return 100 + int64(partition), nil
+		},
+	})
+	setup := func() (*resetSession, error) {
+		ctx, cancel := context.WithCancel(context.Background())
+		t.Cleanup(cancel)
+		s := &resetSession{ctx: ctx, resets: map[string]map[int32]int64{},
+			claims: map[string][]int32{"prompts": {0, 2}, "wakes": {0, 2}}}
+		return s, c.Setup(s)
+	}
+	_, err := setup()
+	require.NoError(t, err)
+
+	// Whichever topic is reset first (two partitions, two reads), the
+	// other's first read fails.
+	mu.Lock()
+	ids["prompts"], ids["wakes"], failCall = sarama.Uuid{11}, sarama.Uuid{12}, 3
+	mu.Unlock()
+	_, err = setup()
+	require.ErrorContains(t, err, "was created again")
+
+	s, err := setup()
+	require.NoError(t, err)
+	require.Equal(t, map[string]map[int32]int64{"prompts": {0: 100, 2: 102}, "wakes": {0: 100, 2: 102}}, s.resets,
+		"both topics read again from their oldest offsets")
+}
