@@ -125,8 +125,9 @@ type Consumer struct {
 	route     atomic.Pointer[localRoute] // nil: no local wakes
 
 	// topicIDs are the IDs of the consumed topics that this process's
-	// positions and the group's committed offsets refer to (TopicIDsFunc);
-	// only Setup writes them, between assignments.
+	// positions and the group's committed offsets refer to (TopicIDsFunc):
+	// Setup writes them, and the watcher adds those Setup could not read.
+	idsMu    sync.Mutex
 	topicIDs map[string]sarama.Uuid
 	// recreated is closed when a consumed topic of the current assignment
 	// was created again: every claim of the assignment then returns, which
@@ -223,6 +224,8 @@ func (c *Consumer) checkTopics(s sarama.ConsumerGroupSession) error {
 	if err != nil {
 		c.log.Warn("topic IDs unknown; a topic created again is not told from the old one until they are read", slog.Any("error", err))
 	}
+	c.idsMu.Lock()
+	defer c.idsMu.Unlock()
 	// The IDs are recorded only once every reset is made: a failed Setup
 	// ends its session, whose resets may never be committed, so the next
 	// Setup resets every topic of now again, not only the one that failed.
@@ -274,7 +277,11 @@ func (c *Consumer) lookupTopicIDs(topics []string) (map[string]sarama.Uuid, erro
 }
 
 // watchTopics closes recreated when a topic of known gets another ID, or
-// returns when ctx (the assignment's) ends.
+// returns when ctx (the assignment's) ends. A topic missing from known
+// (Setup's lookup failed) is known from its first ID read here, recorded
+// for the next Setup too: else a topic created again during the
+// assignment would go unnoticed, and the next Setup would take its new ID
+// for the first one.
 func (c *Consumer) watchTopics(ctx context.Context, topics []string, known map[string]sarama.Uuid, recreated chan struct{}) {
 	tick := time.NewTicker(c.cfg.TopicCheckInterval)
 	defer tick.Stop()
@@ -289,7 +296,16 @@ func (c *Consumer) watchTopics(ctx context.Context, topics []string, known map[s
 			continue
 		}
 		for topic, id := range now {
-			if prev, ok := known[topic]; ok && prev != id {
+			prev, ok := known[topic]
+			switch {
+			case !ok:
+				known[topic] = id
+				c.idsMu.Lock()
+				if _, seen := c.topicIDs[topic]; !seen {
+					c.topicIDs[topic] = id
+				}
+				c.idsMu.Unlock()
+			case prev != id:
 				c.log.Warn("topic deleted and created again; ending the assignment to read it again from its oldest offset",
 					slog.String("topic", topic))
 				close(recreated)

@@ -202,3 +202,66 @@ func TestSetupRecordsNoIDOfAFailedReset(t *testing.T) {
 	require.Equal(t, map[string]map[int32]int64{"prompts": {0: 100, 2: 102}, "wakes": {0: 100, 2: 102}}, s.resets,
 		"both topics read again from their oldest offsets")
 }
+
+// A Setup whose lookup of the IDs fails (a broker slow to answer) leaves
+// them to the watcher: it takes the IDs it first reads as the ones the
+// positions refer to, so a topic created again later in the same
+// assignment still ends it, and the next Setup resets that topic. Before,
+// the watcher compared only with the IDs Setup had read, none, and a
+// consumer whose first lookup failed never noticed a topic created again.
+func TestWatcherLearnsTheIDsSetupCouldNotRead(t *testing.T) {
+	t.Parallel()
+	var mu sync.Mutex
+	ids := map[string]sarama.Uuid{"prompts": {1}, "wakes": {2}, "permission-replies": {3}}
+	idsErr := errors.New("metadata refused")
+	lookups := 0
+	c := NewConsumer(nil, nil, nil, &ConsumerConfig{
+		TopicCheckInterval: 10 * time.Millisecond,
+		TopicIDsFunc: func(topics []string) (map[string]sarama.Uuid, error) {
+			mu.Lock()
+			defer mu.Unlock()
+			lookups++
+			if idsErr != nil {
+				return nil, idsErr
+			}
+			out := map[string]sarama.Uuid{}
+			for _, t := range topics {
+				out[t] = ids[t]
+			}
+			return out, nil
+		},
+		OldestOffsetFunc: func(topic string, partition int32) (int64, error) { return 100 + int64(partition), nil },
+	})
+	setup := func() (*resetSession, error) {
+		ctx, cancel := context.WithCancel(context.Background())
+		t.Cleanup(cancel)
+		s := &resetSession{ctx: ctx, resets: map[string]map[int32]int64{},
+			claims: map[string][]int32{"prompts": {0, 2}}}
+		return s, c.Setup(s)
+	}
+	first, err := setup()
+	require.NoError(t, err)
+	require.Empty(t, first.resets)
+	mu.Lock()
+	idsErr = nil
+	seen := lookups
+	mu.Unlock()
+	// The watcher reads the IDs (twice: the one after the first read
+	// compares with it).
+	require.Eventually(t, func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		return lookups >= seen+2
+	}, 10*time.Second, time.Millisecond)
+	mu.Lock()
+	ids["prompts"] = sarama.Uuid{11}
+	mu.Unlock()
+	select {
+	case <-c.recreatedChan():
+	case <-time.After(10 * time.Second):
+		t.Fatal("a topic created again during the assignment did not end it")
+	}
+	s, err := setup()
+	require.NoError(t, err)
+	require.Equal(t, map[string]map[int32]int64{"prompts": {0: 100, 2: 102}}, s.resets)
+}
