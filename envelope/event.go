@@ -116,8 +116,8 @@ type Event struct {
 // event larger than the topic takes could never be published: its
 // watchers would never see the turn end, or the ask its session waits on.
 // So when e does not fit, Input is left out (cut JSON is no JSON), then
-// ToolCalls are cut to the first ones (a step of thousands of calls; each
-// has tool.started and tool.completed of its own), then Text and Error are
+// ToolCalls are cut to the first ones, one at least (a step of thousands
+// of calls; each has tool.started and tool.completed of its own), then Text and Error are
 // cut at a character boundary, the longer first, until it fits, and
 // Truncated says so. An event that still does not fit (its IDs alone are
 // too many) is returned whole: the relay quarantines it.
@@ -137,11 +137,13 @@ func (e Event) MarshalWithin(limit int) []byte {
 		if over <= 0 {
 			return b
 		}
-		if n := len(e.ToolCalls); n > 0 {
+		if n := len(e.ToolCalls); n > 1 {
 			// Drop calls worth what is over, at their average size, and one
-			// more: at least one call a round.
+			// more: at least one call a round. The first call is kept:
+			// tool_calls absent says the step asked for none (its answer,
+			// turn.completed next), so the text is cut instead.
 			calls, _ := json.Marshal(e.ToolCalls)
-			drop := min(n, over/max(1, len(calls)/n)+1)
+			drop := min(n-1, over/max(1, len(calls)/n)+1)
 			e.ToolCalls = e.ToolCalls[: n-drop : n-drop]
 			continue
 		}

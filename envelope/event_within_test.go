@@ -128,3 +128,26 @@ func TestMarshalWithinCutsToolCalls(t *testing.T) {
 		}
 	}
 }
+
+// A step.completed whose answer alone is too large keeps its first tool
+// call and has its text cut: tool_calls absent says the step asked for
+// none, the turn's answer (docs/session-events.md), and a watcher would
+// wait for a turn.completed while the turn runs the calls.
+func TestMarshalWithinKeepsACallOfAStepThatAskedForCalls(t *testing.T) {
+	t.Parallel()
+	e := envelope.Event{ID: "step.completed:a", Type: envelope.EventStepCompleted, SessionID: "s", TurnID: "a",
+		MessageIDs: []string{"m"}, AssistantMessageID: "a", Step: 1, Text: strings.Repeat("x", 2_000_000)}
+	for i := range 3 {
+		e.ToolCalls = append(e.ToolCalls, envelope.EventToolCall{CallID: fmt.Sprintf("a/call-%d", i), ModelCallID: fmt.Sprintf("m%d", i), Tool: "echo", Class: "idempotent"})
+	}
+	for _, limit := range []int{400, 1_000_000} {
+		b := e.MarshalWithin(limit)
+		require.LessOrEqual(t, len(b), limit)
+		got, err := envelope.DecodeEvent(b)
+		require.NoError(t, err)
+		require.True(t, got.Truncated)
+		require.NotEmpty(t, got.ToolCalls, "limit %d: a step that asked for calls still names one", limit)
+		require.Equal(t, e.ToolCalls[0], got.ToolCalls[0])
+		require.True(t, strings.HasPrefix(e.Text, got.Text))
+	}
+}
