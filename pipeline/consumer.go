@@ -93,6 +93,15 @@ type ConsumerConfig struct {
 	// OldestOffsetFunc returns the first offset a partition still holds
 	// (kafkautil.OldestOffset); TopicIDsFunc needs it. Defaults to nil.
 	OldestOffsetFunc func(topic string, partition int32) (int64, error)
+	// CommittedMetadataFunc returns the metadata the group committed with
+	// each of a topic's partitions' offsets (kafkautil.CommittedMetadata).
+	// The consumer commits its marks with the ID of the topic they were
+	// made in, so Setup also resets a partition whose offset was committed
+	// under another ID than the topic's, which a process that never saw
+	// the old ID (started, or joined the group, after the topic was
+	// created again) could not tell otherwise. Defaults to nil: only the
+	// IDs this process saw are compared.
+	CommittedMetadataFunc func(topic string, partitions []int32) (map[int32]string, error)
 	// TopicCheckInterval is how often TopicIDsFunc is asked while an
 	// assignment lasts. Defaults to 5s.
 	TopicCheckInterval time.Duration
@@ -129,6 +138,9 @@ type Consumer struct {
 	// Setup writes them, and the watcher adds those Setup could not read.
 	idsMu    sync.Mutex
 	topicIDs map[string]sarama.Uuid
+	// markIDs are the IDs of the current assignment's topics, as the
+	// metadata of its marks (markMetadata); written by Setup.
+	markIDs atomic.Pointer[map[string]string]
 	// recreated is closed when a consumed topic of the current assignment
 	// was created again: every claim of the assignment then returns, which
 	// ends it (Sarama ends a session when one of its claims returns).
@@ -230,23 +242,66 @@ func (c *Consumer) checkTopics(s sarama.ConsumerGroupSession) error {
 	// ends its session, whose resets may never be committed, so the next
 	// Setup resets every topic of now again, not only the one that failed.
 	for topic, id := range now {
-		if prev, seen := c.topicIDs[topic]; seen && prev != id {
-			parts := s.Claims()[topic]
-			for _, p := range parts {
-				oldest, err := c.cfg.OldestOffsetFunc(topic, p)
-				if err != nil {
-					return fmt.Errorf("topic %s was created again: %w", topic, err)
-				}
-				s.ResetOffset(topic, p, oldest, "")
+		parts := c.partsToReset(s, topic, id)
+		for _, p := range parts {
+			oldest, err := c.cfg.OldestOffsetFunc(topic, p)
+			if err != nil {
+				return fmt.Errorf("topic %s was created again: %w", topic, err)
 			}
+			s.ResetOffset(topic, p, oldest, id.String())
+		}
+		if len(parts) > 0 {
 			c.log.Warn("topic deleted and created again: its partitions are read again from their oldest offset",
 				slog.String("topic", topic), slog.Any("partitions", parts))
 		}
 	}
 	maps.Copy(c.topicIDs, now)
+	markIDs := make(map[string]string, len(c.topicIDs))
+	for topic, id := range c.topicIDs {
+		markIDs[topic] = id.String()
+	}
+	c.markIDs.Store(&markIDs)
 	known := maps.Clone(c.topicIDs)
 	go c.watchTopics(s.Context(), topics, known, recreated)
 	return nil
+}
+
+// partsToReset are the claimed partitions of topic, whose ID is id now,
+// to read again from their oldest offset: all of them when this process
+// saw the topic under another ID, else those whose offset the group
+// committed under another ID (CommittedMetadataFunc; a commit with no ID,
+// an older member's, is taken as it is). c.idsMu is held.
+func (c *Consumer) partsToReset(s sarama.ConsumerGroupSession, topic string, id sarama.Uuid) []int32 {
+	parts := s.Claims()[topic]
+	if prev, seen := c.topicIDs[topic]; seen && prev != id {
+		return parts
+	}
+	if c.cfg.CommittedMetadataFunc == nil || len(parts) == 0 {
+		return nil
+	}
+	meta, err := within(func() (map[int32]string, error) { return c.cfg.CommittedMetadataFunc(topic, parts) },
+		"reading the committed offsets of "+topic)
+	if err != nil {
+		c.log.Warn("committed offsets' topic IDs unknown; an offset committed in a topic deleted since is not told apart",
+			slog.String("topic", topic), slog.Any("error", err))
+		return nil
+	}
+	var reset []int32
+	for _, p := range parts {
+		if m := meta[p]; m != "" && m != id.String() {
+			reset = append(reset, p)
+		}
+	}
+	return reset
+}
+
+// markMetadata is the metadata of a mark in topic: the topic's ID as the
+// current assignment knows it, "" when unknown.
+func (c *Consumer) markMetadata(topic string) string {
+	if p := c.markIDs.Load(); p != nil {
+		return (*p)[topic]
+	}
+	return ""
 }
 
 // topicLookupTimeout bounds the lookup of the topic IDs in Setup. Sarama
@@ -257,22 +312,30 @@ func (c *Consumer) checkTopics(s sarama.ConsumerGroupSession) error {
 const topicLookupTimeout = 2 * time.Second
 
 func (c *Consumer) lookupTopicIDs(topics []string) (map[string]sarama.Uuid, error) {
+	return within(func() (map[string]sarama.Uuid, error) { return c.cfg.TopicIDsFunc(topics) },
+		fmt.Sprintf("reading the IDs of %v", topics))
+}
+
+// within is f's answer, or an error naming what when f gives none within
+// topicLookupTimeout; f then finishes on its own.
+func within[T any](f func() (T, error), what string) (T, error) {
 	type result struct {
-		ids map[string]sarama.Uuid
+		v   T
 		err error
 	}
 	done := make(chan result, 1)
 	go func() {
-		ids, err := c.cfg.TopicIDsFunc(topics)
-		done <- result{ids, err}
+		v, err := f()
+		done <- result{v, err}
 	}()
 	timer := time.NewTimer(topicLookupTimeout)
 	defer timer.Stop()
 	select {
 	case r := <-done:
-		return r.ids, r.err
+		return r.v, r.err
 	case <-timer.C:
-		return nil, fmt.Errorf("reading the IDs of %v: no answer within %s", topics, topicLookupTimeout)
+		var zero T
+		return zero, fmt.Errorf("%s: no answer within %s", what, topicLookupTimeout)
 	}
 }
 
@@ -400,7 +463,7 @@ func (c *Consumer) consumePrompts(s sarama.ConsumerGroupSession, claim sarama.Co
 			}
 			return err
 		}
-		s.MarkMessage(batch[len(batch)-1], "")
+		s.MarkMessage(batch[len(batch)-1], c.markMetadata(claim.Topic()))
 		n := 0
 		for _, m := range batch {
 			n += len(m.Value)
@@ -658,7 +721,8 @@ func (c *Consumer) reject(m *sarama.ConsumerMessage, re *envelope.RejectError) *
 // same (wakeMarks says what is kept for that).
 func (c *Consumer) consumeWakes(s sarama.ConsumerGroupSession, claim sarama.ConsumerGroupClaim) error {
 	ctx := s.Context()
-	marks := newWakeMarks(func(next int64) { s.MarkOffset(claim.Topic(), claim.Partition(), next, "") })
+	meta := c.markMetadata(claim.Topic())
+	marks := newWakeMarks(func(next int64) { s.MarkOffset(claim.Topic(), claim.Partition(), next, meta) })
 	msgs := claim.Messages()
 	recreated := c.recreatedChan()
 	for {
@@ -743,7 +807,7 @@ func (c *Consumer) consumeReplies(s sarama.ConsumerGroupSession, claim sarama.Co
 		if err := c.rejectPub.Publish(ctx, rejects); err != nil {
 			return nil
 		}
-		s.MarkMessage(m, "")
+		s.MarkMessage(m, c.markMetadata(m.Topic))
 	}
 }
 

@@ -265,3 +265,39 @@ func TestWatcherLearnsTheIDsSetupCouldNotRead(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, map[string]map[int32]int64{"prompts": {0: 100, 2: 102}}, s.resets)
 }
+
+// A consumer that never saw a topic's old ID (started, or joined the
+// group, after the topic was created again) still resets a partition
+// whose committed offset was marked under another ID: a member still at
+// the old topic's positions committed them onto the new one. The marks
+// carry the ID they were made under; a commit with no ID (an older
+// member's) is taken as it is.
+func TestSetupResetsOffsetsCommittedUnderAnotherID(t *testing.T) {
+	t.Parallel()
+	oldID, newID := sarama.Uuid{1}, sarama.Uuid{11}
+	committed := map[string]map[int32]string{
+		"prompts": {0: oldID.String(), 1: newID.String(), 2: ""},
+	}
+	c := NewConsumer(nil, nil, nil, &ConsumerConfig{
+		TopicCheckInterval: time.Hour,
+		TopicIDsFunc: func(topics []string) (map[string]sarama.Uuid, error) {
+			return map[string]sarama.Uuid{"prompts": newID, "wakes": {2}, "permission-replies": {3}}, nil
+		},
+		OldestOffsetFunc: func(topic string, partition int32) (int64, error) { return 100 + int64(partition), nil },
+		CommittedMetadataFunc: func(topic string, partitions []int32) (map[int32]string, error) {
+			out := map[int32]string{}
+			for _, p := range partitions {
+				out[p] = committed[topic][p]
+			}
+			return out, nil
+		},
+	})
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	s := &resetSession{ctx: ctx, resets: map[string]map[int32]int64{},
+		claims: map[string][]int32{"prompts": {0, 1, 2}, "wakes": {0}}}
+	require.NoError(t, c.Setup(s))
+	require.Equal(t, map[string]map[int32]int64{"prompts": {0: 100}}, s.resets,
+		"only the partition committed under the old ID is read again")
+	require.Equal(t, newID.String(), c.markMetadata("prompts"), "marks carry the topic's ID")
+}

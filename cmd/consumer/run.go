@@ -345,6 +345,7 @@ func run(ctx context.Context, o *options, stderr io.Writer) (err error) {
 	// is read again from its oldest offset (pipeline.ConsumerConfig).
 	ccfg.TopicIDsFunc = kafkautil.TopicIDs(client)
 	ccfg.OldestOffsetFunc = kafkautil.OldestOffset(client)
+	ccfg.CommittedMetadataFunc = kafkautil.CommittedMetadata(client, o.group)
 	if o.localWakes {
 		ccfg.WakesPartitions = kafkautil.PartitionCount(client, topics.Wakes)
 	}

@@ -52,3 +52,27 @@ func TestTopicIDs(t *testing.T) {
 	require.NoError(t, err)
 	require.Zero(t, oldest)
 }
+
+// The metadata a group commits with an offset is read back per partition;
+// a partition with no commit reads "".
+func TestCommittedMetadata(t *testing.T) {
+	t.Parallel()
+	b := testkit.Broker(t, 2)
+	cfg := kafkautil.NewConfig("test-committed")
+	client, err := sarama.NewClient([]string{b.Addr()}, cfg)
+	require.NoError(t, err)
+	defer client.Close()
+	// A commit of a group with no members (generation -1), as a simple
+	// consumer's.
+	coordinator, err := client.Coordinator("g-committed")
+	require.NoError(t, err)
+	commit := &sarama.OffsetCommitRequest{Version: 2, ConsumerGroup: "g-committed", ConsumerGroupGeneration: -1}
+	commit.AddBlock("prompts", 0, 5, 0, "topic-id-a")
+	resp, err := coordinator.CommitOffset(commit)
+	require.NoError(t, err)
+	require.Equal(t, sarama.ErrNoError, resp.Errors["prompts"][0])
+
+	meta, err := kafkautil.CommittedMetadata(client, "g-committed")("prompts", []int32{0, 1})
+	require.NoError(t, err)
+	require.Equal(t, map[int32]string{0: "topic-id-a", 1: ""}, meta)
+}

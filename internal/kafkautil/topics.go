@@ -196,3 +196,40 @@ func OldestOffset(client sarama.Client) func(topic string, partition int32) (int
 		return o, nil
 	}
 }
+
+// CommittedMetadata returns a function that asks group's coordinator,
+// through client, for the metadata committed with the offsets of a
+// topic's partitions: "" for a partition with no commit or none with
+// metadata.
+func CommittedMetadata(client sarama.Client, group string) func(topic string, partitions []int32) (map[int32]string, error) {
+	return func(topic string, partitions []int32) (map[int32]string, error) {
+		coordinator, err := client.Coordinator(group)
+		if err != nil {
+			return nil, fmt.Errorf("finding the coordinator of group %s: %w", group, err)
+		}
+		req := sarama.NewOffsetFetchRequest(client.Config().Version, group, map[string][]int32{topic: partitions})
+		resp, err := coordinator.FetchOffset(req)
+		if err != nil {
+			return nil, fmt.Errorf("reading the committed offsets of %s in group %s: %w", topic, group, err)
+		}
+		kerr := resp.Err
+		if resp.Version >= 8 && len(resp.Groups) > 0 {
+			kerr = resp.Groups[0].Err
+		}
+		if kerr != sarama.ErrNoError {
+			return nil, fmt.Errorf("reading the committed offsets of %s in group %s: %w", topic, group, kerr)
+		}
+		out := make(map[int32]string, len(partitions))
+		for _, p := range partitions {
+			b := resp.GetBlock(topic, p)
+			switch {
+			case b == nil:
+			case b.Err != sarama.ErrNoError:
+				return nil, fmt.Errorf("reading the committed offset of %s/%d in group %s: %w", topic, p, group, b.Err)
+			default:
+				out[p] = b.Metadata
+			}
+		}
+		return out, nil
+	}
+}
