@@ -33,8 +33,9 @@ func TestFillBatchBoundsItsBytes(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
 			first, ch := msgs(tc.n, tc.size)
-			batch := fillBatch(first, ch, tc.maxBatch, tc.maxByte)
+			batch, bytes := fillBatch(first, ch, tc.maxBatch, tc.maxByte)
 			require.Len(t, batch, tc.want)
+			require.Equal(t, tc.want*tc.size, bytes, "the batch's values, as the gate is released by")
 			for i, m := range batch {
 				require.Equal(t, int64(i), m.Offset, "in order, none skipped")
 			}

@@ -456,7 +456,7 @@ func (c *Consumer) consumePrompts(s sarama.ConsumerGroupSession, claim sarama.Co
 		case <-recreated:
 			return nil // the next assignment reads the topic again (checkTopics)
 		}
-		batch := fillBatch(first, msgs, c.cfg.MaxBatch, c.cfg.MaxBatchBytes)
+		batch, bytes := fillBatch(first, msgs, c.cfg.MaxBatch, c.cfg.MaxBatchBytes)
 		if err := c.handlePrompts(ctx, batch); err != nil {
 			if ctx.Err() != nil {
 				return nil // rebalance or shutdown: the next owner redelivers
@@ -464,11 +464,7 @@ func (c *Consumer) consumePrompts(s sarama.ConsumerGroupSession, claim sarama.Co
 			return err
 		}
 		s.MarkMessage(batch[len(batch)-1], c.markMetadata(claim.Topic()))
-		n := 0
-		for _, m := range batch {
-			n += len(m.Value)
-		}
-		gate.release(n)
+		gate.release(bytes) // the values fillBatch counted, as readBounded acquired them
 	}
 }
 
@@ -549,23 +545,25 @@ func (g *byteGate) release(n int) {
 // light. A batch ends at maxBatch messages, or at the message that brings
 // its values to maxBytes: by count alone, a backlog of prompts of a
 // megabyte made one admission of hundreds of megabytes, longer than the
-// statement timeout, failed again at every retry of the same batch.
-func fillBatch(first *sarama.ConsumerMessage, msgs <-chan *sarama.ConsumerMessage, maxBatch, maxBytes int) []*sarama.ConsumerMessage {
-	batch := []*sarama.ConsumerMessage{first}
-	bytes := len(first.Value)
+// statement timeout, failed again at every retry of the same batch. It
+// returns the batch and the bytes of its values (what the byte gate
+// released after its admission counts).
+func fillBatch(first *sarama.ConsumerMessage, msgs <-chan *sarama.ConsumerMessage, maxBatch, maxBytes int) (batch []*sarama.ConsumerMessage, bytes int) {
+	batch = []*sarama.ConsumerMessage{first}
+	bytes = len(first.Value)
 	for len(batch) < maxBatch && bytes < maxBytes {
 		select {
 		case m, ok := <-msgs:
 			if !ok {
-				return batch
+				return batch, bytes
 			}
 			batch = append(batch, m)
 			bytes += len(m.Value)
 		default:
-			return batch
+			return batch, bytes
 		}
 	}
-	return batch
+	return batch, bytes
 }
 
 // handlePrompts decodes, admits and rejects one batch, retrying while
