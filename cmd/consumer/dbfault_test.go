@@ -363,19 +363,8 @@ func TestAmbiguousPromotionIsNotLost(t *testing.T) {
 // the session must go on: its next prompt is answered, once.
 func TestSilentCommitDoesNotWedgeTheSession(t *testing.T) {
 	t.Parallel()
-	r, proxy := proxiedRun(t)
-	proxy.SilenceAfterCommit(func(label string) bool { return strings.Contains(label, "promptline_turn_answer") })
-	p := r.b.start(t, "consumer", "", append(sweepFlags(r.sandbox, r.toolURL), "--db-round-trip-timeout", "3s")...)
-	session := r.session("silent")
-	first := prompt(session, "first")
-	r.b.send(t, first)
-	require.Eventually(t, func() bool { return proxy.Stats().Silenced == 1 },
-		30*time.Second, 10*time.Millisecond, "the answer's commit is sent and its connection silenced")
-	second := prompt(session, "second, after the silence")
-	r.prompts = []envelope.Prompt{first, second}
-	r.b.send(t, second)
-	require.NoError(t, r.quiesce(t, p.running), r.describe(t))
-	require.Empty(t, r.violations(t))
+	silentCommitGoesOn(t, "silent", "the answer's commit", "second, after the silence",
+		func(label string) bool { return strings.Contains(label, "promptline_turn_answer") })
 }
 
 // TestSilentAdmissionDoesNotWedgeThePartition: the connection of an
@@ -384,17 +373,26 @@ func TestSilentCommitDoesNotWedgeTheSession(t *testing.T) {
 // exact retry), and the partition's next prompt admitted and answered.
 func TestSilentAdmissionDoesNotWedgeThePartition(t *testing.T) {
 	t.Parallel()
+	silentCommitGoesOn(t, "silent-admission", "the admission's commit", "second, on the same partition",
+		func(label string) bool {
+			return strings.Contains(label, "INSERT INTO sessions") || strings.Contains(label, "INSERT INTO inputs")
+		})
+}
+
+// silentCommitGoesOn silences the connection of the first commit whose
+// statements match, once the server has committed it, and checks that
+// the session's next prompt is answered, every prompt once.
+func silentCommitGoesOn(t *testing.T, name, what, secondText string, match func(label string) bool) {
+	t.Helper()
 	r, proxy := proxiedRun(t)
-	proxy.SilenceAfterCommit(func(label string) bool {
-		return strings.Contains(label, "INSERT INTO sessions") || strings.Contains(label, "INSERT INTO inputs")
-	})
+	proxy.SilenceAfterCommit(match)
 	p := r.b.start(t, "consumer", "", append(sweepFlags(r.sandbox, r.toolURL), "--db-round-trip-timeout", "3s")...)
-	session := r.session("silent-admission")
+	session := r.session(name)
 	first := prompt(session, "first")
 	r.b.send(t, first)
 	require.Eventually(t, func() bool { return proxy.Stats().Silenced == 1 },
-		30*time.Second, 10*time.Millisecond, "the admission's commit is sent and its connection silenced")
-	second := prompt(session, "second, on the same partition")
+		30*time.Second, 10*time.Millisecond, "%s is sent and its connection silenced", what)
+	second := prompt(session, secondText)
 	r.prompts = []envelope.Prompt{first, second}
 	r.b.send(t, second)
 	require.NoError(t, r.quiesce(t, p.running), r.describe(t))
