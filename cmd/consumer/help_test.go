@@ -23,21 +23,28 @@ func TestHelpShowsEachFlagsArgument(t *testing.T) {
 		if c.Hidden || c.Name() == "help" || c.Name() == "completion" {
 			return
 		}
+		// The flags are listed here, before the parallel subtests start:
+		// cobra builds a command's inherited flags lazily, by writing into
+		// the parents' flag sets, so listing them from parallel subtests
+		// races.
+		var flags []*pflag.Flag
+		c.Flags().VisitAll(func(f *pflag.Flag) {
+			if !f.Hidden {
+				flags = append(flags, f)
+			}
+		})
+		c.InheritedFlags().VisitAll(func(f *pflag.Flag) {
+			if !f.Hidden {
+				flags = append(flags, f)
+			}
+		})
 		t.Run(strings.Join(append([]string{"consumer"}, path...), "_"), func(t *testing.T) {
 			t.Parallel()
 			stdout, stderr, code := runOnce(t, append(append([]string{}, path...), "--help")...)
 			require.Equal(t, 0, code, "stderr:\n%s", stderr)
-			c.Flags().VisitAll(func(f *pflag.Flag) {
-				if f.Hidden {
-					return
-				}
+			for _, f := range flags {
 				checkHelpFlag(t, stdout, f)
-			})
-			c.InheritedFlags().VisitAll(func(f *pflag.Flag) {
-				if !f.Hidden {
-					checkHelpFlag(t, stdout, f)
-				}
-			})
+			}
 		})
 		for _, sub := range c.Commands() {
 			walk(append(append([]string{}, path...), sub.Name()), sub)
