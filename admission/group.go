@@ -135,10 +135,10 @@ func (g *Group) flush(reqs []*admitRequest) {
 	}
 	// Every sender is a partition of the same consumer-group session (Sarama
 	// ends one session's partitions before it starts the next), so they
-	// share its context: a rebalance or shutdown ends the transaction, and
-	// each partition's batch is redelivered to its next owner.
+	// share its cancellation: a rebalance or shutdown ends the transaction,
+	// and each partition's batch is redelivered to its next owner.
 	g.transactions.Add(1)
-	outcomes, err := g.admitter.admit(live[0].ctx, all, g.afterCommit)
+	outcomes, err := g.admitter.admit(latestDeadline(live), all, g.afterCommit)
 	for _, r := range live {
 		if err != nil {
 			r.err = err
@@ -147,6 +147,28 @@ func (g *Group) flush(reqs []*admitRequest) {
 		}
 		close(r.done)
 	}
+}
+
+// latestDeadline is the context, of reqs', whose deadline comes last (one
+// without a deadline before all): each try's deadline bounds that try
+// from its start, time in the queue included, so under the first batch's
+// a try that had waited close to its bound cut the whole transaction
+// short, and every partition in it retried, under an overload that only
+// made the wait longer. A sender whose own deadline passes meanwhile
+// still waits for the outcome, bounded by the deadline chosen.
+func latestDeadline(reqs []*admitRequest) context.Context {
+	ctx := reqs[0].ctx
+	last, bounded := ctx.Deadline()
+	for _, r := range reqs[1:] {
+		if !bounded {
+			break
+		}
+		d, ok := r.ctx.Deadline()
+		if !ok || d.After(last) {
+			ctx, last, bounded = r.ctx, d, ok
+		}
+	}
+	return ctx
 }
 
 // AdmitAlone admits batch in a transaction of its own.

@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
 	"github.com/promptline/promptline/envelope"
@@ -169,4 +170,118 @@ func waitIdle(t *testing.T, g *Group) {
 		queued, running := g.queue.State()
 		return queued == 0 && running == 0
 	}, 5*time.Second, time.Millisecond)
+}
+
+// A combined transaction runs under the latest deadline of its batches'
+// tries, not the first batch's: a try that waited in the queue close to
+// its bound cut every batch in the transaction short, and under a
+// sustained overload each partition's retry met the same fate.
+func TestAdmitGroupRunsUnderTheLatestDeadline(t *testing.T) {
+	t.Parallel()
+	pool, _ := testkit.Pool(t)
+	ctx := context.Background()
+	g := NewGroup(NewAdmitter(pool, &AdmitterConfig{}), 1000, nil)
+	prompt := func(msg, sess string) Incoming {
+		return Incoming{Prompt: envelope.Prompt{MessageID: msg, SessionID: sess, Text: "x"}}
+	}
+	for _, s := range []string{"blocked", "slow"} {
+		_, err := g.Admit(ctx, []Incoming{prompt("m-"+s, s)})
+		require.NoError(t, err)
+		waitIdle(t, g)
+	}
+
+	// "blocked" holds the queue: maxAdmitInFlight transactions wait on it.
+	lock := func(session string) pgx.Tx {
+		tx, err := pool.Begin(ctx)
+		require.NoError(t, err)
+		t.Cleanup(func() { _ = tx.Rollback(ctx) })
+		_, err = tx.Exec(ctx, `SELECT 1 FROM sessions WHERE session_id = $1 FOR UPDATE`, session)
+		require.NoError(t, err)
+		return tx
+	}
+	blocked, slow := lock("blocked"), lock("slow")
+	held := make(chan error, maxAdmitInFlight)
+	for i := range maxAdmitInFlight {
+		go func() {
+			_, err := g.Admit(ctx, []Incoming{prompt(fmt.Sprintf("b%d", i), "blocked")})
+			held <- err
+		}()
+		require.Eventually(t, func() bool {
+			queued, running := g.queue.State()
+			return running == i+1 && queued == 0
+		}, 5*time.Second, time.Millisecond)
+	}
+
+	// Queued: a try with little time left, then one with plenty; the
+	// second's batch waits on "slow", which outlasts the first's deadline.
+	type result struct {
+		out []Outcome
+		err error
+	}
+	short, cancelShort := context.WithTimeout(ctx, 2*time.Second)
+	defer cancelShort()
+	long, cancelLong := context.WithTimeout(ctx, time.Minute)
+	defer cancelLong()
+	results := make([]chan result, 2)
+	for i, q := range []struct {
+		ctx   context.Context
+		batch []Incoming
+	}{
+		{short, []Incoming{prompt("q1", "s1")}},
+		{long, []Incoming{prompt("q2", "slow")}},
+	} {
+		results[i] = make(chan result, 1)
+		go func() {
+			out, err := g.Admit(q.ctx, q.batch)
+			results[i] <- result{out, err}
+		}()
+		require.Eventually(t, func() bool {
+			queued, _ := g.queue.State()
+			return queued == i+1
+		}, 5*time.Second, time.Millisecond)
+	}
+	require.NoError(t, blocked.Rollback(ctx))
+	for range maxAdmitInFlight {
+		require.NoError(t, <-held)
+	}
+	// The combined transaction now waits on "slow" past the short try's
+	// deadline.
+	<-short.Done()
+	time.Sleep(200 * time.Millisecond)
+	require.NoError(t, slow.Rollback(ctx))
+	for i, want := range [][]Outcome{{Admitted}, {Admitted}} {
+		r := <-results[i]
+		require.NoError(t, r.err, "batch %d", i)
+		require.Equal(t, want, r.out, "batch %d", i)
+	}
+	require.Equal(t, int64(2+maxAdmitInFlight+1), g.transactions.Load(), "the two queued batches were one transaction")
+}
+
+func TestLatestDeadline(t *testing.T) {
+	t.Parallel()
+	base := context.Background()
+	at := func(d time.Duration) context.Context {
+		ctx, cancel := context.WithDeadline(base, time.Now().Add(d))
+		t.Cleanup(cancel)
+		return ctx
+	}
+	soon, later, latest := at(time.Minute), at(2*time.Minute), at(3*time.Minute)
+	for _, c := range []struct {
+		name string
+		ctxs []context.Context
+		want context.Context
+	}{
+		{"one", []context.Context{soon}, soon},
+		{"last", []context.Context{soon, later, latest}, latest},
+		{"first", []context.Context{latest, soon, later}, latest},
+		{"middle", []context.Context{soon, latest, later}, latest},
+		{"unbounded first", []context.Context{base, latest}, base},
+		{"unbounded later", []context.Context{soon, base, latest}, base},
+	} {
+		reqs := make([]*admitRequest, len(c.ctxs))
+		for i, ctx := range c.ctxs {
+			reqs[i] = &admitRequest{ctx: ctx}
+		}
+		require.True(t, latestDeadline(reqs) == c.want, c.name)
+	}
 }
