@@ -127,6 +127,11 @@ func TestProducer(t *testing.T) {
 		part, off, err = p.Reply(t.Context(), "s-1", "r-1", envelope.ReplyOnce, "only with reject")
 		require.Equal(t, []int64{-1, -1}, []int64{int64(part), off}, "nowhere")
 		require.ErrorAs(t, err, &rej)
+		// The key is the request's session: one no session can have.
+		part, off, err = p.Reply(t.Context(), "s 1", "r-1", envelope.ReplyOnce, "")
+		require.Equal(t, []int64{-1, -1}, []int64{int64(part), off}, "nowhere")
+		require.ErrorAs(t, err, &rej)
+		require.ErrorContains(t, err, "invalid_field: session_id has a non-printable or non-ASCII character at byte 1")
 		require.Empty(t, testkit.ReadAll(t, b.addr, "prompts"))
 		require.Empty(t, testkit.ReadAll(t, b.addr, "permission-replies"))
 	})
@@ -263,6 +268,24 @@ func TestWatcher(t *testing.T) {
 		require.Len(t, skipped, 1)
 		var derr *client.DecodeError
 		require.ErrorAs(t, skipped[0], &derr)
+	})
+
+	// A filter no session can have would watch for nothing, silently; the
+	// options are checked before any connection.
+	t.Run("BadOptions", func(t *testing.T) {
+		t.Parallel()
+		cfg := &client.Config{Brokers: []string{"127.0.0.1:1"}}
+		for _, tc := range []struct {
+			opts *client.WatchOpts
+			want string
+		}{
+			{&client.WatchOpts{SessionID: "s 1"}, "client: WatchOpts.SessionID: invalid_field: session_id has a non-printable or non-ASCII character at byte 1"},
+			{&client.WatchOpts{DedupWindow: -1}, "client: WatchOpts.DedupWindow: want 0 or more, got -1"},
+		} {
+			w, err := client.NewWatcher(cfg, tc.opts)
+			require.EqualError(t, err, tc.want)
+			require.Nil(t, w)
+		}
 	})
 
 	t.Run("Deltas", func(t *testing.T) {

@@ -295,6 +295,11 @@ func (p *Producer) replyMessage(session string, r envelope.PermissionReply) (*sa
 	if session == "" {
 		return nil, errors.New("the session ID (the record's key) is required")
 	}
+	// Admission takes the key as the request's session; one no session
+	// can have would only come back as a reject.
+	if err := envelope.ValidSessionID(session, p.cfg.Limits); err != nil {
+		return nil, err
+	}
 	if err := validUTF8("request_id", r.RequestID, "message", r.Message); err != nil {
 		return nil, err
 	}

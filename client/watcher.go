@@ -160,6 +160,12 @@ func NewWatcher(config *Config, opts *WatchOpts) (_ *Watcher, err error) {
 	if o.DedupWindow < 0 {
 		return nil, fmt.Errorf("client: WatchOpts.DedupWindow: want 0 or more, got %d", opts.DedupWindow)
 	}
+	if o.SessionID != "" {
+		// A filter no session can have would watch for nothing, silently.
+		if err := envelope.ValidSessionID(o.SessionID, cfg.Limits); err != nil {
+			return nil, fmt.Errorf("client: WatchOpts.SessionID: %w", err)
+		}
+	}
 	sc, err := cfg.sarama()
 	if err != nil {
 		return nil, err

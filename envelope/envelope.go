@@ -379,6 +379,13 @@ func loneSurrogate(s []byte) bool {
 	return false
 }
 
+// ValidSessionID checks a session ID by the rules a prompt's session_id
+// meets (a *RejectError): a client that sends a record keyed by a session,
+// or filters by one, checks it with this before anything is sent.
+func ValidSessionID(id string, limits Limits) error {
+	return validID("session_id", id, limits.withDefaults().MaxIDLength)
+}
+
 // validID accepts 1..max printable ASCII characters: IDs travel in Kafka
 // keys, headers, logs and URLs, where anything else is trouble.
 func validID(field, id string, max int) error {

@@ -84,6 +84,9 @@ func (o *replyOpts) run(cmd *cobra.Command, reply string) error {
 		return fmt.Errorf("--message goes only with reject, not with %s", reply)
 	}
 	// Validate before connecting, naming the flag at fault.
+	if err := envelope.ValidSessionID(o.session, envelope.Limits{}); err != nil {
+		return fmt.Errorf("--session: %w", err)
+	}
 	if !utf8.ValidString(o.message) {
 		// json.Marshal would silently replace the bad bytes.
 		return fmt.Errorf("--message: %s: not valid UTF-8", envelope.ReasonInvalidUTF8)

@@ -94,6 +94,11 @@ func TestReply(t *testing.T) {
 			{[]string{"--session", "s", "--request", "r", "yes"}, `reply: want once, always or reject, got "yes"`},
 			{[]string{"--session", "s", "--request", "r", "once", "--message", "m"}, "--message goes only with reject, not with once"},
 			{[]string{"--session", "s", "--request", "a b", "once"}, "--request: invalid_field: request_id"},
+			// The session is the record's key, which admission checks
+			// against the request's session: a key no session can have
+			// would only come back as a reject.
+			{[]string{"--session", "a b", "--request", "r", "once"}, "--session: invalid_field: session_id has a non-printable or non-ASCII character at byte 1"},
+			{[]string{"--session", strings.Repeat("s", 129), "--request", "r", "once"}, "--session: invalid_field: session_id must be 1 to 128 characters, got 129"},
 			{[]string{"--session", "s", "--request", "r", "reject", "--message", "a\x00b"}, "--message: invalid_field: message must not contain U+0000"},
 			{[]string{"--session", "s", "--request", "r", "--topic", "", "once"}, "--topic: must not be empty"},
 			// json.Marshal would send U+FFFD in its place: the model would

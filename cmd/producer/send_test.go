@@ -278,6 +278,8 @@ func TestFlagErrors(t *testing.T) {
 		{"Timeout", []string{"watch", "--timeout", "soon"}, `invalid argument "soon" for "--timeout" flag`},
 		{"NegativeTimeout", []string{"watch", "--timeout", "-1s"}, "--timeout: want 0 or more, got -1s"},
 		{"WatchArgs", []string{"watch", "extra"}, `unknown command "extra" for "producer watch"`},
+		// A filter no session can match would watch for nothing, silently.
+		{"WatchBadSession", []string{"watch", "--session", "a b"}, "--session: invalid_field: session_id has a non-printable or non-ASCII character at byte 1"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {

@@ -100,6 +100,11 @@ func (o *watchOpts) run(ctx context.Context, stdout, stderr io.Writer) error {
 	case o.deltas && o.deltasTopic == "":
 		return errors.New("--deltas-topic: must not be empty")
 	}
+	if o.session != "" {
+		if err := envelope.ValidSessionID(o.session, envelope.Limits{}); err != nil {
+			return fmt.Errorf("--session: %w", err)
+		}
+	}
 	for _, t := range o.types {
 		if strings.TrimSpace(t) == "" {
 			return errors.New("--type: must not be empty")
