@@ -126,10 +126,10 @@ func TestFlags(t *testing.T) {
 	for _, tc := range []struct{ name, cmd, rate, want string }{
 		{"ReplayRateNaN", "replay", "NaN", "--rate: must be 0 (no cap) or a finite number"},
 		{"ReplayRateInf", "replay", "+Inf", "--rate: must be 0 (no cap) or a finite number"},
-		{"ReplayRateTooSmall", "replay", "1e-12", "--rate: must be 0 (no cap) or a finite number"},
+		{"ReplayRateTooSmall", "replay", "1e-12", "--rate: must be 0 (no cap) or a finite number of messages per second, at least 1e-9, got 1e-12"},
 		{"ApplyRateNaN", "apply", "NaN", "--rate: must be a finite number"},
 		{"ApplyRateInf", "apply", "+Inf", "--rate: must be a finite number"},
-		{"ApplyRateTooSmall", "apply", "1e-12", "--rate: must be a finite number"},
+		{"ApplyRateTooSmall", "apply", "1e-12", "--rate: must be a finite number of decisions per second, at least 1e-9, got 1e-12"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()

@@ -427,7 +427,7 @@ func newRecoveryApplyCommand(o *options) *cobra.Command {
 				return err
 			}
 			if !pacedRate(opts.Rate) {
-				return fmt.Errorf("--rate: must be a finite number of decisions per second above 1e-9, got %g", opts.Rate)
+				return fmt.Errorf("--rate: must be a finite number of decisions per second, at least 1e-9, got %g", opts.Rate)
 			}
 			if opts.Max < 0 {
 				return fmt.Errorf("--max: must not be negative, got %d", opts.Max)

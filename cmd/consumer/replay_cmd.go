@@ -108,7 +108,7 @@ func (r *replayOptions) validate() (replay.Bounds, error) {
 	case r.topic == "":
 		return b, errors.New("--topic: must not be empty")
 	case r.rate != 0 && !pacedRate(r.rate):
-		return b, fmt.Errorf("--rate: must be 0 (no cap) or a finite number of messages per second above 1e-9, got %g", r.rate)
+		return b, fmt.Errorf("--rate: must be 0 (no cap) or a finite number of messages per second, at least 1e-9, got %g", r.rate)
 	case r.maxBatch < 1:
 		return b, fmt.Errorf("--max-batch: must be at least 1, got %d", r.maxBatch)
 	case r.maxValueBytes < 1:
