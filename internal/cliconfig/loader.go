@@ -215,14 +215,21 @@ func (l *Loader) Apply(root, cmd *cobra.Command) error {
 			}
 			return fmt.Errorf("config file %s: %w", path, err)
 		}
-		var bad []string
+		var bad, near []string
 		for _, key := range kf.Keys() {
 			if (!known[key] && !sibling[key]) || key == l.cfg.ConfigFlag {
 				bad = append(bad, strconv.Quote(key))
+				if k := nearestKey(key, known, l.cfg.ConfigFlag); k != "" {
+					near = append(near, strconv.Quote(k))
+				}
 			}
 		}
 		if len(bad) > 0 {
-			return fmt.Errorf("config file %s: unknown key %s (keys are flag names, e.g. db-max-conns)", path, strings.Join(bad, ", "))
+			hint := "keys are the flag names of " + root.Name() + " and its commands"
+			if len(near) > 0 {
+				hint = "did you mean " + strings.Join(near, ", ") + "? " + hint
+			}
+			return fmt.Errorf("config file %s: unknown key %s (%s)", path, strings.Join(bad, ", "), hint)
 		}
 	}
 
@@ -378,4 +385,41 @@ func (l *Loader) Annotate(err error) error {
 		return err
 	}
 	return fmt.Errorf("%w (--%s was set by %s)", err, m[1], src)
+}
+
+// nearestKey is the known key (not the config flag's) closest to key, if
+// one is at most two edits away (ties: the first in byte order), else "".
+// Written here: cobra's own distance function is not exported, and a
+// library for twenty lines would be the larger dependency.
+func nearestKey(key string, known map[string]bool, configFlag string) string {
+	best, bestDist := "", 3
+	for k := range known {
+		if k == configFlag {
+			continue
+		}
+		if d := editDistance(key, k); d < bestDist || (d == bestDist && k < best) {
+			best, bestDist = k, d
+		}
+	}
+	return best
+}
+
+// editDistance is the Levenshtein distance between a and b, in bytes.
+func editDistance(a, b string) int {
+	prev, cur := make([]int, len(b)+1), make([]int, len(b)+1)
+	for j := range prev {
+		prev[j] = j
+	}
+	for i := 1; i <= len(a); i++ {
+		cur[0] = i
+		for j := 1; j <= len(b); j++ {
+			cost := 1
+			if a[i-1] == b[j-1] {
+				cost = 0
+			}
+			cur[j] = min(prev[j]+1, cur[j-1]+1, prev[j-1]+cost)
+		}
+		prev, cur = cur, prev
+	}
+	return prev[len(b)]
 }

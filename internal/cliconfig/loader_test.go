@@ -183,7 +183,8 @@ func TestLoader(t *testing.T) {
 			file string
 			want string
 		}{
-			{"UnknownFileKey", nil, "lease: 1m\nno-such-key: 1\n", `unknown key "no-such-key"`},
+			{"UnknownFileKey", nil, "lease: 1m\nno-such-key: 1\n", `unknown key "no-such-key" (keys are the flag names of `},
+			{"MisspeltFileKey", nil, "leese: 1m\ndb-max-con: 3\n", `unknown key "db-max-con", "leese" (did you mean "db-max-conns", "lease"? keys are the flag names of `},
 			{"NestedFileKey", nil, "sub:\n  partitions: 1\n", `unknown key "sub.partitions"`},
 			{"ConfigInFile", nil, "config: other.yaml\n", `unknown key "config"`},
 			{"UnknownEnv", []string{"PROMPTLINE_NO_SUCH=1"}, "", "environment variable PROMPTLINE_NO_SUCH: unknown setting"},
