@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 
@@ -134,6 +135,37 @@ func TestProducer(t *testing.T) {
 		require.ErrorContains(t, err, "invalid_field: session_id has a non-printable or non-ASCII character at byte 1")
 		require.Empty(t, testkit.ReadAll(t, b.addr, "prompts"))
 		require.Empty(t, testkit.ReadAll(t, b.addr, "permission-replies"))
+	})
+
+	// A value within admission's 1 MiB can still make a record larger than
+	// a record batch holds under Kafka's default max.message.bytes (its
+	// key and the record's overhead): refused as too_large, naming the
+	// sizes, where Sarama answered with a configuration error.
+	t.Run("RecordTooLargeSendsNothing", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t)
+		p, err := client.NewProducer(b.cfg)
+		require.NoError(t, err)
+		defer p.Close()
+		prompt := envelope.Prompt{MessageID: "m-1", SessionID: "s-1", Text: strings.Repeat("x", 1<<20-100)}
+		value, err := envelope.Marshal(prompt)
+		require.NoError(t, err)
+		_, err = envelope.Decode([]byte("s-1"), value, envelope.Limits{})
+		require.NoError(t, err, "admission would take the value")
+		var rej *envelope.RejectError
+		_, _, err = p.Send(t.Context(), prompt)
+		require.ErrorAs(t, err, &rej)
+		require.Equal(t, envelope.ReasonTooLarge, rej.Reason)
+		require.Contains(t, rej.Detail, fmt.Sprintf("over the %d a record batch holds", 1048588-61))
+		n, err := p.SendBatch(t.Context(), []envelope.Prompt{{MessageID: "m-2", SessionID: "s-1", Text: "fine"}, prompt}, nil)
+		require.Zero(t, n)
+		require.ErrorAs(t, err, &rej)
+		require.Equal(t, envelope.ReasonTooLarge, rej.Reason)
+		// The largest that fits is sent.
+		prompt.Text = prompt.Text[:len(prompt.Text)-200]
+		_, _, err = p.Send(t.Context(), prompt)
+		require.NoError(t, err)
+		require.Len(t, testkit.ReadAll(t, b.addr, "prompts"), 1)
 	})
 
 	// json.Marshal would replace bytes that are not UTF-8 with U+FFFD and

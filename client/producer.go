@@ -25,6 +25,8 @@ var ErrClosed = errors.New("client: closed")
 type Producer struct {
 	cfg      Config
 	producer sarama.AsyncProducer
+	// maxRecordBytes is Sarama's Producer.MaxMessageBytes, checked by fits.
+	maxRecordBytes int
 	done     chan struct{} // closed when dispatch returns
 
 	mu     sync.RWMutex // held for reading while feeding the input channel
@@ -62,7 +64,7 @@ func NewProducer(config *Config) (*Producer, error) {
 	if err != nil {
 		return nil, fmt.Errorf("creating the producer: %w", cfg.connectError(err))
 	}
-	p := &Producer{cfg: cfg, producer: ap, done: make(chan struct{})}
+	p := &Producer{cfg: cfg, producer: ap, maxRecordBytes: sc.Producer.MaxMessageBytes, done: make(chan struct{})}
 	go p.dispatch()
 	return p, nil
 }
@@ -286,7 +288,21 @@ func (p *Producer) promptMessage(prompt envelope.Prompt) (*sarama.ProducerMessag
 	if _, err := envelope.Decode([]byte(prompt.SessionID), value, p.cfg.Limits); err != nil {
 		return nil, err
 	}
-	return &sarama.ProducerMessage{Topic: p.cfg.PromptsTopic, Key: sarama.StringEncoder(prompt.SessionID), Value: sarama.ByteEncoder(value)}, nil
+	return p.fits(&sarama.ProducerMessage{Topic: p.cfg.PromptsTopic, Key: sarama.StringEncoder(prompt.SessionID), Value: sarama.ByteEncoder(value)})
+}
+
+// fits refuses, as too_large, a record that Sarama would refuse: a value
+// within admission's limit (1 MiB) can still make a record, with its key
+// and the record's overhead, larger than the batch the broker's default
+// max.message.bytes holds, and Sarama's own error then was a
+// configuration error naming its setting, not the prompt.
+func (p *Producer) fits(msg *sarama.ProducerMessage) (*sarama.ProducerMessage, error) {
+	if n := msg.ByteSize(2); n > p.maxRecordBytes {
+		return nil, &envelope.RejectError{Reason: envelope.ReasonTooLarge, Detail: fmt.Sprintf(
+			"the record is %d bytes with its key and the record's overhead, over the %d a record batch holds "+
+				"under Kafka's default max.message.bytes: shorten the text", n, p.maxRecordBytes)}
+	}
+	return msg, nil
 }
 
 // replyMessage validates a permission reply with admission's rules and
@@ -310,7 +326,7 @@ func (p *Producer) replyMessage(session string, r envelope.PermissionReply) (*sa
 	if _, err := envelope.DecodeReply(value, p.cfg.Limits); err != nil {
 		return nil, err
 	}
-	return &sarama.ProducerMessage{Topic: p.cfg.RepliesTopic, Key: sarama.StringEncoder(session), Value: sarama.ByteEncoder(value)}, nil
+	return p.fits(&sarama.ProducerMessage{Topic: p.cfg.RepliesTopic, Key: sarama.StringEncoder(session), Value: sarama.ByteEncoder(value)})
 }
 
 // validUTF8 refuses, as admission refuses the value (invalid_utf8), a
