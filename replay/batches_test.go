@@ -110,6 +110,21 @@ func TestReplayBatches(t *testing.T) {
 		require.Equal(t, int64(5), p.Next)
 	})
 
+	// By count alone, a thousand prompts of a megabyte were one
+	// transaction of a gigabyte, which failed at the statement timeout on
+	// every retry: the replay never ended. A batch also ends once its
+	// values reach MaxBatchBytes (the message that reaches it included).
+	t.Run("BatchesBoundedByBytes", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t)
+		partition := b.sendSession(t, "s-bytes", 5)
+		size := len(value(t, prompt("s-bytes", "prompt 0")))
+		var log batchLog
+		rep := b.runWithin(t, replay.Config{MaxBatchBytes: 2*size - 1, Linger: linger, OnBatchFunc: log.onBatch}, 30*time.Second)
+		require.Equal(t, []int64{2, 4, 5}, log.of(partition), "two messages reach the bound (%d bytes each)", size)
+		require.Equal(t, int64(5), rep.Totals.Admitted)
+	})
+
 	t.Run("RateShrinksBatchesToATenthOfIt", func(t *testing.T) {
 		t.Parallel()
 		b := setup(t)

@@ -34,6 +34,11 @@ type Config struct {
 	// MaxBatch is the most messages of a partition classified and
 	// admitted in one transaction. Defaults to 1000.
 	MaxBatch int
+	// MaxBatchBytes bounds the values of one batch as the live consumer's
+	// (pipeline.ConsumerConfig.MaxBatchBytes): a batch ends once its
+	// values reach it, the message that reaches it included. Defaults to
+	// admission.MaxBatchBytesDefault (16 MiB).
+	MaxBatchBytes int
 	// Linger is how long a batch waits to fill up. Defaults to 10ms.
 	Linger time.Duration
 	// Rate caps messages per second over all partitions, so that a replay
@@ -119,6 +124,7 @@ func New(pool *pgxpool.Pool, client sarama.Client, rejects sarama.SyncProducer, 
 	cfg := *config
 	cfg.Topics = cfg.Topics.WithDefaults()
 	cfg.MaxBatch = cmp.Or(cfg.MaxBatch, MaxBatchDefault)
+	cfg.MaxBatchBytes = cmp.Or(cfg.MaxBatchBytes, admission.MaxBatchBytesDefault)
 	cfg.Linger = cmp.Or(cfg.Linger, lingerDefault)
 	cfg.StopGrace = cmp.Or(cfg.StopGrace, StopGraceDefault)
 	cfg.MaxRejections = max(0, cmp.Or(cfg.MaxRejections, MaxRejectionsDefault))
@@ -299,11 +305,13 @@ func (r *Replayer) runPartition(ctx, work context.Context, consumer sarama.Consu
 // it, or nothing left before to is ever delivered (transaction markers,
 // records of aborted transactions: see invisibleUpTo).
 func (r *Replayer) nextBatch(ctx context.Context, pc sarama.PartitionConsumer, topic string, partition int32, next, to int64) (batch []*sarama.ConsumerMessage, end bool, err error) {
+	bytes := 0
 	take := func(m *sarama.ConsumerMessage) (done bool) {
 		if m.Offset >= to {
 			return true
 		}
 		batch = append(batch, m)
+		bytes += len(m.Value)
 		return m.Offset >= to-1
 	}
 	probe := time.NewTicker(probeInterval)
@@ -336,7 +344,7 @@ wait:
 	}
 	linger := time.NewTimer(r.cfg.Linger)
 	defer linger.Stop()
-	for len(batch) < r.cfg.MaxBatch {
+	for len(batch) < r.cfg.MaxBatch && bytes < r.cfg.MaxBatchBytes {
 		select {
 		case m := <-pc.Messages():
 			if take(m) {
