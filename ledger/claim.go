@@ -181,6 +181,26 @@ type Execution struct {
 	// lease, as the database counts it, lasts at least until leaseFrom
 	// plus the lease (retry.go). Guarded by mu.
 	leaseFrom time.Time
+	// seq is the position last given to a write of this execution
+	// (nextSeq): the fence applies each position once, in order, so that a
+	// write whose answer was lost can never land after its retry or a later
+	// write (migration 00021; docs/design.md, crash window "stale-write").
+	// A retry keeps its write's position. Guarded by mu.
+	seq int64
+}
+
+// nextSeq gives the next write its position. x.mu is held.
+func (x *Execution) nextSeq() int64 {
+	x.seq++
+	return x.seq
+}
+
+// seqArg is the fence's position argument: nil (not counted) for 0.
+func seqArg(seq int64) *int64 {
+	if seq == 0 {
+		return nil
+	}
+	return &seq
 }
 
 // Claim returns the claim as acquired.
@@ -223,14 +243,20 @@ func (x *Execution) Fenced() bool { return x.fenced.Load() }
 func (x *Execution) Write(ctx context.Context, fn func(tx pgx.Tx) error) error {
 	x.mu.Lock()
 	defer x.mu.Unlock()
-	return x.writeLocked(ctx, false, fn)
+	var seq int64 // a renewal writes nothing: not counted
+	if fn != nil {
+		seq = x.nextSeq()
+	}
+	return x.writeLocked(ctx, false, seq, fn)
 }
 
-func (x *Execution) writeLocked(ctx context.Context, lockSession bool, fn func(tx pgx.Tx) error) error {
+// writeLocked is writeTx that marks the execution fenced when the claim is
+// lost; seq is the write's position (0: not counted). x.mu is held.
+func (x *Execution) writeLocked(ctx context.Context, lockSession bool, seq int64, fn func(tx pgx.Tx) error) error {
 	if x.fenced.Load() {
 		return ErrFenced
 	}
-	err := x.writeTx(ctx, lockSession, "", "", fn)
+	err := x.writeTx(ctx, lockSession, "", "", seq, fn)
 	if errors.Is(err, ErrFenced) {
 		x.markFenced(ctx)
 	}
@@ -239,10 +265,12 @@ func (x *Execution) writeLocked(ctx context.Context, lockSession bool, fn func(t
 
 // writeTx runs fn in a transaction that opens with the fence (after the
 // session's lock when lockSession), which also sets the phase and the
-// claim's assistant message unless they are empty. It returns ErrFenced
-// when the claim is lost, without marking the execution fenced. x.mu is
-// held.
-func (x *Execution) writeTx(ctx context.Context, lockSession bool, phase Phase, assistantMessageID string, fn func(tx pgx.Tx) error) error {
+// claim's assistant message unless they are empty, and applies position
+// seq (unless 0). It returns ErrFenced when the claim is lost, and
+// errWriteApplied when position seq is already applied (only a retry can
+// find that: the write it retries landed), without marking the execution
+// fenced. x.mu is held.
+func (x *Execution) writeTx(ctx context.Context, lockSession bool, phase Phase, assistantMessageID string, seq int64, fn func(tx pgx.Tx) error) error {
 	if x.fenced.Load() {
 		return ErrFenced
 	}
@@ -259,9 +287,12 @@ func (x *Execution) writeTx(ctx context.Context, lockSession bool, phase Phase, 
 				return fmt.Errorf("locking session: %w", err)
 			}
 		}
-		if _, err := tx.Exec(ctx, fenceCallSQL, x.claim.SessionID, x.claim.ExecutionID, x.claim.Token, x.claims.cfg.Lease.Milliseconds(), p, assistantMessageID); err != nil {
-			if errors.Is(interpretError(err), errFenceRaised) {
+		if _, err := tx.Exec(ctx, fenceCallSQL, x.claim.SessionID, x.claim.ExecutionID, x.claim.Token, x.claims.cfg.Lease.Milliseconds(), p, assistantMessageID, seqArg(seq)); err != nil {
+			switch ierr := interpretError(err); {
+			case errors.Is(ierr, errFenceRaised):
 				return ErrFenced
+			case errors.Is(ierr, errAppliedRaised):
+				return errWriteApplied
 			}
 			return fmt.Errorf("fence: %w", err)
 		}
@@ -381,11 +412,11 @@ func nextRenewal(every, took time.Duration) time.Duration {
 func (x *Execution) Finish(ctx context.Context, fn func(tx pgx.Tx) error) (released bool, err error) {
 	x.mu.Lock()
 	defer x.mu.Unlock()
-	return x.finishLocked(ctx, "", "", fn)
+	return x.finishLocked(ctx, "", "", x.nextSeq(), fn)
 }
 
-func (x *Execution) finishLocked(ctx context.Context, phase Phase, assistantMessageID string, fn func(tx pgx.Tx) error) (released bool, err error) {
-	released, err = x.finishTx(ctx, phase, assistantMessageID, fn)
+func (x *Execution) finishLocked(ctx context.Context, phase Phase, assistantMessageID string, seq int64, fn func(tx pgx.Tx) error) (released bool, err error) {
+	released, err = x.finishTx(ctx, phase, assistantMessageID, seq, fn)
 	if errors.Is(err, ErrFenced) {
 		x.markFenced(ctx)
 	}
@@ -394,8 +425,8 @@ func (x *Execution) finishLocked(ctx context.Context, phase Phase, assistantMess
 
 // finishTx is Finish's transaction (the fence setting phase, as writeTx);
 // ErrFenced is returned unmarked. x.mu is held.
-func (x *Execution) finishTx(ctx context.Context, phase Phase, assistantMessageID string, fn func(tx pgx.Tx) error) (released bool, err error) {
-	err = x.writeTx(ctx, true, phase, assistantMessageID, func(tx pgx.Tx) error {
+func (x *Execution) finishTx(ctx context.Context, phase Phase, assistantMessageID string, seq int64, fn func(tx pgx.Tx) error) (released bool, err error) {
+	err = x.writeTx(ctx, true, phase, assistantMessageID, seq, func(tx pgx.Tx) error {
 		released = false // set afresh: a retry runs this again
 		if fn != nil {
 			if err := fn(tx); err != nil {
@@ -450,7 +481,7 @@ type ReleaseOpts struct {
 func (x *Execution) Release(ctx context.Context, opts ReleaseOpts) (released bool, err error) {
 	x.mu.Lock()
 	defer x.mu.Unlock()
-	err = x.writeLocked(ctx, true, func(tx pgx.Tx) error {
+	err = x.writeLocked(ctx, true, x.nextSeq(), func(tx pgx.Tx) error {
 		var waiting int
 		if err := tx.QueryRow(ctx, waitingCountSQL, x.claim.SessionID).Scan(&waiting); err != nil {
 			return fmt.Errorf("counting waiting inputs: %w", err)
@@ -544,7 +575,7 @@ const releaseSQL = `DELETE FROM claims WHERE session_id = $1 AND fencing_token =
 // does, migration 00009), not at the transaction's start, which may lie
 // before the wait for the session's lock; the new lease counts from it.
 const takeoverSQL = `
-UPDATE claims SET execution_id = $5, owner_id = $6, fencing_token = $7,
+UPDATE claims SET execution_id = $5, owner_id = $6, fencing_token = $7, write_seq = 0,
        expires_at = clock_timestamp() + $8 * interval '1 millisecond', renewed_at = clock_timestamp(), acquired_at = clock_timestamp()
 WHERE session_id = $1 AND execution_id = $2 AND owner_id = $3 AND expires_at = $4
   AND expires_at <= clock_timestamp() AND quarantine_reason IS NULL

@@ -32,7 +32,11 @@
 //     token matches and expires_at > clock_timestamp() (the database
 //     clock when the fence runs, not the transaction's start, which may lie
 //     before a wait for a lock inside the transaction), which also renews
-//     the lease, counted from that same clock. Zero rows means fenced: the
+//     the lease, counted from that same clock, and applies the write's
+//     position (Execution.seq; a retry keeps its write's): a position
+//     already applied raises PLAPP and changes nothing, so a lost write
+//     still running on the server never lands after its retry or a later
+//     write (crash window "stale-write"). Zero rows means fenced: the
 //     transaction rolls back, the execution's context is cancelled and
 //     every later Write fails with ErrFenced at once, without touching the
 //     database. The ledger cannot see inside a Call's function: each
@@ -50,8 +54,10 @@
 //     FinishRetried, FinishCallRetried) retries a transient database
 //     error (pgdb.Transient) with backoff while the lease lives, each
 //     retry behind the fence, so that a claim lost meanwhile still stops
-//     the writer. A retry first asks RetryOpts.Landed whether the write
-//     already committed (a commit whose answer was lost), so it is never
+//     the writer. A retry keeps its write's position: its fence refuses it
+//     when the write landed (taken as landed), and once it passed, the
+//     write it retries is refused should it still arrive. It also asks
+//     RetryOpts.Landed whether the write already committed, so it is never
 //     applied twice; past the lease the error goes to the caller and the
 //     claim is left to expire for recovery. A combined group commit whose
 //     outcome is unknown is never sent again session by session.

@@ -24,6 +24,12 @@ var (
 	// errStaleRaised says that promptline_claim_as_read raised staleCode:
 	// the session changed since it was read.
 	errStaleRaised = errors.New("claim as read refused by the server")
+	// errAppliedRaised says that promptline_fence raised appliedCode: the
+	// write's position is already applied under the claim.
+	errAppliedRaised = errors.New("write already applied, says the server")
+	// errWriteApplied is a retry's finding that the write it retries
+	// landed (errAppliedRaised from its fence): the retry is done.
+	errWriteApplied = errors.New("write already applied")
 )
 
 // errNoRow is what a QueryRow finding no row returns, as pgx's: the
@@ -33,8 +39,8 @@ var (
 var errNoRow = pgx.ErrNoRows
 
 // interpretError translates a driver error into the ledger's sentinels:
-// the SQLSTATEs raised by the ledger's SQL functions into errFenceRaised
-// and errStaleRaised (a lost claim is never mistaken for anything else),
+// the SQLSTATEs raised by the ledger's SQL functions into errFenceRaised,
+// errStaleRaised and errAppliedRaised (a lost claim is never mistaken for anything else),
 // pgx.ErrNoRows into errNotFound. Any other error, nil included, is
 // returned as it is, so that the caller's wrapped message is the
 // driver's.
@@ -45,6 +51,8 @@ func interpretError(err error) error {
 		return errFenceRaised
 	case errors.As(err, &pgErr) && pgErr.Code == staleCode:
 		return errStaleRaised
+	case errors.As(err, &pgErr) && pgErr.Code == appliedCode:
+		return errAppliedRaised
 	case errors.Is(err, pgx.ErrNoRows):
 		return errNotFound
 	}

@@ -132,10 +132,13 @@ func (g *groupCommit) flush(txs []*queuedTx) {
 		}
 		return
 	case !rolledBack(err):
-		// Perhaps committed (the connection was lost with the answer):
-		// sent again alone, a transaction that did commit would be applied
-		// twice. Each sender gets the error and decides
-		// (ledger.RetryOpts.Landed).
+		// Perhaps committed (the connection was lost with the answer), or
+		// still running on the server (waiting on a lock in one session's
+		// part): sent again alone, a transaction that did commit would be
+		// applied twice. Each sender gets the error and decides
+		// (ledger.RetryOpts.Landed); its retry keeps its write's position,
+		// so the fence lets the write apply once, whichever comes first
+		// (crash window "stale-write").
 		for _, t := range txs {
 			t.done <- err
 		}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -30,10 +31,15 @@ import (
 // fencedCode is the SQLSTATE raised by promptline_fence.
 const fencedCode = "PLFEN"
 
+// appliedCode is the SQLSTATE raised by promptline_fence (migration
+// 00021) when the write's position is already applied under the claim.
+const appliedCode = "PLAPP"
+
 // fenceCallSQL opens every write of an execution: it renews the lease,
-// sets the phase when $5 is not null, and raises fencedCode when the claim
-// is lost (invariant 5).
-const fenceCallSQL = `SELECT promptline_fence($1, $2, $3, $4, $5, $6)`
+// sets the phase when $5 is not null, applies the write's position $7
+// when it is not null, and raises fencedCode when the claim is lost
+// (invariant 5), appliedCode when position $7 is already applied.
+const fenceCallSQL = `SELECT promptline_fence($1, $2, $3, $4, $5, $6, $7)`
 
 // ErrNothingWaiting says that AcquireWaiting found no waiting input: no
 // claim was taken.
@@ -98,7 +104,7 @@ func (c *Claims) AcquireWaiting(ctx context.Context, sessionID, executionID stri
 // A Call is a write of an execution that is one statement: a call of the
 // SQL function Func, given the opening's arguments first and Args after
 // them. The function must run the opening before anything else: for
-// WriteCall, promptline_fence with its six arguments (the fence opens every
+// WriteCall, promptline_fence with its seven arguments (the fence opens every
 // write, invariant 5); for FinishCallRetried, promptline_finish_open (the
 // session's lock, then the fence) and, last, promptline_release_idle,
 // whose answer it returns; for Claims.AcquireAsReadCall,
@@ -138,7 +144,7 @@ func (x *Execution) WriteCall(ctx context.Context, phase Phase, assistantMessage
 	if x.fenced.Load() {
 		return ErrFenced
 	}
-	args := append(x.fenceArgs(phase, assistantMessageID), c.Args...)
+	args := append(x.fenceArgs(phase, assistantMessageID, x.nextSeq()), c.Args...)
 	b := &pgx.Batch{}
 	b.Queue(callSQL(c.Func, len(args)), args...)
 	return x.sendQueued(ctx, b)
@@ -157,7 +163,8 @@ func (x *Execution) FinishCallRetried(ctx context.Context, opts RetryOpts, phase
 	if x.fenced.Load() {
 		return false, ErrFenced
 	}
-	sql, args := x.finishCallSQL(phase, assistantMessageID, c)
+	seq := x.nextSeq()
+	sql, args := x.finishCallSQL(phase, assistantMessageID, seq, c)
 	b := &pgx.Batch{}
 	b.Queue(sql, args...).QueryRow(func(row pgx.Row) error { return row.Scan(&released) })
 	// The batch's callback sets released: it is read after the send
@@ -167,14 +174,17 @@ func (x *Execution) FinishCallRetried(ctx context.Context, opts RetryOpts, phase
 	released, err = x.finished(released, err)
 	err = x.retry(ctx, err, func(ctx context.Context) error {
 		var err error
-		released, err = x.finishAgain(ctx, phase, assistantMessageID, opts.Landed, func(tx pgx.Tx) error {
+		released, err = x.finishAgain(ctx, phase, assistantMessageID, seq, opts.Landed, func(tx pgx.Tx) error {
 			// The call releases (or not) under the session's lock; finishTx
 			// then counts the waiting inputs and releases again in the same
 			// transaction under the same lock, so it finds what the call
 			// found and its answer is the call's (TestWriteRetried's Call
-			// cases hold both).
+			// cases hold both). finishTx's fence applied the position: the
+			// call's own fence is given none.
+			again := slices.Clone(args)
+			again[seqArgIndex] = nil
 			var r bool
-			return tx.QueryRow(ctx, sql, args...).Scan(&r)
+			return tx.QueryRow(ctx, sql, again...).Scan(&r)
 		})
 		return err
 	})
@@ -190,7 +200,7 @@ func (x *Execution) FinishCall(ctx context.Context, phase Phase, assistantMessag
 	if x.fenced.Load() {
 		return false, ErrFenced
 	}
-	sql, args := x.finishCallSQL(phase, assistantMessageID, c)
+	sql, args := x.finishCallSQL(phase, assistantMessageID, x.nextSeq(), c)
 	b := &pgx.Batch{}
 	b.Queue(sql, args...).QueryRow(func(row pgx.Row) error { return row.Scan(&released) })
 	err = x.sendQueued(ctx, b) // sets released: read after it
@@ -199,8 +209,8 @@ func (x *Execution) FinishCall(ctx context.Context, phase Phase, assistantMessag
 
 // finishCallSQL is the statement of a finishing call: c's function given
 // the fence's arguments, then c.Args.
-func (x *Execution) finishCallSQL(phase Phase, assistantMessageID string, c Call) (string, []any) {
-	args := append(x.fenceArgs(phase, assistantMessageID), c.Args...)
+func (x *Execution) finishCallSQL(phase Phase, assistantMessageID string, seq int64, c Call) (string, []any) {
+	args := append(x.fenceArgs(phase, assistantMessageID, seq), c.Args...)
 	return callSQL(c.Func, len(args)), args
 }
 
@@ -217,7 +227,7 @@ func (x *Execution) writeQueued(ctx context.Context, phase Phase, assistantMessa
 		return ErrFenced
 	}
 	b := &pgx.Batch{}
-	x.queueFence(b, phase, assistantMessageID)
+	b.Queue(fenceCallSQL, x.fenceArgs(phase, assistantMessageID, x.nextSeq())...)
 	queue(b)
 	return x.sendQueued(ctx, b)
 }
@@ -228,15 +238,15 @@ func (x *Execution) writeQueued(ctx context.Context, phase Phase, assistantMessa
 func (x *Execution) finishQueued(ctx context.Context, phase Phase, assistantMessageID string, queue func(b *pgx.Batch)) (released bool, err error) {
 	x.mu.Lock()
 	defer x.mu.Unlock()
-	return x.finishQueuedLocked(ctx, phase, assistantMessageID, queue)
+	return x.finishQueuedLocked(ctx, phase, assistantMessageID, x.nextSeq(), queue)
 }
 
-func (x *Execution) finishQueuedLocked(ctx context.Context, phase Phase, assistantMessageID string, queue func(b *pgx.Batch)) (released bool, err error) {
+func (x *Execution) finishQueuedLocked(ctx context.Context, phase Phase, assistantMessageID string, seq int64, queue func(b *pgx.Batch)) (released bool, err error) {
 	if x.fenced.Load() {
 		return false, ErrFenced
 	}
 	b := &pgx.Batch{}
-	b.Queue(finishOpenSQL, x.fenceArgs(phase, assistantMessageID)...)
+	b.Queue(finishOpenSQL, x.fenceArgs(phase, assistantMessageID, seq)...)
 	queue(b)
 	b.Queue(releaseIdleSQL, x.claim.SessionID, x.claim.Token).QueryRow(func(row pgx.Row) error { return row.Scan(&released) })
 	err = x.sendQueued(ctx, b) // sets released: read after it
@@ -256,15 +266,14 @@ func (x *Execution) finished(released bool, err error) (bool, error) {
 	return released, nil
 }
 
-func (x *Execution) queueFence(b *pgx.Batch, phase Phase, assistantMessageID string) {
-	b.Queue(fenceCallSQL, x.fenceArgs(phase, assistantMessageID)...)
+// fenceArgs are promptline_fence's arguments for this execution's write
+// at position seq (and promptline_finish_open's).
+func (x *Execution) fenceArgs(phase Phase, assistantMessageID string, seq int64) []any {
+	return []any{x.claim.SessionID, x.claim.ExecutionID, x.claim.Token, x.claims.cfg.Lease.Milliseconds(), x.phaseArg(phase), assistantMessageID, seqArg(seq)}
 }
 
-// fenceArgs are promptline_fence's arguments for this execution's next
-// write (and promptline_finish_open's).
-func (x *Execution) fenceArgs(phase Phase, assistantMessageID string) []any {
-	return []any{x.claim.SessionID, x.claim.ExecutionID, x.claim.Token, x.claims.cfg.Lease.Milliseconds(), x.phaseArg(phase), assistantMessageID}
-}
+// seqArgIndex is the position's index among fenceArgs.
+const seqArgIndex = 6
 
 func (x *Execution) sendQueued(ctx context.Context, b *pgx.Batch) error {
 	if err := ctx.Err(); err != nil {
@@ -312,7 +321,7 @@ const releaseIdleSQL = `SELECT promptline_release_idle($1, $2)`
 
 // finishOpenSQL opens a finishing write: the session's lock, then the
 // fence (promptline_finish_open, migration 00018).
-const finishOpenSQL = `SELECT promptline_finish_open($1, $2, $3, $4, $5, $6)`
+const finishOpenSQL = `SELECT promptline_finish_open($1, $2, $3, $4, $5, $6, $7)`
 
 const insertAttemptSQL = `
 INSERT INTO attempts (attempt_id, session_id, execution_id, assistant_message_id, step, provider,

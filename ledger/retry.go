@@ -32,10 +32,15 @@ import (
 // count.
 //
 // The commit whose answer was lost may have committed (the ambiguous
-// commit). The retry's fence updates the claim row, as the lost write's
-// fence did, so it waits for that write to end on the server; then
-// RetryOpts.Landed, reading in the retry's transaction, says whether the
-// write is already there, and the retry commits only the renewal. A
+// commit), or may still be running on the server: a combined group commit
+// can wait on a lock in another session's part, not yet at this session's
+// fence, with nothing to tell it that its client is gone. So a retry keeps
+// its write's position (Execution.seq), which the fence applies once: a
+// retry whose write landed is refused (errWriteApplied: landed), and once
+// the retry passed, the lost write is refused should it still arrive (crash
+// window "stale-write"). RetryOpts.Landed, reading in the retry's
+// transaction, says still whether the write is already there, and the
+// retry then commits only the renewal. A
 // finishing write that committed with its release has deleted the claim:
 // the retry's fence refuses it, and Landed (read then without the fence,
 // the claim being gone) tells that release from a lost claim.
@@ -67,9 +72,14 @@ const (
 func (x *Execution) WriteRetried(ctx context.Context, opts RetryOpts, fn func(tx pgx.Tx) error) error {
 	x.mu.Lock()
 	defer x.mu.Unlock()
-	err := x.writeLocked(ctx, false, fn)
+	seq := x.nextSeq()
+	err := x.writeLocked(ctx, false, seq, fn)
 	return x.retry(ctx, err, func(ctx context.Context) error {
-		return x.writeLocked(ctx, false, skipLanded(ctx, opts.Landed, fn))
+		err := x.writeLocked(ctx, false, seq, skipLanded(ctx, opts.Landed, fn))
+		if errors.Is(err, errWriteApplied) {
+			return nil // the write retried landed
+		}
+		return err
 	})
 }
 
@@ -82,10 +92,11 @@ func (x *Execution) WriteRetried(ctx context.Context, opts RetryOpts, fn func(tx
 func (x *Execution) FinishRetried(ctx context.Context, opts RetryOpts, fn func(tx pgx.Tx) error) (released bool, err error) {
 	x.mu.Lock()
 	defer x.mu.Unlock()
-	released, err = x.finishLocked(ctx, "", "", fn)
+	seq := x.nextSeq()
+	released, err = x.finishLocked(ctx, "", "", seq, fn)
 	err = x.retry(ctx, err, func(ctx context.Context) error {
 		var err error
-		released, err = x.finishAgain(ctx, "", "", opts.Landed, fn)
+		released, err = x.finishAgain(ctx, "", "", seq, opts.Landed, fn)
 		return err
 	})
 	return released, err
@@ -97,10 +108,11 @@ func (x *Execution) FinishRetried(ctx context.Context, opts RetryOpts, fn func(t
 func (x *Execution) finishQueuedRetried(ctx context.Context, opts RetryOpts, phase Phase, assistantMessageID string, queue func(b *pgx.Batch)) (released bool, err error) {
 	x.mu.Lock()
 	defer x.mu.Unlock()
-	released, err = x.finishQueuedLocked(ctx, phase, assistantMessageID, queue)
+	seq := x.nextSeq()
+	released, err = x.finishQueuedLocked(ctx, phase, assistantMessageID, seq, queue)
 	err = x.retry(ctx, err, func(ctx context.Context) error {
 		var err error
-		released, err = x.finishAgain(ctx, phase, assistantMessageID, opts.Landed, func(tx pgx.Tx) error {
+		released, err = x.finishAgain(ctx, phase, assistantMessageID, seq, opts.Landed, func(tx pgx.Tx) error {
 			b := &pgx.Batch{}
 			queue(b)
 			return tx.SendBatch(ctx, b).Close()
@@ -172,8 +184,14 @@ func skipLanded(ctx context.Context, landed LandedFunc, fn func(tx pgx.Tx) error
 // locked first, the write unless it landed, and the release when no input
 // waits. A fence that finds the claim gone while the write is there is the
 // release that landed with it.
-func (x *Execution) finishAgain(ctx context.Context, phase Phase, assistantMessageID string, landed LandedFunc, fn func(tx pgx.Tx) error) (released bool, err error) {
-	released, err = x.finishTx(ctx, phase, assistantMessageID, skipLanded(ctx, landed, fn))
+func (x *Execution) finishAgain(ctx context.Context, phase Phase, assistantMessageID string, seq int64, landed LandedFunc, fn func(tx pgx.Tx) error) (released bool, err error) {
+	released, err = x.finishTx(ctx, phase, assistantMessageID, seq, skipLanded(ctx, landed, fn))
+	if errors.Is(err, errWriteApplied) {
+		// The write retried landed and kept the claim (one that released
+		// it left no claim: the fence refuses, below): inputs waited, and
+		// only this execution promotes them, so they wait still.
+		return false, nil
+	}
 	if !errors.Is(err, ErrFenced) || landed == nil {
 		if errors.Is(err, ErrFenced) {
 			x.markFenced(ctx)
