@@ -24,6 +24,9 @@ func GroupCommitQueued(c *Claims) int {
 // the renewal's isolation test occupies them all.
 const GroupCommitMaxInFlight = maxInFlight
 
+// InputWaitsSQL is the release's look for a waiting input.
+const InputWaitsSQL = inputWaitsSQL
+
 // The ledger's statements on attempts and tool_calls, for the plan test.
 const (
 	OpenCallsSQL     = openCallsSQL
