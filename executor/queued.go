@@ -27,8 +27,9 @@ import (
 // differs (TestTurnCallsWriteWhatTheStatementsWrite).
 
 // sessionView is what the execution reads of its session before promoting:
-// the waiting inputs, oldest first, and the transcript as stored (orphaned
-// tool calls not yet settled). The execution is the session's only writer,
+// the head of the waiting inputs (waitingSQL: what a turn is chosen from),
+// oldest first, and the transcript as stored (orphaned tool calls not yet
+// settled). The execution is the session's only writer,
 // and admission only adds inputs, so the view stays true until the
 // execution's next write; an input admitted meanwhile waits for the next
 // turn, as it would have had it been admitted a moment later.
@@ -77,7 +78,8 @@ func (ex *execution) readCtx(ctx context.Context) (context.Context, context.Canc
 }
 
 // plain reports whether every waiting input is a prompt: no continuation
-// or permission reply, which take the transactional path.
+// or permission reply, which take the transactional path. The head holds
+// the oldest input that is not a prompt, if any waits.
 func (v *sessionView) plain() bool {
 	for _, w := range v.waiting {
 		if w.kind != admission.KindPrompt {
@@ -118,8 +120,9 @@ func (ex *execution) promoteQueued(ctx context.Context, v *sessionView) (*turn, 
 // claimFirstTurn is promoteQueued for a session read without a claim: the
 // claim commits in the same statement (promptline_turn_first), straight in
 // phase unknown (ledger.Claims.AcquireAsReadCall), and only if the read is
-// still true; else ledger.ErrStale and nothing is written. ex.x is the
-// execution after it.
+// still true (the same head of the waiting inputs: the turn's inputs and
+// path are chosen from it alone); else ledger.ErrStale and nothing is
+// written. ex.x is the execution after it.
 func (ex *execution) claimFirstTurn(ctx context.Context, read ledger.SessionRead, v *sessionView) (*turn, error) {
 	t := newTurn(pickTurn(v.waiting))
 	waiting := make([]string, len(v.waiting))
@@ -182,6 +185,8 @@ func scanWaiting(rows pgx.Rows) ([]waitingInput, error) {
 // included: one at least); the others jump the queue in the turns right
 // after. Unbounded, a thousand steers of a megabyte were one request of a
 // gigabyte, held several times over, and events naming a thousand inputs.
+// maxSteersPerTurn must not exceed the steers the head of the queue holds
+// (promptline_waiting_head, migration 00020: a hundred).
 const (
 	maxSteersPerTurn     = 100
 	maxSteerBytesPerTurn = 1 << 20

@@ -201,24 +201,30 @@ func requestFingerprint(req provider.Request) (hash []byte, tokens int64) {
 	return h[:], (int64(len(b)) + 3) / 4
 }
 
-// waitingSQL reads every waiting input of a session, oldest first, and
-// whether a turn can pick it (pickTurn): the oldest input, and the oldest
-// steers up to $2 of them and $3 bytes of text (the one that reaches it
-// included). Only those have their text read; the others' is empty, not
-// read from storage (octet_length reads a stored value's size, not the
-// value): a session with a thousand queued prompts of a megabyte would
-// have every turn read and hold all of them
-// (TestViewReadsTheTextOfWhatATurnCanPick).
+// waitingSQL reads the head of a session's waiting inputs
+// (promptline_waiting_head, migration 00020: the oldest input, the oldest
+// steers up to a hundred, the oldest input that is not a prompt), oldest
+// first, and whether a turn can pick each (pickTurn): the oldest input,
+// and the oldest steers up to $2 of them and $3 bytes of text (the one
+// that reaches it included). A turn is chosen from the head alone, so
+// what it reads does not grow with the queue behind it: every turn read
+// every waiting input, a second a turn at 100,000 prompts waiting
+// (BenchmarkTurnAtQueueDepth, TestATurnReadsTheHeadOfADeepQueue). Only the
+// pickable inputs have their text read, by their key; the others' is
+// empty, not read from storage (the head gives the sizes): a session with
+// a hundred steers of a megabyte would have every turn read and hold all
+// of them (TestViewReadsTheTextOfWhatATurnCanPick).
 const waitingSQL = `
-SELECT message_id, CASE WHEN pickable THEN text ELSE '' END, delivery, kind, pickable
+SELECT message_id, CASE WHEN pickable THEN (SELECT i.text FROM inputs i WHERE i.message_id = v.message_id) ELSE '' END,
+       delivery, kind, pickable
 FROM (
-    SELECT message_id, text, delivery, kind, admission_seq,
+    SELECT message_id, delivery, kind, admission_seq,
            CASE WHEN delivery = 'steer'
                 THEN count(*) FILTER (WHERE delivery = 'steer') OVER w <= $2
-                     AND sum(octet_length(text)) FILTER (WHERE delivery = 'steer') OVER w - octet_length(text) < $3
+                     AND sum(size) FILTER (WHERE delivery = 'steer') OVER w - size < $3
                 ELSE row_number() OVER w = 1
            END AS pickable
-    FROM waiting_inputs WHERE session_id = $1
+    FROM promptline_waiting_head($1)
     WINDOW w AS (ORDER BY admission_seq)
 ) v
 ORDER BY admission_seq`

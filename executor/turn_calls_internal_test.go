@@ -89,7 +89,7 @@ func TestTurnCallsWriteWhatTheStatementsWrite(t *testing.T) {
 	read, err := claims.Peek(ctx, calls, nil)
 	require.NoError(t, err)
 	one, two := turnOf(calls, "1"), turnOf(calls, "2")
-	xc, err := claims.AcquireAsReadCall(ctx, calls, calls+"-e", read, []string{calls + "-p1", calls + "-p2", calls + "-p3"}, ledger.PhaseUnknown, one.assistant,
+	xc, err := claims.AcquireAsReadCall(ctx, calls, calls+"-e", read, []string{calls + "-p1"}, ledger.PhaseUnknown, one.assistant,
 		func(*ledger.Execution) ledger.Call {
 			return ledger.Call{Func: "promptline_turn_first", Args: firstArgs(one)}
 		})

@@ -60,7 +60,7 @@ func TestViewReadsTheTextOfWhatATurnCanPick(t *testing.T) {
 		t.Parallel()
 		admit(t, "q", func(int) envelope.Delivery { return envelope.DeliveryQueue })
 		v, held := view(t, "q")
-		require.Len(t, v.waiting, n, "every waiting input is seen")
+		require.Equal(t, 1, len(v.waiting), "the head of a queue of prompts: its oldest")
 		require.Equal(t, size+3, held, "the text of the oldest alone")
 		tt := newTurn(pickTurn(v.waiting))
 		require.Len(t, tt.inputs, 1)
@@ -76,7 +76,7 @@ func TestViewReadsTheTextOfWhatATurnCanPick(t *testing.T) {
 			return envelope.DeliveryQueue
 		})
 		v, held := view(t, "s")
-		require.Len(t, v.waiting, n)
+		require.Equal(t, 5, len(v.waiting), "the head: the oldest and the steers")
 		require.Equal(t, 5*(size+3), held, "the steers' and the oldest's")
 		tt := newTurn(pickTurn(v.waiting))
 		require.Len(t, tt.inputs, 4)

@@ -2,6 +2,7 @@ package ledger_test
 
 import (
 	"context"
+	"fmt"
 	"testing"
 	"time"
 
@@ -12,12 +13,16 @@ import (
 	"github.com/promptline/promptline/outbox"
 )
 
+// headSQL reads the head of a session's waiting inputs, in admission
+// order, as the executor reads it (the IDs AcquireAsRead is given).
+const headSQL = `SELECT array_agg(message_id ORDER BY admission_seq) FROM promptline_waiting_head($1)`
+
 // peekWaiting reads session s as the executor does before AcquireAsRead:
-// its claim state and token, and the waiting inputs in admission order.
+// its claim state and token, and the head of its waiting inputs.
 func peekWaiting(claims *ledger.Claims, s string) (ledger.SessionRead, []string, error) {
 	var waiting []string
 	r, err := claims.Peek(context.Background(), s, func(batch *pgx.Batch) {
-		batch.Queue(`SELECT array_agg(message_id ORDER BY admission_seq) FROM waiting_inputs WHERE session_id = $1`, s).
+		batch.Queue(headSQL, s).
 			QueryRow(func(row pgx.Row) error { return row.Scan(&waiting) })
 	})
 	return r, waiting, err
@@ -52,7 +57,7 @@ func TestAcquireAsRead(t *testing.T) {
 		b.session(t, "s", 2)
 		r, waiting := b.peek(t, "s")
 		require.Equal(t, ledger.SessionRead{Exists: true}, r)
-		require.Equal(t, []string{"s-in-a", "s-in-b"}, waiting)
+		require.Equal(t, []string{"s-in-a"}, waiting, "the head: the oldest, no steer waits")
 
 		x, err := b.claims.AcquireAsRead(ctx, "s", "e1", r, waiting, ledger.PhaseUnknown, "answer-1",
 			func(batch *pgx.Batch, x *ledger.Execution) {
@@ -89,7 +94,7 @@ func TestAcquireAsRead(t *testing.T) {
 				VALUES ('steer', 's', 'x', '\x00', 'steer', true)`)
 		},
 		"InputQuarantined": func(t *testing.T, b *testBundle) {
-			b.exec(t, `UPDATE inputs SET quarantine_reason = 'bad' WHERE message_id = 's-in-b'`)
+			b.exec(t, `UPDATE inputs SET quarantine_reason = 'bad' WHERE message_id = 's-in-a'`)
 		},
 		"ClaimedAndReleasedSince": func(t *testing.T, b *testBundle) {
 			x, err := b.claims.AcquireWaiting(context.Background(), "s", "other", nil)
@@ -168,4 +173,93 @@ func TestAcquireAsRead(t *testing.T) {
 		require.ErrorIs(t, <-errc, ledger.ErrStale)
 		require.Zero(t, b.count(t, `SELECT count(*) FROM claims`))
 	})
+}
+
+// A claim taken as read is checked against the head of the waiting inputs
+// (promptline_waiting_head, migration 00020), not the whole queue, so that
+// a turn's cost does not grow with the queue. The check must still refuse
+// every change that changes the turn a fresh read would choose: its
+// inputs (the oldest, or the steers), the choice between steers and the
+// queue, and the path (a continuation or a permission reply); and only a
+// change behind the head may pass. Each case starts from a session of
+// queued prompts a, b, c, reads it, changes it, and claims.
+func TestAcquireAsReadChecksTheHead(t *testing.T) {
+	t.Parallel()
+	add := func(b *testBundle, t *testing.T, id, delivery, kind string) {
+		b.exec(t, `INSERT INTO inputs (message_id, session_id, text, payload_hash, delivery, wake_pending, kind)
+			VALUES ($1, 's', 'x', '\x00', $2, true, $3)`, id, delivery, kind)
+	}
+	steers := func(n int) func(b *testBundle, t *testing.T) {
+		return func(b *testBundle, t *testing.T) {
+			for i := range n {
+				add(b, t, fmt.Sprintf("s%03d", i), "steer", "prompt")
+			}
+		}
+	}
+	for _, tc := range []struct {
+		name   string
+		before func(b *testBundle, t *testing.T) // more of the session, before the read
+		change func(b *testBundle, t *testing.T)
+		stale  bool
+		why    string
+	}{
+		{name: "Nothing", change: func(*testBundle, *testing.T) {}, why: "the same session"},
+		{name: "PromptAdmittedBehind", change: func(b *testBundle, t *testing.T) { add(b, t, "d", "queue", "prompt") },
+			why: "behind the head: the turn takes a either way, d waits for a later turn"},
+		{name: "SteerAdmitted", change: func(b *testBundle, t *testing.T) { add(b, t, "s", "steer", "prompt") }, stale: true,
+			why: "a steer jumps the queue: the turn takes it, not a"},
+		{name: "SteerAdmittedBesideSteers", before: steers(2), change: func(b *testBundle, t *testing.T) { add(b, t, "s9", "steer", "prompt") },
+			stale: true, why: "the turn takes every waiting steer up to the bounds: three, not two"},
+		{name: "SteerAdmittedPastTheHundredth", before: steers(100), change: func(b *testBundle, t *testing.T) { add(b, t, "s9", "steer", "prompt") },
+			why: "a turn takes a hundred steers at most: the same hundred"},
+		{name: "SteerAdmittedPastTheHundredthBehindAContinuation", before: func(b *testBundle, t *testing.T) {
+			steers(100)(b, t)
+			add(b, t, "c1", "queue", "continuation")
+		}, change: func(b *testBundle, t *testing.T) { add(b, t, "s9", "steer", "prompt") }, why: "the same head: the same path and steers"},
+		{name: "ContinuationAdmitted", change: func(b *testBundle, t *testing.T) { add(b, t, "c1", "queue", "continuation") }, stale: true,
+			why: "a continuation takes the transactional path"},
+		{name: "PermissionReplyAdmitted", change: func(b *testBundle, t *testing.T) { add(b, t, "r1", "queue", "permission_reply") }, stale: true,
+			why: "a reply takes the transactional path"},
+		{name: "SecondContinuationAdmitted", before: func(b *testBundle, t *testing.T) { add(b, t, "c1", "queue", "continuation") },
+			change: func(b *testBundle, t *testing.T) { add(b, t, "c2", "queue", "continuation") },
+			why:    "the path takes the first continuation either way"},
+		{name: "OldestQuarantined", change: func(b *testBundle, t *testing.T) {
+			b.exec(t, `UPDATE inputs SET quarantine_reason = 'bad' WHERE message_id = 's-in-a'`)
+		}, stale: true, why: "the turn would take b"},
+		{name: "TailQuarantined", change: func(b *testBundle, t *testing.T) {
+			b.exec(t, `UPDATE inputs SET quarantine_reason = 'bad' WHERE message_id = 's-in-c'`)
+		}, why: "behind the head"},
+		{name: "OlderInputReleased", before: func(b *testBundle, t *testing.T) {
+			b.exec(t, `UPDATE inputs SET quarantine_reason = 'bad' WHERE message_id = 's-in-a'`)
+		}, change: func(b *testBundle, t *testing.T) {
+			b.exec(t, `UPDATE inputs SET quarantine_reason = NULL WHERE message_id = 's-in-a'`)
+		}, stale: true, why: "a waits again, ahead of b: the turn would take a"},
+		{name: "InputCommittedAheadOfTheOldest", change: func(b *testBundle, t *testing.T) {
+			// Admission numbers an input before it commits: one numbered
+			// before a can commit after the read.
+			b.exec(t, `INSERT INTO inputs (message_id, session_id, text, payload_hash, delivery, wake_pending, admission_seq)
+				OVERRIDING SYSTEM VALUE VALUES ('early', 's', 'x', '\x00', 'queue', true, -1)`)
+		}, stale: true, why: "the oldest is another: the turn would take it"},
+		{name: "OldestPromoted", change: func(b *testBundle, t *testing.T) {
+			b.exec(t, `UPDATE inputs SET promotion_seq = nextval('promotion_seq') WHERE message_id = 's-in-a'`)
+		}, stale: true, why: "a taken: the turn would take b"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			b := setup(t, 0)
+			b.session(t, "s", 3)
+			if tc.before != nil {
+				tc.before(b, t)
+			}
+			r, waiting := b.peek(t, "s")
+			tc.change(b, t)
+			_, err := b.acquireAsRead(t, "s", "e1", r, waiting)
+			if tc.stale {
+				require.ErrorIs(t, err, ledger.ErrStale, tc.why)
+				require.Zero(t, b.count(t, `SELECT count(*) FROM claims`), "no claim")
+				return
+			}
+			require.NoError(t, err, tc.why)
+		})
+	}
 }

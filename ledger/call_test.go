@@ -65,7 +65,7 @@ func TestCallsOpenAsTheirDocSays(t *testing.T) {
 		read, err := b.claims.Peek(ctx, "r", nil)
 		require.NoError(t, err)
 		b.exec(t, `INSERT INTO inputs (message_id, session_id, text, payload_hash, delivery, wake_pending)
-			VALUES ('r2', 'r', 'x', '\x00', 'queue', true)`)
+			VALUES ('r2', 'r', 'x', '\x00', 'steer', true)`)
 		_, err = b.claims.AcquireAsReadCall(ctx, "r", "e1", read, []string{"r-in-a"}, ledger.PhaseUnknown, "ra",
 			func(*ledger.Execution) ledger.Call { return firstCall([]string{"r-in-a"}, "ra") })
 		require.ErrorIs(t, err, ledger.ErrStale)

@@ -98,11 +98,20 @@ func (m *claimMachine) current(t *rapid.T, s string) (ledger.Claim, bool, bool) 
 	return c, ok, live
 }
 
+// Admit adds a queued prompt, a steer or a continuation: each changes the
+// head of the waiting inputs (AcquireAsRead's check) in its own way.
 func (m *claimMachine) Admit(t *rapid.T) {
 	s := rapid.SampledFrom(m.sessions).Draw(t, "session")
+	delivery, kind := "queue", "prompt"
+	switch rapid.IntRange(0, 5).Draw(t, "what") {
+	case 0:
+		delivery = "steer"
+	case 1:
+		kind = "continuation"
+	}
 	m.seq++
-	m.must(t, `INSERT INTO inputs (message_id, session_id, text, payload_hash, delivery, wake_pending)
-		VALUES ($1, $2, 'x', '\x00', 'queue', true)`, fmt.Sprintf("%sin%d", m.prefix, m.seq), s)
+	m.must(t, `INSERT INTO inputs (message_id, session_id, text, payload_hash, delivery, wake_pending, kind)
+		VALUES ($1, $2, 'x', '\x00', $3, true, $4)`, fmt.Sprintf("%sin%d", m.prefix, m.seq), s, delivery, kind)
 }
 
 func (m *claimMachine) Promote(t *rapid.T) {
@@ -150,11 +159,11 @@ func (m *claimMachine) granted(x *ledger.Execution) {
 }
 
 // state reads what a claim taken as read depends on: the session's token,
-// whether a claim exists, and the waiting inputs in admission order.
+// whether a claim exists, and the head of the waiting inputs in admission
+// order (promptline_waiting_head).
 func (m *claimMachine) state(t *rapid.T, s string) (token int64, claimed bool, waiting []string) {
 	if err := m.pool.QueryRow(context.Background(), `SELECT fencing_token, EXISTS (SELECT 1 FROM claims WHERE session_id = $1),
-		(SELECT array_agg(message_id ORDER BY admission_seq) FROM waiting_inputs WHERE session_id = $1)
-		FROM sessions WHERE session_id = $1`, s).Scan(&token, &claimed, &waiting); err != nil {
+		(`+headSQL+`) FROM sessions WHERE session_id = $1`, s).Scan(&token, &claimed, &waiting); err != nil {
 		t.Fatal(err)
 	}
 	return token, claimed, waiting

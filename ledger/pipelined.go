@@ -378,8 +378,11 @@ func (c *Claims) Peek(ctx context.Context, sessionID string, reads func(b *pgx.B
 // first with its eight arguments before its own writes, in the same
 // implicit transaction, and whose expiry it returns. The claim is taken
 // only if read is still true under the session's lock: the same fencing
-// token (no execution since), no claim, and exactly waitingIDs waiting, in
-// admission order. Otherwise nothing is written and it returns ErrStale.
+// token (no execution since), no claim, and waitingIDs the head of the
+// waiting inputs, in admission order (promptline_waiting_head, migration
+// 00020: the oldest input, the oldest steers up to a hundred, the oldest
+// input that is not a prompt; what the first turn is chosen from).
+// Otherwise nothing is written and it returns ErrStale.
 //
 // It saves the executor a transaction per turn (the claim in phase ready,
 // then the first step): docs/benchmarks.md. A crash before its commit

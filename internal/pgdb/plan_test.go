@@ -25,9 +25,17 @@ func TestPerSessionStatementsUseSessionIndexes(t *testing.T) {
 		name, sql, args string
 		want            []string // index names the plan may use
 	}{
-		{"waiting count", `SELECT count(*) FROM waiting_inputs WHERE session_id = $1`, `('s42')`,
+		// ledger's inputWaitsSQL, the release's look.
+		{"a waiting input", `SELECT EXISTS (SELECT 1 FROM waiting_inputs WHERE session_id = $1)`, `('s42')`,
 			[]string{"inputs_waiting_session"}},
 		{"waiting list", `SELECT message_id FROM waiting_inputs WHERE session_id = $1 ORDER BY admission_seq`, `('s42')`,
+			[]string{"inputs_waiting_session"}},
+		// The head a turn is chosen from (executor's waitingSQL and
+		// promptline_claim_as_read): its oldest input through the session
+		// index, never inputs_admission_seq_key read from the start of
+		// the table (TestATurnReadsTheHeadOfADeepQueue reads all three
+		// parts).
+		{"waiting head", `SELECT message_id FROM promptline_waiting_head($1)`, `('s42')`,
 			[]string{"inputs_waiting_session"}},
 		// The statement inside promptline_fence.
 		{"fence", `UPDATE claims SET expires_at = clock_timestamp() + $4 * interval '1 millisecond', renewed_at = clock_timestamp()
