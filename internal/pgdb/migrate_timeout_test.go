@@ -2,6 +2,10 @@ package pgdb_test
 
 import (
 	"context"
+	"fmt"
+	"io/fs"
+	"regexp"
+	"slices"
 	"testing"
 	"time"
 
@@ -12,9 +16,10 @@ import (
 	"github.com/promptline/promptline/internal/pgdb"
 )
 
-// migrationWaits returns the URL of a schema one migration behind this
-// binary, with a transaction of another session holding a lock on inputs
-// that the last migration's index build waits for. The lock is let go once
+// migrationWaits returns the URL of a schema just behind the last
+// migration that builds an index on inputs (lastInputsIndexBuild), with a
+// transaction of another session holding a lock on inputs that the build
+// waits for. The lock is let go once
 // the server has seen the build wait for it for hold (so the migration
 // takes at least that long, whatever the machine's speed), or once a
 // waiter it saw is gone (cancelled by a timeout), or after a minute.
@@ -24,7 +29,10 @@ func migrationWaits(t *testing.T, schema string, hold time.Duration) string {
 	url := schemaURL(t, schema)
 	p, err := goose.NewProvider(goose.DialectPostgres, openSQL(t, url), pgdb.Migrations())
 	require.NoError(t, err)
-	_, err = p.UpTo(ctx, pgdb.LatestVersion()-1)
+	versions := migrationVersions(t)
+	build := slices.Index(versions, lastInputsIndexBuild(t))
+	require.Positive(t, build)
+	_, err = p.UpTo(ctx, versions[build-1])
 	require.NoError(t, err)
 	conn, err := pgx.Connect(ctx, url)
 	require.NoError(t, err)
@@ -66,6 +74,27 @@ func migrationWaits(t *testing.T, schema string, hold time.Duration) string {
 	}()
 	t.Cleanup(func() { <-released })
 	return url
+}
+
+// lastInputsIndexBuild is the version of the last migration that builds an
+// index on inputs (CREATE INDEX CONCURRENTLY ... ON inputs): the wait the
+// tests below need. Migrations after it may touch other tables.
+func lastInputsIndexBuild(t *testing.T) int64 {
+	t.Helper()
+	build := regexp.MustCompile(`(?m)^CREATE INDEX CONCURRENTLY \w+ ON inputs\b`)
+	var last int64
+	for _, v := range migrationVersions(t) {
+		matches, err := fs.Glob(pgdb.Migrations(), fmt.Sprintf("%05d_*.sql", v))
+		require.NoError(t, err)
+		require.Len(t, matches, 1, "migration %d", v)
+		text, err := fs.ReadFile(pgdb.Migrations(), matches[0])
+		require.NoError(t, err)
+		if build.Match(text) {
+			last = v
+		}
+	}
+	require.NotZero(t, last, "no migration builds an index on inputs")
+	return last
 }
 
 // A consumer that migrates at start (--migrate, the default) must not cut
