@@ -27,7 +27,7 @@ type Producer struct {
 	producer sarama.AsyncProducer
 	// maxRecordBytes is Sarama's Producer.MaxMessageBytes, checked by fits.
 	maxRecordBytes int
-	done     chan struct{} // closed when dispatch returns
+	done           chan struct{} // closed when dispatch returns
 
 	mu     sync.RWMutex // held for reading while feeding the input channel
 	closed bool
