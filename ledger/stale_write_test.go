@@ -27,63 +27,15 @@ import (
 func TestStaleWriteAfterItsRetry(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	pool, dbURL := testkit.Pool(t)
-	proxy, proxied := pgproxy.StartFor(t, dbURL)
-	ppool, err := pgxpool.New(ctx, proxied)
-	require.NoError(t, err)
-	t.Cleanup(ppool.Close)
-	retrying, proceed := make(chan struct{}, 1), make(chan struct{})
-	b := &testBundle{pool: pool, claims: ledger.NewClaims(ppool, &ledger.ClaimsConfig{Lease: time.Minute, OwnerID: "owner-a",
-		OnWriteRetryFunc: func() {
-			select {
-			case retrying <- struct{}{}:
-			default:
-			}
-			<-proceed
-		}})}
-	for i := range ledger.GroupCommitMaxInFlight {
-		b.session(t, fmt.Sprintf("blk%d", i), 1)
-	}
+	r := newStaleWriteRig(t)
 	// An input waits in each: a finishing write keeps the claim.
-	b.session(t, "a", 1)
-	b.session(t, "b", 1)
-	xa := b.acquire(t, "a", "e-a")
-	xb := b.acquire(t, "b", "e-b")
+	r.b.session(t, "a", 1)
+	r.b.session(t, "b", 1)
+	xa := r.b.acquire(t, "a", "e-a")
+	xb := r.b.acquire(t, "b", "e-b")
+	lockA := r.lock("a") // as admission holds a's row while it admits
+	blocked := r.busyFlushes()
 
-	// Outside the proxied pool: the locks, and the watch.
-	connect := func() *pgx.Conn {
-		conn, err := pgx.ConnectConfig(ctx, pool.Config().ConnConfig.Copy())
-		require.NoError(t, err)
-		t.Cleanup(func() { conn.Close(context.Background()) })
-		return conn
-	}
-	lockBlk, err := connect().Begin(ctx)
-	require.NoError(t, err)
-	_, err = lockBlk.Exec(ctx, `SELECT 1 FROM sessions WHERE session_id LIKE 'blk%' FOR UPDATE`)
-	require.NoError(t, err)
-	lockA, err := connect().Begin(ctx) // as admission holds a's row while it admits
-	require.NoError(t, err)
-	_, err = lockA.Exec(ctx, `SELECT 1 FROM sessions WHERE session_id = 'a' FOR UPDATE`)
-	require.NoError(t, err)
-	watch := connect()
-	waiters := func(like string) []int {
-		rows, err := watch.Query(ctx, `SELECT pid FROM pg_stat_activity
-			WHERE wait_event_type = 'Lock' AND datname = current_database() AND query LIKE $1`, like)
-		require.NoError(t, err)
-		pids, err := pgx.CollectRows(rows, pgx.RowTo[int])
-		require.NoError(t, err)
-		return pids
-	}
-
-	// Every flush busy, one at a time, so that a and b queue together.
-	blocked := make(chan error, ledger.GroupCommitMaxInFlight)
-	for i := range ledger.GroupCommitMaxInFlight {
-		go func() {
-			_, err := b.claims.AcquireWaiting(ctx, fmt.Sprintf("blk%d", i), fmt.Sprintf("e-blk%d", i), nil)
-			blocked <- err
-		}()
-		require.Eventually(t, func() bool { return len(waiters("%")) >= i+1 }, 20*time.Second, 10*time.Millisecond)
-	}
 	row := func(s, p string) outbox.Row { return outbox.Row{Topic: "t", Key: s, Payload: []byte(p)} }
 	landed := func(ctx context.Context, tx pgx.Tx) (bool, error) {
 		var n int
@@ -100,50 +52,143 @@ func TestStaleWriteAfterItsRetry(t *testing.T) {
 			func(batch *pgx.Batch) { queueRow(batch, row("b", "b1")) })
 		bDone <- err
 	}()
-	require.Eventually(t, func() bool { return ledger.GroupCommitQueued(b.claims) == 2 }, 20*time.Second, 5*time.Millisecond,
+	require.Eventually(t, func() bool { return ledger.GroupCommitQueued(r.b.claims) == 2 }, 20*time.Second, 5*time.Millisecond,
 		"a and b wait together for a flush")
-	require.NoError(t, lockBlk.Commit(ctx))
-	for range ledger.GroupCommitMaxInFlight {
-		require.NoError(t, <-blocked)
-	}
+	r.freeFlushes(blocked)
 	// The combined transaction waits in a's part, for a's session row.
 	var lost []int
-	require.Eventually(t, func() bool { lost = waiters("%promptline_finish_open%"); return len(lost) == 1 },
+	require.Eventually(t, func() bool { lost = r.waiters("%promptline_finish_open%"); return len(lost) == 1 },
 		20*time.Second, 5*time.Millisecond, "the combined transaction waits for a's row")
-	combined, _ := ledger.GroupCommitCounts(b.claims)
+	combined, _ := ledger.GroupCommitCounts(r.b.claims)
 	require.EqualValues(t, 1, combined, "a and b went out together")
 
-	// Its connection is cut, and new ones refused, as by a partition: the
-	// cancel request pgx sends when a connection breaks (a connection of
-	// its own) is lost too, and the server goes on waiting, unaware.
-	proxy.Refuse(true)
-	require.Positive(t, proxy.CutAll())
-	<-retrying // b's retry waits until pgx's cancel request was refused
-	require.Eventually(t, func() bool { return proxy.Stats().Refused > 0 }, 20*time.Second, 5*time.Millisecond,
-		"pgx's cancel request is refused")
-	proxy.Refuse(false)
-	close(proceed)
+	r.cutWithItsCancel()
 	require.Error(t, <-aDone, "a's write is in doubt, and not retried")
 	require.NoError(t, <-bDone, "b's write is retried, and commits")
 	require.NoError(t, xb.WriteQueued(ctx, ledger.PhaseUnknown, "", func(batch *pgx.Batch) { queueRow(batch, row("b", "b2")) }),
 		"b's next write")
-	require.Equal(t, lost, waiters("%promptline_finish_open%"), "the lost transaction still waits")
+	require.Equal(t, lost, r.waiters("%promptline_finish_open%"), "the lost transaction still waits")
 
 	// a's row is free: the lost transaction runs to its end.
 	require.NoError(t, lockA.Commit(ctx))
 	require.Eventually(t, func() bool {
 		var n int
-		require.NoError(t, watch.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity WHERE pid = $1`, lost[0]).Scan(&n))
+		require.NoError(t, r.watch.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity WHERE pid = $1`, lost[0]).Scan(&n))
 		return n == 0
 	}, 20*time.Second, 5*time.Millisecond, "the lost transaction's backend ends")
 
 	var phase string
-	require.NoError(t, pool.QueryRow(ctx, `SELECT phase FROM claims WHERE session_id = 'b'`).Scan(&phase))
-	twice := b.count(t, `SELECT count(*) FROM outbox WHERE key = 'b' AND payload = 'b1'`)
+	require.NoError(t, r.b.pool.QueryRow(ctx, `SELECT phase FROM claims WHERE session_id = 'b'`).Scan(&phase))
+	twice := r.b.count(t, `SELECT count(*) FROM outbox WHERE key = 'b' AND payload = 'b1'`)
 	require.Equal(t, []any{1, string(ledger.PhaseUnknown)}, []any{twice, phase},
 		"b's first write is applied once, and b's phase is its last write's, never set back")
-	require.Zero(t, b.count(t, `SELECT count(*) FROM outbox WHERE key = 'a'`),
+	require.Zero(t, r.b.count(t, `SELECT count(*) FROM outbox WHERE key = 'a'`),
 		"b's fence refused the lost transaction, which rolled back whole: a's write too, in doubt for a, as it was told")
+}
+
+// staleWriteRig is the set-up of the "stale-write" tests: claims whose
+// pool goes through a proxy, every write retry held until proceed, and
+// connections outside the proxy for the locks and the watch.
+type staleWriteRig struct {
+	t        *testing.T
+	b        *testBundle
+	proxy    *pgproxy.Proxy
+	retrying chan struct{}
+	proceed  chan struct{}
+	watch    *pgx.Conn
+	lockBlk  pgx.Tx
+}
+
+func newStaleWriteRig(t *testing.T) *staleWriteRig {
+	t.Helper()
+	ctx := context.Background()
+	pool, dbURL := testkit.Pool(t)
+	proxy, proxied := pgproxy.StartFor(t, dbURL)
+	ppool, err := pgxpool.New(ctx, proxied)
+	require.NoError(t, err)
+	t.Cleanup(ppool.Close)
+	r := &staleWriteRig{t: t, proxy: proxy, retrying: make(chan struct{}, 1), proceed: make(chan struct{})}
+	r.b = &testBundle{pool: pool, claims: ledger.NewClaims(ppool, &ledger.ClaimsConfig{Lease: time.Minute, OwnerID: "owner-a",
+		OnWriteRetryFunc: func() {
+			select {
+			case r.retrying <- struct{}{}:
+			default:
+			}
+			<-r.proceed
+		}})}
+	for i := range ledger.GroupCommitMaxInFlight {
+		r.b.session(t, fmt.Sprintf("blk%d", i), 1)
+	}
+	r.watch = r.connect()
+	return r
+}
+
+// connect opens a connection outside the proxied pool.
+func (r *staleWriteRig) connect() *pgx.Conn {
+	conn, err := pgx.ConnectConfig(context.Background(), r.b.pool.Config().ConnConfig.Copy())
+	require.NoError(r.t, err)
+	r.t.Cleanup(func() { conn.Close(context.Background()) })
+	return conn
+}
+
+// lock holds the rows of the sessions matching like in a transaction of
+// its own.
+func (r *staleWriteRig) lock(like string) pgx.Tx {
+	ctx := context.Background()
+	tx, err := r.connect().Begin(ctx)
+	require.NoError(r.t, err)
+	_, err = tx.Exec(ctx, `SELECT 1 FROM sessions WHERE session_id LIKE $1 FOR UPDATE`, like)
+	require.NoError(r.t, err)
+	return tx
+}
+
+// waiters are the backends waiting for a lock whose query matches like.
+func (r *staleWriteRig) waiters(like string) []int {
+	rows, err := r.watch.Query(context.Background(), `SELECT pid FROM pg_stat_activity
+		WHERE wait_event_type = 'Lock' AND datname = current_database() AND query LIKE $1`, like)
+	require.NoError(r.t, err)
+	pids, err := pgx.CollectRows(rows, pgx.RowTo[int])
+	require.NoError(r.t, err)
+	return pids
+}
+
+// busyFlushes holds every group-commit flush busy, one at a time (each
+// waits for its blk session's row), so that the writes sent next queue
+// together; freeFlushes lets them go.
+func (r *staleWriteRig) busyFlushes() (blocked chan error) {
+	lockBlk := r.lock("blk%")
+	r.t.Cleanup(func() { _ = lockBlk.Rollback(context.Background()) })
+	blocked = make(chan error, ledger.GroupCommitMaxInFlight+1)
+	for i := range ledger.GroupCommitMaxInFlight {
+		go func() {
+			_, err := r.b.claims.AcquireWaiting(context.Background(), fmt.Sprintf("blk%d", i), fmt.Sprintf("e-blk%d", i), nil)
+			blocked <- err
+		}()
+		require.Eventually(r.t, func() bool { return len(r.waiters("%")) >= i+1 }, 20*time.Second, 10*time.Millisecond)
+	}
+	r.lockBlk = lockBlk
+	return blocked
+}
+
+func (r *staleWriteRig) freeFlushes(blocked chan error) {
+	require.NoError(r.t, r.lockBlk.Commit(context.Background()))
+	for range ledger.GroupCommitMaxInFlight {
+		require.NoError(r.t, <-blocked)
+	}
+}
+
+// cutWithItsCancel cuts the proxied connections and refuses new ones, as
+// a partition does, until pgx's cancel request (a connection of its own,
+// sent when a connection breaks) was refused too: the server goes on
+// with what it runs, unaware. Then the held retries proceed.
+func (r *staleWriteRig) cutWithItsCancel() {
+	r.proxy.Refuse(true)
+	require.Positive(r.t, r.proxy.CutAll())
+	<-r.retrying // a retry waits until pgx's cancel request was refused
+	require.Eventually(r.t, func() bool { return r.proxy.Stats().Refused > 0 }, 20*time.Second, 5*time.Millisecond,
+		"pgx's cancel request is refused")
+	r.proxy.Refuse(false)
+	close(r.proceed)
 }
 
 // The fence's rules on a write's position (migration 00021): each position
