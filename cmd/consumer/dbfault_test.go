@@ -417,10 +417,11 @@ func TestSilentReadDoesNotHoldTheClaim(t *testing.T) {
 	require.Eventually(t, func() bool {
 		return r.b.count(t, `SELECT count(*) FROM attempts WHERE session_id = $1`, session) > 0
 	}, 30*time.Second, 10*time.Millisecond, "the long turn runs")
-	// The view read after the turn: the waiting inputs and the history in
-	// one batch, outside a transaction and without the claim's peek.
+	// The view read after the turn: the head of the waiting inputs
+	// (waitingSQL) and the history in one batch, outside a transaction and
+	// without the claim's peek.
 	proxy.SilenceAt(func(stmts []string) bool {
-		return len(stmts) == 2 && strings.Contains(stmts[0], "FROM waiting_inputs") && strings.Contains(stmts[1], "FROM messages m")
+		return len(stmts) == 2 && strings.Contains(stmts[0], "FROM promptline_waiting_head(") && strings.Contains(stmts[1], "FROM messages m")
 	})
 	r.b.send(t, queued)
 	require.Eventually(t, func() bool { return proxy.Stats().Silenced == 1 },
