@@ -31,28 +31,7 @@ func TestLargePromptBacklogStaysWithinTheBufferBytes(t *testing.T) {
 		prompts   = 500
 		textBytes = 1_000_000
 	)
-	// Sessions whose key lands on partition 0 of prompts: one partition's
-	// channel holds the backlog.
-	part := kafkautil.NewMurmur2Partitioner("prompts")
-	var sessions []string
-	for i := 0; len(sessions) < prompts; i++ {
-		s := fmt.Sprintf("s-backlog-%d", i)
-		p, err := part.Partition(&sarama.ProducerMessage{Key: sarama.StringEncoder(s)}, testPartitions)
-		require.NoError(t, err)
-		if p == 0 {
-			sessions = append(sessions, s)
-		}
-	}
-	// Random letters: Postgres cannot compress them away, so admission
-	// writes every byte and the backlog waits for it.
-	rng := rand.New(rand.NewPCG(1, 2))
-	text := make([]byte, textBytes)
-	for i, s := range sessions {
-		for j := range text {
-			text[j] = byte('a' + rng.IntN(26))
-		}
-		b.send(t, envelope.Prompt{MessageID: "m-backlog-" + strconv.Itoa(i), SessionID: s, Text: string(text)})
-	}
+	sendBacklog(t, b, prompts, textBytes)
 
 	// One session at a time: the executor's turns hold one prompt's
 	// history, not the backlog's.
@@ -85,23 +64,62 @@ func TestLargePromptBacklogStaysWithinTheBufferBytes(t *testing.T) {
 	require.Less(t, hwm, bound, "peak RSS of the consumer under a backlog of %d prompts of %d bytes", prompts, textBytes)
 }
 
+// sendBacklog sends n prompts of textBytes random letters, each to a
+// session of its own whose key lands on partition 0 of prompts: one
+// partition's channel holds the backlog. Random letters: Postgres cannot
+// compress them away, so admission writes every byte and the backlog
+// waits for it.
+func sendBacklog(t *testing.T, b *testBundle, n, textBytes int) {
+	t.Helper()
+	part := kafkautil.NewMurmur2Partitioner("prompts")
+	var sessions []string
+	for i := 0; len(sessions) < n; i++ {
+		s := fmt.Sprintf("s-backlog-%d", i)
+		p, err := part.Partition(&sarama.ProducerMessage{Key: sarama.StringEncoder(s)}, testPartitions)
+		require.NoError(t, err)
+		if p == 0 {
+			sessions = append(sessions, s)
+		}
+	}
+	rng := rand.New(rand.NewPCG(1, 2))
+	text := make([]byte, textBytes)
+	for i, s := range sessions {
+		for j := range text {
+			text[j] = byte('a' + rng.IntN(26))
+		}
+		b.send(t, envelope.Prompt{MessageID: "m-backlog-" + strconv.Itoa(i), SessionID: s, Text: string(text)})
+	}
+}
+
 // vmHWM is the peak resident set size of a process, from /proc.
 func vmHWM(t *testing.T, pid int) int64 {
 	t.Helper()
-	st, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	hwm, err := readVmHWM(pid)
 	require.NoError(t, err)
+	return hwm
+}
+
+// readVmHWM is vmHWM's reading, an error when the process has gone (a
+// zombie's status has no VmHWM).
+func readVmHWM(pid int) (int64, error) {
+	st, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		return 0, err
+	}
 	for l := range strings.Lines(string(st)) {
 		rest, ok := strings.CutPrefix(l, "VmHWM:")
 		if !ok {
 			continue
 		}
 		f := strings.Fields(rest)
-		require.Len(t, f, 2, "VmHWM: %q", rest)
-		require.Equal(t, "kB", f[1])
+		if len(f) != 2 || f[1] != "kB" {
+			return 0, fmt.Errorf("VmHWM: %q", rest)
+		}
 		kb, err := strconv.ParseInt(f[0], 10, 64)
-		require.NoError(t, err)
-		return kb << 10
+		if err != nil {
+			return 0, fmt.Errorf("VmHWM: %w", err)
+		}
+		return kb << 10, nil
 	}
-	require.FailNow(t, "no VmHWM in /proc status", string(st))
-	return 0
+	return 0, fmt.Errorf("no VmHWM in /proc status:\n%s", st)
 }

@@ -187,6 +187,15 @@ replication-factor: 3
 		}
 	})
 
+	// The key is replay's too: its --buffer-bytes, the same per partition.
+	t.Run("ReplayBufferBytesFromEnv", func(t *testing.T) {
+		t.Parallel()
+		_, err := runInProcess(t, []string{"PROMPTLINE_BUFFER_BYTES=0"}, "replay", "--brokers", "127.0.0.1:1",
+			"--database-url", "postgres://127.0.0.1:1/none?connect_timeout=1")
+		require.ErrorContains(t, err, "--buffer-bytes: must be at least 1, got 0")
+		require.ErrorContains(t, err, "set by env PROMPTLINE_BUFFER_BYTES")
+	})
+
 	// The binary reads its real environment: an unknown variable stops it.
 	t.Run("ProcessUnknownEnv", func(t *testing.T) {
 		t.Parallel()

@@ -41,6 +41,7 @@ type replayOptions struct {
 	publishRejects   bool
 	maxBatch         int
 	maxValueBytes    int
+	bufferBytes      int
 	maxRejections    int
 	dbMaxConns       int32
 	progressInterval time.Duration
@@ -86,6 +87,7 @@ providers. See docs/replay.md.`,
 	f.BoolVar(&r.publishRejects, "publish-rejects", false, "also publish malformed and conflicting messages to the rejects topic, as the live consumer does")
 	f.IntVar(&r.maxBatch, "max-batch", replay.MaxBatchDefault, "most messages of a partition admitted in one transaction")
 	f.IntVar(&r.maxValueBytes, "max-value-bytes", envelope.MaxValueBytesDefault, "largest accepted prompt value in bytes (raise it to re-admit too_large prompts from their source topic; truncated rejects are never admitted)")
+	f.IntVar(&r.bufferBytes, "buffer-bytes", kafkautil.BufferBytesDefault, "most bytes of fetched prompts a partition holds waiting for admission, in the Kafka client's channel, counted at --max-value-bytes each (1 to 1024 messages); replay reads every partition of its range at once, so it holds about partitions x (this + a batch of up to 16 MiB)")
 	f.IntVar(&r.maxRejections, "max-rejections", replay.MaxRejectionsDefault, "rejected messages listed in the report (all are counted)")
 	f.Int32Var(&r.dbMaxConns, "db-max-conns", 16, "Postgres connections (one admission transaction per partition at a time)")
 	f.DurationVar(&r.progressInterval, "progress-interval", 2*time.Second, "interval of the plain progress lines (when stderr is not a terminal)")
@@ -113,6 +115,8 @@ func (r *replayOptions) validate() (replay.Bounds, error) {
 		return b, fmt.Errorf("--max-batch: must be at least 1, got %d", r.maxBatch)
 	case r.maxValueBytes < 1:
 		return b, fmt.Errorf("--max-value-bytes: must be at least 1, got %d", r.maxValueBytes)
+	case r.bufferBytes < 1:
+		return b, fmt.Errorf("--buffer-bytes: must be at least 1, got %d", r.bufferBytes)
 	case r.maxRejections < 0:
 		return b, fmt.Errorf("--max-rejections: must not be negative, got %d", r.maxRejections)
 	case r.dbMaxConns < 2:
@@ -190,6 +194,13 @@ func (r *replayOptions) run(cmd *cobra.Command, o *options) (err error) {
 	defer db.Close()
 
 	cfg := kafkautil.NewConfig("promptline-replay")
+	// Replay reads every partition of its range at once. Sarama's channel
+	// counts messages; counted at the largest value, a partition's holds
+	// at most --buffer-bytes of a backlog of large prompts (1024 of them
+	// took 1 GiB per partition). The whole budget goes to the channel:
+	// replay has no queue after it, its batch is taken from the channel
+	// (with a linger) and admitted before the next is read.
+	cfg.ChannelBufferSize = kafkautil.ChannelBufferFor(r.bufferBytes, r.maxValueBytes)
 	if err := r.security.Apply(cfg); err != nil {
 		return err
 	}

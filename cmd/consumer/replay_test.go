@@ -359,6 +359,7 @@ func TestReplayCommand(t *testing.T) {
 			{[]string{"--dry-run", "--wake"}, "exclude each other"},
 			{[]string{"--topic", "prompts.rejects", "--publish-rejects"}, "--publish-rejects"},
 			{[]string{"--rate", "-1"}, "--rate"},
+			{[]string{"--buffer-bytes", "0"}, "--buffer-bytes: must be at least 1"},
 		} {
 			ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
 			out, err := exec.CommandContext(ctx, consumerBin, append([]string{"replay", "--brokers", "127.0.0.1:1"}, c.args...)...).CombinedOutput()

@@ -95,7 +95,9 @@ const ChannelBufferMax = 1024
 // and during their admission, half in Sarama's channel counted at
 // --max-value-bytes each, half in admission's queue counted at their real
 // sizes (pipeline.ConsumerConfig.BufferBytes; docs/benchmarks.md, "The
-// consumer's buffer by bytes"). Defaults to 32 MiB.
+// consumer's buffer by bytes"). Defaults to 32 MiB. `consumer replay`'s
+// --buffer-bytes has the same default and gives all of it to the channel:
+// replay has no queue after it (docs/replay.md, "Memory").
 const BufferBytesDefault = 32 << 20
 
 // ChannelBufferFor is the ChannelBufferSize of a consumer that may hold
