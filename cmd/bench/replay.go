@@ -9,6 +9,7 @@ import (
 
 	"github.com/IBM/sarama"
 
+	"github.com/promptline/promptline/envelope"
 	"github.com/promptline/promptline/internal/kafkautil"
 	"github.com/promptline/promptline/replay"
 )
@@ -86,7 +87,7 @@ func measureReplay(ctx context.Context, sc *scratchServer, kb kafkaBackend, n in
 		return res, err
 	}
 	defer func() { err = errors.Join(err, db.drop(ctx)) }()
-	client, err := sarama.NewClient(brokers, kafkautil.NewConfig("bench-replay"))
+	client, err := sarama.NewClient(brokers, replayConfig())
 	if err != nil {
 		return res, fmt.Errorf("connecting replay client: %w", err)
 	}
@@ -140,6 +141,15 @@ func measureReplay(ctx context.Context, sc *scratchServer, kb kafkaBackend, n in
 	return res, nil
 }
 
+// replayConfig is the Kafka client's configuration of `consumer replay`
+// at its defaults: a partition's channel holds --buffer-bytes counted at
+// --max-value-bytes (32 messages).
+func replayConfig() *sarama.Config {
+	cfg := kafkautil.NewConfig("bench-replay")
+	cfg.ChannelBufferSize = kafkautil.ChannelBufferFor(kafkautil.BufferBytesDefault, envelope.MaxValueBytesDefault)
+	return cfg
+}
+
 // replayOnce replays a topic of n prompts into a fresh database of its own.
 func replayOnce(ctx context.Context, sc *scratchServer, brokers []string, n int, progress func(string, ...any)) (res replayRun, err error) {
 	progress("replay: fresh, %d prompts of the live admission topic", n)
@@ -148,7 +158,7 @@ func replayOnce(ctx context.Context, sc *scratchServer, brokers []string, n int,
 		return res, err
 	}
 	defer func() { err = errors.Join(err, db.drop(ctx)) }()
-	client, err := sarama.NewClient(brokers, kafkautil.NewConfig("bench-replay"))
+	client, err := sarama.NewClient(brokers, replayConfig())
 	if err != nil {
 		return res, fmt.Errorf("connecting replay client: %w", err)
 	}
