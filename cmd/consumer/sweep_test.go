@@ -665,6 +665,15 @@ func sweepLegRuns(t *testing.T, leg sweepLeg) {
 				if len(l) >= c.n {
 					res.label = l[c.n-1]
 					requireKilled(t, crashing.waitExit(t, crashTimeout))
+				} else {
+					// Not reached: this run committed fewer times than the
+					// counting run (group commit merges more under load, and
+					// the settling after the last step varies), which only
+					// the last commits' numbers meet. A tracer that lost the
+					// commits would look the same at any number; it shows
+					// here as a log far shorter than the counting run's.
+					require.GreaterOrEqual(t, len(l), k/4,
+						"commit %d not reached, and the run logged %d commits of the counting run's %d: the tracer lost them", c.n, len(l), k)
 				}
 				if !crashing.running() {
 					requireKilled(t, crashing.waitExit(t, crashTimeout))
@@ -715,7 +724,12 @@ func sweepLegRuns(t *testing.T, leg sweepLeg) {
 	}
 	t.Logf("crash sweep: leg %s, K=%d commits, %s: %d runs, %d died at their commit (the others committed fewer times), %d failed%s, %s\n%s",
 		leg.name, k, how, len(results), died, failed, extra, time.Since(started).Round(time.Second), report.String())
-	if len(results) == len(cases) {
+	// Every run either reached its commit and was killed there
+	// (requireKilled) or logged most of the counting run's commits (above),
+	// so a sweep whose fault or tracer is broken fails run by run. A small
+	// sample (make test's) may draw only the last commits, which a run
+	// under load does not always reach; a whole sweep must have killed.
+	if len(results) == len(cases) && how == "full" {
 		require.Positive(t, died, "no run died at its commit: the sweep tested nothing")
 	}
 }
