@@ -9,6 +9,7 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"slices"
 	"sort"
 	"time"
 
@@ -53,16 +54,8 @@ func MigrationsHash() string {
 // LatestVersion is the highest embedded migration: the schema version this
 // binary is written against.
 func LatestVersion() int64 {
-	entries, _ := fs.ReadDir(Migrations(), ".")
-	var latest int64
-	for _, e := range entries {
-		v, err := goose.NumericComponent(e.Name())
-		if err != nil {
-			panic(fmt.Sprintf("migration %s: %v", e.Name(), err)) // caught by every test that migrates
-		}
-		latest = max(latest, v)
-	}
-	return latest
+	vs := embeddedVersions()
+	return vs[len(vs)-1]
 }
 
 var (
@@ -80,9 +73,16 @@ var (
 type SchemaVersionError struct {
 	Database int64 // highest migration applied to the database; 0: none
 	Binary   int64 // highest migration embedded in this binary
+	// Missing are embedded migrations below Database that the database
+	// lacks (see CheckVersion).
+	Missing []int64
 }
 
 func (e *SchemaVersionError) Error() string {
+	if len(e.Missing) > 0 && e.Database <= e.Binary {
+		return fmt.Sprintf("database schema is at version %d but lacks migrations %v below it, which this binary needs: "+
+			"apply them (`consumer migrate`, as the schema owner role)", e.Database, e.Missing)
+	}
 	if e.Database > e.Binary {
 		return fmt.Sprintf("database schema is at version %d, newer than this binary knows (version %d): "+
 			"a newer promptline has migrated it; run that release or a later one (migrations are forward-only)",
@@ -122,7 +122,13 @@ func SchemaVersion(ctx context.Context, db *sql.DB) (int64, error) {
 }
 
 // CheckVersion returns a *SchemaVersionError unless the database schema is
-// exactly at LatestVersion. It applies nothing.
+// exactly at LatestVersion with every embedded migration applied. It
+// applies nothing. The highest version alone is not enough: a database
+// migrated by a build of this repository's history between 00021 and
+// 00020 (00021 was written first, 00020 after it) is at version 21
+// without 00020's promptline_waiting_head, which every turn reads; a
+// consumer that only compared the highest version started against it and
+// failed every session's claim (TestCheckVersionNamesAMissingMigration).
 func CheckVersion(ctx context.Context, db *sql.DB) error {
 	v, err := SchemaVersion(ctx, db)
 	if err != nil {
@@ -131,7 +137,57 @@ func CheckVersion(ctx context.Context, db *sql.DB) error {
 	if v != LatestVersion() {
 		return &SchemaVersionError{Database: v, Binary: LatestVersion()}
 	}
+	missing, err := missingVersions(ctx, db)
+	if err != nil {
+		return err
+	}
+	if len(missing) > 0 {
+		return &SchemaVersionError{Database: v, Binary: LatestVersion(), Missing: missing}
+	}
 	return nil
+}
+
+// missingVersions lists the embedded migrations the database has not
+// applied, in order. It only reads goose's table, as SchemaVersion does.
+func missingVersions(ctx context.Context, db *sql.DB) ([]int64, error) {
+	rows, err := db.QueryContext(ctx, `SELECT DISTINCT version_id FROM `+versionTable+` WHERE is_applied`)
+	if err != nil {
+		return nil, fmt.Errorf("reading the applied migrations: %w", err)
+	}
+	applied := map[int64]bool{}
+	for rows.Next() {
+		var v int64
+		if err := rows.Scan(&v); err != nil {
+			rows.Close()
+			return nil, fmt.Errorf("reading the applied migrations: %w", err)
+		}
+		applied[v] = true
+	}
+	if err := errors.Join(rows.Err(), rows.Close()); err != nil {
+		return nil, fmt.Errorf("reading the applied migrations: %w", err)
+	}
+	var missing []int64
+	for _, v := range embeddedVersions() {
+		if !applied[v] {
+			missing = append(missing, v)
+		}
+	}
+	return missing, nil
+}
+
+// embeddedVersions are the embedded migrations' versions, in order.
+func embeddedVersions() []int64 {
+	entries, _ := fs.ReadDir(Migrations(), ".")
+	var vs []int64
+	for _, e := range entries {
+		v, err := goose.NumericComponent(e.Name())
+		if err != nil {
+			panic(fmt.Sprintf("migration %s: %v", e.Name(), err)) // caught by every test that migrates
+		}
+		vs = append(vs, v)
+	}
+	slices.Sort(vs)
+	return vs
 }
 
 // Migrate applies the pending migrations with goose. A Postgres session
@@ -157,7 +213,15 @@ func migrate(ctx context.Context, db *sql.DB) (from, to int64, err error) {
 	if err != nil {
 		return from, from, fmt.Errorf("migrations: %w", err)
 	}
-	p, err := goose.NewProvider(goose.DialectPostgres, db, Migrations(), goose.WithSessionLocker(locker))
+	// Out of order: a migration missing below the database's version is
+	// applied, not refused. Only one such gap exists, 00020 missing from
+	// databases migrated by a build between 00021 and 00020 (see
+	// CheckVersion), and 00020 runs again safely (its indexes dropped and
+	// built again, its functions replaced). Refused, such a database could
+	// not be migrated by any later build. A migration must therefore not
+	// assume that those numbered above it have not run.
+	p, err := goose.NewProvider(goose.DialectPostgres, db, Migrations(), goose.WithSessionLocker(locker),
+		goose.WithAllowOutofOrder(true))
 	if err != nil {
 		return from, from, fmt.Errorf("migrations: %w", err)
 	}
