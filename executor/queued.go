@@ -152,7 +152,16 @@ func (ex *execution) claimFirstTurn(ctx context.Context, read ledger.SessionRead
 // from v) with their user messages, and writes t's pending assistant
 // message, turn.started and the first step's attempt intent, after the
 // transaction's opening; and the step's request.
-func (ex *execution) firstStep(fn string, t *turn, v *sessionView) (ledger.Call, provider.Request) {
+func (ex *execution) firstStep(fn string, t *turn, v *sessionView) (call ledger.Call, req provider.Request) {
+	onOwnStack(func() { call, req = ex.firstStepDeep(fn, t, v) })
+	return call, req
+}
+
+// firstStepDeep is firstStep on whatever goroutine calls it: the
+// request's hash and turn.started are encoded by encoding/json, the
+// deepest calls of an execution before it waits on its provider (see
+// onOwnStack).
+func (ex *execution) firstStepDeep(fn string, t *turn, v *sessionView) (ledger.Call, provider.Request) {
 	attemptID := ex.nextAttemptID()
 	// The transcript after promotion: the stored one, then the turn's user
 	// messages, which promotion appends.

@@ -278,6 +278,11 @@ func TestInFlight(t *testing.T) {
 	require.Greater(t, s.Peaks.Goroutines, 10)
 	require.Greater(t, s.Peaks.RSSBytes, int64(8<<20))
 	require.Less(t, s.Peaks.RSSBytes, int64(4<<30))
+	// Where the RSS is: the stacks of the goroutines counted (8 KiB at
+	// least for each execution's) and the heap, each a part of it.
+	require.Greater(t, s.Peaks.StackBytes, int64(s.Peaks.Executions)*4<<10, "stacks in use: at least a small stack per execution")
+	require.Positive(t, s.Peaks.HeapBytes)
+	require.Less(t, s.Peaks.StackBytes+s.Peaks.HeapBytes, s.Peaks.RSSBytes+s.Peaks.RSSBytes/2, "stacks and heap are parts of the RSS (sampled at different moments)")
 	require.Positive(t, s.Peaks.Connections)
 	require.LessOrEqual(t, s.Peaks.Connections, int(r.PoolSize))
 	require.LessOrEqual(t, s.Peaks.Busy, s.Peaks.Connections)

@@ -62,6 +62,13 @@ type inFlightPeaks struct {
 	Goroutines int `json:"peak_goroutines"`
 	// Executions is the largest promptline_active_executions served.
 	Executions int `json:"peak_active_executions"`
+	// StackBytes and HeapBytes are the largest go_memstats_stack_inuse_bytes
+	// and go_memstats_heap_inuse_bytes served: where the RSS is, goroutine
+	// stacks against the heap (docs/benchmarks.md, "A few bytes of a
+	// frame": a parked execution keeps an 8 KiB stack, 16 KiB once one
+	// call of its turn passes 8 KiB).
+	StackBytes int64 `json:"peak_stack_inuse_bytes"`
+	HeapBytes  int64 `json:"peak_heap_inuse_bytes"`
 	// Connections are the consumer's client backends in pg_stat_activity
 	// (its pool's open connections); Busy those not idle (running a
 	// statement or inside a transaction). The parallel workers of its
@@ -358,7 +365,7 @@ func startSampler(ctx context.Context, c *inFlightConsumer, poolSize int32, inFl
 func (s *sampler) sample(ctx context.Context) {
 	sctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 	defer cancel()
-	goroutines, executions, mErr := scrapeGauges(sctx, s.c.metrics)
+	g, mErr := scrapeGauges(sctx, s.c.metrics)
 	var conns, busy int
 	cErr := s.c.db.Pool.QueryRow(sctx, `
 SELECT count(*), count(*) FILTER (WHERE state IS DISTINCT FROM 'idle')
@@ -375,7 +382,8 @@ FROM pg_stat_activity WHERE datname = current_database() AND application_name = 
 	if over != nil && p.OverPool == nil {
 		p.OverPool = over
 	}
-	p.Goroutines, p.Executions = max(p.Goroutines, goroutines), max(p.Executions, executions)
+	p.Goroutines, p.Executions = max(p.Goroutines, g.goroutines), max(p.Executions, g.executions)
+	p.StackBytes, p.HeapBytes = max(p.StackBytes, g.stack), max(p.HeapBytes, g.heap)
 	p.Connections, p.Busy = max(p.Connections, conns), max(p.Busy, busy)
 	if s.inFlight != nil {
 		p.InFlight = max(p.InFlight, s.inFlight())
@@ -422,20 +430,34 @@ func (s *sampler) stop() (inFlightPeaks, error) {
 	return s.peaks, nil
 }
 
-// scrapeGauges reads go_goroutines and promptline_active_executions from
-// a /metrics endpoint.
-func scrapeGauges(ctx context.Context, addr string) (goroutines, executions int, err error) {
+// gauges are the figures a sample reads from the consumer's /metrics.
+type gauges struct {
+	goroutines, executions int
+	stack, heap            int64
+}
+
+// scrapeGauges reads go_goroutines, promptline_active_executions,
+// go_memstats_stack_inuse_bytes and go_memstats_heap_inuse_bytes from a
+// /metrics endpoint.
+func scrapeGauges(ctx context.Context, addr string) (gauges, error) {
+	var g gauges
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+addr+"/metrics", nil)
 	if err != nil {
-		return 0, 0, err
+		return g, err
 	}
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
-		return 0, 0, err
+		return g, err
 	}
 	defer resp.Body.Close()
 	if resp.StatusCode != http.StatusOK {
-		return 0, 0, fmt.Errorf("GET /metrics: %s", resp.Status)
+		return g, fmt.Errorf("GET /metrics: %s", resp.Status)
+	}
+	fields := map[string]func(float64){
+		"go_goroutines":                 func(v float64) { g.goroutines = int(v) },
+		"promptline_active_executions":  func(v float64) { g.executions = int(v) },
+		"go_memstats_stack_inuse_bytes": func(v float64) { g.stack = int64(v) },
+		"go_memstats_heap_inuse_bytes":  func(v float64) { g.heap = int64(v) },
 	}
 	sc := bufio.NewScanner(resp.Body)
 	sc.Buffer(make([]byte, 64<<10), 1<<20)
@@ -445,27 +467,22 @@ func scrapeGauges(ctx context.Context, addr string) (goroutines, executions int,
 		if !ok {
 			continue
 		}
-		switch name {
-		case "go_goroutines", "promptline_active_executions":
+		if set, ok := fields[name]; ok {
 			v, err := strconv.ParseFloat(value, 64)
 			if err != nil {
-				return 0, 0, fmt.Errorf("%s: %w", name, err)
+				return g, fmt.Errorf("%s: %w", name, err)
 			}
-			if name == "go_goroutines" {
-				goroutines = int(v)
-			} else {
-				executions = int(v)
-			}
+			set(v)
 			seen++
 		}
 	}
 	if err := sc.Err(); err != nil {
-		return 0, 0, err
+		return g, err
 	}
-	if seen != 2 {
-		return 0, 0, errors.New("/metrics serves no go_goroutines or no promptline_active_executions")
+	if seen != len(fields) {
+		return g, fmt.Errorf("/metrics serves %d of the %d gauges a sample reads (go_goroutines, promptline_active_executions, go_memstats_stack_inuse_bytes, go_memstats_heap_inuse_bytes)", seen, len(fields))
 	}
-	return goroutines, executions, nil
+	return g, nil
 }
 
 // procStatusBytes reads a "kB" field of /proc/PID/status, in bytes.
@@ -611,6 +628,11 @@ func printInFlight(out io.Writer, r *inFlightResult) {
 	fmt.Fprintf(tw, "consumer's active executions, peak\t%d\t\t\t\n", s.Peaks.Executions)
 	fmt.Fprintf(tw, "consumer peak RSS, VmHWM (MiB)\t%.0f\t< %d\t%s\t\n", mib(s.Peaks.RSSBytes), goalInFlightRSSBytes>>20, met(s.Peaks.RSSBytes < goalInFlightRSSBytes))
 	fmt.Fprintf(tw, "consumer goroutines, peak\t%d\t\t\t\n", s.Peaks.Goroutines)
+	fmt.Fprintf(tw, "  their stacks in use, peak (MiB)\t%.0f\t\t\t\n", mib(s.Peaks.StackBytes))
+	if s.Peaks.Executions > 0 {
+		fmt.Fprintf(tw, "  stack per active execution, at the peaks (KiB)\t%.1f\t\t\t\n", float64(s.Peaks.StackBytes)/float64(s.Peaks.Executions)/1024)
+	}
+	fmt.Fprintf(tw, "consumer heap in use, peak (MiB)\t%.0f\t\t\t\n", mib(s.Peaks.HeapBytes))
 	fmt.Fprintf(tw, "consumer's Postgres connections, peak\t%d\t≤ %d (pool)\t%s\t\n", s.Peaks.Connections, r.PoolSize, met(s.Peaks.Connections <= int(r.PoolSize)))
 	fmt.Fprintf(tw, "  of them busy (not idle), peak\t%d\t\t\t\n", s.Peaks.Busy)
 	fmt.Fprintf(tw, "overhead p50 (ms past the sleep)\t%.1f\t\t\t\n", s.Overhead.P50)
@@ -624,6 +646,7 @@ func printInFlight(out io.Writer, r *inFlightResult) {
 			fmt.Fprintf(tw, "steady rate / burst start rate (> 1: the steady phase queues)\t%.2f\t< 1\t%s\t\n", r.Rate/b.StartsPerSecond, met(r.Rate < b.StartsPerSecond))
 		}
 		fmt.Fprintf(tw, "burst: consumer peak RSS (MiB)\t%.0f\t< %d\t%s\t\n", mib(b.Peaks.RSSBytes), goalInFlightRSSBytes>>20, met(b.Peaks.RSSBytes < goalInFlightRSSBytes))
+		fmt.Fprintf(tw, "burst: stacks, heap in use, peaks (MiB)\t%.0f, %.0f\t\t\t\n", mib(b.Peaks.StackBytes), mib(b.Peaks.HeapBytes))
 		fmt.Fprintf(tw, "burst: Postgres connections, peak\t%d\t≤ %d (pool)\t%s\t\n", b.Peaks.Connections, r.PoolSize, met(b.Peaks.Connections <= int(r.PoolSize)))
 	}
 	tw.Flush()

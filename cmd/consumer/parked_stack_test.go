@@ -1,0 +1,76 @@
+//go:build !race
+
+// The race detector's instrumentation deepens every frame: a stack under
+// it measures the detector, not the consumer's path.
+
+package main
+
+import (
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/IBM/sarama"
+	"github.com/stretchr/testify/require"
+
+	"github.com/promptline/promptline/envelope"
+)
+
+// An execution waiting on its provider keeps its goroutine's stack: ten
+// thousand in flight keep ten thousand stacks (issue 21's in-flight
+// figures). A stack grows to the deepest call its goroutine made and
+// comes back down only when less than a quarter of it is in use; a parked
+// execution uses some 5 KiB, so it keeps 8 KiB while every call of its
+// claim and first step stays under that, and 16 KiB from the first call
+// that passes it: 80 MiB more at ten thousand (docs/benchmarks.md, "A few
+// bytes of a frame"; the first step's JSON encoding did so, executor's
+// onOwnStack). This is that figure's guard, on the consumer process
+// itself (its pipeline, loggers and metrics on the path, which an
+// executor in a test process misses), at a steady rate as in the bench:
+// executions start while hundreds of others wait, and the stack memory
+// per execution is read from the process's own /metrics.
+func TestParkedExecutionsKeepEightKiBStacks(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	const (
+		rate    = 100 // prompts a second
+		seconds = 12
+		sleep   = 8 * time.Second
+	)
+	c := b.startConsumer(t, "c1", "--max-sessions", "2000", "--log-level", "info", "--shutdown-grace", "100ms")
+	baseStack := c.metric(t, "go_memstats_stack_inuse_bytes")
+	baseGoroutines := c.metric(t, "go_goroutines")
+
+	tick := time.NewTicker(time.Second / 10)
+	defer tick.Stop()
+	for i := range rate * seconds / 10 {
+		msgs := make([]*sarama.ProducerMessage, 0, 10)
+		for j := range 10 {
+			p := prompt(fmt.Sprintf("s-parked-%d-%d", i, j), fmt.Sprintf("/sleep %s\nwait", sleep))
+			v, err := envelope.Marshal(p)
+			require.NoError(t, err)
+			msgs = append(msgs, &sarama.ProducerMessage{Topic: "prompts", Key: sarama.StringEncoder(p.SessionID), Value: sarama.ByteEncoder(v)})
+		}
+		require.NoError(t, b.producer.SendMessages(msgs))
+		<-tick.C
+	}
+	// The steady state: about rate × sleep executions waiting, while
+	// others end and start. The smallest figure over three seconds, so
+	// that a stack not yet shrunk by the collector does not count.
+	var perExecution, executions, goroutines float64
+	perExecution = 1 << 30
+	for range 30 {
+		stack := c.metric(t, "go_memstats_stack_inuse_bytes")
+		n := c.metric(t, "promptline_active_executions")
+		if n >= rate*sleep.Seconds()/2 && (stack-baseStack)/n < perExecution {
+			perExecution, executions, goroutines = (stack-baseStack)/n, n, c.metric(t, "go_goroutines")
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	require.Positive(t, executions, "executions waiting on their provider at a steady rate")
+	t.Logf("%.0f executions waiting, %.0f goroutines (%.0f before): %.0f bytes of stack per execution", executions, goroutines, baseGoroutines, perExecution)
+	// 8 KiB a stack and a goroutine or so an execution: under 12 KiB;
+	// past 8 KiB of depth, about 16.
+	require.Less(t, perExecution, 12.0*1024,
+		"each waiting execution keeps a stack past 8 KiB: a call of its claim or first step went deeper than 8 KiB on its goroutine")
+}
