@@ -61,7 +61,8 @@ func TestParkedExecutionsKeepEightKiBStacks(t *testing.T) {
 	// not count.
 	var perExecution, executions, goroutines float64
 	perExecution = 1 << 30
-	for samples, tries := 0, 0; samples < 30 && tries < 200; tries++ {
+	samples := 0
+	require.Eventually(t, func() bool {
 		stack := c.metric(t, "go_memstats_stack_inuse_bytes")
 		n := c.metric(t, "promptline_active_executions")
 		if n >= rate*sleep.Seconds()/2 {
@@ -70,9 +71,8 @@ func TestParkedExecutionsKeepEightKiBStacks(t *testing.T) {
 				perExecution, executions, goroutines = (stack-baseStack)/n, n, c.metric(t, "go_goroutines")
 			}
 		}
-		time.Sleep(100 * time.Millisecond)
-	}
-	require.Positive(t, executions, "executions waiting on their provider at a steady rate")
+		return samples >= 30
+	}, 20*time.Second, 100*time.Millisecond, "thirty samples with half of the turns waiting on their provider")
 	t.Logf("%.0f executions waiting, %.0f goroutines (%.0f before): %.0f bytes of stack per execution", executions, goroutines, baseGoroutines, perExecution)
 	// 8 KiB a stack and a goroutine or so an execution: under 12 KiB;
 	// past 8 KiB of depth, about 16.
