@@ -148,7 +148,10 @@ func CheckVersion(ctx context.Context, db *sql.DB) error {
 }
 
 // missingVersions lists the embedded migrations the database has not
-// applied, in order. It only reads goose's table, as SchemaVersion does.
+// applied, in order. It only reads goose's table, as SchemaVersion does,
+// in one query: goose's Provider.Status asks for each migration apart (a
+// query per version) and fails where the table does not exist yet, which
+// CheckVersion reports as version 0.
 func missingVersions(ctx context.Context, db *sql.DB) ([]int64, error) {
 	rows, err := db.QueryContext(ctx, `SELECT DISTINCT version_id FROM `+versionTable+` WHERE is_applied`)
 	if err != nil {
