@@ -313,3 +313,35 @@ func TestInFlight(t *testing.T) {
 	require.Contains(t, out.String(), fmt.Sprintf("burst of %d: last turn started after (s)", burst))
 	require.Contains(t, out.String(), "≤ 32 (pool)")
 }
+
+// TestInFlightToolTurns: with --tool-turns each turn asks for a tool at
+// once and waits in its second step: two provider attempts a turn, and
+// no turn completes before the sleep, so that only a second step that
+// waited (/sleep-after-tools honoured after the tool's result) gives an
+// overhead that is not negative.
+func TestInFlightToolTurns(t *testing.T) {
+	const rate, sleep, burst = 50, 2 * time.Second, 50
+	cmd := newRootCommand()
+	var stdout, stderr bytes.Buffer
+	cmd.SetOut(&stdout)
+	cmd.SetErr(&stderr)
+	cmd.SetArgs([]string{"inflight", "--kafka", "embedded", "--rate", fmt.Sprint(rate), "--duration", "2s", "--sleep", sleep.String(),
+		"--tool-turns", "--burst", fmt.Sprint(burst), "--partitions", "4", "--json"})
+	require.NoError(t, cmd.ExecuteContext(context.Background()), stderr.String())
+	var r inFlightResult
+	require.NoError(t, json.Unmarshal(stdout.Bytes(), &r))
+	require.True(t, r.ToolTurns)
+	require.NotNil(t, r.Burst)
+	require.EqualValues(t, 2*burst, r.Burst.Attempts, "two provider attempts a turn: the one that asks for the tool, the one that answers its result")
+	require.GreaterOrEqual(t, r.Burst.CompletedSeconds, sleep.Seconds(), "answered only after the second step's sleep")
+	s := r.Steady
+	require.Positive(t, s.Measured)
+	require.Equal(t, s.Measured, s.Completed, "every measured prompt answered")
+	require.GreaterOrEqual(t, s.Overhead.P50, 0.0, "the second step waited its sleep")
+	require.Less(t, s.Overhead.P99, float64(sleep.Milliseconds()))
+	require.Greater(t, s.Peaks.Executions, rate/2, "the consumer executes the waiting turns at once")
+
+	var out bytes.Buffer
+	printInFlight(&out, &r)
+	require.Contains(t, out.String(), "a tool, then /sleep-after-tools 2s")
+}

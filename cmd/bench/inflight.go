@@ -38,6 +38,11 @@ type inFlightOpts struct {
 	Duration time.Duration
 	// Sleep is how long the scripted provider takes per turn (/sleep).
 	Sleep time.Duration
+	// ToolTurns makes each turn a turn with a tool call: its first step
+	// asks for the echo tool at once, its second waits Sleep
+	// (/sleep-after-tools), as an agent's turn waits on its model again
+	// after its tools.
+	ToolTurns bool
 	// Burst is how many prompts the burst phase produces at once; 0
 	// skips it.
 	Burst int
@@ -127,6 +132,7 @@ type inFlightResult struct {
 	Rate        float64        `json:"rate"`
 	Seconds     float64        `json:"duration_seconds"`
 	Sleep       float64        `json:"sleep_seconds"`
+	ToolTurns   bool           `json:"tool_turns,omitempty"`
 	MaxSessions int            `json:"max_sessions"`
 	PoolSize    int32          `json:"pool_size"`
 	Partitions  int32          `json:"partitions"`
@@ -176,6 +182,7 @@ attempt started (attempts.started_at). See docs/benchmarks.md.`,
 	f.Float64Var(&o.Rate, "rate", 1000, "prompts per second of the steady phase, each its own session")
 	f.DurationVar(&o.Duration, "duration", 30*time.Second, "length of the steady phase's offered load (the first tenth, at most 2s, is not measured)")
 	f.DurationVar(&o.Sleep, "sleep", 10*time.Second, "how long the scripted provider takes per turn (/sleep)")
+	f.BoolVar(&o.ToolTurns, "tool-turns", false, "make each turn a turn with a tool call: its first step asks for the echo tool at once, its second takes --sleep (/sleep-after-tools)")
 	f.IntVar(&o.Burst, "burst", 10000, "prompts of the burst phase, produced at once; 0 skips it")
 	f.IntVar(&o.MaxSessions, "max-sessions", 10000, "the consumer's --max-sessions")
 	f.Int32Var(&o.PoolSize, "db-max-conns", 32, "the consumer's --db-max-conns (its pool size; 32 is its default)")
@@ -223,15 +230,15 @@ func runInFlight(ctx context.Context, o *inFlightOptions, stdout, stderr io.Writ
 // measureInFlight builds the consumer and runs the steady phase, then the
 // burst, each on fresh topics and a fresh database.
 func measureInFlight(ctx context.Context, sc *scratchServer, o inFlightOpts, progress func(string, ...any)) (res inFlightResult, err error) {
-	res = inFlightResult{Kafka: o.Kafka.name(), Rate: o.Rate, Seconds: o.Duration.Seconds(), Sleep: o.Sleep.Seconds(),
+	res = inFlightResult{Kafka: o.Kafka.name(), Rate: o.Rate, Seconds: o.Duration.Seconds(), Sleep: o.Sleep.Seconds(), ToolTurns: o.ToolTurns,
 		MaxSessions: o.MaxSessions, PoolSize: o.PoolSize, Partitions: o.Partitions}
 	bin, cleanup, err := buildConsumer(ctx, progress)
 	if err != nil {
 		return res, err
 	}
 	defer cleanup()
-	progress("in flight: %.0f prompts/s for %s, each its own session, /sleep %s, --max-sessions %d, one consumer process on %s Kafka",
-		o.Rate, o.Duration, o.Sleep, o.MaxSessions, o.Kafka.name())
+	progress("in flight: %.0f prompts/s for %s, each its own session, %q, --max-sessions %d, one consumer process on %s Kafka",
+		o.Rate, o.Duration, o.promptText(), o.MaxSessions, o.Kafka.name())
 	if res.Steady, err = inFlightSteadyOnce(ctx, sc, bin, o); err != nil {
 		return res, fmt.Errorf("in flight, steady: %w", err)
 	}
@@ -506,7 +513,14 @@ func procStatusBytes(pid int, field string) (int64, error) {
 	return 0, fmt.Errorf("/proc/%d/status: no %s", pid, field)
 }
 
-func sleepText(d time.Duration) string { return "/sleep " + d.String() }
+// promptText is the text of every prompt: the scripted provider's
+// directives.
+func (o *inFlightOpts) promptText() string {
+	if o.ToolTurns {
+		return `/tool echo {"text": "x"}` + "\n/sleep-after-tools " + o.Sleep.String()
+	}
+	return "/sleep " + o.Sleep.String()
+}
 
 func inFlightSteadyOnce(ctx context.Context, sc *scratchServer, bin string, o inFlightOpts) (res inFlightSteady, err error) {
 	c, err := startInFlightConsumer(ctx, sc, bin, o)
@@ -524,7 +538,7 @@ func inFlightSteadyOnce(ctx context.Context, sc *scratchServer, bin string, o in
 	s := startSampler(ctx, c, o.PoolSize, tr.outstanding)
 	c0 := sampleCPU()
 	sent, sendSecs, err := offer(ctx, c.brokers, tr, latencyOpts{
-		Rate: o.Rate, Duration: o.Duration, Warmup: warmupFor(o.Duration), Text: sleepText(o.Sleep),
+		Rate: o.Rate, Duration: o.Duration, Warmup: warmupFor(o.Duration), Text: o.promptText(),
 	})
 	if err != nil {
 		_, _ = s.stop()
@@ -554,7 +568,7 @@ func inFlightSteadyOnce(ctx context.Context, sc *scratchServer, bin string, o in
 }
 
 func inFlightBurstOnce(ctx context.Context, sc *scratchServer, bin string, o inFlightOpts) (res inFlightBurst, err error) {
-	w, err := newWorkloadText(o.Burst, 1, sleepText(o.Sleep))
+	w, err := newWorkloadText(o.Burst, 1, o.promptText())
 	if err != nil {
 		return res, err
 	}
@@ -622,8 +636,12 @@ func printInFlight(out io.Writer, r *inFlightResult) {
 	mib := func(b int64) float64 { return float64(b) / (1 << 20) }
 	s := r.Steady
 	tw := tabwriter.NewWriter(out, 0, 0, 2, ' ', tabwriter.AlignRight|tabwriter.Debug)
-	fmt.Fprintf(tw, "in-flight figure (%.0f/s for %.0fs, /sleep %gs, --max-sessions %d, %s Kafka)\tvalue\tgoal\tmet?\t\n",
-		r.Rate, r.Seconds, r.Sleep, r.MaxSessions, r.Kafka)
+	sleep := "/sleep"
+	if r.ToolTurns {
+		sleep = "a tool, then /sleep-after-tools"
+	}
+	fmt.Fprintf(tw, "in-flight figure (%.0f/s for %.0fs, %s %gs, --max-sessions %d, %s Kafka)\tvalue\tgoal\tmet?\t\n",
+		r.Rate, r.Seconds, sleep, r.Sleep, r.MaxSessions, r.Kafka)
 	fmt.Fprintf(tw, "turns in flight, peak (sent, not answered)\t%d\t\t\t\n", s.Peaks.InFlight)
 	fmt.Fprintf(tw, "consumer's active executions, peak\t%d\t\t\t\n", s.Peaks.Executions)
 	fmt.Fprintf(tw, "consumer peak RSS, VmHWM (MiB)\t%.0f\t< %d\t%s\t\n", mib(s.Peaks.RSSBytes), goalInFlightRSSBytes>>20, met(s.Peaks.RSSBytes < goalInFlightRSSBytes))

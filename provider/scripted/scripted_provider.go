@@ -18,6 +18,10 @@ import (
 //
 //	/reply TEXT        answer TEXT instead of the echo
 //	/sleep DURATION    wait (Go duration, e.g. 200ms) before answering
+//	                   (the first step of a turn with tools)
+//	/sleep-after-tools DURATION
+//	                   wait that long before answering tool results (the
+//	                   steps after the first, as a model thinks again)
 //	/stream DURATION   stream the answer's text a word at a time, DURATION
 //	                   apart, to the request's TextDeltaFunc (live deltas)
 //	/fail MESSAGE      fail the provider step with MESSAGE
@@ -65,20 +69,12 @@ func (ScriptedProvider) Complete(ctx context.Context, req provider.Request) (pro
 				faults.Crash()
 			case "/reply":
 				reply = &arg
-			case "/sleep":
-				if afterTools {
+			case "/sleep", "/sleep-after-tools":
+				if afterTools != (directive == "/sleep-after-tools") {
 					continue
 				}
-				d, err := time.ParseDuration(strings.TrimSpace(arg))
-				if err != nil {
-					return provider.Response{}, fmt.Errorf("scripted provider: /sleep %q: %w", arg, err)
-				}
-				t := time.NewTimer(d)
-				select {
-				case <-ctx.Done():
-					t.Stop()
-					return provider.Response{}, ctx.Err()
-				case <-t.C:
+				if err := sleepFor(ctx, directive, arg); err != nil {
+					return provider.Response{}, err
 				}
 			case "/stream":
 				d, err := time.ParseDuration(strings.TrimSpace(arg))
@@ -130,6 +126,22 @@ func (ScriptedProvider) Complete(ctx context.Context, req provider.Request) (pro
 		}
 	}
 	return provider.Response{Text: text}, nil
+}
+
+// sleepFor waits for the duration arg of directive, or until ctx ends.
+func sleepFor(ctx context.Context, directive, arg string) error {
+	d, err := time.ParseDuration(strings.TrimSpace(arg))
+	if err != nil {
+		return fmt.Errorf("scripted provider: %s %q: %w", directive, arg, err)
+	}
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-t.C:
+		return nil
+	}
 }
 
 // streamWords hands text to delta a word (with the space after it) at a

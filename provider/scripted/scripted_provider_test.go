@@ -55,3 +55,33 @@ func TestScriptedProviderStream(t *testing.T) {
 		Turn: []provider.TranscriptMessage{{Role: "user", Text: "/stream soon"}}, TextDeltaFunc: func(string) {}})
 	require.ErrorContains(t, err, `/stream "soon"`)
 }
+
+// /sleep waits in a turn's first step only, /sleep-after-tools in the
+// steps that answer tool results only: a step that waits returns its
+// context's error when the context has ended, one that does not answers.
+func TestScriptedProviderSleeps(t *testing.T) {
+	t.Parallel()
+	ended, cancel := context.WithCancel(context.Background())
+	cancel()
+	turn := []provider.TranscriptMessage{{Role: "user", Text: "/tool echo {\"text\":\"x\"}\n/sleep 1h\n/sleep-after-tools 2h"}}
+	afterTools := append(turn[:1:1], provider.TranscriptMessage{Role: "tool", ToolCallID: "call-0", Text: "x"})
+
+	_, err := scripted.ScriptedProvider{}.Complete(ended, provider.Request{Turn: turn, Messages: turn})
+	require.ErrorIs(t, err, context.Canceled, "the first step waits for /sleep")
+	_, err = scripted.ScriptedProvider{}.Complete(ended, provider.Request{Turn: turn, Messages: afterTools})
+	require.ErrorIs(t, err, context.Canceled, "the step after tool results waits for /sleep-after-tools")
+
+	first := []provider.TranscriptMessage{{Role: "user", Text: "/tool echo {\"text\":\"x\"}\n/sleep-after-tools 2h"}}
+	resp, err := scripted.ScriptedProvider{}.Complete(ended, provider.Request{Turn: first, Messages: first})
+	require.NoError(t, err, "the first step does not wait for /sleep-after-tools")
+	require.Len(t, resp.ToolCalls, 1)
+	second := []provider.TranscriptMessage{{Role: "user", Text: "/tool echo {\"text\":\"x\"}\n/sleep 1h"}}
+	resp, err = scripted.ScriptedProvider{}.Complete(ended, provider.Request{Turn: second,
+		Messages: append(second[:1:1], provider.TranscriptMessage{Role: "tool", ToolCallID: "call-0", Text: "x"})})
+	require.NoError(t, err, "a step after tool results does not wait for /sleep")
+	require.Contains(t, resp.Text, "tool results:")
+
+	_, err = scripted.ScriptedProvider{}.Complete(context.Background(), provider.Request{Turn: []provider.TranscriptMessage{
+		{Role: "user", Text: "/sleep-after-tools soon"}}, Messages: afterTools})
+	require.ErrorContains(t, err, `/sleep-after-tools "soon"`)
+}
