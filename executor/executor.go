@@ -905,9 +905,23 @@ func (e *Executor) announced(err error) error {
 	return err
 }
 
+// The writes in a transaction of the execution's own (write,
+// writeRetried, finishRetried, finishOnce) run on a goroutine of their
+// own (onOwnStack): pgx's path through a transaction's statements is
+// deeper than anything else an execution calls, and run on the
+// execution's goroutine it left the stack 16 KiB for the rest of the
+// execution, the waits on its provider in the steps after tool calls
+// included (TestParkedToolTurnsKeepEightKiBStacks). The calls sent
+// through group commit (writeCall, finishCall…) run on its goroutines
+// already. While such a write waits on the database (the pool, a
+// retry's pause while the database is away), its execution keeps two
+// stacks.
+
 // write runs fn behind the fence.
 func (ex *execution) write(ctx context.Context, fn func(tx pgx.Tx) error) error {
-	return ex.e.announced(ex.x.Write(ctx, fn))
+	var err error
+	onOwnStack(func() { err = ex.x.Write(ctx, fn) })
+	return ex.e.announced(err)
 }
 
 // writeCall is ledger.Execution.WriteCall.
@@ -921,12 +935,16 @@ func (ex *execution) writeCall(ctx context.Context, phase ledger.Phase, assistan
 
 // writeRetried is write, retried.
 func (ex *execution) writeRetried(ctx context.Context, landed ledger.LandedFunc, fn func(tx pgx.Tx) error) error {
-	return ex.e.announced(ex.x.WriteRetried(ctx, ledger.RetryOpts{Landed: landed}, fn))
+	var err error
+	onOwnStack(func() { err = ex.x.WriteRetried(ctx, ledger.RetryOpts{Landed: landed}, fn) })
+	return ex.e.announced(err)
 }
 
 // finishRetried is finish, retried.
 func (ex *execution) finishRetried(ctx context.Context, landed ledger.LandedFunc, fn func(tx pgx.Tx) error) (bool, error) {
-	released, err := ex.x.FinishRetried(ctx, ledger.RetryOpts{Landed: landed}, fn)
+	var released bool
+	var err error
+	onOwnStack(func() { released, err = ex.x.FinishRetried(ctx, ledger.RetryOpts{Landed: landed}, fn) })
 	return released, ex.e.announced(err)
 }
 
@@ -963,7 +981,9 @@ func (ex *execution) finishCallOnce(ctx context.Context, _ ledger.LandedFunc, ph
 
 // finishOnce is finishRetried's for a write after a cancellation.
 func (ex *execution) finishOnce(ctx context.Context, _ ledger.LandedFunc, fn func(tx pgx.Tx) error) (bool, error) {
-	released, err := ex.x.Finish(ctx, fn)
+	var released bool
+	var err error
+	onOwnStack(func() { released, err = ex.x.Finish(ctx, fn) })
 	return released, ex.e.announced(err)
 }
 
@@ -978,8 +998,19 @@ func attemptLanded(id string, state ledger.AttemptState) ledger.LandedFunc {
 var wakeRow = outbox.WakeRow
 
 // eventRow is the outbox row of a session event, its outside content cut
-// to fit the relay's messages.
+// to fit the relay's messages. It is encoded on a goroutine of its own
+// (onOwnStack): encoding/json's reflection is among the deepest calls an
+// execution makes, and an execution keeps the stack it grew for the
+// rest of its life, its waits on its provider included.
 func (e *Executor) eventRow(ev envelope.Event) outbox.Row {
+	var r outbox.Row
+	onOwnStack(func() { r = e.eventRowHere(ev) })
+	return r
+}
+
+// eventRowHere is eventRow on the caller's goroutine, for callers
+// already on a stack of their own.
+func (e *Executor) eventRowHere(ev envelope.Event) outbox.Row {
 	return outbox.EventRowWithin(e.cfg.Topics.Events, ev, e.cfg.MaxMessageBytes)
 }
 

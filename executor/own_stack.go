@@ -14,10 +14,15 @@ import "runtime"
 // moved here (`bench inflight`, "stack per active execution";
 // docs/benchmarks.md, "the RSS above explained"; guarded by
 // TestParkedExecutionsKeepEightKiBStacks). The goroutine here ends
-// at once, and its stack with it. A fn that waited (on the database, say)
-// would keep a second stack per execution while it did: ten thousand
-// claims waiting for the pool at once took the burst's stacks from 101 to
-// 146 MiB, measured and not kept.
+// at once, and its stack with it. A fn that waits (on the database, say)
+// keeps a second stack per execution while it does: ten thousand claims
+// waiting for the pool at once took the burst's stacks from 101 to 146
+// MiB, measured and not kept for the claim. The transactions an
+// execution writes itself (a turn's tool calls, a failure, a deferral)
+// run here all the same (execution.write): pgx's path is deep, they come
+// one execution at a time as answers arrive, not ten thousand at once,
+// and run on the execution's goroutine they left 16 KiB for its next wait
+// on the provider (TestParkedToolTurnsKeepEightKiBStacks).
 //
 // A panic in fn ends the process as it would have on the caller's
 // goroutine (its trace is fn's); a runtime.Goexit in fn ends the

@@ -168,7 +168,7 @@ func (ex *execution) firstStepDeep(fn string, t *turn, v *sessionView) (ledger.C
 	hist := transcript.SettleOrphans(append(v.history[:len(v.history):len(v.history)], t.inputs...))
 	req := ex.request(t, attemptID, attemptID, hist)
 	hash, tokens := requestFingerprint(req)
-	topics, keys, payloads := outbox.Columns([]outbox.Row{ex.turnStarted(t)})
+	topics, keys, payloads := outbox.Columns([]outbox.Row{ex.e.eventRowHere(ex.turnStartedEvent(t))})
 	return ledger.Call{Func: fn, Args: []any{
 		ids(t.inputs), t.id,
 		attemptID, ex.e.providerName, attemptID, hash, ex.e.providerModel, tokens,

@@ -45,10 +45,8 @@ func (ex *execution) runTurnSteps(ctx context.Context, t *turn, log *slog.Logger
 	log = log.With(slog.String("turn_id", t.id))
 	// IDs only: prompt text is never logged.
 	log.DebugContext(ctx, "turn started", slog.Any("message_ids", ids(t.inputs)))
-	for _, pc := range t.pendingCalls {
-		if err := ex.runCall(ctx, t.id, pc.params, pc.call, log); err != nil {
-			return false, err
-		}
+	if err := ex.runPendingCalls(ctx, t, log); err != nil {
+		return false, err
 	}
 	for step := 1; ; step++ {
 		if step > maxSteps {
@@ -58,10 +56,30 @@ func (ex *execution) runTurnSteps(ctx context.Context, t *turn, log *slog.Logger
 		if err != nil || done {
 			return released, err
 		}
+		if err := ex.runPendingCalls(ctx, t, log); err != nil {
+			return false, err
+		}
 		// Tools settled: the next step answers their results in a new
 		// assistant message.
 		t.assistantID = newID()
 	}
+}
+
+// runPendingCalls runs the calls a step recorded as requested (or a
+// continuation's predecessor left), in order, each between its intent and
+// its result. They run from here, not from within the step that recorded
+// them: the step's frames (runStep, recordResponse: some 3 KiB) under a
+// call's would take the execution's stack past 8 KiB, and it would keep
+// 16 KiB through its next step's wait on the provider
+// (TestParkedToolTurnsKeepEightKiBStacks).
+func (ex *execution) runPendingCalls(ctx context.Context, t *turn, log *slog.Logger) error {
+	for _, pc := range t.pendingCalls {
+		if err := ex.runCall(ctx, t.id, pc.params, pc.call, log); err != nil {
+			return err
+		}
+	}
+	t.pendingCalls = nil
+	return nil
 }
 
 func (ex *execution) runStep(ctx context.Context, t *turn, step int, log *slog.Logger) (done, released bool, err error) {
@@ -111,7 +129,7 @@ func (ex *execution) runStep(ctx context.Context, t *turn, step int, log *slog.L
 			return false, false, ledger.ErrFenced // dispatch nothing more, write nothing
 		}
 		if perr == nil {
-			return ex.recordResponse(ctx, t, step, attemptID, storableResponse(resp), log)
+			return ex.recordResponse(ctx, t, step, attemptID, storableResponse(resp))
 		}
 		if ctx.Err() != nil {
 			// Cut off by shutdown: the request may have been acted on.
@@ -222,7 +240,7 @@ func (ex *execution) retryable(err error) (time.Duration, bool) {
 // the turn as outcome unknown. Its tool calls are then recorded as
 // requested and not run: the claim, in phase continue, is left to expire,
 // and recovery continues the turn.
-func (ex *execution) recordResponse(ctx context.Context, t *turn, step int, attemptID string, resp provider.Response, log *slog.Logger) (done, released bool, err error) {
+func (ex *execution) recordResponse(ctx context.Context, t *turn, step int, attemptID string, resp provider.Response) (done, released bool, err error) {
 	write, finishCall := ex.writeRetried, ex.finishCallRetried
 	cut := context.Cause(ctx)
 	if cut != nil {
@@ -293,10 +311,9 @@ func (ex *execution) recordResponse(ctx context.Context, t *turn, step int, atte
 	if cut != nil {
 		return false, false, fmt.Errorf("recorded the response of %s; its %d tool calls are left to recovery: %w", attemptID, len(calls), cut)
 	}
+	// The calls run next, from runTurnSteps (runPendingCalls).
 	for i, c := range resp.ToolCalls {
-		if err := ex.runCall(ctx, t.id, calls[i], c, log); err != nil {
-			return false, false, err
-		}
+		t.pendingCalls = append(t.pendingCalls, pendingCall{params: calls[i], call: c})
 	}
 	return false, false, nil
 }

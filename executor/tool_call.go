@@ -233,19 +233,28 @@ func (ex *execution) lookup(name string) (tools.Tool, bool) {
 	return ex.e.cfg.Tools.Lookup(name)
 }
 
+// validate checks the call's input against its tool's schema, on a
+// goroutine of its own (onOwnStack): decoding the input is as deep as
+// encoding an event, and the execution waits on its provider next.
 func (ex *execution) validate(c provider.ToolCall) error {
 	if ex.e.cfg.Tools == nil {
 		return fmt.Errorf("no tools are configured")
 	}
-	return ex.e.cfg.Tools.Validate(c.Name, c.Input)
+	var err error
+	onOwnStack(func() { err = ex.e.cfg.Tools.Validate(c.Name, c.Input) })
+	return err
 }
 
 // classOf is the call's declared class; an unknown tool or an unresolvable
-// class counts as side-effecting, the safe assumption.
+// class counts as side-effecting, the safe assumption. A tool may read
+// its class from the input (tools.ClassResolver): on a goroutine of its
+// own, as validate.
 func (ex *execution) classOf(c provider.ToolCall) tools.Class {
 	t, ok := ex.lookup(c.Name)
 	if !ok {
 		return tools.SideEffecting
 	}
-	return tools.ResolveClass(t, c.Input)
+	var class tools.Class
+	onOwnStack(func() { class = tools.ResolveClass(t, c.Input) })
+	return class
 }

@@ -48,10 +48,14 @@ type pendingCall struct {
 
 // turnStarted announces t's promotion.
 func (ex *execution) turnStarted(t *turn) outbox.Row {
-	return ex.e.eventRow(envelope.Event{
+	return ex.e.eventRow(ex.turnStartedEvent(t))
+}
+
+func (ex *execution) turnStartedEvent(t *turn) envelope.Event {
+	return envelope.Event{
 		ID: "turn.started:" + t.id, Type: envelope.EventTurnStarted, SessionID: ex.sessionID, At: time.Now().UTC(),
 		TurnID: t.id, MessageIDs: ids(t.inputs),
-	})
+	}
 }
 
 // deltaStream returns the live deltas of one sending of a step, numbered

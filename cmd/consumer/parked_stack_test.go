@@ -31,6 +31,35 @@ import (
 // per execution is read from the process's own /metrics.
 func TestParkedExecutionsKeepEightKiBStacks(t *testing.T) {
 	t.Parallel()
+	perExecution := parkedStackPerExecution(t, "s-parked", func(sleep time.Duration) string {
+		return fmt.Sprintf("/sleep %s\nwait", sleep)
+	})
+	// 8 KiB a stack and a goroutine or so an execution: under 12 KiB;
+	// past 8 KiB of depth, about 16.
+	require.Less(t, perExecution, 12.0*1024,
+		"each waiting execution keeps a stack past 8 KiB: a call of its claim or first step went deeper than 8 KiB on its goroutine")
+}
+
+// A turn with tools waits on its provider again after its tool calls,
+// in its second step, with whatever stack its first step's answer, its
+// calls and the second step's intent left it: their events and the
+// second request's hash are encoded on the way (stepCompleted,
+// toolEvent, beginStep), 17.9 KiB a waiting execution while they were
+// encoded on its goroutine. Agent turns are mostly such turns.
+func TestParkedToolTurnsKeepEightKiBStacks(t *testing.T) {
+	t.Parallel()
+	perExecution := parkedStackPerExecution(t, "s-parked-tool", func(sleep time.Duration) string {
+		return fmt.Sprintf("/tool echo {\"text\": \"x\"}\n/sleep-after-tools %s\nwait", sleep)
+	})
+	require.Less(t, perExecution, 12.0*1024,
+		"each execution waiting in a turn's second step keeps a stack past 8 KiB: a call of its first step's answer, its tool calls or its second step's intent went deeper than 8 KiB on its goroutine")
+}
+
+// parkedStackPerExecution runs a consumer at a steady 100 prompts a
+// second for 12 s, each prompt (text(8s) in a session of its own, named
+// from prefix) waiting 8 s on its provider, and returns the stack memory
+// per waiting execution, read from the process's own /metrics.
+func parkedStackPerExecution(t *testing.T, prefix string, text func(sleep time.Duration) string) float64 {
 	b := setup(t)
 	const (
 		rate    = 100 // prompts a second
@@ -46,7 +75,7 @@ func TestParkedExecutionsKeepEightKiBStacks(t *testing.T) {
 	for i := range rate * seconds / 10 {
 		msgs := make([]*sarama.ProducerMessage, 0, 10)
 		for j := range 10 {
-			p := prompt(fmt.Sprintf("s-parked-%d-%d", i, j), fmt.Sprintf("/sleep %s\nwait", sleep))
+			p := prompt(fmt.Sprintf("%s-%d-%d", prefix, i, j), text(sleep))
 			v, err := envelope.Marshal(p)
 			require.NoError(t, err)
 			msgs = append(msgs, &sarama.ProducerMessage{Topic: "prompts", Key: sarama.StringEncoder(p.SessionID), Value: sarama.ByteEncoder(v)})
@@ -74,8 +103,5 @@ func TestParkedExecutionsKeepEightKiBStacks(t *testing.T) {
 		return samples >= 30
 	}, 20*time.Second, 100*time.Millisecond, "thirty samples with half of the turns waiting on their provider")
 	t.Logf("%.0f executions waiting, %.0f goroutines (%.0f before): %.0f bytes of stack per execution", executions, goroutines, baseGoroutines, perExecution)
-	// 8 KiB a stack and a goroutine or so an execution: under 12 KiB;
-	// past 8 KiB of depth, about 16.
-	require.Less(t, perExecution, 12.0*1024,
-		"each waiting execution keeps a stack past 8 KiB: a call of its claim or first step went deeper than 8 KiB on its goroutine")
+	return perExecution
 }
