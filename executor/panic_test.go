@@ -172,3 +172,54 @@ func TestProviderPanicIsAnUnknownAttempt(t *testing.T) {
 		require.Equal(t, 1, b.count(t, `SELECT count(*) FROM attempts WHERE session_id = 's' AND state = 'succeeded' AND tries = 2`))
 	})
 }
+
+// classPanickyTool declares itself idempotent and resolves its class from
+// the input (tools.ClassResolver), panicking on every input, as a
+// resolver with a bug on some model input would.
+type classPanickyTool struct{ runs atomic.Int32 }
+
+func (*classPanickyTool) Spec() tools.Spec {
+	return tools.Spec{Name: "classy", Description: "panics resolving its class", InputSchema: json.RawMessage(`{"type":"object"}`), Class: tools.Idempotent}
+}
+
+func (*classPanickyTool) ClassOf(json.RawMessage) tools.Class {
+	var m map[string]tools.Class
+	//lint:ignore SA5000 the runtime's own panic is the point: assignment to entry in nil map
+	m["x"] = tools.Idempotent
+	return m["x"]
+}
+
+func (c *classPanickyTool) Run(context.Context, tools.Call) (tools.Result, error) {
+	c.runs.Add(1)
+	return tools.Result{Output: "ran"}, nil
+}
+
+// TestToolClassPanicIsSideEffecting: a tool's class resolver reads the
+// model's input, before anything is dispatched. A panic in it is bad
+// data, not a crash (it took the process and every session it ran
+// mid-turn): the call's class is the one that never repeats an effect,
+// the call is recorded so and runs, and the process goes on.
+func TestToolClassPanicIsSideEffecting(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	b := setupExec(t)
+	tool := &classPanickyTool{}
+	reg := tools.NewRegistry()
+	require.NoError(t, reg.Register(tool))
+	claims := ledger.NewClaims(b.pool, &ledger.ClaimsConfig{Lease: 5 * time.Second, OwnerID: "a"})
+	var logs testkit.LogBuffer
+	e := newExecutor(t, b.pool, &executor.ExecutorConfig{Claims: claims, Tools: reg, Logger: testkit.Logger(t, &logs)})
+	t.Cleanup(e.StopNow)
+	b.admit(t, "s", "m1", "/tool classy {}")
+	done, err := e.Wake(ctx, "s", 0)
+	require.NoError(t, err)
+	wait(t, done)
+	require.Equal(t, 1, b.count(t, `SELECT count(*) FROM tool_calls WHERE session_id = 's' AND tool = 'classy'
+		AND class = 'side_effecting' AND state = 'succeeded' AND output = 'ran'`), "recorded side-effecting, and run")
+	require.Equal(t, int32(1), tool.runs.Load())
+	require.Equal(t, 1, b.count(t, `SELECT count(*) FROM message_parts p JOIN messages m USING (message_id)
+		WHERE m.role = 'assistant' AND m.status = 'completed' AND p.kind = 'text' AND p.body = 'tool results: classy: ran'`),
+		"the turn went on: the model answered the call's output")
+	require.Contains(t, logs.String(), `level=ERROR msg="tool class resolver panicked; the call counts as side-effecting"`)
+	require.Contains(t, logs.String(), "panic_test.go", "the stack is logged")
+}

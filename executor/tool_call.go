@@ -248,13 +248,24 @@ func (ex *execution) validate(c provider.ToolCall) error {
 // classOf is the call's declared class; an unknown tool or an unresolvable
 // class counts as side-effecting, the safe assumption. A tool may read
 // its class from the input (tools.ClassResolver): on a goroutine of its
-// own, as validate.
+// own, as validate, and a panic in it is bad data, as in its Run (P6):
+// recovered and logged with its stack, the call side-effecting.
 func (ex *execution) classOf(c provider.ToolCall) tools.Class {
 	t, ok := ex.lookup(c.Name)
 	if !ok {
 		return tools.SideEffecting
 	}
-	var class tools.Class
-	onOwnStack(func() { class = tools.ResolveClass(t, c.Input) })
+	class := tools.SideEffecting
+	onOwnStack(func() {
+		defer func() {
+			if v := recover(); v != nil {
+				pe := recovered("tool class resolver", v)
+				ex.e.log.Error("tool class resolver panicked; the call counts as side-effecting", slog.String("session_id", ex.sessionID),
+					slog.String("tool", c.Name), slog.String("panic", pe.value), slog.String("stack", pe.stack))
+				class = tools.SideEffecting
+			}
+		}()
+		class = tools.ResolveClass(t, c.Input)
+	})
 	return class
 }
