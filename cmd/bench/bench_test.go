@@ -169,6 +169,18 @@ func TestMeasurements(t *testing.T) {
 			require.EqualValues(t, 40, b.Trips.Turns)
 			require.Positive(t, b.Trips.RoundTripsPerTurn)
 		}
+		// The turns of the tool run each called the echo tool once, and
+		// succeeded: two attempts and a call a turn, all of them answered.
+		require.NotNil(t, b.Tools, "the burn-down with a tool call a turn")
+		require.EqualValues(t, 100, b.Tools.Turns)
+		toolTables := map[string]tableWrites{}
+		for _, tw := range b.Tools.Tables {
+			toolTables[tw.Table] = tw
+		}
+		require.EqualValues(t, 100, toolTables["tool_calls"].Left, "one call a turn")
+		require.EqualValues(t, 200, toolTables["attempts"].Left, "two provider steps a turn")
+		require.Positive(t, b.Tools.ConsumerCPUMillisPerTurn)
+		require.Greater(t, b.Tools.CommitsPerTurn, b.One.CommitsPerTurn, "a tool turn writes transactions of its own")
 		require.NotNil(t, b.Half, "the cost per turn at half the burn-down, from a consumer process")
 		require.InDelta(t, b.One.TurnsPerSecond/2, b.Half.OfferedRate, 1e-9)
 		require.EqualValues(t, b.Half.Prompts, b.Half.Turns, "every paced prompt answered")
@@ -194,6 +206,7 @@ func TestMeasurements(t *testing.T) {
 		printBurnDown(&out, &rep)
 		require.Contains(t, out.String(), "burn-down / River's")
 		require.Contains(t, out.String(), "burn-down / turn ceiling")
+		require.Contains(t, out.String(), "burn-down, 100 prompts, 1 per session, one tool call a turn (turns/s)")
 		require.Contains(t, out.String(), "(half the burn-down): CPU per turn, consumer + Postgres (ms)")
 		if sc.cluster != nil {
 			require.Contains(t, out.String(), "statements per turn, sent by the client (per turn, mean ms, statement):")

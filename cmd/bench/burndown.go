@@ -123,7 +123,15 @@ type burnDownResult struct {
 	Trips *burnDownRun `json:"round_trips_run,omitempty"`
 	// Efficiency is the one-per-session burn-down / the ceiling.
 	Efficiency float64 `json:"burn_down_to_ceiling"`
+	// Tools is a one-per-session burn-down of half as many prompts whose
+	// turns each call the echo tool once (toolTurnText): an agent's turn,
+	// two provider steps and a call between them; nil when not run.
+	Tools *burnDownRun `json:"tool_turns,omitempty"`
 }
+
+// toolTurnText makes the scripted provider's turn ask for one echo call,
+// then answer its result: two steps and a tool call a turn.
+const toolTurnText = `/tool echo {"text": "x"}`
 
 // buildConsumer builds ./cmd/consumer into a temporary directory.
 func buildConsumer(ctx context.Context, progress func(string, ...any)) (bin string, cleanup func(), err error) {
@@ -142,7 +150,7 @@ func buildConsumer(ctx context.Context, progress func(string, ...any)) (bin stri
 
 // measureBurnDown runs the burn-down with one prompt per session, then
 // with ten, then the turn ceiling on the rows of the first.
-func measureBurnDown(ctx context.Context, sc *scratchServer, n int, partitions int32, halfFor time.Duration, progress func(string, ...any)) (res burnDownResult, err error) {
+func measureBurnDown(ctx context.Context, sc *scratchServer, n int, partitions int32, halfFor time.Duration, toolTurns bool, progress func(string, ...any)) (res burnDownResult, err error) {
 	bin, cleanup, err := buildConsumer(ctx, progress)
 	if err != nil {
 		return res, err
@@ -160,6 +168,15 @@ func measureBurnDown(ctx context.Context, sc *scratchServer, n int, partitions i
 		} else {
 			res.Ten = r
 		}
+	}
+	if toolTurns {
+		tn := max(1, n/2)
+		progress("burn-down: %d prompts, 1 per session, each turn one echo call, one consumer process", tn)
+		r, _, err := burnDownOnce(ctx, sc, bin, tn, 1, partitions, false, false, toolTurnText, 0)
+		if err != nil {
+			return res, fmt.Errorf("burn-down with a tool call a turn: %w", err)
+		}
+		res.Tools = &r
 	}
 	if halfFor > 0 {
 		rate := res.One.TurnsPerSecond / 2
@@ -622,7 +639,7 @@ WHERE schemaname = 'public' AND relname NOT LIKE 'goose%'`)
 // measureBurnDownFigures runs the burn-downs and the ceiling, then the
 // end-to-end latency at half of the one-per-session burn-down's rate.
 func measureBurnDownFigures(ctx context.Context, sc *scratchServer, o *options, rep *report, progress func(string, ...any)) error {
-	r, err := measureBurnDown(ctx, sc, o.burnDownPrompts, o.partitions, o.duration, progress)
+	r, err := measureBurnDown(ctx, sc, o.burnDownPrompts, o.partitions, o.duration, o.burnDownToolTurns, progress)
 	if err != nil {
 		return err
 	}
@@ -703,6 +720,15 @@ func printBurnDown(out io.Writer, rep *report) {
 		fmt.Fprintf(tw, "at %.0f/s (half the burn-down): commits per turn\t%.2f\t\t\t\n", h.OfferedRate, h.CommitsPerTurn)
 	}
 	fmt.Fprintf(tw, "WAL per turn (bytes, the whole server's)\t%s\t\t\t\n", na(one.WALBytesPerTurn, "%.0f"))
+	if t := b.Tools; t != nil {
+		tTotal := -1.0
+		if t.PostgresCPUMillisPerTurn >= 0 {
+			tTotal = t.ConsumerCPUMillisPerTurn + t.PostgresCPUMillisPerTurn
+		}
+		fmt.Fprintf(tw, "burn-down, %d prompts, 1 per session, one tool call a turn (turns/s)\t%.0f\t\t\t\n", t.Prompts, t.TurnsPerSecond)
+		fmt.Fprintf(tw, "  its CPU per turn, consumer + Postgres (ms)\t%s\t\t\t\n", na(tTotal, "%.3f"))
+		fmt.Fprintf(tw, "  its statements, commits per turn\t%s, %.2f\t\t\t\n", na(t.StatementsPerTurn, "%.1f"), t.CommitsPerTurn)
+	}
 	if b.Trips != nil {
 		fmt.Fprintf(tw, "round trips per turn (%d prompts through a counting proxy)\t%.2f\t\t\t\n", b.Trips.Prompts, b.Trips.RoundTripsPerTurn)
 	}
@@ -719,12 +745,18 @@ func printBurnDown(out io.Writer, rep *report) {
 	tw.Flush()
 
 	runs := []burnDownRun{one, ten}
+	if b.Tools != nil {
+		runs = append(runs, *b.Tools)
+	}
 	if b.Half != nil {
 		runs = append(runs, *b.Half)
 	}
-	for _, r := range runs {
+	for i, r := range runs {
 		what := "burn-down"
-		if r.OfferedRate > 0 {
+		switch {
+		case i == 2 && b.Tools != nil:
+			what = "burn-down, one tool call a turn"
+		case r.OfferedRate > 0:
 			what = fmt.Sprintf("at %.0f/s offered (half the burn-down, produced from the consumer's start)", r.OfferedRate)
 		}
 		fmt.Fprintf(out, "%s, %d per session: %d prompts, %d turns in %.2fs from the consumer's start; CPU %.2f cores busy (bench %.2f); consumer %.3f, Postgres %s ms CPU per turn; %s statements (+ %s inside functions), %.2f commits, %s WAL bytes per turn\n",

@@ -33,6 +33,8 @@ type options struct {
 	burnDown        bool
 	burnDownOnly    bool
 	burnDownPrompts int
+	// burnDownToolTurns adds a burn-down whose turns each call a tool.
+	burnDownToolTurns bool
 	// riverJobs sizes River's no-op burn-down next to it (river.go); 0
 	// skips it.
 	riverJobs    int
@@ -76,6 +78,7 @@ func newRootCommand() *cobra.Command {
 	f.BoolVar(&o.burnDown, "burndown", true, "also measure the burn-down (one consumer process working off a pre-filled prompts topic, one prompt per session, then ten), the turn ceiling, the cost per turn and the latency at half of the burn-down's rate (builds ./cmd/consumer with the go tool)")
 	f.BoolVar(&o.burnDownOnly, "burndown-only", false, "run only the burn-down measurements and the latency at half of its rate (for work on the hot path)")
 	f.IntVar(&o.burnDownPrompts, "burndown-prompts", 50000, "prompts of each burn-down run")
+	f.BoolVar(&o.burnDownToolTurns, "burndown-tool-turns", true, "also burn down half as many prompts, one per session, whose turns each call the echo tool once (two provider steps and a call: an agent's turn)")
 	f.IntVar(&o.riverJobs, "river-jobs", 100000, "jobs of River's no-op burn-down on the same Postgres, run with the burn-down (builds cmd/bench/river, its own Go module); 0 skips it")
 	f.IntVar(&o.riverWorkers, "river-workers", 200, "workers of River's no-op burn-down")
 	f.StringVar(&o.kafka, "kafka", kafkaEmbedded, "broker of the admission, end-to-end latency and replay runs: embedded, apache (a single-node Apache Kafka started with scripts/kafka.sh; no knobs, no scale-out) or both (each figure on both, with the ratio Apache/embedded)")
