@@ -3,7 +3,9 @@ package executor_test
 import (
 	"context"
 	"encoding/json"
+	"runtime"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -222,4 +224,112 @@ func TestToolClassPanicIsSideEffecting(t *testing.T) {
 		"the turn went on: the model answered the call's output")
 	require.Contains(t, logs.String(), `level=ERROR msg="tool class resolver panicked; the call counts as side-effecting"`)
 	require.Contains(t, logs.String(), "panic_test.go", "the stack is logged")
+}
+
+// classGoexitTool resolves its class from the input and ends the
+// goroutine that asks (runtime.Goexit, as a test double's FailNow does),
+// once.
+type classGoexitTool struct {
+	done atomic.Bool
+	runs atomic.Int32
+}
+
+func (*classGoexitTool) Spec() tools.Spec {
+	return tools.Spec{Name: "classexit", Description: "ends its goroutine resolving its class", InputSchema: json.RawMessage(`{"type":"object"}`), Class: tools.Idempotent}
+}
+
+func (c *classGoexitTool) ClassOf(json.RawMessage) tools.Class {
+	if !c.done.Swap(true) {
+		runtime.Goexit()
+	}
+	return tools.Idempotent
+}
+
+func (c *classGoexitTool) Run(context.Context, tools.Call) (tools.Result, error) {
+	c.runs.Add(1)
+	return tools.Result{Output: "ran"}, nil
+}
+
+// TestToolClassGoexitIsSideEffecting: a class resolver that ends its
+// goroutine without returning is handled as one that panics, as a tool's
+// Run is (runTool): the call counts as side-effecting, and the provider's
+// answer in hand is recorded (it was left started, for recovery to call
+// the turn's outcome unknown).
+func TestToolClassGoexitIsSideEffecting(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	b := setupExec(t)
+	tool := &classGoexitTool{}
+	reg := tools.NewRegistry()
+	require.NoError(t, reg.Register(tool))
+	claims := ledger.NewClaims(b.pool, &ledger.ClaimsConfig{Lease: 5 * time.Second, OwnerID: "a"})
+	e := newExecutor(t, b.pool, &executor.ExecutorConfig{Claims: claims, Tools: reg})
+	t.Cleanup(e.StopNow)
+	b.admit(t, "s", "m1", "/tool classexit {}")
+	done, err := e.Wake(ctx, "s", 0)
+	require.NoError(t, err)
+	wait(t, done)
+	require.Zero(t, b.count(t, `SELECT count(*) FROM attempts WHERE session_id = 's' AND state = 'started'`),
+		"the provider's answer is recorded, not left started")
+	require.Equal(t, 1, b.count(t, `SELECT count(*) FROM tool_calls WHERE session_id = 's' AND tool = 'classexit'
+		AND class = 'side_effecting' AND state = 'succeeded'`))
+	require.Equal(t, int32(1), tool.runs.Load())
+}
+
+// lockedClassTool resolves its class under a lock of its own and, on an
+// input it cannot read, panics before it unlocks: a resolver with a bug.
+type lockedClassTool struct{ mu sync.Mutex }
+
+func (*lockedClassTool) Spec() tools.Spec {
+	return tools.Spec{Name: "lockedclass", Description: "locks to resolve its class", InputSchema: json.RawMessage(`{"type":"object"}`), Class: tools.Idempotent}
+}
+
+func (l *lockedClassTool) ClassOf(in json.RawMessage) tools.Class {
+	l.mu.Lock()
+	var v struct{ Boom bool }
+	_ = json.Unmarshal(in, &v)
+	if v.Boom {
+		panic("cannot read the input")
+	}
+	l.mu.Unlock()
+	return tools.Idempotent
+}
+
+func (*lockedClassTool) Run(context.Context, tools.Call) (tools.Result, error) {
+	return tools.Result{Output: "ran"}, nil
+}
+
+// TestToolClassResolverThatNeverAnswers: once a resolver panicked with
+// its lock held, the next call of the tool waits in it for good. The call
+// must not: abandoned after the tool timeout, it counts as
+// side-effecting and runs, and the turn goes on (waiting, its session
+// kept its claim renewed and a hard stop waited for it).
+func TestToolClassResolverThatNeverAnswers(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	b := setupExec(t)
+	tool := &lockedClassTool{}
+	reg := tools.NewRegistry()
+	require.NoError(t, reg.Register(tool))
+	claims := ledger.NewClaims(b.pool, &ledger.ClaimsConfig{Lease: 2 * time.Second, OwnerID: "a"})
+	var logs testkit.LogBuffer
+	e := newExecutor(t, b.pool, &executor.ExecutorConfig{Claims: claims, Tools: reg, ToolTimeout: 500 * time.Millisecond,
+		Logger: testkit.Logger(t, &logs)})
+	t.Cleanup(e.StopNow)
+	b.admit(t, "s1", "m1", `/tool lockedclass {"Boom": true}`)
+	done, err := e.Wake(ctx, "s1", 0)
+	require.NoError(t, err)
+	wait(t, done)
+	t.Cleanup(tool.mu.Unlock) // the lock the panic left held: lets the abandoned resolver end
+	b.admit(t, "s2", "m2", `/tool lockedclass {}`)
+	done, err = e.Wake(ctx, "s2", 0)
+	require.NoError(t, err)
+	select {
+	case <-done:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the second session never finished its turn: its class resolver waits for the lock the panic left held")
+	}
+	require.Equal(t, 2, b.count(t, `SELECT count(*) FROM tool_calls WHERE tool = 'lockedclass' AND class = 'side_effecting' AND state = 'succeeded'`),
+		"both calls side-effecting (a panic, then no answer), and run")
+	require.Contains(t, logs.String(), `msg="tool class resolver did not answer; the call counts as side-effecting"`)
 }

@@ -253,7 +253,7 @@ func (ex *execution) recordResponse(ctx context.Context, t *turn, step int, atte
 	for i, c := range resp.ToolCalls {
 		calls[i] = ledger.CallParams{
 			ID: fmt.Sprintf("%s/call-%d", attemptID, i), AttemptID: attemptID, Index: i,
-			ModelCallID: cmp.Or(c.ID, fmt.Sprintf("call-%d", i)), Tool: c.Name, Class: string(ex.classOf(c)),
+			ModelCallID: cmp.Or(c.ID, fmt.Sprintf("call-%d", i)), Tool: c.Name, Class: string(ex.classOf(ctx, c)),
 			Input: c.Input, IdempotencyKey: fmt.Sprintf("%s/call-%d", attemptID, i),
 		}
 		resp.ToolCalls[i].ID = calls[i].ModelCallID

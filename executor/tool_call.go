@@ -247,25 +247,46 @@ func (ex *execution) validate(c provider.ToolCall) error {
 
 // classOf is the call's declared class; an unknown tool or an unresolvable
 // class counts as side-effecting, the safe assumption. A tool may read
-// its class from the input (tools.ClassResolver): on a goroutine of its
-// own, as validate, and a panic in it is bad data, as in its Run (P6):
-// recovered and logged with its stack, the call side-effecting.
-func (ex *execution) classOf(c provider.ToolCall) tools.Class {
+// its class from the input (tools.ClassResolver): that runs on a
+// goroutine of its own, and what goes wrong there is bad data, as in the
+// tool's Run (P6), with the call side-effecting: a panic or a
+// runtime.Goexit (logged with its stack, as runTool logs them), or a
+// resolver that has not answered within the tool timeout or before ctx
+// ends (abandoned as runTool abandons a tool: its goroutine ends when it
+// returns, or with the process). Recovered, a panic may leave the tool's
+// own state broken (a lock it held): the next call must not wait on it
+// for good, keeping its session's claim renewed and the process's stop
+// waiting.
+func (ex *execution) classOf(ctx context.Context, c provider.ToolCall) tools.Class {
 	t, ok := ex.lookup(c.Name)
 	if !ok {
 		return tools.SideEffecting
 	}
-	class := tools.SideEffecting
-	onOwnStack(func() {
+	got := make(chan tools.Class, 1)
+	go func() {
+		class, returned := tools.SideEffecting, false
 		defer func() {
-			if v := recover(); v != nil {
-				pe := recovered("tool class resolver", v)
-				ex.e.log.Error("tool class resolver panicked; the call counts as side-effecting", slog.String("session_id", ex.sessionID),
+			if !returned {
+				pe := recovered("tool class resolver", recover())
+				ex.e.log.ErrorContext(ctx, "tool class resolver panicked; the call counts as side-effecting", slog.String("session_id", ex.sessionID),
 					slog.String("tool", c.Name), slog.String("panic", pe.value), slog.String("stack", pe.stack))
 				class = tools.SideEffecting
 			}
+			got <- class
 		}()
 		class = tools.ResolveClass(t, c.Input)
-	})
-	return class
+		returned = true
+	}()
+	d := ex.e.cfg.ToolTimeout
+	timer := time.NewTimer(d)
+	defer timer.Stop()
+	select {
+	case class := <-got:
+		return class
+	case <-timer.C:
+	case <-ctx.Done():
+	}
+	ex.e.log.ErrorContext(ctx, "tool class resolver did not answer; the call counts as side-effecting", slog.String("session_id", ex.sessionID),
+		slog.String("tool", c.Name), slog.Duration("tool_timeout", d), slog.Bool("context_done", ctx.Err() != nil))
+	return tools.SideEffecting
 }
