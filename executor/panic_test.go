@@ -203,19 +203,9 @@ func (c *classPanickyTool) Run(context.Context, tools.Call) (tools.Result, error
 // the call is recorded so and runs, and the process goes on.
 func TestToolClassPanicIsSideEffecting(t *testing.T) {
 	t.Parallel()
-	ctx := context.Background()
-	b := setupExec(t)
 	tool := &classPanickyTool{}
-	reg := tools.NewRegistry()
-	require.NoError(t, reg.Register(tool))
-	claims := ledger.NewClaims(b.pool, &ledger.ClaimsConfig{Lease: 5 * time.Second, OwnerID: "a"})
-	var logs testkit.LogBuffer
-	e := newExecutor(t, b.pool, &executor.ExecutorConfig{Claims: claims, Tools: reg, Logger: testkit.Logger(t, &logs)})
-	t.Cleanup(e.StopNow)
-	b.admit(t, "s", "m1", "/tool classy {}")
-	done, err := e.Wake(ctx, "s", 0)
-	require.NoError(t, err)
-	wait(t, done)
+	b, e, logs := classToolExecutor(t, tool, 0)
+	wait(t, toolTurn(t, b, e, "s", "m1", "/tool classy {}"))
 	require.Equal(t, 1, b.count(t, `SELECT count(*) FROM tool_calls WHERE session_id = 's' AND tool = 'classy'
 		AND class = 'side_effecting' AND state = 'succeeded' AND output = 'ran'`), "recorded side-effecting, and run")
 	require.Equal(t, int32(1), tool.runs.Load())
@@ -257,18 +247,9 @@ func (c *classGoexitTool) Run(context.Context, tools.Call) (tools.Result, error)
 // the turn's outcome unknown).
 func TestToolClassGoexitIsSideEffecting(t *testing.T) {
 	t.Parallel()
-	ctx := context.Background()
-	b := setupExec(t)
 	tool := &classGoexitTool{}
-	reg := tools.NewRegistry()
-	require.NoError(t, reg.Register(tool))
-	claims := ledger.NewClaims(b.pool, &ledger.ClaimsConfig{Lease: 5 * time.Second, OwnerID: "a"})
-	e := newExecutor(t, b.pool, &executor.ExecutorConfig{Claims: claims, Tools: reg})
-	t.Cleanup(e.StopNow)
-	b.admit(t, "s", "m1", "/tool classexit {}")
-	done, err := e.Wake(ctx, "s", 0)
-	require.NoError(t, err)
-	wait(t, done)
+	b, e, _ := classToolExecutor(t, tool, 0)
+	wait(t, toolTurn(t, b, e, "s", "m1", "/tool classexit {}"))
 	require.Zero(t, b.count(t, `SELECT count(*) FROM attempts WHERE session_id = 's' AND state = 'started'`),
 		"the provider's answer is recorded, not left started")
 	require.Equal(t, 1, b.count(t, `SELECT count(*) FROM tool_calls WHERE session_id = 's' AND tool = 'classexit'
@@ -306,24 +287,11 @@ func (*lockedClassTool) Run(context.Context, tools.Call) (tools.Result, error) {
 // kept its claim renewed and a hard stop waited for it).
 func TestToolClassResolverThatNeverAnswers(t *testing.T) {
 	t.Parallel()
-	ctx := context.Background()
-	b := setupExec(t)
 	tool := &lockedClassTool{}
-	reg := tools.NewRegistry()
-	require.NoError(t, reg.Register(tool))
-	claims := ledger.NewClaims(b.pool, &ledger.ClaimsConfig{Lease: 2 * time.Second, OwnerID: "a"})
-	var logs testkit.LogBuffer
-	e := newExecutor(t, b.pool, &executor.ExecutorConfig{Claims: claims, Tools: reg, ToolTimeout: 500 * time.Millisecond,
-		Logger: testkit.Logger(t, &logs)})
-	t.Cleanup(e.StopNow)
-	b.admit(t, "s1", "m1", `/tool lockedclass {"Boom": true}`)
-	done, err := e.Wake(ctx, "s1", 0)
-	require.NoError(t, err)
-	wait(t, done)
+	b, e, logs := classToolExecutor(t, tool, 500*time.Millisecond)
+	wait(t, toolTurn(t, b, e, "s1", "m1", `/tool lockedclass {"Boom": true}`))
 	t.Cleanup(tool.mu.Unlock) // the lock the panic left held: lets the abandoned resolver end
-	b.admit(t, "s2", "m2", `/tool lockedclass {}`)
-	done, err = e.Wake(ctx, "s2", 0)
-	require.NoError(t, err)
+	done := toolTurn(t, b, e, "s2", "m2", `/tool lockedclass {}`)
 	select {
 	case <-done:
 	case <-time.After(10 * time.Second):
@@ -332,4 +300,25 @@ func TestToolClassResolverThatNeverAnswers(t *testing.T) {
 	require.Equal(t, 2, b.count(t, `SELECT count(*) FROM tool_calls WHERE tool = 'lockedclass' AND class = 'side_effecting' AND state = 'succeeded'`),
 		"both calls side-effecting (a panic, then no answer), and run")
 	require.Contains(t, logs.String(), `msg="tool class resolver did not answer; the call counts as side-effecting"`)
+}
+
+// classToolExecutor is an executor whose registry holds tool alone, its
+// log in the returned buffer; toolTurn admits text in session and waits
+// for its execution to end.
+func classToolExecutor(t *testing.T, tool tools.Tool, toolTimeout time.Duration) (*execBundle, *executor.Executor, *testkit.LogBuffer) {
+	b := setupExec(t)
+	reg := tools.NewRegistry()
+	require.NoError(t, reg.Register(tool))
+	claims := ledger.NewClaims(b.pool, &ledger.ClaimsConfig{Lease: 5 * time.Second, OwnerID: "a"})
+	var logs testkit.LogBuffer
+	e := newExecutor(t, b.pool, &executor.ExecutorConfig{Claims: claims, Tools: reg, ToolTimeout: toolTimeout, Logger: testkit.Logger(t, &logs)})
+	t.Cleanup(e.StopNow)
+	return b, e, &logs
+}
+
+func toolTurn(t *testing.T, b *execBundle, e *executor.Executor, session, messageID, text string) <-chan struct{} {
+	b.admit(t, session, messageID, text)
+	done, err := e.Wake(context.Background(), session, 0)
+	require.NoError(t, err)
+	return done
 }
