@@ -175,6 +175,10 @@ func (ex *execution) settleCall(ctx context.Context, turnID string, p ledger.Cal
 		defer cancel()
 		write = ex.writeOnce
 	}
+	// Built once, before the write: not again on each of its tries, and
+	// not on the write's goroutine, which would start one more to encode
+	// it (eventRow).
+	completed := ex.toolEvent(envelope.EventToolCompleted, turnID, p, string(state))
 	err := write(ctx, settled, func(tx pgx.Tx) error {
 		var err error
 		if last, err = ex.x.SettleCall(ctx, tx, p.ID, p.AttemptID, state, output, isError); err != nil {
@@ -188,7 +192,7 @@ func (ex *execution) settleCall(ctx context.Context, turnID string, p ledger.Cal
 		if err := transcript.InsertPart(ctx, tx, &transcript.PartParams{MessageID: p.ID, Index: 0, Kind: transcript.PartText, Body: output}); err != nil {
 			return err
 		}
-		return outbox.Insert(ctx, tx, ex.toolEvent(envelope.EventToolCompleted, turnID, p, string(state)))
+		return outbox.Insert(ctx, tx, completed)
 	})
 	if err == nil {
 		ex.callMetric(state)
