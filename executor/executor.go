@@ -948,6 +948,11 @@ func (ex *execution) finishRetried(ctx context.Context, landed ledger.LandedFunc
 	return released, ex.e.announced(err)
 }
 
+// writeCallRetried is ledger.Execution.WriteCallRetried.
+func (ex *execution) writeCallRetried(ctx context.Context, landed ledger.LandedFunc, phase ledger.Phase, assistantID string, c ledger.Call, scan func(pgx.Row) error) error {
+	return ex.e.announced(ex.x.WriteCallRetried(ctx, ledger.RetryOpts{Landed: landed}, phase, assistantID, c, scan))
+}
+
 // finishCallRetried is ledger.Execution.FinishCallRetried.
 func (ex *execution) finishCallRetried(ctx context.Context, landed ledger.LandedFunc, phase ledger.Phase, assistantID string, c ledger.Call) (bool, error) {
 	released, err := ex.x.FinishCallRetried(ctx, ledger.RetryOpts{Landed: landed}, phase, assistantID, c)
@@ -971,6 +976,12 @@ func afterCancel(ctx context.Context) (context.Context, context.CancelFunc) {
 // one try, no landed check needed.
 func (ex *execution) writeOnce(ctx context.Context, _ ledger.LandedFunc, fn func(tx pgx.Tx) error) error {
 	return ex.write(ctx, fn)
+}
+
+// writeCallOnce is writeCallRetried's for a write after a cancellation:
+// WriteCall, whose one row scan reads.
+func (ex *execution) writeCallOnce(ctx context.Context, _ ledger.LandedFunc, phase ledger.Phase, assistantID string, c ledger.Call, scan func(pgx.Row) error) error {
+	return ex.e.announced(ex.x.WriteCallScan(ctx, phase, assistantID, c, scan))
 }
 
 // finishCallOnce is finishCallRetried's for a write after a cancellation.

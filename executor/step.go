@@ -241,13 +241,13 @@ func (ex *execution) retryable(err error) (time.Duration, bool) {
 // requested and not run: the claim, in phase continue, is left to expire,
 // and recovery continues the turn.
 func (ex *execution) recordResponse(ctx context.Context, t *turn, step int, attemptID string, resp provider.Response) (done, released bool, err error) {
-	write, finishCall := ex.writeRetried, ex.finishCallRetried
+	writeCall, finishCall := ex.writeCallRetried, ex.finishCallRetried
 	cut := context.Cause(ctx)
 	if cut != nil {
 		var cancel context.CancelFunc
 		ctx, cancel = afterCancel(ctx)
 		defer cancel()
-		write, finishCall = ex.writeOnce, ex.finishCallOnce
+		writeCall, finishCall = ex.writeCallOnce, ex.finishCallOnce
 	}
 	calls := make([]ledger.CallParams, len(resp.ToolCalls))
 	for i, c := range resp.ToolCalls {
@@ -278,33 +278,17 @@ func (ex *execution) recordResponse(ctx context.Context, t *turn, step int, atte
 		ex.turnMetric("completed", t)
 		return true, released, nil
 	}
-	// Tool calls: the response and the calls as requested, phase continue.
-	err = write(ctx, attemptLanded(attemptID, ledger.AttemptSucceeded), func(tx pgx.Tx) error {
-		if err := ledger.FinishAttemptWith(ctx, tx, attemptID, ledger.AttemptSucceeded, "", resp.Usage.InputTokens, resp.Usage.OutputTokens, ex.responseIDs[attemptID]); err != nil {
-			return err
-		}
-		if resp.Text != "" {
-			if err := transcript.InsertPart(ctx, tx, &transcript.PartParams{MessageID: t.assistantID, Index: 0, Kind: transcript.PartText, Body: resp.Text}); err != nil {
-				return fmt.Errorf("storing answer: %w", err)
-			}
-		}
-		for i, c := range resp.ToolCalls {
-			body, _ := json.Marshal(transcript.ToolCallPart{ID: c.ID, Name: c.Name, Input: jsonOrString(c.Input)})
-			if err := transcript.InsertPart(ctx, tx, &transcript.PartParams{MessageID: t.assistantID, Index: i + 1, Kind: transcript.PartToolCall, Body: string(body)}); err != nil {
-				return fmt.Errorf("storing tool call: %w", err)
-			}
-		}
-		if err := transcript.Complete(ctx, tx, &transcript.CompleteParams{MessageID: t.assistantID}); err != nil {
-			return fmt.Errorf("completing assistant message: %w", err)
-		}
-		if err := ex.x.RequestCalls(ctx, tx, calls); err != nil {
-			return err
-		}
-		if err := outbox.Insert(ctx, tx, stepDone); err != nil {
-			return err
-		}
-		return ex.x.SetPhase(ctx, tx, ledger.PhaseContinue, t.assistantID)
-	})
+	// Tool calls: the response and the calls as requested, phase continue,
+	// in one call (promptline_step_calls, migration 00022).
+	parts := make([]string, len(resp.ToolCalls))
+	for i, c := range resp.ToolCalls {
+		body, _ := json.Marshal(transcript.ToolCallPart{ID: c.ID, Name: c.Name, Input: jsonOrString(c.Input)})
+		parts[i] = string(body)
+	}
+	topics, keys, payloads := outbox.Columns([]outbox.Row{stepDone})
+	err = writeCall(ctx, attemptLanded(attemptID, ledger.AttemptSucceeded), ledger.PhaseContinue, t.assistantID,
+		ledger.StepCallsCall(attemptID, resp.Usage.InputTokens, resp.Usage.OutputTokens, ex.responseIDs[attemptID],
+			t.assistantID, resp.Text, parts, calls, ledger.Events{Topics: topics, Keys: keys, Payloads: payloads}), nil)
 	if err != nil {
 		return false, false, fmt.Errorf("recording response of %s: %w", attemptID, err)
 	}

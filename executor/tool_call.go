@@ -16,7 +16,6 @@ import (
 	"github.com/promptline/promptline/outbox"
 	"github.com/promptline/promptline/provider"
 	"github.com/promptline/promptline/tools"
-	"github.com/promptline/promptline/transcript"
 )
 
 // runCall runs one requested tool call between its intent and its result.
@@ -45,13 +44,10 @@ func (ex *execution) runCall(ctx context.Context, turnID string, p ledger.CallPa
 		state, err := ledger.ReadCallState(ctx, tx, p.ID)
 		return state == ledger.CallStarted, err
 	}
-	started := ex.toolEvent(envelope.EventToolStarted, turnID, p, "")
-	if err := ex.writeRetried(ctx, intent, func(tx pgx.Tx) error {
-		if err := ex.x.StartCall(ctx, tx, p.ID); err != nil {
-			return err
-		}
-		return outbox.Insert(ctx, tx, started)
-	}); err != nil {
+	// One call (promptline_call_start, migration 00022): the call started,
+	// the phase unknown, tool.started.
+	if err := ex.writeCallRetried(ctx, intent, ledger.PhaseUnknown, "",
+		ledger.CallStartCall(p.ID, events(ex.toolEvent(envelope.EventToolStarted, turnID, p, ""))), nil); err != nil {
 		return err
 	}
 	if p.Class == string(tools.SideEffecting) {
@@ -162,38 +158,38 @@ func (ex *execution) runTool(ctx context.Context, tool tools.Tool, call tools.Ca
 // that outlives it (afterCancel).
 func (ex *execution) settleCall(ctx context.Context, turnID string, p ledger.CallParams, c provider.ToolCall, state ledger.CallState, output string, isError bool) error {
 	output = storable(output) // a tool's output, or an error's text (storable.go)
-	cl := ex.x.Claim()
-	var last bool
+	// last: no call of the step is open; idle: none is started (the
+	// function then set the phase continue).
+	var last, idle bool
 	settled := func(ctx context.Context, tx pgx.Tx) (settled bool, err error) {
 		settled, last, err = ledger.CallSettled(ctx, tx, p.ID, p.AttemptID)
+		idle = false // the phase was set by the write that landed, and reported by none
 		return settled, err
 	}
-	write := ex.writeRetried
+	writeCall := ex.writeCallRetried
 	if ctx.Err() != nil {
 		var cancel context.CancelFunc
 		ctx, cancel = afterCancel(ctx)
 		defer cancel()
-		write = ex.writeOnce
+		writeCall = ex.writeCallOnce
 	}
 	// Built once, before the write: not again on each of its tries, and
 	// not on the write's goroutine, which would start one more to encode
 	// it (eventRow).
-	completed := ex.toolEvent(envelope.EventToolCompleted, turnID, p, string(state))
-	err := write(ctx, settled, func(tx pgx.Tx) error {
-		var err error
-		if last, err = ex.x.SettleCall(ctx, tx, p.ID, p.AttemptID, state, output, isError); err != nil {
+	completed := events(ex.toolEvent(envelope.EventToolCompleted, turnID, p, string(state)))
+	// One call (promptline_call_settle, migration 00022): the result, the
+	// phase continue when no call of the step is started, the tool
+	// message and its text, tool.completed.
+	err := writeCall(ctx, settled, "", "", ledger.CallSettleCall(p.ID, p.AttemptID, state, output, isError, c.ID, completed),
+		func(row pgx.Row) error {
+			open, started, err := ledger.ScanCallCounts(row)
+			// Set, never accumulated: the callback may run twice.
+			last, idle = open == 0, started == 0
 			return err
-		}
-		if err := transcript.InsertToolMessage(ctx, tx, &transcript.ToolMessageParams{
-			ID: p.ID, SessionID: ex.sessionID, ToolCallID: c.ID, IsError: isError, ExecutionID: cl.ExecutionID, Token: cl.Token,
-		}); err != nil {
-			return fmt.Errorf("storing tool result: %w", err)
-		}
-		if err := transcript.InsertPart(ctx, tx, &transcript.PartParams{MessageID: p.ID, Index: 0, Kind: transcript.PartText, Body: output}); err != nil {
-			return err
-		}
-		return outbox.Insert(ctx, tx, completed)
-	})
+		})
+	if err == nil && idle {
+		ex.x.ReportPhase(ledger.PhaseContinue)
+	}
 	if err == nil {
 		ex.callMetric(state)
 		if last {
@@ -201,6 +197,12 @@ func (ex *execution) settleCall(ctx context.Context, turnID string, p ledger.Cal
 		}
 	}
 	return err
+}
+
+// events are rows as the columns a write's function inserts.
+func events(rows ...outbox.Row) ledger.Events {
+	topics, keys, payloads := outbox.Columns(rows)
+	return ledger.Events{Topics: topics, Keys: keys, Payloads: payloads}
 }
 
 // toolSpecs are the registry's tools in the provider's form: one slice

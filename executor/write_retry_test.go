@@ -216,7 +216,7 @@ func TestWriteAfterDispatchRetried(t *testing.T) {
 	t.Run("ToolCallsCommittedButUnheard", func(t *testing.T) {
 		t.Parallel()
 		b := setup(t, 5*time.Second)
-		b.proxy.CutAfterCommit(isAnswer) // the first step's response and its calls
+		b.proxy.CutAfterCommit(func(label string) bool { return strings.Contains(label, "promptline_step_calls") }) // the first step's response and its calls
 		b.admit(t, "s", "m1", "/tool effect {}")
 		run(t, b, "s")
 		require.Equal(t, 1, b.proxy.Stats().AmbiguousCuts)
@@ -228,7 +228,7 @@ func TestWriteAfterDispatchRetried(t *testing.T) {
 	t.Run("ToolResultCommittedButUnheard", func(t *testing.T) {
 		t.Parallel()
 		b := setup(t, 5*time.Second)
-		b.proxy.CutAfterCommit(func(label string) bool { return strings.Contains(label, "UPDATE tool_calls SET state = $2") })
+		b.proxy.CutAfterCommit(func(label string) bool { return strings.Contains(label, "promptline_call_settle") })
 		b.admit(t, "s", "m1", "/tool effect {}")
 		run(t, b, "s")
 		require.Equal(t, 1, b.proxy.Stats().AmbiguousCuts)
@@ -243,7 +243,7 @@ func TestWriteAfterDispatchRetried(t *testing.T) {
 	t.Run("ToolIntentCommittedButUnheard", func(t *testing.T) {
 		t.Parallel()
 		b := setup(t, 5*time.Second)
-		b.proxy.CutAfterCommit(func(label string) bool { return strings.Contains(label, "UPDATE tool_calls SET state = 'started'") })
+		b.proxy.CutAfterCommit(func(label string) bool { return strings.Contains(label, "promptline_call_start") })
 		b.admit(t, "s", "m1", "/tool effect {}")
 		run(t, b, "s")
 		require.Equal(t, 1, b.proxy.Stats().AmbiguousCuts)

@@ -206,57 +206,15 @@ type CallParams struct {
 	IdempotencyKey string
 }
 
-// RequestCalls records the tool calls of a step as requested, in the
-// transaction that records the attempt's response.
-func (x *Execution) RequestCalls(ctx context.Context, tx pgx.Tx, calls []CallParams) error {
-	for _, c := range calls {
-		input := c.Input
-		if !json.Valid(input) {
-			// Keep what the model sent, as a JSON string: evidence, not input.
-			input, _ = json.Marshal(string(c.Input))
-		}
-		if _, err := tx.Exec(ctx, requestCallSQL, c.ID, c.AttemptID, x.claim.SessionID, x.claim.ExecutionID, c.Index,
-			c.ModelCallID, c.Tool, c.Class, input, c.IdempotencyKey, x.claim.Token); err != nil {
-			return fmt.Errorf("recording tool call %s: %w", c.ID, err)
-		}
+// CallInput is a call's input as it is stored: the model's JSON, or what
+// the model sent as a JSON string when it is not JSON (evidence, not
+// input).
+func CallInput(input json.RawMessage) json.RawMessage {
+	if json.Valid(input) {
+		return input
 	}
-	return nil
-}
-
-// StartCall commits a tool call's intent, and the phase unknown, before the
-// tool runs.
-func (x *Execution) StartCall(ctx context.Context, tx pgx.Tx, callID string) error {
-	tag, err := tx.Exec(ctx, startCallSQL, callID)
-	if err != nil {
-		return fmt.Errorf("starting tool call %s: %w", callID, err)
-	}
-	if tag.RowsAffected() != 1 {
-		return fmt.Errorf("starting tool call %s: not in state requested", callID)
-	}
-	return x.SetPhase(ctx, tx, PhaseUnknown, "")
-}
-
-// SettleCall records a call's result; last is true when it was the step's
-// last unsettled call. Once no call of the step is started, nothing is
-// in flight, so the same transaction sets the phase to continue, whether
-// calls of the step are still requested or not: the turn goes on from
-// here, the calls left requested first (a continuation runs them), then a
-// step that hands the model the results. Left at unknown (StartCall's)
-// while a later call waited to start, a crash there had recovery
-// reconcile a turn in which nothing was uncertain: the turn failed
-// outcome_unknown and the call that never ran was interrupted.
-func (x *Execution) SettleCall(ctx context.Context, tx pgx.Tx, callID, attemptID string, state CallState, output string, isError bool) (last bool, err error) {
-	if _, err := tx.Exec(ctx, settleCallSQL, callID, string(state), output, isError); err != nil {
-		return false, fmt.Errorf("settling tool call %s: %w", callID, err)
-	}
-	var open, started int
-	if err := tx.QueryRow(ctx, unsettledCallsSQL, attemptID).Scan(&open, &started); err != nil {
-		return false, fmt.Errorf("counting open tool calls: %w", err)
-	}
-	if started > 0 {
-		return open == 0, nil
-	}
-	return open == 0, x.SetPhase(ctx, tx, PhaseContinue, "")
+	s, _ := json.Marshal(string(input))
+	return s
 }
 
 // beginAttemptSQL is insertAttemptSQL that may also begin a deferred
@@ -284,29 +242,7 @@ UPDATE attempts SET state = $2, error = nullif($3, ''), input_tokens = $4, outpu
     response_id_at = CASE WHEN response_id IS NULL AND $6 <> '' THEN now() ELSE response_id_at END
 WHERE attempt_id = $1`
 
-const requestCallSQL = `
-INSERT INTO tool_calls (call_id, attempt_id, session_id, execution_id, idx, model_call_id, tool, class,
-                        input, idempotency_key, fencing_token, state)
-VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, 'requested')`
-
 const openCallsSQL = `SELECT count(*) FROM tool_calls WHERE attempt_id = $1 AND state IN ('requested', 'started')`
-
-// unsettledCallsSQL counts the attempt's open calls, and of them the
-// started ones. By the attempt (its index, tool_calls_attempt), not the
-// session: a session's calls are read by session through an index of all
-// its calls, every one of them a row visited at each settle, and a call of
-// another attempt is never started here (the executor runs a session's
-// calls one at a time, and a takeover reconciles a started call before a
-// continuation runs any).
-const unsettledCallsSQL = `
-SELECT count(*), count(*) FILTER (WHERE state = 'started')
-FROM tool_calls WHERE attempt_id = $1 AND state IN ('requested', 'started')`
-
-const startCallSQL = `UPDATE tool_calls SET state = 'started', started_at = now() WHERE call_id = $1 AND state = 'requested'`
-
-const settleCallSQL = `
-UPDATE tool_calls SET state = $2, output = $3, is_error = $4, finished_at = now()
-WHERE call_id = $1 AND state IN ('requested', 'started')`
 
 // AtRisk is the spend at risk of one provider and model: the attempts whose
 // outcome is unknown (they may have been billed) and the sum of their

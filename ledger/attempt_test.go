@@ -107,72 +107,101 @@ func TestAttemptsAndCalls(t *testing.T) {
 		require.ErrorContains(t, err, "recording outcome of attempt "+p.ID)
 	})
 
+	// The tool path's three calls (migration 00022), as the executor sends
+	// them through WriteCallRetried: the response with its calls, each
+	// call's intent, each call's result.
 	t.Run("CallsStartAndSettleWithPhases", func(t *testing.T) {
 		t.Parallel()
 		b, x, p := acquired(t)
+		_, err := b.pool.Exec(ctx, `INSERT INTO messages (message_id, session_id, role, status, execution_id, fencing_token)
+			VALUES ('a1', 's', 'assistant', 'pending', 'e1', 1)`)
+		require.NoError(t, err)
 		calls := []ledger.CallParams{
 			{ID: "c1", AttemptID: p.ID, Index: 0, ModelCallID: "m1", Tool: "echo", Class: "idempotent", Input: []byte(`{"text":"hi"}`), IdempotencyKey: "k-c1"},
 			{ID: "c2", AttemptID: p.ID, Index: 1, ModelCallID: "m2", Tool: "append_line", Class: "side_effecting", Input: []byte(`{not json`), IdempotencyKey: "k-c2"},
 			{ID: "c4", AttemptID: p.ID, Index: 2, ModelCallID: "m4", Tool: "append_line", Class: "side_effecting", Input: []byte(`{}`), IdempotencyKey: "k-c4"},
 		}
-		require.NoError(t, x.Write(ctx, func(tx pgx.Tx) error { return x.RequestCalls(ctx, tx, calls) }))
-		var in1, in2 string
-		require.NoError(t, b.pool.QueryRow(ctx, `SELECT (SELECT input::text FROM tool_calls WHERE call_id = 'c1'), (SELECT input #>> '{}' FROM tool_calls WHERE call_id = 'c2')`).Scan(&in1, &in2))
+		events := func(topic string) ledger.Events {
+			return ledger.Events{Topics: []string{topic}, Keys: []string{"s"}, Payloads: [][]byte{[]byte(`{}`)}}
+		}
+		requested := func(calls []ledger.CallParams) error {
+			parts := make([]string, len(calls))
+			for i, c := range calls {
+				parts[i] = `{"id":"` + c.ModelCallID + `"}`
+			}
+			return x.WriteCallRetried(ctx, ledger.RetryOpts{}, ledger.PhaseContinue, "a1",
+				ledger.StepCallsCall(p.ID, 3, 4, "resp-1", "a1", "some text", parts, calls, events("step")), nil)
+		}
+		start := func(id string) error {
+			return x.WriteCallRetried(ctx, ledger.RetryOpts{}, ledger.PhaseUnknown, "", ledger.CallStartCall(id, events("start "+id)), nil)
+		}
+		settle := func(id string, state ledger.CallState, output string) (open, started int32, err error) {
+			err = x.WriteCallRetried(ctx, ledger.RetryOpts{}, "", "",
+				ledger.CallSettleCall(id, p.ID, state, output, output == "", "model-"+id, events("settle "+id)),
+				func(row pgx.Row) (err error) {
+					open, started, err = ledger.ScanCallCounts(row)
+					return err
+				})
+			return open, started, err
+		}
+
+		require.NoError(t, requested(calls))
+		var in1, in2, key2 string
+		var idx2 int
+		require.NoError(t, b.pool.QueryRow(ctx, `SELECT (SELECT input::text FROM tool_calls WHERE call_id = 'c1'),
+			(SELECT input #>> '{}' FROM tool_calls WHERE call_id = 'c2'), (SELECT idempotency_key FROM tool_calls WHERE call_id = 'c2'),
+			(SELECT idx FROM tool_calls WHERE call_id = 'c2')`).Scan(&in1, &in2, &key2, &idx2))
 		require.JSONEq(t, `{"text":"hi"}`, in1)
 		require.Equal(t, `{not json`, in2, "invalid input is kept as a JSON string")
-		err := x.Write(ctx, func(tx pgx.Tx) error { return x.RequestCalls(ctx, tx, calls[:1]) })
-		require.ErrorContains(t, err, "recording tool call c1")
+		require.Equal(t, []any{"k-c2", 1}, []any{key2, idx2})
+		require.Equal(t, 3, b.count(t, `SELECT count(*) FROM tool_calls WHERE attempt_id = $1 AND state = 'requested'
+			AND session_id = 's' AND execution_id = 'e1' AND fencing_token = 1`, p.ID))
+		require.Equal(t, 1, b.count(t, `SELECT count(*) FROM attempts WHERE attempt_id = $1 AND state = 'succeeded'
+			AND input_tokens = 3 AND output_tokens = 4 AND response_id = 'resp-1'`, p.ID))
+		require.Equal(t, 1, b.count(t, `SELECT count(*) FROM messages WHERE message_id = 'a1' AND status = 'completed'`))
+		require.Equal(t, 1, b.count(t, `SELECT count(*) FROM message_parts WHERE message_id = 'a1' AND idx = 0 AND kind = 'text' AND body = 'some text'`))
+		require.Equal(t, 1, b.count(t, `SELECT count(*) FROM message_parts WHERE message_id = 'a1' AND idx = 3 AND kind = 'tool_call' AND body::jsonb = '{"id":"m4"}'`))
+		require.Equal(t, 1, b.count(t, `SELECT count(*) FROM outbox WHERE topic = 'step'`))
+		require.Equal(t, ledger.PhaseContinue, phase(t, b).Phase, "the calls must run, then the model see them")
+		err = requested(calls[:1])
+		require.Error(t, err, "a step's calls are recorded once")
+		require.Equal(t, 1, b.count(t, `SELECT count(*) FROM outbox WHERE topic = 'step'`), "and nothing of the second write stays")
 
-		require.NoError(t, x.Write(ctx, func(tx pgx.Tx) error {
-			if err := ledger.FinishAttempt(ctx, tx, p.ID, ledger.AttemptSucceeded, "", 1, 1); err != nil {
-				return err
-			}
-			return x.SetPhase(ctx, tx, ledger.PhaseContinue, "")
-		}))
-		require.NoError(t, x.Write(ctx, func(tx pgx.Tx) error { return x.StartCall(ctx, tx, "c1") }))
+		require.NoError(t, start("c1"))
 		require.Equal(t, ledger.PhaseUnknown, phase(t, b).Phase, "a started call may be running")
-		err = x.Write(ctx, func(tx pgx.Tx) error { return x.StartCall(ctx, tx, "c1") })
-		require.ErrorContains(t, err, "not in state requested", "a call is started once")
+		require.Equal(t, 1, b.count(t, `SELECT count(*) FROM outbox WHERE topic = 'start c1'`))
+		require.ErrorContains(t, start("c1"), "not in state requested", "a call is started once")
+		require.Equal(t, 1, b.count(t, `SELECT count(*) FROM outbox WHERE topic = 'start c1'`), "the refused start wrote nothing")
 
-		var last bool
-		require.NoError(t, x.Write(ctx, func(tx pgx.Tx) (err error) {
-			last, err = x.SettleCall(ctx, tx, "c1", p.ID, ledger.CallSucceeded, "hi", false)
-			return err
-		}))
-		require.False(t, last, "c2 is still requested")
+		open, started, err := settle("c1", ledger.CallSucceeded, "hi")
+		require.NoError(t, err)
+		require.Equal(t, []int32{2, 0}, []int32{open, started}, "c2 and c4 are still requested")
 		require.Equal(t, ledger.PhaseContinue, phase(t, b).Phase, "nothing is in flight: c2 never started")
+		require.Equal(t, 1, b.count(t, `SELECT count(*) FROM messages m JOIN message_parts p USING (message_id)
+			WHERE m.message_id = 'c1' AND m.role = 'tool' AND m.tool_call_id = 'model-c1' AND NOT m.is_error AND m.status = 'completed'
+			AND m.execution_id = 'e1' AND m.fencing_token = 1 AND p.idx = 0 AND p.kind = 'text' AND p.body = 'hi'`))
+		require.Equal(t, 1, b.count(t, `SELECT count(*) FROM tool_calls WHERE call_id = 'c1' AND state = 'succeeded' AND output = 'hi' AND NOT is_error`))
 
 		// Another call started (the executor runs one at a time; the
 		// ledger does not rely on it): its outcome is not recorded yet.
-		require.NoError(t, x.Write(ctx, func(tx pgx.Tx) error { return x.StartCall(ctx, tx, "c2") }))
-		require.NoError(t, x.Write(ctx, func(tx pgx.Tx) error { return x.StartCall(ctx, tx, "c4") }))
-		require.NoError(t, x.Write(ctx, func(tx pgx.Tx) (err error) {
-			last, err = x.SettleCall(ctx, tx, "c2", p.ID, ledger.CallInterrupted, "", true)
-			return err
-		}))
-		require.False(t, last, "c4 is still started")
+		require.NoError(t, start("c2"))
+		require.NoError(t, start("c4"))
+		open, started, err = settle("c2", ledger.CallInterrupted, "")
+		require.NoError(t, err)
+		require.Equal(t, []int32{1, 1}, []int32{open, started}, "c4 is still started")
 		require.Equal(t, ledger.PhaseUnknown, phase(t, b).Phase, "c4 may be running")
 
-		require.NoError(t, x.Write(ctx, func(tx pgx.Tx) (err error) {
-			last, err = x.SettleCall(ctx, tx, "c4", p.ID, ledger.CallSucceeded, "ok", false)
-			return err
-		}))
-		require.True(t, last)
+		open, started, err = settle("c4", ledger.CallSucceeded, "ok")
+		require.NoError(t, err)
+		require.Equal(t, []int32{0, 0}, []int32{open, started}, "the last")
 		require.Equal(t, ledger.PhaseContinue, phase(t, b).Phase, "the model must see the results")
 		require.Equal(t, 0, b.count(t, ledger.OpenCallsSQL, p.ID))
 
-		err = x.Write(ctx, func(tx pgx.Tx) error {
-			_, err := x.SettleCall(ctx, tx, "c3", p.ID, "nonsense", "", false)
-			return err
-		})
-		require.NoError(t, err, "settling a call that is not open changes nothing")
-		err = x.Write(ctx, func(tx pgx.Tx) error {
-			_, err := x.SettleCall(ctx, tx, "c2", p.ID, "nonsense", "", false)
-			return err
-		})
-		require.NoError(t, err, "a settled call is not settled again")
+		_, _, err = settle("c2", ledger.CallSucceeded, "again")
+		require.Error(t, err, "a settled call is not settled again: its tool message is there")
 		var state string
 		require.NoError(t, b.pool.QueryRow(ctx, `SELECT state FROM tool_calls WHERE call_id = 'c2'`).Scan(&state))
 		require.Equal(t, string(ledger.CallInterrupted), state)
+		require.Equal(t, 1, b.count(t, `SELECT count(*) FROM outbox WHERE topic = 'settle c2'`), "the refused settle wrote nothing")
 	})
 }

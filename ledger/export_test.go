@@ -34,8 +34,6 @@ const (
 	// RecordResponseIDSQL and AttemptsAtRiskSQL: the spend at risk.
 	RecordResponseIDSQL = recordResponseIDSQL
 	AttemptsAtRiskSQL   = attemptsAtRiskSQL
-	SettleCallSQL       = settleCallSQL
-	StartCallSQL        = startCallSQL
 	PruneSQL            = pruneSQL
 	PruneSettingsSQL    = pruneSettingsSQL
 )

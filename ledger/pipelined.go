@@ -139,6 +139,12 @@ func callSQL(fn string, n int) string {
 // assistant message unless empty) then c.Args, in one implicit
 // transaction.
 func (x *Execution) WriteCall(ctx context.Context, phase Phase, assistantMessageID string, c Call) error {
+	return x.WriteCallScan(ctx, phase, assistantMessageID, c, nil)
+}
+
+// WriteCallScan is WriteCall whose function's one row scan reads, when
+// not nil (it may run twice: group commit's re-send).
+func (x *Execution) WriteCallScan(ctx context.Context, phase Phase, assistantMessageID string, c Call, scan func(row pgx.Row) error) error {
 	x.mu.Lock()
 	defer x.mu.Unlock()
 	if x.fenced.Load() {
@@ -146,8 +152,63 @@ func (x *Execution) WriteCall(ctx context.Context, phase Phase, assistantMessage
 	}
 	args := append(x.fenceArgs(phase, assistantMessageID, x.nextSeq()), c.Args...)
 	b := &pgx.Batch{}
-	b.Queue(callSQL(c.Func, len(args)), args...)
+	q := b.Queue(callSQL(c.Func, len(args)), args...)
+	if scan != nil {
+		q.QueryRow(scan)
+	}
 	return x.sendQueued(ctx, b)
+}
+
+// WriteCallRetried is WriteRetried as one statement, sent through group
+// commit: c's function, given the fence's arguments (as WriteCall) then
+// c.Args. scan, when not nil, reads the function's one row; it may run
+// twice (group commit's re-send), and not at all when a retry finds the
+// write landed. A transient failure is retried while the lease lives, as
+// WriteRetried does: the retry calls the function again in an explicit
+// transaction whose fence applies the write's position, after the landed
+// check (a write that is there is not written again; scan is then not
+// run).
+func (x *Execution) WriteCallRetried(ctx context.Context, opts RetryOpts, phase Phase, assistantMessageID string, c Call, scan func(row pgx.Row) error) error {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	if x.fenced.Load() {
+		return ErrFenced
+	}
+	seq := x.nextSeq()
+	args := append(x.fenceArgs(phase, assistantMessageID, seq), c.Args...)
+	sql := callSQL(c.Func, len(args))
+	b := &pgx.Batch{}
+	q := b.Queue(sql, args...)
+	if scan != nil {
+		q.QueryRow(scan)
+	}
+	err := x.sendQueued(ctx, b)
+	return x.retry(ctx, err, func(ctx context.Context) error {
+		err := x.writeLocked(ctx, false, seq, skipLanded(ctx, opts.Landed, func(tx pgx.Tx) error {
+			// The retry's own fence applied the position: the call's
+			// fence is given none.
+			again := slices.Clone(args)
+			again[seqArgIndex] = nil
+			row := tx.QueryRow(ctx, sql, again...)
+			if scan != nil {
+				return scan(row)
+			}
+			var void any
+			return row.Scan(&void)
+		}))
+		if errors.Is(err, errWriteApplied) {
+			return nil // the write retried landed
+		}
+		return err
+	})
+}
+
+// ReportPhase reports to ClaimsConfig.OnPhaseFunc a phase that a write's
+// own function set (promptline_call_settle sets continue only when no
+// call of the step is in flight, which its caller learns from its
+// answer).
+func (x *Execution) ReportPhase(phase Phase) {
+	x.claims.onPhase(&x.claim, phase)
 }
 
 // FinishCallRetried is FinishRetried as one statement: c's function, given

@@ -69,8 +69,6 @@ var ledgerStatements = []struct{ name, sql, args string }{
 	// recovery's pass (promptline_provider_tokens_at_risk): the partial
 	// index attempts_unknown, never the ledger.
 	{"ledger: attempts at risk", ledger.AttemptsAtRiskSQL, ``},
-	{"ledger: settle call", ledger.SettleCallSQL, `('c42', 'succeeded', 'x', false)`},
-	{"ledger: start call", ledger.StartCallSQL, `('c42')`},
 	{"ledger: prune a batch", ledger.PruneSQL, fmt.Sprintf(`('e42', 500, 86400000, %d)`, ledger.PruneLockKey)},
 }
 

@@ -139,46 +139,26 @@ func (b *testBundle) toolStep(t *testing.T, c *crashed, attemptID string, calls 
 			IdempotencyKey: fmt.Sprintf("%s/call-%d", attemptID, i)})
 		i++
 	}
-	require.NoError(t, c.x.Write(ctx, func(tx pgx.Tx) error {
-		if err := ledger.FinishAttempt(ctx, tx, attemptID, ledger.AttemptSucceeded, "", 1, 1); err != nil {
-			return err
-		}
-		for i, p := range params {
-			body, _ := json.Marshal(map[string]any{"id": p.ModelCallID, "name": p.Tool, "input": p.Input})
-			if _, err := tx.Exec(ctx, `INSERT INTO message_parts (message_id, idx, kind, body) VALUES ($1, $2, 'tool_call', $3)`, c.assistant, i+1, string(body)); err != nil {
-				return err
-			}
-		}
-		if _, err := tx.Exec(ctx, `UPDATE messages SET status = 'completed', completed_at = now() WHERE message_id = $1`, c.assistant); err != nil {
-			return err
-		}
-		if err := c.x.RequestCalls(ctx, tx, params); err != nil {
-			return err
-		}
-		return c.x.SetPhase(ctx, tx, ledger.PhaseContinue, c.assistant)
-	}))
+	parts := make([]string, len(params))
+	for i, p := range params {
+		body, _ := json.Marshal(map[string]any{"id": p.ModelCallID, "name": p.Tool, "input": p.Input})
+		parts[i] = string(body)
+	}
+	require.NoError(t, c.x.WriteCallRetried(ctx, ledger.RetryOpts{}, ledger.PhaseContinue, c.assistant,
+		ledger.StepCallsCall(attemptID, 1, 1, "", c.assistant, "", parts, params, ledger.Events{}), nil))
 	return params
 }
 
 func (b *testBundle) startCall(t *testing.T, c *crashed, p ledger.CallParams) {
 	t.Helper()
-	ctx := context.Background()
-	require.NoError(t, c.x.Write(ctx, func(tx pgx.Tx) error { return c.x.StartCall(ctx, tx, p.ID) }))
+	require.NoError(t, c.x.WriteCallRetried(context.Background(), ledger.RetryOpts{}, ledger.PhaseUnknown, "",
+		ledger.CallStartCall(p.ID, ledger.Events{}), nil))
 }
 
 func (b *testBundle) settleCall(t *testing.T, c *crashed, p ledger.CallParams, output string) {
 	t.Helper()
-	ctx := context.Background()
-	require.NoError(t, c.x.Write(ctx, func(tx pgx.Tx) error {
-		if _, err := c.x.SettleCall(ctx, tx, p.ID, p.AttemptID, ledger.CallSucceeded, output, false); err != nil {
-			return err
-		}
-		if _, err := tx.Exec(ctx, `INSERT INTO messages (message_id, session_id, role, status, tool_call_id, completed_at) VALUES ($1, $2, 'tool', 'completed', $3, now())`, p.ID, c.session, p.ModelCallID); err != nil {
-			return err
-		}
-		_, err := tx.Exec(ctx, `INSERT INTO message_parts (message_id, idx, kind, body) VALUES ($1, 0, 'text', $2)`, p.ID, output)
-		return err
-	}))
+	require.NoError(t, c.x.WriteCallRetried(context.Background(), ledger.RetryOpts{}, "", "",
+		ledger.CallSettleCall(p.ID, p.AttemptID, ledger.CallSucceeded, output, false, p.ModelCallID, ledger.Events{}), nil))
 }
 
 // die leaves the claim as a killed process does: its lease runs out.

@@ -161,14 +161,8 @@ func TestResolveAdversarial(t *testing.T) {
 		att := b.beginAttempt(t, c, 1, "scripted")
 		calls := b.toolStep(t, c, att, map[string]string{"append_line": "side_effecting"}, map[string]string{"append_line": `{"line":"x"}`})
 		b.startCall(t, c, calls[0])
-		require.NoError(t, c.x.Write(ctx, func(tx pgx.Tx) error {
-			if _, err := c.x.SettleCall(ctx, tx, calls[0].ID, att, ledger.CallUnknown, "outcome unknown: connection reset", true); err != nil {
-				return err
-			}
-			_, err := tx.Exec(ctx, `INSERT INTO messages (message_id, session_id, role, status, tool_call_id, is_error, completed_at)
-				VALUES ($1, 's', 'tool', 'completed', $2, true, now())`, calls[0].ID, calls[0].ModelCallID)
-			return err
-		}))
+		require.NoError(t, c.x.WriteCallRetried(ctx, ledger.RetryOpts{}, "", "", ledger.CallSettleCall(calls[0].ID, att, ledger.CallUnknown,
+			"outcome unknown: connection reset", true, calls[0].ModelCallID, ledger.Events{}), nil))
 		step2 := ledger.AttemptID(c.x.Claim().ExecutionID, 2)
 		require.NoError(t, c.x.Write(ctx, func(tx pgx.Tx) error {
 			if _, err := tx.Exec(ctx, `INSERT INTO messages (message_id, session_id, role, status, answers, turn_id, execution_id, fencing_token)
