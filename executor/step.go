@@ -98,11 +98,9 @@ func (ex *execution) runStep(ctx context.Context, t *turn, step int, log *slog.L
 			// before the request leaves. A retry of the step reuses its ID,
 			// as does a try again after the server refused the write.
 			err := retryRefused(ctx, log, "step intent", func() error {
-				return ex.write(ctx, func(tx pgx.Tx) error {
-					var err error
-					req, err = ex.beginStep(ctx, tx, t, step, attemptID)
-					return err
-				})
+				var err error
+				onOwnStack(func() { req, err = ex.beginStepCall(ctx, t, step, attemptID) })
+				return err
 			})
 			if err != nil {
 				return false, false, err
@@ -200,6 +198,50 @@ func (ex *execution) beginStep(ctx context.Context, tx pgx.Tx, t *turn, step int
 		ID: attemptID, AssistantMessageID: t.assistantID, Step: step, Provider: ex.e.providerName,
 		IdempotencyKey: key, RequestHash: hash, Model: ex.e.providerModel, RequestTokens: tokens,
 	})
+}
+
+// beginStepCall commits the intent of the step's provider attempt, as
+// beginStep does, in one call (promptline_step_begin, migration 00022)
+// sent through group commit, after a read of the transcript the request
+// carries; it returns the request to send. It runs on a goroutine of its
+// own (onOwnStack, from runStep): the request's fingerprint is encoded
+// by reflection, and the execution waits on its provider next.
+func (ex *execution) beginStepCall(ctx context.Context, t *turn, step int, attemptID string) (provider.Request, error) {
+	hist, err := ex.readHistory(ctx)
+	if err != nil {
+		return provider.Request{}, err
+	}
+	key := attemptID
+	if step == 1 && t.retryKey != "" {
+		key = t.retryKey
+	}
+	req := ex.request(t, attemptID, key, hist)
+	hash, tokens := requestFingerprint(req)
+	err = ex.writeCall(ctx, ledger.PhaseUnknown, t.assistantID, ledger.StepBeginCall(ids(t.inputs), t.id, ledger.AttemptParams{
+		ID: attemptID, AssistantMessageID: t.assistantID, Step: step, Provider: ex.e.providerName,
+		IdempotencyKey: key, RequestHash: hash, Model: ex.e.providerModel, RequestTokens: tokens,
+	}))
+	return req, err
+}
+
+// readHistory reads the session's transcript as the provider sees it, in
+// one round trip bounded by readCtx.
+func (ex *execution) readHistory(ctx context.Context) ([]provider.TranscriptMessage, error) {
+	ctx, cancel := ex.readCtx(ctx)
+	defer cancel()
+	var (
+		hist       []provider.TranscriptMessage
+		unreadable error
+	)
+	b := &pgx.Batch{}
+	transcript.QueueHistory(b, ex.sessionID, func(h []provider.TranscriptMessage, u error) { hist, unreadable = h, u })
+	if err := ex.e.pool.SendBatch(ctx, b).Close(); err != nil {
+		return nil, fmt.Errorf("reading transcript: %w", err)
+	}
+	if unreadable != nil {
+		return nil, unreadable
+	}
+	return transcript.SettleOrphans(hist), nil
 }
 
 // nextAttemptID numbers the execution's provider steps across its turns:

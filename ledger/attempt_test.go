@@ -89,6 +89,39 @@ func TestAttemptsAndCalls(t *testing.T) {
 		require.Equal(t, ledger.PhaseUnknown, phase(t, b).Phase)
 	})
 
+	// The same rules through the call a later step's intent is written by
+	// (promptline_step_begin), which also creates the step's assistant
+	// message.
+	t.Run("StepBeginTwiceIsRefusedUnlessDeferred", func(t *testing.T) {
+		t.Parallel()
+		b, x, _ := acquired(t)
+		p := ledger.AttemptParams{ID: ledger.AttemptID("e1", 2), AssistantMessageID: "a2", Step: 2, Provider: "scripted",
+			IdempotencyKey: "k2", RequestHash: []byte{2}, Model: "m", RequestTokens: 11}
+		begin := func() error {
+			return x.WriteCallRetried(ctx, ledger.RetryOpts{}, ledger.PhaseUnknown, p.AssistantMessageID,
+				ledger.StepBeginCall([]string{"u1"}, "turn-1", p), nil)
+		}
+		require.NoError(t, x.Write(ctx, func(tx pgx.Tx) error { return x.SetPhase(ctx, tx, ledger.PhaseContinue, "") }))
+		require.NoError(t, begin())
+		c := phase(t, b)
+		require.Equal(t, []any{ledger.PhaseUnknown, "a2"}, []any{c.Phase, c.AssistantMessageID})
+		require.Equal(t, 1, b.count(t, `SELECT count(*) FROM attempts WHERE attempt_id = $1 AND state = 'started' AND step = 2
+			AND execution_id = 'e1' AND fencing_token = 1 AND assistant_message_id = 'a2' AND idempotency_key = 'k2'
+			AND request_hash = '\x02' AND model = 'm' AND request_tokens = 11 AND tries = 1`, p.ID))
+		require.Equal(t, 1, b.count(t, `SELECT count(*) FROM messages WHERE message_id = 'a2' AND role = 'assistant'
+			AND status = 'pending' AND answers = '{u1}' AND turn_id = 'turn-1' AND execution_id = 'e1' AND fencing_token = 1`))
+
+		require.ErrorContains(t, begin(), "not awaiting a retry", "an attempt ID is never reused for a second request")
+		require.NoError(t, x.Write(ctx, func(tx pgx.Tx) error {
+			return x.DeferAttempt(ctx, tx, p.ID, time.Second, "rate limited")
+		}))
+		require.NoError(t, begin(), "the deferred attempt begun again, its message kept")
+		state, tries := attempt(t, b, p.ID)
+		require.Equal(t, []any{string(ledger.AttemptStarted), 2}, []any{state, tries}, "a retry counts a try")
+		require.Equal(t, ledger.PhaseUnknown, phase(t, b).Phase)
+		require.Equal(t, 1, b.count(t, `SELECT count(*) FROM messages WHERE message_id = 'a2'`))
+	})
+
 	t.Run("FinishRecordsOutcomeAndUsage", func(t *testing.T) {
 		t.Parallel()
 		b, x, p := acquired(t)

@@ -6,9 +6,10 @@ import (
 	"github.com/jackc/pgx/v5"
 )
 
-// The three writes of a turn's tool calls, each one call of a function of
-// migration 00022 sent through Execution.WriteCallRetried (group commit):
-// the response that asks for the calls, a call's intent, a call's result.
+// The writes of a turn's tool calls, each one call of a function of
+// migration 00022 sent through group commit: the response that asks for
+// the calls, a call's intent, a call's result (Execution.WriteCallRetried),
+// and the next step's intent (Execution.WriteCall).
 // Each builder gives its function's arguments after the fence's, in the
 // function's order; events are the outbox rows' columns (outbox.Columns).
 
@@ -36,6 +37,16 @@ func StepCallsCall(attemptID string, inputTokens, outputTokens int64, responseID
 	}
 	return Call{Func: "promptline_step_calls", Args: []any{attemptID, inputTokens, outputTokens, responseID, messageID, text,
 		callParts, ids, idx, models, names, classes, inputs, keys, events.Topics, events.Keys, events.Payloads}}
+}
+
+// StepBeginCall is a step's intent (promptline_step_begin; give the fence
+// the phase unknown and p.AssistantMessageID): the step's pending
+// assistant message answering answers in turn turnID, unless it exists,
+// and p's attempt, new or deferred and begun again (a try more); any other
+// reuse of p.ID is refused. p's execution and token are the fence's.
+func StepBeginCall(answers []string, turnID string, p AttemptParams) Call {
+	return Call{Func: "promptline_step_begin", Args: []any{answers, turnID, p.ID, int32(p.Step), p.Provider, p.IdempotencyKey,
+		p.RequestHash, p.Model, p.RequestTokens}}
 }
 
 // CallStartCall is a call's intent (promptline_call_start; give the fence

@@ -1,9 +1,9 @@
 -- +goose Up
--- Three write transactions of a turn with tool calls, each one call sent
+-- The write transactions of a turn with tool calls, each one call sent
 -- through group commit instead of an explicit transaction of its own
 -- (issue 21; docs/benchmarks.md, "the tool path's writes, one call
--- each"): the response with its calls, a call's intent and a call's
--- result. The statements inside are the ones the executor sent one by one
+-- each"): the response with its calls, a call's intent, a call's result,
+-- and the intent of the step that follows. The statements inside are the ones the executor sent one by one
 -- before, in the same transaction (ledger's RequestCalls, StartCall and
 -- SettleCall, which these replace; transcript's statements named beside
 -- each); the fence, with the write's position (00021), opens each. What
@@ -120,6 +120,43 @@ BEGIN
     INSERT INTO outbox (topic, key, payload)
     SELECT t, k, p FROM unnest(p_topics, p_keys, p_payloads) WITH ORDINALITY AS r(t, k, p, n) ORDER BY n;
     RETURN ARRAY[v_open, v_started];
+END
+$$;
+-- +goose StatementEnd
+
+-- executor: a later step's intent (the fence's seven arguments come first,
+-- setting the phase unknown and the step's assistant message): the step's
+-- pending assistant message unless it exists (transcript's
+-- insertAssistantIfAbsentSQL), the attempt's intent (ledger's
+-- beginAttemptSQL: a new attempt, or a deferred one begun again, counting
+-- a try; any other reuse of its ID is refused). The transcript the
+-- request carries is read before it, by the same execution: a claim that
+-- passes this fence was held at that read too (a lost claim is never
+-- regained), and under read committed the read inside the transaction,
+-- as it was, saw no more than a read just before it.
+-- +goose StatementBegin
+CREATE OR REPLACE FUNCTION promptline_step_begin(p_session text, p_execution text, p_token bigint, p_lease_ms bigint,
+                                                 p_phase text, p_assistant text, p_seq bigint,
+                                                 p_answers text[], p_turn text,
+                                                 p_attempt text, p_step integer, p_provider text, p_key text,
+                                                 p_request_hash bytea, p_model text, p_request_tokens bigint)
+RETURNS void LANGUAGE plpgsql AS $$
+BEGIN
+    PERFORM promptline_fence(p_session, p_execution, p_token, p_lease_ms, p_phase, p_assistant, p_seq);
+    INSERT INTO messages (message_id, session_id, role, status, answers, execution_id, fencing_token, turn_id)
+    VALUES (p_assistant, p_session, 'assistant', 'pending', p_answers, p_execution, p_token, p_turn)
+    ON CONFLICT (message_id) DO NOTHING;
+    INSERT INTO attempts (attempt_id, session_id, execution_id, assistant_message_id, step, provider,
+                          idempotency_key, fencing_token, request_hash, state, model, request_tokens)
+    VALUES (p_attempt, p_session, p_execution, p_assistant, p_step, p_provider, p_key, p_token, p_request_hash,
+            'started', nullif(p_model, ''), p_request_tokens)
+    ON CONFLICT (attempt_id) DO UPDATE SET state = 'started', tries = attempts.tries + 1,
+        next_retry_at = NULL, fencing_token = excluded.fencing_token, started_at = now(),
+        model = excluded.model, request_tokens = excluded.request_tokens, response_id = NULL, response_id_at = NULL
+    WHERE attempts.state = 'retry_wait';
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'recording attempt %: it exists and is not awaiting a retry', p_attempt USING ERRCODE = 'PLARU';
+    END IF;
 END
 $$;
 -- +goose StatementEnd
