@@ -972,12 +972,6 @@ func afterCancel(ctx context.Context) (context.Context, context.CancelFunc) {
 	return context.WithTimeout(context.WithoutCancel(ctx), afterCancelTimeout)
 }
 
-// writeOnce is writeRetried's signature for a write after a cancellation:
-// one try, no landed check needed.
-func (ex *execution) writeOnce(ctx context.Context, _ ledger.LandedFunc, fn func(tx pgx.Tx) error) error {
-	return ex.write(ctx, fn)
-}
-
 // writeCallOnce is writeCallRetried's for a write after a cancellation:
 // WriteCall, whose one row scan reads.
 func (ex *execution) writeCallOnce(ctx context.Context, _ ledger.LandedFunc, phase ledger.Phase, assistantID string, c ledger.Call, scan func(pgx.Row) error) error {
