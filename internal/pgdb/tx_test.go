@@ -1,0 +1,82 @@
+package pgdb_test
+
+import (
+	"context"
+	"runtime"
+	"testing"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/stretchr/testify/require"
+
+	"github.com/promptline/promptline/internal/pgdb"
+	"github.com/promptline/promptline/internal/testkit"
+)
+
+// A transaction whose function panics, or ends its goroutine
+// (runtime.Goexit), is rolled back and its connection goes back to the
+// pool: the executor recovers what its own code panics with and goes on,
+// and a connection left acquired mid-transaction would be lost to the
+// pool for good (the pool empties one panic at a time, and the rows the
+// transaction locked stay locked).
+//
+// It catches: InTx or InTxFrom leaving the transaction open when fn does
+// not return.
+func TestTransactionEndsWhenItsFunctionDoesNotReturn(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	opened, err := pgdb.Open(ctx, pgdb.OpenOpts{URL: testkit.DatabaseURL(t)})
+	require.NoError(t, err)
+	db := opened.Pool
+	t.Cleanup(func() {
+		// A connection left acquired would hold Close forever: the failure
+		// is reported, the pool left to the test process's end.
+		if db.Stat().AcquiredConns() == 0 {
+			_ = opened.Close()
+		}
+	})
+	_, err = db.Exec(ctx, `CREATE TABLE tx_panic (id int PRIMARY KEY)`)
+	require.NoError(t, err)
+
+	begins := map[string]func(fn func(pgx.Tx) error) error{
+		"InTx": func(fn func(pgx.Tx) error) error { return pgdb.InTx(ctx, db, fn) },
+		"InTxFrom": func(fn func(pgx.Tx) error) error {
+			first := &pgx.Batch{}
+			first.Queue(`SELECT 1`)
+			return pgdb.InTxFrom(ctx, db, first, fn)
+		},
+	}
+	ends := map[string]func(){
+		"Panic":  func() { panic("a bug in the transaction's function") },
+		"Goexit": runtime.Goexit,
+	}
+	id := 0
+	for bname, begin := range begins {
+		for ename, end := range ends {
+			id++
+			row := id
+			done := make(chan struct{})
+			go func() {
+				defer close(done)
+				defer func() { _ = recover() }()
+				_ = begin(func(tx pgx.Tx) error {
+					if _, err := tx.Exec(ctx, `INSERT INTO tx_panic VALUES ($1)`, row); err != nil {
+						return err
+					}
+					end()
+					return nil
+				})
+			}()
+			<-done
+			require.Zero(t, db.Stat().AcquiredConns(), "%s, %s: the connection went back to the pool", bname, ename)
+			var n int
+			require.NoError(t, db.QueryRow(ctx, `SELECT count(*) FROM tx_panic WHERE id = $1`, row).Scan(&n))
+			require.Zero(t, n, "%s, %s: nothing of the transaction committed", bname, ename)
+			// The row is not locked by a transaction left open: a write of
+			// the same key passes at once.
+			require.NoError(t, pgdb.InTx(ctx, db, func(tx pgx.Tx) error {
+				_, err := tx.Exec(ctx, `INSERT INTO tx_panic VALUES ($1)`, row)
+				return err
+			}), "%s, %s", bname, ename)
+		}
+	}
+}
