@@ -961,8 +961,10 @@ func (ex *execution) finishCallRetried(ctx context.Context, landed ledger.Landed
 
 // A write made after the turn's context ended (a shutdown past its grace,
 // which cancels what still runs) records what the cancellation cut off,
-// on a context that outlives it, bounded by afterCancelTimeout. It gets
-// one try: retried for the rest of the lease, it would hold the shutdown
+// on a context that outlives it, bounded by afterCancelTimeout; a call
+// sent through group commit (writeCallOnce, finishCallOnce) waits for its
+// flush whatever its context, bounded by the claims' RoundTripTimeout
+// instead (at least the lease). It gets one try: retried for the rest of the lease, it would hold the shutdown
 // that long while the database is away. A try that fails leaves the claim
 // to expire, and recovery decides from what committed, as after a crash.
 const afterCancelTimeout = 10 * time.Second

@@ -75,9 +75,14 @@ func TestProviderAnswerThatIsNotTextIsRecorded(t *testing.T) {
 		wantText  string
 		wantInput string
 	}{
-		"NULInText":      {resp: provider.Response{Text: "before\x00after \xff"}, wantText: "before\uFFFDafter \uFFFD"},
-		"InputNotJSON":   {resp: provider.Response{ToolCalls: []provider.ToolCall{{ID: "c\x00", Name: "echo", Input: json.RawMessage("{not json \xff")}}}, wantInput: "\"{not json \uFFFD\""},
-		"LoneSurrogate":  {resp: provider.Response{ToolCalls: []provider.ToolCall{{ID: "c", Name: "echo", Input: json.RawMessage(`{"a":"\ud800","b":"\uDC00x","c":"\ud83d\ude00"}`)}}}, wantInput: "{\"a\": \"\uFFFD\", \"b\": \"\uFFFDx\", \"c\": \"\U0001F600\"}"},
+		"NULInText":     {resp: provider.Response{Text: "before\x00after \xff"}, wantText: "before\uFFFDafter \uFFFD"},
+		"InputNotJSON":  {resp: provider.Response{ToolCalls: []provider.ToolCall{{ID: "c\x00", Name: "echo", Input: json.RawMessage("{not json \xff")}}}, wantInput: "\"{not json \uFFFD\""},
+		"LoneSurrogate": {resp: provider.Response{ToolCalls: []provider.ToolCall{{ID: "c", Name: "echo", Input: json.RawMessage(`{"a":"\ud800","b":"\uDC00x","c":"\ud83d\ude00"}`)}}}, wantInput: "{\"a\": \"\uFFFD\", \"b\": \"\uFFFDx\", \"c\": \"\U0001F600\"}"},
+		// JSON numbers that Go's decoder takes and jsonb's numeric refuses
+		// (value overflows numeric format): the input is kept as a string.
+		"NumberTooLarge": {resp: provider.Response{ToolCalls: []provider.ToolCall{{ID: "c", Name: "echo", Input: json.RawMessage(`{"text": 1e1000000}`)}}}, wantInput: `"{\"text\": 1e1000000}"`},
+		"NumberTooSmall": {resp: provider.Response{ToolCalls: []provider.ToolCall{{ID: "c", Name: "echo", Input: json.RawMessage(`[1.5e-20000]`)}}}, wantInput: `"[1.5e-20000]"`},
+		"NumberInRange":  {resp: provider.Response{ToolCalls: []provider.ToolCall{{ID: "c", Name: "echo", Input: json.RawMessage(`[1e100000, 1e-16000, "1e999999"]`)}}}, wantInput: ""},
 		"NULInInputJSON": {resp: provider.Response{ToolCalls: []provider.ToolCall{{ID: "c", Name: "echo", Input: json.RawMessage(`{"a":"x\u0000y","b\u0000":[1.50,"\\u0000"]}`)}}}, wantInput: "{\"a\": \"x\uFFFDy\", \"b\uFFFD\": [1.50, \"\\\\u0000\"]}"},
 	} {
 		t.Run(name, func(t *testing.T) {

@@ -18,11 +18,15 @@ import "runtime"
 // keeps a second stack per execution while it does: ten thousand claims
 // waiting for the pool at once took the burst's stacks from 101 to 146
 // MiB, measured and not kept for the claim. The transactions an
-// execution writes itself (a turn's tool calls, a failure, a deferral)
-// run here all the same (execution.write): pgx's path is deep, they come
-// one execution at a time as answers arrive, not ten thousand at once,
-// and run on the execution's goroutine they left 16 KiB for its next wait
-// on the provider (TestParkedToolTurnsKeepEightKiBStacks).
+// execution writes itself (a failure, a deferral) run here all the same
+// (execution.write), and so does a later step's intent (its read and its
+// call, beginStepCall): pgx's path is deep, they come one execution at a
+// time as answers arrive, not ten thousand at once, and run on the
+// execution's goroutine they left 16 KiB for its next wait on the
+// provider (TestParkedToolTurnsKeepEightKiBStacks). A turn's tool-call
+// writes are calls sent through group commit, whose goroutines run pgx;
+// only their retry after a lost commit runs a transaction on the
+// execution's goroutine.
 //
 // A panic in fn ends the process as it would have on the caller's
 // goroutine (its trace is fn's); a runtime.Goexit in fn ends the

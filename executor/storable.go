@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"regexp"
+	"strconv"
 	"strings"
 	"unicode/utf8"
 
@@ -30,20 +31,21 @@ func storable(s string) string {
 
 // storableJSON returns b as a jsonb column takes it: b itself when it is
 // JSON with no NUL escaped in a string (jsonb refuses "\u0000"); its
-// strings made storable when it has one; else, not being JSON, b's text as
-// one JSON string (the call then fails its tool's input schema, recorded).
+// strings made storable when it has one; else, not being JSON, or having a
+// number jsonb's numeric cannot hold (numericFits), b's text as one JSON
+// string (the call then fails its tool's input schema, recorded).
 func storableJSON(b json.RawMessage) json.RawMessage {
 	if !json.Valid(b) {
 		out, _ := json.Marshal(storable(string(b))) // a string always marshals
 		return out
 	}
-	if !bytes.Contains(b, []byte(`\u0000`)) && !escapedSurrogate.Match(b) {
+	if !bytes.Contains(b, []byte(`\u0000`)) && !escapedSurrogate.Match(b) && !mayHoldBigNumber(b) {
 		return b
 	}
 	d := json.NewDecoder(bytes.NewReader(b))
 	d.UseNumber() // numbers as written
 	var v any
-	if err := d.Decode(&v); err != nil {
+	if err := d.Decode(&v); err != nil || !numbersFit(v) {
 		out, _ := json.Marshal(storable(string(b)))
 		return out
 	}
@@ -60,6 +62,103 @@ func storableJSON(b json.RawMessage) json.RawMessage {
 // then written as its character. (A backslash escaped before the u makes
 // a false match, which costs a decode and changes nothing.)
 var escapedSurrogate = regexp.MustCompile(`\\u[dD][89a-fA-F]`)
+
+// mayHoldBigNumber reports whether b may hold a number jsonb's numeric
+// refuses (numericFits): a run of a thousand digits or more, or an
+// exponent of four digits or more (leading zeros aside). Without either,
+// a number's integer part and fraction are under a thousand digits each
+// and its exponent under 10,000, so it fits. Such an input is decoded and
+// its numbers checked; a match inside a string costs a decode and changes
+// nothing. (A scan, not a regexp: Go's regexps repeat at most a thousand
+// times.)
+func mayHoldBigNumber(b []byte) bool {
+	run := 0
+	for i, c := range b {
+		if c >= '0' && c <= '9' {
+			if run++; run >= 1000 {
+				return true
+			}
+			continue
+		}
+		run = 0
+		if c != 'e' && c != 'E' {
+			continue
+		}
+		j := i + 1
+		if j < len(b) && (b[j] == '+' || b[j] == '-') {
+			j++
+		}
+		for j < len(b) && b[j] == '0' {
+			j++
+		}
+		k := j
+		for k < len(b) && b[k] >= '0' && b[k] <= '9' {
+			k++
+		}
+		if k-j >= 4 {
+			return true
+		}
+	}
+	return false
+}
+
+// numbersFit reports whether every number in v (decoded with UseNumber)
+// fits jsonb's numeric (numericFits).
+func numbersFit(v any) bool {
+	switch v := v.(type) {
+	case json.Number:
+		return numericFits(string(v))
+	case []any:
+		for _, e := range v {
+			if !numbersFit(e) {
+				return false
+			}
+		}
+	case map[string]any:
+		for _, e := range v {
+			if !numbersFit(e) {
+				return false
+			}
+		}
+	}
+	return true
+}
+
+// PostgreSQL's numeric holds at most 131,072 digits before the decimal
+// point and 16,383 after it; a JSON number past either is refused by
+// jsonb ("value overflows numeric format") though Go's decoder takes it,
+// and a response whose tool call carried one could not be recorded: its
+// attempt left started, recovery could only call the turn's outcome
+// unknown (P6: bad data is recorded, not a crash of the turn).
+const (
+	numericMaxIntDigits  = 131072
+	numericMaxFracDigits = 16383
+)
+
+// numericFits reports whether the JSON number n (valid JSON) fits
+// numeric as PostgreSQL reads it: its integer digits counted from the
+// first significant digit, the point moved by the exponent; its fraction's
+// digits as written (trailing zeros too), less the exponent.
+func numericFits(n string) bool {
+	mant, exp := n, int64(0)
+	if i := strings.IndexAny(n, "eE"); i >= 0 {
+		mant = n[:i]
+		e, err := strconv.ParseInt(strings.TrimPrefix(n[i+1:], "+"), 10, 64)
+		if err != nil || e > 1<<40 || e < -(1<<40) {
+			return false // beyond any numeric, and beyond int64's arithmetic below
+		}
+		exp = e
+	}
+	intPart, frac, _ := strings.Cut(strings.TrimPrefix(mant, "-"), ".")
+	digits := intPart + frac
+	zeros := int64(len(digits) - len(strings.TrimLeft(digits, "0")))
+	intDigits := int64(len(intPart)) - zeros + exp
+	if zeros == int64(len(digits)) {
+		intDigits = 0 // zero
+	}
+	fracDigits := int64(len(frac)) - exp
+	return intDigits <= numericMaxIntDigits && fracDigits <= numericMaxFracDigits
+}
 
 func storableValue(v any) any {
 	switch v := v.(type) {

@@ -159,12 +159,17 @@ func (ex *execution) runTool(ctx context.Context, tool tools.Tool, call tools.Ca
 func (ex *execution) settleCall(ctx context.Context, turnID string, p ledger.CallParams, c provider.ToolCall, state ledger.CallState, output string, isError bool) error {
 	output = storable(output) // a tool's output, or an error's text (storable.go)
 	// last: no call of the step is open; idle: none is started (the
-	// function then set the phase continue).
+	// function then set the phase continue). Set only from a read that
+	// succeeded: a first try whose answer was lost may have run its
+	// callback on no row. A write that landed unheard is read by settled
+	// (WriteCallRetried runs it).
 	var last, idle bool
-	settled := func(ctx context.Context, tx pgx.Tx) (settled bool, err error) {
-		settled, last, err = ledger.CallSettled(ctx, tx, p.ID, p.AttemptID)
-		idle = false // the phase was set by the write that landed, and reported by none
-		return settled, err
+	settled := func(ctx context.Context, tx pgx.Tx) (bool, error) {
+		s, l, err := ledger.CallSettled(ctx, tx, p.ID, p.AttemptID)
+		if err == nil && s {
+			last, idle = l, false // the phase was set by the write that landed, and reported by none
+		}
+		return s, err
 	}
 	writeCall := ex.writeCallRetried
 	if ctx.Err() != nil {
@@ -183,9 +188,12 @@ func (ex *execution) settleCall(ctx context.Context, turnID string, p ledger.Cal
 	err := writeCall(ctx, settled, "", "", ledger.CallSettleCall(p.ID, p.AttemptID, state, output, isError, c.ID, completed),
 		func(row pgx.Row) error {
 			open, started, err := ledger.ScanCallCounts(row)
+			if err != nil {
+				return err
+			}
 			// Set, never accumulated: the callback may run twice.
 			last, idle = open == 0, started == 0
-			return err
+			return nil
 		})
 	if err == nil && idle {
 		ex.x.ReportPhase(ledger.PhaseContinue)

@@ -179,9 +179,9 @@ func ReadCallState(ctx context.Context, tx pgx.Tx, callID string) (CallState, er
 	return state, nil
 }
 
-// CallSettled reports whether a call has its result (a retried
-// SettleCall that committed), and whether no call of its attempt is still
-// open, as SettleCall's last.
+// CallSettled reports whether a call has its result (a retried settle that
+// committed), and whether no call of its attempt is still open, as the
+// settle's answer says (promptline_call_settle).
 func CallSettled(ctx context.Context, tx pgx.Tx, callID, attemptID string) (settled, last bool, err error) {
 	state, err := ReadCallState(ctx, tx, callID)
 	if err != nil || state == "" || state == CallRequested || state == CallStarted {

@@ -196,8 +196,11 @@ func TestAttemptsAndCalls(t *testing.T) {
 		require.Equal(t, 1, b.count(t, `SELECT count(*) FROM message_parts WHERE message_id = 'a1' AND idx = 3 AND kind = 'tool_call' AND body::jsonb = '{"id":"m4"}'`))
 		require.Equal(t, 1, b.count(t, `SELECT count(*) FROM outbox WHERE topic = 'step'`))
 		require.Equal(t, ledger.PhaseContinue, phase(t, b).Phase, "the calls must run, then the model see them")
-		err = requested(calls[:1])
-		require.Error(t, err, "a step's calls are recorded once")
+		// Again, with no text and no parts, so that only the calls can
+		// conflict.
+		err = x.WriteCallRetried(ctx, ledger.RetryOpts{}, ledger.PhaseContinue, "a1",
+			ledger.StepCallsCall(p.ID, 3, 4, "resp-1", "a1", "", nil, calls[:1], events("step")), nil)
+		require.ErrorContains(t, err, "tool_calls_pkey", "a step's calls are recorded once")
 		require.Equal(t, 1, b.count(t, `SELECT count(*) FROM outbox WHERE topic = 'step'`), "and nothing of the second write stays")
 
 		require.NoError(t, start("c1"))

@@ -10,6 +10,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/promptline/promptline/internal/pgdb"
 )
 
 // The executor's hot path writes in one round trip per transaction: its
@@ -162,12 +164,14 @@ func (x *Execution) WriteCallScan(ctx context.Context, phase Phase, assistantMes
 // WriteCallRetried is WriteRetried as one statement, sent through group
 // commit: c's function, given the fence's arguments (as WriteCall) then
 // c.Args. scan, when not nil, reads the function's one row; it may run
-// twice (group commit's re-send), and not at all when a retry finds the
-// write landed. A transient failure is retried while the lease lives, as
-// WriteRetried does: the retry calls the function again in an explicit
-// transaction whose fence applies the write's position, after the landed
-// check (a write that is there is not written again; scan is then not
-// run).
+// twice (group commit's re-send), and on a first try whose answer was
+// lost, on no row (its error is then the caller's to ignore). A transient
+// failure is retried while the lease lives, as WriteRetried does: the
+// retry calls the function again in an explicit transaction whose fence
+// applies the write's position, after the landed check. A retry refused
+// by the position (the write landed unheard: scan did not read its row)
+// runs opts.Landed in a read of its own, best effort, so that the caller
+// may read what the write left.
 func (x *Execution) WriteCallRetried(ctx context.Context, opts RetryOpts, phase Phase, assistantMessageID string, c Call, scan func(row pgx.Row) error) error {
 	x.mu.Lock()
 	defer x.mu.Unlock()
@@ -197,7 +201,14 @@ func (x *Execution) WriteCallRetried(ctx context.Context, opts RetryOpts, phase 
 			return row.Scan(&void)
 		}))
 		if errors.Is(err, errWriteApplied) {
-			return nil // the write retried landed
+			// The write retried landed.
+			if opts.Landed != nil {
+				_ = pgdb.InTx(ctx, x.claims.pool, func(tx pgx.Tx) error {
+					_, err := opts.Landed(ctx, tx)
+					return err
+				})
+			}
+			return nil
 		}
 		return err
 	})
