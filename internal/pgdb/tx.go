@@ -61,9 +61,11 @@ func InTxFrom(ctx context.Context, pool *pgxpool.Pool, first *pgx.Batch, fn func
 	b.BeginTx(pgx.TxOptions{})
 	b.QueuedQueries = append(b.QueuedQueries, first.QueuedQueries...)
 	br := pool.SendBatch(ctx, b)
-	tx := br.Tx()
-	if err := br.Close(); err != nil {
-		return errors.Join(err, ignoreClosed(tx.Rollback(context.WithoutCancel(ctx))))
-	}
-	return runTx(ctx, tx, fn)
+	// first's callbacks run in Close: guarded as fn is.
+	return runTx(ctx, br.Tx(), func(tx pgx.Tx) error {
+		if err := br.Close(); err != nil {
+			return err
+		}
+		return fn(tx)
+	})
 }

@@ -4,8 +4,10 @@ import (
 	"context"
 	"runtime"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/stretchr/testify/require"
 
 	"github.com/promptline/promptline/internal/pgdb"
@@ -48,6 +50,22 @@ func TestTransactionEndsWhenItsFunctionDoesNotReturn(t *testing.T) {
 	ends := map[string]func(){
 		"Panic":  func() { panic("a bug in the transaction's function") },
 		"Goexit": runtime.Goexit,
+	}
+	// A callback of InTxFrom's first statements that does not return.
+	for ename, end := range ends {
+		done := make(chan struct{})
+		go func() {
+			defer close(done)
+			defer func() { _ = recover() }()
+			first := &pgx.Batch{}
+			first.Queue(`SELECT 1`).Exec(func(pgconn.CommandTag) error { end(); return nil })
+			_ = pgdb.InTxFrom(ctx, db, first, func(pgx.Tx) error { return nil })
+		}()
+		<-done
+		// The connection, busy mid-batch, is closed rather than kept:
+		// the pool destroys it on a goroutine of its own.
+		require.Eventually(t, func() bool { return db.Stat().AcquiredConns() == 0 }, 5*time.Second, 10*time.Millisecond,
+			"InTxFrom's first callback, %s: the connection was given back", ename)
 	}
 	id := 0
 	for bname, begin := range begins {
