@@ -69,15 +69,26 @@ func openLocal(t *testing.T, dir string, mustExist bool) (*pgdb.DB, string) {
 	return db, logs.String()
 }
 
-// refused says whether nothing answers at url any more.
-func refused(t *testing.T, url string) bool {
+// refused says whether the server of the cluster in dir no longer
+// answers at url. Its port, freed, may be taken at once by another
+// server (a test of another package starting a cluster of its own, on a
+// free port of its choosing): one that answers from another data
+// directory is not this cluster's.
+func refused(t *testing.T, url, dir string) bool {
 	t.Helper()
 	conn, err := pgx.Connect(t.Context(), url)
-	if err == nil {
-		_ = conn.Close(t.Context())
-		return false
+	if err != nil {
+		return true
 	}
-	return true
+	defer func() { _ = conn.Close(t.Context()) }()
+	var served string
+	if err := conn.QueryRow(t.Context(), `SHOW data_directory`).Scan(&served); err != nil {
+		return false // it answers, and cannot say from where: taken as this cluster's
+	}
+	want, err := filepath.EvalSymlinks(dir)
+	require.NoError(t, err)
+	got, err := filepath.EvalSymlinks(served)
+	return err != nil || got != want
 }
 
 // `make demo`, then `consumer console`: the consumer's data outlives it.
@@ -96,7 +107,7 @@ func TestLocalClusterKeepsItsDataAfterTheProcessLeaves(t *testing.T) {
 	_, err := first.Pool.Exec(t.Context(), `INSERT INTO sessions (session_id, fencing_token) VALUES ('s-kept', 1)`)
 	require.NoError(t, err)
 	require.NoError(t, first.Close())
-	require.True(t, refused(t, first.URL), "the last process to leave stops the server")
+	require.True(t, refused(t, first.URL, dir), "the last process to leave stops the server")
 	require.DirExists(t, dir, "and keeps its data")
 	require.NoDirExists(t, dir+".init")
 
@@ -106,7 +117,7 @@ func TestLocalClusterKeepsItsDataAfterTheProcessLeaves(t *testing.T) {
 	require.NoError(t, again.Pool.QueryRow(t.Context(), `SELECT count(*) FROM sessions WHERE session_id = 's-kept'`).Scan(&n))
 	require.Equal(t, 1, n)
 	require.NoError(t, again.Close())
-	require.True(t, refused(t, again.URL))
+	require.True(t, refused(t, again.URL, dir))
 }
 
 // A consumer and a console at once: the second finds the server running,
@@ -121,11 +132,11 @@ func TestLocalClusterIsSharedAndTheLastToLeaveStopsIt(t *testing.T) {
 	require.Equal(t, consumer.URL, console.URL)
 
 	require.NoError(t, consumer.Close())
-	require.False(t, refused(t, console.URL), "another process still uses it")
+	require.False(t, refused(t, console.URL, dir), "another process still uses it")
 	var n int
 	require.NoError(t, console.Pool.QueryRow(t.Context(), `SELECT count(*) FROM sessions`).Scan(&n))
 	require.NoError(t, console.Close())
-	require.True(t, refused(t, console.URL))
+	require.True(t, refused(t, console.URL, dir))
 }
 
 // An operator command with nothing to inspect says what to do and creates
@@ -178,13 +189,13 @@ func TestLocalClusterIsNotStoppedUnderAUserWithoutConnections(t *testing.T) {
 	}, 10*time.Second, 20*time.Millisecond)
 
 	require.NoError(t, consumer.Close())
-	require.False(t, refused(t, console.URL), "the console still uses the cluster")
+	require.False(t, refused(t, console.URL, dir), "the console still uses the cluster")
 	require.Eventually(t, func() bool {
 		var n int
 		return console.Pool.QueryRow(t.Context(), `SELECT count(*) FROM sessions`).Scan(&n) == nil
 	}, 10*time.Second, 20*time.Millisecond, "and can query it again")
 	require.NoError(t, console.Close())
-	require.True(t, refused(t, console.URL), "the last to leave stops it")
+	require.True(t, refused(t, console.URL, dir), "the last to leave stops it")
 }
 
 // A process that holds the lock and never lets go (paused while it starts
@@ -242,7 +253,7 @@ func TestLocalClusterStartsOverAStalePidFileWhosePidLives(t *testing.T) {
 	_, err := first.Pool.Exec(t.Context(), `INSERT INTO sessions (session_id, fencing_token) VALUES ('s-kept', 1)`)
 	require.NoError(t, err)
 	require.NoError(t, first.Close())
-	require.True(t, refused(t, first.URL))
+	require.True(t, refused(t, first.URL, dir))
 
 	// The process that has the pid now, of the server's user (as root,
 	// "postgres"), whom pg_ctl and PostgreSQL see alive.
@@ -268,7 +279,7 @@ func TestLocalClusterStartsOverAStalePidFileWhosePidLives(t *testing.T) {
 	require.NoError(t, again.Pool.QueryRow(t.Context(), `SELECT count(*) FROM sessions WHERE session_id = 's-kept'`).Scan(&n))
 	require.Equal(t, 1, n)
 	require.NoError(t, again.Close())
-	require.True(t, refused(t, again.URL))
+	require.True(t, refused(t, again.URL, dir))
 }
 
 // A server that does not start says why (server.log's last lines) and
