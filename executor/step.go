@@ -188,16 +188,24 @@ func (ex *execution) beginStep(ctx context.Context, tx pgx.Tx, t *turn, step int
 	if err != nil {
 		return provider.Request{}, err
 	}
+	req, p := ex.stepAttempt(t, step, attemptID, hist)
+	return req, ex.x.BeginAttempt(ctx, tx, p)
+}
+
+// stepAttempt is the step's request over the transcript hist, and its
+// attempt's intent: keyed by the attempt, or by the turn's retry key in
+// its first step, with the request's fingerprint.
+func (ex *execution) stepAttempt(t *turn, step int, attemptID string, hist []provider.TranscriptMessage) (provider.Request, ledger.AttemptParams) {
 	key := attemptID
 	if step == 1 && t.retryKey != "" {
 		key = t.retryKey
 	}
 	req := ex.request(t, attemptID, key, hist)
 	hash, tokens := requestFingerprint(req)
-	return req, ex.x.BeginAttempt(ctx, tx, ledger.AttemptParams{
+	return req, ledger.AttemptParams{
 		ID: attemptID, AssistantMessageID: t.assistantID, Step: step, Provider: ex.e.providerName,
 		IdempotencyKey: key, RequestHash: hash, Model: ex.e.providerModel, RequestTokens: tokens,
-	})
+	}
 }
 
 // beginStepCall commits the intent of the step's provider attempt, as
@@ -211,17 +219,8 @@ func (ex *execution) beginStepCall(ctx context.Context, t *turn, step int, attem
 	if err != nil {
 		return provider.Request{}, err
 	}
-	key := attemptID
-	if step == 1 && t.retryKey != "" {
-		key = t.retryKey
-	}
-	req := ex.request(t, attemptID, key, hist)
-	hash, tokens := requestFingerprint(req)
-	err = ex.writeCall(ctx, ledger.PhaseUnknown, t.assistantID, ledger.StepBeginCall(ids(t.inputs), t.id, ledger.AttemptParams{
-		ID: attemptID, AssistantMessageID: t.assistantID, Step: step, Provider: ex.e.providerName,
-		IdempotencyKey: key, RequestHash: hash, Model: ex.e.providerModel, RequestTokens: tokens,
-	}))
-	return req, err
+	req, p := ex.stepAttempt(t, step, attemptID, hist)
+	return req, ex.writeCall(ctx, ledger.PhaseUnknown, t.assistantID, ledger.StepBeginCall(ids(t.inputs), t.id, p))
 }
 
 // readHistory reads the session's transcript as the provider sees it, in
