@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgtype"
 	"github.com/jackc/pgx/v5/pgxpool"
 
@@ -332,26 +333,105 @@ func (x *Execution) SetPhase(ctx context.Context, tx pgx.Tx, phase Phase, assist
 }
 
 // Renew extends the lease; an expired claim cannot be renewed (ErrFenced).
-// It is a transaction of its own on a pool connection, ended by ctx: not
-// group-committed, where it would queue for group commit's few flushes
-// behind other sessions' writes that wait on a lock, and where a stop
-// could not end it (docs/benchmarks.md, "renewals group-committed:
-// measured and not kept"). It still waits for a free pool connection.
+// It is the fence alone, one statement and so a transaction of its own
+// on a pool connection, ended by ctx: not group-committed, where it would
+// queue for group commit's few flushes behind other sessions' writes that
+// wait on a lock, and where a stop could not end it (docs/benchmarks.md,
+// "renewals group-committed: measured and not kept"). It waits for a free
+// pool connection holding the execution's writes back; KeepAlive's
+// renewals do not (renewIfDue).
 func (x *Execution) Renew(ctx context.Context) error {
-	err := x.Write(ctx, nil)
-	if err == nil && x.claims.cfg.OnRenewedFunc != nil {
-		x.claims.cfg.OnRenewedFunc()
-	}
-	return err
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	return x.renewLocked(ctx, x.claims.pool)
 }
 
-// KeepAlive renews the lease every lease/3 until ctx ends, the execution
-// is fenced or stop is called; stop ends it and waits for a renewal under
-// way (so it must not be called from inside a renewal: OnRenewedFunc, the
-// logger). It runs on a timer, not a goroutine of its own: between
-// renewals nothing waits (each renewal runs in the timer's goroutine), so
-// an execution waiting on its provider costs one goroutine, not two
-// (docs/benchmarks.md, "the lease renewed on a timer").
+// execer is a pool or one of its connections.
+type execer interface {
+	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
+}
+
+// renewLocked sends the fence alone on db: no phase, no position. x.mu is
+// held.
+func (x *Execution) renewLocked(ctx context.Context, db execer) error {
+	if x.fenced.Load() {
+		return ErrFenced
+	}
+	if _, ok := ctx.Deadline(); !ok {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, x.claims.cfg.RoundTripTimeout)
+		defer cancel()
+	}
+	sent := time.Now()
+	if _, err := db.Exec(ctx, fenceCallSQL, x.fenceArgs("", "", 0)...); err != nil {
+		if errors.Is(interpretError(err), errFenceRaised) {
+			x.markFenced(ctx)
+			return ErrFenced
+		}
+		return fmt.Errorf("renewing the lease: %w", err)
+	}
+	x.leaseFrom = sent
+	if f := x.claims.cfg.OnRenewedFunc; f != nil {
+		f()
+	}
+	return nil
+}
+
+// renewIfDue renews the lease when it is due, every after the last write
+// that passed the fence was sent (leaseFrom): any such write renewed it,
+// so an execution that writes often sends no renewal. It returns the wait
+// before it should be called again.
+//
+// It never waits holding x.mu, so it never holds back the execution's
+// own writes: it takes a pool connection first, then x.mu only if free.
+// Holding x.mu while waiting for a connection, at ten thousand turns in
+// flight on a busy pool, a renewal that fell due just before a turn's
+// answer held that answer's write back behind its own wait for a
+// connection, and the turn's slot with it (docs/benchmarks.md). A write
+// under way when it looks, holding x.mu, renews the lease if it lands;
+// it looks again after busy (a tenth of every) and renews then unless
+// that write landed.
+func (x *Execution) renewIfDue(ctx context.Context, every time.Duration) (next time.Duration, err error) {
+	busy := max(every/10, time.Millisecond)
+	due := func() time.Duration { return every - time.Since(x.leaseFrom) } // x.mu held
+	if !x.mu.TryLock() {
+		return busy, nil
+	}
+	wait := due()
+	x.mu.Unlock()
+	if wait > 0 {
+		return wait, nil
+	}
+	began := time.Now()
+	if _, ok := ctx.Deadline(); !ok {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, x.claims.cfg.RoundTripTimeout)
+		defer cancel()
+	}
+	conn, err := x.claims.pool.Acquire(ctx)
+	if err != nil {
+		return nextRenewal(every, time.Since(began)), fmt.Errorf("renewing the lease: %w", err)
+	}
+	defer conn.Release()
+	if !x.mu.TryLock() {
+		return busy, nil
+	}
+	defer x.mu.Unlock()
+	if wait := due(); wait > 0 { // a write landed while this waited for the connection
+		return wait, nil
+	}
+	err = x.renewLocked(ctx, conn)
+	return nextRenewal(every, time.Since(began)), err
+}
+
+// KeepAlive renews the lease when it falls due (renewIfDue: every lease/3
+// after the last write that passed the fence) until ctx ends, the
+// execution is fenced or stop is called; stop ends it and waits for a
+// renewal under way (so it must not be called from inside a renewal:
+// OnRenewedFunc, the logger). It runs on a timer, not a goroutine of its
+// own: between renewals nothing waits (each renewal runs in the timer's
+// goroutine), so an execution waiting on its provider costs one
+// goroutine, not two (docs/benchmarks.md, "the lease renewed on a timer").
 func (x *Execution) KeepAlive(ctx context.Context) (stop func()) {
 	every := max(x.claims.cfg.Lease/3, time.Millisecond)
 	var (
@@ -369,8 +449,8 @@ func (x *Execution) KeepAlive(ctx context.Context) (stop func()) {
 		if !goOn || !live() {
 			return
 		}
-		began := time.Now()
-		if err := x.Renew(ctx); err != nil && !errors.Is(err, ErrFenced) && ctx.Err() == nil {
+		next, err := x.renewIfDue(ctx, every)
+		if err != nil && !errors.Is(err, ErrFenced) && ctx.Err() == nil {
 			x.claims.cfg.Logger.WarnContext(ctx, "renewing claim failed; retrying at the next tick",
 				slog.String("session_id", x.claim.SessionID), slog.Any("error", err))
 		}
@@ -378,7 +458,7 @@ func (x *Execution) KeepAlive(ctx context.Context) (stop func()) {
 		defer mu.Unlock()
 		if !stopped && live() {
 			running.Add(1)
-			t.Reset(nextRenewal(every, time.Since(began)))
+			t.Reset(next)
 		}
 	}
 	mu.Lock()

@@ -81,3 +81,13 @@ func QueueFinishAttempt(b *pgx.Batch, id string, state AttemptState, errText str
 
 // NextRenewal is KeepAlive's wait before the next renewal.
 var NextRenewal = nextRenewal
+
+// Busy reports whether something holds the execution's write lock: a
+// write under way, or one waiting for a connection with it held.
+func (x *Execution) Busy() bool {
+	if x.mu.TryLock() {
+		x.mu.Unlock()
+		return false
+	}
+	return true
+}

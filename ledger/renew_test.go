@@ -1,0 +1,87 @@
+package ledger_test
+
+import (
+	"context"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/require"
+
+	"github.com/promptline/promptline/internal/testkit"
+	"github.com/promptline/promptline/ledger"
+)
+
+// An execution's writes renew its lease (the fence opens each): while
+// they come more often than lease/3, KeepAlive has nothing to renew and
+// sends nothing; once they stop, its renewals keep the claim.
+func TestKeepAliveRenewsOnlyWhenNoWriteDid(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool, _ := testkit.Pool(t)
+	var renewals atomic.Int32
+	lease := 600 * time.Millisecond
+	b := &testBundle{pool: pool, claims: ledger.NewClaims(pool, &ledger.ClaimsConfig{
+		Lease: lease, OwnerID: "owner-a", OnRenewedFunc: func() { renewals.Add(1) },
+	})}
+	b.session(t, "s", 0)
+	x := b.acquire(t, "s", "e1")
+	kctx, cancel := context.WithCancel(ctx)
+	stop := x.KeepAlive(kctx)
+	t.Cleanup(func() { cancel(); stop() })
+
+	// Six of lease/3 with a write every quarter of it.
+	for end := time.Now().Add(2 * lease); time.Now().Before(end); time.Sleep(lease / 12) {
+		require.NoError(t, x.Write(ctx, func(pgx.Tx) error { return nil }))
+	}
+	require.Zero(t, renewals.Load(), "renewals sent while writes renewed the lease")
+
+	require.Eventually(t, func() bool { return renewals.Load() >= 3 }, 10*time.Second, 10*time.Millisecond,
+		"the writes stopped, the renewals go on")
+	require.False(t, x.Fenced())
+	require.NoError(t, x.Write(ctx, func(pgx.Tx) error { return nil }), "the claim is live, three leases later")
+}
+
+// A renewal that falls due while the pool has no free connection does not
+// hold the execution's writes back while it waits for one: the write that
+// comes meanwhile goes first, and renews the lease itself, so the renewal
+// is not sent. Holding the execution's lock while it waited, a renewal
+// made a turn's answer wait for its connection and then for its own
+// round trip (docs/benchmarks.md).
+func TestRenewalWaitingForAConnectionHoldsNoWriteBack(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	_, url := testkit.Pool(t)
+	pool, err := pgxpool.New(ctx, url+"&pool_max_conns=1")
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	var renewals atomic.Int32
+	lease := 3 * time.Second
+	b := &testBundle{pool: pool, claims: ledger.NewClaims(pool, &ledger.ClaimsConfig{
+		Lease: lease, OwnerID: "owner-a", OnRenewedFunc: func() { renewals.Add(1) },
+	})}
+	b.session(t, "s", 0)
+	x := b.acquire(t, "s", "e1")
+
+	held, err := pool.Acquire(ctx) // the pool's only connection
+	require.NoError(t, err)
+	kctx, cancel := context.WithCancel(ctx)
+	stop := x.KeepAlive(kctx)
+	t.Cleanup(func() { cancel(); stop() })
+	time.Sleep(lease/3 + lease/6) // the renewal fell due and waits for the connection
+
+	wrote := make(chan error, 1)
+	go func() { wrote <- x.Write(ctx, func(pgx.Tx) error { return nil }) }()
+	require.Eventually(t, x.Busy, 10*time.Second, time.Millisecond, "the write is under way")
+	held.Release()
+	select {
+	case err := <-wrote:
+		require.NoError(t, err)
+	case <-time.After(10 * time.Second):
+		require.FailNow(t, "the write never ran")
+	}
+	require.Zero(t, renewals.Load(), "a renewal went before the write that came while it waited")
+	require.False(t, x.Fenced())
+}
