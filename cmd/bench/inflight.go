@@ -84,7 +84,11 @@ type inFlightPeaks struct {
 	Busy        int `json:"peak_busy_connections"`
 	// InFlight is the largest count of prompts sent and not yet answered.
 	InFlight int `json:"peak_in_flight"`
-	Samples  int `json:"samples"`
+	// Renewals is the last promptline_claims_total{event="renewed"}
+	// served: the leases renewed by a transaction of their own (a write
+	// renews its lease too, uncounted).
+	Renewals int64 `json:"renewals"`
+	Samples  int   `json:"samples"`
 	// OverPool lists the consumer's backends (state, wait event, age,
 	// query) at the first sample that saw more of them than its pool
 	// holds: the evidence for where the extra ones come from.
@@ -392,6 +396,7 @@ FROM pg_stat_activity WHERE datname = current_database() AND application_name = 
 	p.Goroutines, p.Executions = max(p.Goroutines, g.goroutines), max(p.Executions, g.executions)
 	p.StackBytes, p.HeapBytes = max(p.StackBytes, g.stack), max(p.HeapBytes, g.heap)
 	p.Connections, p.Busy = max(p.Connections, conns), max(p.Busy, busy)
+	p.Renewals = max(p.Renewals, g.renewals)
 	if s.inFlight != nil {
 		p.InFlight = max(p.InFlight, s.inFlight())
 	}
@@ -440,12 +445,12 @@ func (s *sampler) stop() (inFlightPeaks, error) {
 // gauges are the figures a sample reads from the consumer's /metrics.
 type gauges struct {
 	goroutines, executions int
-	stack, heap            int64
+	stack, heap, renewals  int64
 }
 
 // scrapeGauges reads go_goroutines, promptline_active_executions,
-// go_memstats_stack_inuse_bytes and go_memstats_heap_inuse_bytes from a
-// /metrics endpoint.
+// go_memstats_stack_inuse_bytes, go_memstats_heap_inuse_bytes and
+// promptline_claims_total{event="renewed"} from a /metrics endpoint.
 func scrapeGauges(ctx context.Context, addr string) (gauges, error) {
 	var g gauges
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+addr+"/metrics", nil)
@@ -461,10 +466,11 @@ func scrapeGauges(ctx context.Context, addr string) (gauges, error) {
 		return g, fmt.Errorf("GET /metrics: %s", resp.Status)
 	}
 	fields := map[string]func(float64){
-		"go_goroutines":                 func(v float64) { g.goroutines = int(v) },
-		"promptline_active_executions":  func(v float64) { g.executions = int(v) },
-		"go_memstats_stack_inuse_bytes": func(v float64) { g.stack = int64(v) },
-		"go_memstats_heap_inuse_bytes":  func(v float64) { g.heap = int64(v) },
+		"go_goroutines":                            func(v float64) { g.goroutines = int(v) },
+		"promptline_active_executions":             func(v float64) { g.executions = int(v) },
+		"go_memstats_stack_inuse_bytes":            func(v float64) { g.stack = int64(v) },
+		"go_memstats_heap_inuse_bytes":             func(v float64) { g.heap = int64(v) },
+		`promptline_claims_total{event="renewed"}`: func(v float64) { g.renewals = int64(v) },
 	}
 	sc := bufio.NewScanner(resp.Body)
 	sc.Buffer(make([]byte, 64<<10), 1<<20)
@@ -487,7 +493,7 @@ func scrapeGauges(ctx context.Context, addr string) (gauges, error) {
 		return g, err
 	}
 	if seen != len(fields) {
-		return g, fmt.Errorf("/metrics serves %d of the %d gauges a sample reads (go_goroutines, promptline_active_executions, go_memstats_stack_inuse_bytes, go_memstats_heap_inuse_bytes)", seen, len(fields))
+		return g, fmt.Errorf("/metrics serves %d of the %d series a sample reads (go_goroutines, promptline_active_executions, go_memstats_stack_inuse_bytes, go_memstats_heap_inuse_bytes, promptline_claims_total{event=\"renewed\"})", seen, len(fields))
 	}
 	return g, nil
 }
@@ -653,6 +659,7 @@ func printInFlight(out io.Writer, r *inFlightResult) {
 	fmt.Fprintf(tw, "consumer heap in use, peak (MiB)\t%.0f\t\t\t\n", mib(s.Peaks.HeapBytes))
 	fmt.Fprintf(tw, "consumer's Postgres connections, peak\t%d\t≤ %d (pool)\t%s\t\n", s.Peaks.Connections, r.PoolSize, met(s.Peaks.Connections <= int(r.PoolSize)))
 	fmt.Fprintf(tw, "  of them busy (not idle), peak\t%d\t\t\t\n", s.Peaks.Busy)
+	fmt.Fprintf(tw, "leases renewed (transactions of their own)\t%d\t\t\t\n", s.Peaks.Renewals)
 	fmt.Fprintf(tw, "overhead p50 (ms past the sleep)\t%.1f\t\t\t\n", s.Overhead.P50)
 	fmt.Fprintf(tw, "overhead p99 (ms past the sleep)\t%.1f\t< %d\t%s\t\n", s.Overhead.P99, goalInFlightOverheadP99,
 		met(s.Overhead.P99 < goalInFlightOverheadP99 && s.Missing == 0 && s.Failed == 0))

@@ -134,7 +134,7 @@ func newRootCommandEnv(environ func() []string) *cobra.Command {
 	f.DurationVar(&o.dbRoundTrip, "db-round-trip-timeout", 0, "longest wait for Postgres's answer that has no deadline of its own (a group commit, a renewal, a relay pass, a pool ping), and the connections' TCP user timeout: a silent partition or failover then costs this long, not the kernel's 15 minutes; past it the connection is closed and the write is handled as after a lost connection; never shorter than --lease; 0: --db-statement-timeout plus 5s, or --lease when longer")
 	f.BoolVar(&o.migrate, "migrate", true, "apply pending migrations at start (each statement under a 15-minute timeout, or --db-statement-timeout if longer); false: only check the schema version (the runtime role has no DDL rights; run consumer migrate as the owner)")
 	f.Int32Var(&o.dbMaxConns, "db-max-conns", 32, "Postgres connections in this process's pool (admission per partition, executions, relay)")
-	f.DurationVar(&o.lease, "lease", ledger.LeaseDefault, "claim lease; a live execution renews it every lease/3 by the database clock")
+	f.DurationVar(&o.lease, "lease", ledger.LeaseDefault, "claim lease; a live execution renews it once lease/3 has passed since its last write (every write renews it too), by the database clock")
 	f.DurationVar(&o.shutdownGrace, "shutdown-grace", executor.StopGraceDefault, "time running turns get to finish on SIGTERM")
 	f.DurationVar(&o.toolTimeout, "tool-timeout", 30*time.Second, "bound of one tool call: past it the call's outcome is unknown (never re-run automatically) and the turn goes on")
 	f.StringVar(&o.topics.Prompts, "prompts-topic", "prompts", "topic of incoming prompts")
