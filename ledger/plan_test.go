@@ -3,6 +3,7 @@ package ledger_test
 import (
 	"fmt"
 	"regexp"
+	"slices"
 	"strings"
 	"testing"
 
@@ -72,6 +73,38 @@ var ledgerStatements = []struct{ name, sql, args string }{
 	{"ledger: prune a batch", ledger.PruneSQL, fmt.Sprintf(`('e42', 500, 86400000, %d)`, ledger.PruneLockKey)},
 }
 
+// functionStatements are statements on the ledger that run inside the
+// hot path's SQL functions, copied as the function's body has them
+// (testkit.PlanConn.FunctionStatement checks that it still does), their
+// parameters numbered as subst says. A statement written in a function is
+// planned where EXPLAIN does not reach from outside it.
+var functionStatements = []struct {
+	name, fn, prefix, stmt string
+	subst                  map[string]string
+	args                   string
+}{
+	{name: "promptline_step_calls, promptline_turn_answer: the attempt's success", fn: "promptline_step_calls",
+		stmt: `UPDATE attempts SET state = 'succeeded', error = NULL, input_tokens = p_input_tokens, output_tokens = p_output_tokens,
+		finished_at = now(),
+		response_id = coalesce(response_id, nullif(p_response_id, '')),
+		response_id_at = CASE WHEN response_id IS NULL AND p_response_id <> '' THEN now() ELSE response_id_at END
+		WHERE attempt_id = p_attempt`,
+		subst: map[string]string{"p_attempt": "$1", "p_input_tokens": "$2", "p_output_tokens": "$3", "p_response_id": "$4"},
+		args:  `('e42/step-1', 1, 2, 'r1')`},
+	{name: "promptline_call_start: the call started", fn: "promptline_call_start",
+		stmt:  `UPDATE tool_calls SET state = 'started', started_at = now() WHERE call_id = p_call AND state = 'requested'`,
+		subst: map[string]string{"p_call": "$1"}, args: `('c42')`},
+	{name: "promptline_call_settle: the call settled", fn: "promptline_call_settle",
+		stmt: `UPDATE tool_calls SET state = p_state, output = p_output, is_error = p_is_error, finished_at = now()
+		WHERE call_id = p_call AND state IN ('requested', 'started')`,
+		subst: map[string]string{"p_call": "$1", "p_state": "$2", "p_output": "$3", "p_is_error": "$4"},
+		args:  `('c42', 'succeeded', 'x', false)`},
+	{name: "promptline_call_settle: the attempt's open calls", fn: "promptline_call_settle",
+		prefix: `SELECT count(*), count(*) FILTER (WHERE state = 'started') `,
+		stmt:   `FROM tool_calls WHERE attempt_id = p_attempt AND state IN ('requested', 'started')`,
+		subst:  map[string]string{"p_attempt": "$1"}, args: `('e42/step-1')`},
+}
+
 // ledgerSettings are the settings a statement's transaction plans it with.
 var ledgerSettings = map[string]string{
 	"ledger: prune a batch": strings.Replace(ledger.PruneSettingsSQL, "SET LOCAL", "SET", 1),
@@ -88,6 +121,11 @@ func TestLedgerStatementsUseIndexes(t *testing.T) {
 	t.Parallel()
 	pc := testkit.NewPlanConn(t)
 	exec := pc.Exec
+	ledgerStatements := slices.Clone(ledgerStatements)
+	for _, f := range functionStatements {
+		ledgerStatements = append(ledgerStatements, struct{ name, sql, args string }{
+			f.name, f.prefix + pc.FunctionStatement(f.fn, f.stmt, f.subst), f.args})
+	}
 	for _, table := range []string{"sessions", "attempts", "tool_calls", "permission_requests", "claims", "inputs", "recoveries"} {
 		exec(`ALTER TABLE ` + table + ` SET (autovacuum_enabled = false)`)
 	}

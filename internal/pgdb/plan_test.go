@@ -37,10 +37,18 @@ func TestPerSessionStatementsUseSessionIndexes(t *testing.T) {
 		// parts).
 		{"waiting head", `SELECT message_id FROM promptline_waiting_head($1)`, `('s42')`,
 			[]string{"inputs_waiting_session"}},
-		// The statement inside promptline_fence.
-		{"fence", `UPDATE claims SET expires_at = clock_timestamp() + $4 * interval '1 millisecond', renewed_at = clock_timestamp()
-			WHERE session_id = $1 AND execution_id = $2 AND fencing_token = $3 AND expires_at > clock_timestamp() AND quarantine_reason IS NULL`,
-			`('s42', 'e42', 1, 1000)`, []string{"claims_pkey", "claims_execution_id_key"}},
+		// The statement inside promptline_fence, as its body has it.
+		{"fence", pc.FunctionStatement("promptline_fence", `UPDATE claims SET expires_at = v_now + p_lease_ms * interval '1 millisecond', renewed_at = v_now,
+				phase = coalesce(p_phase, phase),
+				assistant_message_id = coalesce(nullif(p_assistant, ''), assistant_message_id),
+				write_seq = coalesce(p_seq, write_seq)
+			WHERE session_id = p_session AND execution_id = p_execution AND fencing_token = p_token
+				AND expires_at > v_now AND quarantine_reason IS NULL
+				AND (p_seq IS NULL OR write_seq < p_seq)`, map[string]string{
+			"p_session": "$1", "p_execution": "$2", "p_token": "$3", "p_lease_ms": "$4",
+			"p_phase": "$5::text", "p_assistant": "$6::text", "p_seq": "$7::bigint", "v_now": "clock_timestamp()",
+		}),
+			`('s42', 'e42', 1, 1000, NULL, '', 7)`, []string{"claims_pkey", "claims_execution_id_key"}},
 		// pipeline's historySQL, read at every promotion.
 		{"transcript", `SELECT m.message_id, p.body FROM messages m LEFT JOIN message_parts p ON p.message_id = m.message_id
 			WHERE m.session_id = $1 AND (m.role IN ('user', 'tool') OR m.status = 'completed') ORDER BY m.seq, p.idx`,

@@ -2,6 +2,7 @@ package testkit
 
 import (
 	"context"
+	"regexp"
 	"strings"
 	"testing"
 
@@ -63,3 +64,40 @@ func UsesIndex(plan, index string) bool {
 	}
 	return false
 }
+
+// FunctionStatement returns stmt, a statement as written in the body of
+// the SQL function fn (any of its overloads), with each name in subst
+// replaced by its value wherever it stands as a whole word: parameters by
+// $1, $2..., variables by the expression they hold. A plan test can then
+// prepare it and read its plan, which EXPLAIN cannot show from outside the
+// function. The test fails when fn's definition no longer contains stmt,
+// whitespace aside: a copy that no longer follows its function plans a
+// statement nobody runs.
+func (c *PlanConn) FunctionStatement(fn, stmt string, subst map[string]string) string {
+	c.t.Helper()
+	var def string
+	err := c.conn.QueryRow(context.Background(),
+		`SELECT coalesce(string_agg(pg_get_functiondef(oid), E'\n'), '') FROM pg_proc WHERE proname = $1`, fn).Scan(&def)
+	if err != nil {
+		c.t.Fatalf("reading function %s: %v", fn, err)
+	}
+	if def == "" {
+		c.t.Fatalf("function %s does not exist", fn)
+	}
+	if !strings.Contains(squeeze(def), squeeze(stmt)) {
+		c.t.Fatalf("function %s no longer contains the statement its plan test copies; copy it again:\n%s", fn, stmt)
+	}
+	for name, v := range subst {
+		re := regexp.MustCompile(`\b` + regexp.QuoteMeta(name) + `\b`)
+		if !re.MatchString(stmt) {
+			c.t.Fatalf("%s: the statement has no %s to replace:\n%s", fn, name, stmt)
+		}
+		stmt = re.ReplaceAllLiteralString(stmt, v)
+	}
+	return stmt
+}
+
+var spaces = regexp.MustCompile(`\s+`)
+
+// squeeze folds every run of whitespace into one space.
+func squeeze(s string) string { return strings.TrimSpace(spaces.ReplaceAllString(s, " ")) }
