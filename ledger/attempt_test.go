@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/stretchr/testify/require"
 
 	"github.com/promptline/promptline/ledger"
@@ -201,12 +202,20 @@ func TestAttemptsAndCalls(t *testing.T) {
 		err = x.WriteCallRetried(ctx, ledger.RetryOpts{}, ledger.PhaseContinue, "a1",
 			ledger.StepCallsCall(p.ID, 3, 4, "resp-1", "a1", "", nil, calls[:1], events("step")), nil)
 		require.ErrorContains(t, err, "tool_calls_pkey", "a step's calls are recorded once")
+		require.ErrorContains(t, err, "promptline_step_calls: ", "the error names the write's function")
+		var pgErr *pgconn.PgError
+		require.ErrorAs(t, err, &pgErr, "and keeps the server's error")
+		require.Equal(t, "23505", pgErr.Code)
 		require.Equal(t, 1, b.count(t, `SELECT count(*) FROM outbox WHERE topic = 'step'`), "and nothing of the second write stays")
 
 		require.NoError(t, start("c1"))
 		require.Equal(t, ledger.PhaseUnknown, phase(t, b).Phase, "a started call may be running")
 		require.Equal(t, 1, b.count(t, `SELECT count(*) FROM outbox WHERE topic = 'start c1'`))
-		require.ErrorContains(t, start("c1"), "not in state requested", "a call is started once")
+		err = start("c1")
+		require.ErrorContains(t, err, "not in state requested", "a call is started once")
+		require.ErrorContains(t, err, "promptline_call_start: ", "the error names the write's function")
+		require.ErrorAs(t, err, &pgErr)
+		require.Equal(t, "PLCNR", pgErr.Code)
 		require.Equal(t, 1, b.count(t, `SELECT count(*) FROM outbox WHERE topic = 'start c1'`), "the refused start wrote nothing")
 
 		open, started, err := settle("c1", ledger.CallSucceeded, "hi")

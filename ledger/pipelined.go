@@ -158,7 +158,17 @@ func (x *Execution) WriteCallScan(ctx context.Context, phase Phase, assistantMes
 	if scan != nil {
 		q.QueryRow(scan)
 	}
-	return x.sendQueued(ctx, b)
+	return callError(c.Func, x.sendQueued(ctx, b))
+}
+
+// callError names the write's function in err: the error a function
+// raises (a constraint, a refusal) says what failed, not in which write.
+// ErrFenced stays as it is; errors.Is and errors.As see through the rest.
+func callError(fn string, err error) error {
+	if err == nil || errors.Is(err, ErrFenced) {
+		return err
+	}
+	return fmt.Errorf("%s: %w", fn, err)
 }
 
 // WriteCallRetried is WriteRetried as one statement, sent through group
@@ -187,7 +197,7 @@ func (x *Execution) WriteCallRetried(ctx context.Context, opts RetryOpts, phase 
 		q.QueryRow(scan)
 	}
 	err := x.sendQueued(ctx, b)
-	return x.retry(ctx, err, func(ctx context.Context) error {
+	return callError(c.Func, x.retry(ctx, err, func(ctx context.Context) error {
 		err := x.writeLocked(ctx, false, seq, skipLanded(ctx, opts.Landed, func(tx pgx.Tx) error {
 			// The retry's own fence applied the position: the call's
 			// fence is given none.
@@ -211,7 +221,7 @@ func (x *Execution) WriteCallRetried(ctx context.Context, opts RetryOpts, phase 
 			return nil
 		}
 		return err
-	})
+	}))
 }
 
 // ReportPhase reports to ClaimsConfig.OnPhaseFunc a phase that a write's
@@ -260,7 +270,7 @@ func (x *Execution) FinishCallRetried(ctx context.Context, opts RetryOpts, phase
 		})
 		return err
 	})
-	return released, err
+	return released, callError(c.Func, err)
 }
 
 // FinishCall is FinishCallRetried with one try and no retry: for a write
@@ -276,7 +286,8 @@ func (x *Execution) FinishCall(ctx context.Context, phase Phase, assistantMessag
 	b := &pgx.Batch{}
 	b.Queue(sql, args...).QueryRow(func(row pgx.Row) error { return row.Scan(&released) })
 	err = x.sendQueued(ctx, b) // sets released: read after it
-	return x.finished(released, err)
+	released, err = x.finished(released, err)
+	return released, callError(c.Func, err)
 }
 
 // finishCallSQL is the statement of a finishing call: c's function given
