@@ -924,11 +924,6 @@ func (ex *execution) write(ctx context.Context, fn func(tx pgx.Tx) error) error 
 	return ex.e.announced(err)
 }
 
-// writeCall is ledger.Execution.WriteCall.
-func (ex *execution) writeCall(ctx context.Context, phase ledger.Phase, assistantID string, c ledger.Call) error {
-	return ex.e.announced(ex.x.WriteCall(ctx, phase, assistantID, c))
-}
-
 // The writes that record what a dispatch returned retry a transient
 // database error while the lease lives (ledger/retry.go); landed says
 // whether the write already committed when its commit's answer was lost.

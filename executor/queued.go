@@ -110,7 +110,15 @@ func (ex *execution) readView(ctx context.Context) (*sessionView, error) {
 func (ex *execution) promoteQueued(ctx context.Context, v *sessionView) (*turn, error) {
 	t := newTurn(pickTurn(v.waiting))
 	call, req := ex.firstStep("promptline_turn_next", t, v)
-	if err := ex.writeCall(ctx, ledger.PhaseUnknown, t.assistantID, call); err != nil {
+	// Retried as the writes after a dispatch are: the intent's position
+	// makes a retry exact, and an intent committed unheard, found landed,
+	// lets the turn run rather than leave it to recovery as outcome
+	// unknown (nothing was dispatched). On a goroutine of its own: the
+	// retry's frames are deeper than the execution's 8 KiB stack allows
+	// (onOwnStack).
+	var err error
+	onOwnStack(func() { err = ex.writeCallRetried(ctx, nil, ledger.PhaseUnknown, t.assistantID, call, nil) })
+	if err != nil {
 		return nil, err
 	}
 	t.begun = &req

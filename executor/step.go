@@ -220,7 +220,8 @@ func (ex *execution) beginStepCall(ctx context.Context, t *turn, step int, attem
 		return provider.Request{}, err
 	}
 	req, p := ex.stepAttempt(t, step, attemptID, hist)
-	return req, ex.writeCall(ctx, ledger.PhaseUnknown, t.assistantID, ledger.StepBeginCall(ids(t.inputs), t.id, p))
+	// Retried as promoteQueued's intent is.
+	return req, ex.writeCallRetried(ctx, nil, ledger.PhaseUnknown, t.assistantID, ledger.StepBeginCall(ids(t.inputs), t.id, p), nil)
 }
 
 // readHistory reads the session's transcript as the provider sees it, in

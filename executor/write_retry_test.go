@@ -251,6 +251,65 @@ func TestWriteAfterDispatchRetried(t *testing.T) {
 		completed(t, b, "m1", 2)
 	})
 
+	// A provider attempt's intent committed unheard: nothing was
+	// dispatched, so the retry that finds it landed lets the step run,
+	// once, where the turn was left to recovery as outcome unknown. The
+	// queued turn's promotion (promptline_turn_next) and a later step's
+	// intent (promptline_step_begin).
+	// The claim with the first turn (promptline_turn_first): committed
+	// unheard, it is found and kept; cut before its commit, it is sent
+	// again. Either way the turn runs once.
+	isFirst := func(label string) bool { return strings.Contains(label, "promptline_turn_first") }
+	t.Run("FirstTurnCommittedButUnheard", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t, 5*time.Second)
+		b.proxy.CutAfterCommit(isFirst)
+		b.admit(t, "s", "m1", "/reply hello")
+		run(t, b, "s")
+		require.Equal(t, 1, b.proxy.Stats().AmbiguousCuts, "the claim's commit was committed and its answer cut")
+		require.Len(t, events(t, b, "m1", envelope.EventTurnStarted), 1, "started once")
+		completed(t, b, "m1", 1)
+		require.Zero(t, b.fenced.Load(), "the claim found is the execution's own")
+	})
+
+	t.Run("FirstTurnLostBeforeCommit", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t, 5*time.Second)
+		b.proxy.CutBeforeCommit(isFirst)
+		b.admit(t, "s", "m1", "/reply hello")
+		run(t, b, "s")
+		require.Equal(t, 1, b.proxy.Stats().CutsBefore, "the claim's commit was cut before the server had it")
+		require.Len(t, events(t, b, "m1", envelope.EventTurnStarted), 1, "started once")
+		completed(t, b, "m1", 1)
+	})
+
+	t.Run("QueuedTurnIntentCommittedButUnheard", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t, 5*time.Second)
+		b.proxy.CutAfterCommit(func(label string) bool { return strings.Contains(label, "promptline_turn_next") })
+		b.admit(t, "s", "m1", "/reply one")
+		b.admit(t, "s", "m2", "/reply two") // queued behind m1: promoted by the same claim
+		run(t, b, "s")
+		require.Equal(t, 1, b.proxy.Stats().AmbiguousCuts, "the second turn's promotion was committed and its answer cut")
+		require.Len(t, events(t, b, "m1", envelope.EventTurnCompleted), 1)
+		require.Len(t, events(t, b, "m2", envelope.EventTurnCompleted), 1, "the promoted turn ran")
+		require.Len(t, events(t, b, "m2", envelope.EventTurnStarted), 1, "and was started once")
+		require.Equal(t, int32(2), b.provider.calls.Load(), "each turn dispatched once")
+		require.Zero(t, b.count(t, `SELECT count(*) FROM attempts WHERE state <> 'succeeded'`))
+		require.Zero(t, b.count(t, `SELECT count(*) FROM claims`))
+	})
+
+	t.Run("StepIntentCommittedButUnheard", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t, 5*time.Second)
+		b.proxy.CutAfterCommit(func(label string) bool { return strings.Contains(label, "promptline_step_begin") })
+		b.admit(t, "s", "m1", "/tool effect {}")
+		run(t, b, "s")
+		require.Equal(t, 1, b.proxy.Stats().AmbiguousCuts, "the second step's intent was committed and its answer cut")
+		require.Equal(t, int32(1), b.tool.runs.Load(), "the side effect ran once")
+		completed(t, b, "m1", 2)
+	})
+
 	// The deferral of an attempt that certainly was not sent committed
 	// unheard: the retry finds it deferred, and the step is sent again
 	// once.

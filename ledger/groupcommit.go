@@ -148,12 +148,19 @@ func (g *groupCommit) flush(txs []*queuedTx) {
 	// fails. A batch is sent once, so the queries are copied.
 	g.separated.Add(1)
 	for _, t := range txs {
-		alone := &pgx.Batch{}
-		for _, q := range t.batch.QueuedQueries {
-			alone.QueuedQueries = append(alone.QueuedQueries, &pgx.QueuedQuery{SQL: q.SQL, Arguments: q.Arguments, Fn: q.Fn})
-		}
-		t.done <- g.sendBatch(alone)
+		t.done <- g.sendBatch(copyBatch(t.batch))
 	}
+}
+
+// copyBatch is b's queries, to be sent again: pgx sends a batch once (a
+// query sent keeps the description of the statement it prepared, on the
+// connection that sent it).
+func copyBatch(b *pgx.Batch) *pgx.Batch {
+	again := &pgx.Batch{}
+	for _, q := range b.QueuedQueries {
+		again.QueuedQueries = append(again.QueuedQueries, &pgx.QueuedQuery{SQL: q.SQL, Arguments: q.Arguments, Fn: q.Fn})
+	}
+	return again
 }
 
 // ownResults is the result callback fn in a combined transaction. fn's own

@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
+	"math/rand/v2"
 	"slices"
 	"strconv"
 	"strings"
@@ -516,16 +518,102 @@ func (c *Claims) acquireAsRead(ctx context.Context, sessionID, executionID strin
 		return nil, err
 	}
 	x.leaseFrom = time.Now()
-	if err := c.group.send(sessionID, b); err != nil {
+	err := c.group.send(sessionID, b)
+	if err != nil && !errors.Is(interpretError(err), errStaleRaised) && pgdb.Transient(err) && !pgdb.Refused(err) {
+		err = c.claimUnheard(ctx, x, b, err)
+	}
+	if err != nil {
 		cancel()
 		if errors.Is(interpretError(err), errStaleRaised) {
 			return nil, ErrStale
 		}
 		return nil, fmt.Errorf("acquiring claim of %s with its first write: %w", sessionID, err)
 	}
-	x.claim.ExpiresAt = expires
+	if !expires.IsZero() { // else found unheard: claimLanded set it
+		x.claim.ExpiresAt = expires
+	}
 	c.onPhase(&x.claim, phase) // after the commit: a refused claim set no phase
 	return x, nil
+}
+
+// claimUnheard decides a claim with its first write whose send failed
+// transiently without the server's refusal: its commit's answer was lost,
+// so it may have committed, or may still be running on the server (a
+// combined group commit waiting on another session's lock). Left alone,
+// the claim, if it landed, would expire with its first attempt's intent
+// written, and recovery would call the turn's outcome unknown though
+// nothing was dispatched. So, while the lease it would hold lives, it
+// looks for the claim (this execution's ID and token: nobody else writes
+// them) and returns nil once found: the claim is this execution's. Not
+// found, it sends the claim again. The two sends cannot both commit: each
+// locks the session's row and requires the token the other raises, so a
+// second send behind a first that commits is refused as stale, and the
+// claim is then looked for once more. err is the first send's error,
+// returned when the lease would end first.
+func (c *Claims) claimUnheard(ctx context.Context, x *Execution, b *pgx.Batch, err error) error {
+	backoff := retryBackoffMin
+	end := x.leaseFrom.Add(c.cfg.Lease)
+	for tries := 1; ; tries++ {
+		left := time.Until(end)
+		if left < retryLastTry || ctx.Err() != nil {
+			return err
+		}
+		wait := min(backoff/2+rand.N(backoff/2), left/2)
+		c.cfg.Logger.WarnContext(ctx, "claim with its first write failed transiently; looking for it, and sending it again, while its lease would live",
+			x.logAttrs(slog.Int("tries", tries), slog.Duration("after", wait), slog.Any("error", err))...)
+		t := time.NewTimer(wait)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return err
+		case <-t.C:
+		}
+		backoff = min(2*backoff, retryBackoffMax)
+		found, lerr := c.claimLanded(ctx, x, end)
+		switch {
+		case lerr != nil:
+			err = lerr
+			if !pgdb.Transient(lerr) {
+				return err
+			}
+			continue
+		case found:
+			return nil
+		}
+		err = c.group.send(x.claim.SessionID, copyBatch(b))
+		switch {
+		case err == nil:
+			return nil
+		case errors.Is(interpretError(err), errStaleRaised):
+			// The first send committed meanwhile, or another claim did.
+			if found, lerr := c.claimLanded(ctx, x, end); lerr == nil && found {
+				return nil
+			}
+			return err
+		case !pgdb.Transient(err):
+			return err
+		}
+	}
+}
+
+// claimLandedSQL finds an execution's claim.
+const claimLandedSQL = `SELECT expires_at FROM claims WHERE session_id = $1 AND execution_id = $2 AND fencing_token = $3`
+
+// claimLanded says whether x's claim is in the database, and sets its
+// expiry when it is; the read ends by end.
+func (c *Claims) claimLanded(ctx context.Context, x *Execution, end time.Time) (bool, error) {
+	ctx, cancel := context.WithDeadline(ctx, end)
+	defer cancel()
+	var expires time.Time
+	err := c.pool.QueryRow(ctx, claimLandedSQL, x.claim.SessionID, x.claim.ExecutionID, x.claim.Token).Scan(&expires)
+	if errors.Is(interpretError(err), errNotFound) {
+		return false, nil
+	}
+	if err != nil {
+		return false, fmt.Errorf("looking for the claim sent unheard: %w", err)
+	}
+	x.claim.ExpiresAt = expires
+	return true, nil
 }
 
 const peekSQL = `

@@ -20,7 +20,10 @@ import (
 // a timeout: pgdb.Transient) says nothing about the write either, so it is
 // retried, with backoff, for as long as the lease lives (docs/design.md,
 // invariant 13). Left unretried, the turn would be left for recovery,
-// which can only call its outcome unknown.
+// which can only call its outcome unknown. The intents a dispatch waits
+// for (a queued turn's promotion, a later step's intent) are retried the
+// same way: nothing was dispatched, so an intent found landed lets its
+// step run (the claim with the first turn has its own: claimUnheard).
 //
 // A retry is a new transaction that opens with the fence like every write
 // (invariant 5): a claim lost meanwhile (taken over, or its lease run out
