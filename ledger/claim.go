@@ -461,9 +461,15 @@ func (x *Execution) KeepAlive(ctx context.Context) (stop func()) {
 			t.Reset(next)
 		}
 	}
+	// The first renewal falls due every after the claim's own send, not
+	// after this call: a claim found only after its commit's answer was
+	// lost (claimUnheard) may have spent most of its lease looking.
+	x.mu.Lock()
+	first := max(every-time.Since(x.leaseFrom), 0)
+	x.mu.Unlock()
 	mu.Lock()
 	running.Add(1)
-	t = time.AfterFunc(every, renew)
+	t = time.AfterFunc(first, renew)
 	mu.Unlock()
 	return func() {
 		mu.Lock()

@@ -85,3 +85,24 @@ func TestRenewalWaitingForAConnectionHoldsNoWriteBack(t *testing.T) {
 	require.Zero(t, renewals.Load(), "a renewal went before the write that came while it waited")
 	require.False(t, x.Fenced())
 }
+
+// KeepAlive's first renewal falls due lease/3 after the claim was sent,
+// however late KeepAlive starts: a claim found only after its commit's
+// answer was lost may have spent most of its lease being looked for.
+// Counted from KeepAlive's start, the first renewal came after the lease
+// had run out.
+func TestKeepAliveStartedLateRenewsAtOnce(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool, _ := testkit.Pool(t)
+	lease := 1500 * time.Millisecond
+	b := &testBundle{pool: pool, claims: ledger.NewClaims(pool, &ledger.ClaimsConfig{Lease: lease, OwnerID: "owner-a"})}
+	b.session(t, "s", 0)
+	x := b.acquire(t, "s", "e1") // its last write, sent now, renewed the lease
+	time.Sleep(lease * 11 / 15)  // 1.1 s of 1.5 s
+	kctx, cancel := context.WithCancel(ctx)
+	stop := x.KeepAlive(kctx)
+	t.Cleanup(func() { cancel(); stop() })
+	time.Sleep(lease * 6 / 15) // past the end of the lease the claim had
+	require.NoError(t, x.Write(ctx, func(pgx.Tx) error { return nil }), "the claim was renewed in time")
+}
