@@ -2,6 +2,7 @@ package ledger_test
 
 import (
 	"context"
+	"errors"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -105,4 +106,40 @@ func TestKeepAliveStartedLateRenewsAtOnce(t *testing.T) {
 	t.Cleanup(func() { cancel(); stop() })
 	time.Sleep(lease * 6 / 15) // past the end of the lease the claim had
 	require.NoError(t, x.Write(ctx, func(pgx.Tx) error { return nil }), "the claim was renewed in time")
+}
+
+// A renewal that fell due while a write held the execution's lock looks
+// again a tenth of lease/3 later, not lease/3 later: the write may fail,
+// and renew nothing.
+func TestRenewalBehindAFailedWriteComesSoonAfter(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool, _ := testkit.Pool(t)
+	renewed := make(chan time.Time, 16)
+	lease := 3 * time.Second // renewals due every second; a busy one looks again after 100 ms
+	b := &testBundle{pool: pool, claims: ledger.NewClaims(pool, &ledger.ClaimsConfig{
+		Lease: lease, OwnerID: "owner-a", OnRenewedFunc: func() { renewed <- time.Now() },
+	})}
+	b.session(t, "s", 0)
+	x := b.acquire(t, "s", "e1")
+	kctx, cancel := context.WithCancel(ctx)
+	stop := x.KeepAlive(kctx)
+	t.Cleanup(func() { cancel(); stop() })
+
+	// A write from before the renewal falls due until well after it,
+	// which then fails: the lease is not renewed by it.
+	time.Sleep(lease / 3 * 8 / 10)
+	failed := errors.New("the write's own failure")
+	err := x.Write(ctx, func(pgx.Tx) error {
+		time.Sleep(lease / 3 * 6 / 10)
+		return failed
+	})
+	require.ErrorIs(t, err, failed)
+	ended := time.Now()
+	select {
+	case at := <-renewed:
+		require.Less(t, at.Sub(ended), lease/3/2, "the renewal came, but only at the next beat")
+	case <-time.After(lease / 3 * 2):
+		require.FailNow(t, "no renewal after the failed write")
+	}
 }
