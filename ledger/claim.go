@@ -147,6 +147,9 @@ type Claims struct {
 	pool  *pgxpool.Pool
 	cfg   ClaimsConfig
 	group *groupCommit
+	// beforeResend, a test's hook, runs in claimUnheard just before it
+	// sends a claim again, once it did not find it.
+	beforeResend func()
 }
 
 // NewClaims returns Claims.

@@ -91,3 +91,7 @@ func (x *Execution) Busy() bool {
 	}
 	return true
 }
+
+// SetBeforeResend sets a hook that runs when a claim sent unheard and not
+// found is about to be sent again (claimUnheard).
+func (c *Claims) SetBeforeResend(f func()) { c.beforeResend = f }

@@ -580,6 +580,9 @@ func (c *Claims) claimUnheard(ctx context.Context, x *Execution, b *pgx.Batch, e
 		case found:
 			return nil
 		}
+		if c.beforeResend != nil {
+			c.beforeResend()
+		}
 		err = c.group.send(x.claim.SessionID, copyBatch(b))
 		switch {
 		case err == nil:

@@ -1,0 +1,110 @@
+package ledger_test
+
+import (
+	"context"
+	"log/slog"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/require"
+
+	"github.com/promptline/promptline/internal/testkit"
+	"github.com/promptline/promptline/internal/testkit/pgproxy"
+	"github.com/promptline/promptline/ledger"
+)
+
+// A claim with its first write whose commit's answer was lost
+// (claimUnheard): found, it is the execution's; not there, it is sent
+// again; sent again behind another claim, it is stale, and not taken.
+func TestClaimSentUnheard(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	isClaim := func(label string) bool { return strings.Contains(label, "promptline_claim_as_read") }
+	setupProxied := func(t *testing.T, log *slog.Logger) (*testBundle, *ledger.Claims, *pgproxy.Proxy) {
+		t.Helper()
+		pool, dbURL := testkit.Pool(t)
+		proxy, proxied := pgproxy.StartFor(t, dbURL)
+		ppool, err := pgxpool.New(ctx, proxied)
+		require.NoError(t, err)
+		t.Cleanup(ppool.Close)
+		b := &testBundle{pool: pool, claims: ledger.NewClaims(pool, &ledger.ClaimsConfig{Lease: 5 * time.Second, OwnerID: "direct"})}
+		return b, ledger.NewClaims(ppool, &ledger.ClaimsConfig{Lease: 5 * time.Second, OwnerID: "proxied", Logger: log}), proxy
+	}
+	claim := func(t *testing.T, b *testBundle, claims *ledger.Claims) (*ledger.Execution, error) {
+		t.Helper()
+		r, waiting := b.peek(t, "s")
+		return claims.AcquireAsRead(ctx, "s", "e1", r, waiting, ledger.PhaseUnknown, "answer-1",
+			func(batch *pgx.Batch, x *ledger.Execution) {
+				x.QueueBeginAttempt(batch, ledger.AttemptParams{ID: "e1/step-1", AssistantMessageID: "answer-1", Step: 1,
+					Provider: "p", IdempotencyKey: "k", RequestHash: []byte{1}})
+			})
+	}
+
+	t.Run("FoundWhenCommitted", func(t *testing.T) {
+		t.Parallel()
+		b, claims, proxy := setupProxied(t, nil)
+		b.session(t, "s", 1)
+		proxy.CutAfterCommit(isClaim)
+		x, err := claim(t, b, claims)
+		require.NoError(t, err, "the claim committed: it is this execution's")
+		require.Equal(t, 1, proxy.Stats().AmbiguousCuts)
+		require.WithinDuration(t, time.Now().Add(5*time.Second), x.Claim().ExpiresAt, 3*time.Second, "its expiry read back")
+		require.Equal(t, 1, b.count(t, `SELECT count(*) FROM attempts WHERE attempt_id = 'e1/step-1'`), "written once")
+		require.NoError(t, x.Write(ctx, func(pgx.Tx) error { return nil }), "and held")
+	})
+
+	t.Run("SentAgainWhenNot", func(t *testing.T) {
+		t.Parallel()
+		b, claims, proxy := setupProxied(t, nil)
+		b.session(t, "s", 1)
+		proxy.CutBeforeCommit(isClaim)
+		x, err := claim(t, b, claims)
+		require.NoError(t, err)
+		require.Equal(t, 1, proxy.Stats().CutsBefore)
+		require.Equal(t, 1, b.count(t, `SELECT count(*) FROM claims WHERE execution_id = 'e1' AND fencing_token = 1`))
+		require.Equal(t, 1, b.count(t, `SELECT count(*) FROM attempts WHERE attempt_id = 'e1/step-1'`))
+		require.NoError(t, x.Write(ctx, func(pgx.Tx) error { return nil }))
+	})
+
+	// The lost send commits after all, between the look for it and the
+	// send again (a combined group commit that was waiting on another
+	// session's lock): the second send is stale, and the claim found then
+	// is this execution's. (Played here by the same claim committed on
+	// another connection when the retry logs.)
+	t.Run("CommittedMeanwhileIsFound", func(t *testing.T) {
+		t.Parallel()
+		b, claims, proxy := setupProxied(t, nil)
+		b.session(t, "s", 1)
+		var once sync.Once
+		var first error
+		claims.SetBeforeResend(func() { once.Do(func() { _, first = claim(t, b, b.claims) }) })
+		proxy.CutBeforeCommit(isClaim)
+		x, err := claim(t, b, claims)
+		require.NoError(t, first, "the same claim committed meanwhile")
+		require.NoError(t, err, "found after the stale send: this execution's")
+		require.Equal(t, 1, b.count(t, `SELECT count(*) FROM attempts WHERE attempt_id = 'e1/step-1'`), "written once")
+		require.NoError(t, x.Write(ctx, func(pgx.Tx) error { return nil }), "and held")
+	})
+
+	// Another execution claims the session between the lost send and its
+	// second one: the second is stale, the claim found is not this
+	// execution's, and nothing is taken.
+	t.Run("AnotherClaimMeanwhileIsNotTaken", func(t *testing.T) {
+		t.Parallel()
+		b, claims, proxy := setupProxied(t, nil)
+		b.session(t, "s", 1)
+		var once sync.Once
+		var other error
+		claims.SetBeforeResend(func() { once.Do(func() { _, other = b.claims.AcquireWaiting(ctx, "s", "other", nil) }) })
+		proxy.CutBeforeCommit(isClaim)
+		_, err := claim(t, b, claims)
+		require.NoError(t, other, "the other execution claimed meanwhile")
+		require.ErrorIs(t, err, ledger.ErrStale)
+		require.Equal(t, 1, b.count(t, `SELECT count(*) FROM claims WHERE session_id = 's' AND execution_id = 'other'`))
+		require.Zero(t, b.count(t, `SELECT count(*) FROM attempts`), "nothing of the stale claim's write")
+	})
+}
