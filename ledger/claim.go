@@ -147,6 +147,8 @@ type Claims struct {
 	pool  *pgxpool.Pool
 	cfg   ClaimsConfig
 	group *groupCommit
+	// epoch is the origin of the executions' leaseFrom.
+	epoch time.Time
 	// beforeResend, a test's hook, runs in claimUnheard just before it
 	// sends a claim again, once it did not find it.
 	beforeResend func()
@@ -161,7 +163,7 @@ func NewClaims(pool *pgxpool.Pool, config *ClaimsConfig) *Claims {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
-	return &Claims{pool: pool, cfg: cfg, group: newGroupCommit(pool, cfg.RoundTripTimeout)}
+	return &Claims{pool: pool, cfg: cfg, group: newGroupCommit(pool, cfg.RoundTripTimeout), epoch: time.Now()}
 }
 
 // Lease is the configured lease.
@@ -181,16 +183,35 @@ type Execution struct {
 	cancel context.CancelFunc
 	fenced atomic.Bool
 	mu     sync.Mutex // serialises Write: one statement stream per execution
-	// leaseFrom is when the last write that passed the fence was sent: the
-	// lease, as the database counts it, lasts at least until leaseFrom
-	// plus the lease (retry.go). Guarded by mu.
-	leaseFrom time.Time
+	// leaseFrom is when the last write or renewal that passed the fence
+	// was sent, on the claims' monotonic clock (leaseStart, leaseSent):
+	// the lease, as the database counts it, lasts at least until then
+	// plus the lease (retry.go). Atomic, not guarded by mu: renewals do
+	// not take mu (renewIfDue).
+	leaseFrom atomic.Int64
 	// seq is the position last given to a write of this execution
 	// (nextSeq): the fence applies each position once, in order, so that a
 	// write whose answer was lost can never land after its retry or a later
 	// write (migration 00021; docs/design.md, crash window "stale-write").
 	// A retry keeps its write's position. Guarded by mu.
 	seq int64
+}
+
+// leaseStart is leaseFrom as a time (with its monotonic reading).
+func (x *Execution) leaseStart() time.Time {
+	return x.claims.epoch.Add(time.Duration(x.leaseFrom.Load()))
+}
+
+// leaseSent records that a write or renewal sent at at passed the fence,
+// unless one sent later already did.
+func (x *Execution) leaseSent(at time.Time) {
+	d := int64(at.Sub(x.claims.epoch))
+	for {
+		cur := x.leaseFrom.Load()
+		if d <= cur || x.leaseFrom.CompareAndSwap(cur, d) {
+			return
+		}
+	}
 }
 
 // nextSeq gives the next write its position. x.mu is held.
@@ -306,7 +327,7 @@ func (x *Execution) writeTx(ctx context.Context, lockSession bool, phase Phase, 
 		return fn(tx)
 	})
 	if err == nil {
-		x.leaseFrom = sent
+		x.leaseSent(sent)
 	}
 	return err
 }
@@ -340,13 +361,19 @@ func (x *Execution) SetPhase(ctx context.Context, tx pgx.Tx, phase Phase, assist
 // on a pool connection, ended by ctx: not group-committed, where it would
 // queue for group commit's few flushes behind other sessions' writes that
 // wait on a lock, and where a stop could not end it (docs/benchmarks.md,
-// "renewals group-committed: measured and not kept"). It waits for a free
-// pool connection holding the execution's writes back; KeepAlive's
-// renewals do not (renewIfDue).
+// "renewals group-committed: measured and not kept").
+//
+// It does not take x.mu: it is no positioned write (the fence's position
+// is left as it is), and the claim's row lock orders it against a write
+// under way. So a write waiting for a connection, or a write's retries
+// waiting out their backoff (retry.go, holding x.mu), never keep the
+// lease from being renewed, and a renewal never holds a write back but
+// for its one statement on the claim's row. Held, x.mu made a turn's
+// answer wait behind a renewal's wait for a connection at ten thousand
+// turns in flight, and let a write's retries run the lease out
+// (docs/benchmarks.md).
 func (x *Execution) Renew(ctx context.Context) error {
-	x.mu.Lock()
-	defer x.mu.Unlock()
-	return x.renewLocked(ctx, x.claims.pool)
+	return x.renewOn(ctx, x.claims.pool)
 }
 
 // execer is a pool or one of its connections.
@@ -354,9 +381,8 @@ type execer interface {
 	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
 }
 
-// renewLocked sends the fence alone on db: no phase, no position. x.mu is
-// held.
-func (x *Execution) renewLocked(ctx context.Context, db execer) error {
+// renewOn sends the fence alone on db: no phase, no position.
+func (x *Execution) renewOn(ctx context.Context, db execer) error {
 	if x.fenced.Load() {
 		return ErrFenced
 	}
@@ -368,41 +394,39 @@ func (x *Execution) renewLocked(ctx context.Context, db execer) error {
 	sent := time.Now()
 	if _, err := db.Exec(ctx, fenceCallSQL, x.fenceArgs("", "", 0)...); err != nil {
 		if errors.Is(interpretError(err), errFenceRaised) {
-			x.markFenced(ctx)
+			x.renewalFenced(ctx)
 			return ErrFenced
 		}
 		return fmt.Errorf("renewing the lease: %w", err)
 	}
-	x.leaseFrom = sent
+	x.leaseSent(sent)
 	if f := x.claims.cfg.OnRenewedFunc; f != nil {
 		f()
 	}
 	return nil
 }
 
-// renewIfDue renews the lease when it is due, every after the last write
-// that passed the fence was sent (leaseFrom): any such write renewed it,
-// so an execution that writes often sends no renewal. It returns the wait
-// before it should be called again.
-//
-// It never waits holding x.mu, so it never holds back the execution's
-// own writes: it takes a pool connection first, then x.mu only if free.
-// Holding x.mu while waiting for a connection, at ten thousand turns in
-// flight on a busy pool, a renewal that fell due just before a turn's
-// answer held that answer's write back behind its own wait for a
-// connection, and the turn's slot with it (docs/benchmarks.md). A write
-// under way when it looks, holding x.mu, renews the lease if it lands;
-// it looks again after busy (a tenth of every) and renews then unless
-// that write landed.
-func (x *Execution) renewIfDue(ctx context.Context, every time.Duration) (next time.Duration, err error) {
-	busy := max(every/10, time.Millisecond)
-	due := func() time.Duration { return every - time.Since(x.leaseFrom) } // x.mu held
-	if !x.mu.TryLock() {
-		return busy, nil
+// renewalFenced marks the execution fenced after its renewal found the
+// claim gone, unless a write of its own released it: that write holds
+// x.mu until it has marked the execution (finishTx), so the release is
+// told from a lost claim once x.mu is free.
+func (x *Execution) renewalFenced(ctx context.Context) {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	if !x.fenced.Load() {
+		x.markFenced(ctx)
 	}
-	wait := due()
-	x.mu.Unlock()
-	if wait > 0 {
+}
+
+// renewIfDue renews the lease when it is due, every (lease/3) after the
+// last write or renewal that passed the fence was sent (leaseFrom): every
+// write renews the lease, so an execution that writes often sends no
+// renewal. It takes a pool connection first, then looks again (a write
+// may have landed meanwhile). It returns the wait before it should be
+// called again.
+func (x *Execution) renewIfDue(ctx context.Context, every time.Duration) (next time.Duration, err error) {
+	due := func() time.Duration { return every - time.Since(x.leaseStart()) }
+	if wait := due(); wait > 0 {
 		return wait, nil
 	}
 	began := time.Now()
@@ -416,14 +440,10 @@ func (x *Execution) renewIfDue(ctx context.Context, every time.Duration) (next t
 		return nextRenewal(every, time.Since(began)), fmt.Errorf("renewing the lease: %w", err)
 	}
 	defer conn.Release()
-	if !x.mu.TryLock() {
-		return busy, nil
-	}
-	defer x.mu.Unlock()
 	if wait := due(); wait > 0 { // a write landed while this waited for the connection
 		return wait, nil
 	}
-	err = x.renewLocked(ctx, conn)
+	err = x.renewOn(ctx, conn)
 	return nextRenewal(every, time.Since(began)), err
 }
 
@@ -467,9 +487,7 @@ func (x *Execution) KeepAlive(ctx context.Context) (stop func()) {
 	// The first renewal falls due every after the claim's own send, not
 	// after this call: a claim found only after its commit's answer was
 	// lost (claimUnheard) may have spent most of its lease looking.
-	x.mu.Lock()
-	first := max(every-time.Since(x.leaseFrom), 0)
-	x.mu.Unlock()
+	first := max(every-time.Since(x.leaseStart()), 0)
 	mu.Lock()
 	running.Add(1)
 	t = time.AfterFunc(first, renew)

@@ -45,8 +45,10 @@ var RolledBack = rolledBack
 
 // LeaseFrom is when the execution's last write that passed the fence was
 // sent; SetLeaseFrom moves it, as if that write were older.
-func LeaseFrom(x *Execution) time.Time        { return x.leaseFrom }
-func SetLeaseFrom(x *Execution, at time.Time) { x.leaseFrom = at }
+func LeaseFrom(x *Execution) time.Time { return x.leaseStart() }
+func SetLeaseFrom(x *Execution, at time.Time) {
+	x.leaseFrom.Store(int64(at.Sub(x.claims.epoch)))
+}
 
 // The queued writes' general forms (a statement each, after the opening
 // ledger queues itself), for the tests of the machinery the Calls share.

@@ -102,7 +102,9 @@ func (c *Claims) AcquireWaiting(ctx context.Context, sessionID, executionID stri
 	cl.SessionID, cl.ExecutionID, cl.OwnerID, cl.Phase = sessionID, executionID, c.cfg.OwnerID, PhaseReady
 	c.onPhase(&cl, PhaseReady)
 	xctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
-	return &Execution{claims: c, claim: cl, ctx: xctx, cancel: cancel, leaseFrom: sent}, nil
+	x := &Execution{claims: c, claim: cl, ctx: xctx, cancel: cancel}
+	x.leaseSent(sent)
+	return x, nil
 }
 
 // A Call is a write of an execution that is one statement: a call of the
@@ -371,7 +373,7 @@ func (x *Execution) sendQueued(ctx context.Context, b *pgx.Batch) error {
 		return ErrFenced
 	}
 	if err == nil {
-		x.leaseFrom = sent
+		x.leaseSent(sent)
 	}
 	return err
 }
@@ -517,7 +519,7 @@ func (c *Claims) acquireAsRead(ctx context.Context, sessionID, executionID strin
 		cancel()
 		return nil, err
 	}
-	x.leaseFrom = time.Now()
+	x.leaseSent(time.Now())
 	err := c.group.send(sessionID, b)
 	if err != nil && !errors.Is(interpretError(err), errStaleRaised) && pgdb.Transient(err) && !pgdb.Refused(err) {
 		err = c.claimUnheard(ctx, x, b, err)
@@ -552,7 +554,7 @@ func (c *Claims) acquireAsRead(ctx context.Context, sessionID, executionID strin
 // returned when the lease would end first.
 func (c *Claims) claimUnheard(ctx context.Context, x *Execution, b *pgx.Batch, err error) error {
 	backoff := retryBackoffMin
-	end := x.leaseFrom.Add(c.cfg.Lease)
+	end := x.leaseStart().Add(c.cfg.Lease)
 	for tries := 1; ; tries++ {
 		left := time.Until(end)
 		if left < retryLastTry || ctx.Err() != nil {

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
@@ -45,12 +46,11 @@ func TestKeepAliveRenewsOnlyWhenNoWriteDid(t *testing.T) {
 	require.NoError(t, x.Write(ctx, func(pgx.Tx) error { return nil }), "the claim is live, three leases later")
 }
 
-// A renewal that falls due while the pool has no free connection does not
-// hold the execution's writes back while it waits for one: the write that
-// comes meanwhile goes first, and renews the lease itself, so the renewal
-// is not sent. Holding the execution's lock while it waited, a renewal
-// made a turn's answer wait for its connection and then for its own
-// round trip (docs/benchmarks.md).
+// A renewal that falls due while the pool has no free connection waits
+// for one holding nothing of the execution: its writes go on meanwhile.
+// Holding the execution's lock while it waited, a renewal made a turn's
+// answer wait for its connection and then for its own round trips
+// (docs/benchmarks.md).
 func TestRenewalWaitingForAConnectionHoldsNoWriteBack(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
@@ -72,7 +72,10 @@ func TestRenewalWaitingForAConnectionHoldsNoWriteBack(t *testing.T) {
 	stop := x.KeepAlive(kctx)
 	t.Cleanup(func() { cancel(); stop() })
 	time.Sleep(lease/3 + lease/6) // the renewal fell due and waits for the connection
-
+	for range 10 {
+		require.False(t, x.Busy(), "the renewal waiting for a connection holds the execution's lock")
+		time.Sleep(10 * time.Millisecond)
+	}
 	wrote := make(chan error, 1)
 	go func() { wrote <- x.Write(ctx, func(pgx.Tx) error { return nil }) }()
 	require.Eventually(t, x.Busy, 10*time.Second, time.Millisecond, "the write is under way")
@@ -83,7 +86,52 @@ func TestRenewalWaitingForAConnectionHoldsNoWriteBack(t *testing.T) {
 	case <-time.After(10 * time.Second):
 		require.FailNow(t, "the write never ran")
 	}
-	require.Zero(t, renewals.Load(), "a renewal went before the write that came while it waited")
+	require.False(t, x.Fenced())
+}
+
+// A write that fails transiently is retried while the lease lives, holding
+// the execution's lock (retry.go); renewals go on beside it, so that the
+// lease, and the retries with it, outlive the database's trouble. Behind
+// the lock, a renewal that fell due first (waiting for the pool's only
+// connection) let the retries run the lease out, and the write failed.
+func TestRenewalsGoOnBesideAWritesRetries(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	_, url := testkit.Pool(t)
+	pool, err := pgxpool.New(ctx, url+"&pool_max_conns=1")
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	lease := 3 * time.Second
+	b := &testBundle{pool: pool, claims: ledger.NewClaims(pool, &ledger.ClaimsConfig{Lease: lease, OwnerID: "owner-a"})}
+	b.session(t, "s", 0)
+	x := b.acquire(t, "s", "e1")
+	acquired := time.Now()
+
+	held, err := pool.Acquire(ctx)
+	require.NoError(t, err)
+	kctx, cancel := context.WithCancel(ctx)
+	stop := x.KeepAlive(kctx)
+	t.Cleanup(func() { cancel(); stop() })
+	time.Sleep(lease/3 + lease/6) // the renewal fell due and waits for the connection
+
+	healed := acquired.Add(lease + 600*time.Millisecond) // the trouble outlasts the lease the claim had
+	wrote := make(chan error, 1)
+	go func() {
+		wrote <- x.WriteRetried(ctx, ledger.RetryOpts{}, func(pgx.Tx) error {
+			if time.Now().Before(healed) {
+				return &pgconn.PgError{Severity: "ERROR", Code: "40001", Message: "serialization failure (injected)"}
+			}
+			return nil
+		})
+	}()
+	require.Eventually(t, x.Busy, 10*time.Second, time.Millisecond, "the write is under way")
+	held.Release()
+	select {
+	case err := <-wrote:
+		require.NoError(t, err, "the lease was renewed beside the retries")
+	case <-time.After(20 * time.Second):
+		require.FailNow(t, "the write never ended")
+	}
 	require.False(t, x.Fenced())
 }
 
@@ -108,9 +156,9 @@ func TestKeepAliveStartedLateRenewsAtOnce(t *testing.T) {
 	require.NoError(t, x.Write(ctx, func(pgx.Tx) error { return nil }), "the claim was renewed in time")
 }
 
-// A renewal that fell due while a write held the execution's lock looks
-// again a tenth of lease/3 later, not lease/3 later: the write may fail,
-// and renew nothing.
+// A renewal that falls due while a write holds the execution's lock is
+// not put off to the next beat: the write may fail, and renew nothing.
+// (It goes beside the write, waiting only for the claim's row.)
 func TestRenewalBehindAFailedWriteComesSoonAfter(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
@@ -142,4 +190,35 @@ func TestRenewalBehindAFailedWriteComesSoonAfter(t *testing.T) {
 	case <-time.After(lease / 3 * 2):
 		require.FailNow(t, "no renewal after the failed write")
 	}
+}
+
+// A renewal that meets the claim released by the execution's own last
+// write is no fence: the release is told from a lost claim, and nothing
+// is reported (the fenced-writes metric would count a healthy turn).
+func TestRenewalBesideTheReleaseIsNoFence(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool, _ := testkit.Pool(t)
+	var fenced atomic.Int32
+	lease := 900 * time.Millisecond
+	b := &testBundle{pool: pool, claims: ledger.NewClaims(pool, &ledger.ClaimsConfig{
+		Lease: lease, OwnerID: "owner-a", OnFencedFunc: func() { fenced.Add(1) },
+	})}
+	b.session(t, "s", 0)
+	x := b.acquire(t, "s", "e1")
+	kctx, cancel := context.WithCancel(ctx)
+	stop := x.KeepAlive(kctx)
+	t.Cleanup(func() { cancel(); stop() })
+	released, err := x.Finish(ctx, func(pgx.Tx) error {
+		// The claim's row is locked by this write's fence: the renewal
+		// that falls due meanwhile waits for it.
+		require.Eventually(t, func() bool { return b.lockWaiters(t) == 1 }, 10*time.Second, 5*time.Millisecond,
+			"a renewal waits on the claim's row")
+		return nil
+	})
+	require.NoError(t, err)
+	require.True(t, released)
+	require.Eventually(t, func() bool { return b.lockWaiters(t) == 0 }, 10*time.Second, 5*time.Millisecond, "the renewal ended")
+	stop()
+	require.Zero(t, fenced.Load(), "the release was reported as a lost claim")
 }

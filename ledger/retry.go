@@ -133,7 +133,7 @@ func (x *Execution) retry(ctx context.Context, err error, again func(ctx context
 		if err == nil || errors.Is(err, ErrFenced) || !pgdb.Transient(err) || ctx.Err() != nil {
 			return err
 		}
-		end := x.leaseFrom.Add(x.claims.cfg.Lease)
+		end := x.leaseStart().Add(x.claims.cfg.Lease)
 		wait := backoff/2 + rand.N(backoff/2)
 		left := time.Until(end)
 		wait = min(wait, left/2) // a last try before the end, not a give-up one backoff early
