@@ -373,7 +373,11 @@ func (x *Execution) SetPhase(ctx context.Context, tx pgx.Tx, phase Phase, assist
 // turns in flight, and let a write's retries run the lease out
 // (docs/benchmarks.md).
 func (x *Execution) Renew(ctx context.Context) error {
-	return x.renewOn(ctx, x.claims.pool)
+	err := x.renewOn(ctx, x.claims.pool)
+	if errors.Is(err, ErrFenced) {
+		x.renewalFenced(ctx) // the pool's connection is back
+	}
+	return err
 }
 
 // execer is a pool or one of its connections.
@@ -381,7 +385,10 @@ type execer interface {
 	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
 }
 
-// renewOn sends the fence alone on db: no phase, no position.
+// renewOn sends the fence alone on db: no phase, no position. A claim
+// found lost is ErrFenced, not yet marked (renewalFenced): the caller
+// marks it once it holds no connection, since marking waits for x.mu,
+// which a write of the execution may hold while it waits for one.
 func (x *Execution) renewOn(ctx context.Context, db execer) error {
 	if x.fenced.Load() {
 		return ErrFenced
@@ -394,7 +401,6 @@ func (x *Execution) renewOn(ctx context.Context, db execer) error {
 	sent := time.Now()
 	if _, err := db.Exec(ctx, fenceCallSQL, x.fenceArgs("", "", 0)...); err != nil {
 		if errors.Is(interpretError(err), errFenceRaised) {
-			x.renewalFenced(ctx)
 			return ErrFenced
 		}
 		return fmt.Errorf("renewing the lease: %w", err)
@@ -439,11 +445,15 @@ func (x *Execution) renewIfDue(ctx context.Context, every time.Duration) (next t
 	if err != nil {
 		return nextRenewal(every, time.Since(began)), fmt.Errorf("renewing the lease: %w", err)
 	}
-	defer conn.Release()
 	if wait := due(); wait > 0 { // a write landed while this waited for the connection
+		conn.Release()
 		return wait, nil
 	}
 	err = x.renewOn(ctx, conn)
+	conn.Release()
+	if errors.Is(err, ErrFenced) {
+		x.renewalFenced(ctx)
+	}
 	return nextRenewal(every, time.Since(began)), err
 }
 

@@ -222,10 +222,24 @@ func (x *Execution) WriteCallRetried(ctx context.Context, opts RetryOpts, phase 
 					return err
 				})
 			}
-			return nil
+			return x.renewLanded(ctx)
 		}
 		return err
 	}))
+}
+
+// renewLanded renews the lease after a write found landed by its retry:
+// the refused retry renewed nothing, and the write may be an intent whose
+// dispatch comes next, with little of the lease left after the retries.
+// A claim found lost is ErrFenced; any other failure is left to the
+// renewals (the write did land). x.mu is held.
+func (x *Execution) renewLanded(ctx context.Context) error {
+	err := x.renewOn(ctx, x.claims.pool)
+	if errors.Is(err, ErrFenced) {
+		x.markFenced(ctx)
+		return ErrFenced
+	}
+	return nil
 }
 
 // ReportPhase reports to ClaimsConfig.OnPhaseFunc a phase that a write's
@@ -553,12 +567,16 @@ func (c *Claims) acquireAsRead(ctx context.Context, sessionID, executionID strin
 // claim is then looked for once more. err is the first send's error,
 // returned when the lease would end first.
 func (c *Claims) claimUnheard(ctx context.Context, x *Execution, b *pgx.Batch, err error) error {
+	// Given up, the first send's error is returned, not a later one: the
+	// claim may have committed, which the caller must not take for a
+	// refusal (nothing committed) and claim again.
+	first := err
 	backoff := retryBackoffMin
 	end := x.leaseStart().Add(c.cfg.Lease)
 	for tries := 1; ; tries++ {
 		left := time.Until(end)
 		if left < retryLastTry || ctx.Err() != nil {
-			return err
+			return first
 		}
 		wait := min(backoff/2+rand.N(backoff/2), left/2)
 		c.cfg.Logger.WarnContext(ctx, "claim with its first write failed transiently; looking for it, and sending it again, while its lease would live",
@@ -567,7 +585,7 @@ func (c *Claims) claimUnheard(ctx context.Context, x *Execution, b *pgx.Batch, e
 		select {
 		case <-ctx.Done():
 			t.Stop()
-			return err
+			return first
 		case <-t.C:
 		}
 		backoff = min(2*backoff, retryBackoffMax)
@@ -576,7 +594,7 @@ func (c *Claims) claimUnheard(ctx context.Context, x *Execution, b *pgx.Batch, e
 		case lerr != nil:
 			err = lerr
 			if !pgdb.Transient(lerr) {
-				return err
+				return fmt.Errorf("%w (and looking for the claim: %v)", first, lerr)
 			}
 			continue
 		case found:
@@ -590,34 +608,39 @@ func (c *Claims) claimUnheard(ctx context.Context, x *Execution, b *pgx.Batch, e
 		case err == nil:
 			return nil
 		case errors.Is(interpretError(err), errStaleRaised):
-			// The first send committed meanwhile, or another claim did.
-			if found, lerr := c.claimLanded(ctx, x, end); lerr == nil && found {
+			// The first send committed meanwhile, or another claim did:
+			// the look tells which (looked at again while the lease
+			// lives if it fails).
+			found, lerr := c.claimLanded(ctx, x, end)
+			switch {
+			case lerr != nil:
+				err = lerr
+				continue
+			case found:
 				return nil
 			}
 			return err
 		case !pgdb.Transient(err):
-			return err
+			return fmt.Errorf("%w (and sending it again: %v)", first, err)
 		}
 	}
 }
 
-// claimLandedSQL finds an execution's claim.
-const claimLandedSQL = `SELECT expires_at FROM claims WHERE session_id = $1 AND execution_id = $2 AND fencing_token = $3`
-
-// claimLanded says whether x's claim is in the database, and sets its
-// expiry when it is; the read ends by end.
+// claimLanded says whether x's claim is in the database and live: the
+// fence alone, which also renews the lease (the execution dispatches its
+// first request next, and may have spent most of the lease looking). A
+// claim gone or expired is not found. The fence ends by end.
 func (c *Claims) claimLanded(ctx context.Context, x *Execution, end time.Time) (bool, error) {
 	ctx, cancel := context.WithDeadline(ctx, end)
 	defer cancel()
-	var expires time.Time
-	err := c.pool.QueryRow(ctx, claimLandedSQL, x.claim.SessionID, x.claim.ExecutionID, x.claim.Token).Scan(&expires)
-	if errors.Is(interpretError(err), errNotFound) {
+	err := x.renewOn(ctx, c.pool)
+	switch {
+	case errors.Is(err, ErrFenced):
 		return false, nil
-	}
-	if err != nil {
+	case err != nil:
 		return false, fmt.Errorf("looking for the claim sent unheard: %w", err)
 	}
-	x.claim.ExpiresAt = expires
+	x.claim.ExpiresAt = x.leaseStart().Add(c.cfg.Lease) // no later than the database's
 	return true, nil
 }
 

@@ -222,3 +222,72 @@ func TestRenewalBesideTheReleaseIsNoFence(t *testing.T) {
 	stop()
 	require.Zero(t, fenced.Load(), "the release was reported as a lost claim")
 }
+
+// A renewal that finds its claim lost gives its connection back before it
+// waits for the execution's lock to mark it fenced: a write of the
+// execution may hold that lock while it waits for a connection. Holding
+// both, the renewal and the write waited for each other until the write's
+// round-trip bound, and the write failed with a deadline, not the fence.
+func TestFencedRenewalWaitsForTheLockWithoutAConnection(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	_, url := testkit.Pool(t)
+	pool, err := pgxpool.New(ctx, url+"&pool_max_conns=1")
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	lease := time.Second
+	b := &testBundle{pool: pool, claims: ledger.NewClaims(pool, &ledger.ClaimsConfig{
+		Lease: lease, OwnerID: "owner-a", RoundTripTimeout: 6 * time.Second,
+	})}
+	b.session(t, "s", 0)
+	x := b.acquire(t, "s", "e1")
+	b.exec(t, `UPDATE claims SET fencing_token = fencing_token + 1`) // taken over
+
+	held, err := pool.Acquire(ctx) // the pool's only connection
+	require.NoError(t, err)
+	ledger.SetLeaseFrom(x, time.Now().Add(-lease)) // a renewal is due at once
+	kctx, cancel := context.WithCancel(ctx)
+	stop := x.KeepAlive(kctx)
+	t.Cleanup(func() { cancel(); stop() })
+	time.Sleep(200 * time.Millisecond) // the renewal waits for the connection
+	wrote := make(chan error, 1)
+	began := time.Now()
+	go func() { wrote <- x.Write(ctx, func(pgx.Tx) error { return nil }) }()
+	require.Eventually(t, x.Busy, 10*time.Second, time.Millisecond, "the write is under way")
+	held.Release()
+	select {
+	case err := <-wrote:
+		require.ErrorIs(t, err, ledger.ErrFenced)
+		require.Less(t, time.Since(began), 3*time.Second, "the write waited for the renewal")
+	case <-time.After(20 * time.Second):
+		require.FailNow(t, "the write never ended")
+	}
+	require.True(t, x.Fenced())
+}
+
+// A write's retries end within one lease of their start, though the
+// renewals beside them keep the lease alive: a "transient" error that
+// never heals (a statement always past its timeout) must leave the claim
+// to expire for recovery, not wedge the session for as long as the
+// renewals succeed.
+func TestRetriesEndWithinALeaseThoughRenewalsGoOn(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool, _ := testkit.Pool(t)
+	lease := 600 * time.Millisecond
+	b := &testBundle{pool: pool, claims: ledger.NewClaims(pool, &ledger.ClaimsConfig{Lease: lease, OwnerID: "owner-a"})}
+	b.session(t, "s", 0)
+	x := b.acquire(t, "s", "e1")
+	kctx, cancel := context.WithCancel(ctx)
+	stop := x.KeepAlive(kctx)
+	t.Cleanup(func() { cancel(); stop() })
+	wctx, wcancel := context.WithTimeout(ctx, 10*lease)
+	defer wcancel()
+	began := time.Now()
+	err := x.WriteRetried(wctx, ledger.RetryOpts{}, func(pgx.Tx) error {
+		return &pgconn.PgError{Severity: "ERROR", Code: "57014", Message: "canceling statement due to statement timeout (injected)"}
+	})
+	require.ErrorContains(t, err, "the lease ends before another retry")
+	require.NoError(t, wctx.Err(), "the retries ended on their own")
+	require.Less(t, time.Since(began), 2*lease)
+}

@@ -129,11 +129,21 @@ func (x *Execution) finishQueuedRetried(ctx context.Context, opts RetryOpts, pha
 // returns the last error. x.mu is held.
 func (x *Execution) retry(ctx context.Context, err error, again func(ctx context.Context) error) error {
 	backoff := retryBackoffMin
+	// Renewals go on beside the retries (they take no lock: renewOn) and
+	// move the lease's end; the retries end within one lease of their
+	// start all the same. A "transient" error that never heals (a
+	// statement always past its timeout, a lock held for good) would
+	// otherwise be retried for as long as the renewals succeed, the claim
+	// live and the session wedged, out of recovery's reach.
+	last := time.Now().Add(x.claims.cfg.Lease)
 	for tries := 1; ; tries++ {
 		if err == nil || errors.Is(err, ErrFenced) || !pgdb.Transient(err) || ctx.Err() != nil {
 			return err
 		}
 		end := x.leaseStart().Add(x.claims.cfg.Lease)
+		if end.After(last) {
+			end = last
+		}
 		wait := backoff/2 + rand.N(backoff/2)
 		left := time.Until(end)
 		wait = min(wait, left/2) // a last try before the end, not a give-up one backoff early

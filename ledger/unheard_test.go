@@ -108,3 +108,30 @@ func TestClaimSentUnheard(t *testing.T) {
 		require.Zero(t, b.count(t, `SELECT count(*) FROM attempts`), "nothing of the stale claim's write")
 	})
 }
+
+// A write found landed by its retry (its commit's answer lost) renews the
+// lease: the retry, refused as applied, renewed nothing, and the write
+// may be an intent whose request is sent next with what is left of the
+// lease after the retries.
+func TestWriteFoundLandedRenewsTheLease(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool, dbURL := testkit.Pool(t)
+	proxy, proxied := pgproxy.StartFor(t, dbURL)
+	ppool, err := pgxpool.New(ctx, proxied)
+	require.NoError(t, err)
+	t.Cleanup(ppool.Close)
+	lease := 5 * time.Second
+	b := &testBundle{pool: pool, claims: ledger.NewClaims(ppool, &ledger.ClaimsConfig{Lease: lease, OwnerID: "owner-a"})}
+	b.session(t, "s", 0)
+	x := b.acquire(t, "s", "e1")
+	old := time.Now().Add(-lease / 2)
+	ledger.SetLeaseFrom(x, old)
+	proxy.CutAfterCommit(func(label string) bool { return strings.Contains(label, "promptline_fence(") })
+	began := time.Now()
+	// The fence function alone is a write of its own: the call of a
+	// function whose arguments are the fence's.
+	require.NoError(t, x.WriteCallRetried(ctx, ledger.RetryOpts{}, "", "", ledger.Call{Func: "promptline_fence"}, nil))
+	require.Equal(t, 1, proxy.Stats().AmbiguousCuts, "the write committed and its answer was cut")
+	require.False(t, ledger.LeaseFrom(x).Before(began), "the lease was renewed after the write was found landed")
+}
