@@ -152,6 +152,9 @@ type Claims struct {
 	// beforeResend, a test's hook, runs in claimUnheard just before it
 	// sends a claim again, once it did not find it.
 	beforeResend func()
+	// beforeRenewalAcquire, a test's hook, runs in renewIfDue when a due
+	// renewal is about to wait for a pool connection.
+	beforeRenewalAcquire func()
 }
 
 // NewClaims returns Claims.
@@ -440,6 +443,9 @@ func (x *Execution) renewIfDue(ctx context.Context, every time.Duration) (next t
 		var cancel context.CancelFunc
 		ctx, cancel = context.WithTimeout(ctx, x.claims.cfg.RoundTripTimeout)
 		defer cancel()
+	}
+	if f := x.claims.beforeRenewalAcquire; f != nil {
+		f()
 	}
 	conn, err := x.claims.pool.Acquire(ctx)
 	if err != nil {

@@ -97,3 +97,7 @@ func (x *Execution) Busy() bool {
 // SetBeforeResend sets a hook that runs when a claim sent unheard and not
 // found is about to be sent again (claimUnheard).
 func (c *Claims) SetBeforeResend(f func()) { c.beforeResend = f }
+
+// SetBeforeRenewalAcquire sets a hook that runs when a due renewal is
+// about to wait for a pool connection (renewIfDue).
+func (c *Claims) SetBeforeRenewalAcquire(f func()) { c.beforeRenewalAcquire = f }

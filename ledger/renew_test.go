@@ -3,6 +3,7 @@ package ledger_test
 import (
 	"context"
 	"errors"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -47,6 +48,40 @@ func TestKeepAliveRenewsOnlyWhenNoWriteDid(t *testing.T) {
 	require.NoError(t, x.Write(ctx, func(pgx.Tx) error { return nil }), "the claim is live, three leases later")
 }
 
+// oneConnection is a claim of session s, by execution e1, on a pool of
+// one connection, which it holds; KeepAlive runs (stopped at the end).
+// prepare, if not nil, runs on the claim first. It returns once a due
+// renewal is about to wait for the connection; release gives it back.
+func oneConnection(t *testing.T, cfg ledger.ClaimsConfig, prepare func(b *testBundle, x *ledger.Execution)) (b *testBundle, x *ledger.Execution, release func()) {
+	t.Helper()
+	ctx := context.Background()
+	_, url := testkit.Pool(t)
+	pool, err := pgxpool.New(ctx, url+"&pool_max_conns=1")
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	cfg.OwnerID = "owner-a"
+	b = &testBundle{pool: pool, claims: ledger.NewClaims(pool, &cfg)}
+	due := make(chan struct{})
+	var once sync.Once
+	b.claims.SetBeforeRenewalAcquire(func() { once.Do(func() { close(due) }) })
+	b.session(t, "s", 0)
+	x = b.acquire(t, "s", "e1")
+	if prepare != nil {
+		prepare(b, x)
+	}
+	held, err := pool.Acquire(ctx) // the pool's only connection
+	require.NoError(t, err)
+	kctx, cancel := context.WithCancel(ctx)
+	stop := x.KeepAlive(kctx)
+	t.Cleanup(func() { cancel(); stop() })
+	select {
+	case <-due:
+	case <-time.After(10 * time.Second):
+		require.FailNow(t, "no renewal fell due")
+	}
+	return b, x, held.Release
+}
+
 // A renewal that falls due while the pool has no free connection waits
 // for one holding nothing of the execution: its writes go on meanwhile.
 // Holding the execution's lock while it waited, a renewal made a turn's
@@ -55,32 +90,13 @@ func TestKeepAliveRenewsOnlyWhenNoWriteDid(t *testing.T) {
 func TestRenewalWaitingForAConnectionHoldsNoWriteBack(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	_, url := testkit.Pool(t)
-	pool, err := pgxpool.New(ctx, url+"&pool_max_conns=1")
-	require.NoError(t, err)
-	t.Cleanup(pool.Close)
-	var renewals atomic.Int32
-	lease := 3 * time.Second
-	b := &testBundle{pool: pool, claims: ledger.NewClaims(pool, &ledger.ClaimsConfig{
-		Lease: lease, OwnerID: "owner-a", OnRenewedFunc: func() { renewals.Add(1) },
-	})}
-	b.session(t, "s", 0)
-	x := b.acquire(t, "s", "e1")
-
-	held, err := pool.Acquire(ctx) // the pool's only connection
-	require.NoError(t, err)
-	kctx, cancel := context.WithCancel(ctx)
-	stop := x.KeepAlive(kctx)
-	t.Cleanup(func() { cancel(); stop() })
-	time.Sleep(lease/3 + lease/6) // the renewal fell due and waits for the connection
-	for range 10 {
-		require.False(t, x.Busy(), "the renewal waiting for a connection holds the execution's lock")
-		time.Sleep(10 * time.Millisecond)
-	}
+	_, x, release := oneConnection(t, ledger.ClaimsConfig{Lease: 3 * time.Second}, nil)
+	require.Never(t, x.Busy, 100*time.Millisecond, 5*time.Millisecond,
+		"the renewal waiting for a connection holds the execution's lock")
 	wrote := make(chan error, 1)
 	go func() { wrote <- x.Write(ctx, func(pgx.Tx) error { return nil }) }()
 	require.Eventually(t, x.Busy, 10*time.Second, time.Millisecond, "the write is under way")
-	held.Release()
+	release()
 	select {
 	case err := <-wrote:
 		require.NoError(t, err)
@@ -98,22 +114,9 @@ func TestRenewalWaitingForAConnectionHoldsNoWriteBack(t *testing.T) {
 func TestRenewalsGoOnBesideAWritesRetries(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	_, url := testkit.Pool(t)
-	pool, err := pgxpool.New(ctx, url+"&pool_max_conns=1")
-	require.NoError(t, err)
-	t.Cleanup(pool.Close)
 	lease := 3 * time.Second
-	b := &testBundle{pool: pool, claims: ledger.NewClaims(pool, &ledger.ClaimsConfig{Lease: lease, OwnerID: "owner-a"})}
-	b.session(t, "s", 0)
-	x := b.acquire(t, "s", "e1")
-	acquired := time.Now()
-
-	held, err := pool.Acquire(ctx)
-	require.NoError(t, err)
-	kctx, cancel := context.WithCancel(ctx)
-	stop := x.KeepAlive(kctx)
-	t.Cleanup(func() { cancel(); stop() })
-	time.Sleep(lease/3 + lease/6) // the renewal fell due and waits for the connection
+	var acquired time.Time
+	_, x, release := oneConnection(t, ledger.ClaimsConfig{Lease: lease}, func(*testBundle, *ledger.Execution) { acquired = time.Now() })
 
 	healed := acquired.Add(lease + 600*time.Millisecond) // the trouble outlasts the lease the claim had
 	wrote := make(chan error, 1)
@@ -126,7 +129,7 @@ func TestRenewalsGoOnBesideAWritesRetries(t *testing.T) {
 		})
 	}()
 	require.Eventually(t, x.Busy, 10*time.Second, time.Millisecond, "the write is under way")
-	held.Release()
+	release()
 	select {
 	case err := <-wrote:
 		require.NoError(t, err, "the lease was renewed beside the retries")
@@ -232,30 +235,17 @@ func TestRenewalBesideTheReleaseIsNoFence(t *testing.T) {
 func TestFencedRenewalWaitsForTheLockWithoutAConnection(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	_, url := testkit.Pool(t)
-	pool, err := pgxpool.New(ctx, url+"&pool_max_conns=1")
-	require.NoError(t, err)
-	t.Cleanup(pool.Close)
 	lease := time.Second
-	b := &testBundle{pool: pool, claims: ledger.NewClaims(pool, &ledger.ClaimsConfig{
-		Lease: lease, OwnerID: "owner-a", RoundTripTimeout: 6 * time.Second,
-	})}
-	b.session(t, "s", 0)
-	x := b.acquire(t, "s", "e1")
-	b.exec(t, `UPDATE claims SET fencing_token = fencing_token + 1`) // taken over
-
-	held, err := pool.Acquire(ctx) // the pool's only connection
-	require.NoError(t, err)
-	ledger.SetLeaseFrom(x, time.Now().Add(-lease)) // a renewal is due at once
-	kctx, cancel := context.WithCancel(ctx)
-	stop := x.KeepAlive(kctx)
-	t.Cleanup(func() { cancel(); stop() })
-	time.Sleep(200 * time.Millisecond) // the renewal waits for the connection
+	_, x, release := oneConnection(t, ledger.ClaimsConfig{Lease: lease, RoundTripTimeout: 6 * time.Second},
+		func(b *testBundle, x *ledger.Execution) {
+			b.exec(t, `UPDATE claims SET fencing_token = fencing_token + 1`) // taken over
+			ledger.SetLeaseFrom(x, time.Now().Add(-lease))                   // a renewal is due at once
+		})
 	wrote := make(chan error, 1)
 	began := time.Now()
 	go func() { wrote <- x.Write(ctx, func(pgx.Tx) error { return nil }) }()
 	require.Eventually(t, x.Busy, 10*time.Second, time.Millisecond, "the write is under way")
-	held.Release()
+	release()
 	select {
 	case err := <-wrote:
 		require.ErrorIs(t, err, ledger.ErrFenced)
