@@ -162,6 +162,15 @@ func TestMeasurements(t *testing.T) {
 				require.InDelta(t, r.StatementsPerTurn, sum, 1e-6)
 				require.True(t, slices.ContainsFunc(r.Statements, func(u statementUse) bool { return strings.Contains(u.Query, "INSERT INTO inputs") }),
 					"admission's insert is among them: %v", r.Statements)
+				// And the statements inside the functions, the same way:
+				// the claim's row the turn's functions write is among them.
+				sum = 0
+				for _, u := range r.Nested {
+					sum += u.PerTurn
+				}
+				require.InDelta(t, r.NestedStatementsPerTurn, sum, 1e-6)
+				require.True(t, slices.ContainsFunc(r.Nested, func(u statementUse) bool { return strings.Contains(u.Query, "INTO claims") }),
+					"the claim's insert is among them: %v", r.Nested)
 			}
 		}
 		if sc.admin.TLSConfig == nil && !strings.HasPrefix(sc.admin.Host, "/") {

@@ -84,7 +84,12 @@ type burnDownRun struct {
 	// Statements are the top-level statements behind StatementsPerTurn,
 	// most called first: where the goal of ≤ 8 per turn has to be won.
 	Statements []statementUse `json:"statements,omitempty"`
-	CPU        cpuUse         `json:"cpu"`
+	// Nested are the statements run inside functions (the turn's SQL
+	// functions, the fence, the queue's head) behind
+	// NestedStatementsPerTurn, most called first: where a function's time
+	// goes. The same statement run by two functions is one entry.
+	Nested []statementUse `json:"nested_statements,omitempty"`
+	CPU    cpuUse         `json:"cpu"`
 }
 
 // statementUse is one normalised statement of pg_stat_statements: how
@@ -368,8 +373,13 @@ func burnDownOnce(ctx context.Context, sc *scratchServer, bin string, n, per int
 		if nested >= 0 {
 			run.NestedStatementsPerTurn = float64(nested) / float64(t)
 		}
-		if run.Statements, err = statementUses(ctx, db, t); err != nil {
+		if run.Statements, err = statementUses(ctx, db, t, true); err != nil {
 			return run, nil, err
+		}
+		if nested >= 0 {
+			if run.Nested, err = statementUses(ctx, db, t, false); err != nil {
+				return run, nil, err
+			}
 		}
 	}
 	for name, w1 := range writes1 {
@@ -581,15 +591,17 @@ WHERE dbid = (SELECT oid FROM pg_database WHERE datname = current_database())
 	return top, nested, nil
 }
 
-// statementUses lists the top-level statements run on db since
+// statementUses lists the top-level statements (toplevel) or the
+// statements run inside functions (not toplevel) run on db since
 // hasStatements (the bench's own reads excluded), per turn of turns, most
 // called first; the query text on one line, cut at 110 bytes.
-func statementUses(ctx context.Context, db *scratchDB, turns int64) ([]statementUse, error) {
+func statementUses(ctx context.Context, db *scratchDB, turns int64, toplevel bool) ([]statementUse, error) {
 	rows, err := db.Pool.Query(ctx, `
-SELECT regexp_replace(query, '\s+', ' ', 'g'), calls::float8 / $1, mean_exec_time FROM pg_stat_statements
-WHERE dbid = (SELECT oid FROM pg_database WHERE datname = current_database()) AND toplevel
+SELECT regexp_replace(query, '\s+', ' ', 'g'), sum(calls)::float8 / $1, sum(total_exec_time) / greatest(sum(calls), 1)
+FROM pg_stat_statements
+WHERE dbid = (SELECT oid FROM pg_database WHERE datname = current_database()) AND toplevel = $2
   AND query NOT ILIKE '%pg_stat%' AND query NOT ILIKE '%pg_backend_pid%'
-ORDER BY calls DESC, query`, float64(turns))
+GROUP BY 1 ORDER BY 2 DESC, 1`, float64(turns), toplevel)
 	if err != nil {
 		return nil, fmt.Errorf("reading pg_stat_statements: %w", err)
 	}
@@ -771,6 +783,15 @@ func printBurnDown(out io.Writer, rep *report) {
 		if len(r.Statements) > 0 {
 			fmt.Fprintln(out, "  statements per turn, sent by the client (per turn, mean ms, statement):")
 			for _, u := range r.Statements {
+				if u.PerTurn < 0.01 {
+					break
+				}
+				fmt.Fprintf(out, "    %5.2f %7.3f  %s\n", u.PerTurn, u.MeanMillis, u.Query)
+			}
+		}
+		if len(r.Nested) > 0 {
+			fmt.Fprintln(out, "  statements per turn, run inside functions (per turn, mean ms, statement):")
+			for _, u := range r.Nested {
 				if u.PerTurn < 0.01 {
 					break
 				}
