@@ -162,5 +162,14 @@ func Writes(sql string) bool {
 	if strings.HasPrefix(sql, "with") {
 		return strings.Contains(sql, "insert") || strings.Contains(sql, "update") || strings.Contains(sql, "delete")
 	}
+	for _, f := range readingFunctions {
+		sql = strings.ReplaceAll(sql, f, "")
+	}
 	return strings.Contains(sql, "promptline_")
 }
+
+// readingFunctions are promptline's functions that only read: a read that
+// calls them (the executor's view of the session, the read of the waiting
+// inputs a promotion runs first) commits nothing, and must not label the
+// transaction whose first write comes after it.
+var readingFunctions = []string{"promptline_waiting_head"}

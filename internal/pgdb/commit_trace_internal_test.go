@@ -23,6 +23,10 @@ func TestCommitTracerClassifiesWrites(t *testing.T) {
 		"SELECT id, topic, key, payload FROM outbox ORDER BY id":      false,
 		"SELECT pg_try_advisory_xact_lock($1)":                        false,
 		"WITH w AS (SELECT session_id FROM inputs) SELECT * FROM w":   false,
+		// The session's view and a promotion's read of its waiting
+		// inputs read the queue's head through a function.
+		"SELECT message_id FROM promptline_waiting_head($1) h":     false,
+		"SELECT promptline_waiting_head($1), promptline_fence($2)": true,
 	} {
 		require.Equal(t, want, Writes(strings.ToLower(sql)), sql)
 	}
