@@ -22,8 +22,8 @@ import (
 // instead, the claim would hold the session for a whole lease and then be
 // recovered, a second decision for one reply (seen once as a flaky
 // TestRecoveryAfterClaimAcquire: a deadlock at "setting phase continue").
-// An error that leaves the commit in doubt still leaves the claim to
-// expire: recovery decides from what committed.
+// An error that leaves the commit in doubt is retried too, under the
+// write's position (ledger/retry.go).
 //
 // The refusal is injected by a trigger on the promotion's own UPDATE of the
 // reply's input row, raised once: a sequence counts the tries, as a
@@ -57,18 +57,24 @@ func TestPromotionRetriedAfterARefusal(t *testing.T) {
 		})
 	}
 
-	// 40003 (statement_completion_unknown) leaves the outcome in doubt: no
-	// retry, the claim is left to expire for recovery, as before.
-	t.Run("InDoubtIsLeftToRecovery", func(t *testing.T) {
+	// 40003 (statement_completion_unknown) leaves the outcome in doubt.
+	// The promotion is retried all the same (ledger.WriteRetried): the
+	// retry keeps the write's position, and the fence refuses it as
+	// applied had the first try committed, so the turn the last try built
+	// runs once either way. It was left to recovery before. Here the first
+	// try certainly rolled back (the trigger raised), and the retry
+	// promotes.
+	t.Run("InDoubtIsRetriedUnderItsPosition", func(t *testing.T) {
 		t.Parallel()
 		b, e, runs := park(t, "40003")
 		done, err := e.Wake(ctx, "s", 0)
 		require.NoError(t, err)
 		wait(t, done)
-		require.Equal(t, 1, tries(t, b), "not promoted again in place")
-		require.Empty(t, runs)
-		require.Equal(t, 1, b.count(t, `SELECT count(*) FROM claims WHERE session_id = 's' AND phase = 'ready'`),
-			"the claim is left to expire")
+		require.Equal(t, 2, tries(t, b), "in doubt once, then promoted")
+		require.Len(t, runs, 1, "the approved call ran once")
+		require.Equal(t, 1, b.count(t, `SELECT count(*) FROM outbox WHERE topic = 'session-events'
+			AND convert_from(payload, 'UTF8')::jsonb @> '{"type": "turn.completed", "message_ids": ["m1"]}'`), "the resumed turn completed")
+		require.Zero(t, b.count(t, `SELECT count(*) FROM claims`), "the claim was released, not left to expire")
 	})
 }
 

@@ -42,9 +42,20 @@ func (ex *execution) promote(ctx context.Context) (*turn, error) {
 	if ex.e.beforePromote != nil {
 		ex.e.beforePromote()
 	}
+	// Retried like the common turn's promotion (promoteQueued): nothing
+	// was dispatched yet, so a transient error is retried while the lease
+	// lives, where the turn was left to recovery as outcome unknown. A
+	// retry keeps the write's position, so one whose first try committed
+	// unheard is refused by the fence as applied, and the turn the last
+	// try built is the one that committed (ledger/retry.go: a retry's
+	// fence passes only once the try before it has rolled back). Each try
+	// reads the session again and builds its turn afresh, numbering its
+	// attempt from where the execution stood.
 	var t *turn
-	err := ex.write(ctx, func(tx pgx.Tx) error {
+	steps := ex.steps
+	err := ex.writeRetried(ctx, nil, func(tx pgx.Tx) error {
 		var err error
+		ex.steps = steps
 		t, err = ex.promoteTx(ctx, tx)
 		return err
 	})

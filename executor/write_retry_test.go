@@ -345,6 +345,30 @@ func TestWriteAfterDispatchRetried(t *testing.T) {
 		require.Zero(t, b.count(t, `SELECT count(*) FROM tool_calls WHERE state <> 'requested'`))
 	})
 
+	// A promotion that is not the common turn's one call (promoteTx: a
+	// continuation, a permission reply) commits its turn's first intent,
+	// or the calls it resumes, in one transaction. Committed unheard, the
+	// retry's fence finds its position applied, and the turn it built
+	// runs, once: the approved call runs once, and the turn completes. It
+	// was left to recovery as outcome unknown before.
+	t.Run("PermissionResumeCommittedButUnheard", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t, 5*time.Second, tools.Ask)
+		b.admit(t, "s", "m1", "/tool effect {}")
+		run(t, b, "s")
+		var request string
+		require.NoError(t, b.pool.QueryRow(ctx, `SELECT request_id FROM permission_requests WHERE status = 'pending'`).Scan(&request))
+		out, err := b.admitter.AdmitReply(ctx, nil, envelope.PermissionReply{RequestID: request, Reply: envelope.ReplyOnce},
+			admission.Source{Topic: "permission-replies"})
+		require.NoError(t, err)
+		require.Equal(t, admission.Admitted, out.Outcome)
+		b.proxy.CutAfterCommit(func(label string) bool { return strings.Contains(label, "SET resumed_at") })
+		run(t, b, "s")
+		require.Equal(t, 1, b.proxy.Stats().AmbiguousCuts, "the resume was committed and its answer cut")
+		require.Equal(t, int32(1), b.tool.runs.Load(), "the approved side effect ran once")
+		completed(t, b, "m1", 2)
+	})
+
 	t.Run("FailedTurnCommittedButUnheard", func(t *testing.T) {
 		t.Parallel()
 		b := setup(t, 5*time.Second)

@@ -21,9 +21,10 @@ import (
 // retried, with backoff, for as long as the lease lives (docs/design.md,
 // invariant 13). Left unretried, the turn would be left for recovery,
 // which can only call its outcome unknown. The intents a dispatch waits
-// for (a queued turn's promotion, a later step's intent) are retried the
-// same way: nothing was dispatched, so an intent found landed lets its
-// step run (the claim with the first turn has its own: claimUnheard).
+// for (a promotion, of a queued turn or of a continuation or a permission
+// reply, and a later step's intent) are retried the same way: nothing was
+// dispatched, so an intent found landed lets its step run (the claim with
+// the first turn has its own: claimUnheard).
 //
 // A retry is a new transaction that opens with the fence like every write
 // (invariant 5): a claim lost meanwhile (taken over, or its lease run out
