@@ -168,15 +168,23 @@ func parkedReply(t *testing.T, inject string) (*execBundle, *executor.Executor, 
 	done, err := e.Wake(ctx, "s", 0)
 	require.NoError(t, err)
 	wait(t, done)
+	approvePending(t, b)
+	_, err = b.pool.Exec(ctx, inject)
+	require.NoError(t, err)
+	return b, e, runs
+}
+
+// approvePending admits a reply "once" to the one pending permission
+// request.
+func approvePending(t *testing.T, b *execBundle) {
+	t.Helper()
+	ctx := context.Background()
 	var requestID string
 	require.NoError(t, b.pool.QueryRow(ctx, `SELECT request_id FROM permission_requests WHERE status = 'pending'`).Scan(&requestID))
 	out, err := b.admitter.AdmitReply(ctx, nil, envelope.PermissionReply{RequestID: requestID, Reply: envelope.ReplyOnce},
 		admission.Source{Topic: "permission-replies"})
 	require.NoError(t, err)
 	require.Equal(t, admission.Admitted, out.Outcome)
-	_, err = b.pool.Exec(ctx, inject)
-	require.NoError(t, err)
-	return b, e, runs
 }
 
 // refuseOnce returns the SQL of a trigger that refuses the first write it

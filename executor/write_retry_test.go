@@ -356,12 +356,7 @@ func TestWriteAfterDispatchRetried(t *testing.T) {
 		b := setup(t, 5*time.Second, tools.Ask)
 		b.admit(t, "s", "m1", "/tool effect {}")
 		run(t, b, "s")
-		var request string
-		require.NoError(t, b.pool.QueryRow(ctx, `SELECT request_id FROM permission_requests WHERE status = 'pending'`).Scan(&request))
-		out, err := b.admitter.AdmitReply(ctx, nil, envelope.PermissionReply{RequestID: request, Reply: envelope.ReplyOnce},
-			admission.Source{Topic: "permission-replies"})
-		require.NoError(t, err)
-		require.Equal(t, admission.Admitted, out.Outcome)
+		approvePending(t, b.execBundle)
 		b.proxy.CutAfterCommit(func(label string) bool { return strings.Contains(label, "SET resumed_at") })
 		run(t, b, "s")
 		require.Equal(t, 1, b.proxy.Stats().AmbiguousCuts, "the resume was committed and its answer cut")
