@@ -81,7 +81,9 @@ func (x *Execution) WriteRetried(ctx context.Context, opts RetryOpts, fn func(tx
 	return x.retry(ctx, err, func(ctx context.Context) error {
 		err := x.writeLocked(ctx, false, seq, skipLanded(ctx, opts.Landed, fn))
 		if errors.Is(err, errWriteApplied) {
-			return nil // the write retried landed
+			// The write retried landed; it may be an intent whose
+			// request is sent next.
+			return x.renewLanded(ctx)
 		}
 		return err
 	})
@@ -128,7 +130,26 @@ func (x *Execution) finishQueuedRetried(ctx context.Context, opts RetryOpts, pha
 
 // retry runs again, while err is transient and the lease lives, and
 // returns the last error. x.mu is held.
-func (x *Execution) retry(ctx context.Context, err error, again func(ctx context.Context) error) error {
+//
+// A last error that is a refusal (pgdb.Refused: a deadlock, a
+// serialization failure, a lock not granted in time) says that its own try
+// did not commit, and a caller may take it as "nothing committed" and
+// write again under a new position (executor's retryRefused). That holds
+// only when no earlier try is in doubt: a try whose connection was lost
+// may still be committing on the server, holding the claim's row, which is
+// just what makes the next try's fence time out; once it commits, a write
+// under a new position would pass the fence and be applied beside it (a
+// second turn promoted while the first one's intent stands). So after a
+// try in doubt, a last refusal is returned as an error that is not one
+// (errInDoubt), and the caller leaves the claim to expire: recovery
+// decides from what committed.
+func (x *Execution) retry(ctx context.Context, err error, again func(ctx context.Context) error) (final error) {
+	doubt := inDoubt(err)
+	defer func() {
+		if doubt && pgdb.Refused(final) {
+			final = &errInDoubt{err: final}
+		}
+	}()
 	backoff := retryBackoffMin
 	// Renewals go on beside the retries (they take no lock: renewOn) and
 	// move the lease's end; the retries end within one lease of their
@@ -169,7 +190,23 @@ func (x *Execution) retry(ctx context.Context, err error, again func(ctx context
 		actx, cancel := context.WithDeadline(ctx, end)
 		err = again(actx)
 		cancel()
+		doubt = doubt || inDoubt(err)
 	}
+}
+
+// inDoubt says whether a try that failed with err may have committed, or
+// may still: no server error says that it rolled back.
+func inDoubt(err error) bool {
+	return err != nil && !errors.Is(err, ErrFenced) && !rolledBack(err)
+}
+
+// errInDoubt is a refusal that ended a write's retries after one of its
+// tries was in doubt. It hides the refusal's class on purpose (no Unwrap):
+// the write may have committed all the same (retry).
+type errInDoubt struct{ err error }
+
+func (e *errInDoubt) Error() string {
+	return e.err.Error() + " (an earlier try's outcome is not known: it may have committed)"
 }
 
 func (x *Execution) logAttrs(attrs ...any) []any {

@@ -116,22 +116,36 @@ func TestClaimSentUnheard(t *testing.T) {
 func TestWriteFoundLandedRenewsTheLease(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	pool, dbURL := testkit.Pool(t)
-	proxy, proxied := pgproxy.StartFor(t, dbURL)
-	ppool, err := pgxpool.New(ctx, proxied)
-	require.NoError(t, err)
-	t.Cleanup(ppool.Close)
-	lease := 5 * time.Second
-	b := &testBundle{pool: pool, claims: ledger.NewClaims(ppool, &ledger.ClaimsConfig{Lease: lease, OwnerID: "owner-a"})}
-	b.session(t, "s", 0)
-	x := b.acquire(t, "s", "e1")
-	old := time.Now().Add(-lease / 2)
-	ledger.SetLeaseFrom(x, old)
-	proxy.CutAfterCommit(func(label string) bool { return strings.Contains(label, "promptline_fence(") })
-	began := time.Now()
-	// The fence function alone is a write of its own: the call of a
-	// function whose arguments are the fence's.
-	require.NoError(t, x.WriteCallRetried(ctx, ledger.RetryOpts{}, "", "", ledger.Call{Func: "promptline_fence"}, nil))
-	require.Equal(t, 1, proxy.Stats().AmbiguousCuts, "the write committed and its answer was cut")
-	require.False(t, ledger.LeaseFrom(x).Before(began), "the lease was renewed after the write was found landed")
+	for name, write := range map[string]func(x *ledger.Execution) error{
+		// The fence function alone is a write of its own: the call of a
+		// function whose arguments are the fence's.
+		"Call": func(x *ledger.Execution) error {
+			return x.WriteCallRetried(ctx, ledger.RetryOpts{}, "", "", ledger.Call{Func: "promptline_fence"}, nil)
+		},
+		// A transaction (a continuation's or a reply's promotion) that
+		// writes nothing past its fence.
+		"Transaction": func(x *ledger.Execution) error {
+			return x.WriteRetried(ctx, ledger.RetryOpts{}, func(pgx.Tx) error { return nil })
+		},
+	} {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			pool, dbURL := testkit.Pool(t)
+			proxy, proxied := pgproxy.StartFor(t, dbURL)
+			ppool, err := pgxpool.New(ctx, proxied)
+			require.NoError(t, err)
+			t.Cleanup(ppool.Close)
+			lease := 5 * time.Second
+			b := &testBundle{pool: pool, claims: ledger.NewClaims(ppool, &ledger.ClaimsConfig{Lease: lease, OwnerID: "owner-a"})}
+			b.session(t, "s", 0)
+			x := b.acquire(t, "s", "e1")
+			old := time.Now().Add(-lease / 2)
+			ledger.SetLeaseFrom(x, old)
+			proxy.CutAfterCommit(func(label string) bool { return strings.Contains(label, "promptline_fence(") })
+			began := time.Now()
+			require.NoError(t, write(x))
+			require.Equal(t, 1, proxy.Stats().AmbiguousCuts, "the write committed and its answer was cut")
+			require.False(t, ledger.LeaseFrom(x).Before(began), "the lease was renewed after the write was found landed")
+		})
+	}
 }
