@@ -3,6 +3,7 @@ package ledger_test
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"regexp"
 	"strings"
 	"sync"
@@ -356,4 +357,92 @@ func waitErr(t *testing.T, fn func() error) error {
 		t.Fatal("the write is still retrying after 20 s")
 		return nil
 	}
+}
+
+// After a try in doubt, a last refusal is not returned as one. The
+// executor takes a refusal for "nothing committed" and writes again under
+// a new position (retryRefused); a try still committing on the server,
+// holding the claim's row (which is what times the next fences out), would
+// then pass its own fence beside that new write: a second turn promoted
+// while the first one's intent stands. Here another transaction holds the
+// claim's row, so that every fence after it waits past lock_timeout, and
+// the write's context ends during the backoff after its second refusal,
+// so that a refusal is the last error.
+func TestRefusalAfterATryInDoubtIsNotARefusal(t *testing.T) {
+	t.Parallel()
+	for _, doubt := range []bool{true, false} {
+		t.Run(fmt.Sprintf("InDoubt=%t", doubt), func(t *testing.T) {
+			t.Parallel()
+			ctx, cancel := context.WithCancel(context.Background())
+			defer cancel()
+			pool, dbURL := testkit.Pool(t)
+			proxy, proxied := pgproxy.StartFor(t, dbURL)
+			cfg, err := pgxpool.ParseConfig(proxied)
+			require.NoError(t, err)
+			cfg.ConnConfig.RuntimeParams["lock_timeout"] = "100"
+			ppool, err := pgxpool.NewWithConfig(ctx, cfg)
+			require.NoError(t, err)
+			t.Cleanup(ppool.Close)
+			var once sync.Once
+			hold := func() {
+				once.Do(func() {
+					tx, err := pool.Begin(context.Background())
+					require.NoError(t, err)
+					t.Cleanup(func() { _ = tx.Rollback(context.Background()) })
+					_, err = tx.Exec(context.Background(), `SELECT 1 FROM claims WHERE session_id = 's' FOR UPDATE`)
+					require.NoError(t, err)
+				})
+			}
+			refusals := &cancelAfterRetries{n: 2, cancel: cancel, Handler: slog.DiscardHandler}
+			b := &testBundle{pool: pool, claims: ledger.NewClaims(ppool, &ledger.ClaimsConfig{Lease: 10 * time.Second, OwnerID: "owner-a",
+				Logger: slog.New(refusals), OnWriteRetryFunc: hold})}
+			b.session(t, "s", 0)
+			x := b.acquire(t, "s", "e1")
+			if doubt {
+				// The first try's commit is cut: the client cannot tell
+				// whether it committed. The row is held from its first retry.
+				proxy.CutBeforeCommit(func(label string) bool { return strings.Contains(label, "promptline_fence(") })
+			} else {
+				hold() // the first try is refused too: nothing is in doubt
+			}
+			err = x.WriteRetried(ctx, ledger.RetryOpts{}, func(pgx.Tx) error { return nil })
+			require.Error(t, err)
+			require.Contains(t, refusals.last.Load(), "SQLSTATE 55P03", "the last try was refused")
+			if doubt {
+				require.Equal(t, 1, proxy.Stats().CutsBefore)
+				require.False(t, pgdb.Refused(err), "not a refusal after a try in doubt: %v", err)
+				require.ErrorContains(t, err, "may have committed")
+			} else {
+				require.True(t, pgdb.Refused(err), "a refusal, when every try was refused: %v", err)
+			}
+		})
+	}
+}
+
+// cancelAfterRetries calls cancel when the n-th retry of a write is
+// announced ("write failed transiently; retrying"), which comes just
+// before the retry's backoff, and keeps the last error announced.
+type cancelAfterRetries struct {
+	slog.Handler
+	n, seen int
+	cancel  func()
+	last    atomic.Value
+}
+
+func (h *cancelAfterRetries) Enabled(context.Context, slog.Level) bool { return true }
+
+func (h *cancelAfterRetries) Handle(_ context.Context, r slog.Record) error {
+	if !strings.HasPrefix(r.Message, "write failed transiently; retrying") {
+		return nil
+	}
+	r.Attrs(func(a slog.Attr) bool {
+		if a.Key == "error" {
+			h.last.Store(a.Value.String())
+		}
+		return true
+	})
+	if h.seen++; h.seen == h.n {
+		h.cancel()
+	}
+	return nil
 }
