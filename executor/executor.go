@@ -905,8 +905,8 @@ func (e *Executor) announced(err error) error {
 	return err
 }
 
-// The writes in a transaction of the execution's own (write,
-// writeRetried, finishRetried, finishOnce) run on a goroutine of their
+// The writes in a transaction of the execution's own (writeRetried,
+// finishRetried, finishOnce) run on a goroutine of their
 // own (onOwnStack): pgx's path through a transaction's statements is
 // deeper than anything else an execution calls, and run on the
 // execution's goroutine it left the stack 16 KiB for the rest of the
@@ -916,13 +916,6 @@ func (e *Executor) announced(err error) error {
 // already. While such a write waits on the database (the pool, a
 // retry's pause while the database is away), its execution keeps two
 // stacks.
-
-// write runs fn behind the fence.
-func (ex *execution) write(ctx context.Context, fn func(tx pgx.Tx) error) error {
-	var err error
-	onOwnStack(func() { err = ex.x.Write(ctx, fn) })
-	return ex.e.announced(err)
-}
 
 // The writes that record what a dispatch returned retry a transient
 // database error while the lease lives (ledger/retry.go); landed says

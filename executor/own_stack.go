@@ -19,7 +19,7 @@ import "runtime"
 // waiting for the pool at once took the burst's stacks from 101 to 146
 // MiB, measured and not kept for the claim. The transactions an
 // execution writes itself (a failure, a deferral) run here all the same
-// (execution.write), and so does a later step's intent (its read and its
+// (execution.writeRetried), and so does a later step's intent (its read and its
 // call, beginStepCall): pgx's path is deep, they come one execution at a
 // time as answers arrive, not ten thousand at once, and run on the
 // execution's goroutine they left 16 KiB for its next wait on the

@@ -58,13 +58,13 @@ func TestPromotionRetriedAfterARefusal(t *testing.T) {
 	}
 
 	// 40003 (statement_completion_unknown) leaves the outcome in doubt.
-	// The promotion is retried all the same (ledger.WriteRetried): the
-	// retry keeps the write's position, and the fence refuses it as
-	// applied had the first try committed, so the turn the last try built
-	// runs once either way. It was left to recovery before. Here the first
-	// try certainly rolled back (the trigger raised), and the retry
-	// promotes.
-	t.Run("InDoubtIsRetriedUnderItsPosition", func(t *testing.T) {
+	// The promotion is retried all the same (ledger.WriteRetried), where
+	// it was left to recovery before: the retry keeps the write's
+	// position, so that a first try that did commit refuses it as applied
+	// (TestWriteAfterDispatchRetried/PermissionResumeCommittedButUnheard
+	// shows that case). Here the first try certainly rolled back (the
+	// trigger raised), and the retry promotes.
+	t.Run("InDoubtIsRetried", func(t *testing.T) {
 		t.Parallel()
 		b, e, runs := park(t, "40003")
 		done, err := e.Wake(ctx, "s", 0)
