@@ -172,4 +172,4 @@ func Writes(sql string) bool {
 // calls them (the executor's view of the session, the read of the waiting
 // inputs a promotion runs first) commits nothing, and must not label the
 // transaction whose first write comes after it.
-var readingFunctions = []string{"promptline_waiting_head"}
+var readingFunctions = []string{"promptline_waiting_head("}

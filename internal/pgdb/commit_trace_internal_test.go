@@ -27,6 +27,7 @@ func TestCommitTracerClassifiesWrites(t *testing.T) {
 		// inputs read the queue's head through a function.
 		"SELECT message_id FROM promptline_waiting_head($1) h":     false,
 		"SELECT promptline_waiting_head($1), promptline_fence($2)": true,
+		"SELECT promptline_waiting_head_x($1)":                     true,
 	} {
 		require.Equal(t, want, Writes(strings.ToLower(sql)), sql)
 	}
