@@ -294,7 +294,9 @@ func MigratePool(ctx context.Context, pool *pgxpool.Pool) error {
 // migratePool applies the migrations through a pool's configuration with
 // the statement timeout replaced by timeout. A statement cancelled by it
 // fails with advice to run `consumer migrate` with a longer one: the
-// operator otherwise sees a bare "canceling statement" at every start.
+// operator otherwise sees a bare "canceling statement" at every start. A
+// lock not granted in time (lock_timeout, or a migration's own bound) is
+// advised likewise: the migration changed nothing and runs again.
 func migratePool(ctx context.Context, pool *pgxpool.Pool, timeout time.Duration) (from, to int64, err error) {
 	cc := pool.Config().ConnConfig.Copy()
 	cc.RuntimeParams["statement_timeout"] = ms(timeout)
@@ -302,9 +304,13 @@ func migratePool(ctx context.Context, pool *pgxpool.Pool, timeout time.Duration)
 	defer db.Close()
 	from, to, err = migrate(ctx, db)
 	var pgErr *pgconn.PgError
-	if errors.As(err, &pgErr) && pgErr.Code == "57014" && ctx.Err() == nil {
+	switch {
+	case errors.As(err, &pgErr) && pgErr.Code == "57014" && ctx.Err() == nil:
 		err = fmt.Errorf("%w: a migration ran past its statement timeout (%s); apply the migrations with "+
 			"`consumer migrate --db-statement-timeout DURATION` (a longer one) as the schema owner role, then start again", err, timeout)
+	case errors.As(err, &pgErr) && pgErr.Code == "55P03":
+		err = fmt.Errorf("%w: a migration waited too long for a lock behind live transactions, and changed nothing; "+
+			"run `consumer migrate` again once no long transaction holds its tables, then start again", err)
 	}
 	return from, to, err
 }

@@ -17,15 +17,23 @@ import (
 // succeed and to record it.
 func migratedTo(t *testing.T, schema string, version int64) (db *sql.DB, rerun func()) {
 	t.Helper()
+	db, _, rerun = migratedToURL(t, schema, version)
+	return db, rerun
+}
+
+// migratedToURL is migratedTo, with the URL of the schema's database.
+func migratedToURL(t *testing.T, schema string, version int64) (db *sql.DB, url string, rerun func()) {
+	t.Helper()
 	ctx := t.Context()
-	db = openSQL(t, schemaURL(t, schema))
+	url = schemaURL(t, schema)
+	db = openSQL(t, url)
 	p, err := goose.NewProvider(goose.DialectPostgres, db, pgdb.Migrations())
 	require.NoError(t, err)
 	_, err = p.UpTo(ctx, version)
 	require.NoError(t, err)
 	_, err = db.ExecContext(ctx, `DELETE FROM goose_db_version WHERE version_id = $1`, version)
 	require.NoError(t, err)
-	return db, func() {
+	return db, url, func() {
 		t.Helper()
 		_, err := p.UpTo(ctx, version)
 		require.NoError(t, err, "the migration runs again over itself")

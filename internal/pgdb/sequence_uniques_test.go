@@ -6,7 +6,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgconn"
-	"github.com/pressly/goose/v3"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
 	"github.com/promptline/promptline/internal/pgdb"
@@ -22,7 +22,7 @@ func TestSequenceUniquesMigrationWaitsBoundedAndRunsAgain(t *testing.T) {
 	t.Parallel()
 	ctx := t.Context()
 	const schema = "rerun_sequence_uniques"
-	db, rerun := migratedTo(t, schema, 23)
+	db, url, rerun := migratedToURL(t, schema, 23)
 	// As if it had never run: the constraints back, unrecorded.
 	for _, sql := range []string{
 		`ALTER TABLE inputs ADD CONSTRAINT inputs_promotion_seq_key UNIQUE (promotion_seq)`,
@@ -43,16 +43,19 @@ func TestSequenceUniquesMigrationWaitsBoundedAndRunsAgain(t *testing.T) {
 	_, err = tx.ExecContext(ctx, `SELECT count(*) FROM inputs`)
 	require.NoError(t, err)
 
-	p, err := goose.NewProvider(goose.DialectPostgres, db, pgdb.Migrations())
+	// A consumer's start migrates through its pool (pgdb.MigratePool).
+	pool, err := pgxpool.New(ctx, url)
 	require.NoError(t, err)
+	defer pool.Close()
 	start := time.Now()
 	bounded, cancel := context.WithTimeout(ctx, 15*time.Second) // without its bound, it would wait for good
 	defer cancel()
-	_, err = p.UpTo(bounded, 23)
+	err = pgdb.MigratePool(bounded, pool)
 	waited := time.Since(start)
 	var pgErr *pgconn.PgError
-	require.ErrorAs(t, err, &pgErr)
-	require.Equal(t, "55P03", pgErr.Code, "lock_not_available")
+	require.ErrorAs(t, err, &pgErr, "%v", err)
+	require.Equal(t, "55P03", pgErr.Code, "lock_not_available: %v", err)
+	require.ErrorContains(t, err, "run `consumer migrate` again", "with the operator's advice")
 	require.GreaterOrEqual(t, waited, 2*time.Second, "it waited its bound")
 	require.Less(t, waited, 10*time.Second, "and no longer: the bound is the migration's own (this connection has no lock_timeout)")
 	require.Equal(t, both, indexes(t, db, schema, true, both...), "nothing changed")

@@ -23,8 +23,10 @@
 -- catalog change under an ACCESS EXCLUSIVE lock (an index behind a
 -- constraint cannot be dropped CONCURRENTLY), held for an instant, but
 -- waited for behind any transaction on the table, with every write that
--- comes after queued behind the wait: so the wait is bounded at 2 s, in
--- one transaction. Past it the migration fails (55P03, lock_not_available),
+-- comes after queued behind the wait. So each wait is bounded at 2 s
+-- (lock_timeout times each lock's wait apart: the writes to inputs may
+-- queue for up to 4 s while the second waits, once per upgrade). Past it
+-- the migration fails (55P03, lock_not_available) in its one transaction,
 -- changes nothing, and runs again as it is (consumer migrate).
 SET LOCAL lock_timeout = '2s';
 ALTER TABLE inputs DROP CONSTRAINT IF EXISTS inputs_promotion_seq_key;
