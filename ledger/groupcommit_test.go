@@ -11,12 +11,9 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
-	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
 	"github.com/promptline/promptline/internal/pgdb"
-	"github.com/promptline/promptline/internal/testkit"
-	"github.com/promptline/promptline/internal/testkit/pgproxy"
 	"github.com/promptline/promptline/ledger"
 	"github.com/promptline/promptline/outbox"
 )
@@ -28,11 +25,7 @@ import (
 func TestGroupCommitAmbiguousIsNotResent(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	pool, dbURL := testkit.Pool(t)
-	proxy, proxied := pgproxy.StartFor(t, dbURL)
-	ppool, err := pgxpool.New(ctx, proxied)
-	require.NoError(t, err)
-	t.Cleanup(ppool.Close)
+	pool, proxy, ppool := proxiedPools(t, nil)
 	b := &testBundle{pool: pool, claims: ledger.NewClaims(ppool, &ledger.ClaimsConfig{Lease: time.Minute, OwnerID: "owner-a"})}
 	const n = 16
 	var xs []*ledger.Execution

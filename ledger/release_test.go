@@ -7,10 +7,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
-	"github.com/promptline/promptline/internal/testkit"
 	"github.com/promptline/promptline/internal/testkit/pgproxy"
 	"github.com/promptline/promptline/ledger"
 	"github.com/promptline/promptline/outbox"
@@ -27,11 +25,7 @@ func TestReleaseReportsOnlyACommittedRelease(t *testing.T) {
 	ctx := context.Background()
 	setupProxied := func(t *testing.T) (*testBundle, *pgproxy.Proxy) {
 		t.Helper()
-		pool, dbURL := testkit.Pool(t)
-		proxy, proxied := pgproxy.StartFor(t, dbURL)
-		ppool, err := pgxpool.New(ctx, proxied)
-		require.NoError(t, err)
-		t.Cleanup(ppool.Close)
+		pool, proxy, ppool := proxiedPools(t, nil)
 		return &testBundle{pool: pool, claims: ledger.NewClaims(ppool, &ledger.ClaimsConfig{Lease: 5 * time.Second, OwnerID: "owner-a"})}, proxy
 	}
 	isRelease := func(label string) bool { return strings.Contains(label, "DELETE FROM claims") }

@@ -12,7 +12,6 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
 	"github.com/promptline/promptline/internal/pgdb"
@@ -40,11 +39,7 @@ func TestWriteRetried(t *testing.T) {
 	}
 	setupProxied := func(t *testing.T, lease time.Duration) *bundle {
 		t.Helper()
-		pool, dbURL := testkit.Pool(t)
-		proxy, proxied := pgproxy.StartFor(t, dbURL)
-		ppool, err := pgxpool.New(ctx, proxied)
-		require.NoError(t, err)
-		t.Cleanup(ppool.Close)
+		pool, proxy, ppool := proxiedPools(t, nil)
 		b := &bundle{testBundle: &testBundle{pool: pool}, proxy: proxy}
 		b.testBundle.claims = ledger.NewClaims(ppool, &ledger.ClaimsConfig{Lease: lease, OwnerID: "owner-a", Logger: testkit.Logger(t, &b.logs), OnWriteRetryFunc: func() {
 			b.retries.Add(1)
@@ -375,14 +370,7 @@ func TestRefusalAfterATryInDoubtIsNotARefusal(t *testing.T) {
 			t.Parallel()
 			ctx, cancel := context.WithCancel(context.Background())
 			defer cancel()
-			pool, dbURL := testkit.Pool(t)
-			proxy, proxied := pgproxy.StartFor(t, dbURL)
-			cfg, err := pgxpool.ParseConfig(proxied)
-			require.NoError(t, err)
-			cfg.ConnConfig.RuntimeParams["lock_timeout"] = "100"
-			ppool, err := pgxpool.NewWithConfig(ctx, cfg)
-			require.NoError(t, err)
-			t.Cleanup(ppool.Close)
+			pool, proxy, ppool := proxiedPools(t, map[string]string{"lock_timeout": "100"})
 			var once sync.Once
 			hold := func() {
 				once.Do(func() {
@@ -405,7 +393,7 @@ func TestRefusalAfterATryInDoubtIsNotARefusal(t *testing.T) {
 			} else {
 				hold() // the first try is refused too: nothing is in doubt
 			}
-			err = x.WriteRetried(ctx, ledger.RetryOpts{}, func(pgx.Tx) error { return nil })
+			err := x.WriteRetried(ctx, ledger.RetryOpts{}, func(pgx.Tx) error { return nil })
 			require.Error(t, err)
 			require.Contains(t, refusals.last.Load(), "SQLSTATE 55P03", "the last try was refused")
 			if doubt {

@@ -7,11 +7,9 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
 	"github.com/promptline/promptline/internal/pgdb"
-	"github.com/promptline/promptline/internal/testkit"
 	"github.com/promptline/promptline/internal/testkit/pgproxy"
 	"github.com/promptline/promptline/ledger"
 	"github.com/promptline/promptline/outbox"
@@ -30,11 +28,7 @@ func TestSilentConnectionIsGivenUp(t *testing.T) {
 	setup := func(t *testing.T) (*testBundle, *pgproxy.Proxy, *ledger.Execution) {
 		t.Helper()
 		ctx := context.Background()
-		pool, dbURL := testkit.Pool(t)
-		proxy, proxied := pgproxy.StartFor(t, dbURL)
-		ppool, err := pgxpool.New(ctx, proxied)
-		require.NoError(t, err)
-		t.Cleanup(ppool.Close)
+		pool, proxy, ppool := proxiedPools(t, nil)
 		// Before the pool's Close, which waits for a write still on a
 		// silent connection: cutting them ends it.
 		t.Cleanup(proxy.Close)

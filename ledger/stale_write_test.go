@@ -7,11 +7,9 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
 	"github.com/promptline/promptline/internal/pgdb"
-	"github.com/promptline/promptline/internal/testkit"
 	"github.com/promptline/promptline/internal/testkit/pgproxy"
 	"github.com/promptline/promptline/ledger"
 	"github.com/promptline/promptline/outbox"
@@ -101,12 +99,7 @@ type staleWriteRig struct {
 
 func newStaleWriteRig(t *testing.T) *staleWriteRig {
 	t.Helper()
-	ctx := context.Background()
-	pool, dbURL := testkit.Pool(t)
-	proxy, proxied := pgproxy.StartFor(t, dbURL)
-	ppool, err := pgxpool.New(ctx, proxied)
-	require.NoError(t, err)
-	t.Cleanup(ppool.Close)
+	pool, proxy, ppool := proxiedPools(t, nil)
 	r := &staleWriteRig{t: t, proxy: proxy, retrying: make(chan struct{}, 1), proceed: make(chan struct{})}
 	r.b = &testBundle{pool: pool, claims: ledger.NewClaims(ppool, &ledger.ClaimsConfig{Lease: time.Minute, OwnerID: "owner-a",
 		OnWriteRetryFunc: func() {

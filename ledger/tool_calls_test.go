@@ -7,10 +7,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
-	"github.com/promptline/promptline/internal/testkit"
 	"github.com/promptline/promptline/internal/testkit/pgproxy"
 	"github.com/promptline/promptline/ledger"
 )
@@ -32,18 +30,14 @@ func TestToolPathCallsRetried(t *testing.T) {
 	ctx := context.Background()
 	setup := func(t *testing.T) (*testBundle, *pgproxy.Proxy, *ledger.Execution, string) {
 		t.Helper()
-		pool, dbURL := testkit.Pool(t)
-		proxy, proxied := pgproxy.StartFor(t, dbURL)
-		ppool, err := pgxpool.New(ctx, proxied)
-		require.NoError(t, err)
-		t.Cleanup(ppool.Close)
+		pool, proxy, ppool := proxiedPools(t, nil)
 		b := &testBundle{pool: pool, claims: ledger.NewClaims(ppool, &ledger.ClaimsConfig{Lease: 5 * time.Second, OwnerID: "o"})}
 		b.session(t, "s", 0)
 		x := b.acquire(t, "s", "e1")
 		p := ledger.AttemptParams{ID: ledger.AttemptID("e1", 1), AssistantMessageID: "a1", Step: 1, Provider: "scripted",
 			IdempotencyKey: "k1", RequestHash: []byte{1}}
 		require.NoError(t, x.Write(ctx, func(tx pgx.Tx) error { return x.BeginAttempt(ctx, tx, p) }))
-		_, err = pool.Exec(ctx, `INSERT INTO messages (message_id, session_id, role, status, execution_id, fencing_token)
+		_, err := pool.Exec(ctx, `INSERT INTO messages (message_id, session_id, role, status, execution_id, fencing_token)
 			VALUES ('a1', 's', 'assistant', 'pending', 'e1', 1)`)
 		require.NoError(t, err)
 		calls := []ledger.CallParams{

@@ -9,10 +9,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
-	"github.com/promptline/promptline/internal/testkit"
 	"github.com/promptline/promptline/internal/testkit/pgproxy"
 	"github.com/promptline/promptline/ledger"
 )
@@ -26,11 +24,7 @@ func TestClaimSentUnheard(t *testing.T) {
 	isClaim := func(label string) bool { return strings.Contains(label, "promptline_claim_as_read") }
 	setupProxied := func(t *testing.T, log *slog.Logger) (*testBundle, *ledger.Claims, *pgproxy.Proxy) {
 		t.Helper()
-		pool, dbURL := testkit.Pool(t)
-		proxy, proxied := pgproxy.StartFor(t, dbURL)
-		ppool, err := pgxpool.New(ctx, proxied)
-		require.NoError(t, err)
-		t.Cleanup(ppool.Close)
+		pool, proxy, ppool := proxiedPools(t, nil)
 		b := &testBundle{pool: pool, claims: ledger.NewClaims(pool, &ledger.ClaimsConfig{Lease: 5 * time.Second, OwnerID: "direct"})}
 		return b, ledger.NewClaims(ppool, &ledger.ClaimsConfig{Lease: 5 * time.Second, OwnerID: "proxied", Logger: log}), proxy
 	}
@@ -130,11 +124,7 @@ func TestWriteFoundLandedRenewsTheLease(t *testing.T) {
 	} {
 		t.Run(name, func(t *testing.T) {
 			t.Parallel()
-			pool, dbURL := testkit.Pool(t)
-			proxy, proxied := pgproxy.StartFor(t, dbURL)
-			ppool, err := pgxpool.New(ctx, proxied)
-			require.NoError(t, err)
-			t.Cleanup(ppool.Close)
+			pool, proxy, ppool := proxiedPools(t, nil)
 			lease := 5 * time.Second
 			b := &testBundle{pool: pool, claims: ledger.NewClaims(ppool, &ledger.ClaimsConfig{Lease: lease, OwnerID: "owner-a"})}
 			b.session(t, "s", 0)
