@@ -15,7 +15,8 @@ import (
 // size: with prompts of 1 MB a partition took about 1 GiB, a replay under a
 // memory limit was killed, and killed again at every rerun, never ending.
 // The broker runs in this test process, so the replay's peak RSS (VmHWM)
-// counts only what replay holds.
+// counts only what replay holds; under -race the replay runs uninstrumented
+// (measuredBin), so the bound is the same in both suites.
 func TestReplayOfLargePromptsStaysWithinTheBufferBytes(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
@@ -25,7 +26,9 @@ func TestReplayOfLargePromptsStaysWithinTheBufferBytes(t *testing.T) {
 	)
 	sendBacklog(t, b, prompts, textBytes)
 
-	r := b.startReplay(t, "--partitions", "0")
+	bin, err := measuredBin()
+	require.NoError(t, err)
+	r := b.startReplayBin(t, bin, "--partitions", "0")
 	// VmHWM, read until the process exits: the peak of its own memory.
 	// (Its rusage's peak would not do: the test process forks it, and
 	// Linux counts the parent's resident set, the broker's backlog, in the
@@ -63,11 +66,6 @@ sample:
 	// backlog: 1003-1014 MiB, still twice the bound.
 	live := kafkautil.BufferBytesDefault + 1<<20 + 16<<20
 	bound := int64(4*live + 288<<20)
-	if raceEnabled {
-		// The race detector's shadow memory: 5-10x by Go's documentation;
-		// the consumer's test measured 3.5x.
-		bound *= 6
-	}
 	t.Logf("replay peak RSS %d MiB, bound %d MiB", hwm>>20, bound>>20)
 	require.Less(t, hwm, bound, "peak RSS of a replay of %d prompts of %d bytes on one partition", prompts, textBytes)
 }

@@ -35,9 +35,15 @@ type replayRun struct {
 
 func (b *testBundle) startReplay(t *testing.T, args ...string) *replayRun {
 	t.Helper()
+	return b.startReplayBin(t, consumerBin, args...)
+}
+
+// startReplayBin is startReplay with the binary to run.
+func (b *testBundle) startReplayBin(t *testing.T, bin string, args ...string) *replayRun {
+	t.Helper()
 	r := &replayRun{stdout: testkit.NewSyncBuffer(), stderr: testkit.NewSyncBuffer(), exited: make(chan struct{})}
 	all := append([]string{"consumer", "replay", "--brokers", b.addr, "--database-url", b.dbURL, "--log-level", "warn"}, args...)
-	r.cmd = &exec.Cmd{Path: consumerBin, Args: all, Env: os.Environ(), Stdout: r.stdout, Stderr: r.stderr}
+	r.cmd = &exec.Cmd{Path: bin, Args: all, Env: os.Environ(), Stdout: r.stdout, Stderr: r.stderr}
 	require.NoError(t, r.cmd.Start())
 	go func() {
 		r.err = r.cmd.Wait()
