@@ -73,6 +73,35 @@ func TestSilentConnectionIsGivenUp(t *testing.T) {
 		require.Equal(t, 1, b.count(t, `SELECT count(*) FROM outbox WHERE payload = 'silent'`), "the commit landed, once")
 	})
 
+	// A transaction's statement, run on its closure's context (without a
+	// deadline, as the executor's closures run theirs), on a connection
+	// gone silent: given up with the write all the same. It waited for
+	// good, holding the claim's row and the execution's write lock, while
+	// the keep-alive renewed the lease on other connections and recovery
+	// could never take the session over.
+	t.Run("StatementInATransaction", func(t *testing.T) {
+		t.Parallel()
+		_, proxy, x := setup(t)
+		proxy.SilenceAt(func(stmts []string) bool {
+			for _, s := range stmts {
+				if strings.Contains(s, "silent-statement") {
+					return true
+				}
+			}
+			return false
+		})
+		waited, err := given(t, func(ctx context.Context) error {
+			return x.Write(ctx, func(tx pgx.Tx) error {
+				_, err := tx.Exec(context.Background(), `INSERT INTO outbox (topic, key, payload) VALUES ('t', 's1', 'silent-statement')`)
+				return err
+			})
+		})
+		require.Error(t, err)
+		require.True(t, pgdb.Transient(err), "a connection given up is transient: %v", err)
+		require.GreaterOrEqual(t, waited, lease, "never given up while the lease lives")
+		require.Equal(t, 1, proxy.Stats().Silenced)
+	})
+
 	t.Run("Renewal", func(t *testing.T) {
 		t.Parallel()
 		_, proxy, x := setup(t)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -28,15 +29,21 @@ func InTx(ctx context.Context, pool *pgxpool.Pool, fn func(pgx.Tx) error) error 
 // idle-in-transaction timeout. pgx's BeginFunc rolls back in a defer too;
 // it is not used because its rollback takes the caller's context, which a
 // cancelled caller has ended.
+//
+// Every statement fn runs is bounded by ctx, whatever context fn gives it
+// (boundStatements).
 func runTx(ctx context.Context, tx pgx.Tx, fn func(pgx.Tx) error) error {
+	stop := boundStatements(ctx, tx)
 	returned := false
 	defer func() {
 		if !returned {
+			stop()
 			_ = tx.Rollback(context.WithoutCancel(ctx))
 		}
 	}()
 	err := fn(tx)
 	returned = true
+	stop()
 	if err != nil {
 		return errors.Join(err, ignoreClosed(tx.Rollback(context.WithoutCancel(ctx))))
 	}
@@ -44,6 +51,40 @@ func runTx(ctx context.Context, tx pgx.Tx, fn func(pgx.Tx) error) error {
 		return fmt.Errorf("committing: %w", err)
 	}
 	return nil
+}
+
+// boundStatements gives tx's connection up when ctx ends while fn runs:
+// it sets its socket's deadline in the past, as pgx does when a
+// statement's own context ends, so that a statement waiting on it fails
+// and pgx closes the connection (the server then rolls the transaction
+// back). A transaction's statements run on the contexts its fn passes
+// them, and a fn's closure may hold a context without the deadline the
+// transaction was given (the executor's, say): on a connection gone
+// silent (a middlebox that still acknowledges, a failover without a
+// reset) its statement waited for good, holding the claim's row and the
+// execution's write lock while the claim's keep-alive, on other
+// connections, kept recovery from ever taking it over (docs/design.md,
+// invariant 13 and "silent connection"). Nothing is lost: a transaction
+// whose context has ended cannot commit.
+//
+// The returned stop disarms it, and waits for it when it has begun; it
+// is called before the commit or the rollback hands the connection back
+// to the pool, so that no connection in the pool is ever touched.
+func boundStatements(ctx context.Context, tx pgx.Tx) (stop func()) {
+	if ctx.Done() == nil {
+		return func() {}
+	}
+	conn := tx.Conn().PgConn().Conn()
+	fired := make(chan struct{})
+	disarm := context.AfterFunc(ctx, func() {
+		defer close(fired)
+		_ = conn.SetDeadline(time.Now())
+	})
+	return func() {
+		if !disarm() {
+			<-fired
+		}
+	}
 }
 
 func ignoreClosed(err error) error {
