@@ -662,7 +662,7 @@ func (e *Executor) execute(sessionID string, r *sessionRun, log *slog.Logger) {
 		} else if e.owesSlot(ex.started) {
 			e.handBack(sessionID, r, log, ex.started)
 			break
-		} else if t, err = ex.promoteRetried(ctx, log); err != nil {
+		} else if t, err = ex.promote(ctx); err != nil {
 			ex.logErr(ctx, log, "promoting inputs", err)
 			if !x.Fenced() {
 				// The promotion may have committed: an answer lost with
@@ -804,17 +804,21 @@ func (e *Executor) acquire(sessionID string, r *sessionRun, log *slog.Logger) (e
 	return ex, nil, nil
 }
 
-// A write made before a dispatch (a promotion, a step's intent) that the
-// server refused (pgdb.Refused: a deadlock, a serialization failure, a
-// lock not granted in time) certainly did not commit, so it is run again
-// in place, up to refusedTries times with a backoff doubled from
-// refusedBackoffMin to refusedBackoffMax, each wait drawn within ±50%
-// (retry.Do; docs/design.md, invariant 13). Each try opens with the fence,
-// which refuses it once the claim is lost. Any other error may have come
-// after the commit, so the claim is left to expire (see execute) and
-// recovery decides from what committed. Without the retry, one deadlock
-// with a concurrent writer held the session for a whole lease and cost a
-// second recovery decision for one permission reply.
+// A claim the server refused (pgdb.Refused: a deadlock, a serialization
+// failure, a lock not granted in time) certainly did not commit, so it is
+// taken again in place, up to refusedTries times with a backoff doubled
+// from refusedBackoffMin to refusedBackoffMax, each wait drawn within
+// ±50% (retry.Do; docs/design.md, invariant 13). Without the retry, one
+// deadlock with a concurrent writer held the session for a whole lease
+// and cost a second recovery decision for one permission reply. The
+// writes under a held claim (a promotion, a step's intent) are not run
+// through it: the ledger retries them, refusals included, while their
+// lease lives (ledger.Execution.WriteRetried), and then leaves the claim
+// to expire. Wrapped in this loop as well, a write refused for good was
+// begun again under a new position at each of the ledger's give-ups,
+// the keep-alive keeping the fence passing: up to eight leases with the
+// session out of recovery's reach
+// (TestPromotionRefusedForGoodIsLeftWithinALease).
 const (
 	refusedTries      = 8
 	refusedBackoffMin = 20 * time.Millisecond
@@ -831,21 +835,6 @@ func retryRefused(ctx context.Context, log *slog.Logger, what string, try func()
 			log.WarnContext(ctx, what+" refused by the database; trying again", slog.Int("try", n), slog.Any("error", err))
 		},
 	}, try)
-}
-
-// promoteRetried is promote, run again while the server refuses it. A
-// refused try committed nothing, so each try numbers the first step's
-// attempt from the same count: the refused try's number is no step's.
-func (ex *execution) promoteRetried(ctx context.Context, log *slog.Logger) (*turn, error) {
-	var t *turn
-	steps := ex.steps
-	err := retryRefused(ctx, log, "promotion", func() error {
-		var err error
-		ex.steps = steps
-		t, err = ex.promote(ctx)
-		return err
-	})
-	return t, err
 }
 
 // logFailure logs "<what> failed" with err, unless the executor is

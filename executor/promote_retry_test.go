@@ -205,3 +205,53 @@ func refuseOnce(name, code, timing string) string {
 		CREATE TRIGGER refuse_first_%[1]s %[3]s
 			EXECUTE FUNCTION refuse_first_%[1]s()`, name, code, timing)
 }
+
+// A promotion the server refuses at every try (a lock held for good, a
+// trigger that raises) is retried while its lease lives, once: then the
+// claim is left to expire for recovery. The executor's own loop of
+// refusals (retryRefused, for the claim) wrapped the ledger's, which
+// retries a refusal for the lease itself; the ledger's loop ended at the
+// lease's end with the refusal, the executor's began it again under a
+// new position, and the keep-alive kept the fence passing: eight leases
+// with the session out of recovery's reach.
+func TestPromotionRefusedForGoodIsLeftWithinALease(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	const lease = time.Second
+	b := setupExec(t)
+	runs := make(chan string, 4)
+	reg := tools.NewRegistry()
+	require.NoError(t, reg.Register(countingEcho{Tool: tools.NewEcho(), runs: runs}))
+	claims := ledger.NewClaims(b.pool, &ledger.ClaimsConfig{Lease: lease, OwnerID: "p"})
+	e := newExecutor(t, b.pool, &executor.ExecutorConfig{Claims: claims, Tools: reg,
+		PermissionFunc: func(string) tools.Permission { return tools.Ask }})
+	t.Cleanup(e.StopNow)
+	b.admit(t, "s", "m1", `/tool echo {"text": "hi"}`)
+	done, err := e.Wake(ctx, "s", 0)
+	require.NoError(t, err)
+	wait(t, done)
+	approvePending(t, b)
+	_, err = b.pool.Exec(ctx, `
+		CREATE FUNCTION refuse_promotion() RETURNS trigger LANGUAGE plpgsql AS $$
+		BEGIN
+			RAISE EXCEPTION 'injected refusal' USING ERRCODE = '40001';
+		END $$;
+		CREATE TRIGGER refuse_promotion BEFORE UPDATE OF promotion_seq ON inputs
+			FOR EACH ROW WHEN (OLD.promotion_seq IS NULL AND NEW.promotion_seq IS NOT NULL)
+			EXECUTE FUNCTION refuse_promotion()`)
+	require.NoError(t, err)
+
+	began := time.Now()
+	done, err = e.Wake(ctx, "s", 0)
+	require.NoError(t, err)
+	select {
+	case <-done:
+	case <-time.After(20 * lease):
+		t.Fatalf("the execution still retries its refused promotion after %s (lease %s)", 20*lease, lease)
+	}
+	took := time.Since(began)
+	t.Logf("given up after %s (lease %s)", took, lease)
+	require.Less(t, took, 3*lease, "a refused promotion held the session past its lease")
+	require.Empty(t, runs, "the approved call did not run")
+	require.Equal(t, 1, b.count(t, `SELECT count(*) FROM claims WHERE session_id = 's'`), "the claim is left to expire, for recovery")
+}

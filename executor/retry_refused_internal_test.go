@@ -23,7 +23,7 @@ func TestRetryRefusedBounds(t *testing.T) {
 
 	n := 0
 	began := time.Now()
-	err := retryRefused(context.Background(), log, "promotion", func() error {
+	err := retryRefused(context.Background(), log, "claim", func() error {
 		n++
 		return deadlock
 	})
@@ -38,11 +38,11 @@ func TestRetryRefusedBounds(t *testing.T) {
 		least += b / 2
 	}
 	require.GreaterOrEqual(t, took, least, "the refused tries were spaced by the backoff")
-	require.Equal(t, refusedTries-1, strings.Count(logs.String(), "promotion refused by the database; trying again"), logs.String())
+	require.Equal(t, refusedTries-1, strings.Count(logs.String(), "claim refused by the database; trying again"), logs.String())
 
 	n = 0
 	inDoubt := errors.New("connection reset during COMMIT")
-	err = retryRefused(context.Background(), log, "promotion", func() error {
+	err = retryRefused(context.Background(), log, "claim", func() error {
 		if n++; n == 1 {
 			return deadlock
 		}
@@ -52,7 +52,7 @@ func TestRetryRefusedBounds(t *testing.T) {
 	require.Equal(t, 2, n, "an error that may have committed ends the retry")
 
 	n = 0
-	require.NoError(t, retryRefused(context.Background(), log, "step intent", func() error {
+	require.NoError(t, retryRefused(context.Background(), log, "claim", func() error {
 		if n++; n < 3 {
 			return deadlock
 		}

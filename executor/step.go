@@ -96,12 +96,10 @@ func (ex *execution) runStep(ctx context.Context, t *turn, step int, log *slog.L
 		} else {
 			// Intent: the attempt row and the phase unknown, committed
 			// before the request leaves. A retry of the step reuses its ID,
-			// as does a try again after the server refused the write.
-			err := retryRefused(ctx, log, "step intent", func() error {
-				var err error
-				onOwnStack(func() { req, err = ex.beginStepCall(ctx, t, step, attemptID) })
-				return err
-			})
+			// as does the ledger's retry of the write after the server
+			// refused it (writeCallRetried).
+			var err error
+			onOwnStack(func() { req, err = ex.beginStepCall(ctx, t, step, attemptID) })
 			if err != nil {
 				return false, false, err
 			}

@@ -134,7 +134,9 @@ func (x *Execution) finishQueuedRetried(ctx context.Context, opts RetryOpts, pha
 // A last error that is a refusal (pgdb.Refused: a deadlock, a
 // serialization failure, a lock not granted in time) says that its own try
 // did not commit, and a caller may take it as "nothing committed" and
-// write again under a new position (executor's retryRefused). That holds
+// write again under a new position (as the executor's retryRefused does
+// for a claim; its writes under a claim are not run again: this loop
+// already retried the refusal for the lease). That holds
 // only when no earlier try is in doubt: a try whose connection was lost
 // may still be committing on the server, holding the claim's row, which is
 // just what makes the next try's fence time out; once it commits, a write

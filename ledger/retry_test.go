@@ -354,9 +354,10 @@ func waitErr(t *testing.T, fn func() error) error {
 	}
 }
 
-// After a try in doubt, a last refusal is not returned as one. The
-// executor takes a refusal for "nothing committed" and writes again under
-// a new position (retryRefused); a try still committing on the server,
+// After a try in doubt, a last refusal is not returned as one. A caller
+// may take a refusal for "nothing committed" and write again under a new
+// position (the executor did so, retryRefused, until its writes under a
+// claim were left to this loop alone); a try still committing on the server,
 // holding the claim's row (which is what times the next fences out), would
 // then pass its own fence beside that new write: a second turn promoted
 // while the first one's intent stands. Here another transaction holds the
