@@ -136,6 +136,17 @@ func TestWriteFoundLandedRenewsTheLease(t *testing.T) {
 			require.NoError(t, write(x))
 			require.Equal(t, 1, proxy.Stats().AmbiguousCuts, "the write committed and its answer was cut")
 			require.False(t, ledger.LeaseFrom(x).Before(began), "the lease was renewed after the write was found landed")
+			// And renewed in the database, not only in the process's
+			// reckoning: a lease the process counts from later than the
+			// database does would let a request leave after the claim
+			// expired. The renewal is sent at LeaseFrom and stamped by the
+			// server after it (same host, same clock; 5 ms for the
+			// clocks' reading); the landed write's own stamp is from
+			// before the retry's backoff.
+			var renewed time.Time
+			require.NoError(t, pool.QueryRow(ctx, `SELECT renewed_at FROM claims WHERE session_id = 's'`).Scan(&renewed))
+			require.False(t, renewed.Add(5*time.Millisecond).Before(ledger.LeaseFrom(x)),
+				"the database's lease (renewed at %s) starts before the process's (%s): no renewal was sent", renewed, ledger.LeaseFrom(x))
 		})
 	}
 }
