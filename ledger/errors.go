@@ -1,11 +1,12 @@
 package ledger
 
 import (
-	"cmp"
 	"errors"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/promptline/promptline/internal/pgdb"
 )
 
 // This file is the ledger's only translation of driver errors (River's
@@ -65,5 +66,5 @@ func interpretError(err error) error {
 // (FATAL), after which the transaction may have committed.
 func rolledBack(err error) bool {
 	var pgErr *pgconn.PgError
-	return errors.As(err, &pgErr) && cmp.Or(pgErr.SeverityUnlocalized, pgErr.Severity) == "ERROR"
+	return errors.As(err, &pgErr) && pgdb.IsError(pgErr)
 }

@@ -1,6 +1,7 @@
 package pgdb
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"io"
@@ -96,5 +97,14 @@ var refusedCodes = map[string]bool{
 // what it says of a COMMIT is not vouched for here.
 func Refused(err error) bool {
 	var pgErr *pgconn.PgError
-	return errors.As(err, &pgErr) && pgErr.Severity == "ERROR" && refusedCodes[pgErr.Code]
+	return errors.As(err, &pgErr) && IsError(pgErr) && refusedCodes[pgErr.Code]
+}
+
+// IsError reports whether the server sent pgErr with severity ERROR (it
+// ended the statement and the transaction, not the session), read from
+// the severity that is never localized (PostgreSQL 9.6 on) when the
+// server sent it: under an lc_messages other than English the other
+// one reads "FEHLER" or "ERREUR".
+func IsError(pgErr *pgconn.PgError) bool {
+	return cmp.Or(pgErr.SeverityUnlocalized, pgErr.Severity) == "ERROR"
 }

@@ -76,6 +76,10 @@ func TestRefused(t *testing.T) {
 		{"LockTimeout", pg("55P03"), true},
 		{"DeadlockJoinedWithLostRollback", errors.Join(pg("40P01"), pgconn.ErrConnClosed), true},
 		{"FatalDeadlock", fmt.Errorf("x: %w", &pgconn.PgError{Severity: "FATAL", Code: "40P01", Message: "x"}), false},
+		// A server whose lc_messages is not English localizes Severity;
+		// SeverityUnlocalized (PostgreSQL 9.6 on) is what counts.
+		{"LocalizedDeadlock", fmt.Errorf("x: %w", &pgconn.PgError{Severity: "FEHLER", SeverityUnlocalized: "ERROR", Code: "40P01", Message: "x"}), true},
+		{"LocalizedFatalDeadlock", fmt.Errorf("x: %w", &pgconn.PgError{Severity: "SCHWERWIEGEND", SeverityUnlocalized: "FATAL", Code: "40P01", Message: "x"}), false},
 		{"CompletionUnknown", pg("40003"), false},
 		{"TerminatedBackend", pg("57P01"), false},
 		{"StatementTimeout", pg("57014"), false},
