@@ -93,12 +93,18 @@ var measuredBin = sync.OnceValues(func() (string, error) {
 	if !raceEnabled {
 		return consumerBin, nil
 	}
-	f, err := build(false)
-	if err != nil {
+	var err error
+	if measuredFile, err = build(false); err != nil {
 		return "", err
 	}
-	return fmt.Sprintf("/proc/self/fd/%d", f.Fd()), nil
+	return fmt.Sprintf("/proc/self/fd/%d", measuredFile.Fd()), nil
 })
+
+// measuredFile holds measuredBin's descriptor open, as consumerFile does
+// consumerBin's: a file no longer referenced is closed by the collector,
+// and its number then names something else (seen as "fork/exec
+// /proc/self/fd/33: permission denied" under -race).
+var measuredFile *os.File
 
 // proc is one running consumer process.
 type proc struct {
