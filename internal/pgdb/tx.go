@@ -70,11 +70,16 @@ func runTx(ctx context.Context, tx pgx.Tx, fn func(pgx.Tx) error) error {
 // The returned stop disarms it, and waits for it when it has begun; it
 // is called before the commit or the rollback hands the connection back
 // to the pool, so that no connection in the pool is ever touched.
+//
+// A transaction that never began has no connection to bound (InTxFrom's
+// batch when no connection could be acquired: a transaction already
+// closed, whose Conn is nil).
 func boundStatements(ctx context.Context, tx pgx.Tx) (stop func()) {
-	if ctx.Done() == nil {
+	c := tx.Conn()
+	if ctx.Done() == nil || c == nil {
 		return func() {}
 	}
-	conn := tx.Conn().PgConn().Conn()
+	conn := c.PgConn().Conn()
 	fired := make(chan struct{})
 	disarm := context.AfterFunc(ctx, func() {
 		defer close(fired)

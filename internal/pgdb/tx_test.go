@@ -8,6 +8,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
 	"github.com/promptline/promptline/internal/pgdb"
@@ -97,4 +98,29 @@ func TestTransactionEndsWhenItsFunctionDoesNotReturn(t *testing.T) {
 			}), "%s, %s", bname, ename)
 		}
 	}
+}
+
+// A transaction that cannot begin (no connection to be had: the database
+// away) returns the error, with or without a deadline on its context.
+// InTxFrom's batch then has a transaction with no connection behind it,
+// which the bound on its statements (boundStatements) must not reach
+// for: that was a nil dereference, a panic in admission whenever the
+// database was away.
+func TestTransactionWithoutAConnectionReturnsTheError(t *testing.T) {
+	t.Parallel()
+	// A port nothing listens on: every connect is refused at once.
+	pool, err := pgxpool.New(context.Background(), "postgres://nobody@127.0.0.1:1/none?connect_timeout=1")
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	ran := false
+	first := &pgx.Batch{}
+	first.Queue(`SELECT 1`)
+	err = pgdb.InTxFrom(ctx, pool, first, func(pgx.Tx) error { ran = true; return nil })
+	require.Error(t, err, "InTxFrom")
+	require.False(t, ran, "InTxFrom ran its function")
+	err = pgdb.InTx(ctx, pool, func(pgx.Tx) error { ran = true; return nil })
+	require.Error(t, err, "InTx")
+	require.False(t, ran, "InTx ran its function")
 }
