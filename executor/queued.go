@@ -3,12 +3,15 @@ package executor
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 
 	"github.com/promptline/promptline/admission"
 	"github.com/promptline/promptline/envelope"
+	"github.com/promptline/promptline/internal/pgdb"
+	"github.com/promptline/promptline/internal/retry"
 	"github.com/promptline/promptline/ledger"
 	"github.com/promptline/promptline/outbox"
 	"github.com/promptline/promptline/provider"
@@ -91,15 +94,53 @@ func (v *sessionView) plain() bool {
 
 // readView reads the session's view in one round trip.
 func (ex *execution) readView(ctx context.Context) (*sessionView, error) {
-	ctx, cancel := ex.readCtx(ctx)
-	defer cancel()
-	v := &sessionView{}
-	b := &pgx.Batch{}
-	v.queue(b, ex.sessionID)
-	if err := ex.e.pool.SendBatch(ctx, b).Close(); err != nil {
+	var v *sessionView
+	err := ex.readRetried(ctx, "session", func(ctx context.Context) error {
+		v = &sessionView{}
+		b := &pgx.Batch{}
+		v.queue(b, ex.sessionID)
+		return ex.e.pool.SendBatch(ctx, b).Close()
+	})
+	if err != nil {
 		return nil, err
 	}
 	return v, nil
+}
+
+// readRetried runs read, a read under the held claim that writes nothing
+// (the session's view before a promotion, the transcript before a step's
+// intent), each try bounded by readCtx, again after a transient error
+// (pgdb.Transient: a lost or silent connection, a lock not granted in
+// time), with retryRefused's backoff, while one lease from its first
+// retry lives (a silent connection's try alone takes the round-trip
+// timeout, at least a lease). A read holds no position, so it is always
+// safe to run again; ending the execution instead left the claim to
+// expire and the turn to recovery, a lease and a decision for a read.
+// Bounded as the ledger's write retries are: the keep-alive renews the
+// claim meanwhile, and a read that never heals must still leave it to
+// recovery (docs/design.md, invariant 13).
+func (ex *execution) readRetried(ctx context.Context, what string, read func(ctx context.Context) error) error {
+	try := func(ctx context.Context) error {
+		tctx, cancel := ex.readCtx(ctx)
+		defer cancel()
+		return read(tctx)
+	}
+	err := try(ctx)
+	if err == nil || !pgdb.Transient(err) || ctx.Err() != nil {
+		return err
+	}
+	warn := func(n int, err error) {
+		ex.e.log.WarnContext(ctx, "reading the "+what+" failed transiently; reading again while the lease lives",
+			slog.String("session_id", ex.sessionID), slog.Int("try", n), slog.Any("error", err))
+	}
+	warn(1, err)
+	rctx, cancel := context.WithTimeout(ctx, ex.e.claims.Lease())
+	defer cancel()
+	return retry.Do(rctx, retry.Policy{
+		Min: refusedBackoffMin, Max: refusedBackoffMax,
+		Final:   func(err error) bool { return !pgdb.Transient(err) },
+		OnRetry: func(n int, err error, _ time.Duration) { warn(n+1, err) },
+	}, func() error { return try(rctx) })
 }
 
 // promoteQueued promotes the next turn's inputs from v (every waiting steer

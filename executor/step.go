@@ -225,15 +225,16 @@ func (ex *execution) beginStepCall(ctx context.Context, t *turn, step int, attem
 // readHistory reads the session's transcript as the provider sees it, in
 // one round trip bounded by readCtx.
 func (ex *execution) readHistory(ctx context.Context) ([]provider.TranscriptMessage, error) {
-	ctx, cancel := ex.readCtx(ctx)
-	defer cancel()
 	var (
 		hist       []provider.TranscriptMessage
 		unreadable error
 	)
-	b := &pgx.Batch{}
-	transcript.QueueHistory(b, ex.sessionID, func(h []provider.TranscriptMessage, u error) { hist, unreadable = h, u })
-	if err := ex.e.pool.SendBatch(ctx, b).Close(); err != nil {
+	err := ex.readRetried(ctx, "transcript", func(ctx context.Context) error {
+		b := &pgx.Batch{}
+		transcript.QueueHistory(b, ex.sessionID, func(h []provider.TranscriptMessage, u error) { hist, unreadable = h, u })
+		return ex.e.pool.SendBatch(ctx, b).Close()
+	})
+	if err != nil {
 		return nil, fmt.Errorf("reading transcript: %w", err)
 	}
 	if unreadable != nil {

@@ -96,7 +96,14 @@ func TestWriteAfterDispatchRetried(t *testing.T) {
 		exec     *executor.Executor
 		fenced   atomic.Int32 // executions that believed their claim lost
 	}
+	// setupWith is setup with the claims' round-trip timeout (0: the
+	// default, or the lease when longer).
+	var setupWith func(t *testing.T, lease, roundTrip time.Duration, perm ...tools.Permission) *bundle
 	setup := func(t *testing.T, lease time.Duration, perm ...tools.Permission) *bundle {
+		t.Helper()
+		return setupWith(t, lease, 0, perm...)
+	}
+	setupWith = func(t *testing.T, lease, roundTrip time.Duration, perm ...tools.Permission) *bundle {
 		t.Helper()
 		pool, dbURL := testkit.Pool(t)
 		proxy, proxied := pgproxy.StartFor(t, dbURL)
@@ -112,7 +119,8 @@ func TestWriteAfterDispatchRetried(t *testing.T) {
 		require.NoError(t, reg.Register(b.tool))
 		require.NoError(t, reg.Register(b.block))
 		log := testkit.Logger(t, nil)
-		claims := ledger.NewClaims(ppool, &ledger.ClaimsConfig{Lease: lease, OwnerID: "w", Logger: log, OnFencedFunc: func() { b.fenced.Add(1) }})
+		claims := ledger.NewClaims(ppool, &ledger.ClaimsConfig{Lease: lease, RoundTripTimeout: roundTrip, OwnerID: "w", Logger: log,
+			OnFencedFunc: func() { b.fenced.Add(1) }})
 		cfg := &executor.ExecutorConfig{Claims: claims, Provider: b.provider, Tools: reg, Logger: log}
 		if len(perm) > 0 {
 			cfg.PermissionFunc = func(string) tools.Permission { return perm[0] }
@@ -362,6 +370,69 @@ func TestWriteAfterDispatchRetried(t *testing.T) {
 		require.Equal(t, 1, b.proxy.Stats().AmbiguousCuts, "the resume was committed and its answer cut")
 		require.Equal(t, int32(1), b.tool.runs.Load(), "the approved side effect ran once")
 		completed(t, b, "m1", 2)
+	})
+
+	// The transcript's read before a later step's intent holds no
+	// position: on a connection gone silent (given up after the
+	// round-trip timeout) it is read again, and the turn completes in the
+	// same run. It ended the execution before, the claim left to expire
+	// and the turn to recovery, for a read.
+	t.Run("HistoryReadGivenUpIsReadAgain", func(t *testing.T) {
+		t.Parallel()
+		// The round trip bounded by the lease (2 s): the default's 30 s
+		// and more would outlast the test's wait.
+		b := setupWith(t, 2*time.Second, time.Millisecond)
+		// Before the pool's Close, which waits for the given-up
+		// connection's cancel request through the proxy (15 s).
+		t.Cleanup(b.proxy.Close)
+		// Armed once the first step has its answer: the session's read
+		// before the claim reads the transcript too.
+		b.provider.armed.Store(true)
+		b.admit(t, "s", "m1", "/tool effect {}")
+		done, err := b.exec.Wake(ctx, "s", 0)
+		require.NoError(t, err)
+		<-b.provider.answered
+		b.proxy.SilenceAt(func(stmts []string) bool {
+			for _, s := range stmts {
+				if strings.Contains(s, "FROM messages m LEFT JOIN message_parts p") {
+					return true
+				}
+			}
+			return false
+		})
+		close(b.provider.gate)
+		wait(t, done)
+		require.Equal(t, 1, b.proxy.Stats().Silenced, "the history read went silent")
+		require.Equal(t, int32(1), b.tool.runs.Load(), "the tool ran once")
+		completed(t, b, "m1", 2)
+	})
+
+	// The same for the session's read before a later turn's promotion
+	// (its queue and transcript, read once the turn before it ended).
+	t.Run("ViewReadGivenUpIsReadAgain", func(t *testing.T) {
+		t.Parallel()
+		b := setupWith(t, 2*time.Second, time.Millisecond)
+		t.Cleanup(b.proxy.Close)
+		b.provider.armed.Store(true)
+		b.admit(t, "s", "m1", "/reply one")
+		b.admit(t, "s", "m2", "/reply two")
+		done, err := b.exec.Wake(ctx, "s", 0)
+		require.NoError(t, err)
+		<-b.provider.answered
+		b.proxy.SilenceAt(func(stmts []string) bool {
+			for _, s := range stmts {
+				if strings.Contains(s, "FROM messages m LEFT JOIN message_parts p") {
+					return true
+				}
+			}
+			return false
+		})
+		close(b.provider.gate)
+		wait(t, done)
+		require.Equal(t, 1, b.proxy.Stats().Silenced, "the session's read went silent")
+		require.Len(t, events(t, b, "m1", envelope.EventTurnCompleted), 1)
+		require.Len(t, events(t, b, "m2", envelope.EventTurnCompleted), 1, "the next turn ran in the same run")
+		require.Zero(t, b.count(t, `SELECT count(*) FROM claims`), "released")
 	})
 
 	t.Run("FailedTurnCommittedButUnheard", func(t *testing.T) {
