@@ -67,9 +67,10 @@ func runTx(ctx context.Context, tx pgx.Tx, fn func(pgx.Tx) error) error {
 // invariant 13 and "silent connection"). Nothing is lost: a transaction
 // whose context has ended cannot commit.
 //
-// The returned stop disarms it, and waits for it when it has begun; it
-// is called before the commit or the rollback hands the connection back
-// to the pool, so that no connection in the pool is ever touched.
+// The returned stop disarms it, or waits for it when it has begun and
+// closes the connection; it is called before the commit or the rollback
+// hands the connection back to the pool, so that no connection in the
+// pool is ever touched, nor one with a deadline past given back.
 //
 // A transaction that never began has no connection to bound (InTxFrom's
 // batch when no connection could be acquired: a transaction already
@@ -88,6 +89,12 @@ func boundStatements(ctx context.Context, tx pgx.Tx) (stop func()) {
 	return func() {
 		if !disarm() {
 			<-fired
+			// The socket's deadline is past, whatever fn ran: the
+			// connection is given up for good. A transaction that never
+			// began (the context ended before its batch was sent) leaves
+			// it idle, and the pool would take it back with the deadline
+			// for its next user's statement to fail on.
+			_ = c.PgConn().Close(context.Background())
 		}
 	}
 }

@@ -124,3 +124,35 @@ func TestTransactionWithoutAConnectionReturnsTheError(t *testing.T) {
 	require.Error(t, err, "InTx")
 	require.False(t, ran, "InTx ran its function")
 }
+
+// endsContext is a query rewriter that ends a context when its query is
+// about to be sent: the context ends after the connection was acquired
+// and before the transaction began.
+type endsContext func()
+
+func (f endsContext) RewriteQuery(_ context.Context, _ *pgx.Conn, sql string, args []any) (string, []any, error) {
+	f()
+	return sql, args, nil
+}
+
+// A transaction whose context ends before it began (its batch never
+// sent) leaves its connection idle, with the bound's deadline set on it
+// (boundStatements): the connection is closed, not given back to the
+// pool for the next statement to fail on its past deadline.
+func TestBoundLeavesNoDeadlineOnAPooledConnection(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	cfg, err := pgxpool.ParseConfig(testkit.DatabaseURL(t))
+	require.NoError(t, err)
+	cfg.MaxConns = 1
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	require.NoError(t, pool.Ping(ctx))
+	tctx, cancel := context.WithCancel(ctx)
+	first := &pgx.Batch{}
+	first.Queue(`SELECT 1`, endsContext(cancel))
+	require.Error(t, pgdb.InTxFrom(tctx, pool, first, func(pgx.Tx) error { return nil }))
+	_, err = pool.Exec(ctx, `SELECT 1`)
+	require.NoError(t, err, "the pool's next statement")
+}
