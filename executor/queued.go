@@ -129,17 +129,19 @@ func (ex *execution) readRetried(ctx context.Context, what string, read func(ctx
 	if err == nil || !pgdb.Transient(err) || ctx.Err() != nil {
 		return err
 	}
-	warn := func(n int, err error) {
-		ex.e.log.WarnContext(ctx, "reading the "+what+" failed transiently; reading again while the lease lives",
-			slog.String("session_id", ex.sessionID), slog.Int("try", n), slog.Any("error", err))
-	}
-	warn(1, err)
+	// The first failure is a warning; the tries after it are debug, as
+	// a database away would otherwise log one a second per execution
+	// (the last error is the caller's to log).
+	msg := "reading the " + what + " failed transiently; reading again while the lease lives"
+	ex.e.log.WarnContext(ctx, msg, slog.String("session_id", ex.sessionID), slog.Any("error", err))
 	rctx, cancel := context.WithTimeout(ctx, ex.e.claims.Lease())
 	defer cancel()
 	return retry.Do(rctx, retry.Policy{
 		Min: refusedBackoffMin, Max: refusedBackoffMax,
-		Final:   func(err error) bool { return !pgdb.Transient(err) },
-		OnRetry: func(n int, err error, _ time.Duration) { warn(n+1, err) },
+		Final: func(err error) bool { return !pgdb.Transient(err) },
+		OnRetry: func(n int, err error, _ time.Duration) {
+			ex.e.log.DebugContext(ctx, msg, slog.String("session_id", ex.sessionID), slog.Int("try", n+1), slog.Any("error", err))
+		},
 	}, func() error { return try(rctx) })
 }
 

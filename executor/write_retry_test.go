@@ -89,7 +89,8 @@ func TestWriteAfterDispatchRetried(t *testing.T) {
 	type bundle struct {
 		*execBundle
 		proxy    *pgproxy.Proxy
-		ppool    *pgxpool.Pool // the executor's pool, through the proxy
+		ppool    *pgxpool.Pool       // the executor's pool, through the proxy
+		logs     *testkit.SyncBuffer // the executor's log
 		provider *gateProvider
 		tool     *effectTool
 		block    *blockTool
@@ -118,7 +119,8 @@ func TestWriteAfterDispatchRetried(t *testing.T) {
 		reg := tools.NewRegistry()
 		require.NoError(t, reg.Register(b.tool))
 		require.NoError(t, reg.Register(b.block))
-		log := testkit.Logger(t, nil)
+		b.logs = testkit.NewSyncBuffer()
+		log := testkit.Logger(t, b.logs)
 		claims := ledger.NewClaims(ppool, &ledger.ClaimsConfig{Lease: lease, RoundTripTimeout: roundTrip, OwnerID: "w", Logger: log,
 			OnFencedFunc: func() { b.fenced.Add(1) }})
 		cfg := &executor.ExecutorConfig{Claims: claims, Provider: b.provider, Tools: reg, Logger: log}
@@ -403,6 +405,7 @@ func TestWriteAfterDispatchRetried(t *testing.T) {
 		close(b.provider.gate)
 		wait(t, done)
 		require.Equal(t, 1, b.proxy.Stats().Silenced, "the history read went silent")
+		require.Contains(t, b.logs.String(), "reading the transcript failed transiently", "the read silenced was the step's")
 		require.Equal(t, int32(1), b.tool.runs.Load(), "the tool ran once")
 		completed(t, b, "m1", 2)
 	})
@@ -430,6 +433,7 @@ func TestWriteAfterDispatchRetried(t *testing.T) {
 		close(b.provider.gate)
 		wait(t, done)
 		require.Equal(t, 1, b.proxy.Stats().Silenced, "the session's read went silent")
+		require.Contains(t, b.logs.String(), "reading the session failed transiently", "the read silenced was the promotion's")
 		require.Len(t, events(t, b, "m1", envelope.EventTurnCompleted), 1)
 		require.Len(t, events(t, b, "m2", envelope.EventTurnCompleted), 1, "the next turn ran in the same run")
 		require.Zero(t, b.count(t, `SELECT count(*) FROM claims`), "released")
