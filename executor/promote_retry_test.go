@@ -154,12 +154,18 @@ func TestRefusedClaimTakenAgain(t *testing.T) {
 // executor that will act on the reply, and the channel of the tool's runs.
 func parkedReply(t *testing.T, inject string) (*execBundle, *executor.Executor, chan string) {
 	t.Helper()
+	return parkedReplyLease(t, time.Minute, inject)
+}
+
+// parkedReplyLease is parkedReply with the claims' lease.
+func parkedReplyLease(t *testing.T, lease time.Duration, inject string) (*execBundle, *executor.Executor, chan string) {
+	t.Helper()
 	ctx := context.Background()
 	b := setupExec(t)
 	runs := make(chan string, 4)
 	reg := tools.NewRegistry()
 	require.NoError(t, reg.Register(countingEcho{Tool: tools.NewEcho(), runs: runs}))
-	claims := ledger.NewClaims(b.pool, &ledger.ClaimsConfig{Lease: time.Minute, OwnerID: "p"})
+	claims := ledger.NewClaims(b.pool, &ledger.ClaimsConfig{Lease: lease, OwnerID: "p"})
 	e := newExecutor(t, b.pool, &executor.ExecutorConfig{Claims: claims, Tools: reg,
 		PermissionFunc: func(string) tools.Permission { return tools.Ask }})
 	t.Cleanup(e.StopNow)
@@ -218,20 +224,7 @@ func TestPromotionRefusedForGoodIsLeftWithinALease(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	const lease = time.Second
-	b := setupExec(t)
-	runs := make(chan string, 4)
-	reg := tools.NewRegistry()
-	require.NoError(t, reg.Register(countingEcho{Tool: tools.NewEcho(), runs: runs}))
-	claims := ledger.NewClaims(b.pool, &ledger.ClaimsConfig{Lease: lease, OwnerID: "p"})
-	e := newExecutor(t, b.pool, &executor.ExecutorConfig{Claims: claims, Tools: reg,
-		PermissionFunc: func(string) tools.Permission { return tools.Ask }})
-	t.Cleanup(e.StopNow)
-	b.admit(t, "s", "m1", `/tool echo {"text": "hi"}`)
-	done, err := e.Wake(ctx, "s", 0)
-	require.NoError(t, err)
-	wait(t, done)
-	approvePending(t, b)
-	_, err = b.pool.Exec(ctx, `
+	b, e, runs := parkedReplyLease(t, lease, `
 		CREATE FUNCTION refuse_promotion() RETURNS trigger LANGUAGE plpgsql AS $$
 		BEGIN
 			RAISE EXCEPTION 'injected refusal' USING ERRCODE = '40001';
@@ -239,10 +232,9 @@ func TestPromotionRefusedForGoodIsLeftWithinALease(t *testing.T) {
 		CREATE TRIGGER refuse_promotion BEFORE UPDATE OF promotion_seq ON inputs
 			FOR EACH ROW WHEN (OLD.promotion_seq IS NULL AND NEW.promotion_seq IS NOT NULL)
 			EXECUTE FUNCTION refuse_promotion()`)
-	require.NoError(t, err)
 
 	began := time.Now()
-	done, err = e.Wake(ctx, "s", 0)
+	done, err := e.Wake(ctx, "s", 0)
 	require.NoError(t, err)
 	select {
 	case <-done:

@@ -374,23 +374,21 @@ func TestWriteAfterDispatchRetried(t *testing.T) {
 		completed(t, b, "m1", 2)
 	})
 
-	// The transcript's read before a later step's intent holds no
-	// position: on a connection gone silent (given up after the
-	// round-trip timeout) it is read again, and the turn completes in the
-	// same run. It ended the execution before, the claim left to expire
-	// and the turn to recovery, for a read.
-	t.Run("HistoryReadGivenUpIsReadAgain", func(t *testing.T) {
-		t.Parallel()
-		// The round trip bounded by the lease (2 s): the default's 30 s
-		// and more would outlast the test's wait.
+	// silenceNextRead admits prompts (session s) and runs them; once the
+	// first step has its answer, the next unit that reads the transcript
+	// goes silent (the session's read before the claim reads it too),
+	// and the run is waited for. The round trip is bounded by the lease
+	// (2 s): the default's 30 s and more would outlast the test's wait.
+	silenceNextRead := func(t *testing.T, prompts ...string) *bundle {
+		t.Helper()
 		b := setupWith(t, 2*time.Second, time.Millisecond)
 		// Before the pool's Close, which waits for the given-up
 		// connection's cancel request through the proxy (15 s).
 		t.Cleanup(b.proxy.Close)
-		// Armed once the first step has its answer: the session's read
-		// before the claim reads the transcript too.
 		b.provider.armed.Store(true)
-		b.admit(t, "s", "m1", "/tool effect {}")
+		for i, text := range prompts {
+			b.admit(t, "s", fmt.Sprintf("m%d", i+1), text)
+		}
 		done, err := b.exec.Wake(ctx, "s", 0)
 		require.NoError(t, err)
 		<-b.provider.answered
@@ -404,7 +402,18 @@ func TestWriteAfterDispatchRetried(t *testing.T) {
 		})
 		close(b.provider.gate)
 		wait(t, done)
-		require.Equal(t, 1, b.proxy.Stats().Silenced, "the history read went silent")
+		require.Equal(t, 1, b.proxy.Stats().Silenced, "a read went silent")
+		return b
+	}
+
+	// The transcript's read before a later step's intent holds no
+	// position: on a connection gone silent (given up after the
+	// round-trip timeout) it is read again, and the turn completes in the
+	// same run. It ended the execution before, the claim left to expire
+	// and the turn to recovery, for a read.
+	t.Run("HistoryReadGivenUpIsReadAgain", func(t *testing.T) {
+		t.Parallel()
+		b := silenceNextRead(t, "/tool effect {}")
 		require.Contains(t, b.logs.String(), "reading the transcript failed transiently", "the read silenced was the step's")
 		require.Equal(t, int32(1), b.tool.runs.Load(), "the tool ran once")
 		completed(t, b, "m1", 2)
@@ -414,25 +423,7 @@ func TestWriteAfterDispatchRetried(t *testing.T) {
 	// (its queue and transcript, read once the turn before it ended).
 	t.Run("ViewReadGivenUpIsReadAgain", func(t *testing.T) {
 		t.Parallel()
-		b := setupWith(t, 2*time.Second, time.Millisecond)
-		t.Cleanup(b.proxy.Close)
-		b.provider.armed.Store(true)
-		b.admit(t, "s", "m1", "/reply one")
-		b.admit(t, "s", "m2", "/reply two")
-		done, err := b.exec.Wake(ctx, "s", 0)
-		require.NoError(t, err)
-		<-b.provider.answered
-		b.proxy.SilenceAt(func(stmts []string) bool {
-			for _, s := range stmts {
-				if strings.Contains(s, "FROM messages m LEFT JOIN message_parts p") {
-					return true
-				}
-			}
-			return false
-		})
-		close(b.provider.gate)
-		wait(t, done)
-		require.Equal(t, 1, b.proxy.Stats().Silenced, "the session's read went silent")
+		b := silenceNextRead(t, "/reply one", "/reply two")
 		require.Contains(t, b.logs.String(), "reading the session failed transiently", "the read silenced was the promotion's")
 		require.Len(t, events(t, b, "m1", envelope.EventTurnCompleted), 1)
 		require.Len(t, events(t, b, "m2", envelope.EventTurnCompleted), 1, "the next turn ran in the same run")
