@@ -430,6 +430,65 @@ func TestWriteAfterDispatchRetried(t *testing.T) {
 		require.Zero(t, b.count(t, `SELECT count(*) FROM claims`), "released")
 	})
 
+	// A read that never heals is given up within a lease of its first
+	// retry (readRetried), and the claim left to recovery: retried for as
+	// long as the keep-alive renews the claim, it would hold the session
+	// out of recovery's reach. Every read of the transcript goes silent
+	// here, the silence armed again after each one.
+	t.Run("ReadThatNeverHealsIsGivenUpWithinALease", func(t *testing.T) {
+		t.Parallel()
+		const lease = 2 * time.Second
+		b := setupWith(t, lease, time.Millisecond)
+		t.Cleanup(b.proxy.Close)
+		reads := func(stmts []string) bool {
+			for _, s := range stmts {
+				if strings.Contains(s, "FROM messages m LEFT JOIN message_parts p") {
+					return true
+				}
+			}
+			return false
+		}
+		b.provider.armed.Store(true)
+		b.admit(t, "s", "m1", "/tool effect {}")
+		done, err := b.exec.Wake(ctx, "s", 0)
+		require.NoError(t, err)
+		<-b.provider.answered
+		rearm, stopped := make(chan struct{}), make(chan struct{})
+		go func() {
+			defer close(stopped)
+			armed := b.proxy.Stats().Silenced
+			b.proxy.SilenceAt(reads)
+			for {
+				select {
+				case <-rearm:
+					return
+				case <-time.After(time.Millisecond):
+				}
+				if n := b.proxy.Stats().Silenced; n > armed {
+					armed = n
+					b.proxy.SilenceAt(reads)
+				}
+			}
+		}()
+		began := time.Now()
+		close(b.provider.gate)
+		select {
+		case <-done:
+		case <-time.After(10 * lease):
+			t.Fatalf("the execution still reads after %s (lease %s)", 10*lease, lease)
+		}
+		took := time.Since(began)
+		close(rearm)
+		<-stopped
+		t.Logf("given up after %s and %d silent reads (lease %s)", took, b.proxy.Stats().Silenced, lease)
+		require.GreaterOrEqual(t, b.proxy.Stats().Silenced, 2, "the read was retried")
+		// The first try's round trip (the lease here), then a lease of
+		// retries, and some slack for the tool and the backoff.
+		require.Less(t, took, 3*lease, "the read was retried past a lease")
+		require.Equal(t, 1, b.count(t, `SELECT count(*) FROM claims`), "the claim is left to expire, for recovery")
+		require.Empty(t, events(t, b, "m1", envelope.EventTurnCompleted), "the turn did not complete")
+	})
+
 	t.Run("FailedTurnCommittedButUnheard", func(t *testing.T) {
 		t.Parallel()
 		b := setup(t, 5*time.Second)
