@@ -434,7 +434,7 @@ func TestWriteAfterDispatchRetried(t *testing.T) {
 	// retry (readRetried), and the claim left to recovery: retried for as
 	// long as the keep-alive renews the claim, it would hold the session
 	// out of recovery's reach. Every read of the transcript goes silent
-	// here, the silence armed again after each one.
+	// here.
 	t.Run("ReadThatNeverHealsIsGivenUpWithinALease", func(t *testing.T) {
 		t.Parallel()
 		const lease = 2 * time.Second
@@ -453,23 +453,7 @@ func TestWriteAfterDispatchRetried(t *testing.T) {
 		done, err := b.exec.Wake(ctx, "s", 0)
 		require.NoError(t, err)
 		<-b.provider.answered
-		rearm, stopped := make(chan struct{}), make(chan struct{})
-		go func() {
-			defer close(stopped)
-			armed := b.proxy.Stats().Silenced
-			b.proxy.SilenceAt(reads)
-			for {
-				select {
-				case <-rearm:
-					return
-				case <-time.After(time.Millisecond):
-				}
-				if n := b.proxy.Stats().Silenced; n > armed {
-					armed = n
-					b.proxy.SilenceAt(reads)
-				}
-			}
-		}()
+		b.proxy.SilenceEvery(reads)
 		began := time.Now()
 		close(b.provider.gate)
 		select {
@@ -478,8 +462,6 @@ func TestWriteAfterDispatchRetried(t *testing.T) {
 			t.Fatalf("the execution still reads after %s (lease %s)", 10*lease, lease)
 		}
 		took := time.Since(began)
-		close(rearm)
-		<-stopped
 		t.Logf("given up after %s and %d silent reads (lease %s)", took, b.proxy.Stats().Silenced, lease)
 		require.GreaterOrEqual(t, b.proxy.Stats().Silenced, 2, "the read was retried")
 		// The first try's round trip (the lease here), then a lease of

@@ -51,21 +51,22 @@ type Proxy struct {
 	ln     net.Listener
 	wg     sync.WaitGroup
 
-	mu        sync.Mutex
-	conns     map[*conn]struct{}
-	refusing  bool
-	latency   time.Duration
-	stallInTx time.Duration // armed: hold the next unit sent inside a transaction this long
-	cutAt     int64         // cut the connection of this commit (1-based); 0: none
-	cutBefore func(label string) bool
-	cutAfter  func(label string) bool
-	cutWhere  func(stmts []string) bool
-	silence   func(label string) bool
-	silenceAt func(stmts []string) bool
-	commits   int64
-	labels    []string
-	stats     Stats
-	closed    bool
+	mu         sync.Mutex
+	conns      map[*conn]struct{}
+	refusing   bool
+	latency    time.Duration
+	stallInTx  time.Duration // armed: hold the next unit sent inside a transaction this long
+	cutAt      int64         // cut the connection of this commit (1-based); 0: none
+	cutBefore  func(label string) bool
+	cutAfter   func(label string) bool
+	cutWhere   func(stmts []string) bool
+	silence    func(label string) bool
+	silenceAt  func(stmts []string) bool
+	silenceAll bool // silenceAt stays armed after it fired (SilenceEvery)
+	commits    int64
+	labels     []string
+	stats      Stats
+	closed     bool
 }
 
 // Stats counts what the proxy did.
@@ -209,7 +210,15 @@ func (p *Proxy) SilenceAfterCommit(match func(label string) bool) {
 func (p *Proxy) SilenceAt(match func(stmts []string) bool) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	p.silenceAt = match
+	p.silenceAt, p.silenceAll = match, false
+}
+
+// SilenceEvery is SilenceAt for every such unit, on whichever connection,
+// until SilenceAt or SilenceEvery arms another: a fault that never heals.
+func (p *Proxy) SilenceEvery(match func(stmts []string) bool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.silenceAt, p.silenceAll = match, true
 }
 
 // StallNextInTx arms a stall: the next message unit a client sends while
@@ -509,7 +518,10 @@ func (c *conn) forward(unit []byte, label string, stmts []string) error {
 		}
 	}
 	if !cutHere && !lose && !silence && p.silenceAt != nil && p.silenceAt(stmts) {
-		p.silenceAt, silence = nil, true
+		if !p.silenceAll {
+			p.silenceAt = nil
+		}
+		silence = true
 		p.stats.Silenced++
 	}
 	if p.stallInTx > 0 && c.status.Load() == 'T' && !cutHere && !silence {
