@@ -92,7 +92,8 @@ func (v *sessionView) plain() bool {
 	return true
 }
 
-// readView reads the session's view in one round trip.
+// readView reads the session's view in one round trip, again after a
+// transient error (readRetried).
 func (ex *execution) readView(ctx context.Context) (*sessionView, error) {
 	var v *sessionView
 	err := ex.readRetried(ctx, "session", func(ctx context.Context) error {

@@ -223,7 +223,8 @@ func (ex *execution) beginStepCall(ctx context.Context, t *turn, step int, attem
 }
 
 // readHistory reads the session's transcript as the provider sees it, in
-// one round trip bounded by readCtx.
+// one round trip bounded by readCtx, again after a transient error
+// (readRetried).
 func (ex *execution) readHistory(ctx context.Context) ([]provider.TranscriptMessage, error) {
 	var (
 		hist       []provider.TranscriptMessage

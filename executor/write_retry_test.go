@@ -374,6 +374,17 @@ func TestWriteAfterDispatchRetried(t *testing.T) {
 		completed(t, b, "m1", 2)
 	})
 
+	// readsTranscript says whether a unit's statements read the
+	// transcript (the history's join).
+	readsTranscript := func(stmts []string) bool {
+		for _, s := range stmts {
+			if strings.Contains(s, "FROM messages m LEFT JOIN message_parts p") {
+				return true
+			}
+		}
+		return false
+	}
+
 	// silenceNextRead admits prompts (session s) and runs them; once the
 	// first step has its answer, the next unit that reads the transcript
 	// goes silent (the session's read before the claim reads it too),
@@ -392,14 +403,7 @@ func TestWriteAfterDispatchRetried(t *testing.T) {
 		done, err := b.exec.Wake(ctx, "s", 0)
 		require.NoError(t, err)
 		<-b.provider.answered
-		b.proxy.SilenceAt(func(stmts []string) bool {
-			for _, s := range stmts {
-				if strings.Contains(s, "FROM messages m LEFT JOIN message_parts p") {
-					return true
-				}
-			}
-			return false
-		})
+		b.proxy.SilenceAt(readsTranscript)
 		close(b.provider.gate)
 		wait(t, done)
 		require.Equal(t, 1, b.proxy.Stats().Silenced, "a read went silent")
@@ -440,20 +444,12 @@ func TestWriteAfterDispatchRetried(t *testing.T) {
 		const lease = 2 * time.Second
 		b := setupWith(t, lease, time.Millisecond)
 		t.Cleanup(b.proxy.Close)
-		reads := func(stmts []string) bool {
-			for _, s := range stmts {
-				if strings.Contains(s, "FROM messages m LEFT JOIN message_parts p") {
-					return true
-				}
-			}
-			return false
-		}
 		b.provider.armed.Store(true)
 		b.admit(t, "s", "m1", "/tool effect {}")
 		done, err := b.exec.Wake(ctx, "s", 0)
 		require.NoError(t, err)
 		<-b.provider.answered
-		b.proxy.SilenceEvery(reads)
+		b.proxy.SilenceEvery(readsTranscript)
 		began := time.Now()
 		close(b.provider.gate)
 		select {
