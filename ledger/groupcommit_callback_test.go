@@ -88,43 +88,10 @@ func TestGroupCommitCallbackErrorIsOnlyItsSessions(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			ctx := context.Background()
 			b := setup(t, time.Minute)
-			for i := range ledger.GroupCommitMaxInFlight {
-				b.session(t, fmt.Sprintf("blk%d", i), 1)
-			}
 			b.session(t, "a", 1)
 			b.session(t, "b", 1)
 
-			// Occupy every flush: each waits for a session row this
-			// transaction holds, on a connection outside the pool.
-			conn, err := pgx.ConnectConfig(ctx, b.pool.Config().ConnConfig.Copy())
-			require.NoError(t, err)
-			t.Cleanup(func() { conn.Close(context.Background()) })
-			lock, err := conn.Begin(ctx)
-			require.NoError(t, err)
-			_, err = lock.Exec(ctx, `SELECT 1 FROM sessions WHERE session_id LIKE 'blk%' FOR UPDATE`)
-			require.NoError(t, err)
-			// Watched from outside the pool too: the flushes hold its
-			// connections.
-			watch, err := pgx.ConnectConfig(ctx, b.pool.Config().ConnConfig.Copy())
-			require.NoError(t, err)
-			t.Cleanup(func() { watch.Close(context.Background()) })
-			waiting := func() int {
-				var n int
-				require.NoError(t, watch.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity
-					WHERE wait_event_type = 'Lock' AND datname = current_database()`).Scan(&n))
-				return n
-			}
-			// One at a time, each waiting before the next is sent: sent at
-			// once, several could go out in one flush (a slow machine, the
-			// race detector) and leave a flush free.
-			blocked := make(chan error, ledger.GroupCommitMaxInFlight)
-			for i := range ledger.GroupCommitMaxInFlight {
-				go func() {
-					_, err := b.claims.AcquireWaiting(ctx, fmt.Sprintf("blk%d", i), fmt.Sprintf("e-blk%d", i), nil)
-					blocked <- err
-				}()
-				require.Eventually(t, func() bool { return waiting() >= i+1 }, 20*time.Second, 10*time.Millisecond)
-			}
+			release := occupyFlushes(t, b)
 
 			// Both queue behind the busy flushes, and go out as one
 			// transaction once the lock is gone.
@@ -143,10 +110,7 @@ func TestGroupCommitCallbackErrorIsOnlyItsSessions(t *testing.T) {
 			other := map[string]string{"a": "b", "b": "a"}[tc.failing]
 			require.Eventually(t, func() bool { return ledger.GroupCommitQueued(b.claims) == 2 }, 20*time.Second, 5*time.Millisecond,
 				"a and b wait together for a flush")
-			require.NoError(t, lock.Commit(ctx))
-			for range ledger.GroupCommitMaxInFlight {
-				require.NoError(t, <-blocked)
-			}
+			release()
 			errFailing, errOther := <-acquired[tc.failing], <-acquired[other]
 			combined, separated := ledger.GroupCommitCounts(b.claims)
 			require.EqualValues(t, 1, combined, "a and b went out together")
@@ -176,4 +140,53 @@ func (refusingScanner) ScanRow(rows pgx.Rows) error {
 		return err
 	}
 	return fmt.Errorf("the row scanner read %d and refused it", n)
+}
+
+// occupyFlushes occupies every group-commit flush of b's claims: each
+// waits, with a claim of a session "blk<i>" (made here), for the session's
+// row, locked by a transaction on a connection outside the pool. Sent
+// after it, transactions queue and go out together once release ends the
+// lock (and waits for the blocked claims).
+func occupyFlushes(t *testing.T, b *testBundle) (release func()) {
+	t.Helper()
+	ctx := context.Background()
+	for i := range ledger.GroupCommitMaxInFlight {
+		b.session(t, fmt.Sprintf("blk%d", i), 1)
+	}
+	conn, err := pgx.ConnectConfig(ctx, b.pool.Config().ConnConfig.Copy())
+	require.NoError(t, err)
+	t.Cleanup(func() { conn.Close(context.Background()) })
+	lock, err := conn.Begin(ctx)
+	require.NoError(t, err)
+	_, err = lock.Exec(ctx, `SELECT 1 FROM sessions WHERE session_id LIKE 'blk%' FOR UPDATE`)
+	require.NoError(t, err)
+	// Watched from outside the pool too: the flushes hold its
+	// connections.
+	watch, err := pgx.ConnectConfig(ctx, b.pool.Config().ConnConfig.Copy())
+	require.NoError(t, err)
+	t.Cleanup(func() { watch.Close(context.Background()) })
+	waiting := func() int {
+		var n int
+		require.NoError(t, watch.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity
+			WHERE wait_event_type = 'Lock' AND datname = current_database()`).Scan(&n))
+		return n
+	}
+	// One at a time, each waiting before the next is sent: sent at once,
+	// several could go out in one flush (a slow machine, the race
+	// detector) and leave a flush free.
+	blocked := make(chan error, ledger.GroupCommitMaxInFlight)
+	for i := range ledger.GroupCommitMaxInFlight {
+		go func() {
+			_, err := b.claims.AcquireWaiting(ctx, fmt.Sprintf("blk%d", i), fmt.Sprintf("e-blk%d", i), nil)
+			blocked <- err
+		}()
+		require.Eventually(t, func() bool { return waiting() >= i+1 }, 20*time.Second, 10*time.Millisecond)
+	}
+	return func() {
+		t.Helper()
+		require.NoError(t, lock.Commit(ctx))
+		for range ledger.GroupCommitMaxInFlight {
+			require.NoError(t, <-blocked)
+		}
+	}
 }

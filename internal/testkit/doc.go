@@ -8,7 +8,8 @@
 // TestMain, which also stops the throwaway cluster and checks for leaked
 // goroutines.
 //
-// Also: Count and SessionEvents, to read what a test's database holds;
+// Also: Count, SessionEvents and Snapshot, to read what a test's
+// database holds;
 // the pieces a test bundle of the running pipeline is built from
 // (KafkaClient to produce and run a consumer group, TopicReader to read a
 // topic as it fills, Logger, Counts for a config's callbacks);
