@@ -309,11 +309,8 @@ func (ex *execution) recordResponse(ctx context.Context, t *turn, step int, atte
 			ID: "turn.completed:" + t.assistantID, Type: envelope.EventTurnCompleted, SessionID: ex.sessionID,
 			At: time.Now().UTC(), MessageIDs: ids(t.inputs), AssistantMessageID: t.assistantID, Text: resp.Text,
 		})})
-		released, err := finishCall(ctx, landed, ledger.PhaseSafe, t.assistantID, ledger.Call{
-			Func: "promptline_turn_answer",
-			Args: []any{attemptID, resp.Usage.InputTokens, resp.Usage.OutputTokens, ex.responseIDs[attemptID],
-				t.assistantID, resp.Text, topics, keys, payloads},
-		})
+		released, err := finishCall(ctx, landed, ledger.PhaseSafe, t.assistantID,
+			turnAnswerCall(attemptID, t, &resp, ex.responseIDs[attemptID], topics, keys, payloads))
 		if err != nil {
 			return false, false, fmt.Errorf("recording response of %s: %w", attemptID, err)
 		}
@@ -342,6 +339,14 @@ func (ex *execution) recordResponse(ctx context.Context, t *turn, step int, atte
 		t.pendingCalls = append(t.pendingCalls, pendingCall{params: calls[i], call: c})
 	}
 	return false, false, nil
+}
+
+// turnAnswerCall is the call of promptline_turn_answer (migrations
+// 00018, 00021) that records resp, the answer of t's step attemptID, and
+// the outbox rows of its events, given as their columns.
+func turnAnswerCall(attemptID string, t *turn, resp *provider.Response, responseID string, topics, keys []string, payloads [][]byte) ledger.Call {
+	return ledger.Call{Func: "promptline_turn_answer", Args: []any{attemptID, resp.Usage.InputTokens, resp.Usage.OutputTokens, responseID,
+		t.assistantID, resp.Text, topics, keys, payloads}}
 }
 
 func sleep(ctx context.Context, d time.Duration) bool {

@@ -2,6 +2,7 @@ package executor
 
 import (
 	"context"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -14,6 +15,7 @@ import (
 	"github.com/promptline/promptline/internal/testkit"
 	"github.com/promptline/promptline/ledger"
 	"github.com/promptline/promptline/outbox"
+	"github.com/promptline/promptline/provider"
 	"github.com/promptline/promptline/transcript"
 )
 
@@ -168,3 +170,51 @@ func TestTurnCallsWriteWhatTheStatementsWrite(t *testing.T) {
 	require.Contains(t, callSnaps[3], `"status": "completed"`, "the snapshot sees the rows")
 }
 
+// The arguments the executor builds for promptline_turn_first and
+// promptline_turn_answer are of the types group commit reads to send
+// several sessions' calls as one statement (ledger.Groupable): otherwise
+// every call would go out alone, writing the same rows at a higher cost,
+// and no other test would notice. A turn of one prompt and a turn of two
+// steers.
+func TestFirstStepCanBeGrouped(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool, _ := testkit.Pool(t)
+	claims := ledger.NewClaims(pool, &ledger.ClaimsConfig{Lease: time.Minute, OwnerID: "owner"})
+	e, err := NewExecutor(pool, &ExecutorConfig{Claims: claims})
+	require.NoError(t, err)
+	admitter := admission.NewAdmitter(pool, &admission.AdmitterConfig{})
+	for _, tc := range []struct {
+		session  string
+		delivery envelope.Delivery
+		prompts  int
+	}{{"one-prompt", envelope.DeliveryQueue, 1}, {"two-steers", envelope.DeliverySteer, 2}} {
+		for i := range tc.prompts {
+			_, err := admitter.Admit(ctx, []admission.Incoming{{Prompt: envelope.Prompt{MessageID: fmt.Sprintf("%s-p%d", tc.session, i),
+				SessionID: tc.session, Text: "prompt", Delivery: tc.delivery}}})
+			require.NoError(t, err)
+		}
+		view := &sessionView{}
+		read, err := claims.Peek(ctx, tc.session, func(b *pgx.Batch) { view.queue(b, tc.session) })
+		require.NoError(t, err)
+		ex := &execution{e: e, sessionID: tc.session}
+		turn := newTurn(pickTurn(view.waiting))
+		require.Len(t, turn.inputs, tc.prompts, tc.session)
+		var waiting []string
+		for _, w := range view.waiting {
+			waiting = append(waiting, w.id)
+		}
+		var call ledger.Call
+		_, err = claims.AcquireAsReadCall(ctx, tc.session, "e-"+tc.session, read, waiting, ledger.PhaseUnknown, turn.assistantID,
+			func(x *ledger.Execution) ledger.Call {
+				ex.x = x
+				call, _ = ex.firstStepDeep("promptline_turn_first", turn, view)
+				return call
+			})
+		require.NoError(t, err, "the call is the executor's, and commits")
+		require.True(t, ledger.Groupable("promptline_turn_first", call.Args), "%s: %#v", tc.session, call.Args)
+		topics, keys, payloads := outbox.Columns([]outbox.Row{{Topic: "session-events", Key: tc.session, Payload: []byte("{}")}})
+		answer := turnAnswerCall("attempt", turn, &provider.Response{Text: "answer"}, "", topics, keys, payloads)
+		require.True(t, ledger.Groupable(answer.Func, answer.Args), "%s: %#v", tc.session, answer.Args)
+	}
+}

@@ -13,6 +13,10 @@ func GroupCommitCounts(c *Claims) (combined, separated int64) {
 	return c.group.combined.Load(), c.group.separated.Load()
 }
 
+// GroupCommitGrouped reports how many calls' writes went out grouped
+// with others' (grouped_calls.go).
+func GroupCommitGrouped(c *Claims) int64 { return c.group.grouped.Load() }
+
 // GroupCommitQueued reports how many transactions wait in group commit's
 // queue for a flush.
 func GroupCommitQueued(c *Claims) int {

@@ -60,15 +60,20 @@ type groupCommit struct {
 	// doubt and never sent again.
 	timeout time.Duration
 
-	// For tests: transactions of several sessions, and those of them that
-	// failed and were sent again one by one.
-	combined, separated atomic.Int64
+	// For tests: transactions of several sessions, those of them that
+	// failed and were sent again one by one, and the calls whose writes
+	// went grouped (grouped_calls.go).
+	combined, separated, grouped atomic.Int64
 }
 
 type queuedTx struct {
 	session string
 	batch   *pgx.Batch
 	done    chan error
+	// call, when not nil, is batch's one statement as a call of a
+	// groupedFunc, whose writes a flush may send grouped with others of
+	// its function (grouped_calls.go).
+	call *groupedCall
 }
 
 // Bounds of group commit. Four flushes in flight measured best on 2 cores
@@ -93,7 +98,14 @@ func newGroupCommit(pool *pgxpool.Pool, timeout time.Duration) *groupCommit {
 // outcome even when ctx ends: once queued, the statements may commit, and
 // the caller must know (g.timeout bounds the wait).
 func (g *groupCommit) send(session string, b *pgx.Batch) error {
-	q := &queuedTx{session: session, batch: b, done: make(chan error, 1)}
+	return g.sendCall(session, b, nil)
+}
+
+// sendCall is send for a batch whose one statement is call, which a flush
+// may send grouped with other calls of its function when its arguments
+// allow (grouped_calls.go); nil is send.
+func (g *groupCommit) sendCall(session string, b *pgx.Batch, call *groupedCall) error {
+	q := &queuedTx{session: session, batch: b, done: make(chan error, 1), call: call}
 	g.queue.Add(q)
 	return <-q.done
 }
@@ -113,12 +125,35 @@ func (g *groupCommit) flush(txs []*queuedTx) {
 		return
 	}
 	slices.SortStableFunc(txs, func(a, b *queuedTx) int { return cmp.Compare(a.session, b.session) })
+	// Calls of a groupedFunc, when the flush holds two or more of one:
+	// each sends its opening in its place, and their writes go in one
+	// statement at the end (grouped_calls.go).
+	groups := make([][]*queuedTx, len(groupedFuncs))
+	grouped := make([]int, len(txs)) // txs[i]'s groupedFuncs index, or -1
+	for i, t := range txs {
+		grouped[i] = t.groupIndex()
+		if grouped[i] >= 0 {
+			groups[grouped[i]] = append(groups[grouped[i]], t)
+		}
+	}
 	all := &pgx.Batch{}
 	failed := make([]error, len(txs)) // each sender's first callback error
 	for i, t := range txs {
+		if f := grouped[i]; f >= 0 && len(groups[f]) >= 2 {
+			q := t.batch.QueuedQueries[0]
+			all.QueuedQueries = append(all.QueuedQueries, &pgx.QueuedQuery{SQL: groupedFuncs[f].openSQL,
+				Arguments: t.call.args[:groupedFuncs[f].open], Fn: ownResults(q.Fn, &failed[i])})
+			continue
+		}
 		for _, q := range t.batch.QueuedQueries {
 			// A copy: t.batch keeps its own callbacks, for a split.
 			all.QueuedQueries = append(all.QueuedQueries, &pgx.QueuedQuery{SQL: q.SQL, Arguments: q.Arguments, Fn: ownResults(q.Fn, &failed[i])})
+		}
+	}
+	for f, group := range groups {
+		if len(group) >= 2 {
+			all.QueuedQueries = append(all.QueuedQueries, groupedFuncs[f].writes(group))
+			g.grouped.Add(int64(len(group)))
 		}
 	}
 	g.combined.Add(1)

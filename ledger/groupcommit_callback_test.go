@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -143,22 +144,24 @@ func (refusingScanner) ScanRow(rows pgx.Rows) error {
 }
 
 // occupyFlushes occupies every group-commit flush of b's claims: each
-// waits, with a claim of a session "blk<i>" (made here), for the session's
-// row, locked by a transaction on a connection outside the pool. Sent
-// after it, transactions queue and go out together once release ends the
-// lock (and waits for the blocked claims).
+// waits, with a claim of a session "blk<n>-<i>" (made here, n counting
+// the calls), for the session's row, locked by a transaction on a
+// connection outside the pool. Sent after it, transactions queue and go
+// out together once release ends the lock (and waits for the blocked
+// claims).
 func occupyFlushes(t *testing.T, b *testBundle) (release func()) {
 	t.Helper()
 	ctx := context.Background()
+	prefix := fmt.Sprintf("blk%d-", occupations.Add(1))
 	for i := range ledger.GroupCommitMaxInFlight {
-		b.session(t, fmt.Sprintf("blk%d", i), 1)
+		b.session(t, fmt.Sprintf("%s%d", prefix, i), 1)
 	}
 	conn, err := pgx.ConnectConfig(ctx, b.pool.Config().ConnConfig.Copy())
 	require.NoError(t, err)
 	t.Cleanup(func() { conn.Close(context.Background()) })
 	lock, err := conn.Begin(ctx)
 	require.NoError(t, err)
-	_, err = lock.Exec(ctx, `SELECT 1 FROM sessions WHERE session_id LIKE 'blk%' FOR UPDATE`)
+	_, err = lock.Exec(ctx, `SELECT 1 FROM sessions WHERE starts_with(session_id, $1) FOR UPDATE`, prefix)
 	require.NoError(t, err)
 	// Watched from outside the pool too: the flushes hold its
 	// connections.
@@ -177,7 +180,7 @@ func occupyFlushes(t *testing.T, b *testBundle) (release func()) {
 	blocked := make(chan error, ledger.GroupCommitMaxInFlight)
 	for i := range ledger.GroupCommitMaxInFlight {
 		go func() {
-			_, err := b.claims.AcquireWaiting(ctx, fmt.Sprintf("blk%d", i), fmt.Sprintf("e-blk%d", i), nil)
+			_, err := b.claims.AcquireWaiting(ctx, fmt.Sprintf("%s%d", prefix, i), fmt.Sprintf("e-%s%d", prefix, i), nil)
 			blocked <- err
 		}()
 		require.Eventually(t, func() bool { return waiting() >= i+1 }, 20*time.Second, 10*time.Millisecond)
@@ -190,3 +193,6 @@ func occupyFlushes(t *testing.T, b *testBundle) (release func()) {
 		}
 	}
 }
+
+// occupations counts occupyFlushes' calls: each makes sessions of its own.
+var occupations atomic.Int64

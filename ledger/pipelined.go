@@ -270,7 +270,7 @@ func (x *Execution) FinishCallRetried(ctx context.Context, opts RetryOpts, phase
 	// The batch's callback sets released: it is read after the send
 	// returns. In one argument list, Go leaves the order of a variable's
 	// read and a call unspecified.
-	err = x.sendQueued(ctx, b)
+	err = x.sendQueuedCall(ctx, b, &groupedCall{fn: c.Func, args: args})
 	released, err = x.finished(released, err)
 	err = x.retry(ctx, err, func(ctx context.Context) error {
 		var err error
@@ -303,7 +303,7 @@ func (x *Execution) FinishCall(ctx context.Context, phase Phase, assistantMessag
 	sql, args := x.finishCallSQL(phase, assistantMessageID, x.nextSeq(), c)
 	b := &pgx.Batch{}
 	b.Queue(sql, args...).QueryRow(func(row pgx.Row) error { return row.Scan(&released) })
-	err = x.sendQueued(ctx, b) // sets released: read after it
+	err = x.sendQueuedCall(ctx, b, &groupedCall{fn: c.Func, args: args}) // sets released: read after it
 	released, err = x.finished(released, err)
 	return released, callError(c.Func, err)
 }
@@ -377,11 +377,17 @@ func (x *Execution) fenceArgs(phase Phase, assistantMessageID string, seq int64)
 const seqArgIndex = 6
 
 func (x *Execution) sendQueued(ctx context.Context, b *pgx.Batch) error {
+	return x.sendQueuedCall(ctx, b, nil)
+}
+
+// sendQueuedCall is sendQueued for a batch whose one statement is call
+// (groupCommit.sendCall).
+func (x *Execution) sendQueuedCall(ctx context.Context, b *pgx.Batch, call *groupedCall) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
 	sent := time.Now()
-	err := x.claims.group.send(x.claim.SessionID, b)
+	err := x.claims.group.sendCall(x.claim.SessionID, b, call)
 	if errors.Is(interpretError(err), errFenceRaised) {
 		x.markFenced(ctx)
 		return ErrFenced
@@ -491,10 +497,11 @@ func (c *Claims) Peek(ctx context.Context, sessionID string, reads func(b *pgx.B
 func (c *Claims) AcquireAsReadCall(ctx context.Context, sessionID, executionID string, read SessionRead, waitingIDs []string,
 	phase Phase, assistantMessageID string, call func(x *Execution) Call) (*Execution, error) {
 	return c.acquireAsRead(ctx, sessionID, executionID, read, waitingIDs, phase, assistantMessageID,
-		func(b *pgx.Batch, x *Execution, claimArgs []any) *pgx.QueuedQuery {
+		func(b *pgx.Batch, x *Execution, claimArgs []any) (*pgx.QueuedQuery, *groupedCall) {
 			cl := call(x)
 			args := append(claimArgs, cl.Args...)
-			return b.Queue(callSQL(cl.Func, len(args)), args...)
+			q := b.Queue(callSQL(cl.Func, len(args)), args...)
+			return q, &groupedCall{fn: cl.Func, args: args} // a flush may group its writes (grouped_calls.go)
 		})
 }
 
@@ -505,18 +512,20 @@ func (c *Claims) AcquireAsReadCall(ctx context.Context, sessionID, executionID s
 func (c *Claims) acquireAsReadQueued(ctx context.Context, sessionID, executionID string, read SessionRead, waitingIDs []string,
 	phase Phase, assistantMessageID string, queue func(b *pgx.Batch, x *Execution)) (*Execution, error) {
 	return c.acquireAsRead(ctx, sessionID, executionID, read, waitingIDs, phase, assistantMessageID,
-		func(b *pgx.Batch, x *Execution, claimArgs []any) *pgx.QueuedQuery {
+		func(b *pgx.Batch, x *Execution, claimArgs []any) (*pgx.QueuedQuery, *groupedCall) {
 			q := b.Queue(claimAsReadSQL, claimArgs...)
 			queue(b, x)
-			return q
+			return q, nil
 		})
 }
 
 // acquireAsRead is AcquireAsReadCall's work: open queues the statement
 // that claims (given promptline_claim_as_read's arguments) and returns it,
-// its one row being the claim's expiry.
+// its one row being the claim's expiry, and, when that statement is a
+// call of a function, the call (group commit may group its writes with
+// other calls' of its function: grouped_calls.go).
 func (c *Claims) acquireAsRead(ctx context.Context, sessionID, executionID string, read SessionRead, waitingIDs []string,
-	phase Phase, assistantMessageID string, open func(b *pgx.Batch, x *Execution, claimArgs []any) *pgx.QueuedQuery) (*Execution, error) {
+	phase Phase, assistantMessageID string, open func(b *pgx.Batch, x *Execution, claimArgs []any) (*pgx.QueuedQuery, *groupedCall)) (*Execution, error) {
 	if !read.Exists || read.Claimed || len(waitingIDs) == 0 {
 		return nil, ErrStale
 	}
@@ -527,15 +536,19 @@ func (c *Claims) acquireAsRead(ctx context.Context, sessionID, executionID strin
 		OwnerID: c.cfg.OwnerID, Token: read.Token + 1, Phase: phase, AssistantMessageID: assistantMessageID}}
 	var expires time.Time
 	b := &pgx.Batch{}
-	open(b, x, []any{sessionID, executionID, c.cfg.OwnerID, x.claim.Token, c.cfg.Lease.Milliseconds(),
-		string(phase), assistantMessageID, waitingIDs}).QueryRow(func(row pgx.Row) error { return row.Scan(&expires) })
+	q, call := open(b, x, []any{sessionID, executionID, c.cfg.OwnerID, x.claim.Token, c.cfg.Lease.Milliseconds(),
+		string(phase), assistantMessageID, waitingIDs})
+	q.QueryRow(func(row pgx.Row) error { return row.Scan(&expires) })
 	if err := ctx.Err(); err != nil {
 		cancel()
 		return nil, err
 	}
 	x.leaseSent(time.Now())
-	err := c.group.send(sessionID, b)
+	err := c.group.sendCall(sessionID, b, call)
 	if err != nil && !errors.Is(interpretError(err), errStaleRaised) && pgdb.Transient(err) && !pgdb.Refused(err) {
+		// An expiry a grouped opening read in a flush that then rolled
+		// back is not this claim's: claimLanded sets the one found.
+		expires = time.Time{}
 		err = c.claimUnheard(ctx, x, b, err)
 	}
 	if err != nil {

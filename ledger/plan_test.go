@@ -91,6 +91,15 @@ var functionStatements = []struct {
 		WHERE attempt_id = p_attempt`,
 		subst: map[string]string{"p_attempt": "$1", "p_input_tokens": "$2", "p_output_tokens": "$3", "p_response_id": "$4"},
 		args:  `('e42/step-1', 1, 2, 'r1')`},
+	{name: "promptline_turn_answer_writes_group: the attempts' success", fn: "promptline_turn_answer_writes_group",
+		stmt: `UPDATE attempts SET state = 'succeeded', error = NULL, input_tokens = a.input_tokens, output_tokens = a.output_tokens,
+		finished_at = now(),
+		response_id = coalesce(attempts.response_id, nullif(a.response_id, '')),
+		response_id_at = CASE WHEN attempts.response_id IS NULL AND a.response_id <> '' THEN now() ELSE attempts.response_id_at END
+		FROM unnest(p_attempt, p_input_tokens, p_output_tokens, p_response_id) AS a(attempt_id, input_tokens, output_tokens, response_id)
+		WHERE attempts.attempt_id = ANY (p_attempt) AND attempts.attempt_id = a.attempt_id`,
+		subst: map[string]string{"p_attempt": "$1::text[]", "p_input_tokens": "$2::bigint[]", "p_output_tokens": "$3::bigint[]", "p_response_id": "$4::text[]"},
+		args:  `(ARRAY['e42/step-1', 'e43/step-1'], ARRAY[1, 2]::bigint[], ARRAY[2, 3]::bigint[], ARRAY['r1', ''])`},
 	{name: "promptline_call_start: the call started", fn: "promptline_call_start",
 		stmt:  `UPDATE tool_calls SET state = 'started', started_at = now() WHERE call_id = p_call AND state = 'requested'`,
 		subst: map[string]string{"p_call": "$1"}, args: `('c42')`},
@@ -108,6 +117,15 @@ var functionStatements = []struct {
 // ledgerSettings are the settings a statement's transaction plans it with.
 var ledgerSettings = map[string]string{
 	"ledger: prune a batch": strings.Replace(ledger.PruneSettingsSQL, "SET LOCAL", "SET", 1),
+	// As its function is planned (TestPerSessionStatementsUseSessionIndexes
+	// holds the function to the setting).
+	"promptline_turn_answer_writes_group: the attempts' success": "SET enable_seqscan = off",
+}
+
+// ledgerLookups are the indexes statements must look their rows up
+// through, by name.
+var ledgerLookups = map[string]string{
+	"promptline_turn_answer_writes_group: the attempts' success": "attempts_pkey",
 }
 
 var seqScanOfLedger = regexp.MustCompile(`Seq Scan on (attempts|tool_calls|permission_requests)\b`)
@@ -144,8 +162,14 @@ func TestLedgerStatementsUseIndexes(t *testing.T) {
 		s := ledgerStatements[i]
 		with(i, func() {
 			exec(`SET plan_cache_mode = ` + mode)
-			if plan := explain(name, s.args); seqScanOfLedger.MatchString(plan) {
+			plan := explain(name, s.args)
+			if seqScanOfLedger.MatchString(plan) {
 				t.Errorf("%s, %s: the plan scans a ledger table:\n%s", stage, s.name, plan)
+			}
+			// Planned with sequential scans off, a statement could
+			// still walk a whole index: it must look its rows up.
+			if idx := ledgerLookups[s.name]; idx != "" && !testkit.LooksUpIndex(plan, idx) {
+				t.Errorf("%s, %s: the plan does not look rows up through %s:\n%s", stage, s.name, idx, plan)
 			}
 		})
 	}

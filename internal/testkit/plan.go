@@ -54,6 +54,29 @@ func (c *PlanConn) Explain(name, args string) string {
 	return strings.Join(lines, "\n") + "\n"
 }
 
+// LooksUpIndex reports whether plan reads through index by a condition
+// on its keys (an Index Cond under the index's node), not by walking the
+// whole index.
+func LooksUpIndex(plan, index string) bool {
+	lines := strings.Split(plan, "\n")
+	for i, l := range lines {
+		if !UsesIndex(l+"\n", index) {
+			continue
+		}
+		indent := len(l) - len(strings.TrimLeft(l, " "))
+		for _, p := range lines[i+1:] {
+			trimmed := strings.TrimLeft(p, " ")
+			if len(p)-len(trimmed) <= indent || strings.HasPrefix(trimmed, "->") {
+				break
+			}
+			if strings.HasPrefix(trimmed, "Index Cond:") {
+				return true
+			}
+		}
+	}
+	return false
+}
+
 // UsesIndex reports whether plan reads through index (an index scan, an
 // index-only scan or a bitmap index scan).
 func UsesIndex(plan, index string) bool {
@@ -95,6 +118,20 @@ func (c *PlanConn) FunctionStatement(fn, stmt string, subst map[string]string) s
 		stmt = re.ReplaceAllLiteralString(stmt, v)
 	}
 	return stmt
+}
+
+// FunctionSettings are the settings the SQL function fn is planned and
+// run with (CREATE FUNCTION ... SET), as "name=value", across its
+// overloads.
+func (c *PlanConn) FunctionSettings(fn string) []string {
+	c.t.Helper()
+	var settings []string
+	err := c.conn.QueryRow(context.Background(),
+		`SELECT coalesce(array_agg(s), '{}') FROM pg_proc, unnest(proconfig) s WHERE proname = $1`, fn).Scan(&settings)
+	if err != nil {
+		c.t.Fatalf("reading the settings of function %s: %v", fn, err)
+	}
+	return settings
 }
 
 var spaces = regexp.MustCompile(`\s+`)
