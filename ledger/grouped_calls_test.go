@@ -140,9 +140,10 @@ func answerOf(ctx context.Context) func(s *groupedSession) (bool, error) {
 	return func(s *groupedSession) (bool, error) { return s.answer(ctx) }
 }
 
-// The calls of several sessions sent as one statement
-// (promptline_turn_first_group and promptline_turn_answer_group, migration
-// 00024) write what each session's own call writes: sessions of different
+// The calls of several sessions sent grouped (each its opening, their
+// writes together: promptline_turn_writes_group and
+// promptline_turn_answer_writes_group, migration 00024) write what each
+// session's own call writes: sessions of different
 // shapes (one to three inputs, queued or steered, one or two outbox rows,
 // a model or none, an answer's text and response ID or none, a response
 // ID recorded before the answer or not, a claim released or kept for a
