@@ -170,12 +170,12 @@ func TestTurnCallsWriteWhatTheStatementsWrite(t *testing.T) {
 	require.Contains(t, callSnaps[3], `"status": "completed"`, "the snapshot sees the rows")
 }
 
-// The arguments the executor builds for promptline_turn_first and
-// promptline_turn_answer are of the types group commit reads to send
-// several sessions' calls as one statement (ledger.Groupable): otherwise
-// every call would go out alone, writing the same rows at a higher cost,
-// and no other test would notice. A turn of one prompt and a turn of two
-// steers.
+// The arguments the executor builds for promptline_turn_first,
+// promptline_turn_next and promptline_turn_answer are of the types group
+// commit reads to send several sessions' writes as one statement
+// (ledger.Groupable): otherwise every call would go out whole, writing the
+// same rows at a higher cost, and no other test would notice. A turn of
+// one prompt and a turn of two steers.
 func TestFirstStepCanBeGrouped(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
@@ -213,6 +213,8 @@ func TestFirstStepCanBeGrouped(t *testing.T) {
 			})
 		require.NoError(t, err, "the call is the executor's, and commits")
 		require.True(t, ledger.Groupable("promptline_turn_first", call.Args), "%s: %#v", tc.session, call.Args)
+		next, _ := ex.firstStepDeep("promptline_turn_next", turn, view)
+		require.True(t, ledger.Groupable(next.Func, next.Args), "%s: %#v", tc.session, next.Args)
 		topics, keys, payloads := outbox.Columns([]outbox.Row{{Topic: "session-events", Key: tc.session, Payload: []byte("{}")}})
 		answer := turnAnswerCall("attempt", turn, &provider.Response{Text: "answer"}, "", topics, keys, payloads)
 		require.True(t, ledger.Groupable(answer.Func, answer.Args), "%s: %#v", tc.session, answer.Args)

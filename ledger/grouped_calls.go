@@ -7,26 +7,27 @@ import (
 )
 
 // The executor's common turn is two calls per session (migrations 00018,
-// 00021): promptline_turn_first, its first step with its claim, and
-// promptline_turn_answer, its answer with the release, each an opening
-// (the claim's checks and insert; the session's lock, the fence and the
-// release) and then five or six statements of writes. When a group-commit
-// flush holds two or more calls of one of them, each call sends only its
-// opening, as a statement in its session's place, and the flush sends the
-// writes of all of them as one statement at the end, one statement per
-// table for all the sessions (migration 00024): measured on the burn-down
-// and on the burst of ten thousand turns, docs/benchmarks.md ("Grouped
-// calls").
+// 00021): promptline_turn_first, its first step with its claim (or
+// promptline_turn_next, a later turn's under the claim held), and
+// promptline_turn_answer, its answer with the release; each an opening
+// (the claim's checks and insert; the fence; the session's lock, the
+// fence and the release) and then five or six statements of writes. When
+// a group-commit flush holds two or more calls of one of them, each call
+// sends only its opening, as a statement in its session's place, and the
+// flush sends the writes of all of them as one statement at the end, one
+// statement per table for all the sessions (migration 00024): measured on
+// the burn-down and on the burst of ten thousand turns,
+// docs/benchmarks.md ("Grouped calls").
 //
 // The openings keep the flush's order, the sessions' byte order, in which
 // admission locks the sessions of its batch too: no deadlock between them
 // (TestGroupedCallsKeepTheSessionsLockOrder). Each sender's result
 // callback reads its own opening's row, which is its call's result (the
-// claim's expiry, whether the claim was released). The writes are
+// claim's expiry; nothing; whether the claim was released). The writes are
 // statements of the flush's one transaction, which commits or rolls back
-// whole: a refusal, in an opening (a stale read, a lost claim) or in the
-// writes (a key violated), rolls it back, and each session is then sent
-// again alone, as its own call. The writes come after every lock the
+// whole: a refusal, in an opening (a stale read, a lost claim, a write
+// already applied) or in the writes (a key violated), rolls it back, and
+// each session is then sent again alone, as its own call. The writes come after every lock the
 // flush takes on its sessions' rows, and touch only rows of those
 // sessions, which their executions alone write under the session's lock
 // or the claim. Two things differ from the calls, neither read by
@@ -68,15 +69,31 @@ const (
 	argRowBytes                // [][]byte → bytea[]
 )
 
+// turnWritesGroupSQL writes the first steps of several turns, each after
+// its opening: its claim, or its fence.
+const turnWritesGroupSQL = `SELECT promptline_turn_writes_group($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16)`
+
 // groupedFuncs are the functions whose calls are grouped.
 var groupedFuncs = []groupedFunc{{
 	name:      "promptline_turn_first",
 	openSQL:   claimAsReadSQL,
 	open:      8,
 	shared:    []int{0, 1, 3, 6}, // session, execution, token, assistant message
-	writesSQL: `SELECT promptline_turn_writes_group($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16)`,
+	writesSQL: turnWritesGroupSQL,
 	args: []argKind{
 		argText, argText, argText, argInt, argInt, argText, argText, argRows, // the claim's; its waiting head is its own
+		argList, argText, argText, argText, argText, argBytes, argText, argInt, argRows, argRows, argRowBytes,
+	},
+}, {
+	// A later turn's first step under the claim held: the fence, then
+	// the same writes as promptline_turn_first's.
+	name:      "promptline_turn_next",
+	openSQL:   fenceCallSQL,
+	open:      7,
+	shared:    []int{0, 1, 2, 5}, // session, execution, token, assistant message
+	writesSQL: turnWritesGroupSQL,
+	args: []argKind{
+		argText, argText, argInt, argInt, argTextNull, argText, argIntNull, // the fence's
 		argList, argText, argText, argText, argText, argBytes, argText, argInt, argRows, argRows, argRowBytes,
 	},
 }, {

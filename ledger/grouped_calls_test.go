@@ -84,6 +84,19 @@ func (s *groupedSession) claim(ctx context.Context, b *testBundle) error {
 	return err
 }
 
+// next writes the first step of s's next turn, oldest (the oldest input
+// waiting, read before: the flushes hold the pool), under the claim s
+// holds, as the executor's promoteQueued does: one call of
+// promptline_turn_next.
+func (s *groupedSession) next(ctx context.Context, oldest string) error {
+	topics, keys, payloads := s.rows("next")
+	attempt := s.id + "-e/step-2"
+	return s.x.WriteCallRetried(ctx, ledger.RetryOpts{}, ledger.PhaseUnknown, s.id+"-a2", ledger.Call{Func: "promptline_turn_next", Args: []any{
+		[]string{oldest}, s.id + "-t2", attempt, "scripted", attempt, fmt.Appendf(nil, "hash-2-%d", s.k), "model", int64(11 + s.k),
+		topics, keys, payloads,
+	}}, nil)
+}
+
 // answer records s's answer with the release, as the executor's
 // recordResponse does: one call of promptline_turn_answer. Its text is
 // empty in shape 2 (mod 3), its response ID in odd shapes.
@@ -136,6 +149,10 @@ func claimOf(ctx context.Context, b *testBundle) func(s *groupedSession) (struct
 	return func(s *groupedSession) (struct{}, error) { return struct{}{}, s.claim(ctx, b) }
 }
 
+func nextOf(ctx context.Context, oldest map[*groupedSession]string) func(s *groupedSession) (struct{}, error) {
+	return func(s *groupedSession) (struct{}, error) { return struct{}{}, s.next(ctx, oldest[s]) }
+}
+
 func answerOf(ctx context.Context) func(s *groupedSession) (bool, error) {
 	return func(s *groupedSession) (bool, error) { return s.answer(ctx) }
 }
@@ -147,7 +164,8 @@ func answerOf(ctx context.Context) func(s *groupedSession) (bool, error) {
 // shapes (one to three inputs, queued or steered, one or two outbox rows,
 // a model or none, an answer's text and response ID or none, a response
 // ID recorded before the answer or not, a claim released or kept for a
-// waiting input) are claimed and answered grouped,
+// waiting input) are claimed and answered grouped (and the kept claims'
+// next turns begun),
 // and the same shapes again one by one; after each, every row each
 // session has must be the same, less the session's name, times and
 // sequence numbers (their order within the session counts: the
@@ -161,6 +179,19 @@ func TestGroupedCallsWriteWhatTheCallsWrite(t *testing.T) {
 	for k := range n {
 		grouped = append(grouped, makeGroupedSession(t, b, fmt.Sprintf("grouped-%d", k), k))
 		alone = append(alone, makeGroupedSession(t, b, fmt.Sprintf("alone-%d", k), k))
+	}
+	// The snapshot ranks write_seq among the session's claims, one: the
+	// kept claims' positions are compared as they are (a fence applies
+	// its write's position).
+	positions := func(stage string) {
+		t.Helper()
+		for k := range n {
+			var g, a *int64
+			require.NoError(t, b.pool.QueryRow(ctx, `SELECT (SELECT write_seq FROM claims WHERE session_id = $1),
+				(SELECT write_seq FROM claims WHERE session_id = $2)`, grouped[k].id, alone[k].id).Scan(&g, &a))
+			require.Equal(t, a, g, "%s, shape %d: the claim's write position", stage, k)
+			require.Equal(t, a != nil, k%2 == 0 && k%3 != 0, "%s, shape %d: a kept claim has a position", stage, k)
+		}
 	}
 	compare := func(stage string) {
 		t.Helper()
@@ -209,16 +240,35 @@ func TestGroupedCallsWriteWhatTheCallsWrite(t *testing.T) {
 	}
 	require.EqualValues(t, 2*n, ledger.GroupCommitGrouped(b.claims), "each went out whole")
 	compare("the answers with the releases")
-	// The snapshot ranks write_seq among the session's claims, one: the
-	// kept claims' positions compared as they are (the answer's fence
-	// applies its position).
+
+	// The claims kept (shapes 2 and 4: inputs wait) go on with the next
+	// turn's first step under the claim.
+	var keptGrouped, keptAlone []*groupedSession
+	oldest := map[*groupedSession]string{}
 	for k := range n {
-		var g, a *int64
-		require.NoError(t, b.pool.QueryRow(ctx, `SELECT (SELECT write_seq FROM claims WHERE session_id = $1),
-			(SELECT write_seq FROM claims WHERE session_id = $2)`, grouped[k].id, alone[k].id).Scan(&g, &a))
-		require.Equal(t, a, g, "shape %d: the claim's write position", k)
-		require.Equal(t, a != nil, k%2 == 0 && k%3 != 0, "shape %d: a kept claim has a position", k)
+		if !releasedGrouped[k] {
+			keptGrouped, keptAlone = append(keptGrouped, grouped[k]), append(keptAlone, alone[k])
+			for _, s := range []*groupedSession{grouped[k], alone[k]} {
+				var id string
+				require.NoError(t, b.pool.QueryRow(ctx, `SELECT message_id FROM promptline_waiting_head($1) ORDER BY admission_seq LIMIT 1`,
+					s.id).Scan(&id))
+				oldest[s] = id
+			}
+		}
 	}
+	require.Len(t, keptGrouped, 2)
+	_, errs = together(t, b, keptGrouped, nextOf(ctx, oldest))
+	for i, err := range errs {
+		require.NoError(t, err, keptGrouped[i].id)
+	}
+	require.EqualValues(t, 2*n+2, ledger.GroupCommitGrouped(b.claims), "the next turns' writes went out grouped")
+	for _, s := range keptAlone {
+		require.NoError(t, s.next(ctx, oldest[s]), s.id)
+	}
+	require.EqualValues(t, 2*n+2, ledger.GroupCommitGrouped(b.claims), "each went out whole")
+	compare("the next turns' first steps")
+	positions("the next turns' first steps")
+	positions("the answers")
 	_, separated := ledger.GroupCommitCounts(b.claims)
 	require.Zero(t, separated, "nothing was refused")
 }

@@ -197,10 +197,15 @@ func (x *Execution) WriteCallRetried(ctx context.Context, opts RetryOpts, phase 
 	sql := callSQL(c.Func, len(args))
 	b := &pgx.Batch{}
 	q := b.Queue(sql, args...)
+	var call *groupedCall
 	if scan != nil {
 		q.QueryRow(scan)
+	} else {
+		// A call read by no scan: a flush may group its writes, its
+		// opening's row unread as the call's (grouped_calls.go).
+		call = &groupedCall{fn: c.Func, args: args}
 	}
-	err := x.sendQueued(ctx, b)
+	err := x.sendQueuedCall(ctx, b, call)
 	return callError(c.Func, x.retry(ctx, err, func(ctx context.Context) error {
 		err := x.writeLocked(ctx, false, seq, skipLanded(ctx, opts.Landed, func(tx pgx.Tx) error {
 			// The retry's own fence applied the position: the call's

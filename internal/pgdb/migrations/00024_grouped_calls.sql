@@ -1,13 +1,15 @@
 -- +goose Up
 -- executor: the writes of the common turn's calls of several sessions,
 -- one statement per table for all of them: what group commit sends when a
--- flush holds two or more calls of promptline_turn_first, or of
--- promptline_turn_answer (migrations 00018, 00021; ledger's
--- groupedFuncs; docs/benchmarks.md, "Grouped calls"). Each call then sends
--- only its opening, in its session's place in the flush (the sessions'
--- byte order, as admission locks them): promptline_claim_as_read for a
--- first step, promptline_finish_release for an answer; and the flush
--- sends the writes of all of them last, in the same transaction.
+-- flush holds two or more calls of promptline_turn_first, of
+-- promptline_turn_next, or of promptline_turn_answer (migrations 00018,
+-- 00021; ledger's groupedFuncs; docs/benchmarks.md, "Grouped calls").
+-- Each call then sends only its opening, in its session's place in the
+-- flush (the sessions' byte order, as admission locks them):
+-- promptline_claim_as_read for a first step with its claim,
+-- promptline_fence for a later turn's first step, promptline_finish_release
+-- for an answer; and the flush sends the writes of each function's calls
+-- last, in the same transaction.
 --
 -- The writes are the calls' writes. Argument i of each scalar array is
 -- session i's argument of the call; the turns' inputs are given
@@ -46,9 +48,10 @@ $$;
 -- +goose StatementEnd
 
 -- executor: promptline_turn_writes (00018) for several sessions, whose
--- claims promptline_claim_as_read took earlier in the transaction: the
--- promotions of the turns' inputs with their user messages, the pending
--- assistant messages, the outbox rows and the first attempts' intents.
+-- claims promptline_claim_as_read took, or whose fences promptline_fence
+-- passed, earlier in the transaction: the promotions of the turns' inputs
+-- with their user messages, the pending assistant messages, the outbox
+-- rows and the first attempts' intents.
 -- +goose StatementBegin
 CREATE OR REPLACE FUNCTION promptline_turn_writes_group(p_session text[], p_execution text[], p_token bigint[], p_assistant text[],
                                                         p_inputs text[], p_inputs_of integer[], p_turn text[],
