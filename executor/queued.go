@@ -148,9 +148,11 @@ func (ex *execution) readRetried(ctx context.Context, what string, read func(ctx
 
 // promoteQueued promotes the next turn's inputs from v (every waiting steer
 // if any, else the oldest queued input) and commits, behind the fence and
-// in one statement (promptline_turn_next), their user messages, the turn's
-// pending assistant message and the first step's attempt intent with the
-// phase unknown: the same transaction promote commits.
+// in one call (promptline_turn_next; group commit may send its fence
+// alone and its writes with other sessions': ledger's grouped_calls.go),
+// their user messages, the turn's pending assistant message and the first
+// step's attempt intent with the phase unknown: the same transaction
+// promote commits.
 func (ex *execution) promoteQueued(ctx context.Context, v *sessionView) (*turn, error) {
 	t := newTurn(pickTurn(v.waiting))
 	call, req := ex.firstStep("promptline_turn_next", t, v)
@@ -170,7 +172,7 @@ func (ex *execution) promoteQueued(ctx context.Context, v *sessionView) (*turn, 
 }
 
 // claimFirstTurn is promoteQueued for a session read without a claim: the
-// claim commits in the same statement (promptline_turn_first), straight in
+// claim commits in the same call (promptline_turn_first), straight in
 // phase unknown (ledger.Claims.AcquireAsReadCall), and only if the read is
 // still true (the same head of the waiting inputs: the turn's inputs and
 // path are chosen from it alone); else ledger.ErrStale and nothing is

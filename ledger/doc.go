@@ -14,7 +14,11 @@
 // and one round trip, which group commit may merge with other sessions'
 // (groupcommit.go): the executor's common turn (a plain prompt's promotion
 // with its attempt's intent, and its answer with the release; migration
-// 00018). A Call's function must open as the Call's doc says; the
+// 00018). When a flush holds several calls of one of the common turn's
+// functions, each sends its opening alone, in its place, and their writes
+// go together in one statement at the end (grouped_calls.go, migration
+// 00024): the group's write functions do not open with the fence, and are
+// sent only after every opening of their group. A Call's function must open as the Call's doc says; the
 // executor's functions are held to the owners' statements they stand for
 // by a test (executor's TestTurnCallsWriteWhatTheStatementsWrite).
 //

@@ -240,6 +240,7 @@ func TestGroupedCallsWriteWhatTheCallsWrite(t *testing.T) {
 	}
 	require.EqualValues(t, 2*n, ledger.GroupCommitGrouped(b.claims), "each went out whole")
 	compare("the answers with the releases")
+	positions("the answers")
 
 	// The claims kept (shapes 2 and 4: inputs wait) go on with the next
 	// turn's first step under the claim.
@@ -268,15 +269,14 @@ func TestGroupedCallsWriteWhatTheCallsWrite(t *testing.T) {
 	require.EqualValues(t, 2*n+2, ledger.GroupCommitGrouped(b.claims), "each went out whole")
 	compare("the next turns' first steps")
 	positions("the next turns' first steps")
-	positions("the answers")
 	_, separated := ledger.GroupCommitCounts(b.claims)
 	require.Zero(t, separated, "nothing was refused")
 }
 
 // A refusal in a flush of grouped calls (one session's first step on a
-// read gone stale, one session's answer from a claim lost, both refused
-// in their openings; one session's attempt ID already taken, refused in
-// the grouped writes) rolls the whole transaction back, and each session
+// read gone stale, one session's answer from a claim lost, one session's
+// next turn from a claim lost, refused in their openings; one session's
+// attempt ID already taken, refused in the grouped writes) rolls the whole transaction back, and each session
 // is sent again alone: only the refused one fails; the others' calls
 // commit, each as its own.
 func TestGroupedCallRefusedIsSentAgainAlone(t *testing.T) {
@@ -344,6 +344,31 @@ func TestGroupedCallRefusedIsSentAgainAlone(t *testing.T) {
 	}
 	_, separated = ledger.GroupCommitCounts(b.claims)
 	require.EqualValues(t, 3, separated, "refused in the writes, then each sent alone")
+
+	// A later turn's first step from a claim lost, refused by its fence
+	// (the grouped call's opening).
+	kept := []*groupedSession{makeGroupedSession(t, b, "n-2", 2), makeGroupedSession(t, b, "n-4", 4)}
+	oldest := map[*groupedSession]string{}
+	for _, s := range kept {
+		require.NoError(t, s.claim(ctx, b), s.id)
+		released, err := s.answer(ctx)
+		require.NoError(t, err, s.id)
+		require.False(t, released, "%s: inputs wait", s.id)
+		var id string
+		require.NoError(t, b.pool.QueryRow(ctx, `SELECT message_id FROM promptline_waiting_head($1) ORDER BY admission_seq LIMIT 1`,
+			s.id).Scan(&id))
+		oldest[s] = id
+	}
+	gone := kept[0]
+	b.expire(t, gone.id)
+	_, errs = together(t, b, kept, nextOf(ctx, oldest))
+	require.ErrorIs(t, errs[0], ledger.ErrFenced, gone.id)
+	require.True(t, gone.x.Fenced())
+	require.Zero(t, b.count(t, `SELECT count(*) FROM messages WHERE message_id = $1`, gone.id+"-a2"), "nothing of the fenced turn committed")
+	require.NoError(t, errs[1], kept[1].id)
+	require.Equal(t, 1, b.count(t, `SELECT count(*) FROM messages WHERE message_id = $1`, kept[1].id+"-a2"))
+	_, separated = ledger.GroupCommitCounts(b.claims)
+	require.EqualValues(t, 4, separated, "refused by a fence, then each sent alone")
 }
 
 // admissionTx is a transaction on a connection of its own, outside b's

@@ -18,7 +18,7 @@
 -- rows are in the order its call writes them (promotion_seq drawn in its
 -- inputs' order, its user messages before its assistant message, its
 -- outbox rows in their order); across sessions, which no reader compares,
--- the sessions' order too.
+-- in another order than the calls'.
 --
 -- The writes find their rows by = ANY on a primary key, planned with
 -- enable_seqscan off, as admission's statements are (admission's
