@@ -115,9 +115,8 @@ type groupedCall struct {
 }
 
 // groupIndex is the index in groupedFuncs of t's call, or -1 when t is
-// not one statement calling a groupedFunc with arguments of the types it
-// reads (a nil list among them, which the function would be given as
-// NULL, is not), its outbox columns of one length.
+// not one statement calling a groupedFunc with arguments it reads (a nil
+// list, which the function would be given as NULL, is not read).
 func (t *queuedTx) groupIndex() int {
 	if t.call == nil || len(t.batch.QueuedQueries) != 1 {
 		return -1
@@ -130,6 +129,8 @@ func (t *queuedTx) groupIndex() int {
 	return -1
 }
 
+// reads says whether args are a call's arguments of the kinds g.args
+// says, its outbox columns (after the opening's) of one length.
 func (g *groupedFunc) reads(args []any) bool {
 	if len(args) != len(g.args) {
 		return false
