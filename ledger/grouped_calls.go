@@ -42,6 +42,12 @@ type groupedFunc struct {
 	// its one row is the call's result.
 	openSQL string
 	open    int
+	// openGroupSQL, when set, opens several calls whose sessions follow
+	// each other in a flush, in one statement (openings): given the
+	// openings' arguments as columns, a list's flattened with its
+	// sessions (1-based), it returns one row per call, in the calls'
+	// order, each the row openSQL would return.
+	openGroupSQL string
 	// shared are the indexes of opening arguments that writesSQL takes
 	// too, first, as arrays; then come the call's arguments after the
 	// opening's, as args says.
@@ -75,11 +81,12 @@ const turnWritesGroupSQL = `SELECT promptline_turn_writes_group($1, $2, $3, $4, 
 
 // groupedFuncs are the functions whose calls are grouped.
 var groupedFuncs = []groupedFunc{{
-	name:      "promptline_turn_first",
-	openSQL:   claimAsReadSQL,
-	open:      8,
-	shared:    []int{0, 1, 3, 6}, // session, execution, token, assistant message
-	writesSQL: turnWritesGroupSQL,
+	name:         "promptline_turn_first",
+	openSQL:      claimAsReadSQL,
+	open:         8,
+	openGroupSQL: `SELECT * FROM promptline_claim_as_read_group($1, $2, $3, $4, $5, $6, $7, $8, $9)`,
+	shared:       []int{0, 1, 3, 6}, // session, execution, token, assistant message
+	writesSQL:    turnWritesGroupSQL,
 	args: []argKind{
 		argText, argText, argText, argInt, argInt, argText, argText, argRows, // the claim's; its waiting head is its own
 		argList, argText, argText, argText, argText, argBytes, argText, argInt, argRows, argRows, argRowBytes,
@@ -181,16 +188,37 @@ func (g *groupedFunc) writes(group []*queuedTx) *pgx.QueuedQuery {
 	for i := g.open; i < len(g.args); i++ {
 		args = append(args, g.column(group, i))
 		if g.args[i] == argList {
-			var of []int32
-			for s, t := range group {
-				for range t.call.args[i].([]string) {
-					of = append(of, int32(s+1))
-				}
-			}
-			args = append(args, of)
+			args = append(args, sessionsOf(group, i))
 		}
 	}
 	return &pgx.QueuedQuery{SQL: g.writesSQL, Arguments: args}
+}
+
+// openings is the statement that opens run's calls (each of g, sessions
+// that follow each other in the flush, in its order), given its
+// arguments as columns, a list's with sessionsOf. Its rows are the calls'
+// results, one each, in run's order: fn reads them (groupedResults).
+func (g *groupedFunc) openings(run []*queuedTx, fn func(pgx.BatchResults) error) *pgx.QueuedQuery {
+	var args []any
+	for i := range g.open {
+		args = append(args, g.column(run, i))
+		if g.args[i] == argList || g.args[i] == argRows {
+			args = append(args, sessionsOf(run, i))
+		}
+	}
+	return &pgx.QueuedQuery{SQL: g.openGroupSQL, Arguments: args, Fn: fn}
+}
+
+// sessionsOf is, for each element of list argument i of group's calls
+// flattened (column), the call's place in group, 1-based.
+func sessionsOf(group []*queuedTx, i int) []int32 {
+	var of []int32
+	for s, t := range group {
+		for range t.call.args[i].([]string) {
+			of = append(of, int32(s+1))
+		}
+	}
+	return of
 }
 
 // column is argument i of each of group's calls, as the grouped writes

@@ -2,12 +2,14 @@ package ledger_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/stretchr/testify/require"
 
 	"github.com/promptline/promptline/internal/testkit"
@@ -208,11 +210,17 @@ func TestGroupedCallsWriteWhatTheCallsWrite(t *testing.T) {
 		require.NoError(t, err, grouped[i].id)
 	}
 	require.EqualValues(t, n, ledger.GroupCommitGrouped(b.claims), "the six first steps' writes went out grouped")
+	require.EqualValues(t, 1, ledger.GroupCommitOpenedGrouped(b.claims), "the six claims opened in one statement (migration 00025)")
+	seen := map[time.Time]bool{}
 	for _, s := range grouped {
 		var expires time.Time
 		require.NoError(t, b.pool.QueryRow(ctx, `SELECT expires_at FROM claims WHERE session_id = $1`, s.id).Scan(&expires))
 		require.True(t, expires.Equal(s.x.Claim().ExpiresAt), "%s: its own claim's expiry, %v, not %v", s.id, expires, s.x.Claim().ExpiresAt)
+		seen[expires] = true
 	}
+	// Each claim's expiry is its own clock reading: a row given to
+	// another call would show.
+	require.Len(t, seen, n, "the grouped claims' expiries differ")
 	for _, s := range alone {
 		require.NoError(t, s.claim(ctx, b), s.id)
 	}
@@ -424,6 +432,72 @@ func TestGroupedCallsKeepTheSessionsLockOrder(t *testing.T) {
 	_, separated := ledger.GroupCommitCounts(b.claims)
 	require.Zero(t, separated, "nothing was rolled back")
 	require.EqualValues(t, 2, ledger.GroupCommitGrouped(b.claims), "y's and z's writes went out grouped")
+}
+
+// Grouped claims whose sessions follow each other in a flush open in one
+// statement (promptline_claim_as_read_group, migration 00025), which locks
+// their rows in byte order, the flush's and admission's, whatever the
+// database's collation: 'B' before 'a'. With an admission holding a's row,
+// the flush holds B's while it waits for a's. The body is checked too: on
+// a database whose collation is byte order (initdb's C locale), the order
+// of the lock alone cannot tell COLLATE "C" from the collation's.
+func TestGroupedClaimsLockTheirSessionsInByteOrder(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	b := setup(t, time.Minute)
+	var def string
+	require.NoError(t, b.pool.QueryRow(ctx, `SELECT pg_get_functiondef('promptline_claim_as_read_group'::regproc)`).Scan(&def))
+	require.Contains(t, def, `ORDER BY session_id COLLATE "C" FOR UPDATE`, "the sessions are locked in byte order")
+
+	upper, lower := makeGroupedSession(t, b, "B", 0), makeGroupedSession(t, b, "a", 3)
+	admission := admissionTx(t, b)
+	_, err := admission.Exec(ctx, `SELECT 1 FROM sessions WHERE session_id = $1 FOR UPDATE`, lower.id)
+	require.NoError(t, err)
+	wait := sendTogether(t, b, []*groupedSession{lower, upper}, claimOf(ctx, b))
+	require.Eventually(t, func() bool {
+		return b.count(t, `SELECT count(*) FROM pg_stat_activity
+			WHERE wait_event_type = 'Lock' AND query LIKE '%promptline_claim_as_read_group%'`) == 1
+	}, 10*time.Second, 5*time.Millisecond, "the grouped claims wait for a's row")
+	probe, err := b.pool.Begin(ctx)
+	require.NoError(t, err)
+	_, err = probe.Exec(ctx, `SELECT 1 FROM sessions WHERE session_id = $1 FOR UPDATE NOWAIT`, upper.id)
+	var pgErr *pgconn.PgError
+	require.True(t, errors.As(err, &pgErr) && pgErr.Code == "55P03", "B's row is locked before a's: %v", err)
+	require.NoError(t, probe.Rollback(ctx))
+	require.NoError(t, admission.Rollback(ctx))
+	_, errs := wait()
+	for i, err := range errs {
+		require.NoError(t, err, []string{"a", "B"}[i])
+	}
+	require.EqualValues(t, 1, ledger.GroupCommitOpenedGrouped(b.claims), "B's and a's claims opened in one statement")
+}
+
+// A grouped opening refuses what promptline_claim_as_read refuses, the
+// head of a session's waiting inputs changed since it was read (a steer
+// admitted), and then each claim is sent alone: only that one is stale.
+func TestGroupedClaimsRefuseAHeadChangedSinceTheRead(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	b := setup(t, time.Minute)
+	var sessions []*groupedSession
+	for k := range 3 {
+		sessions = append(sessions, makeGroupedSession(t, b, fmt.Sprintf("h-%d", k), k))
+	}
+	changed := sessions[1]
+	b.exec(t, `INSERT INTO inputs (message_id, session_id, text, payload_hash, delivery, wake_pending)
+		VALUES ('late-steer', $1, 'x', '\x00', 'steer', true)`, changed.id)
+	_, errs := together(t, b, sessions, claimOf(ctx, b))
+	for i, s := range sessions {
+		if s == changed {
+			require.ErrorIs(t, errs[i], ledger.ErrStale, s.id)
+			require.Zero(t, b.count(t, `SELECT count(*) FROM claims WHERE session_id = $1`, s.id), "no claim of the stale read")
+			continue
+		}
+		require.NoError(t, errs[i], s.id)
+	}
+	require.EqualValues(t, 1, ledger.GroupCommitOpenedGrouped(b.claims), "the three opened in one statement first")
+	_, separated := ledger.GroupCommitCounts(b.claims)
+	require.EqualValues(t, 1, separated, "refused, then each sent alone")
 }
 
 // A grouped answer's release waits for the session's lock, then sees an
