@@ -23,7 +23,14 @@ import (
 // admission locks the sessions of its batch too: no deadlock between them
 // (TestGroupedCallsKeepTheSessionsLockOrder). Each sender's result
 // callback reads its own opening's row, which is its call's result (the
-// claim's expiry; nothing; whether the claim was released). The writes are
+// claim's expiry; nothing; whether the claim was released). Where two or
+// more calls of promptline_turn_first, or of promptline_turn_answer,
+// follow each other in the flush, their openings go in one statement in
+// the place of the first (migration 00025: the sessions' rows locked
+// first, in byte order, then the checks and the claims' rows, one
+// statement each), and each callback reads its own row of it
+// (groupedResults): measured in docs/benchmarks.md ("Grouped openings").
+// The writes are
 // statements of the flush's one transaction, which commits or rolls back
 // whole: a refusal, in an opening (a stale read, a lost claim, a write
 // already applied) or in the writes (a key violated), rolls it back, and
@@ -66,9 +73,9 @@ type argKind int
 
 const (
 	argText     argKind = iota // string → text[]
-	argTextNull                // *string (an opening's only)
+	argTextNull                // *string → text[] (an opening's only)
 	argInt                     // int64 → bigint[]
-	argIntNull                 // *int64 (an opening's only)
+	argIntNull                 // *int64 → bigint[] (an opening's only)
 	argBytes                   // []byte → bytea[]
 	argList                    // []string → text[], then integer[]
 	argRows                    // []string → text[]
@@ -104,10 +111,11 @@ var groupedFuncs = []groupedFunc{{
 		argList, argText, argText, argText, argText, argBytes, argText, argInt, argRows, argRows, argRowBytes,
 	},
 }, {
-	name:      "promptline_turn_answer",
-	openSQL:   `SELECT promptline_finish_release($1, $2, $3, $4, $5, $6, $7)`,
-	open:      7,
-	writesSQL: `SELECT promptline_turn_answer_writes_group($1, $2, $3, $4, $5, $6, $7, $8, $9)`,
+	name:         "promptline_turn_answer",
+	openSQL:      `SELECT promptline_finish_release($1, $2, $3, $4, $5, $6, $7)`,
+	open:         7,
+	openGroupSQL: `SELECT * FROM promptline_finish_release_group($1, $2, $3, $4, $5, $6, $7)`,
+	writesSQL:    `SELECT promptline_turn_answer_writes_group($1, $2, $3, $4, $5, $6, $7, $8, $9)`,
 	args: []argKind{
 		argText, argText, argInt, argInt, argTextNull, argText, argIntNull, // the fence's
 		argText, argInt, argInt, argText, argText, argText, argRows, argRows, argRowBytes,
@@ -222,11 +230,15 @@ func sessionsOf(group []*queuedTx, i int) []int32 {
 }
 
 // column is argument i of each of group's calls, as the grouped writes
-// take it.
+// and openings take it.
 func (g *groupedFunc) column(group []*queuedTx, i int) any {
 	switch g.args[i] {
 	case argText:
 		return columnOf[string](group, i)
+	case argTextNull:
+		return columnOf[*string](group, i)
+	case argIntNull:
+		return columnOf[*int64](group, i)
 	case argInt:
 		return columnOf[int64](group, i)
 	case argBytes:
@@ -244,7 +256,7 @@ func (g *groupedFunc) column(group []*queuedTx, i int) any {
 		}
 		return flat
 	}
-	panic(fmt.Sprintf("ledger: %s's grouped writes take no argument of kind %d", g.name, g.args[i]))
+	panic(fmt.Sprintf("ledger: %s's grouped statements take no argument of kind %d", g.name, g.args[i]))
 }
 
 func columnOf[T any](group []*queuedTx, i int) []T {
