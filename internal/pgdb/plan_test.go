@@ -85,6 +85,11 @@ func TestPerSessionStatementsUseSessionIndexes(t *testing.T) {
 			`1 FROM sessions WHERE session_id = ANY (p_session) ORDER BY session_id COLLATE "C" FOR UPDATE`,
 			map[string]string{"p_session": "$1::text[]"}),
 			`(ARRAY['s1', 's2'])`, []string{"sessions_pkey"}, true},
+		{"grouped claims' token check", "SELECT u.s " + pc.FunctionStatement("promptline_claim_as_read_group",
+			`FROM unnest(p_session, p_token) AS u(s, t) LEFT JOIN sessions x ON x.session_id = u.s
+			WHERE x.fencing_token IS DISTINCT FROM u.t - 1`,
+			map[string]string{"p_session": "$1::text[]", "p_token": "$2::bigint[]"}),
+			`(ARRAY['s1', 's2'], ARRAY[1, 1]::bigint[])`, []string{"sessions_pkey"}, true},
 		{"grouped claims' tokens", pc.FunctionStatement("promptline_claim_as_read_group", `UPDATE sessions SET fencing_token = u.t
 			FROM unnest(p_session, p_token) AS u(s, t)
 			WHERE sessions.session_id = ANY (p_session) AND sessions.session_id = u.s`,
@@ -108,9 +113,17 @@ func TestPerSessionStatementsUseSessionIndexes(t *testing.T) {
 			[]string{"claims_pkey"}, true},
 		{"grouped answers' release", pc.FunctionStatement("promptline_finish_release_group", `DELETE FROM claims USING unnest(p_session, p_token) AS u(s, t)
 			WHERE claims.session_id = ANY (p_session) AND claims.session_id = u.s AND claims.fencing_token = u.t
-				AND NOT EXISTS (SELECT 1 FROM waiting_inputs w WHERE w.session_id = u.s)`,
+				AND NOT EXISTS (SELECT 1 FROM waiting_inputs w WHERE w.session_id = u.s OFFSET 0)`,
 			map[string]string{"p_session": "$1::text[]", "p_token": "$2::bigint[]"}),
 			`(ARRAY['s1', 's2'], ARRAY[1, 1]::bigint[])`, []string{"claims_pkey"}, true},
+		// The same release, its waiting inputs looked up per session: an
+		// anti-join planned on small tables read every waiting input of
+		// every session at each call (38 ms a call at the burn-down).
+		{"grouped answers' release, the inputs waiting", pc.FunctionStatement("promptline_finish_release_group", `DELETE FROM claims USING unnest(p_session, p_token) AS u(s, t)
+			WHERE claims.session_id = ANY (p_session) AND claims.session_id = u.s AND claims.fencing_token = u.t
+				AND NOT EXISTS (SELECT 1 FROM waiting_inputs w WHERE w.session_id = u.s OFFSET 0)`,
+			map[string]string{"p_session": "$1::text[]", "p_token": "$2::bigint[]"}),
+			`(ARRAY['s1', 's2'], ARRAY[1, 1]::bigint[])`, []string{"inputs_waiting_session"}, true},
 		// pipeline's historySQL, read at every promotion.
 		{"transcript", `SELECT m.message_id, p.body FROM messages m LEFT JOIN message_parts p ON p.message_id = m.message_id
 			WHERE m.session_id = $1 AND (m.role IN ('user', 'tool') OR m.status = 'completed') ORDER BY m.seq, p.idx`,

@@ -130,10 +130,14 @@ BEGIN
         RAISE EXCEPTION 'sessions %: a claim is lost or its write already applied', p_session USING ERRCODE = 'PLFEN';
     END IF;
 
+    -- OFFSET 0 keeps the waiting inputs a lookup per session (a subplan
+    -- given the session), never an anti-join: planned on small tables,
+    -- the join read every waiting input of every session at each call
+    -- (TestPerSessionStatementsUseSessionIndexes).
     WITH r AS (
         DELETE FROM claims USING unnest(p_session, p_token) AS u(s, t)
         WHERE claims.session_id = ANY (p_session) AND claims.session_id = u.s AND claims.fencing_token = u.t
-          AND NOT EXISTS (SELECT 1 FROM waiting_inputs w WHERE w.session_id = u.s)
+          AND NOT EXISTS (SELECT 1 FROM waiting_inputs w WHERE w.session_id = u.s OFFSET 0)
         RETURNING claims.session_id
     )
     SELECT coalesce(array_agg(session_id), '{}') INTO v_released FROM r;
