@@ -17,10 +17,6 @@ func GroupCommitCounts(c *Claims) (combined, separated int64) {
 // with others' (grouped_calls.go).
 func GroupCommitGrouped(c *Claims) int64 { return c.group.grouped.Load() }
 
-// GroupCommitOpenedGrouped reports how many statements opened several
-// calls at once (groupedFunc.openings).
-func GroupCommitOpenedGrouped(c *Claims) int64 { return c.group.openedGrouped.Load() }
-
 // GroupCommitQueued reports how many transactions wait in group commit's
 // queue for a flush.
 func GroupCommitQueued(c *Claims) int {

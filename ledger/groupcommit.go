@@ -4,7 +4,6 @@ import (
 	"cmp"
 	"context"
 	"errors"
-	"fmt"
 	"slices"
 	"sync/atomic"
 	"time"
@@ -62,10 +61,9 @@ type groupCommit struct {
 	timeout time.Duration
 
 	// For tests: transactions of several sessions, those of them that
-	// failed and were sent again one by one, the calls whose writes went
-	// grouped, and the statements that opened several calls
-	// (grouped_calls.go).
-	combined, separated, grouped, openedGrouped atomic.Int64
+	// failed and were sent again one by one, and the calls whose writes
+	// went grouped (grouped_calls.go).
+	combined, separated, grouped atomic.Int64
 }
 
 type queuedTx struct {
@@ -140,18 +138,8 @@ func (g *groupCommit) flush(txs []*queuedTx) {
 	}
 	all := &pgx.Batch{}
 	failed := make([]error, len(txs)) // each sender's first callback error
-	for i := 0; i < len(txs); i++ {
-		t := txs[i]
+	for i, t := range txs {
 		if f := grouped[i]; f >= 0 && len(groups[f]) >= 2 {
-			// Calls of f whose sessions follow each other open in one
-			// statement, where the function has one: no other session's
-			// statement comes between them, so the locks keep byte order.
-			if run := runOf(grouped, i); run > 1 && groupedFuncs[f].openGroupSQL != "" {
-				all.QueuedQueries = append(all.QueuedQueries, groupedFuncs[f].openings(txs[i:i+run], groupedResults(txs[i:i+run], failed[i:i+run])))
-				g.openedGrouped.Add(1)
-				i += run - 1
-				continue
-			}
 			q := t.batch.QueuedQueries[0]
 			all.QueuedQueries = append(all.QueuedQueries, &pgx.QueuedQuery{SQL: groupedFuncs[f].openSQL,
 				Arguments: t.call.args[:groupedFuncs[f].open], Fn: ownResults(q.Fn, &failed[i])})
@@ -197,85 +185,6 @@ func (g *groupCommit) flush(txs []*queuedTx) {
 	for _, t := range txs {
 		t.done <- g.sendBatch(copyBatch(t.batch))
 	}
-}
-
-// runOf is how many of the flush's transactions from i on are calls of
-// grouped[i]'s function, one after the other.
-func runOf(grouped []int, i int) int {
-	n := 1
-	for i+n < len(grouped) && grouped[i+n] == grouped[i] {
-		n++
-	}
-	return n
-}
-
-// groupedResults reads the rows of a statement that opened run's calls
-// (groupedFunc.openings), one per call in run's order, and gives each to
-// its call's own result callback, as the row of its opening alone; a
-// callback's error is stored in its failed, as ownResults does. What it
-// returns is the statement's own error, the server's or the connection's.
-func groupedResults(run []*queuedTx, failed []error) func(pgx.BatchResults) error {
-	return func(br pgx.BatchResults) error {
-		rows, err := br.Query()
-		if err != nil {
-			return err
-		}
-		defer rows.Close()
-		k := 0
-		for ; rows.Next(); k++ {
-			if k >= len(run) {
-				continue // read, and left: the calls are told below
-			}
-			if fn := run[k].batch.QueuedQueries[0].Fn; fn != nil {
-				if err := fn(oneRowResults{br, rows}); err != nil && failed[k] == nil {
-					failed[k] = err
-				}
-			}
-		}
-		rows.Close()
-		if err := rows.Err(); err != nil {
-			return err
-		}
-		if k != len(run) {
-			// The function returns a row per call: a statement that did
-			// not is a defect, each call's own error, as a lone call
-			// without its row would be.
-			for j := range run {
-				if failed[j] == nil {
-					failed[j] = fmt.Errorf("ledger: %d rows opened %d grouped calls", k, len(run))
-				}
-			}
-		}
-		return nil
-	}
-}
-
-// oneRowResults is the current row of a grouped opening's rows, given to
-// one call's result callback as its statement's result: QueryRow is that
-// row; a Scan's error is the callback's, and leaves the rows to the next
-// call (pgx.ScanRow, not the rows' own Scan, which would end them).
-type oneRowResults struct {
-	pgx.BatchResults // the whole statement's, for what no call reads (Tx)
-	rows             pgx.Rows
-}
-
-func (r oneRowResults) QueryRow() pgx.Row { return oneRow{r.rows} }
-
-func (r oneRowResults) Exec() (pgconn.CommandTag, error) { return pgconn.CommandTag{}, errOneRowOnly }
-
-func (r oneRowResults) Query() (pgx.Rows, error) { return nil, errOneRowOnly }
-
-func (r oneRowResults) Close() error { return nil }
-
-var errOneRowOnly = errors.New("ledger: a grouped call's result is read by QueryRow")
-
-type oneRow struct{ rows pgx.Rows }
-
-func (r oneRow) Scan(dest ...any) error {
-	if rs, ok := onlyRowScanner(dest); ok {
-		return rs.ScanRow(r.rows)
-	}
-	return pgx.ScanRow(r.rows.TypeMap(), r.rows.FieldDescriptions(), r.rows.RawValues(), dest...)
 }
 
 // copyBatch is b's queries, to be sent again: pgx sends a batch once (a

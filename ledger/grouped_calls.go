@@ -23,14 +23,7 @@ import (
 // admission locks the sessions of its batch too: no deadlock between them
 // (TestGroupedCallsKeepTheSessionsLockOrder). Each sender's result
 // callback reads its own opening's row, which is its call's result (the
-// claim's expiry; nothing; whether the claim was released). Where two or
-// more calls of promptline_turn_first, or of promptline_turn_answer,
-// follow each other in the flush, their openings go in one statement in
-// the place of the first (migration 00025: the sessions' rows locked
-// first, in byte order, then the checks and the claims' rows, one
-// statement each), and each callback reads its own row of it
-// (groupedResults): measured in docs/benchmarks.md ("Grouped openings").
-// The writes are
+// claim's expiry; nothing; whether the claim was released). The writes are
 // statements of the flush's one transaction, which commits or rolls back
 // whole: a refusal, in an opening (a stale read, a lost claim, a write
 // already applied) or in the writes (a key violated), rolls it back, and
@@ -49,12 +42,6 @@ type groupedFunc struct {
 	// its one row is the call's result.
 	openSQL string
 	open    int
-	// openGroupSQL, when set, opens several calls whose sessions follow
-	// each other in a flush, in one statement (openings): given the
-	// openings' arguments as columns, a list's flattened with its
-	// sessions (1-based), it returns one row per call, in the calls'
-	// order, each the row openSQL would return.
-	openGroupSQL string
 	// shared are the indexes of opening arguments that writesSQL takes
 	// too, first, as arrays; then come the call's arguments after the
 	// opening's, as args says.
@@ -73,9 +60,9 @@ type argKind int
 
 const (
 	argText     argKind = iota // string → text[]
-	argTextNull                // *string → text[] (an opening's only)
+	argTextNull                // *string (an opening's only)
 	argInt                     // int64 → bigint[]
-	argIntNull                 // *int64 → bigint[] (an opening's only)
+	argIntNull                 // *int64 (an opening's only)
 	argBytes                   // []byte → bytea[]
 	argList                    // []string → text[], then integer[]
 	argRows                    // []string → text[]
@@ -88,12 +75,11 @@ const turnWritesGroupSQL = `SELECT promptline_turn_writes_group($1, $2, $3, $4, 
 
 // groupedFuncs are the functions whose calls are grouped.
 var groupedFuncs = []groupedFunc{{
-	name:         "promptline_turn_first",
-	openSQL:      claimAsReadSQL,
-	open:         8,
-	openGroupSQL: `SELECT * FROM promptline_claim_as_read_group($1, $2, $3, $4, $5, $6, $7, $8, $9)`,
-	shared:       []int{0, 1, 3, 6}, // session, execution, token, assistant message
-	writesSQL:    turnWritesGroupSQL,
+	name:      "promptline_turn_first",
+	openSQL:   claimAsReadSQL,
+	open:      8,
+	shared:    []int{0, 1, 3, 6}, // session, execution, token, assistant message
+	writesSQL: turnWritesGroupSQL,
 	args: []argKind{
 		argText, argText, argText, argInt, argInt, argText, argText, argRows, // the claim's; its waiting head is its own
 		argList, argText, argText, argText, argText, argBytes, argText, argInt, argRows, argRows, argRowBytes,
@@ -111,11 +97,10 @@ var groupedFuncs = []groupedFunc{{
 		argList, argText, argText, argText, argText, argBytes, argText, argInt, argRows, argRows, argRowBytes,
 	},
 }, {
-	name:         "promptline_turn_answer",
-	openSQL:      `SELECT promptline_finish_release($1, $2, $3, $4, $5, $6, $7)`,
-	open:         7,
-	openGroupSQL: `SELECT * FROM promptline_finish_release_group($1, $2, $3, $4, $5, $6, $7)`,
-	writesSQL:    `SELECT promptline_turn_answer_writes_group($1, $2, $3, $4, $5, $6, $7, $8, $9)`,
+	name:      "promptline_turn_answer",
+	openSQL:   `SELECT promptline_finish_release($1, $2, $3, $4, $5, $6, $7)`,
+	open:      7,
+	writesSQL: `SELECT promptline_turn_answer_writes_group($1, $2, $3, $4, $5, $6, $7, $8, $9)`,
 	args: []argKind{
 		argText, argText, argInt, argInt, argTextNull, argText, argIntNull, // the fence's
 		argText, argInt, argInt, argText, argText, argText, argRows, argRows, argRowBytes,
@@ -196,49 +181,24 @@ func (g *groupedFunc) writes(group []*queuedTx) *pgx.QueuedQuery {
 	for i := g.open; i < len(g.args); i++ {
 		args = append(args, g.column(group, i))
 		if g.args[i] == argList {
-			args = append(args, sessionsOf(group, i))
+			var of []int32
+			for s, t := range group {
+				for range t.call.args[i].([]string) {
+					of = append(of, int32(s+1))
+				}
+			}
+			args = append(args, of)
 		}
 	}
 	return &pgx.QueuedQuery{SQL: g.writesSQL, Arguments: args}
 }
 
-// openings is the statement that opens run's calls (each of g, sessions
-// that follow each other in the flush, in its order), given its
-// arguments as columns, a list's with sessionsOf. Its rows are the calls'
-// results, one each, in run's order: fn reads them (groupedResults).
-func (g *groupedFunc) openings(run []*queuedTx, fn func(pgx.BatchResults) error) *pgx.QueuedQuery {
-	var args []any
-	for i := range g.open {
-		args = append(args, g.column(run, i))
-		if g.args[i] == argList || g.args[i] == argRows {
-			args = append(args, sessionsOf(run, i))
-		}
-	}
-	return &pgx.QueuedQuery{SQL: g.openGroupSQL, Arguments: args, Fn: fn}
-}
-
-// sessionsOf is, for each element of list argument i of group's calls
-// flattened (column), the call's place in group, 1-based.
-func sessionsOf(group []*queuedTx, i int) []int32 {
-	var of []int32
-	for s, t := range group {
-		for range t.call.args[i].([]string) {
-			of = append(of, int32(s+1))
-		}
-	}
-	return of
-}
-
 // column is argument i of each of group's calls, as the grouped writes
-// and openings take it.
+// take it.
 func (g *groupedFunc) column(group []*queuedTx, i int) any {
 	switch g.args[i] {
 	case argText:
 		return columnOf[string](group, i)
-	case argTextNull:
-		return columnOf[*string](group, i)
-	case argIntNull:
-		return columnOf[*int64](group, i)
 	case argInt:
 		return columnOf[int64](group, i)
 	case argBytes:
@@ -256,7 +216,7 @@ func (g *groupedFunc) column(group []*queuedTx, i int) any {
 		}
 		return flat
 	}
-	panic(fmt.Sprintf("ledger: %s's grouped statements take no argument of kind %d", g.name, g.args[i]))
+	panic(fmt.Sprintf("ledger: %s's grouped writes take no argument of kind %d", g.name, g.args[i]))
 }
 
 func columnOf[T any](group []*queuedTx, i int) []T {

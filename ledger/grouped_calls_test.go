@@ -2,14 +2,12 @@ package ledger_test
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/stretchr/testify/require"
 
 	"github.com/promptline/promptline/internal/testkit"
@@ -210,17 +208,11 @@ func TestGroupedCallsWriteWhatTheCallsWrite(t *testing.T) {
 		require.NoError(t, err, grouped[i].id)
 	}
 	require.EqualValues(t, n, ledger.GroupCommitGrouped(b.claims), "the six first steps' writes went out grouped")
-	require.EqualValues(t, 1, ledger.GroupCommitOpenedGrouped(b.claims), "the six claims opened in one statement (migration 00025)")
-	seen := map[time.Time]bool{}
 	for _, s := range grouped {
 		var expires time.Time
 		require.NoError(t, b.pool.QueryRow(ctx, `SELECT expires_at FROM claims WHERE session_id = $1`, s.id).Scan(&expires))
 		require.True(t, expires.Equal(s.x.Claim().ExpiresAt), "%s: its own claim's expiry, %v, not %v", s.id, expires, s.x.Claim().ExpiresAt)
-		seen[expires] = true
 	}
-	// Each claim's expiry is its own clock reading: a row given to
-	// another call would show.
-	require.Len(t, seen, n, "the grouped claims' expiries differ")
 	for _, s := range alone {
 		require.NoError(t, s.claim(ctx, b), s.id)
 	}
@@ -239,7 +231,6 @@ func TestGroupedCallsWriteWhatTheCallsWrite(t *testing.T) {
 		require.NoError(t, err, grouped[i].id)
 	}
 	require.EqualValues(t, 2*n, ledger.GroupCommitGrouped(b.claims), "the six answers' writes went out grouped")
-	require.EqualValues(t, 2, ledger.GroupCommitOpenedGrouped(b.claims), "the six answers opened in one statement (migration 00025)")
 	for k, s := range alone {
 		released, err := s.answer(ctx)
 		require.NoError(t, err, s.id)
@@ -433,116 +424,6 @@ func TestGroupedCallsKeepTheSessionsLockOrder(t *testing.T) {
 	_, separated := ledger.GroupCommitCounts(b.claims)
 	require.Zero(t, separated, "nothing was rolled back")
 	require.EqualValues(t, 2, ledger.GroupCommitGrouped(b.claims), "y's and z's writes went out grouped")
-}
-
-// Grouped claims, and grouped answers, whose sessions follow each other in
-// a flush open in one statement (promptline_claim_as_read_group,
-// promptline_finish_release_group, migration 00025), which locks their
-// rows in byte order, the flush's and admission's, whatever the
-// database's collation: 'B' before 'a'. With an admission holding a's row,
-// the flush holds B's while it waits for a's. The bodies are checked too:
-// on a database whose collation is byte order (initdb's C locale), the
-// order of the locks alone cannot tell COLLATE "C" from the collation's.
-func TestGroupedOpeningsLockTheirSessionsInByteOrder(t *testing.T) {
-	t.Parallel()
-	ctx := context.Background()
-	b := setup(t, time.Minute)
-	for _, fn := range []string{"promptline_claim_as_read_group", "promptline_finish_release_group"} {
-		var def string
-		require.NoError(t, b.pool.QueryRow(ctx, `SELECT pg_get_functiondef($1::regproc)`, fn).Scan(&def))
-		require.Contains(t, def, `ORDER BY session_id COLLATE "C" FOR UPDATE`, "%s locks the sessions in byte order", fn)
-	}
-
-	upper, lower := makeGroupedSession(t, b, "B", 0), makeGroupedSession(t, b, "a", 3)
-	holdLowerThenSend := func(fn string, send func(s *groupedSession) (bool, error)) {
-		t.Helper()
-		admission := admissionTx(t, b)
-		_, err := admission.Exec(ctx, `SELECT 1 FROM sessions WHERE session_id = $1 FOR UPDATE`, lower.id)
-		require.NoError(t, err)
-		wait := sendTogether(t, b, []*groupedSession{lower, upper}, send)
-		require.Eventually(t, func() bool {
-			return b.count(t, `SELECT count(*) FROM pg_stat_activity
-				WHERE wait_event_type = 'Lock' AND query LIKE '%'||$1||'%'`, fn) == 1
-		}, 10*time.Second, 5*time.Millisecond, "%s waits for a's row", fn)
-		probe, err := b.pool.Begin(ctx)
-		require.NoError(t, err)
-		_, err = probe.Exec(ctx, `SELECT 1 FROM sessions WHERE session_id = $1 FOR UPDATE NOWAIT`, upper.id)
-		var pgErr *pgconn.PgError
-		require.True(t, errors.As(err, &pgErr) && pgErr.Code == "55P03", "%s: B's row is locked before a's: %v", fn, err)
-		require.NoError(t, probe.Rollback(ctx))
-		require.NoError(t, admission.Rollback(ctx))
-		_, errs := wait()
-		for i, err := range errs {
-			require.NoError(t, err, []string{"a", "B"}[i])
-		}
-	}
-	holdLowerThenSend("promptline_claim_as_read_group", func(s *groupedSession) (bool, error) { return false, s.claim(ctx, b) })
-	require.EqualValues(t, 1, ledger.GroupCommitOpenedGrouped(b.claims), "B's and a's claims opened in one statement")
-	holdLowerThenSend("promptline_finish_release_group", answerOf(ctx))
-	require.EqualValues(t, 2, ledger.GroupCommitOpenedGrouped(b.claims), "B's and a's answers opened in one statement")
-}
-
-// A grouped opening refuses what promptline_claim_as_read refuses, the
-// head of a session's waiting inputs changed since it was read (a steer
-// admitted), and then each claim is sent alone: only that one is stale.
-func TestGroupedClaimsRefuseAHeadChangedSinceTheRead(t *testing.T) {
-	t.Parallel()
-	ctx := context.Background()
-	b := setup(t, time.Minute)
-	var sessions []*groupedSession
-	for k := range 3 {
-		sessions = append(sessions, makeGroupedSession(t, b, fmt.Sprintf("h-%d", k), k))
-	}
-	changed := sessions[1]
-	b.exec(t, `INSERT INTO inputs (message_id, session_id, text, payload_hash, delivery, wake_pending)
-		VALUES ('late-steer', $1, 'x', '\x00', 'steer', true)`, changed.id)
-	_, errs := together(t, b, sessions, claimOf(ctx, b))
-	for i, s := range sessions {
-		if s == changed {
-			require.ErrorIs(t, errs[i], ledger.ErrStale, s.id)
-			require.Zero(t, b.count(t, `SELECT count(*) FROM claims WHERE session_id = $1`, s.id), "no claim of the stale read")
-			continue
-		}
-		require.NoError(t, errs[i], s.id)
-	}
-	require.EqualValues(t, 1, ledger.GroupCommitOpenedGrouped(b.claims), "the three opened in one statement first")
-	_, separated := ledger.GroupCommitCounts(b.claims)
-	require.EqualValues(t, 1, separated, "refused, then each sent alone")
-}
-
-// Grouped answers read the fence's clock after the wait for their
-// sessions' locks, as a lone answer's fence does: leases that ran out
-// while the answers waited are lost, and each answer, sent again alone, is
-// told so (a clock read at the statement's start would have passed them).
-func TestGroupedAnswersLoseALeaseThatRanOutWhileTheyWaited(t *testing.T) {
-	t.Parallel()
-	ctx := context.Background()
-	b := setup(t, 2*time.Second)
-	s0, s1 := makeGroupedSession(t, b, "l0", 1), makeGroupedSession(t, b, "l1", 3)
-	for _, s := range []*groupedSession{s0, s1} {
-		require.NoError(t, s.claim(ctx, b))
-	}
-	admission := admissionTx(t, b)
-	_, err := admission.Exec(ctx, `SELECT 1 FROM sessions WHERE session_id = $1 FOR UPDATE`, s0.id)
-	require.NoError(t, err)
-	wait := sendTogether(t, b, []*groupedSession{s0, s1}, answerOf(ctx))
-	require.Eventually(t, func() bool {
-		return b.count(t, `SELECT count(*) FROM pg_stat_activity
-			WHERE wait_event_type = 'Lock' AND query LIKE '%promptline_finish_release_group%'`) == 1
-	}, 10*time.Second, 5*time.Millisecond, "the grouped answers wait for l0's row")
-	last := s0.x.Claim().ExpiresAt
-	if e := s1.x.Claim().ExpiresAt; e.After(last) {
-		last = e
-	}
-	time.Sleep(time.Until(last) + 300*time.Millisecond)
-	require.NoError(t, admission.Rollback(ctx))
-	_, errs := wait()
-	for i, err := range errs {
-		require.ErrorIs(t, err, ledger.ErrFenced, []string{"l0", "l1"}[i])
-	}
-	require.Zero(t, b.count(t, `SELECT count(*) FROM attempts WHERE session_id IN ($1, $2) AND state = 'succeeded'`, s0.id, s1.id),
-		"no answer of a lost lease committed")
-	require.EqualValues(t, 1, ledger.GroupCommitOpenedGrouped(b.claims), "the answers opened in one statement")
 }
 
 // A grouped answer's release waits for the session's lock, then sees an

@@ -79,58 +79,12 @@ func TestPerSessionStatementsUseSessionIndexes(t *testing.T) {
 			`UPDATE messages SET status = 'completed', completed_at = now() WHERE message_id = ANY (p_message) AND status = 'pending'`,
 			map[string]string{"p_message": "$1::text[]"}),
 			`(ARRAY['u1', 'u2'])`, []string{"messages_pkey"}, true},
-		// The grouped claims' lock and tokens (promptline_claim_as_read_group,
-		// migration 00025): the sessions through their key.
-		{"grouped claims' lock", "SELECT " + pc.FunctionStatement("promptline_claim_as_read_group",
-			`1 FROM sessions WHERE session_id = ANY (p_session) ORDER BY session_id COLLATE "C" FOR UPDATE`,
-			map[string]string{"p_session": "$1::text[]"}),
-			`(ARRAY['s1', 's2'])`, []string{"sessions_pkey"}, true},
-		{"grouped claims' token check", "SELECT u.s " + pc.FunctionStatement("promptline_claim_as_read_group",
-			`FROM unnest(p_session, p_token) AS u(s, t) LEFT JOIN sessions x ON x.session_id = u.s
-			WHERE x.fencing_token IS DISTINCT FROM u.t - 1`,
-			map[string]string{"p_session": "$1::text[]", "p_token": "$2::bigint[]"}),
-			`(ARRAY['s1', 's2'], ARRAY[1, 1]::bigint[])`, []string{"sessions_pkey"}, true},
-		{"grouped claims' tokens", pc.FunctionStatement("promptline_claim_as_read_group", `UPDATE sessions SET fencing_token = u.t
-			FROM unnest(p_session, p_token) AS u(s, t)
-			WHERE sessions.session_id = ANY (p_session) AND sessions.session_id = u.s`,
-			map[string]string{"p_session": "$1::text[]", "p_token": "$2::bigint[]"}),
-			`(ARRAY['s1', 's2'], ARRAY[1, 1]::bigint[])`, []string{"sessions_pkey"}, true},
-		// The grouped answers' fence and release
-		// (promptline_finish_release_group, migration 00025).
-		{"grouped answers' fence", pc.FunctionStatement("promptline_finish_release_group", `UPDATE claims SET expires_at = v_now + u.l * interval '1 millisecond', renewed_at = v_now,
-				phase = coalesce(u.p, claims.phase),
-				assistant_message_id = coalesce(nullif(u.a, ''), claims.assistant_message_id),
-				write_seq = coalesce(u.q, claims.write_seq)
-			FROM unnest(p_session, p_execution, p_token, p_lease_ms, p_phase, p_assistant, p_seq) AS u(s, e, t, l, p, a, q)
-			WHERE claims.session_id = ANY (p_session) AND claims.session_id = u.s
-				AND claims.execution_id = u.e AND claims.fencing_token = u.t
-				AND claims.expires_at > v_now AND claims.quarantine_reason IS NULL
-				AND (u.q IS NULL OR claims.write_seq < u.q)`, map[string]string{
-			"p_session": "$1::text[]", "p_execution": "$2::text[]", "p_token": "$3::bigint[]", "p_lease_ms": "$4::bigint[]",
-			"p_phase": "$5::text[]", "p_assistant": "$6::text[]", "p_seq": "$7::bigint[]", "v_now": "clock_timestamp()",
-		}),
-			`(ARRAY['s1', 's2'], ARRAY['e1', 'e2'], ARRAY[1, 1]::bigint[], ARRAY[1000, 1000]::bigint[], ARRAY[NULL, NULL]::text[], ARRAY['', ''], ARRAY[7, 7]::bigint[])`,
-			[]string{"claims_pkey"}, true},
-		{"grouped answers' release", pc.FunctionStatement("promptline_finish_release_group", `DELETE FROM claims USING unnest(p_session, p_token) AS u(s, t)
-			WHERE claims.session_id = ANY (p_session) AND claims.session_id = u.s AND claims.fencing_token = u.t
-				AND NOT EXISTS (SELECT 1 FROM waiting_inputs w WHERE w.session_id = u.s OFFSET 0)`,
-			map[string]string{"p_session": "$1::text[]", "p_token": "$2::bigint[]"}),
-			`(ARRAY['s1', 's2'], ARRAY[1, 1]::bigint[])`, []string{"claims_pkey"}, true},
-		// The same release, its waiting inputs looked up per session: an
-		// anti-join planned on small tables read every waiting input of
-		// every session at each call (38 ms a call at the burn-down).
-		{"grouped answers' release, the inputs waiting", pc.FunctionStatement("promptline_finish_release_group", `DELETE FROM claims USING unnest(p_session, p_token) AS u(s, t)
-			WHERE claims.session_id = ANY (p_session) AND claims.session_id = u.s AND claims.fencing_token = u.t
-				AND NOT EXISTS (SELECT 1 FROM waiting_inputs w WHERE w.session_id = u.s OFFSET 0)`,
-			map[string]string{"p_session": "$1::text[]", "p_token": "$2::bigint[]"}),
-			`(ARRAY['s1', 's2'], ARRAY[1, 1]::bigint[])`, []string{"inputs_waiting_session"}, true},
 		// pipeline's historySQL, read at every promotion.
 		{"transcript", `SELECT m.message_id, p.body FROM messages m LEFT JOIN message_parts p ON p.message_id = m.message_id
 			WHERE m.session_id = $1 AND (m.role IN ('user', 'tool') OR m.status = 'completed') ORDER BY m.seq, p.idx`,
 			`('s42')`, []string{"messages_session"}, false},
 	}
-	for _, fn := range []string{"promptline_turn_writes_group", "promptline_turn_answer_writes_group",
-		"promptline_claim_as_read_group", "promptline_finish_release_group"} {
+	for _, fn := range []string{"promptline_turn_writes_group", "promptline_turn_answer_writes_group"} {
 		require.Contains(t, pc.FunctionSettings(fn), "enable_seqscan=off", fn)
 	}
 	// planned runs fn under statement i's settings.
