@@ -378,7 +378,7 @@ func TestWriteAfterDispatchRetried(t *testing.T) {
 	// transcript (the history's join).
 	readsTranscript := func(stmts []string) bool {
 		for _, s := range stmts {
-			if strings.Contains(s, "FROM messages m LEFT JOIN message_parts p") {
+			if strings.Contains(s, "FROM messages m LEFT JOIN LATERAL") {
 				return true
 			}
 		}

@@ -186,14 +186,26 @@ func SettleOrphans(in []provider.TranscriptMessage) []provider.TranscriptMessage
 // messages; pending and errored assistant messages are not part of it.
 const visibleSQL = `m.session_id = $1 AND (m.role IN ('user', 'tool') OR m.status = 'completed')`
 
+// partsOf is message m's parts, looked up by its key: a lateral subquery
+// that OFFSET 0 keeps from being flattened into a join, which statistics
+// taken while the tables grew (or skewed by one long session) had planned
+// as a hash of the whole of message_parts at each read
+// (TestPartsAreLookedUpByMessageWhateverTheStatistics). toolCallPartsOf
+// is its tool calls only.
+const (
+	partsOf         = `(SELECT p.idx, p.kind, p.body FROM message_parts p WHERE p.message_id = m.message_id OFFSET 0) p`
+	toolCallPartsOf = `(SELECT p.idx, p.kind, p.body FROM message_parts p
+		WHERE p.message_id = m.message_id AND p.kind = 'tool_call' OFFSET 0) p`
+)
+
 const historySQL = `
 SELECT m.message_id, m.role, m.tool_call_id, m.is_error, p.idx, p.kind, p.body
-FROM messages m LEFT JOIN message_parts p ON p.message_id = m.message_id
+FROM messages m LEFT JOIN LATERAL ` + partsOf + ` ON true
 WHERE ` + visibleSQL + `
 ORDER BY m.seq, p.idx`
 
 const toolCallPartsSQL = `
 SELECT m.message_id, p.idx, p.body
-FROM messages m JOIN message_parts p ON p.message_id = m.message_id
-WHERE ` + visibleSQL + ` AND p.kind = 'tool_call'
+FROM messages m JOIN LATERAL ` + toolCallPartsOf + ` ON true
+WHERE ` + visibleSQL + `
 ORDER BY m.seq, p.idx`

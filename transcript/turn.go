@@ -159,7 +159,7 @@ func ReadNewerStep(ctx context.Context, tx pgx.Tx, p *NewerStepParams) (n NewerS
 const assistantTurnSQL = `SELECT coalesce(answers, '{}'), turn_id, status FROM messages WHERE message_id = $1`
 
 const turnInputsSQL = `SELECT m.message_id, coalesce(string_agg(p.body, '' ORDER BY p.idx), '')
-		FROM messages m LEFT JOIN message_parts p ON p.message_id = m.message_id
+		FROM messages m LEFT JOIN LATERAL ` + partsOf + ` ON true
 		WHERE m.message_id = ANY($1) GROUP BY m.message_id, m.seq ORDER BY m.seq`
 
 // A message's turn is coalesce(turn_id, message_id), here and in every

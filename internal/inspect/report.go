@@ -631,10 +631,14 @@ SELECT i.message_id, i.delivery, i.admission_seq, i.admitted_at, i.promotion_seq
        i.quarantine_reason, i.quarantined_at, i.source_topic, i.source_partition, i.source_offset, i.text
 FROM inputs i WHERE i.session_id = $1 ORDER BY i.admission_seq`
 
+// transcriptSQL looks each message's parts up by its key: a lateral
+// subquery that OFFSET 0 keeps from being flattened into a join, which
+// skewed statistics planned as a hash of the whole of message_parts
+// (TestTranscriptPartsAreLookedUpByMessage; transcript's partsOf).
 const transcriptSQL = `
 SELECT m.message_id, m.role, m.seq, m.status, m.error, m.turn_id, m.answers, m.tool_call_id, m.is_error,
        m.execution_id, m.fencing_token, m.created_at, m.completed_at, p.idx, p.kind, p.body
-FROM messages m LEFT JOIN message_parts p ON p.message_id = m.message_id
+FROM messages m LEFT JOIN LATERAL (SELECT p.idx, p.kind, p.body FROM message_parts p WHERE p.message_id = m.message_id OFFSET 0) p ON true
 WHERE m.session_id = $1 ORDER BY m.seq, p.idx`
 
 const claimSQL = `

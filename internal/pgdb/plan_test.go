@@ -80,7 +80,8 @@ func TestPerSessionStatementsUseSessionIndexes(t *testing.T) {
 			map[string]string{"p_message": "$1::text[]"}),
 			`(ARRAY['u1', 'u2'])`, []string{"messages_pkey"}, true},
 		// pipeline's historySQL, read at every promotion.
-		{"transcript", `SELECT m.message_id, p.body FROM messages m LEFT JOIN message_parts p ON p.message_id = m.message_id
+		{"transcript", `SELECT m.message_id, p.body FROM messages m
+			LEFT JOIN LATERAL (SELECT p.idx, p.body FROM message_parts p WHERE p.message_id = m.message_id OFFSET 0) p ON true
 			WHERE m.session_id = $1 AND (m.role IN ('user', 'tool') OR m.status = 'completed') ORDER BY m.seq, p.idx`,
 			`('s42')`, []string{"messages_session"}, false},
 	}
