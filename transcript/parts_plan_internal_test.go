@@ -14,7 +14,16 @@ import (
 // reads scanned up to 68,000 parts each, 220 ms a read.
 func TestPartsAreLookedUpByMessageWhateverTheStatistics(t *testing.T) {
 	t.Parallel()
-	testkit.NewPlanConn(t).RequirePartsLookedUp(map[string][2]string{
+	pc := testkit.NewPlanConn(t)
+	// 5,000 sessions of four messages, each of three parts.
+	pc.Exec(`ALTER TABLE messages SET (autovacuum_enabled = false)`)
+	pc.Exec(`ALTER TABLE message_parts SET (autovacuum_enabled = false)`)
+	pc.Exec(`INSERT INTO sessions (session_id) SELECT 's' || g FROM generate_series(1, 5000) g`)
+	pc.Exec(`INSERT INTO messages (message_id, session_id, role, status)
+		SELECT 'm' || g, 's' || (g % 5000 + 1), 'user', 'completed' FROM generate_series(1, 20000) g`)
+	pc.Exec(`INSERT INTO message_parts (message_id, idx, kind, body)
+		SELECT 'm' || g, i, 'text', 'x' FROM generate_series(1, 20000) g, generate_series(0, 2) i`)
+	pc.RequirePartsLookedUp(map[string][2]string{
 		"historySQL":       {historySQL, `('s42')`},
 		"toolCallPartsSQL": {toolCallPartsSQL, `('s42')`},
 		"turnInputsSQL":    {turnInputsSQL, `(ARRAY['m42', 'm43'])`},

@@ -140,22 +140,16 @@ var spaces = regexp.MustCompile(`\s+`)
 func squeeze(s string) string { return strings.TrimSpace(spaces.ReplaceAllString(s, " ")) }
 
 // RequirePartsLookedUp plans each of statements (name → SQL, args as
-// Explain takes them), custom and generic, on a database whose statistics
-// say that few sessions own the messages and few messages own the parts
-// (statistics taken while the tables grew, or skewed by one long
-// session), and fails unless every plan looks the parts up by message
-// through message_parts_pkey. Under such statistics a plain join of
-// message_parts was a hash of the whole table at every read
+// Explain takes them), custom and generic, on the caller's messages and
+// parts (its test writes them: tables are written by their owners' code
+// or by tests) under statistics that say few sessions own the messages
+// and few messages own the parts (statistics taken while the tables grew,
+// or skewed by one long session), and fails unless every plan looks the
+// parts up by message through message_parts_pkey. Under such statistics a
+// plain join of message_parts was a hash of the whole table at every read
 // (docs/benchmarks.md, "A transcript read that scanned every part").
 func (c *PlanConn) RequirePartsLookedUp(statements map[string][2]string) {
 	c.t.Helper()
-	c.Exec(`ALTER TABLE messages SET (autovacuum_enabled = false)`)
-	c.Exec(`ALTER TABLE message_parts SET (autovacuum_enabled = false)`)
-	c.Exec(`INSERT INTO sessions (session_id) SELECT 's' || g FROM generate_series(1, 5000) g`)
-	c.Exec(`INSERT INTO messages (message_id, session_id, role, status)
-		SELECT 'm' || g, 's' || (g % 5000 + 1), 'user', 'completed' FROM generate_series(1, 20000) g`)
-	c.Exec(`INSERT INTO message_parts (message_id, idx, kind, body)
-		SELECT 'm' || g, i, 'text', 'x' FROM generate_series(1, 20000) g, generate_series(0, 2) i`)
 	c.Exec(`ALTER TABLE messages ALTER COLUMN session_id SET (n_distinct = 20)`)
 	c.Exec(`ALTER TABLE message_parts ALTER COLUMN message_id SET (n_distinct = 20)`)
 	c.Exec(`ANALYZE messages`)
