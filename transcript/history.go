@@ -190,8 +190,11 @@ const visibleSQL = `m.session_id = $1 AND (m.role IN ('user', 'tool') OR m.statu
 // that OFFSET 0 keeps from being flattened into a join, which statistics
 // taken while the tables grew (or skewed by one long session) had planned
 // as a hash of the whole of message_parts at each read
-// (TestPartsAreLookedUpByMessageWhateverTheStatistics). toolCallPartsOf
-// is its tool calls only.
+// (TestPartsAreLookedUpByMessageUnderSkewedStatistics). Statistics that
+// put a fifth of the table on one message still plan the lookup; ones
+// that put half of it there would plan a scan per message (only a read
+// planned with sequential scans off would hold then). toolCallPartsOf is
+// its tool calls only.
 const (
 	partsOf         = `(SELECT p.idx, p.kind, p.body FROM message_parts p WHERE p.message_id = m.message_id OFFSET 0) p`
 	toolCallPartsOf = `(SELECT p.idx, p.kind, p.body FROM message_parts p

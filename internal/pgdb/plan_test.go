@@ -79,7 +79,9 @@ func TestPerSessionStatementsUseSessionIndexes(t *testing.T) {
 			`UPDATE messages SET status = 'completed', completed_at = now() WHERE message_id = ANY (p_message) AND status = 'pending'`,
 			map[string]string{"p_message": "$1::text[]"}),
 			`(ARRAY['u1', 'u2'])`, []string{"messages_pkey"}, true},
-		// pipeline's historySQL, read at every promotion.
+		// A copy of transcript's historySQL, read at every promotion: the
+		// session's messages through their index (the parts' lookup under
+		// skewed statistics is transcript's own test).
 		{"transcript", `SELECT m.message_id, p.body FROM messages m
 			LEFT JOIN LATERAL (SELECT p.idx, p.body FROM message_parts p WHERE p.message_id = m.message_id OFFSET 0) p ON true
 			WHERE m.session_id = $1 AND (m.role IN ('user', 'tool') OR m.status = 'completed') ORDER BY m.seq, p.idx`,

@@ -142,16 +142,17 @@ func squeeze(s string) string { return strings.TrimSpace(spaces.ReplaceAllString
 // RequirePartsLookedUp plans each of statements (name → SQL, args as
 // Explain takes them), custom and generic, on the caller's messages and
 // parts (its test writes them: tables are written by their owners' code
-// or by tests) under statistics that say few sessions own the messages
-// and few messages own the parts (statistics taken while the tables grew,
-// or skewed by one long session), and fails unless every plan looks the
-// parts up by message through message_parts_pkey. Under such statistics a
-// plain join of message_parts was a hash of the whole table at every read
+// or by tests) under skewed statistics: a session's messages and a
+// message's parts estimated a fifth of their tables (n_distinct 5), as
+// statistics taken while the tables grew, or one long session, can make
+// them. It fails for each plan that does not look the parts up by message
+// through message_parts_pkey. Planned as a join under such statistics,
+// the transcript read hashed the whole of message_parts at every read
 // (docs/benchmarks.md, "A transcript read that scanned every part").
 func (c *PlanConn) RequirePartsLookedUp(statements map[string][2]string) {
 	c.t.Helper()
-	c.Exec(`ALTER TABLE messages ALTER COLUMN session_id SET (n_distinct = 20)`)
-	c.Exec(`ALTER TABLE message_parts ALTER COLUMN message_id SET (n_distinct = 20)`)
+	c.Exec(`ALTER TABLE messages ALTER COLUMN session_id SET (n_distinct = 5)`)
+	c.Exec(`ALTER TABLE message_parts ALTER COLUMN message_id SET (n_distinct = 5)`)
 	c.Exec(`ANALYZE messages`)
 	c.Exec(`ANALYZE message_parts`)
 	for name, s := range statements {
@@ -161,7 +162,7 @@ func (c *PlanConn) RequirePartsLookedUp(statements map[string][2]string) {
 			plan := c.Explain("parts_q", s[1])
 			c.Exec(`DEALLOCATE parts_q`)
 			if !LooksUpIndex(plan, "message_parts_pkey") || strings.Contains(plan, "Seq Scan on message_parts") {
-				c.t.Fatalf("%s, %s: the parts must be looked up by message through message_parts_pkey:\n%s", name, mode, plan)
+				c.t.Errorf("%s, %s: the parts must be looked up by message through message_parts_pkey:\n%s", name, mode, plan)
 			}
 		}
 	}
