@@ -153,12 +153,22 @@ func TestHTTPServerMeta(t *testing.T) {
 func TestHTTPServerDown(t *testing.T) {
 	t.Parallel()
 	ts := newTestServer(t)
+	noKeepAlive(ts)
 	_, reg := connect(t, &promptmcp.Config{Servers: []promptmcp.ServerConfig{{Name: "orders", URL: ts.srv.URL}}})
 	ts.srv.Close()
 	_, err := run(t, reg, "orders__charge", `{"id":"o-1"}`, "k", 1)
 	require.ErrorIs(t, err, tools.ErrNotRun)
 	require.Contains(t, err.Error(), "MCP server orders is down")
 }
+
+// noKeepAlive makes ts close each connection after its answer, so that a
+// call made after ts.srv.Close opens a new connection and is refused.
+// With keep-alive, the call can be written on an idle connection in the
+// moment before the client reads the server's close; the reset that
+// follows is, rightly, an unknown outcome (the client cannot tell it from
+// a server that read the call and died), and a test that expects "not
+// run" would fail now and then.
+func noKeepAlive(ts *testServer) { ts.srv.Config.SetKeepAlivesEnabled(false) }
 
 // TestHTTPServerCrashMidCall: the connection breaks while a call is out:
 // the error does not wrap tools.ErrNotRun, so the outcome is unknown.
@@ -301,6 +311,7 @@ func TestFilesystemServer(t *testing.T) {
 func TestHTTPServerBackAfterRestart(t *testing.T) {
 	t.Parallel()
 	first := newTestServer(t)
+	noKeepAlive(first)
 	addr := first.srv.Listener.Addr().String()
 	_, reg := connect(t, &promptmcp.Config{Servers: []promptmcp.ServerConfig{{Name: "orders", URL: first.srv.URL}}})
 	first.srv.Close()
