@@ -129,6 +129,9 @@ const (
 	OutcomeUnknown   = "unknown"
 )
 
+// Outcomes lists the outcomes above.
+var Outcomes = []string{OutcomeSucceeded, OutcomeFailed, OutcomeUnknown}
+
 const (
 	maxSessionsDefault = 256
 	toolTimeoutDefault = 30 * time.Second

@@ -56,5 +56,10 @@
 // The database-wide gauges are the same on every replica: aggregate them
 // with max(), not sum().
 //
+// The consumer exposes every outcome of promptline_provider_attempts_total
+// and promptline_tool_calls_total, and every decision of
+// promptline_recovery_decisions_total, at 0 from its start: a series that
+// appeared at its first increment would hide that increment from rate().
+//
 // Plus the Go runtime and process collectors (go_*, process_*).
 package metrics

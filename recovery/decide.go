@@ -24,6 +24,11 @@ const (
 	DecisionQuarantined DecisionKind = "quarantined"
 )
 
+// Decisions lists the decisions above.
+var Decisions = []DecisionKind{
+	DecisionCleared, DecisionSuperseded, DecisionRewoken, DecisionContinued, DecisionReconciled, DecisionQuarantined,
+}
+
 // Rules: exceptions to "never replay an uncertain call".
 const (
 	RuleIdempotentToolRetry     = "idempotent_tool_retry"

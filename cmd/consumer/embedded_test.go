@@ -74,6 +74,21 @@ func TestEmbeddedBroker(t *testing.T) {
 	require.Contains(t, metrics, "\ngo_goroutines ")
 	require.Regexp(t, `(?m)^promptline_admissions_total\{[^}]*outcome="admitted"[^}]*\} 1$`, metrics)
 	require.Regexp(t, `(?m)^promptline_turns_total\{[^}]*\} 1$`, metrics)
+	// The series the alert rules select on exist before their first
+	// increment, so that rate() sees it.
+	for _, zero := range []string{
+		`promptline_provider_attempts_total{outcome="unknown"}`,
+		`promptline_tool_calls_total{outcome="unknown"}`,
+		`promptline_recovery_decisions_total{decision="reconciled"}`,
+		`promptline_recovery_decisions_total{decision="quarantined"}`,
+	} {
+		v, ok := metricValue(metrics, zero)
+		require.True(t, ok, "%s is not exposed", zero)
+		require.Zero(t, v, zero)
+	}
+	v, ok := metricValue(metrics, `promptline_provider_attempts_total{outcome="succeeded"}`)
+	require.True(t, ok)
+	require.Equal(t, 1.0, v, "the turn's one attempt")
 }
 
 // TestBrokerCommand runs "consumer broker" alone with a data directory: what

@@ -128,6 +128,7 @@ func run(ctx context.Context, o *options, stderr io.Writer) (err error) {
 
 	reg := metrics.NewRegistry()
 	m := metrics.New(reg)
+	zeroSeries(m)
 	ready, err := newReadiness(db.Pool)
 	if err != nil {
 		return err
@@ -425,4 +426,19 @@ func run(ctx context.Context, o *options, stderr io.Writer) (err error) {
 	hard()
 	log.Info("consumer stopped")
 	return nil
+}
+
+// zeroSeries creates, at 0, the series of every outcome and decision the
+// alert rules select on. A counter's series otherwise appears at its
+// first increment, already at 1 or more, and rate() sees no increase in
+// it: the first burst of uncertain outcomes after a start (a restarted
+// process reconciling what its crash left) would never alert.
+func zeroSeries(m *metrics.Metrics) {
+	for _, o := range executor.Outcomes {
+		m.ProviderAttempts.WithLabelValues(o)
+		m.ToolCalls.WithLabelValues(o)
+	}
+	for _, d := range recovery.Decisions {
+		m.RecoveryDecisions.WithLabelValues(string(d))
+	}
 }
