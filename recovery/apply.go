@@ -282,13 +282,31 @@ func (r *Recoverer) quarantineTx(ctx context.Context, tx pgx.Tx, c ledger.Claim,
 	if !quarantined {
 		return errSkipped
 	}
-	if _, err := tx.Exec(ctx, `INSERT INTO recoveries (execution_id, session_id, phase_found, decision, evidence,
-			token_before, token_after, recovered_by, quarantine_reason)
-		VALUES ($1, $2, $3, 'quarantined', $7, $4, $4, $5, $6)
-		ON CONFLICT (execution_id) DO UPDATE SET quarantine_reason = excluded.quarantine_reason, evidence = excluded.evidence, decided_at = now()
-		WHERE recoveries.decision = 'quarantined'`,
-		c.ExecutionID, c.SessionID, string(c.Phase), c.Token, r.cfg.OwnerID, reason, evJSON); err != nil {
+	// decidedAt is the record's time, or now() when the execution has a
+	// decision of another kind on record (the failed decision may be a
+	// second one, which record refuses): the claim is quarantined all the
+	// same, and that record stays.
+	var decidedAt time.Time
+	if err := tx.QueryRow(ctx, `WITH recorded AS (
+			INSERT INTO recoveries (execution_id, session_id, phase_found, decision, evidence,
+				token_before, token_after, recovered_by, quarantine_reason)
+			VALUES ($1, $2, $3, 'quarantined', $7, $4, $4, $5, $6)
+			ON CONFLICT (execution_id) DO UPDATE SET quarantine_reason = excluded.quarantine_reason, evidence = excluded.evidence, decided_at = now()
+			WHERE recoveries.decision = 'quarantined'
+			RETURNING decided_at)
+		SELECT coalesce((SELECT decided_at FROM recorded), now())`,
+		c.ExecutionID, c.SessionID, string(c.Phase), c.Token, r.cfg.OwnerID, reason, evJSON).Scan(&decidedAt); err != nil {
 		return fmt.Errorf("recording quarantine of %s: %w", c.SessionID, err)
 	}
-	return nil
+	// The session's watchers learn that it waits for an operator. The ID
+	// names the quarantine, not only the execution: a claim released and
+	// then decided (or quarantined again, after another release) gets an
+	// event of its own, which a consumer that deduplicates on id keeps.
+	// decided_at is the transaction's start, and a release commits between
+	// two quarantines of one claim, so it tells them apart.
+	return outbox.Insert(ctx, tx, outbox.EventRow(r.cfg.Topics.Events, envelope.Event{
+		ID:   "recovery.decided:" + c.ExecutionID + ":quarantined:" + strconv.FormatInt(decidedAt.UnixMicro(), 10),
+		Type: envelope.EventRecoveryDecided, SessionID: c.SessionID, At: time.Now().UTC(),
+		ExecutionID: c.ExecutionID, Decision: string(DecisionQuarantined),
+	}))
 }

@@ -10,6 +10,8 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
+	"github.com/promptline/promptline/envelope"
+	"github.com/promptline/promptline/internal/testkit"
 	"github.com/promptline/promptline/ledger"
 	"github.com/promptline/promptline/recovery"
 )
@@ -74,6 +76,11 @@ func TestRecoveryCapPerSession(t *testing.T) {
 		require.NoError(t, b.pool.QueryRow(ctx, `SELECT quarantine_reason FROM claims WHERE session_id = 's'`).Scan(&reason))
 		require.True(t, strings.HasPrefix(reason, recovery.ReasonRecoveryCap+":"), reason)
 		require.Empty(t, b.pass(t).Decisions, "a quarantined claim is skipped by later passes")
+		decided := testkit.SessionEvents(t, b.pool, "s", envelope.EventRecoveryDecided)
+		require.Len(t, decided, 3, "two rewoken, then the quarantine")
+		quarantined := decided[2]
+		require.Equal(t, string(recovery.DecisionQuarantined), quarantined.Decision, "watchers learn that the session waits for an operator")
+		require.Equal(t, "exec-3", quarantined.ExecutionID)
 		recs := b.records(t, "s")
 		capped := recs[len(recs)-1]
 		require.Equal(t, recovery.DecisionQuarantined, capped.Decision)
@@ -88,10 +95,22 @@ func TestRecoveryCapPerSession(t *testing.T) {
 		// again only after two more.
 		require.NoError(t, recovery.Release(ctx, b.pool, recovery.KindClaim, "s", &recovery.ReleaseOpts{Operator: "op", Note: "looked"}))
 		require.Equal(t, map[recovery.DecisionKind]int{recovery.DecisionRewoken: 1}, b.pass(t).Decisions, "the released claim is recovered")
+		decided = testkit.SessionEvents(t, b.pool, "s", envelope.EventRecoveryDecided)
+		require.Len(t, decided, 4)
+		require.Equal(t, "exec-3", decided[3].ExecutionID)
+		require.Equal(t, string(recovery.DecisionRewoken), decided[3].Decision)
+		require.NotEqual(t, quarantined.ID, decided[3].ID, "one execution's quarantine and its later decision are two events: a consumer that deduplicates on id keeps both")
 		crash(t, b)
 		require.Equal(t, map[recovery.DecisionKind]int{recovery.DecisionRewoken: 1}, b.pass(t).Decisions)
 		crash(t, b)
 		require.Equal(t, map[recovery.DecisionKind]int{recovery.DecisionQuarantined: 1}, b.pass(t).Decisions, "two since the release: capped again")
+		decided = testkit.SessionEvents(t, b.pool, "s", envelope.EventRecoveryDecided)
+		ids := map[string]bool{}
+		for _, e := range decided {
+			require.False(t, ids[e.ID], "event id %s written twice", e.ID)
+			ids[e.ID] = true
+		}
+		require.Equal(t, string(recovery.DecisionQuarantined), decided[len(decided)-1].Decision)
 	})
 
 	t.Run("OutsideTheWindowNotCounted", func(t *testing.T) {

@@ -9,6 +9,8 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/promptline/promptline/envelope"
+	"github.com/promptline/promptline/internal/testkit"
 	"github.com/promptline/promptline/recovery"
 )
 
@@ -71,6 +73,15 @@ func TestRecoveryPassAfterAFailedDecision(t *testing.T) {
 				q = 1
 			}
 			require.Equal(t, q, b.count(t, `SELECT count(*) FROM claims WHERE session_id = 'r1' AND quarantine_reason LIKE 'decision failed: %'`))
+			var decided []string
+			for _, e := range testkit.SessionEvents(t, b.pool, "r1", envelope.EventRecoveryDecided) {
+				decided = append(decided, e.Decision)
+			}
+			if tc.quarantined {
+				require.Equal(t, []string{string(recovery.DecisionQuarantined)}, decided, "the quarantine is announced with it")
+			} else {
+				require.Empty(t, decided, "nothing committed, nothing announced")
+			}
 			require.Equal(t, 1, b.count(t, `SELECT count(*) FROM claims WHERE session_id = 'r1'`), "the claim stays")
 			require.Zero(t, b.count(t, `SELECT count(*) FROM claims WHERE session_id = 'r2'`))
 		})
