@@ -172,12 +172,22 @@ func (a *Admitter) admit(ctx context.Context, batch []Incoming, afterCommit func
 		p.offsets = append(p.offsets, in.Source.Offset)
 	}
 	// The settings and both statements go with BEGIN, in one round trip.
-	var stored, inserted []string
+	var stored, inserted, takenIDs []string
 	begin := &pgx.Batch{}
 	begin.Queue(admissionSettingsSQL)
 	begin.Queue(lockSessionsSQL, lock.ids, lock.sessions, lock.hashes, lock.first).
-		Query(func(r pgx.Rows) (err error) {
-			stored, err = pgx.CollectRows(r, pgx.RowTo[string])
+		Query(func(r pgx.Rows) error {
+			stored, takenIDs = stored[:0], takenIDs[:0]
+			var id string
+			var isTaken bool
+			_, err := pgx.ForEachRow(r, []any{&id, &isTaken}, func() error {
+				if isTaken {
+					takenIDs = append(takenIDs, id)
+				} else {
+					stored = append(stored, id)
+				}
+				return nil
+			})
 			return err
 		})
 	begin.Queue(insertInputsSQL, p.ids, p.sessions, p.texts, p.hashes, p.deliveries, p.wakes, p.topics, p.partitions, p.offsets).
@@ -199,11 +209,22 @@ func (a *Admitter) admit(ctx context.Context, batch []Incoming, afterCommit func
 			for _, id := range stored {
 				wasStored[id] = true
 			}
+			// An ID that names a message promptline wrote (an answer, a
+			// tool's result) and no input: its user message would collide
+			// with that message when the prompt's turn is claimed, and
+			// every claim of the session would fail. A conflict.
+			taken := make(map[string]bool, len(takenIDs))
+			for _, id := range takenIDs {
+				taken[id] = true
+			}
 
 			// The rest were admitted before: exact retries or conflicts.
 			var old []string
 			for _, i := range cand {
 				id := batch[i].Prompt.MessageID
+				if taken[id] && !isNew[id] {
+					continue
+				}
 				if isNew[id] == wasStored[id] {
 					return errAdmissionRaced
 				}
@@ -225,6 +246,10 @@ func (a *Admitter) admit(ctx context.Context, batch []Incoming, afterCommit func
 			now := time.Now().UTC()
 			for i, in := range batch {
 				id, j := in.Prompt.MessageID, firstOf[i]
+				if taken[id] && !isNew[id] {
+					outcomes[i] = Conflict
+					continue
+				}
 				if isNew[id] {
 					switch {
 					case i == j:
@@ -344,14 +369,20 @@ WITH c AS (
     SELECT * FROM unnest($1::text[], $2::text[], $3::bytea[], $4::bool[]) AS c(id, s, h, first)
 ), stored AS (
     SELECT message_id, payload_hash, kind FROM inputs WHERE message_id = ANY($1::text[])
+), taken AS (
+    SELECT m.message_id FROM messages m WHERE m.message_id = ANY($1::text[])
+    AND NOT EXISTS (SELECT FROM stored WHERE stored.message_id = m.message_id)
 ), upserted AS (
     INSERT INTO sessions (session_id)
     SELECT DISTINCT c.s COLLATE "C" FROM c LEFT JOIN stored ON stored.message_id = c.id
     WHERE CASE WHEN stored.message_id IS NULL THEN c.first ELSE stored.kind = 'prompt' AND stored.payload_hash = c.h END
+    AND NOT EXISTS (SELECT FROM taken WHERE taken.message_id = c.id)
     ORDER BY 1
     ON CONFLICT (session_id) DO UPDATE SET last_admitted_at = now()
 )
-SELECT message_id FROM stored`
+SELECT message_id, false FROM stored
+UNION ALL
+SELECT message_id, true FROM taken`
 
 // WITH ORDINALITY keeps the batch order in admission_seq.
 const insertInputsSQL = `
@@ -360,6 +391,7 @@ INSERT INTO inputs (message_id, session_id, text, payload_hash, delivery, wake_p
 SELECT id, s, t, h, d, w, st, sp, so, 'prompt'
 FROM unnest($1::text[], $2::text[], $3::text[], $4::bytea[], $5::text[], $6::bool[],
             $7::text[], $8::int[], $9::bigint[]) WITH ORDINALITY AS r(id, s, t, h, d, w, st, sp, so, n)
+WHERE NOT EXISTS (SELECT FROM messages m WHERE m.message_id = r.id)
 ORDER BY n
 ON CONFLICT (message_id) DO NOTHING
 RETURNING message_id`

@@ -55,6 +55,35 @@ func TestAdmitClassifiesEveryCopyAgainstTheStoredRow(t *testing.T) {
 		require.Equal(t, 1, wakes(t, b, "s"))
 	})
 
+	// A message ID that names a message promptline wrote (an assistant's
+	// answer, a tool's result), of this session or another, would make the
+	// prompt's user message collide with it when its turn is claimed:
+	// every claim of the session would fail, for good. It is a conflict,
+	// and changes nothing; a promoted prompt's own user message is not.
+	t.Run("AnIDTakenByAMessageIsAConflict", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t)
+		exec := func(sql string) {
+			_, err := b.pool.Exec(ctx, sql)
+			require.NoError(t, err)
+		}
+		exec(`INSERT INTO sessions (session_id) VALUES ('other')`)
+		exec(`INSERT INTO messages (message_id, session_id, role, status) VALUES ('answer-1', 'other', 'assistant', 'completed')`)
+		got, err := b.a.Admit(ctx, []Incoming{prompt("answer-1", "s", "a", true), prompt("fresh", "s", "b", true), prompt("answer-1", "t", "a", true)})
+		require.NoError(t, err)
+		require.Equal(t, []Outcome{Conflict, Admitted, Conflict}, got)
+		require.Zero(t, testkit.Count(t, b.pool, `SELECT count(*) FROM inputs WHERE message_id = 'answer-1'`))
+		require.Zero(t, testkit.Count(t, b.pool, `SELECT count(*) FROM sessions WHERE session_id = 't'`), "a conflict creates no session (invariant 2)")
+		require.Equal(t, 1, wakes(t, b, "s"), "the admitted prompt's")
+		require.Zero(t, testkit.Count(t, b.pool, `SELECT count(*) FROM outbox WHERE payload::text LIKE '%answer-1%'`))
+
+		// A prompt's own user message does not make its retry a conflict.
+		exec(`INSERT INTO messages (message_id, session_id, role, status) VALUES ('fresh', 's', 'user', 'completed')`)
+		got, err = b.a.Admit(ctx, []Incoming{prompt("fresh", "s", "b", false)})
+		require.NoError(t, err)
+		require.Equal(t, []Outcome{Duplicate}, got)
+	})
+
 	t.Run("EveryConflictingCopyIsAConflict", func(t *testing.T) {
 		t.Parallel()
 		b := setup(t)
