@@ -77,6 +77,13 @@ func TestFlags(t *testing.T) {
 		{"RoundTripTimeoutNegative", []string{"--db-round-trip-timeout", "-1s"}, "--db-round-trip-timeout: must be 0"},
 		{"RoundTripTimeoutShorterThanLease", []string{"--db-round-trip-timeout", "5s", "--lease", "10s"}, "--db-round-trip-timeout: must not be shorter than --lease"},
 		{"UnknownFlag", []string{"--no-such-flag"}, "--no-such-flag"},
+		// One topic for two kinds of message: rejects published into the
+		// prompts topic are read back as prompts, rejected again, for ever.
+		{"RejectsTopicIsPrompts", []string{"--rejects-topic", "prompts"}, `--rejects-topic: "prompts" is also --prompts-topic`},
+		{"WakesTopicIsEvents", []string{"--wakes-topic", "e", "--events-topic", "e"}, `--events-topic: "e" is also --wakes-topic`},
+		{"BrokersPortNotANumber", []string{"--brokers", "host:abc"}, `--brokers: "host:abc" is not host:port`},
+		{"BrokersOnlyColons", []string{"--brokers", ":::"}, `--brokers: ":::" is not host:port`},
+		{"RedriveAfterZero", []string{"--redrive-after", "0"}, "--redrive-after: must be positive"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()

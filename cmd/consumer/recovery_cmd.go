@@ -172,8 +172,8 @@ func (p *recoveryPolicy) config(owner string, topics kafkautil.Topics) (*recover
 	if p.batch < 1 {
 		return nil, fmt.Errorf("--recovery-batch: must be at least 1, got %d", p.batch)
 	}
-	if p.redriveAfter < 0 {
-		return nil, fmt.Errorf("--redrive-after: must not be negative, got %s", p.redriveAfter)
+	if p.redriveAfter <= 0 {
+		return nil, fmt.Errorf("--redrive-after: must be positive, got %s", p.redriveAfter)
 	}
 	if err := p.cap.validate(); err != nil {
 		return nil, err

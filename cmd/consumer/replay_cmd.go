@@ -133,8 +133,8 @@ func (r *replayOptions) validate() (replay.Bounds, error) {
 		return b, errors.New("--dry-run and --wake exclude each other: a dry run wakes nothing")
 	}
 	for _, x := range r.brokers {
-		if !strings.Contains(x, ":") {
-			return b, fmt.Errorf("--brokers: %q is not host:port", x)
+		if err := kafkautil.CheckBrokerAddr(x); err != nil {
+			return b, err
 		}
 	}
 	if b.From, err = replay.ParseOffsetSpec(r.fromOffset); err != nil {

@@ -266,8 +266,8 @@ func (o *options) validate() error {
 		return fmt.Errorf("--outbox-retention: must be 0 (keep forever) or at least 1s, got %s", o.outboxRetention)
 	case o.ledgerRetention != 0 && o.ledgerRetention < time.Second:
 		return fmt.Errorf("--ledger-retention: must be 0 (keep forever) or at least 1s, got %s", o.ledgerRetention)
-	case o.redriveAfter < 0:
-		return fmt.Errorf("--redrive-after: must not be negative, got %s", o.redriveAfter)
+	case o.redriveAfter <= 0:
+		return fmt.Errorf("--redrive-after: must be positive, got %s", o.redriveAfter)
 	case o.shutdownGrace < 0:
 		return fmt.Errorf("--shutdown-grace: must not be negative, got %s", o.shutdownGrace)
 	case o.toolTimeout <= 0:
@@ -293,16 +293,26 @@ func (o *options) validate() error {
 		return err
 	}
 	o.permissions = perms
-	for flag, name := range map[string]string{"--prompts-topic": o.topics.Prompts, "--wakes-topic": o.topics.Wakes,
-		"--events-topic": o.topics.Events, "--rejects-topic": o.topics.Rejects, "--permission-replies-topic": o.topics.PermissionReplies,
-		"--deltas-topic": o.topics.Deltas} {
-		if name == "" {
-			return fmt.Errorf("%s: must not be empty", flag)
+	// Each topic carries one kind of message: rejects published into the
+	// prompts topic would be read back as prompts and rejected again, for
+	// ever; wakes or replies there would each be rejected.
+	flagOf := map[string]string{}
+	for _, t := range []struct{ flag, name string }{
+		{"--prompts-topic", o.topics.Prompts}, {"--wakes-topic", o.topics.Wakes}, {"--events-topic", o.topics.Events},
+		{"--rejects-topic", o.topics.Rejects}, {"--permission-replies-topic", o.topics.PermissionReplies},
+		{"--deltas-topic", o.topics.Deltas},
+	} {
+		if t.name == "" {
+			return fmt.Errorf("%s: must not be empty", t.flag)
 		}
+		if other, ok := flagOf[t.name]; ok {
+			return fmt.Errorf("%s: %q is also %s; each topic carries one kind of message", t.flag, t.name, other)
+		}
+		flagOf[t.name] = t.flag
 	}
 	for _, b := range o.brokers {
-		if !strings.Contains(b, ":") {
-			return fmt.Errorf("--brokers: %q is not host:port", b)
+		if err := kafkautil.CheckBrokerAddr(b); err != nil {
+			return err
 		}
 	}
 	return nil

@@ -3,7 +3,6 @@ package main
 import (
 	"fmt"
 	"io"
-	"net"
 	"os"
 	"slices"
 	"strings"
@@ -91,8 +90,8 @@ func parseBrokers(s string) ([]string, error) {
 		if b = strings.TrimSpace(b); b == "" {
 			continue
 		}
-		if _, port, err := net.SplitHostPort(b); err != nil || port == "" {
-			return nil, fmt.Errorf("--brokers: %q is not host:port", b)
+		if err := kafkautil.CheckBrokerAddr(b); err != nil {
+			return nil, err
 		}
 		out = append(out, b)
 	}

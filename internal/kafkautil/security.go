@@ -10,6 +10,7 @@ import (
 	"net"
 	"os"
 	"slices"
+	"strconv"
 	"strings"
 
 	"github.com/IBM/sarama"
@@ -62,6 +63,11 @@ func (s Security) Apply(c *sarama.Config) error {
 		return errors.New("--tls: the TLS settings need --tls")
 	}
 	if s.SASLMechanism == "" {
+		// As with TLS: a setting that would be ignored stops the program,
+		// or a client meant to authenticate would connect without.
+		if s.SASLUser != "" || s.SASLPasswordFile != "" || s.SASLTokenFile != "" {
+			return errors.New("--sasl-mechanism: the SASL settings need --sasl-mechanism")
+		}
 		return nil
 	}
 	c.Net.SASL.Enable = true
@@ -69,6 +75,9 @@ func (s Security) Apply(c *sarama.Config) error {
 	mech := strings.ToUpper(s.SASLMechanism)
 	switch mech {
 	case SASLPlain, SASLScramSHA256, SASLScramSHA512:
+		if s.SASLTokenFile != "" {
+			return fmt.Errorf("--sasl-token-file: used with OAUTHBEARER only, not with --sasl-mechanism %s", mech)
+		}
 		if s.SASLUser == "" {
 			return fmt.Errorf("--sasl-user: required with --sasl-mechanism %s", mech)
 		}
@@ -85,6 +94,9 @@ func (s Security) Apply(c *sarama.Config) error {
 			c.Net.SASL.SCRAMClientGeneratorFunc = func() sarama.SCRAMClient { return &scramClient{hash: scram.SHA512} }
 		}
 	case SASLOAuthBearer:
+		if s.SASLUser != "" || s.SASLPasswordFile != "" {
+			return errors.New("--sasl-user, --sasl-password-file: not used with --sasl-mechanism OAUTHBEARER (--sasl-token-file is)")
+		}
 		if _, err := readSecret(s.SASLTokenFile, "--sasl-token-file"); err != nil {
 			return err
 		}
@@ -226,4 +238,21 @@ func loopback(addr string) bool {
 	}
 	ip := net.ParseIP(host)
 	return ip != nil && ip.IsLoopback()
+}
+
+// CheckBrokerAddr checks a --brokers entry: host:port, with a port
+// number. A bad one stops the program at its flags, before it connects
+// to anything.
+func CheckBrokerAddr(addr string) error {
+	_, port, err := net.SplitHostPort(addr)
+	if err == nil {
+		var n int
+		if n, err = strconv.Atoi(port); err == nil && (n < 1 || n > 65535) {
+			err = errors.New("port out of range")
+		}
+	}
+	if err != nil {
+		return fmt.Errorf("--brokers: %q is not host:port", addr)
+	}
+	return nil
 }

@@ -79,6 +79,11 @@ func TestSecurity(t *testing.T) {
 			{SASLMechanism: "PLAIN", SASLPasswordFile: pass}: "--sasl-user",
 			{SASLMechanism: "PLAIN", SASLUser: "u"}:          "--sasl-password-file",
 			{SASLMechanism: "OAUTHBEARER"}:                   "--sasl-token-file",
+			// Ignored settings would connect without authenticating.
+			{SASLUser: "u", SASLPasswordFile: pass}: "the SASL settings need --sasl-mechanism",
+			{SASLTokenFile: pass}:                   "the SASL settings need --sasl-mechanism",
+			{SASLMechanism: "PLAIN", SASLUser: "u", SASLPasswordFile: pass, SASLTokenFile: pass}: "--sasl-token-file: used with OAUTHBEARER only",
+			{SASLMechanism: "OAUTHBEARER", SASLTokenFile: pass, SASLUser: "u"}:                   "not used with --sasl-mechanism OAUTHBEARER",
 		} {
 			err := sec.Apply(cfg)
 			require.Error(t, err)
@@ -93,5 +98,15 @@ func TestSecurity(t *testing.T) {
 		tok, err = cfg.Net.SASL.TokenProvider.Token()
 		require.NoError(t, err)
 		require.Equal(t, "tok-2", tok.Token, "a rotated token is read again")
+	})
+
+	t.Run("BrokerAddresses", func(t *testing.T) {
+		t.Parallel()
+		for _, ok := range []string{"127.0.0.1:9092", "kafka-0.kafka:9093", "[::1]:9092"} {
+			require.NoError(t, kafkautil.CheckBrokerAddr(ok), ok)
+		}
+		for _, bad := range []string{"nohostport", "host:abc", ":::", "host:", "host:0", "host:65536"} {
+			require.ErrorContains(t, kafkautil.CheckBrokerAddr(bad), "--brokers: ", bad)
+		}
 	})
 }
