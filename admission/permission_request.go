@@ -135,6 +135,25 @@ const permissionGrantedSQL = `SELECT EXISTS (SELECT 1 FROM permission_grants WHE
 // three in one snapshot, in the transaction that promotes the reply. It
 // lives with the request it is keyed by, whose absence is what the caller
 // acts on.
+// PendingPermissionRequestParams names the session.
+type PendingPermissionRequestParams struct {
+	SessionID string
+}
+
+// PendingPermissionRequest returns the least ID of the session's pending
+// permission requests, "" when none is: a session parked on an ask,
+// whose reply continues its turn. The error is the driver's.
+func PendingPermissionRequest(ctx context.Context, q RowQuerier, p *PendingPermissionRequestParams) (string, error) {
+	var id string
+	if err := q.QueryRow(ctx, pendingPermissionRequestSQL, p.SessionID).Scan(&id); err != nil {
+		return "", err
+	}
+	return id, nil
+}
+
+const pendingPermissionRequestSQL = `SELECT coalesce(min(request_id), '') FROM permission_requests
+		WHERE session_id = $1 AND status = 'pending'`
+
 const parkedTurnSQL = `SELECT a.assistant_message_id FROM permission_requests r
 		JOIN tool_calls c ON c.call_id = r.call_id JOIN attempts a ON a.attempt_id = c.attempt_id
 		WHERE r.request_id = $1 AND r.session_id = $2`

@@ -72,6 +72,10 @@ var (
 	// ErrContinuationWaits: another continuation or permission reply of the
 	// session waits to run; resolve after it ran.
 	ErrContinuationWaits = errors.New("another continuation of the session waits to run")
+	// ErrPermissionPending: the session's turn is parked on a permission
+	// ask, and its reply continues it; a continuation admitted meanwhile
+	// would continue it a second time.
+	ErrPermissionPending = errors.New("the session waits for a permission reply")
 )
 
 // ResolveOpts is one operator's finding.
@@ -283,6 +287,14 @@ func resolveOnce(ctx context.Context, pool *pgxpool.Pool, sessionID, targetID st
 		} else if id != "" {
 			return fmt.Errorf("%s %s: %w: %s %s is unknown; resolve %s %s first (a continuation of this finding would act on it unvouched); nothing was recorded",
 				t.Kind, targetID, ErrLaterUnknown, kind, id, kind, id)
+		}
+		pending, err := admission.PendingPermissionRequest(ctx, tx, &admission.PendingPermissionRequestParams{SessionID: sessionID})
+		if err != nil {
+			return fmt.Errorf("reading pending permission requests: %w", err)
+		}
+		if pending != "" {
+			return fmt.Errorf("session %s: %w (request %s); reply to it, or let its reply arrive, then resolve; nothing was recorded",
+				sessionID, ErrPermissionPending, pending)
 		}
 		waiting, err := admission.WaitingContinuation(ctx, tx, &admission.WaitingContinuationParams{SessionID: sessionID})
 		if err != nil {

@@ -257,6 +257,45 @@ func TestResolve(t *testing.T) {
 		require.Equal(t, 1, b.count(t, `SELECT count(*) FROM tool_calls WHERE state = 'unknown'`), "nothing changed")
 	})
 
+	// A turn parked on a permission ask goes on when its reply comes: a
+	// continuation admitted meanwhile would continue it a second time
+	// (invariant 12), and the waiting-continuation check cannot see it
+	// behind the ask. Refused until the reply; then resolved as usual.
+	t.Run("RefusedWhileAPermissionAskWaits", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t)
+		_, call := b.unknownCall(t, "s")
+		b.exec(t, `INSERT INTO permission_requests (request_id, session_id, call_id, tool, pattern, status)
+			VALUES ('ask-1', 's', $1, 'append_line', 'append_line', 'pending')`, call.ID)
+		_, err := b.resolve(t, "s", call.ID, recovery.FindingDidNotRun, "")
+		require.ErrorIs(t, err, recovery.ErrPermissionPending)
+		require.Contains(t, err.Error(), "ask-1")
+		require.Zero(t, b.count(t, `SELECT count(*) FROM resolutions`))
+		require.Zero(t, b.count(t, `SELECT count(*) FROM inputs WHERE kind = 'continuation'`), "nothing admitted")
+
+		b.exec(t, `UPDATE permission_requests SET status = 'approved', reply = 'once', replied_at = now() WHERE request_id = 'ask-1'`)
+		res, err := b.resolve(t, "s", call.ID, recovery.FindingDidNotRun, "")
+		require.NoError(t, err)
+		require.NotEmpty(t, res.Resolution.ContinuationID)
+	})
+
+	// A second resolution while the first one's continuation waits is
+	// refused (invariant 12), whatever else the session waits for.
+	t.Run("RefusedWhileAContinuationWaits", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t)
+		_, call := b.unknownCall(t, "s")
+		first, err := b.resolve(t, "s", call.ID, recovery.FindingDidNotRun, "")
+		require.NoError(t, err)
+		// Another unknown target of the session, as a second call left.
+		b.exec(t, `UPDATE attempts SET state = 'unknown' WHERE attempt_id = (SELECT attempt_id FROM tool_calls WHERE call_id = $1)`, call.ID)
+		var attempt string
+		require.NoError(t, b.pool.QueryRow(context.Background(), `SELECT attempt_id FROM tool_calls WHERE call_id = $1`, call.ID).Scan(&attempt))
+		_, err = b.resolve(t, "s", attempt, recovery.FindingDidNotRun, "")
+		require.ErrorIs(t, err, recovery.ErrContinuationWaits)
+		require.Contains(t, err.Error(), first.Resolution.ContinuationID)
+	})
+
 	t.Run("RefusedWhenSuperseded", func(t *testing.T) {
 		t.Parallel()
 		b := setup(t)
