@@ -124,6 +124,9 @@ func newRootCommandEnv(environ func() []string) *cobra.Command {
 	f.StringVar(&o.topics.Deltas, "deltas-topic", "session-deltas", "topic of live text deltas of streaming providers (not durable)")
 	f.StringArrayVar(&o.provider.httpEndpoints, "http-tool-endpoint", nil, "an endpoint of the http_request tool: name=N,url=U[,method=POST][,class=side_effecting|idempotent] (repeatable; the model names endpoints, never URLs; class defaults to side_effecting)")
 	f.StringArrayVar(&o.provider.mcpServers, "mcp-server", nil, `an MCP server whose tools the model may call, as SERVER__TOOL: name=N,command="CMD ARGS" (stdio, run without a shell) or name=N,url=U (streamable HTTP) (repeatable; docs/tools.md)`)
+	// Their items hold commas: one item per line from the environment.
+	cliconfig.ItemsPerLine(f, "http-tool-endpoint")
+	cliconfig.ItemsPerLine(f, "mcp-server")
 	f.StringArrayVar(&o.provider.toolClasses, "tool-class", nil, "class of an MCP tool SERVER.TOOL=side_effecting|idempotent (repeatable); stricter than its annotations at will, looser only as idempotent! (docs/tools.md)")
 	f.StringVar(&o.provider.sandboxDir, "sandbox-dir", "", "directory the append_line demo tool writes in (scripted provider); empty: a temporary directory")
 	f.StringArrayVar(&o.permissionFlags, "tool-permission", nil, "tool policy NAME=allow|deny|ask (repeatable); ask parks the session until a reply on the permission-replies topic; tools default to allow")

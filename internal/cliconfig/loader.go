@@ -34,6 +34,20 @@ func CommandLineOnly(fs *pflag.FlagSet, name string) {
 	}
 }
 
+// annotationItemsPerLine marks a list flag whose items hold commas.
+const annotationItemsPerLine = "cliconfig/items-per-line"
+
+// ItemsPerLine marks the list flag name of fs as taking one item per line
+// from the environment and from a config file's scalar, not a
+// comma-separated list: for a flag whose items hold commas themselves
+// (--http-tool-endpoint name=N,url=U), which a comma would cut apart. A
+// YAML list is a list either way.
+func ItemsPerLine(fs *pflag.FlagSet, name string) {
+	if err := fs.SetAnnotation(name, annotationItemsPerLine, []string{"true"}); err != nil {
+		panic(err) // a programming error: no such flag
+	}
+}
+
 // Source says where a setting's value came from.
 type Source struct {
 	// Kind is one of "default", "file", "env", "flag".
@@ -265,12 +279,27 @@ func (l *Loader) Apply(root, cmd *cobra.Command) error {
 }
 
 // setFromEnv sets f from an environment value; a list flag takes a
-// comma-separated list.
+// comma-separated list, or one item per line (ItemsPerLine).
 func setFromEnv(f *pflag.Flag, v, where string) error {
 	if _, ok := f.Value.(pflag.SliceValue); ok {
-		return set(f, splitList(v), true, where, v)
+		return set(f, splitItems(f, v), true, where, v)
 	}
 	return set(f, []string{v}, false, where, v)
+}
+
+// splitItems splits a list flag's value from the environment or a file's
+// scalar: by lines for a flag marked ItemsPerLine, else by commas.
+func splitItems(f *pflag.Flag, v string) []string {
+	if f.Annotations[annotationItemsPerLine] == nil {
+		return splitList(v)
+	}
+	out := []string{}
+	for e := range strings.Lines(v) {
+		if e = strings.TrimSpace(e); e != "" {
+			out = append(out, e)
+		}
+	}
+	return out
 }
 
 // setFromFile sets f from a YAML value: a scalar, or a list for a list flag.
@@ -295,7 +324,7 @@ func setFromFile(f *pflag.Flag, v any, where string) error {
 			return fmt.Errorf("%s: invalid value %v (want %s)", where, v, typeName(f))
 		}
 		if _, ok := f.Value.(pflag.SliceValue); ok {
-			return set(f, splitList(s), true, where, s)
+			return set(f, splitItems(f, s), true, where, s)
 		}
 		return set(f, []string{s}, false, where, s)
 	}

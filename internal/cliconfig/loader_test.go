@@ -24,6 +24,7 @@ type testBundle struct {
 	createTopic bool
 	conns       int32
 	perms       []string
+	endpoints   []string
 	brokers     []string
 	dbURL       string
 	subParts    string
@@ -51,6 +52,8 @@ func setupProgram(t *testing.T, program string, env ...string) *testBundle {
 	f.BoolVar(&b.createTopic, "create-topics", true, "")
 	f.Int32Var(&b.conns, "db-max-conns", 32, "")
 	f.StringArrayVar(&b.perms, "tool-permission", nil, "")
+	f.StringArrayVar(&b.endpoints, "http-tool-endpoint", nil, "")
+	cliconfig.ItemsPerLine(f, "http-tool-endpoint")
 	f.StringSliceVar(&b.brokers, "brokers", nil, "")
 	f.Int32("partitions", 16, "")
 	sub := &cobra.Command{Use: "sub", RunE: func(*cobra.Command, []string) error { b.ran = "sub"; return nil }}
@@ -89,6 +92,24 @@ brokers: [f1:9092, f2:9092]
 
 func TestLoader(t *testing.T) {
 	t.Parallel()
+
+	// A list whose items hold commas takes one item per line from the
+	// environment and from a file's scalar; commas would cut each apart.
+	t.Run("ItemsPerLine", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t, "PROMPTLINE_HTTP_TOOL_ENDPOINT=name=a,url=http://x\n name=b,url=http://y,class=idempotent\n\n",
+			"PROMPTLINE_TOOL_PERMISSION=c=deny,d=allow")
+		require.NoError(t, b.run())
+		require.Equal(t, []string{"name=a,url=http://x", "name=b,url=http://y,class=idempotent"}, b.endpoints)
+		require.Equal(t, []string{"c=deny", "d=allow"}, b.perms, "other lists stay comma-separated")
+
+		b = setup(t)
+		require.NoError(t, b.run("--config", writeConfig(t, "http-tool-endpoint: name=a,url=http://x\n")))
+		require.Equal(t, []string{"name=a,url=http://x"}, b.endpoints, "a scalar in the file is one item")
+		b = setup(t)
+		require.NoError(t, b.run("--config", writeConfig(t, "http-tool-endpoint: [\"name=a,url=http://x\", \"name=b,url=http://y\"]\n")))
+		require.Equal(t, []string{"name=a,url=http://x", "name=b,url=http://y"}, b.endpoints, "a YAML list is a list")
+	})
 
 	t.Run("Precedence", func(t *testing.T) {
 		t.Parallel()
