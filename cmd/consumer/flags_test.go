@@ -151,6 +151,27 @@ func TestFlags(t *testing.T) {
 		})
 	}
 
+	// Replay's topics: an empty name was defaulted, so --rejects-topic ""
+	// with --publish-rejects on the rejects topic published into what it
+	// read.
+	for _, tc := range []struct {
+		name, want string
+		args       []string
+	}{
+		{"ReplayRejectsTopicEmpty", `--rejects-topic: must not be empty`,
+			[]string{"--topic", "prompts.rejects", "--publish-rejects", "--rejects-topic", ""}},
+		{"ReplayWakesTopicIsPrompts", `--wakes-topic: "prompts" is also --prompts-topic`, []string{"--wakes-topic", "prompts"}},
+		{"ReplayBrokersPortNotANumber", `--brokers: "h:x" is not host:port`, []string{"--brokers", "h:x"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			args := append([]string{"replay", "--brokers", "127.0.0.1:1", "--database-url", "postgres://127.0.0.1:1/none?connect_timeout=1"}, tc.args...)
+			_, stderr, code := runOnce(t, args...)
+			require.Equal(t, 1, code, stderr)
+			require.Contains(t, stderr, tc.want)
+		})
+	}
+
 	t.Run("BrokerPartitionsZero", func(t *testing.T) {
 		t.Parallel()
 		_, stderr, code := runOnce(t, "broker", "--addr", "127.0.0.1:0", "--partitions", "0")

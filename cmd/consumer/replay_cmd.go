@@ -132,6 +132,14 @@ func (r *replayOptions) validate() (replay.Bounds, error) {
 	case r.dryRun && r.wake:
 		return b, errors.New("--dry-run and --wake exclude each other: a dry run wakes nothing")
 	}
+	// Empty names were defaulted by replay, so --rejects-topic "" with
+	// --publish-rejects on the rejects topic published into what it read.
+	if err := checkTopics([]topicFlag{
+		{"--prompts-topic", r.topics.Prompts}, {"--wakes-topic", r.topics.Wakes},
+		{"--events-topic", r.topics.Events}, {"--rejects-topic", r.topics.Rejects},
+	}); err != nil {
+		return b, err
+	}
 	for _, x := range r.brokers {
 		if err := kafkautil.CheckBrokerAddr(x); err != nil {
 			return b, err

@@ -296,22 +296,12 @@ func (o *options) validate() error {
 		return err
 	}
 	o.permissions = perms
-	// Each topic carries one kind of message: rejects published into the
-	// prompts topic would be read back as prompts and rejected again, for
-	// ever; wakes or replies there would each be rejected.
-	flagOf := map[string]string{}
-	for _, t := range []struct{ flag, name string }{
+	if err := checkTopics([]topicFlag{
 		{"--prompts-topic", o.topics.Prompts}, {"--wakes-topic", o.topics.Wakes}, {"--events-topic", o.topics.Events},
 		{"--rejects-topic", o.topics.Rejects}, {"--permission-replies-topic", o.topics.PermissionReplies},
 		{"--deltas-topic", o.topics.Deltas},
-	} {
-		if t.name == "" {
-			return fmt.Errorf("%s: must not be empty", t.flag)
-		}
-		if other, ok := flagOf[t.name]; ok {
-			return fmt.Errorf("%s: %q is also %s; each topic carries one kind of message", t.flag, t.name, other)
-		}
-		flagOf[t.name] = t.flag
+	}); err != nil {
+		return err
 	}
 	for _, b := range o.brokers {
 		if err := kafkautil.CheckBrokerAddr(b); err != nil {
@@ -393,4 +383,25 @@ func newBrokerCommand() *cobra.Command {
 func outboxTopicFlags(f *pflag.FlagSet, t *kafkautil.Topics) {
 	f.StringVar(&t.Wakes, "wakes-topic", "wakes", "topic of internal wakes")
 	f.StringVar(&t.Events, "events-topic", "session-events", "topic of outgoing session events")
+}
+
+// topicFlag is a topic flag and its value.
+type topicFlag struct{ flag, name string }
+
+// checkTopics refuses an empty topic name, and one topic for two kinds of
+// message: rejects published into the prompts topic would be read back
+// as prompts and rejected again, for ever; wakes or replies there would
+// each be rejected.
+func checkTopics(topics []topicFlag) error {
+	flagOf := map[string]string{}
+	for _, t := range topics {
+		if t.name == "" {
+			return fmt.Errorf("%s: must not be empty", t.flag)
+		}
+		if other, ok := flagOf[t.name]; ok {
+			return fmt.Errorf("%s: %q is also %s; each topic carries one kind of message", t.flag, t.name, other)
+		}
+		flagOf[t.name] = t.flag
+	}
+	return nil
 }
