@@ -40,6 +40,14 @@ const (
 	EventTurnRecovered = "turn.recovered"
 )
 
+// EventTypes lists the event types above (session-event.schema.json has
+// one branch for each).
+var EventTypes = []string{
+	EventInputAdmitted, EventTurnStarted, EventStepCompleted, EventToolStarted, EventToolCompleted,
+	EventTurnCompleted, EventTurnFailed, EventTurnRecovered, EventRecoveryDecided,
+	EventPermissionAsked, EventPermissionReplied,
+}
+
 // Reasons of a failed turn (Event.Reason).
 const (
 	FailProviderError = "provider_error"

@@ -37,6 +37,27 @@ func TestSchemaDocsCopiesMatch(t *testing.T) {
 	}
 }
 
+// TestEventTypesAreTheSchemas: EventTypes (what producer watch --type
+// accepts) is the schema's list of event types, one branch each.
+func TestEventTypesAreTheSchemas(t *testing.T) {
+	t.Parallel()
+	var doc struct {
+		OneOf []struct {
+			Properties struct {
+				Type struct {
+					Const string `json:"const"`
+				} `json:"type"`
+			} `json:"properties"`
+		} `json:"oneOf"`
+	}
+	require.NoError(t, json.Unmarshal(envelope.EventSchema, &doc))
+	var inSchema []string
+	for _, b := range doc.OneOf {
+		inSchema = append(inSchema, b.Properties.Type.Const)
+	}
+	require.ElementsMatch(t, inSchema, envelope.EventTypes)
+}
+
 type schemaBundle struct {
 	prompt *jsonschema.Schema
 	event  *jsonschema.Schema

@@ -280,6 +280,9 @@ func TestFlagErrors(t *testing.T) {
 		{"WatchArgs", []string{"watch", "extra"}, `unknown command "extra" for "producer watch"`},
 		// A filter no session can match would watch for nothing, silently.
 		{"WatchBadSession", []string{"watch", "--session", "a b"}, "--session: invalid_field: session_id has a non-printable or non-ASCII character at byte 1"},
+		// A misspelt type would match nothing; with --count and no
+		// --timeout the watch would wait for ever.
+		{"WatchUnknownType", []string{"watch", "--type", "turn.complete", "--count", "1"}, `--type: unknown event type "turn.complete"; want one of input.admitted,`},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {

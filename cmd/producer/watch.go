@@ -109,6 +109,11 @@ func (o *watchOpts) run(ctx context.Context, stdout, stderr io.Writer) error {
 		if strings.TrimSpace(t) == "" {
 			return errors.New("--type: must not be empty")
 		}
+		// A misspelt type would match nothing, and --count without
+		// --timeout would wait for ever.
+		if !slices.Contains(envelope.EventTypes, t) {
+			return fmt.Errorf("--type: unknown event type %q; want one of %s", t, strings.Join(envelope.EventTypes, ", "))
+		}
 	}
 	cfg.EventsTopic = o.topic
 	opts := &client.WatchOpts{SessionID: o.session, Types: o.types, Start: client.StartNewest(),
