@@ -112,15 +112,30 @@ replication-factor: 3
 		require.Equal(t, "45s", p["lease"].Value)
 	})
 
+	// print checks the settings as the consumer does, after printing them:
+	// a command line the consumer would refuse is refused here too.
+	t.Run("PrintChecksTheSettings", func(t *testing.T) {
+		t.Parallel()
+		out, err := runInProcess(t, nil, "config", "print", "--lease", "1ms")
+		require.ErrorContains(t, err, "--lease")
+		require.Contains(t, out, "lease:", "the settings are printed all the same")
+		_, err = runInProcess(t, nil, "config", "print", "--rejects-topic", "prompts")
+		require.ErrorContains(t, err, `--rejects-topic: "prompts" is also --prompts-topic`)
+	})
+
 	t.Run("PrintRedactsDatabasePassword", func(t *testing.T) {
 		t.Parallel()
+		passFile := filepath.Join(t.TempDir(), "kafka-password")
+		require.NoError(t, os.WriteFile(passFile, []byte("s3cret-in-file"), 0o600))
 		out, err := runInProcess(t, nil, "config", "print",
 			"--database-url", "postgres://app:hunter2@db.internal:5432/promptline?sslmode=verify-full",
-			"--sasl-password-file", "/run/secrets/kafka-password")
+			"--brokers", "kafka.internal:9092", "--sasl-mechanism", "PLAIN", "--sasl-user", "app",
+			"--sasl-password-file", passFile)
 		require.NoError(t, err)
 		require.NotContains(t, out, "hunter2")
 		require.Contains(t, out, "postgres://app:****@db.internal:5432/promptline?sslmode=verify-full")
-		require.Contains(t, out, "/run/secrets/kafka-password", "a secret's file is shown as a path")
+		require.Contains(t, out, passFile, "a secret's file is shown as a path")
+		require.NotContains(t, out, "s3cret-in-file", "its contents never")
 	})
 
 	// A password with an unescaped '/' is not a URL net/url parses; it is

@@ -84,6 +84,11 @@ func TestFlags(t *testing.T) {
 		{"BrokersPortNotANumber", []string{"--brokers", "host:abc"}, `--brokers: "host:abc" is not host:port`},
 		{"BrokersOnlyColons", []string{"--brokers", ":::"}, `--brokers: ":::" is not host:port`},
 		{"RedriveAfterZero", []string{"--redrive-after", "0"}, "--redrive-after: must be positive"},
+		// Checked with the flags, before the database is opened.
+		{"ProviderURLNotAURL", []string{"--provider", "http", "--provider-url", "model.internal/v1"}, "--provider-url: "},
+		{"OpenAIBaseURLNotAURL", []string{"--provider", "openai", "--openai-model", "m", "--openai-base-url", "notaurl"}, `--openai-base-url: "notaurl" is not an absolute http or https URL`},
+		{"OpenAIKeyMissing", []string{"--provider", "openai", "--openai-model", "m", "--openai-api-key-env", "PROMPTLINE_TEST_NO_SUCH_KEY"}, "--openai-api-key-env/--openai-api-key-file: "},
+		{"MetricsAddrEmpty", []string{"--metrics-addr", ""}, `--metrics-addr: "" is not host:port`},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
+	"net/url"
 	"os"
 	"strings"
 	"time"
@@ -40,9 +41,18 @@ func (p *providerOptions) validate() error {
 		if p.url == "" {
 			return fmt.Errorf("--provider-url: required with --provider http")
 		}
+		if err := (&providers.HTTPConfig{URL: p.url}).Validate(); err != nil {
+			return fmt.Errorf("--provider-url: %w", err)
+		}
 	case "openai":
 		if p.openaiModel == "" {
 			return fmt.Errorf("--openai-model: required with --provider openai")
+		}
+		if u, err := url.Parse(p.openaiBase); err != nil || !u.IsAbs() || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+			return fmt.Errorf("--openai-base-url: %q is not an absolute http or https URL", p.openaiBase)
+		}
+		if _, err := providers.LoadAPIKey(p.openaiKeyEnv, p.openaiKeyFile); err != nil {
+			return fmt.Errorf("--openai-api-key-env/--openai-api-key-file: %w", err)
 		}
 	default:
 		return fmt.Errorf("--provider: want scripted, http or openai, got %q", p.kind)

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"log/slog"
 	"math"
+	"net"
 	"os"
 	"slices"
 	"strings"
@@ -155,7 +156,7 @@ func newRootCommandEnv(environ func() []string) *cobra.Command {
 		// The producer's settings in a shared environment are not typos.
 		Program: "consumer",
 	})
-	root.AddCommand(newConfigCommand(root, loader))
+	root.AddCommand(newConfigCommand(root, loader, o.validate))
 	failUnknownSubcommands(root)
 	loader.Install(root)
 	return root
@@ -203,24 +204,29 @@ func addSecurityFlags(f *pflag.FlagSet, s *kafkautil.Security) {
 
 // newConfigCommand is `consumer config print`: the effective
 // configuration of the consumer, each value with its source.
-func newConfigCommand(root *cobra.Command, loader *cliconfig.Loader) *cobra.Command {
+func newConfigCommand(root *cobra.Command, loader *cliconfig.Loader, validate func() error) *cobra.Command {
 	cmd := &cobra.Command{Use: "config", Short: "Show the effective configuration"}
 	printCmd := &cobra.Command{
 		Use:   "print",
 		Short: "Print every setting of the consumer with its source (default, config file, env, flag) as YAML, secrets redacted",
 		Long: `print resolves the consumer's settings as ` + "`consumer`" + ` itself would (flag >
 env PROMPTLINE_<FLAG> > config file > default) and prints each value with its
-source. It accepts the consumer's flags, so a command line can be checked too.
+source. It accepts the consumer's flags, so a command line can be checked too:
+after the settings it checks them as the consumer does, and exits 1 with the
+consumer's error when the consumer would refuse them.
 Secrets are redacted: URL passwords, and values of settings named like a
 password, token or secret (files are shown as paths; their contents are never
-read).`,
+printed).`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			settings, err := loader.Effective()
 			if err != nil {
 				return err
 			}
-			return cliconfig.WriteYAML(cmd.OutOrStdout(), settings)
+			if err := cliconfig.WriteYAML(cmd.OutOrStdout(), settings); err != nil {
+				return err
+			}
+			return validate()
 		},
 	}
 	// The consumer's own flags, shared: parsing them here sets the same values.
@@ -307,6 +313,10 @@ func (o *options) validate() error {
 		if err := kafkautil.CheckBrokerAddr(b); err != nil {
 			return err
 		}
+	}
+	// An empty address would listen on every interface at a random port.
+	if _, _, err := net.SplitHostPort(o.metricsAddr); err != nil {
+		return fmt.Errorf("--metrics-addr: %q is not host:port", o.metricsAddr)
 	}
 	return nil
 }
