@@ -379,6 +379,9 @@ func newBrokerCommand() *cobra.Command {
 		},
 	}
 	cmd.Flags().StringVar(&addr, "addr", "127.0.0.1:9092", "listen address")
+	// The console's --addr (and PROMPTLINE_ADDR, a config file's addr) is
+	// the console's listen address; the broker's is the command line's.
+	cliconfig.CommandLineOnly(cmd.Flags(), "addr")
 	cmd.Flags().StringVar(&dataDir, "data-dir", "", "directory that keeps topics across restarts (empty: in memory)")
 	cmd.Flags().Int32Var(&partitions, "partitions", 16, "partitions of the promptline topics it creates")
 	return cmd
