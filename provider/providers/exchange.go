@@ -120,6 +120,16 @@ func exchange(ctx context.Context, client *http.Client, opts exchangeOpts) ([]by
 	req.Header.Set("Accept", cmp.Or(opts.Accept, "application/json"))
 	req.Header.Set("X-Fencing-Token", strconv.FormatInt(opts.FencingToken, 10))
 	setIdempotencyKey(req.Header, opts.IdempotencyKey, opts.HonoursIdempotencyKeys)
+	if !opts.HonoursIdempotencyKeys || opts.IdempotencyKey == "" {
+		// net/http resends a request whose body it can rewind (GetBody,
+		// set for a bytes.Reader) when the connection fails after the
+		// request was written: HTTP/2 does so on a stream reset with
+		// PROTOCOL_ERROR whatever the method, so a step the server had
+		// read went out again, behind the ledger's back, and a dial
+		// refused on the resend made the whole call read as not sent
+		// (P4). Without GetBody only what was never written is retried.
+		req.GetBody = nil
+	}
 
 	resp, err := client.Do(req)
 	if err != nil {

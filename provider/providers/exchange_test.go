@@ -4,7 +4,9 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"net"
+	"net/http"
 	"net/url"
 	"strings"
 	"syscall"
@@ -130,5 +132,42 @@ func checkDecoded(t *testing.T, calls []provider.ToolCall) {
 		var obj map[string]any
 		require.NoError(t, json.Unmarshal(c.Input, &obj), "input %q", c.Input)
 		require.NotNil(t, obj)
+	}
+}
+
+// roundTripFunc is an http.RoundTripper.
+type roundTripFunc func(*http.Request) (*http.Response, error)
+
+func (f roundTripFunc) RoundTrip(r *http.Request) (*http.Response, error) { return f(r) }
+
+// TestExchangeGivesTransportsNoWayToResend: net/http's transports resend a
+// written request only by rewinding its body (Request.GetBody): HTTP/2
+// after a stream reset with PROTOCOL_ERROR, for any method. A step may
+// be resent only under a key the provider honours.
+func TestExchangeGivesTransportsNoWayToResend(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name     string
+		key      string
+		honoured bool
+		rewinds  bool
+	}{
+		{"KeyNotHonoured", "k-1", false, false},
+		{"NoKey", "", true, false},
+		{"KeyHonoured", "k-1", true, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			var rewinds bool
+			client := &http.Client{Transport: roundTripFunc(func(r *http.Request) (*http.Response, error) {
+				rewinds = r.GetBody != nil
+				return &http.Response{StatusCode: 200, Status: "200 OK", Header: http.Header{},
+					Body: io.NopCloser(strings.NewReader(`{"text":"ok"}`)), Request: r}, nil
+			})}
+			_, err := exchange(t.Context(), client, exchangeOpts{URL: "https://model.test/v1", Body: []byte(`{}`),
+				IdempotencyKey: tc.key, HonoursIdempotencyKeys: tc.honoured})
+			require.NoError(t, err)
+			require.Equal(t, tc.rewinds, rewinds)
+		})
 	}
 }

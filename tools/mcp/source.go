@@ -165,7 +165,7 @@ var stdioEnv = []string{"PATH", "HOME", "USER", "LOGNAME", "LANG", "LC_ALL", "TM
 
 func (s *server) transport() mcp.Transport {
 	if s.cfg.URL != "" {
-		return &mcp.StreamableClientTransport{Endpoint: s.cfg.URL, HTTPClient: cmp.Or(s.opts.HTTPClient, http.DefaultClient), MaxRetries: -1, DisableStandaloneSSE: true}
+		return &mcp.StreamableClientTransport{Endpoint: s.cfg.URL, HTTPClient: noResendClient(cmp.Or(s.opts.HTTPClient, http.DefaultClient)), MaxRetries: -1, DisableStandaloneSSE: true}
 	}
 	cmd := exec.Command(s.cfg.Command[0], s.cfg.Command[1:]...)
 	cmd.Env = []string{}
@@ -370,4 +370,28 @@ type jsonrpcError = jsonrpc.Error
 var refusedCodes = map[int64]bool{
 	jsonrpc.CodeParseError: true, jsonrpc.CodeInvalidRequest: true,
 	jsonrpc.CodeMethodNotFound: true, jsonrpc.CodeInvalidParams: true,
+}
+
+// noResendClient is c with a transport that cannot resend a request it
+// wrote. The SDK posts each message from a bytes.Reader, for which
+// net/http sets GetBody, and net/http resends a written request by
+// rewinding it: HTTP/2 after a stream reset with PROTOCOL_ERROR, for any
+// method. A side-effecting call the server had read would run again, and
+// a connection refused on the resend would make it read as not run. A
+// wrapper, because the SDK builds the requests: it clears GetBody, so
+// that only what was never written is retried.
+func noResendClient(c *http.Client) *http.Client {
+	nc := *c
+	nc.Transport = noResend{base: cmp.Or[http.RoundTripper](c.Transport, http.DefaultTransport)}
+	return &nc
+}
+
+type noResend struct{ base http.RoundTripper }
+
+func (n noResend) RoundTrip(r *http.Request) (*http.Response, error) {
+	if r.GetBody != nil {
+		r = r.Clone(r.Context())
+		r.GetBody = nil
+	}
+	return n.base.RoundTrip(r)
 }

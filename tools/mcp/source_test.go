@@ -170,6 +170,41 @@ func TestHTTPServerDown(t *testing.T) {
 // run" would fail now and then.
 func noKeepAlive(ts *testServer) { ts.srv.Config.SetKeepAlivesEnabled(false) }
 
+// TestHTTPRequestsCannotBeResent: net/http resends a written request by
+// rewinding its body (GetBody), which the SDK's bytes.Reader allows:
+// HTTP/2 does so after a stream reset with PROTOCOL_ERROR, for any
+// method, and a side-effecting call the server had read would run again.
+// Every request reaches the transport with no way to rewind it.
+func TestHTTPRequestsCannotBeResent(t *testing.T) {
+	t.Parallel()
+	ts := newTestServer(t)
+	var mu sync.Mutex
+	var posts, rewindable int
+	client := &http.Client{Transport: roundTripFunc(func(r *http.Request) (*http.Response, error) {
+		mu.Lock()
+		if r.Method == http.MethodPost {
+			posts++
+			if r.GetBody != nil {
+				rewindable++
+			}
+		}
+		mu.Unlock()
+		return http.DefaultTransport.RoundTrip(r)
+	})}
+	_, reg := connect(t, &promptmcp.Config{Servers: []promptmcp.ServerConfig{{Name: "orders", URL: ts.srv.URL}}, HTTPClient: client})
+	res, err := run(t, reg, "orders__charge", `{"id":"o-1"}`, "k1", 1)
+	require.NoError(t, err)
+	require.Equal(t, tools.Result{Output: "done charge"}, res)
+	mu.Lock()
+	defer mu.Unlock()
+	require.GreaterOrEqual(t, posts, 2, "initialize, then the call")
+	require.Zero(t, rewindable)
+}
+
+type roundTripFunc func(*http.Request) (*http.Response, error)
+
+func (f roundTripFunc) RoundTrip(r *http.Request) (*http.Response, error) { return f(r) }
+
 // TestHTTPServerCrashMidCall: the connection breaks while a call is out:
 // the error does not wrap tools.ErrNotRun, so the outcome is unknown.
 func TestHTTPServerCrashMidCall(t *testing.T) {
