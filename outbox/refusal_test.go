@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/IBM/sarama"
+	"github.com/eapache/go-resiliency/breaker"
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 )
@@ -243,6 +244,25 @@ func TestRelayQuarantineWindow(t *testing.T) {
 	// breaker) counts toward quarantining the row only while the relay
 	// delivers other messages: then Kafka is up and the row is the
 	// problem.
+	// Sarama's breaker opens on a partition whose leader lookups failed:
+	// while other partitions of its topic deliver, a fault of the
+	// cluster, however long it lasts.
+	t.Run("OpenBreakerWhileItsTopicDeliversNeverCounts", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t)
+		relay, producer, clock := b.newRefusingRelay(&RelayConfig{})
+		producer.set(refuseKey("bad", breaker.ErrBreakerOpen))
+		bad := insertRow(t, b, row("bad", 1))
+		for pass := 1; pass <= 6; pass++ {
+			commit(t, b.pool, row(fmt.Sprintf("good-%d", pass), 1))
+			_ = relay.Flush(ctx)
+			clock.advance(time.Minute)
+		}
+		reason, _ := quarantineReason(t, b.pool, bad)
+		require.Empty(t, reason, "a partition without a leader quarantines nothing")
+		readTopic(t, b.broker.Addr(), testTopic, 6)
+	})
+
 	t.Run("UnexplainedErrorCountsOnlyWhileOthersAreDelivered", func(t *testing.T) {
 		t.Parallel()
 		b := setup(t)

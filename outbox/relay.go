@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/IBM/sarama"
+	"github.com/eapache/go-resiliency/breaker"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
@@ -180,6 +181,9 @@ type Relay struct {
 	// evidence that Kafka is up when an error does not say whose fault it
 	// is.
 	deliveries int64
+	// topicDeliveries is, per topic, deliveries when a row of the topic
+	// was last delivered.
+	topicDeliveries map[string]int64
 
 	loop startstop.Loop
 
@@ -209,15 +213,16 @@ func NewRelay(pool *pgxpool.Pool, producer sarama.SyncProducer, config *RelayCon
 	c.MaxPassBytes = cmp.Or(c.MaxPassBytes, maxPassBytesDefault)
 	c.RoundTripTimeout = cmp.Or(c.RoundTripTimeout, pgdb.RoundTripTimeoutDefault)
 	return &Relay{
-		pool:        pool,
-		producer:    producer,
-		config:      c,
-		logger:      c.Logger,
-		nudge:       make(chan struct{}, 1),
-		failing:     map[int64]*failingRow{},
-		suspectKeys: map[string]struct{}{},
-		topics:      map[string]*failingRow{},
-		now:         time.Now,
+		pool:            pool,
+		producer:        producer,
+		config:          c,
+		logger:          c.Logger,
+		nudge:           make(chan struct{}, 1),
+		failing:         map[int64]*failingRow{},
+		suspectKeys:     map[string]struct{}{},
+		topics:          map[string]*failingRow{},
+		topicDeliveries: map[string]int64{},
+		now:             time.Now,
 	}
 }
 
@@ -530,8 +535,9 @@ type failingRow struct {
 	key    string
 	since  time.Time
 	passes int
-	// deliveries is Relay.deliveries when the row last failed.
-	deliveries int64
+	// deliveries is Relay.deliveries when the row last failed, and
+	// topicDeliveries Relay.topicDeliveries of its topic.
+	deliveries, topicDeliveries int64
 	// last is when a topic's streak was last extended.
 	last time.Time
 }
@@ -623,6 +629,7 @@ func (r *Relay) send(pass []passRow, quarantine map[int64]string) (ids []int64, 
 	for _, p := range pass {
 		if err, ok := outcome[p.id]; ok && err == nil {
 			delete(r.topics, p.topic)
+			r.topicDeliveries[p.topic] = r.deliveries
 		}
 	}
 	counted := map[string]bool{} // topics whose streak this pass extended
@@ -655,11 +662,11 @@ func (r *Relay) send(pass []passRow, quarantine map[int64]string) (ids []int64, 
 				f = &failingRow{key: p.key, since: now, deliveries: before}
 				r.failing[p.id] = f
 			}
-			fault := rowsFault(err, r.deliveries > f.deliveries)
+			fault := rowsFault(err, r.deliveries > f.deliveries, r.topicDeliveries[p.topic] > f.topicDeliveries)
 			if fault {
 				f.passes++
 			}
-			f.deliveries = r.deliveries
+			f.deliveries, f.topicDeliveries = r.deliveries, r.topicDeliveries[p.topic]
 			after := r.config.FailingRowQuarantineAfter
 			ts := r.topics[p.topic]
 			if fault && !counted[p.topic] {
@@ -809,15 +816,30 @@ func transient(err error) bool {
 // rowsFault reports whether a failure of a row counts toward quarantining
 // it: not when it is about the cluster or the connection; yes when a broker
 // answered with an error of its own (a topic that does not exist, an ACL);
-// for any other error (the producer's circuit breaker, opened by failed
-// metadata lookups, says nothing about why), only when this relay delivered
-// other messages since the row last failed, so Kafka was up meanwhile.
-func rowsFault(err error, othersDelivered bool) bool {
+// for Sarama's open breaker, only when other messages were delivered and
+// none of the row's topic; for any other error, which says nothing about
+// why, only when this relay delivered other messages since the row last
+// failed, so Kafka was up meanwhile.
+//
+// The breaker of a partition's producer opens after three failed leader
+// lookups of that partition: for a topic that does not exist (the row's
+// fault: no partition of its topic delivers), and for a partition without
+// a leader while the topic's others have one (a fault of the cluster,
+// which must never set a row aside: its topic's other rows deliver). A
+// topic whose only partition in use has no leader still reads as the
+// row's fault.
+func rowsFault(err error, othersDelivered, topicDelivered bool) bool {
 	if transient(err) {
 		return false
 	}
 	var ke sarama.KError
-	return errors.As(err, &ke) || othersDelivered
+	if errors.As(err, &ke) {
+		return true
+	}
+	if errors.Is(err, breaker.ErrBreakerOpen) {
+		return othersDelivered && !topicDelivered
+	}
+	return othersDelivered
 }
 
 var transientErrors = []error{
