@@ -1,6 +1,7 @@
 package outbox
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -15,6 +16,8 @@ import (
 	"github.com/eapache/go-resiliency/breaker"
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
+
+	"github.com/promptline/promptline/internal/testkit"
 )
 
 // refusingProducer is the test's real producer, except that it refuses
@@ -556,4 +559,85 @@ func TestRelaySizeRefusalBehindARowQuarantinedInThePass(t *testing.T) {
 	reason, _ = quarantineReason(t, b.pool, 3)
 	require.Equal(t, "refused by the producer or the broker: "+sarama.ErrMessageSizeTooLarge.Error(), reason)
 	readTopic(t, b.broker.Addr(), testTopic, 1)
+}
+
+// refuseKeyPrefix refuses the messages whose key starts with prefix.
+func refuseKeyPrefix(prefix string, err error) func(m *sarama.ProducerMessage) error {
+	return func(m *sarama.ProducerMessage) error {
+		if k, _ := m.Key.Encode(); strings.HasPrefix(string(k), prefix) {
+			return err
+		}
+		return nil
+	}
+}
+
+// Rows Kafka keeps refusing for a cluster's reason (a partition without a
+// leader) are the oldest unpublished rows, so they come first in every
+// pass. When they alone reach MaxPassBytes, a pass must still carry the
+// other keys' rows: a relay that retried only them would publish nothing
+// for any session for as long as that partition is down.
+func TestFailingRowsDoNotFillEveryPass(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	b := setup(t)
+	relay, producer, clock := b.newRefusingRelay(&RelayConfig{MaxPassBytes: 1000})
+	producer.set(refuseKeyPrefix("bad-", sarama.ErrLeaderNotAvailable))
+	for i := range 5 {
+		insertRow(t, b, Row{Topic: testTopic, Key: fmt.Sprintf("bad-%d", i), Payload: bytes.Repeat([]byte("x"), 300)})
+	}
+	var good []int64
+	for i := range 20 {
+		good = append(good, insertRow(t, b, row(fmt.Sprintf("good-%d", i), 1)))
+	}
+	for range 10 {
+		_ = relay.Flush(ctx)
+		clock.advance(time.Minute)
+	}
+	for _, id := range good {
+		_, published := quarantineReason(t, b.pool, id)
+		require.True(t, published, "row %d of a healthy key", id)
+	}
+	for i := range 5 {
+		require.Zero(t, testkit.Count(t, b.pool, `SELECT count(*) FROM outbox WHERE key = $1 AND (published_at IS NOT NULL OR quarantine_reason IS NOT NULL)`, fmt.Sprintf("bad-%d", i)),
+			"a transient refusal publishes and quarantines nothing")
+	}
+
+	// Each refused row is still tried again, none left behind for good.
+	tried := map[string]int{}
+	producer.set(func(m *sarama.ProducerMessage) error {
+		k, _ := m.Key.Encode()
+		tried[string(k)]++
+		return refuseKeyPrefix("bad-", sarama.ErrLeaderNotAvailable)(m)
+	})
+	for range 6 {
+		_ = relay.Flush(ctx)
+	}
+	t.Logf("tried %v", tried)
+	for i := range 5 {
+		require.Positive(t, tried[fmt.Sprintf("bad-%d", i)], "bad-%d is retried", i)
+	}
+}
+
+// What a relay remembers of a failing row must not outlive the row: a row
+// published by another relay (or process) leaves this one's memory at its
+// next pass, even when that pass finds nothing else to send, or the row's
+// key, left out as waiting on it, would never be selected again.
+func TestForgetsARowPublishedElsewhere(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	b := setup(t)
+	relay, producer, _ := b.newRefusingRelay(&RelayConfig{})
+	producer.set(refuseKey("k", sarama.ErrLeaderNotAvailable))
+	first := insertRow(t, b, row("k", 1))
+	require.Error(t, relay.Flush(ctx))
+
+	// Another relay publishes it.
+	_, err := b.pool.Exec(ctx, `UPDATE outbox SET published_at = now() WHERE id = $1`, first)
+	require.NoError(t, err)
+	producer.set(nil)
+	require.NoError(t, relay.Flush(ctx), "an empty pass")
+	second := insertRow(t, b, row("k", 2))
+	require.NoError(t, relay.Flush(ctx))
+	_, published := quarantineReason(t, b.pool, second)
+	require.True(t, published, "the key's next row is published")
 }

@@ -184,6 +184,12 @@ type Relay struct {
 	// topicDeliveries is, per topic, deliveries when a row of the topic
 	// was last delivered.
 	topicDeliveries map[string]int64
+	// deferred are the failing rows the current pass left for a later
+	// one (their keys stay suspect), and failCursor the highest ID of a
+	// failing row tried by the last pass that deferred some: see
+	// publishBatch.
+	deferred   map[int64]bool
+	failCursor int64
 
 	loop startstop.Loop
 
@@ -391,7 +397,11 @@ func (r *Relay) publishBatch(ctx context.Context, wait bool) (n int, locked, mor
 		return 0, false, false, nil
 	}
 
-	failingIDs, suspectKeys := r.failingSnapshot()
+	failingIDs, suspectKeys, cursor := r.failingSnapshot()
+	isFailing := make(map[int64]bool, len(failingIDs))
+	for _, id := range failingIDs {
+		isFailing[id] = true
+	}
 	rows, err := tx.Query(rctx, selectSQL, r.config.BatchSize, failingIDs, suspectKeys)
 	if err != nil {
 		return 0, true, false, fmt.Errorf("outbox relay: selecting unpublished rows: %w", err)
@@ -407,10 +417,33 @@ func (r *Relay) publishBatch(ctx context.Context, wait bool) (n int, locked, mor
 	// wait for the next pass, which follows at once.
 	var passBytes int
 	cut := false
+	// The rows Kafka refused on the last pass come first (the oldest
+	// unpublished rows), one per key. Kept below half of MaxPassBytes,
+	// they leave the other keys room in every pass: a partition without
+	// a leader refusing rows that alone reach MaxPassBytes would
+	// otherwise hold back every session's events and wakes for as long
+	// as it lasts. The ones left out (deferred; their keys still wait on
+	// them) go first on later passes: a pass that deferred some skips, on
+	// the next, the failing rows up to the highest one it tried, until
+	// none is left beyond it.
+	var (
+		failingBytes, failingTried int
+		lastTried                  int64
+		deferred                   = map[int64]bool{}
+	)
 	_, err = pgx.ForEachRow(rows, []any{&id, &topic, &key, &payload}, func() error {
 		if size := messageBytes(key, len(payload)); size > r.maxMessageBytes() {
 			quarantine[id] = fmt.Sprintf("message of about %d bytes exceeds the producer's limit of %d", size, r.maxMessageBytes())
 			return nil
+		}
+		if isFailing[id] {
+			if id <= cursor || (failingTried > 0 && failingBytes+len(payload) > r.config.MaxPassBytes/2) {
+				deferred[id] = true
+				return nil
+			}
+			failingTried++
+			failingBytes += len(payload)
+			lastTried = id
 		}
 		// pgx scans a bytea into a new slice each row (it copies out of
 		// its read buffer), so payload is the row's own: no clone, which
@@ -428,7 +461,24 @@ func (r *Relay) publishBatch(ctx context.Context, wait bool) (n int, locked, mor
 	if err != nil {
 		return 0, true, false, fmt.Errorf("outbox relay: reading unpublished rows: %w", err)
 	}
+	r.failMu.Lock()
+	r.deferred = deferred
+	switch {
+	case len(deferred) == 0:
+		r.failCursor = 0
+	case failingTried == 0:
+		r.failCursor = 0 // every failing row had its turn: start again
+	default:
+		r.failCursor = lastTried
+	}
+	r.failMu.Unlock()
 	if len(pass) == 0 && len(quarantine) == 0 {
+		// Rows this relay remembers as failing and did not see are gone
+		// (published or quarantined by another relay): forgotten here
+		// too, or their keys would be left out of every later pass.
+		r.failMu.Lock()
+		r.forgetUnseen(nil, nil)
+		r.failMu.Unlock()
 		return 0, true, false, nil
 	}
 
@@ -693,18 +743,7 @@ func (r *Relay) send(pass []passRow, quarantine map[int64]string) (ids []int64, 
 			blocked[p.key] = true
 		}
 	}
-	// Forget rows this pass did not see (published or quarantined by
-	// another relay), and remember which keys wait on a failing row.
-	clear(r.suspectKeys)
-	for fid, f := range r.failing {
-		if !selected[fid] {
-			delete(r.failing, fid)
-			continue
-		}
-		if _, q := quarantine[fid]; !q {
-			r.suspectKeys[f.key] = struct{}{}
-		}
-	}
+	r.forgetUnseen(selected, quarantine)
 	if failed == nil && held > 0 {
 		failed = errors.New("an earlier row of the same key was refused")
 	}
@@ -739,9 +778,26 @@ func (r *Relay) produce(msgs []*sarama.ProducerMessage, outcome map[int64]error)
 	}
 }
 
+// forgetUnseen forgets the failing rows the pass neither selected nor
+// deferred (published or quarantined by another relay), and remembers
+// which keys wait on a failing row: every one not quarantined now. The
+// caller holds failMu.
+func (r *Relay) forgetUnseen(selected map[int64]bool, quarantine map[int64]string) {
+	clear(r.suspectKeys)
+	for fid, f := range r.failing {
+		if !selected[fid] && !r.deferred[fid] {
+			delete(r.failing, fid)
+			continue
+		}
+		if _, q := quarantine[fid]; !q {
+			r.suspectKeys[f.key] = struct{}{}
+		}
+	}
+}
+
 // failingSnapshot returns the rows that failed on the last pass of this
-// relay and their keys, for selectSQL.
-func (r *Relay) failingSnapshot() (ids []int64, keys []string) {
+// relay and their keys, for selectSQL, and failCursor.
+func (r *Relay) failingSnapshot() (ids []int64, keys []string, cursor int64) {
 	r.failMu.Lock()
 	defer r.failMu.Unlock()
 	ids = make([]int64, 0, len(r.failing))
@@ -752,7 +808,7 @@ func (r *Relay) failingSnapshot() (ids []int64, keys []string) {
 	for k := range r.suspectKeys {
 		keys = append(keys, k)
 	}
-	return ids, keys
+	return ids, keys, r.failCursor
 }
 
 // forget drops what the relay remembers of row id.
