@@ -158,11 +158,22 @@ func (ex *execution) runStep(ctx context.Context, t *turn, step int, log *slog.L
 				log.WarnContext(ctx, "provider attempt will be retried", append([]any{slog.String("attempt_id", attemptID),
 					slog.Int("tries", tries), slog.Duration("after", wait)}, ex.errorAttrs(ctx, perr)...)...)
 				if !sleep(ctx, wait) {
-					released, err := ex.failTurn(ctx, t, envelope.FailInterrupted, perr, failOpts{AttemptID: attemptID, AttemptState: ledger.AttemptFailed})
+					released, err := ex.failTurn(ctx, t, envelope.FailInterrupted, perr, failOpts{AttemptID: attemptID, AttemptState: uncertainOr(perr, ledger.AttemptFailed)})
+					if errors.Is(perr, provider.ErrOutcomeUnknown) {
+						ex.unknownMetric(err)
+					}
 					return true, released, err
 				}
 				continue
 			}
+		}
+		if errors.Is(perr, provider.ErrOutcomeUnknown) {
+			// The last try of an idempotent provider's step was uncertain
+			// too: it may have been acted on (and billed). Unknown, as a
+			// first uncertain try is for a provider without keys.
+			released, err := ex.failTurn(ctx, t, envelope.FailOutcomeUnknown, perr, failOpts{AttemptID: attemptID, AttemptState: ledger.AttemptUnknown})
+			ex.unknownMetric(err)
+			return true, released, err
 		}
 		reason := envelope.FailProviderError
 		if errors.Is(perr, provider.ErrUnsupported) {
@@ -358,4 +369,13 @@ func sleep(ctx context.Context, d time.Duration) bool {
 	case <-ctx.Done():
 		return false
 	}
+}
+
+// uncertainOr is ledger.AttemptUnknown when err says the request may have
+// been acted on (provider.ErrOutcomeUnknown), else state.
+func uncertainOr(err error, state ledger.AttemptState) ledger.AttemptState {
+	if errors.Is(err, provider.ErrOutcomeUnknown) {
+		return ledger.AttemptUnknown
+	}
+	return state
 }

@@ -213,3 +213,50 @@ func (b *execBundle) runPrompt(t *testing.T, cfg *executor.ExecutorConfig, text 
 	require.NoError(t, err)
 	wait(t, done)
 }
+
+// alwaysProvider answers every request with err.
+type alwaysProvider struct {
+	err     error
+	honours bool
+	mu      sync.Mutex
+	sent    int
+}
+
+func (p *alwaysProvider) HonoursIdempotencyKeys() bool { return p.honours }
+
+func (p *alwaysProvider) Complete(context.Context, provider.Request) (provider.Response, error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.sent++
+	return provider.Response{}, p.err
+}
+
+// A provider that honours idempotency keys gets an uncertain step again,
+// under its key, a few times; when the last try is uncertain too, the
+// attempt may have been acted on (and billed): it is unknown, and the
+// turn fails with outcome_unknown, never as a plain failure that the
+// spend at risk and an operator's resolve would not see. A step that
+// certainly was not sent fails plainly.
+func TestRetriesEndingUncertainLeaveTheAttemptUnknown(t *testing.T) {
+	t.Parallel()
+	for name, tc := range map[string]struct {
+		p            *alwaysProvider
+		state, error string
+	}{
+		"Uncertain": {&alwaysProvider{err: fmt.Errorf("reset: %w", provider.ErrOutcomeUnknown), honours: true}, "unknown", envelope.FailOutcomeUnknown},
+		"NotSent":   {&alwaysProvider{err: fmt.Errorf("dial: %w", provider.ErrNotSent)}, "failed", envelope.FailProviderError},
+	} {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			b := setupExec(t)
+			b.runPrompt(t, &executor.ExecutorConfig{Provider: tc.p}, "hello")
+			tc.p.mu.Lock()
+			require.Equal(t, 6, tc.p.sent, "sent, then five retries")
+			tc.p.mu.Unlock()
+			require.Equal(t, 1, b.count(t, `SELECT count(*) FROM attempts WHERE state = $1`, tc.state))
+			failed := testkit.SessionEvents(t, b.pool, "s", envelope.EventTurnFailed)
+			require.Len(t, failed, 1)
+			require.Equal(t, tc.error, failed[0].Reason)
+		})
+	}
+}
