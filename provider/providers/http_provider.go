@@ -206,11 +206,7 @@ func encodeHTTPRequest(req provider.Request) ([]byte, error) {
 		}
 		hm := httpMessage{ID: m.ID, Role: m.Role, Text: m.Text, ToolCallID: m.ToolCallID, IsError: m.IsError}
 		for _, c := range m.ToolCalls {
-			input, err := jsonObject(c.Input, "{}")
-			if err != nil {
-				return nil, fmt.Errorf("message %s: tool call %s: input: %w: %w", m.ID, c.ID, err, provider.ErrUnsupported)
-			}
-			hm.ToolCalls = append(hm.ToolCalls, httpToolCall{ID: c.ID, Name: c.Name, Input: input})
+			hm.ToolCalls = append(hm.ToolCalls, httpToolCall{ID: c.ID, Name: c.Name, Input: pastCallInput(c.Input)})
 		}
 		out.Messages = append(out.Messages, hm)
 	}
@@ -302,6 +298,20 @@ func checkToolCallIDs(calls []provider.ToolCall) error {
 		seen[c.ID] = true
 	}
 	return nil
+}
+
+// pastCallInput is the input of a tool call of the transcript as the
+// provider is sent it: a JSON object, {} when the model's input was not
+// one (or not storable as JSON: the executor stored its text, and the
+// call failed its tool's input schema, recorded in its result). Refusing
+// it would fail every later step of the session, for good: the
+// transcript keeps the call.
+func pastCallInput(raw []byte) json.RawMessage {
+	obj, err := jsonObject(raw, "{}")
+	if err != nil {
+		return json.RawMessage("{}")
+	}
+	return obj
 }
 
 // jsonObject returns raw, compacted, when it is one JSON object; def when

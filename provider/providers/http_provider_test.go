@@ -2,6 +2,7 @@ package providers_test
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -370,10 +371,9 @@ func TestHTTP(t *testing.T) {
 	t.Run("UnencodableTranscriptIsUnsupported", func(t *testing.T) {
 		t.Parallel()
 		for name, mutate := range map[string]func(*provider.Request){
-			"UnknownRole":          func(r *provider.Request) { r.Messages[0].Role = "system" },
-			"ToolResultWithoutID":  func(r *provider.Request) { r.Messages[2].ToolCallID = "" },
-			"ToolCallInputInvalid": func(r *provider.Request) { r.Messages[1].ToolCalls[0].Input = []byte(`{"city":`) },
-			"SchemaNotAnObject":    func(r *provider.Request) { r.Tools[0].InputSchema = []byte(`"string"`) },
+			"UnknownRole":         func(r *provider.Request) { r.Messages[0].Role = "system" },
+			"ToolResultWithoutID": func(r *provider.Request) { r.Messages[2].ToolCallID = "" },
+			"SchemaNotAnObject":   func(r *provider.Request) { r.Tools[0].InputSchema = []byte(`"string"`) },
 		} {
 			t.Run(name, func(t *testing.T) {
 				t.Parallel()
@@ -385,6 +385,33 @@ func TestHTTP(t *testing.T) {
 				require.ErrorIs(t, err, provider.ErrUnsupported)
 				requireClass(t, err, plain)
 				require.Equal(t, 0, bundle.server.count())
+			})
+		}
+	})
+
+	// A past call whose input was not a JSON object (the executor stored
+	// a model's unstorable input as its text, and the call failed its
+	// schema) is sent with input {}: refusing it would fail every later
+	// step of the session, for good.
+	t.Run("PastCallInputNotAnObjectIsSentEmpty", func(t *testing.T) {
+		t.Parallel()
+		for name, input := range map[string]string{"Truncated": `{"city":`, "AString": `"{\"n\": 1e1000000}"`, "AnArray": `[1]`} {
+			t.Run(name, func(t *testing.T) {
+				t.Parallel()
+				bundle := setupHTTP(t, nil, reply(200, okResponse))
+				req := sampleRequest()
+				req.Messages[1].ToolCalls[0].Input = []byte(input)
+				_, err := bundle.provider.Complete(context.Background(), req)
+				require.NoError(t, err)
+				var sent struct {
+					Messages []struct {
+						ToolCalls []struct {
+							Input json.RawMessage `json:"input"`
+						} `json:"tool_calls"`
+					} `json:"messages"`
+				}
+				require.NoError(t, json.Unmarshal(bundle.server.next(t).Body, &sent))
+				require.JSONEq(t, `{}`, string(sent.Messages[1].ToolCalls[0].Input))
 			})
 		}
 	})

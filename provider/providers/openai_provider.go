@@ -329,14 +329,10 @@ func (p *OpenAI) encodeRequest(req provider.Request) ([]byte, error) {
 				om.Content = nil
 			}
 			for _, c := range m.ToolCalls {
-				args, err := jsonObject(c.Input, "{}")
-				if err != nil {
-					return nil, fmt.Errorf("message %s: tool call %s: input: %w: %w", m.ID, c.ID, err, provider.ErrUnsupported)
-				}
 				om.ToolCalls = append(om.ToolCalls, openAIToolCall{
 					ID:       c.ID,
 					Type:     "function",
-					Function: openAIFunctionCall{Name: c.Name, Arguments: string(args)},
+					Function: openAIFunctionCall{Name: c.Name, Arguments: string(pastCallInput(c.Input))},
 				})
 			}
 			out.Messages = append(out.Messages, om)
