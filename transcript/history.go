@@ -144,37 +144,59 @@ func scanHistory(rows pgx.Rows) ([]provider.TranscriptMessage, error) {
 }
 
 // SettleOrphans places a synthetic error result after every tool call that
-// has none, and drops results whose call is not in the transcript.
+// has none, and drops results that answer no call before them. A result
+// answers the latest call with its ID that is still open: a model may use
+// one call ID again in a later step (providers require IDs unique within
+// one answer only), and the earlier call's result must not pass for the
+// later one's, or the provider would get a call without its result and
+// refuse every later step of the session.
 func SettleOrphans(in []provider.TranscriptMessage) []provider.TranscriptMessage {
-	answered := map[string]bool{}
-	called := map[string]bool{}
-	for _, m := range in {
+	type callAt struct {
+		at int // the assistant message's index in in
+		id string
+	}
+	open := map[string][]int{}
+	answered := map[callAt]int{}
+	keep := make([]bool, len(in))
+	for i, m := range in {
+		keep[i] = true
 		if m.Role == "tool" {
-			answered[m.ToolCallID] = true
+			calls := open[m.ToolCallID]
+			if len(calls) == 0 {
+				keep[i] = false
+				continue
+			}
+			at := calls[len(calls)-1]
+			open[m.ToolCallID] = calls[:len(calls)-1]
+			answered[callAt{at, m.ToolCallID}]++
+			continue
 		}
 		for _, c := range m.ToolCalls {
-			called[c.ID] = true
+			open[c.ID] = append(open[c.ID], i)
 		}
 	}
 	out := make([]provider.TranscriptMessage, 0, len(in))
 	for i := 0; i < len(in); i++ {
 		m := in[i]
-		if m.Role == "tool" && !called[m.ToolCallID] {
+		if !keep[i] {
 			continue
 		}
 		out = append(out, m)
 		if len(m.ToolCalls) == 0 {
 			continue
 		}
+		at := i
 		// Keep the results that follow, then add the missing ones.
 		for i+1 < len(in) && in[i+1].Role == "tool" {
 			i++
-			if called[in[i].ToolCallID] {
+			if keep[i] {
 				out = append(out, in[i])
 			}
 		}
+		seen := map[string]int{}
 		for _, c := range m.ToolCalls {
-			if !answered[c.ID] {
+			seen[c.ID]++
+			if seen[c.ID] > answered[callAt{at, c.ID}] {
 				out = append(out, provider.TranscriptMessage{ID: c.ID + "/unsettled", Role: "tool", ToolCallID: c.ID, IsError: true, Text: UnsettledResult})
 			}
 		}

@@ -31,6 +31,28 @@ func TestSettleOrphans(t *testing.T) {
 	require.Equal(t, msgIDs(out), msgIDs(SettleOrphans(out)))
 }
 
+// A call ID the model used again in a later step: the earlier call's
+// result does not answer the later call, which gets its synthetic result
+// (a provider refuses a call without one, and would refuse every later
+// step of the session).
+func TestSettleOrphansCallIDUsedAgain(t *testing.T) {
+	t.Parallel()
+	in := []provider.TranscriptMessage{
+		{ID: "u1", Role: "user", Text: "go"},
+		{ID: "a1", Role: "assistant", ToolCalls: []provider.ToolCall{{ID: "call-1", Name: "echo"}}},
+		{ID: "r1", Role: "tool", ToolCallID: "call-1", Text: "ok"},
+		{ID: "a2", Role: "assistant", ToolCalls: []provider.ToolCall{{ID: "call-1", Name: "append_line"}}},
+		{ID: "u2", Role: "user", Text: "next"},
+	}
+	out := SettleOrphans(in)
+	require.Equal(t, []string{"u1", "a1", "r1", "a2", "call-1/unsettled", "u2"}, msgIDs(out))
+	require.Equal(t, msgIDs(out), msgIDs(SettleOrphans(out)))
+
+	// A result before any call of its ID answers nothing.
+	out = SettleOrphans([]provider.TranscriptMessage{{ID: "early", Role: "tool", ToolCallID: "call-9"}, in[0]})
+	require.Equal(t, []string{"u1"}, msgIDs(out))
+}
+
 func msgIDs(ms []provider.TranscriptMessage) []string {
 	var out []string
 	for _, m := range ms {
