@@ -184,8 +184,17 @@ func storableResponse(r provider.Response) provider.Response {
 	r.Text = storable(r.Text)
 	if len(r.ToolCalls) > 0 {
 		calls := make([]provider.ToolCall, len(r.ToolCalls))
+		taken := make(map[string]bool, len(r.ToolCalls))
 		for i, c := range r.ToolCalls {
-			calls[i] = provider.ToolCall{ID: storable(c.ID), Name: storable(c.Name), Input: storableJSON(c.Input)}
+			// Two IDs the provider saw as distinct ("a\x00", "a\uFFFD")
+			// can be one once made storable: the second gets a suffix, so
+			// that each call keeps a result of its own.
+			id := storable(c.ID)
+			for n := 2; taken[id]; n++ {
+				id = storable(c.ID) + "~" + strconv.Itoa(n)
+			}
+			taken[id] = true
+			calls[i] = provider.ToolCall{ID: id, Name: storable(c.Name), Input: storableJSON(c.Input)}
 		}
 		r.ToolCalls = calls
 	}

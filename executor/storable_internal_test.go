@@ -10,6 +10,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/promptline/promptline/internal/testkit"
+	"github.com/promptline/promptline/provider"
 )
 
 // numericFits says what PostgreSQL's jsonb says of a JSON number, at the
@@ -51,4 +52,21 @@ func TestNumericFitsAsJSONBDoes(t *testing.T) {
 			require.Equal(t, string(in), s)
 		}
 	}
+}
+
+// Call IDs the provider saw as distinct stay distinct once storable: a
+// NUL and an invalid byte both become U+FFFD.
+func TestStorableResponseKeepsCallIDsDistinct(t *testing.T) {
+	t.Parallel()
+	r := storableResponse(provider.Response{ToolCalls: []provider.ToolCall{
+		{ID: "a\x00", Name: "echo", Input: json.RawMessage(`{}`)},
+		{ID: "a\xff", Name: "echo", Input: json.RawMessage(`{}`)},
+		{ID: "a\uFFFD", Name: "echo", Input: json.RawMessage(`{}`)},
+		{ID: "b", Name: "echo", Input: json.RawMessage(`{}`)},
+	}})
+	var ids []string
+	for _, c := range r.ToolCalls {
+		ids = append(ids, c.ID)
+	}
+	require.Equal(t, []string{"a\uFFFD", "a\uFFFD~2", "a\uFFFD~3", "b"}, ids)
 }
