@@ -122,6 +122,17 @@ func (p *Pruner) Prune(ctx context.Context) (attempts, calls int, err error) {
 			ok   bool
 		)
 		err := pgdb.InTx(ctx, p.pool, func(tx pgx.Tx) error {
+			// The lock in a statement of its own, before the prune's: a
+			// statement's snapshot is taken before it runs, so a resolve
+			// (which takes the lock to re-arm a call) committed between
+			// the prune statement's snapshot and its lock would be judged
+			// on the call as it was, unknown, and the re-armed call
+			// deleted under the continuation that runs it. Held first,
+			// the lock makes the prune statement see every resolve that
+			// committed, and keeps out the rest.
+			if err := tx.QueryRow(ctx, pruneLockSQL, PruneLockKey).Scan(&ok); err != nil || !ok {
+				return err
+			}
 			if _, err := tx.Exec(ctx, pruneSettingsSQL); err != nil {
 				return err
 			}
@@ -179,6 +190,9 @@ func (p *Pruner) run(ctx context.Context) {
 		}
 	}
 }
+
+// pruneLockSQL tries PruneLockKey for the transaction.
+const pruneLockSQL = `SELECT pg_try_advisory_xact_lock($1)`
 
 // pruneSettingsSQL makes the planner reach every row of pruneSQL through
 // an index (every access path has one: migration 00010). Without

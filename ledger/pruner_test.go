@@ -3,13 +3,17 @@ package ledger_test
 import (
 	"context"
 	"fmt"
+	"strings"
+	"sync"
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
 	"github.com/promptline/promptline/internal/startstop/startstoptest"
+	"github.com/promptline/promptline/internal/testkit"
 	"github.com/promptline/promptline/ledger"
 )
 
@@ -220,4 +224,54 @@ func mustPruner(t testing.TB, pool *pgxpool.Pool, cfg *ledger.PrunerConfig) *led
 	p, err := ledger.NewPruner(pool, cfg)
 	require.NoError(t, err)
 	return p
+}
+
+// stmtLog records the SQL of every statement sent.
+type stmtLog struct {
+	mu  sync.Mutex
+	sql []string
+}
+
+func (l *stmtLog) TraceQueryStart(ctx context.Context, _ *pgx.Conn, d pgx.TraceQueryStartData) context.Context {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.sql = append(l.sql, d.SQL)
+	return ctx
+}
+
+func (*stmtLog) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
+
+// The pruner holds its lock before the statement that judges and deletes
+// takes its snapshot: a resolve (which takes the same lock to re-arm an
+// unknown call) that commits between a statement's snapshot and a lock
+// taken inside it would go unseen, and the re-armed call would be deleted
+// under the continuation that runs it.
+func TestPrunerLocksBeforeItsSnapshot(t *testing.T) {
+	t.Parallel()
+	_, url := testkit.Pool(t)
+	cfg, err := pgxpool.ParseConfig(url)
+	require.NoError(t, err)
+	log := &stmtLog{}
+	cfg.ConnConfig.Tracer = log
+	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	p, err := ledger.NewPruner(pool, &ledger.PrunerConfig{Retention: time.Hour})
+	require.NoError(t, err)
+	_, _, err = p.Prune(context.Background())
+	require.NoError(t, err)
+
+	log.mu.Lock()
+	defer log.mu.Unlock()
+	lockAt, pruneAt := -1, -1
+	for i, sql := range log.sql {
+		switch {
+		case strings.Contains(sql, "DELETE FROM attempts"):
+			pruneAt = i
+		case lockAt < 0 && strings.Contains(sql, "pg_try_advisory_xact_lock"):
+			lockAt = i
+		}
+	}
+	require.GreaterOrEqual(t, lockAt, 0, "%q", log.sql)
+	require.Greater(t, pruneAt, lockAt, "the lock is taken by an earlier statement than the prune's: %q", log.sql)
 }
