@@ -129,12 +129,6 @@ const permissionReplySQL = `SELECT status, coalesce(message, '') FROM permission
 
 const permissionGrantedSQL = `SELECT EXISTS (SELECT 1 FROM permission_grants WHERE session_id = $1 AND pattern = $2)`
 
-// parkedTurnSQL reads across owners (tool_calls and attempts are the
-// ledger's): the request names its call, the call its attempt, and only
-// the attempt names the turn's assistant message. One statement reads the
-// three in one snapshot, in the transaction that promotes the reply. It
-// lives with the request it is keyed by, whose absence is what the caller
-// acts on.
 // PendingPermissionRequestParams names the session.
 type PendingPermissionRequestParams struct {
 	SessionID string
@@ -154,6 +148,12 @@ func PendingPermissionRequest(ctx context.Context, q RowQuerier, p *PendingPermi
 const pendingPermissionRequestSQL = `SELECT coalesce(min(request_id), '') FROM permission_requests
 		WHERE session_id = $1 AND status = 'pending'`
 
+// parkedTurnSQL reads across owners (tool_calls and attempts are the
+// ledger's): the request names its call, the call its attempt, and only
+// the attempt names the turn's assistant message. One statement reads the
+// three in one snapshot, in the transaction that promotes the reply. It
+// lives with the request it is keyed by, whose absence is what the caller
+// acts on.
 const parkedTurnSQL = `SELECT a.assistant_message_id FROM permission_requests r
 		JOIN tool_calls c ON c.call_id = r.call_id JOIN attempts a ON a.attempt_id = c.attempt_id
 		WHERE r.request_id = $1 AND r.session_id = $2`
