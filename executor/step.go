@@ -89,6 +89,10 @@ func (ex *execution) runStep(ctx context.Context, t *turn, step int, log *slog.L
 	} else {
 		attemptID = ex.nextAttemptID()
 	}
+	// uncertain: a try of this attempt may have been acted on. A later
+	// try's plain failure (a refusal, retries run out) says nothing of
+	// the earlier one: the attempt stays unknown.
+	uncertain := false
 	for {
 		var req provider.Request
 		if t.begun != nil {
@@ -133,6 +137,7 @@ func (ex *execution) runStep(ctx context.Context, t *turn, step int, log *slog.L
 			ex.unknownMetric(err)
 			return true, released, err
 		}
+		uncertain = uncertain || errors.Is(perr, provider.ErrOutcomeUnknown)
 		if errors.Is(perr, provider.ErrOutcomeUnknown) && !ex.e.idempotentProvider {
 			released, err := ex.failTurn(ctx, t, envelope.FailOutcomeUnknown, perr, failOpts{AttemptID: attemptID, AttemptState: ledger.AttemptUnknown})
 			ex.unknownMetric(err)
@@ -158,8 +163,12 @@ func (ex *execution) runStep(ctx context.Context, t *turn, step int, log *slog.L
 				log.WarnContext(ctx, "provider attempt will be retried", append([]any{slog.String("attempt_id", attemptID),
 					slog.Int("tries", tries), slog.Duration("after", wait)}, ex.errorAttrs(ctx, perr)...)...)
 				if !sleep(ctx, wait) {
-					released, err := ex.failTurn(ctx, t, envelope.FailInterrupted, perr, failOpts{AttemptID: attemptID, AttemptState: uncertainOr(perr, ledger.AttemptFailed)})
-					if errors.Is(perr, provider.ErrOutcomeUnknown) {
+					state := ledger.AttemptFailed
+					if uncertain {
+						state = ledger.AttemptUnknown
+					}
+					released, err := ex.failTurn(ctx, t, envelope.FailInterrupted, perr, failOpts{AttemptID: attemptID, AttemptState: state})
+					if uncertain {
 						ex.unknownMetric(err)
 					}
 					return true, released, err
@@ -167,10 +176,11 @@ func (ex *execution) runStep(ctx context.Context, t *turn, step int, log *slog.L
 				continue
 			}
 		}
-		if errors.Is(perr, provider.ErrOutcomeUnknown) {
-			// The last try of an idempotent provider's step was uncertain
-			// too: it may have been acted on (and billed). Unknown, as a
-			// first uncertain try is for a provider without keys.
+		if uncertain {
+			// A try of an idempotent provider's step was uncertain, and no
+			// later try answered: it may have been acted on (and billed).
+			// Unknown, as a first uncertain try is for a provider without
+			// keys.
 			released, err := ex.failTurn(ctx, t, envelope.FailOutcomeUnknown, perr, failOpts{AttemptID: attemptID, AttemptState: ledger.AttemptUnknown})
 			ex.unknownMetric(err)
 			return true, released, err
@@ -371,11 +381,3 @@ func sleep(ctx context.Context, d time.Duration) bool {
 	}
 }
 
-// uncertainOr is ledger.AttemptUnknown when err says the request may have
-// been acted on (provider.ErrOutcomeUnknown), else state.
-func uncertainOr(err error, state ledger.AttemptState) ledger.AttemptState {
-	if errors.Is(err, provider.ErrOutcomeUnknown) {
-		return ledger.AttemptUnknown
-	}
-	return state
-}

@@ -214,9 +214,10 @@ func (b *execBundle) runPrompt(t *testing.T, cfg *executor.ExecutorConfig, text 
 	wait(t, done)
 }
 
-// alwaysProvider answers every request with err.
+// alwaysProvider answers the requests with errs in turn, the last one
+// from then on.
 type alwaysProvider struct {
-	err     error
+	errs    []error
 	honours bool
 	mu      sync.Mutex
 	sent    int
@@ -228,7 +229,7 @@ func (p *alwaysProvider) Complete(context.Context, provider.Request) (provider.R
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.sent++
-	return provider.Response{}, p.err
+	return provider.Response{}, p.errs[min(p.sent, len(p.errs))-1]
 }
 
 // A provider that honours idempotency keys gets an uncertain step again,
@@ -239,19 +240,26 @@ func (p *alwaysProvider) Complete(context.Context, provider.Request) (provider.R
 // certainly was not sent fails plainly.
 func TestRetriesEndingUncertainLeaveTheAttemptUnknown(t *testing.T) {
 	t.Parallel()
+	uncertain := fmt.Errorf("reset: %w", provider.ErrOutcomeUnknown)
 	for name, tc := range map[string]struct {
 		p            *alwaysProvider
+		sent         int
 		state, error string
 	}{
-		"Uncertain": {&alwaysProvider{err: fmt.Errorf("reset: %w", provider.ErrOutcomeUnknown), honours: true}, "unknown", envelope.FailOutcomeUnknown},
-		"NotSent":   {&alwaysProvider{err: fmt.Errorf("dial: %w", provider.ErrNotSent)}, "failed", envelope.FailProviderError},
+		"Uncertain": {&alwaysProvider{errs: []error{uncertain}, honours: true}, 6, "unknown", envelope.FailOutcomeUnknown},
+		// A refusal of the retry says nothing of the first try.
+		"UncertainThenRefused": {&alwaysProvider{errs: []error{uncertain, fmt.Errorf("401: %w", provider.ErrRejected)}, honours: true},
+			2, "unknown", envelope.FailOutcomeUnknown},
+		"UncertainThenRetriesRunOut": {&alwaysProvider{errs: []error{uncertain, &provider.RetryAfterError{After: time.Millisecond, Err: errors.New("429")}}, honours: true},
+			6, "unknown", envelope.FailOutcomeUnknown},
+		"NotSent": {&alwaysProvider{errs: []error{fmt.Errorf("dial: %w", provider.ErrNotSent)}}, 6, "failed", envelope.FailProviderError},
 	} {
 		t.Run(name, func(t *testing.T) {
 			t.Parallel()
 			b := setupExec(t)
 			b.runPrompt(t, &executor.ExecutorConfig{Provider: tc.p}, "hello")
 			tc.p.mu.Lock()
-			require.Equal(t, 6, tc.p.sent, "sent, then five retries")
+			require.Equal(t, tc.sent, tc.p.sent)
 			tc.p.mu.Unlock()
 			require.Equal(t, 1, b.count(t, `SELECT count(*) FROM attempts WHERE state = $1`, tc.state))
 			failed := testkit.SessionEvents(t, b.pool, "s", envelope.EventTurnFailed)
