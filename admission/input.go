@@ -145,8 +145,7 @@ type WaitingContinuationParams struct {
 }
 
 // WaitingContinuation returns the least message ID of the session's
-// continuations and permission replies that wait (unpromoted, asked to
-// be woken, not quarantined; also behind a permission ask), ""
+// continuations and permission replies that wait (waiting_inputs), ""
 // when none does: an input that continues a turn of the session. The
 // error is the driver's, for the caller to say what it was doing.
 func WaitingContinuation(ctx context.Context, tx pgx.Tx, p *WaitingContinuationParams) (string, error) {
@@ -182,12 +181,8 @@ RETURNING old.session_id, old.quarantine_reason`
 
 const inputWaitsSQL = `SELECT EXISTS (SELECT 1 FROM waiting_inputs WHERE message_id = $1)`
 
-// waitingContinuationSQL reads inputs, not waiting_inputs: the view
-// hides every input but a reply while the session waits for one, and a
-// continuation that waits behind an ask waits all the same.
-const waitingContinuationSQL = `SELECT coalesce(min(message_id), '') FROM inputs
-			WHERE session_id = $1 AND promotion_seq IS NULL AND wake_pending AND quarantine_reason IS NULL
-			  AND kind <> 'prompt' AND kind IN ('continuation', 'permission_reply')`
+const waitingContinuationSQL = `SELECT coalesce(min(message_id), '') FROM waiting_inputs
+			WHERE session_id = $1 AND kind IN ('continuation', 'permission_reply')`
 
 const countQuarantinedInputsSQL = `SELECT count(*) FROM inputs WHERE quarantine_reason IS NOT NULL`
 

@@ -74,7 +74,9 @@ var (
 	ErrContinuationWaits = errors.New("another continuation of the session waits to run")
 	// ErrPermissionPending: the session's turn is parked on a permission
 	// ask, and its reply continues it; a continuation admitted meanwhile
-	// would continue it a second time.
+	// would continue it a second time. Once the reply continued it, the
+	// model has been told the unknown call's outcome is unknown, and the
+	// turn went on past it (ErrSuperseded).
 	ErrPermissionPending = errors.New("the session waits for a permission reply")
 )
 
@@ -293,7 +295,7 @@ func resolveOnce(ctx context.Context, pool *pgxpool.Pool, sessionID, targetID st
 			return fmt.Errorf("reading pending permission requests: %w", err)
 		}
 		if pending != "" {
-			return fmt.Errorf("session %s: %w (request %s); reply to it, or let its reply arrive, then resolve; nothing was recorded",
+			return fmt.Errorf("session %s: %w (request %s), and the reply continues its turn; nothing was recorded",
 				sessionID, ErrPermissionPending, pending)
 		}
 		waiting, err := admission.WaitingContinuation(ctx, tx, &admission.WaitingContinuationParams{SessionID: sessionID})

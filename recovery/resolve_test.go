@@ -9,6 +9,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/promptline/promptline/admission"
 	"github.com/promptline/promptline/envelope"
 	"github.com/promptline/promptline/internal/pgdb"
 	"github.com/promptline/promptline/internal/testkit"
@@ -259,8 +260,8 @@ func TestResolve(t *testing.T) {
 
 	// A turn parked on a permission ask goes on when its reply comes: a
 	// continuation admitted meanwhile would continue it a second time
-	// (invariant 12), and the waiting-continuation check cannot see it
-	// behind the ask. Refused until the reply; then resolved as usual.
+	// (invariant 12). Refused while the ask waits, and once the reply is
+	// admitted, while its input waits (the reply continues the turn).
 	t.Run("RefusedWhileAPermissionAskWaits", func(t *testing.T) {
 		t.Parallel()
 		b := setup(t)
@@ -273,10 +274,16 @@ func TestResolve(t *testing.T) {
 		require.Zero(t, b.count(t, `SELECT count(*) FROM resolutions`))
 		require.Zero(t, b.count(t, `SELECT count(*) FROM inputs WHERE kind = 'continuation'`), "nothing admitted")
 
-		b.exec(t, `UPDATE permission_requests SET status = 'approved', reply = 'once', replied_at = now() WHERE request_id = 'ask-1'`)
-		res, err := b.resolve(t, "s", call.ID, recovery.FindingDidNotRun, "")
+		// The reply admitted: the request answered, its input waits.
+		admitter := admission.NewAdmitter(b.pool, &admission.AdmitterConfig{})
+		out, err := admitter.AdmitReply(context.Background(), []byte("s"),
+			envelope.PermissionReply{RequestID: "ask-1", Reply: "once"}, admission.Source{})
 		require.NoError(t, err)
-		require.NotEmpty(t, res.Resolution.ContinuationID)
+		require.Equal(t, admission.Admitted, out.Outcome)
+		_, err = b.resolve(t, "s", call.ID, recovery.FindingDidNotRun, "")
+		require.ErrorIs(t, err, recovery.ErrContinuationWaits)
+		require.Contains(t, err.Error(), admission.ReplyPrefix+"ask-1")
+		require.Zero(t, b.count(t, `SELECT count(*) FROM inputs WHERE kind = 'continuation'`), "nothing admitted")
 	})
 
 	// A second resolution while the first one's continuation waits is
