@@ -148,5 +148,19 @@ func (ex *execution) resume(ctx context.Context, tx pgx.Tx, inputID string) (*tu
 	if err := admission.PromoteInput(ctx, tx, &admission.PromoteInputParams{MessageID: inputID}); err != nil {
 		return nil, err
 	}
+	// The call asked about (the request's ID is its call's) is still
+	// requested while its turn is parked. Otherwise the turn went on
+	// without this reply (another continuation of it ran the call), and
+	// continuing it again would send a step and act a second time
+	// (invariant 12): the reply is consumed, and nothing continues.
+	state, err := ledger.ReadCallState(ctx, tx, requestID)
+	if err != nil {
+		return nil, err
+	}
+	if state != ledger.CallRequested {
+		ex.e.log.WarnContext(ctx, "permission reply to a call no longer requested; its turn went on without it",
+			slog.String("session_id", ex.sessionID), slog.String("request_id", requestID), slog.String("call_state", string(state)))
+		return ex.selectTurn(ctx, tx)
+	}
 	return ex.continueTurn(ctx, tx, assistant, "")
 }

@@ -119,6 +119,25 @@ func TestPermissions(t *testing.T) {
 		require.Equal(t, []string{"m2"}, completed[1].MessageIDs, "the queued prompt ran after the resumed turn")
 	})
 
+	// A reply whose call is no longer requested (run by another
+	// continuation of its turn) continues nothing: the turn went on
+	// without it. The reply's input is consumed, and nothing is sent or
+	// run again.
+	t.Run("AReplyToACallNoLongerRequestedContinuesNothing", func(t *testing.T) {
+		t.Parallel()
+		b := setupPerm(t)
+		id := approved(t, b)
+		_, err := b.pool.Exec(ctx, `UPDATE tool_calls SET state = 'succeeded', output = 'ran elsewhere', is_error = false,
+			started_at = now(), finished_at = now() WHERE call_id = $1`, id)
+		require.NoError(t, err)
+		attempts := b.count(t, `SELECT count(*) FROM attempts`)
+		runOnce(t, b.exec(), "s")
+		require.Empty(t, b.runs, "the tool did not run again")
+		require.Equal(t, attempts, b.count(t, `SELECT count(*) FROM attempts`), "no step was sent")
+		require.Zero(t, b.count(t, `SELECT count(*) FROM waiting_inputs WHERE session_id = 's'`), "the reply is consumed")
+		require.Zero(t, b.count(t, `SELECT count(*) FROM claims`), "the session is idle")
+	})
+
 	// The reply's admission, delivered again (a consumer killed before it
 	// marked the reply's offset), runs while the parked turn resumes: it
 	// locks the session row, then the request's row. The resume must not
