@@ -380,4 +380,3 @@ func sleep(ctx context.Context, d time.Duration) bool {
 		return false
 	}
 }
-
