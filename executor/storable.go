@@ -189,9 +189,10 @@ func storableResponse(r provider.Response) provider.Response {
 			// Two IDs the provider saw as distinct ("a\x00", "a\uFFFD")
 			// can be one once made storable: the second gets a suffix, so
 			// that each call keeps a result of its own.
-			id := storable(c.ID)
+			base := storable(c.ID)
+			id := base
 			for n := 2; taken[id]; n++ {
-				id = storable(c.ID) + "~" + strconv.Itoa(n)
+				id = base + "~" + strconv.Itoa(n)
 			}
 			taken[id] = true
 			calls[i] = provider.ToolCall{ID: id, Name: storable(c.Name), Input: storableJSON(c.Input)}

@@ -86,7 +86,7 @@ func TestFlags(t *testing.T) {
 		{"RedriveAfterZero", []string{"--redrive-after", "0"}, "--redrive-after: must be positive"},
 		// Checked with the flags, before the database is opened.
 		{"ProviderURLNotAURL", []string{"--provider", "http", "--provider-url", "model.internal/v1"}, "--provider-url: "},
-		{"OpenAIBaseURLNotAURL", []string{"--provider", "openai", "--openai-model", "m", "--openai-base-url", "notaurl"}, `--openai-base-url: "notaurl" is not an absolute http or https URL`},
+		{"OpenAIBaseURLNotAURL", []string{"--provider", "openai", "--openai-model", "m", "--openai-base-url", "notaurl"}, `--openai-base-url: openai provider config: BaseURL "notaurl" is not an absolute http or https URL`},
 		{"OpenAIKeyMissing", []string{"--provider", "openai", "--openai-model", "m", "--openai-api-key-env", "PROMPTLINE_TEST_NO_SUCH_KEY"}, "--openai-api-key-env/--openai-api-key-file: "},
 		{"MetricsAddrEmpty", []string{"--metrics-addr", ""}, `--metrics-addr: "" is not host:port`},
 	} {
@@ -176,6 +176,16 @@ func TestFlags(t *testing.T) {
 			require.Contains(t, stderr, tc.want)
 		})
 	}
+
+	// A bad base URL is named without the credentials it may carry.
+	t.Run("OpenAIBaseURLRedacted", func(t *testing.T) {
+		t.Parallel()
+		_, stderr, code := runOnce(t, append(append([]string{}, base...), "--provider", "openai", "--openai-model", "m",
+			"--openai-base-url", "ftp://user:s3cret@models.internal/v1")...)
+		require.Equal(t, 1, code, stderr)
+		require.Contains(t, stderr, "--openai-base-url: ")
+		require.NotContains(t, stderr, "s3cret")
+	})
 
 	t.Run("BrokerPartitionsZero", func(t *testing.T) {
 		t.Parallel()

@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
-	"net/url"
 	"os"
 	"strings"
 	"time"
@@ -48,8 +47,10 @@ func (p *providerOptions) validate() error {
 		if p.openaiModel == "" {
 			return fmt.Errorf("--openai-model: required with --provider openai")
 		}
-		if u, err := url.Parse(p.openaiBase); err != nil || !u.IsAbs() || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
-			return fmt.Errorf("--openai-base-url: %q is not an absolute http or https URL", p.openaiBase)
+		// The provider's own check of the URL (it redacts credentials in
+		// what it prints); the key is checked next, so a stand-in here.
+		if err := (&providers.OpenAIConfig{BaseURL: p.openaiBase, Model: p.openaiModel, APIKey: "checked below"}).Validate(); err != nil {
+			return fmt.Errorf("--openai-base-url: %w", err)
 		}
 		if _, err := providers.LoadAPIKey(p.openaiKeyEnv, p.openaiKeyFile); err != nil {
 			return fmt.Errorf("--openai-api-key-env/--openai-api-key-file: %w", err)
