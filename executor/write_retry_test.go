@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
@@ -90,6 +91,8 @@ func TestWriteAfterDispatchRetried(t *testing.T) {
 		*execBundle
 		proxy    *pgproxy.Proxy
 		ppool    *pgxpool.Pool       // the executor's pool, through the proxy
+		dials    atomic.Int64        // connections the executor's pool began to open
+		lastDial atomic.Int64        // when the last of them began (Unix ns)
 		logs     *testkit.SyncBuffer // the executor's log
 		provider *gateProvider
 		tool     *effectTool
@@ -108,14 +111,27 @@ func TestWriteAfterDispatchRetried(t *testing.T) {
 		t.Helper()
 		pool, dbURL := testkit.Pool(t)
 		proxy, proxied := pgproxy.StartFor(t, dbURL)
-		ppool, err := pgxpool.New(ctx, proxied)
-		require.NoError(t, err)
-		t.Cleanup(ppool.Close)
 		b := &bundle{
 			execBundle: &execBundle{pool: pool, admitter: admission.NewAdmitter(pool, &admission.AdmitterConfig{})},
-			proxy:      proxy, ppool: ppool, tool: &effectTool{}, block: &blockTool{started: make(chan struct{}, 1)},
+			proxy:      proxy, tool: &effectTool{}, block: &blockTool{started: make(chan struct{}, 1)},
 			provider: &gateProvider{answered: make(chan struct{}, 1), gate: make(chan struct{})},
 		}
+		pcfg, err := pgxpool.ParseConfig(proxied)
+		require.NoError(t, err)
+		// Connections are counted here, where the pool begins them: the
+		// proxy counts a refusal when it accepts, which may come after the
+		// pool gave up on that connection (it waited in the listen queue),
+		// and it also accepts the cancel requests pgx sends, from a
+		// goroutine of its own, for a query cut off mid-way (not a retry).
+		pcfg.BeforeConnect = func(context.Context, *pgx.ConnConfig) error {
+			b.dials.Add(1)
+			b.lastDial.Store(time.Now().UnixNano())
+			return nil
+		}
+		ppool, err := pgxpool.NewWithConfig(ctx, pcfg)
+		require.NoError(t, err)
+		t.Cleanup(ppool.Close)
+		b.ppool = ppool
 		reg := tools.NewRegistry()
 		require.NoError(t, reg.Register(b.tool))
 		require.NoError(t, reg.Register(b.block))
@@ -548,15 +564,23 @@ func TestWriteAfterDispatchRetried(t *testing.T) {
 		// none is under way.
 		require.Eventually(t, func() bool { return b.ppool.Stat().ConstructingConns() == 0 },
 			10*time.Second, 5*time.Millisecond, "the pool's connects end")
-		refused := b.proxy.Stats().Refused
-		require.GreaterOrEqual(t, refused, 2, "it retried while the lease lived")
+		dials := b.dials.Load()
+		require.GreaterOrEqual(t, b.proxy.Stats().Refused, 2, "it retried while the lease lived")
 		b.proxy.Refuse(false)
 		require.Equal(t, 1, b.count(t, `SELECT count(*) FROM claims WHERE phase = 'unknown'`), "the claim is left for recovery")
 		require.Eventually(t, func() bool {
 			return b.count(t, `SELECT count(*) FROM claims WHERE expires_at <= now()`) == 1
 		}, 10*time.Second, 10*time.Millisecond, "the claim expires")
+		// Every retry began while the lease lived: the claim's expiry is
+		// the last renewal's, as nothing reached the database since (the
+		// slack is for a timer's goroutine run late on a loaded machine).
+		var expires time.Time
+		require.NoError(t, b.pool.QueryRow(ctx, `SELECT expires_at FROM claims`).Scan(&expires))
+		last := time.Unix(0, b.lastDial.Load())
+		require.False(t, last.After(expires.Add(250*time.Millisecond)),
+			"a connection began %s after the lease ended", last.Sub(expires))
 		require.Equal(t, 1, b.count(t, `SELECT count(*) FROM attempts WHERE state = 'started'`), "nothing written after the lease")
 		require.Empty(t, events(t, b, "m1", envelope.EventTurnCompleted))
-		require.Equal(t, refused, b.proxy.Stats().Refused, "no retry after giving up")
+		require.Equal(t, dials, b.dials.Load(), "no retry after giving up")
 	})
 }
