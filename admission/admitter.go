@@ -131,7 +131,17 @@ func (a *Admitter) admit(ctx context.Context, batch []Incoming, afterCommit func
 	first := make(map[string]int, len(batch))
 	var cand []int
 	wantWake := make([]bool, len(batch))
+	// A message ID of a tool call's form is a conflict, and takes no part
+	// in the rest (envelope.IsToolCallID): the call's result is written
+	// under that ID once its tool returns, so the prompt's user message
+	// would collide with it, and every claim of the session would fail.
+	// The lookup of messages below sees only results already written.
+	reserved := make([]bool, len(batch))
 	for i, in := range batch {
+		if envelope.IsToolCallID(in.Prompt.MessageID) {
+			reserved[i], outcomes[i] = true, Conflict
+			continue
+		}
 		j, ok := first[in.Prompt.MessageID]
 		if !ok {
 			j = i
@@ -153,6 +163,9 @@ func (a *Admitter) admit(ctx context.Context, batch []Incoming, afterCommit func
 	// copy's session is neither created nor touched (invariant 2).
 	lock := lockSessionsParams{}
 	for i, in := range batch {
+		if reserved[i] {
+			continue
+		}
 		lock.ids = append(lock.ids, in.Prompt.MessageID)
 		lock.sessions = append(lock.sessions, in.Prompt.SessionID)
 		lock.hashes = append(lock.hashes, hashes[i])
@@ -245,6 +258,9 @@ func (a *Admitter) admit(ctx context.Context, batch []Incoming, afterCommit func
 			armed := map[string]bool{}
 			now := time.Now().UTC()
 			for i, in := range batch {
+				if reserved[i] {
+					continue
+				}
 				id, j := in.Prompt.MessageID, firstOf[i]
 				if taken[id] && !isNew[id] {
 					outcomes[i] = Conflict

@@ -84,6 +84,27 @@ func TestAdmitClassifiesEveryCopyAgainstTheStoredRow(t *testing.T) {
 		require.Equal(t, []Outcome{Duplicate}, got)
 	})
 
+	// The same for an ID of a tool call's form before the call's result
+	// is written (envelope.IsToolCallID): it will be, under that ID. Its
+	// copies are conflicts too, and the batch's other prompts are decided
+	// as alone.
+	t.Run("AToolCallsIDIsAConflictBeforeItsResult", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t)
+		call := envelope.ToolCallID("01a252ff-00c9-77d7-83c4-f0dc705cbac5/step-2", 1)
+		got, err := b.a.Admit(ctx, []Incoming{prompt(call, "t", "a", true), prompt("fresh", "s", "b", true),
+			prompt(call, "t", "a", true), prompt("fresh", "s", "b", true)})
+		require.NoError(t, err)
+		require.Equal(t, []Outcome{Conflict, Admitted, Conflict, Duplicate}, got)
+		require.Zero(t, testkit.Count(t, b.pool, `SELECT count(*) FROM inputs WHERE message_id = $1`, call), "not stored")
+		require.Zero(t, testkit.Count(t, b.pool, `SELECT count(*) FROM sessions WHERE session_id = 't'`), "the conflict's session is not created")
+		require.Equal(t, 1, wakes(t, b, "s"))
+		require.Zero(t, wakes(t, b, "t"))
+		got, err = b.a.Admit(ctx, []Incoming{prompt(call, "t", "a", true)})
+		require.NoError(t, err)
+		require.Equal(t, []Outcome{Conflict}, got, "alone too")
+	})
+
 	t.Run("EveryConflictingCopyIsAConflict", func(t *testing.T) {
 		t.Parallel()
 		b := setup(t)

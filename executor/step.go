@@ -315,9 +315,9 @@ func (ex *execution) recordResponse(ctx context.Context, t *turn, step int, atte
 	calls := make([]ledger.CallParams, len(resp.ToolCalls))
 	for i, c := range resp.ToolCalls {
 		calls[i] = ledger.CallParams{
-			ID: fmt.Sprintf("%s/call-%d", attemptID, i), AttemptID: attemptID, Index: i,
+			ID: envelope.ToolCallID(attemptID, i), AttemptID: attemptID, Index: i,
 			ModelCallID: cmp.Or(c.ID, fmt.Sprintf("call-%d", i)), Tool: c.Name, Class: string(ex.classOf(ctx, c)),
-			Input: c.Input, IdempotencyKey: fmt.Sprintf("%s/call-%d", attemptID, i),
+			Input: c.Input, IdempotencyKey: envelope.ToolCallID(attemptID, i),
 		}
 		resp.ToolCalls[i].ID = calls[i].ModelCallID
 	}

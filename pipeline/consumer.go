@@ -623,7 +623,7 @@ func (c *Consumer) handlePrompts(ctx context.Context, batch []*sarama.ConsumerMe
 			p := good[i].Prompt
 			rejects = append(rejects, c.reject(goodMsgs[i], &envelope.RejectError{
 				Reason: envelope.ReasonConflict,
-				Detail: fmt.Sprintf("message_id %q was admitted before with another payload, or names a message of a transcript", p.MessageID),
+				Detail: fmt.Sprintf("message_id %q was admitted before with another payload, or names a message of a transcript (a tool call's ID among them)", p.MessageID),
 			}))
 		}
 	}

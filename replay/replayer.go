@@ -456,7 +456,7 @@ func (r *Replayer) process(ctx, work context.Context, topic string, batch []*sar
 			j.Outcome, j.Reason, j.Detail = Malformed.String(), refused[i].Reason, refused[i].Detail
 		case res.outcomes[i] == Conflict:
 			j.Outcome, j.Reason = Conflict.String(), envelope.ReasonConflict
-			j.Detail = fmt.Sprintf("message_id %q was admitted before with another payload, or names a message of a transcript", d.in.Prompt.MessageID)
+			j.Detail = fmt.Sprintf("message_id %q was admitted before with another payload, or names a message of a transcript (a tool call's ID among them)", d.in.Prompt.MessageID)
 		default:
 			continue
 		}
