@@ -146,28 +146,39 @@ func (r *Recoverer) reconcile(ctx context.Context, tx pgx.Tx, old, nc ledger.Cla
 }
 
 // FailedMessageID is the assistant message recovery creates for a turn it
-// reconciles when the claim's own message was named by an earlier
-// failure. The space keeps it out of reach of senders: no envelope
-// message ID has one (envelope.validID).
+// reconciles when the claim's own message cannot be the one its failure
+// names (failedMessage). The space keeps it out of reach of senders: no
+// envelope message ID has one (envelope.validID).
 func FailedMessageID(executionID string) string { return "recovery-failed " + executionID }
 
 // failedMessage is the assistant message the reconciled turn's turn.failed
-// names: the claim's, unless an earlier reconcile named that one already.
-// That happens when a continuation (recovery's or an operator's
-// resolution) dies before it began a step of its own, while re-running the
-// calls its turn left: its claim still points at the message the first
-// failure named. The second failure then gets an errored message of its
-// own, as the executor creates one for a turn that fails before its step
-// began, so that its turn.failed is a new event (consumers deduplicate on
-// id) and names a message the transcript holds, errored (invariant 12).
+// names: the claim's, marked errored by reconcile just before, unless
+// that message could not be:
+//   - it was answered: a turn that died in a tool call has the step that
+//     asked for the calls as its claim's message, completed with its
+//     tool_call parts, which stays as answered (the executor's
+//     continuation, too, answers in a message of its own);
+//   - an earlier reconcile named it already: a continuation (recovery's
+//     or an operator's resolution) that dies before it began a step of
+//     its own, while re-running the calls its turn left, has a claim that
+//     still points at the message the first failure named; the second
+//     failure's turn.failed must be a new event (consumers deduplicate on
+//     id);
+//   - it is not in the transcript.
+//
+// Then the failure gets an errored message of its own, as the executor
+// creates one for a turn that fails before its step began, so that its
+// turn.failed names a message the transcript holds, errored (invariant
+// 12).
 func (r *Recoverer) failedMessage(ctx context.Context, tx pgx.Tx, old, nc ledger.Claim, ev Evidence) (string, error) {
-	var named bool
-	if err := tx.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM recoveries
+	var own bool
+	if err := tx.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM messages WHERE message_id = $4 AND status = 'errored')
+		AND NOT EXISTS (SELECT 1 FROM recoveries
 		WHERE session_id = $1 AND execution_id <> $2 AND decision = $3 AND evidence->>'assistant_message_id' = $4)`,
-		old.SessionID, old.ExecutionID, DecisionReconciled, old.AssistantMessageID).Scan(&named); err != nil {
-		return "", fmt.Errorf("reading earlier failures of %s: %w", old.AssistantMessageID, err)
+		old.SessionID, old.ExecutionID, DecisionReconciled, old.AssistantMessageID).Scan(&own); err != nil {
+		return "", fmt.Errorf("reading the state and earlier failures of %s: %w", old.AssistantMessageID, err)
 	}
-	if !named {
+	if own {
 		return old.AssistantMessageID, nil
 	}
 	id := FailedMessageID(old.ExecutionID)

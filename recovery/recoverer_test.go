@@ -172,6 +172,37 @@ func TestRecovery(t *testing.T) {
 		require.NoFileExists(t, dir+"/f", "the uncertain call never ran again")
 	})
 
+	// The claim of a turn that died in a tool call names the step message
+	// that asked for the calls, completed with its tool_call parts. The
+	// reconciled turn's turn.failed names a message the transcript holds
+	// errored (invariant 12; session-events.md: "now marked as errored"),
+	// as the executor's continuation answers in a message of its own: the
+	// step's own stays completed, as it was answered.
+	t.Run("ReconciledToolTurnNamesAnErroredMessage", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t)
+		b.admit(t, "s", "m1", "/tool append_line {}")
+		c := b.startTurn(t, "s", "m1")
+		attempt := b.beginAttempt(t, c, 1, "scripted")
+		calls := b.toolStep(t, c, attempt, map[string]string{"append_line": "side_effecting"}, map[string]string{"append_line": `{"file": "f", "line": "x"}`})
+		b.startCall(t, c, calls[0])
+		b.die(t, "s")
+
+		require.Equal(t, 1, b.pass(t).Decisions[recovery.DecisionReconciled])
+		failed := testkit.SessionEvents(t, b.pool, "s", envelope.EventTurnFailed)
+		require.Len(t, failed, 1)
+		require.Equal(t, []string{"m1"}, failed[0].MessageIDs)
+		var status, turn string
+		var answers []string
+		require.NoError(t, b.pool.QueryRow(context.Background(), `SELECT status, answers, coalesce(turn_id, '') FROM messages WHERE message_id = $1`,
+			failed[0].AssistantMessageID).Scan(&status, &answers, &turn))
+		require.Equal(t, "errored", status, "turn.failed names %s", failed[0].AssistantMessageID)
+		require.Equal(t, []string{"m1"}, answers)
+		require.Equal(t, c.assistant, turn, "the turn's")
+		require.Equal(t, 1, b.count(t, `SELECT count(*) FROM messages WHERE message_id = $1 AND status = 'completed'`, c.assistant),
+			"the step's message stays as answered")
+	})
+
 	// One uncertain side-effecting call is enough to reconcile, whatever
 	// idempotent calls started beside it: none of them is re-armed.
 	t.Run("StartedSideEffectingBesideIdempotentIsReconciled", func(t *testing.T) {

@@ -57,8 +57,9 @@ func (b *testBundle) crashDuringCall(t *testing.T, session string) {
 // A resolution's continuation continues the turn with its claim pointing
 // at the target's assistant message M until it begins a step of its own.
 // When such a continuation dies inside the re-run call, recovery reconciles
-// it and, M being named by the first failure already, creates the errored
-// message "recovery-failed <exec>", newer than M. The operator resolves
+// it and creates the errored message "recovery-failed <exec>", newer than
+// M (M is the step that asked for the call: answered, and named by no
+// failure). The operator resolves
 // the call's round 2; its continuation again points its claim at M and
 // again dies inside the call. That errored message is the rest of the same
 // turn, not a newer turn: the third failure must be reconciled like the
@@ -75,7 +76,9 @@ func TestThirdFailureOfATurnIsReconciledNotSuperseded(t *testing.T) {
 	b.crashDuringCall(t, "s") // the round 1 continuation dies inside the call
 	p := b.pass(t)
 	require.Equal(t, 1, p.Decisions[recovery.DecisionReconciled], "second failure: reconciled")
-	require.Equal(t, 1, b.count(t, `SELECT count(*) FROM messages WHERE message_id LIKE 'recovery-failed %'`))
+	// Each failure names an errored message of its own: M, the step
+	// that asked for the call, stays completed.
+	require.Equal(t, 2, b.count(t, `SELECT count(*) FROM messages WHERE message_id LIKE 'recovery-failed %' AND status = 'errored'`))
 
 	_, err = b.resolveRound(t, "s", call.ID, recovery.FindingDidNotRun, 2)
 	require.NoError(t, err)
