@@ -171,14 +171,17 @@ func FailedMessageID(executionID string) string { return "recovery-failed " + ex
 // turn.failed names a message the transcript holds, errored (invariant
 // 12).
 func (r *Recoverer) failedMessage(ctx context.Context, tx pgx.Tx, old, nc ledger.Claim, ev Evidence) (string, error) {
-	var own bool
-	if err := tx.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM messages WHERE message_id = $4 AND status = 'errored')
-		AND NOT EXISTS (SELECT 1 FROM recoveries
-		WHERE session_id = $1 AND execution_id <> $2 AND decision = $3 AND evidence->>'assistant_message_id' = $4)`,
-		old.SessionID, old.ExecutionID, DecisionReconciled, old.AssistantMessageID).Scan(&own); err != nil {
-		return "", fmt.Errorf("reading the state and earlier failures of %s: %w", old.AssistantMessageID, err)
+	a, err := transcript.ReadAssistantTurn(ctx, tx, &transcript.AssistantTurnParams{MessageID: old.AssistantMessageID})
+	if err := interpretError(err); err != nil && !errors.Is(err, errNotFound) {
+		return "", fmt.Errorf("reading the claim's message %s: %w", old.AssistantMessageID, err)
 	}
-	if own {
+	var named bool
+	if err := tx.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM recoveries
+		WHERE session_id = $1 AND execution_id <> $2 AND decision = $3 AND evidence->>'assistant_message_id' = $4)`,
+		old.SessionID, old.ExecutionID, DecisionReconciled, old.AssistantMessageID).Scan(&named); err != nil {
+		return "", fmt.Errorf("reading earlier failures of %s: %w", old.AssistantMessageID, err)
+	}
+	if a.Status == "errored" && !named {
 		return old.AssistantMessageID, nil
 	}
 	id := FailedMessageID(old.ExecutionID)
