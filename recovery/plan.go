@@ -9,6 +9,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/promptline/promptline/internal/pgdb"
 	"github.com/promptline/promptline/ledger"
 )
 
@@ -160,14 +161,43 @@ func (r *Recoverer) planClaims(ctx context.Context, tx pgx.Tx, sessionID string,
 	}
 	out := make([]PlannedClaim, 0, len(claims))
 	for _, c := range claims {
-		ev, err := r.gather(ctx, tx, c)
-		if err != nil {
+		ev, err := r.gatherAlone(ctx, tx, c)
+		var d Decision
+		switch {
+		case err == nil:
+			d = Decide(c, ev, r.cfg.IdempotentProviders)
+		case ctx.Err() != nil || pgdb.Transient(err):
 			return nil, fmt.Errorf("planning %s: %w", c.SessionID, err)
+		default:
+			// A row whose evidence cannot be read (a value the columns
+			// admit and the decision cannot: a hand edit, a bug's row) is
+			// planned as the pass decides it, quarantined, and the page
+			// goes on: failing the page, it would stop every plan, every
+			// apply and the held gauge at that row (invariant 10).
+			d = Decision{Decision: DecisionQuarantined, QuarantineReason: "decision failed: " + err.Error(), failed: true}
 		}
 		out = append(out, PlannedClaim{SessionID: c.SessionID, ExecutionID: c.ExecutionID, Token: c.Token,
-			Decision: Decide(c, ev, r.cfg.IdempotentProviders), Evidence: ev})
+			Decision: d, Evidence: ev})
 	}
 	return out, nil
+}
+
+// gatherAlone is gather under a savepoint of tx: a statement the server
+// refuses aborts only the savepoint, so that the page's other claims are
+// still read in tx.
+func (r *Recoverer) gatherAlone(ctx context.Context, tx pgx.Tx, c ledger.Claim) (Evidence, error) {
+	sp, err := tx.Begin(ctx)
+	if err != nil {
+		return Evidence{}, err
+	}
+	ev, err := r.gather(ctx, sp, c)
+	if err != nil {
+		if rerr := sp.Rollback(ctx); rerr != nil {
+			return ev, fmt.Errorf("%w (and rolling back to the savepoint: %w)", err, rerr)
+		}
+		return ev, err
+	}
+	return ev, sp.Commit(ctx)
 }
 
 // scanExpired reads the expired claims a pass handles, bounded and in its

@@ -244,10 +244,16 @@ func stillInvalid(ctx context.Context, tx pgx.Tx, session string) (string, error
 		return "", fmt.Errorf("reading the claim of %s: it is gone", session)
 	}
 	ev, err := gather(ctx, tx, c)
-	if err != nil {
+	switch {
+	case err == nil:
+		return validate(c, ev), nil
+	case ctx.Err() != nil || pgdb.Transient(err):
 		return "", err
 	}
-	return validate(c, ev), nil
+	// Its evidence cannot be read, as when it was quarantined "decision
+	// failed": still invalid (the release is refused and rolled back), not
+	// an error that would stop a bulk release at this row.
+	return "its evidence cannot be read: " + err.Error(), nil
 }
 
 // quarantinedPageParams selects a page of one kind's quarantined rows for
