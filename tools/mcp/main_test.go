@@ -2,7 +2,9 @@ package mcp_test
 
 import (
 	"context"
+	"fmt"
 	"os"
+	"syscall"
 	"testing"
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
@@ -22,8 +24,9 @@ func TestMain(m *testing.M) {
 	testkit.Main(m)
 }
 
-// stdioServer serves two tools: echo answers, crash kills the server
-// in the middle of the call.
+// stdioServer serves three tools: echo answers, crash kills the server
+// in the middle of the call, pgrp answers the server's process ID and
+// process group.
 func stdioServer() {
 	s := mcp.NewServer(&mcp.Implementation{Name: "stdio-test", Version: "1"}, nil)
 	schema := map[string]any{"type": "object"}
@@ -35,6 +38,11 @@ func stdioServer() {
 		func(context.Context, *mcp.CallToolRequest) (*mcp.CallToolResult, error) {
 			os.Exit(3)
 			return nil, nil
+		})
+	s.AddTool(&mcp.Tool{Name: "pgrp", InputSchema: schema, Annotations: &mcp.ToolAnnotations{ReadOnlyHint: true}},
+		func(context.Context, *mcp.CallToolRequest) (*mcp.CallToolResult, error) {
+			text := fmt.Sprintf("%d %d", os.Getpid(), syscall.Getpgrp())
+			return &mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{Text: text}}}, nil
 		})
 	if err := s.Run(context.Background(), &mcp.StdioTransport{}); err != nil {
 		os.Exit(1)

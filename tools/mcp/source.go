@@ -175,6 +175,14 @@ func (s *server) transport() mcp.Transport {
 		}
 	}
 	cmd.Stderr = cmp.Or[io.Writer](s.opts.Stderr, io.Discard)
+	// A process group of its own: in the consumer's, the signal a
+	// terminal's Ctrl-C (or a service manager) sends the whole group would
+	// kill the server at once, while the consumer takes its first SIGINT as
+	// a graceful stop and lets running calls finish within the grace; a
+	// call out on a killed server ends unknown. The consumer closes its
+	// servers after its executor stopped (Source.Close), and a server
+	// whose consumer died reads the end of its stdin.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	return &mcp.CommandTransport{Command: cmd, TerminateDuration: 2 * time.Second}
 }
 

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -11,6 +12,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"sync"
+	"syscall"
 	"testing"
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
@@ -375,7 +377,7 @@ func TestStdioServerCrashMidCall(t *testing.T) {
 	self, err := os.Executable()
 	require.NoError(t, err)
 	_, reg := connect(t, &promptmcp.Config{Servers: []promptmcp.ServerConfig{{Name: "local", Command: []string{self, stdioServerArg}}}})
-	require.Equal(t, map[string]tools.Class{"local__echo": tools.Idempotent, "local__crash": tools.SideEffecting}, classes(reg))
+	require.Equal(t, map[string]tools.Class{"local__echo": tools.Idempotent, "local__crash": tools.SideEffecting, "local__pgrp": tools.Idempotent}, classes(reg))
 
 	_, err = run(t, reg, "local__crash", `{}`, "k1", 1)
 	require.Error(t, err)
@@ -384,4 +386,24 @@ func TestStdioServerCrashMidCall(t *testing.T) {
 	res, err := run(t, reg, "local__echo", `{}`, "k2", 1)
 	require.NoError(t, err, "the next call starts the server again")
 	require.Equal(t, tools.Result{Output: "echo"}, res)
+}
+
+// TestStdioServerHasItsOwnProcessGroup: a stdio server is the leader of
+// a process group of its own. In the consumer's, a terminal's Ctrl-C (or
+// a service manager's signal to the whole group) killed it at once, while
+// the consumer's first SIGINT is the graceful stop: a call it was running
+// ended unknown, where the grace would have let it finish. The consumer
+// closes its servers after the executor stopped.
+func TestStdioServerHasItsOwnProcessGroup(t *testing.T) {
+	t.Parallel()
+	self, err := os.Executable()
+	require.NoError(t, err)
+	_, reg := connect(t, &promptmcp.Config{Servers: []promptmcp.ServerConfig{{Name: "local", Command: []string{self, stdioServerArg}}}})
+	res, err := run(t, reg, "local__pgrp", `{}`, "k1", 1)
+	require.NoError(t, err)
+	var pid, pgrp int
+	_, err = fmt.Sscanf(res.Output, "%d %d", &pid, &pgrp)
+	require.NoError(t, err, res.Output)
+	require.NotEqual(t, syscall.Getpgrp(), pgrp, "the server is in the consumer's process group")
+	require.Equal(t, pid, pgrp, "the server leads its group")
 }
