@@ -1,7 +1,12 @@
 package main
 
 import (
+	"fmt"
 	"net"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
 	"sync"
 	"syscall"
 	"testing"
@@ -86,6 +91,83 @@ func TestSigtermDuringStartupStopsCleanly(t *testing.T) {
 			t.Logf("exited %s after the signal", time.Since(signalled).Round(time.Millisecond))
 			require.True(t, st.Success(), "SIGTERM during startup should stop the consumer cleanly, it ended with %s\n%s", st, p.stderr.String())
 			require.NotNil(t, findLog(p.stderr.String(), "consumer stopped during startup"), p.stderr.String())
+		})
+	}
+}
+
+// childOf is the pid of a child of ppid whose command is name and whose
+// arguments include arg, or 0.
+func childOf(ppid int, name, arg string) int {
+	ents, _ := os.ReadDir("/proc")
+	for _, e := range ents {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+		if err != nil {
+			continue
+		}
+		s := string(b)
+		l, r := strings.IndexByte(s, '('), strings.LastIndexByte(s, ')')
+		if l < 0 || r < 0 || r+2 > len(s) {
+			continue
+		}
+		f := strings.Fields(s[r+2:]) // state, ppid, ...
+		if s[l+1:r] != name || len(f) < 2 || f[1] != strconv.Itoa(ppid) {
+			continue
+		}
+		if cl, _ := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid)); strings.Contains(string(cl), "\x00"+arg+"\x00") || strings.HasSuffix(string(cl), "\x00"+arg) {
+			return pid
+		}
+	}
+	return 0
+}
+
+// A SIGTERM while the consumer starts its local cluster (no database URL:
+// the demo's way) is a clean stop too. Its initdb or pg_ctl, killed as the
+// start was stopped, made the error "signal: killed", which is no
+// cancellation: exit 1, with initdb's whole output. And pg_ctl had forked
+// the server, which went on starting with no process using it, and none
+// to stop it. Now: exit 0, no server left running, no half-made cluster,
+// and the next process uses the cluster.
+func TestSigtermWhileLocalClusterStarts(t *testing.T) {
+	t.Parallel()
+	addr := testkit.Broker(t, testPartitions).Addr()
+	for _, tc := range []struct{ tool, arg string }{{"initdb", "-D"}, {"pg_ctl", "start"}} {
+		t.Run(tc.tool, func(t *testing.T) {
+			t.Parallel()
+			env, dir := localClusterEnv(t)
+			args := []string{"--brokers", addr, "--metrics-addr", "127.0.0.1:0", "--partitions", fmt.Sprint(testPartitions), "--group", "test-" + uuid.NewString()}
+			if tc.tool == "pg_ctl" { // a cluster made, not running
+				first := startProcEnv(t, "consumer-local-first", env, args...)
+				first.waitLog(t, "consumer running", 2*time.Minute)
+				require.True(t, first.stop(t).Success(), first.stderr.String())
+				require.NoFileExists(t, filepath.Join(dir, "postmaster.pid"))
+			}
+			p := startProcEnv(t, "consumer-local", env, args...)
+			deadline := time.Now().Add(time.Minute)
+			for childOf(p.cmd.Process.Pid, tc.tool, tc.arg) == 0 {
+				require.True(t, p.running(), p.stderr.String())
+				require.True(t, time.Now().Before(deadline), "no %s %s seen", tc.tool, tc.arg)
+				time.Sleep(time.Millisecond)
+			}
+			if tc.tool == "pg_ctl" {
+				time.Sleep(40 * time.Millisecond) // the server forked, pg_ctl waits for it
+			}
+			require.NoError(t, p.cmd.Process.Signal(syscall.SIGTERM))
+			st := p.waitExit(t, time.Minute)
+			require.True(t, st.Success(), "SIGTERM while the local cluster starts: %s\n%s", st, p.stderr.String())
+			require.NotNil(t, findLog(p.stderr.String(), "consumer stopped during startup"), p.stderr.String())
+			require.NoFileExists(t, filepath.Join(dir, "postmaster.pid"), "no process uses the cluster, and its server runs")
+
+			if tc.tool == "initdb" { // no half-made cluster where the next start looks
+				require.NoDirExists(t, dir)
+				require.NoDirExists(t, dir+".init")
+				return
+			}
+			migrate := startProcEnv(t, "migrate-local", env, "migrate")
+			require.True(t, migrate.waitExit(t, 2*time.Minute).Success(), "the next process uses the cluster\n%s", migrate.stderr.String())
 		})
 	}
 }

@@ -170,13 +170,19 @@ func (c *Cluster) Stop() error {
 	return errors.Join(err, os.RemoveAll(c.Dir))
 }
 
+// run runs one of the server's tools, killed when ctx ends. The tool runs
+// in a process group of its own: a terminal's Ctrl-C, sent to the whole
+// foreground group, reaches the caller alone, whose context then decides
+// (a stop during startup is a clean stop, not a failed initdb). An error
+// after ctx ended wraps ctx's cause, not the tool's "signal: killed".
 func (c *Cluster) run(ctx context.Context, name string, args ...string) error {
 	cmd := exec.CommandContext(ctx, filepath.Join(c.bin, name), args...)
 	cmd.Dir = c.Dir
-	if c.cred != nil {
-		cmd.SysProcAttr = &syscall.SysProcAttr{Credential: c.cred}
-	}
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Credential: c.cred}
 	if out, err := cmd.CombinedOutput(); err != nil {
+		if ctx.Err() != nil {
+			return fmt.Errorf("throwaway PostgreSQL: %s was stopped: %w", name, context.Cause(ctx))
+		}
 		return fmt.Errorf("throwaway PostgreSQL: %s: %w\n%s", name, err, out)
 	}
 	return nil

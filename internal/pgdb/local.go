@@ -123,7 +123,25 @@ func openLocal(ctx context.Context, dir string, mustExist bool) (lc *localCluste
 	// loses power must not leave it corrupt.
 	opts := fmt.Sprintf("-p %d -k %s -c listen_addresses=127.0.0.1 -c synchronous_commit=off -c max_connections=200", c.Port, dir)
 	logFile := filepath.Join(dir, "server.log")
-	if err = c.run(ctx, "pg_ctl", "-D", dir, "-o", opts, "-l", logFile, "-w", "-t", "60", "start"); err != nil {
+	// pg_ctl forks the server, which goes on starting when pg_ctl is
+	// killed: a start cut short by ctx (a stop during startup) would leave
+	// a server that no process uses and none would stop, and a stop sent
+	// in the first instants after the fork finds no postmaster.pid yet. So
+	// the start runs to its end (its own -t 60 bounds it), and a stop that
+	// came meanwhile stops the server after it. Nobody else can have come
+	// to use it: this process holds the lock.
+	startCtx, cancelStart := context.WithTimeout(context.WithoutCancel(ctx), 90*time.Second)
+	err = c.run(startCtx, "pg_ctl", "-D", dir, "-o", opts, "-l", logFile, "-w", "-t", "60", "start")
+	cancelStart()
+	if err != nil || ctx.Err() != nil {
+		stopCtx, cancelStop := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
+		_ = c.run(stopCtx, "pg_ctl", "-D", dir, "-m", "fast", "-w", "stop")
+		cancelStop()
+	}
+	if ctx.Err() != nil {
+		return nil, false, nil, fmt.Errorf("local PostgreSQL in %s: stopped while it started: %w", dir, context.Cause(ctx))
+	}
+	if err != nil {
 		// pg_ctl says only "Examine the log output"; the reason is there.
 		// The data directory is kept: the advice is never to remove it.
 		return nil, false, nil, fmt.Errorf("local PostgreSQL in %s did not start; the end of %s:\n%s\n%w",
@@ -298,9 +316,9 @@ func (c *Cluster) runningPort(ctx context.Context) (int, bool) {
 func (c *Cluster) postmasterPid(ctx context.Context) (pid, port int, ok bool) {
 	cmd := exec.CommandContext(ctx, filepath.Join(c.bin, "pg_ctl"), "-D", c.Dir, "status")
 	cmd.Dir = c.Dir
-	if c.cred != nil {
-		cmd.SysProcAttr = &syscall.SysProcAttr{Credential: c.cred}
-	}
+	// A group of its own, as Cluster.run's: killed by a terminal's Ctrl-C,
+	// it would read as "no server running".
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Credential: c.cred}
 	if cmd.Run() != nil {
 		return 0, 0, false
 	}
