@@ -186,7 +186,7 @@ func (h *observedHandler) ConsumeClaim(s sarama.ConsumerGroupSession, claim sara
 }
 
 // markTracker is the session as one claim's handler sees it: MarkMessage
-// also records the next offset, for the lag.
+// and MarkOffset also record the next offset, for the lag.
 type markTracker struct {
 	sarama.ConsumerGroupSession
 	claim sarama.ConsumerGroupClaim
@@ -200,6 +200,23 @@ func (t *markTracker) MarkMessage(msg *sarama.ConsumerMessage, metadata string) 
 		t.next.Store(msg.Offset + 1)
 		t.refresh()
 	}
+}
+
+// MarkOffset is MarkMessage's by offset (the wakes' handler marks so):
+// offset is the next to consume. As in Sarama, a lower offset than one
+// marked already changes nothing.
+func (t *markTracker) MarkOffset(topic string, partition int32, offset int64, metadata string) {
+	t.ConsumerGroupSession.MarkOffset(topic, partition, offset, metadata)
+	if topic != t.claim.Topic() || partition != t.claim.Partition() {
+		return
+	}
+	for {
+		next := t.next.Load()
+		if offset <= next || t.next.CompareAndSwap(next, offset) {
+			break
+		}
+	}
+	t.refresh()
 }
 
 func (t *markTracker) refresh() {

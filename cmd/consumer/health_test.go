@@ -114,6 +114,42 @@ func TestConsumerLagSeries(t *testing.T) {
 	require.Empty(t, ch, "the series is removed when the claim ends")
 }
 
+// The wakes' handler marks by offset (MarkOffset: a wake's offset is
+// marked once every wake before it is done), not by message. The lag
+// followed MarkMessage only: a wakes partition's lag grew with every wake
+// since its assignment, and never went down, so the lag alert would page
+// for good on a healthy consumer.
+func TestConsumerLagFollowsMarkOffset(t *testing.T) {
+	t.Parallel()
+	lag := prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "lag"}, []string{"topic", "partition"})
+	var during float64
+	h := &observedHandler{ConsumerGroupHandler: markOffsets{after: func() { during = gaugeValue(t, lag, "wakes", "9") }}, ready: &readiness{}, lag: lag}
+	claim := &fakeClaim{topic: "wakes", partition: 9, initial: 0, hwm: 6, msgs: make(chan *sarama.ConsumerMessage, 8)}
+	for off := int64(0); off < 6; off++ {
+		claim.msgs <- &sarama.ConsumerMessage{Topic: "wakes", Partition: 9, Offset: off}
+	}
+	close(claim.msgs)
+	require.NoError(t, h.ConsumeClaim(&fakeSession{ctx: t.Context()}, claim))
+	require.Equal(t, 0.0, during, "every wake marked: none behind")
+}
+
+// markOffsets marks every message of the claim by its offset, as the
+// pipeline's wakes handler does, then calls after; an offset lower than
+// one marked already changes nothing, as in Sarama.
+type markOffsets struct {
+	nopHandler
+	after func()
+}
+
+func (h markOffsets) ConsumeClaim(s sarama.ConsumerGroupSession, c sarama.ConsumerGroupClaim) error {
+	for m := range c.Messages() {
+		s.MarkOffset(m.Topic, m.Partition, m.Offset+1, "")
+		s.MarkOffset(m.Topic, m.Partition, 0, "")
+	}
+	h.after()
+	return nil
+}
+
 func gaugeValue(t *testing.T, vec *prometheus.GaugeVec, labels ...string) float64 {
 	t.Helper()
 	g, err := vec.GetMetricWithLabelValues(labels...)
@@ -160,6 +196,7 @@ type fakeSession struct {
 func (s *fakeSession) Context() context.Context                    { return s.ctx }
 func (s *fakeSession) GenerationID() int32                         { return s.generation }
 func (s *fakeSession) MarkMessage(*sarama.ConsumerMessage, string) {}
+func (s *fakeSession) MarkOffset(string, int32, int64, string)     {}
 
 type fakeClaim struct {
 	topic     string
