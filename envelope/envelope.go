@@ -407,5 +407,18 @@ func truncate(b []byte, n int) string {
 	return string(b)
 }
 
-// Marshal encodes p as producers should publish it.
-func Marshal(p Prompt) ([]byte, error) { return json.Marshal(p) }
+// Marshal encodes p as producers should publish it: without the HTML
+// escapes of json.Marshal, which write <, > and & as six bytes each, so
+// that a text of markup would take up to six times its size on the wire,
+// and a prompt admission takes could be refused for its size by its own
+// producer (marshalEvent does the same for events). U+2028 and U+2029 are
+// still escaped (encoding/json always does): six bytes for three.
+func Marshal(p Prompt) ([]byte, error) {
+	var buf bytes.Buffer
+	enc := json.NewEncoder(&buf)
+	enc.SetEscapeHTML(false)
+	if err := enc.Encode(p); err != nil {
+		return nil, err
+	}
+	return bytes.TrimSuffix(buf.Bytes(), []byte("\n")), nil
+}

@@ -529,3 +529,19 @@ func TestLimitsBeyondDecode(t *testing.T) {
 		}
 	})
 }
+
+// TestMarshalKeepsAnAdmissiblePromptAdmissible: Marshal writes a text as
+// itself, without json.Marshal's HTML escapes (six bytes for each <, > or
+// &): 400,000 '<' made a 2.4 MB envelope of a 400 kB prompt, which the
+// client and `producer send` refused for its size, though admission takes
+// it sent by any other producer.
+func TestMarshalKeepsAnAdmissiblePromptAdmissible(t *testing.T) {
+	t.Parallel()
+	p := envelope.Prompt{MessageID: "m-1", SessionID: "s-1", Text: strings.Repeat("<&>", 130000), Delivery: envelope.DeliveryQueue}
+	v, err := envelope.Marshal(p)
+	require.NoError(t, err)
+	require.Less(t, len(v), len(p.Text)+100, "the text is written as itself")
+	got, err := envelope.Decode([]byte("s-1"), v, envelope.Limits{})
+	require.NoError(t, err)
+	require.Equal(t, p, got)
+}
