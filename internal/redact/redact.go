@@ -1,8 +1,10 @@
 package redact
 
 import (
+	"errors"
 	"net/url"
 	"regexp"
+	"strconv"
 	"strings"
 )
 
@@ -70,8 +72,11 @@ func maskQuery(q string) string {
 }
 
 var (
-	// userinfo: from "scheme://user:" to the last '@' of the word.
-	userinfo = regexp.MustCompile(`(://[^:/@\s"'<>]*:)[^\s"'<>` + "`" + `]*@`)
+	// userinfo: from "scheme://user:" to the last '@' of the value (URL is
+	// given one value: a flag's, a setting's, or a word of free text that
+	// urlInText found), whatever lies between: a password may hold a
+	// space, a quote or a '<', which net/url refuses.
+	userinfo = regexp.MustCompile(`(?s)(://[^:/@\s"'<>]*:).*@`)
 	// secretQuery: a secret parameter's value, in a query or a
 	// comma/semicolon separated list.
 	secretQuery = regexp.MustCompile(`(?i)([?&;,]\s*[a-z0-9_.\-]*(?:token|secret|passw|pwd|key|sig|auth|credential)[a-z0-9_.\-]*=)[^&;,\s"'<>#]*`)
@@ -99,11 +104,30 @@ func Text(s string) string {
 
 // Error returns err with its text redacted (Text); errors.Is and errors.As
 // still see the errors it wraps. Nil stays nil.
+//
+// A URL net/url refused (a *url.Error in err's chain: a password with a
+// space or a quote) is masked as a whole value first, raw and as %q
+// quotes it: in free text its end cannot be told (urlInText stops at a
+// space or a quote), and the rest of the password would show.
 func Error(err error) error {
 	if err == nil {
 		return nil
 	}
-	return &redacted{msg: Text(err.Error()), err: err}
+	msg := err.Error()
+	for e := err; e != nil; {
+		var ue *url.Error
+		if !errors.As(e, &ue) {
+			break
+		}
+		if ue.URL != "" {
+			masked := URL(ue.URL)
+			quoted, maskedQuoted := strconv.Quote(ue.URL), strconv.Quote(masked)
+			msg = strings.ReplaceAll(msg, quoted[1:len(quoted)-1], maskedQuoted[1:len(maskedQuoted)-1])
+			msg = strings.ReplaceAll(msg, ue.URL, masked)
+		}
+		e = ue.Err
+	}
+	return &redacted{msg: Text(msg), err: err}
 }
 
 type redacted struct {

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"net/url"
 	"strings"
 	"testing"
 
@@ -31,10 +32,15 @@ func TestURL(t *testing.T) {
 		{"name=n,url=http://u:pw@h/x?token=t,class=bogus", "name=n,url=http://u:****@h/x?token=****,class=bogus"},
 		{"ftp://u:pw@h/x?token=t", "ftp://u:****@h/x?token=****"},
 		{"not a url", "not a url"},
+		// A password with a space, a quote or a '<': net/url refuses it.
+		{"http://u:s3cr et@h/", "http://u:****@h/"},
+		{`postgres://app:s3cr"et@db:5432/promptline`, "postgres://app:****@db:5432/promptline"},
+		{"https://u:s3cr<et@h/v1", "https://u:****@h/v1"},
+		{"name=n,url=http://u:s3cr et@h/x,class=c", "name=n,url=http://u:****@h/x,class=c"},
 	} {
 		got := redact.URL(tc.in)
 		require.Equal(t, tc.want, got, tc.in)
-		for _, secret := range []string{"s3cret", "abc123", "pa/ss", "p@ss", "pw@", "token=t", "s 3 cret", "1/ss"} {
+		for _, secret := range []string{"s3cret", "abc123", "pa/ss", "p@ss", "pw@", "token=t", "s 3 cret", "1/ss", "s3cr"} {
 			require.NotContains(t, got, secret, tc.in)
 		}
 	}
@@ -64,4 +70,27 @@ func TestError(t *testing.T) {
 	require.False(t, strings.Contains(err.Error(), "k123"), err.Error())
 	require.NotContains(t, fmt.Sprintf("wrapped: %v", fmt.Errorf("outer: %w", err)), "k123")
 	require.NoError(t, redact.Error(nil))
+}
+
+// TestErrorOfARefusedURL: net/url's error quotes the URL it refused,
+// whole; a password with a space or a quote ends the URL that free text
+// can find there, and its rest showed, in a flag's error and in the error
+// of a flag value that holds the URL.
+func TestErrorOfARefusedURL(t *testing.T) {
+	t.Parallel()
+	for _, raw := range []string{"http://u:s3cr et@h/", `postgres://app:s3cr"et@db:5432/x`, "https://u:s3cr<et@h/v1", "http://u:s3cr`et@h/"} {
+		_, perr := url.Parse(raw)
+		require.Error(t, perr, raw)
+		for _, err := range []error{
+			fmt.Errorf("--provider-url: %w", perr),
+			fmt.Errorf("--http-tool-endpoint %q: URL: %w", "name=x,url="+raw, perr),
+		} {
+			require.Contains(t, err.Error(), "s3cr", "the test's premise")
+			got := redact.Error(err)
+			require.NotContains(t, got.Error(), "s3cr", raw)
+			require.Contains(t, got.Error(), ":****@", raw)
+			var ue *url.Error
+			require.ErrorAs(t, got, &ue, "still wrapped")
+		}
+	}
 }
