@@ -117,6 +117,9 @@ func (ex *execution) runStep(ctx context.Context, t *turn, step int, log *slog.L
 		req.ResponseIDFunc = rid.report
 		sent := time.Now()
 		resp, perr := ex.complete(ctx, req, log) // a panic in it is an unknown outcome
+		if perr == nil {
+			perr = checkResponse(resp)
+		}
 		ex.keepResponseID(attemptID, cmp.Or(rid.wait(), cleanResponseID(resp.ResponseID)))
 		if deltas != nil {
 			// The rest of the text goes out before the response is
@@ -379,4 +382,19 @@ func sleep(ctx context.Context, d time.Duration) bool {
 	case <-ctx.Done():
 		return false
 	}
+}
+
+// checkResponse refuses an answer with a tool call that has no name, as
+// the providers of this repository refuse it when they decode one
+// (docs/providers.md asks the same of every provider): the executor is the
+// last step before the public events, whose tool calls name their tool
+// (session-event.schema.json). Such an answer fails its step as the
+// provider's error, as a malformed answer does.
+func checkResponse(resp provider.Response) error {
+	for i, c := range resp.ToolCalls {
+		if c.Name == "" {
+			return fmt.Errorf("the provider's answer has tool call %d (%q) with no name", i, c.ID)
+		}
+	}
+	return nil
 }
