@@ -61,8 +61,10 @@ type ConsumerConfig struct {
 	// with its outcome, "rejected" when published (whole or truncated) or
 	// "reject_unpublished" when dropped as too large even without its
 	// value or as refused by the broker for good (a keyless reject on a
-	// compacted rejects topic), and its reason (the rejects header).
-	// Defaults to nothing.
+	// compacted rejects topic), and its reason (the rejects header); not
+	// for a prompt's published conflict, which admission classified and
+	// counted (AdmitterConfig.OnAdmittedFunc): a reply's conflict is
+	// counted here. Defaults to nothing.
 	OnRejectFunc func(outcome, reason string)
 	// OnWakeFunc runs for each wake consumed that the executor does not
 	// take, with its result: "invalid" (skipped) or "local" (its prompt
@@ -168,7 +170,10 @@ func NewConsumer(admitter *admission.Admitter, exec *executor.Executor, rejects 
 	}
 	c := &Consumer{admitter: admitter, exec: exec, cfg: cfg, log: cfg.Logger, topicIDs: map[string]sarama.Uuid{}}
 	c.rejectPub = &kafkautil.RejectPublisher{Producer: rejects, MaxMessageBytes: cfg.MaxMessageBytes, Logger: cfg.Logger,
-		OnPublishedFunc: func(reason, outcome string) {
+		OnPublishedFunc: func(reason, outcome, sourceTopic string) {
+			if outcome == "rejected" && reason == envelope.ReasonConflict && sourceTopic == cfg.Topics.Prompts {
+				return
+			}
 			if f := cfg.OnRejectFunc; f != nil {
 				f(outcome, reason)
 			}

@@ -123,7 +123,8 @@ func TestPermissionRepliesAcrossRestart(t *testing.T) {
 	st := a.stop(t)
 	require.True(t, st.Success(), "consumer A ends cleanly on SIGTERM: %s", st)
 
-	b.start(t, "consumer-b", "", flags...)
+	consumerB := b.start(t, "consumer-b", "", flags...)
+	metricsB := "http://" + consumerB.waitLog(t, "consumer running", time.Minute)["metrics_addr"].(string) + "/metrics"
 	// The requests survived: pending, their calls requested and not run.
 	for s, id := range requests {
 		require.Equal(t, 1, b.count(t, `SELECT count(*) FROM permission_requests r JOIN tool_calls c ON c.call_id = r.call_id
@@ -168,6 +169,18 @@ func TestPermissionRepliesAcrossRestart(t *testing.T) {
 		require.Equal(t, 1, b.count(t, `SELECT count(*) FROM inputs i, permission_requests r
 			WHERE i.message_id = $1 AND r.request_id = $2 AND i.promoted_at >= r.replied_at`, queued.MessageID, id),
 			"the queued prompt was promoted only after the reply")
+
+		// Another reply to the answered request: a conflict, rejected and
+		// counted once, as a reject with its reason (a prompt's conflict is
+		// counted by admission; a reply's was counted nowhere).
+		conflicting := replyJSON(t, envelope.PermissionReply{RequestID: id, Reply: envelope.ReplyReject})
+		sendReply(t, b, onceSession, conflicting)
+		require.Equal(t, envelope.ReasonConflict, rejects.waitReject(t, conflicting))
+		require.Eventually(t, func() bool {
+			_, exposition := httpGet(t, metricsB)
+			v, ok := metricValue(exposition, `promptline_admissions_total{outcome="rejected",reason="conflict"}`)
+			return ok && v == 1
+		}, 20*time.Second, 50*time.Millisecond, "the reply's conflict is counted")
 	})
 
 	t.Run("RejectDeclinesTheTurn", func(t *testing.T) {

@@ -331,14 +331,10 @@ func run(ctx context.Context, o *options, stderr io.Writer) (err error) {
 	ccfg := &pipeline.ConsumerConfig{
 		Topics: topics, MaxBatch: o.maxBatch, BufferBytes: max(o.bufferBytes/2, 1), MaxMessageBytes: o.maxMessageBytes, Logger: log, RoundTripTimeout: roundTrip,
 		Limits: envelope.Limits{MaxValueBytes: o.maxValueBytes},
-		OnRejectFunc: func(outcome, reason string) {
-			if outcome == "rejected" && reason == envelope.ReasonConflict {
-				// Counted once, as outcome conflict, when admission
-				// classified it: a prompt is counted by its classification.
-				return
-			}
-			m.Admissions.WithLabelValues(outcome, reason).Inc()
-		},
+		// A prompt's published conflict is not reported: admission
+		// counted it, as outcome conflict (each prompt is counted once, by
+		// its classification).
+		OnRejectFunc: func(outcome, reason string) { m.Admissions.WithLabelValues(outcome, reason).Inc() },
 		OnWakeFunc:        func(result string) { m.Wakes.WithLabelValues(result).Inc() },
 		OnWakeStartedFunc: func(sinceAt time.Duration) { m.WakeToStart.Observe(sinceAt.Seconds()) },
 	}

@@ -29,11 +29,12 @@ type RejectPublisher struct {
 	MaxMessageBytes int
 	// Logger logs retries, truncations and drops. Defaults to none.
 	Logger *slog.Logger
-	// OnPublishedFunc is called once per reject with its reason and its
-	// outcome: "rejected" when published (whole or truncated),
-	// "reject_unpublished" when dropped (too large even without its value,
-	// or refused for good). Defaults to none.
-	OnPublishedFunc func(reason, outcome string)
+	// OnPublishedFunc is called once per reject with its reason, its
+	// outcome ("rejected" when published, whole or truncated;
+	// "reject_unpublished" when dropped: too large even without its value,
+	// or refused for good) and the topic of the message rejected. Defaults
+	// to none.
+	OnPublishedFunc func(reason, outcome, sourceTopic string)
 }
 
 // Publish publishes rejects, retrying with a bounded backoff while
@@ -186,7 +187,7 @@ func (rp *RejectPublisher) drop(ctx context.Context, p *pendingReject, err error
 
 func (rp *RejectPublisher) count(r *sarama.ProducerMessage, outcome string) {
 	if rp.OnPublishedFunc != nil {
-		rp.OnPublishedFunc(header(r, RejectHeaderReason), outcome)
+		rp.OnPublishedFunc(header(r, RejectHeaderReason), outcome, header(r, RejectHeaderSourceTopic))
 	}
 }
 

@@ -38,7 +38,7 @@ func setupRejects(t *testing.T) *rejectBundle {
 	t.Cleanup(func() { require.NoError(t, producer.Close()) })
 	rb := &rejectBundle{broker: b, logs: testkit.NewSyncBuffer(), outcomes: map[string]string{}}
 	rb.publisher = &kafkautil.RejectPublisher{Producer: producer, Logger: testkit.Logger(t, rb.logs),
-		OnPublishedFunc: func(reason, outcome string) {
+		OnPublishedFunc: func(reason, outcome, _ string) {
 			rb.mu.Lock()
 			defer rb.mu.Unlock()
 			rb.outcomes[reason] = outcome
