@@ -334,7 +334,7 @@ func run(ctx context.Context, o *options, stderr io.Writer) (err error) {
 		// A prompt's published conflict is not reported: admission
 		// counted it, as outcome conflict (each prompt is counted once, by
 		// its classification).
-		OnRejectFunc: func(outcome, reason string) { m.Admissions.WithLabelValues(outcome, reason).Inc() },
+		OnRejectFunc:      func(outcome, reason string) { m.Admissions.WithLabelValues(outcome, reason).Inc() },
 		OnWakeFunc:        func(result string) { m.Wakes.WithLabelValues(result).Inc() },
 		OnWakeStartedFunc: func(sinceAt time.Duration) { m.WakeToStart.Observe(sinceAt.Seconds()) },
 	}
