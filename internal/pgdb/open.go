@@ -112,10 +112,28 @@ type DB struct {
 	held  func() // the local cluster's lock, while Open connects
 }
 
+// closeWait bounds Close's wait for the pool's connections to close.
+const closeWait = 2 * time.Second
+
 // Close closes the pool and, when no other process uses the local
 // cluster, stops it (its data stays).
+//
+// The wait for the connections is bounded (closeWait): pgx closes a
+// connection whose statement a context cut off in the background, and
+// gives it 15 s, which a server that answers nothing (a partition, a
+// failover with no reset) takes in full; the pool's Close waited for all
+// of them, and a stop overran --shutdown-grace by that much. The caller
+// is a process that ends, whose sockets the kernel closes.
 func (d *DB) Close() error {
-	d.Pool.Close()
+	closed := make(chan struct{})
+	go func() {
+		d.Pool.Close()
+		close(closed)
+	}()
+	select {
+	case <-closed:
+	case <-time.After(closeWait):
+	}
 	return d.leaveLocal()
 }
 
