@@ -96,3 +96,28 @@ func sessionsOf(cs []ledger.Claim) []string {
 	}
 	return out
 }
+
+// The live holder of a claim quarantined with an expiry that is not a
+// time writes nothing: quarantine takes no new token, and for a claim that
+// never expires the fence's quarantine_reason IS NULL is the only term
+// that stops its holder (P3, invariant 13). Without it the holder's next
+// write would pass and set the claim a finite expiry, a writer on a
+// session the operator believes held.
+func TestQuarantinedClaimIsFencedWhateverItsExpiry(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	b := setup(t, 0)
+	b.session(t, "s", 1)
+	x := b.acquire(t, "s", "e1")
+	b.exec(t, `UPDATE claims SET expires_at = 'infinity' WHERE session_id = 's'`)
+	cs, err := ledger.ExpiredClaims(ctx, b.pool, &ledger.ExpiredClaimsParams{Limit: 10})
+	require.NoError(t, err)
+	require.Len(t, cs, 1)
+	b.inTx(t, func(tx pgx.Tx) error {
+		q, err := ledger.QuarantineClaim(ctx, tx, &ledger.QuarantineClaimParams{Claim: cs[0], Reason: "expires_at is not finite (infinity)"})
+		require.True(t, q)
+		return err
+	})
+	require.ErrorIs(t, x.Renew(ctx), ledger.ErrFenced, "the holder of a quarantined claim writes nothing")
+	require.Equal(t, 1, b.count(t, `SELECT count(*) FROM claims WHERE session_id = 's' AND expires_at = 'infinity'`))
+}
