@@ -155,12 +155,7 @@ func TestRecovery(t *testing.T) {
 	t.Run("StartedSideEffectingToolIsNeverRunAgain", func(t *testing.T) {
 		t.Parallel()
 		b := setup(t)
-		b.admit(t, "s", "m1", "/tool append_line {}")
-		c := b.startTurn(t, "s", "m1")
-		attempt := b.beginAttempt(t, c, 1, "scripted")
-		calls := b.toolStep(t, c, attempt, map[string]string{"append_line": "side_effecting"}, map[string]string{"append_line": `{"file": "f", "line": "x"}`})
-		b.startCall(t, c, calls[0])
-		b.die(t, "s")
+		_, calls := b.diedInSideEffectingCall(t)
 
 		require.Equal(t, 1, b.pass(t).Decisions[recovery.DecisionReconciled])
 		require.Equal(t, 1, b.count(t, `SELECT count(*) FROM tool_calls WHERE call_id = $1 AND state = 'unknown'`, calls[0].ID))
@@ -181,12 +176,7 @@ func TestRecovery(t *testing.T) {
 	t.Run("ReconciledToolTurnNamesAnErroredMessage", func(t *testing.T) {
 		t.Parallel()
 		b := setup(t)
-		b.admit(t, "s", "m1", "/tool append_line {}")
-		c := b.startTurn(t, "s", "m1")
-		attempt := b.beginAttempt(t, c, 1, "scripted")
-		calls := b.toolStep(t, c, attempt, map[string]string{"append_line": "side_effecting"}, map[string]string{"append_line": `{"file": "f", "line": "x"}`})
-		b.startCall(t, c, calls[0])
-		b.die(t, "s")
+		c, _ := b.diedInSideEffectingCall(t)
 
 		require.Equal(t, 1, b.pass(t).Decisions[recovery.DecisionReconciled])
 		failed := testkit.SessionEvents(t, b.pool, "s", envelope.EventTurnFailed)
@@ -489,4 +479,18 @@ func TestRecovererStartStop(t *testing.T) {
 		b.die(t, "s") // work for the passes, which Stop may cancel midway
 		startstoptest.Stress(t, recovery.New(b.pool, &recovery.Config{OwnerID: "r", Interval: time.Millisecond, RedriveAfter: time.Hour}))
 	})
+}
+
+// diedInSideEffectingCall leaves session s as a process that died inside
+// a side-effecting call leaves it: prompt m1's turn, its first step
+// answered with the call, the call's intent committed, the lease over.
+func (b *testBundle) diedInSideEffectingCall(t *testing.T) (*crashed, []ledger.CallParams) {
+	t.Helper()
+	b.admit(t, "s", "m1", "/tool append_line {}")
+	c := b.startTurn(t, "s", "m1")
+	attempt := b.beginAttempt(t, c, 1, "scripted")
+	calls := b.toolStep(t, c, attempt, map[string]string{"append_line": "side_effecting"}, map[string]string{"append_line": `{"file": "f", "line": "x"}`})
+	b.startCall(t, c, calls[0])
+	b.die(t, "s")
+	return c, calls
 }
