@@ -30,8 +30,10 @@ func SecretName(name string) bool { return secretParam.MatchString(name) }
 // values of secret query parameters masked; anything else (a password
 // with an unescaped '/' or '@', a key=value connection string, a flag
 // value holding a URL) is masked by pattern: whatever sits between
-// "scheme://user:" and the last '@', the values of secret parameters, and
-// password=... settings.
+// "scheme://user:" and the last '@' of the word, the values of secret
+// parameters, and password=... settings. A value that is one URL net/url
+// refused (a user name or password with a space or a quote), or the url=
+// item of a flag value, is masked from "scheme://" to its last '@'.
 func URL(s string) string {
 	u, err := url.Parse(s)
 	// An '@' after the host with "scheme://user:" before it: a password
@@ -39,11 +41,24 @@ func URL(s string) string {
 	// ("postgres://app:1/x@db" parses as host app, port 1).
 	misread := err == nil && strings.ContainsRune(u.EscapedPath()+u.RawQuery, '@') && userinfo.MatchString(s)
 	if err == nil && !misread && u.Scheme != "" && u.Host != "" && u.Opaque == "" {
-		if _, has := u.User.Password(); has {
-			u.User = url.UserPassword(u.User.Username(), placeholder)
+		if u.User != nil {
+			// A user name masked before (wholeUserinfo: free text masked
+			// twice) stays as it reads: net/url would escape its '*'.
+			name := u.User.Username()
+			if name == Mask {
+				name = placeholder
+			}
+			if _, has := u.User.Password(); has {
+				u.User = url.UserPassword(name, placeholder)
+			} else {
+				u.User = url.User(name)
+			}
 		}
 		u.RawQuery = maskQuery(u.RawQuery)
 		return strings.ReplaceAll(u.String(), placeholder, Mask)
+	}
+	if err != nil && !userinfo.MatchString(s) {
+		s = wholeUserinfo.ReplaceAllString(s, "${1}"+Mask+"@")
 	}
 	return byPattern(s)
 }
@@ -72,11 +87,18 @@ func maskQuery(q string) string {
 }
 
 var (
-	// userinfo: from "scheme://user:" to the last '@' of the value (URL is
-	// given one value: a flag's, a setting's, or a word of free text that
-	// urlInText found), whatever lies between: a password may hold a
-	// space, a quote or a '<', which net/url refuses.
-	userinfo = regexp.MustCompile(`(?s)(://[^:/@\s"'<>]*:).*@`)
+	// userinfo: from "scheme://user:" to the last '@' of the word.
+	userinfo = regexp.MustCompile(`(://[^:/@\s"'<>]*:)[^\s"'<>` + "`" + `]*@`)
+	// wholeUserinfo: a value that is one URL net/url refused, and whose
+	// userinfo the word rule cannot find, from "scheme://" to its last
+	// '@': a user name or a password may hold a space, a quote or a '<',
+	// where the word ends. The user name goes too: where it ends cannot be
+	// told either.
+	wholeUserinfo = regexp.MustCompile(`^([a-zA-Z][a-zA-Z0-9+.\-]*://)(?s:.*)@`)
+	// itemUserinfo: the same for the url= item of a comma-separated flag
+	// value (--http-tool-endpoint, --mcp-server) whose userinfo holds such
+	// a character, to its last '@' before the next item.
+	itemUserinfo = regexp.MustCompile(`((?:^|,)\s*url=[a-zA-Z][a-zA-Z0-9+.\-]*://)[^,@]*[\s"'<>` + "`" + `][^,]*@`)
 	// secretQuery: a secret parameter's value, in a query or a
 	// comma/semicolon separated list.
 	secretQuery = regexp.MustCompile(`(?i)([?&;,]\s*[a-z0-9_.\-]*(?:token|secret|passw|pwd|key|sig|auth|credential)[a-z0-9_.\-]*=)[^&;,\s"'<>#]*`)
@@ -85,6 +107,7 @@ var (
 )
 
 func byPattern(s string) string {
+	s = itemUserinfo.ReplaceAllString(s, "${1}"+Mask+"@")
 	s = userinfo.ReplaceAllString(s, "${1}"+Mask+"@")
 	s = secretQuery.ReplaceAllString(s, "${1}"+Mask)
 	return keyword.ReplaceAllString(s, "${1}"+Mask)
