@@ -2,7 +2,6 @@ package client
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"sync"
@@ -319,7 +318,7 @@ func (p *Producer) replyMessage(session string, r envelope.PermissionReply) (*sa
 	if err := validUTF8("request_id", r.RequestID, "message", r.Message); err != nil {
 		return nil, err
 	}
-	value, err := json.Marshal(r)
+	value, err := envelope.MarshalReply(r)
 	if err != nil {
 		return nil, fmt.Errorf("encoding the reply: %w", err)
 	}

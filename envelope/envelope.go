@@ -413,11 +413,17 @@ func truncate(b []byte, n int) string {
 // and a prompt admission takes could be refused for its size by its own
 // producer (marshalEvent does the same for events). U+2028 and U+2029 are
 // still escaped (encoding/json always does): six bytes for three.
-func Marshal(p Prompt) ([]byte, error) {
+func Marshal(p Prompt) ([]byte, error) { return marshalUnescaped(p) }
+
+// MarshalReply encodes r as producers should publish it, as Marshal does
+// a prompt: a reply's message is the model's to read, markup included.
+func MarshalReply(r PermissionReply) ([]byte, error) { return marshalUnescaped(r) }
+
+func marshalUnescaped(v any) ([]byte, error) {
 	var buf bytes.Buffer
 	enc := json.NewEncoder(&buf)
 	enc.SetEscapeHTML(false)
-	if err := enc.Encode(p); err != nil {
+	if err := enc.Encode(v); err != nil {
 		return nil, err
 	}
 	return bytes.TrimSuffix(buf.Bytes(), []byte("\n")), nil

@@ -544,4 +544,13 @@ func TestMarshalKeepsAnAdmissiblePromptAdmissible(t *testing.T) {
 	got, err := envelope.Decode([]byte("s-1"), v, envelope.Limits{})
 	require.NoError(t, err)
 	require.Equal(t, p, got)
+
+	// A reply's message too (the client's Reply and producer reply).
+	r := envelope.PermissionReply{RequestID: "r-1", Reply: envelope.ReplyReject, Message: strings.Repeat("<&>", 130000)}
+	v, err = envelope.MarshalReply(r)
+	require.NoError(t, err)
+	require.Less(t, len(v), len(r.Message)+100, "the message is written as itself")
+	gotReply, err := envelope.DecodeReply(v, envelope.Limits{})
+	require.NoError(t, err)
+	require.Equal(t, r, gotReply)
 }

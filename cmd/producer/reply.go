@@ -1,7 +1,6 @@
 package main
 
 import (
-	"encoding/json"
 	"errors"
 	"fmt"
 	"strings"
@@ -91,7 +90,7 @@ func (o *replyOpts) run(cmd *cobra.Command, reply string) error {
 		// json.Marshal would silently replace the bad bytes.
 		return fmt.Errorf("--message: %s: not valid UTF-8", envelope.ReasonInvalidUTF8)
 	}
-	value, err := json.Marshal(envelope.PermissionReply{RequestID: o.request, Reply: reply, Message: o.message})
+	value, err := envelope.MarshalReply(envelope.PermissionReply{RequestID: o.request, Reply: reply, Message: o.message})
 	if err != nil {
 		return fmt.Errorf("encoding the reply: %w", err)
 	}
