@@ -129,16 +129,16 @@ func openLocal(ctx context.Context, dir string, mustExist bool) (lc *localCluste
 	// in the first instants after the fork finds no postmaster.pid yet. So
 	// the start runs to its end (its own -t 60 bounds it), and a stop that
 	// came meanwhile stops the server after it. Nobody else can have come
-	// to use it: this process holds the lock.
+	// to use it: this process holds the lock. A start that failed on its
+	// own is left as it is, as before: a server still in a long crash
+	// recovery goes on, and the next process finds it running.
 	startCtx, cancelStart := context.WithTimeout(context.WithoutCancel(ctx), 90*time.Second)
 	err = c.run(startCtx, "pg_ctl", "-D", dir, "-o", opts, "-l", logFile, "-w", "-t", "60", "start")
 	cancelStart()
-	if err != nil || ctx.Err() != nil {
+	if ctx.Err() != nil {
 		stopCtx, cancelStop := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
 		_ = c.run(stopCtx, "pg_ctl", "-D", dir, "-m", "fast", "-w", "stop")
 		cancelStop()
-	}
-	if ctx.Err() != nil {
 		return nil, false, nil, fmt.Errorf("local PostgreSQL in %s: stopped while it started: %w", dir, context.Cause(ctx))
 	}
 	if err != nil {
