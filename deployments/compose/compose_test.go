@@ -26,8 +26,6 @@ import (
 
 const repoRoot = "../.."
 
-// docs decodes every YAML document of a file.
-
 // afterGrace is what a stop may take past --shutdown-grace when the
 // database answers nothing (README, --shutdown-grace): the outcomes of
 // what the grace cut off, written once (the executor's afterCancelTimeout,
@@ -35,6 +33,7 @@ const repoRoot = "../.."
 // closed (pgdb's closeWait, 2 s), and a margin.
 const afterGrace = 20 * time.Second
 
+// docs decodes every YAML document of a file.
 func docs(t *testing.T, path string) []map[string]any {
 	t.Helper()
 	b, err := os.ReadFile(path)
