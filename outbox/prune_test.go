@@ -95,6 +95,26 @@ func TestPruner(t *testing.T) {
 		require.Equal(t, 5, countKey(t, pool, "late"), "behind the young rows: left for a later pass")
 	})
 
+	// An unpublished row stops the pass as a young one does: the batch
+	// that read it deletes its old rows, and the rows behind that batch
+	// wait for a later pass (its published_at is NULL, which "old" must
+	// not read as false).
+	t.Run("StopsAtAnUnpublishedRow", func(t *testing.T) {
+		t.Parallel()
+		pool, _ := testkit.Pool(t)
+		fill(t, pool, "old", 5, 2*time.Hour)
+		fill(t, pool, "unpublished", 1, 0)
+		fill(t, pool, "late", 15, 2*time.Hour)
+		var batches int
+		p := mustPruner(t, pool, &PrunerConfig{Retention: time.Hour, BatchSize: 10, OnPruned: func(int) { batches++ }})
+		n, err := p.Prune(ctx)
+		require.NoError(t, err)
+		require.Equal(t, 9, n, "the batch's old rows: 5 before the unpublished one, 4 after")
+		require.Equal(t, 1, batches, "one batch read")
+		require.Equal(t, 1, countKey(t, pool, "unpublished"))
+		require.Equal(t, 11, countKey(t, pool, "late"), "behind the batch: left for a later pass")
+	})
+
 	// Every consumer runs a pruner: while one prunes, the others' passes
 	// end at once.
 	t.Run("OnePrunerAtATime", func(t *testing.T) {
