@@ -263,7 +263,10 @@ func (r *Relay) Nudge() {
 }
 
 // Flush publishes everything committed before it was called and returns
-// when a pass finds less than a full batch (of rows or of bytes). Unlike the loop it waits for
+// when a pass finds less than a full batch (of rows or of bytes); rows
+// that fail for what they are (a topic that refuses them: the relay's
+// failing rows, tried again by later passes, or quarantined) are left,
+// and Flush returns nil all the same. Unlike the loop it waits for
 // RelayLockKey instead of giving up, so it also waits out a pass running in
 // another relay. It runs in the caller's goroutine, beside a started loop
 // or without one.
