@@ -647,7 +647,12 @@ func Takeover(ctx context.Context, tx pgx.Tx, old Claim, executionID, ownerID st
 		return Claim{}, fmt.Errorf("locking session %s: no such session", old.SessionID)
 	}
 	nc := old
-	nc.ExecutionID, nc.OwnerID, nc.Token = executionID, ownerID, token+1
+	// Past the claim's token as well as the session's: they are equal but
+	// for a restore of one table older than the other (or a hand edit),
+	// and the token is handed to tools and providers as the writer's,
+	// which may fence on it: a takeover must never repeat the token of the
+	// holder it fences, nor go below it.
+	nc.ExecutionID, nc.OwnerID, nc.Token = executionID, ownerID, max(token, old.Token)+1
 	err = tx.QueryRow(ctx, takeoverSQL, old.SessionID, old.ExecutionID, old.OwnerID, expiryArg(old.ExpiresAt, old.ExpiresNotFinite),
 		executionID, ownerID, nc.Token, lease.Milliseconds()).Scan(&nc.ExpiresAt)
 	nc.ExpiresNotFinite = "" // the new lease is the clock plus lease

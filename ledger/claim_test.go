@@ -178,6 +178,30 @@ func TestClaims(t *testing.T) {
 		require.ErrorIs(t, x.Write(ctx, func(pgx.Tx) error { return nil }), ledger.ErrFenced)
 	})
 
+	// A session row whose token is behind its claim's (a restore of one
+	// table older than the other, a hand edit) gives no takeover a token
+	// the claim's holder had: the token is handed to tools and providers
+	// as the writer's, and must grow.
+	t.Run("TakeoverTokenPassesTheClaimsWhateverTheSessionSays", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t, 0)
+		b.session(t, "s", 0)
+		b.acquire(t, "s", "e1")
+		b.exec(t, `UPDATE claims SET fencing_token = 7 WHERE session_id = 's'`)
+		b.exec(t, `UPDATE sessions SET fencing_token = 3 WHERE session_id = 's'`)
+		b.expire(t, "s")
+		cur, ok, err := ledger.Get(ctx, b.pool, "s")
+		require.NoError(t, err)
+		require.True(t, ok)
+		var nc ledger.Claim
+		require.NoError(t, pgdb.InTx(ctx, b.pool, func(tx pgx.Tx) error {
+			nc, err = ledger.Takeover(ctx, tx, cur, "e2", "recovery", time.Minute)
+			return err
+		}))
+		require.Equal(t, int64(8), nc.Token)
+		require.Equal(t, 1, b.count(t, `SELECT count(*) FROM sessions WHERE session_id = 's' AND fencing_token = 8`))
+	})
+
 	t.Run("ReleaseWithWaitingInputWritesWakeInSameTransaction", func(t *testing.T) {
 		t.Parallel()
 		b := setup(t, 0)
