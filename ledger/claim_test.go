@@ -155,15 +155,7 @@ func TestClaims(t *testing.T) {
 		})
 		require.ErrorIs(t, err, ledger.ErrNotExpired, "a live claim cannot be taken over")
 
-		b.expire(t, "s")
-		cur, ok, err := ledger.Get(ctx, b.pool, "s")
-		require.NoError(t, err)
-		require.True(t, ok)
-		var nc ledger.Claim
-		require.NoError(t, pgdb.InTx(ctx, b.pool, func(tx pgx.Tx) error {
-			nc, err = ledger.Takeover(ctx, tx, cur, "e2", "recovery", time.Minute)
-			return err
-		}))
+		cur, nc := b.takeOverExpired(t, "s", "e2")
 		require.Equal(t, old.Token+1, nc.Token)
 		require.Equal(t, 1, b.count(t, `SELECT count(*) FROM sessions WHERE session_id = 's' AND fencing_token = $1`, nc.Token))
 
@@ -189,15 +181,7 @@ func TestClaims(t *testing.T) {
 		b.acquire(t, "s", "e1")
 		b.exec(t, `UPDATE claims SET fencing_token = 7 WHERE session_id = 's'`)
 		b.exec(t, `UPDATE sessions SET fencing_token = 3 WHERE session_id = 's'`)
-		b.expire(t, "s")
-		cur, ok, err := ledger.Get(ctx, b.pool, "s")
-		require.NoError(t, err)
-		require.True(t, ok)
-		var nc ledger.Claim
-		require.NoError(t, pgdb.InTx(ctx, b.pool, func(tx pgx.Tx) error {
-			nc, err = ledger.Takeover(ctx, tx, cur, "e2", "recovery", time.Minute)
-			return err
-		}))
+		_, nc := b.takeOverExpired(t, "s", "e2")
 		require.Equal(t, int64(8), nc.Token)
 		require.Equal(t, 1, b.count(t, `SELECT count(*) FROM sessions WHERE session_id = 's' AND fencing_token = 8`))
 	})
@@ -376,4 +360,21 @@ func TestClaims(t *testing.T) {
 func (b *testBundle) lockWaiters(t *testing.T) int {
 	t.Helper()
 	return b.count(t, `SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND datname = current_database()`)
+}
+
+// takeOverExpired expires session's claim and takes it over, as recovery
+// does, for execution; it returns the claim as read before and the new
+// one.
+func (b *testBundle) takeOverExpired(t *testing.T, session, execution string) (cur, nc ledger.Claim) {
+	t.Helper()
+	ctx := context.Background()
+	b.expire(t, session)
+	cur, ok, err := ledger.Get(ctx, b.pool, session)
+	require.NoError(t, err)
+	require.True(t, ok)
+	require.NoError(t, pgdb.InTx(ctx, b.pool, func(tx pgx.Tx) error {
+		nc, err = ledger.Takeover(ctx, tx, cur, execution, "recovery", time.Minute)
+		return err
+	}))
+	return cur, nc
 }
