@@ -146,14 +146,12 @@ func TestSigtermWhileLocalClusterStarts(t *testing.T) {
 				require.NoFileExists(t, filepath.Join(dir, "postmaster.pid"))
 			}
 			p := startProcEnv(t, "consumer-local", env, args...)
-			deadline := time.Now().Add(time.Minute)
-			for childOf(p.cmd.Process.Pid, tc.tool, tc.arg) == 0 {
-				require.True(t, p.running(), p.stderr.String())
-				require.True(t, time.Now().Before(deadline), "no %s %s seen", tc.tool, tc.arg)
-				time.Sleep(time.Millisecond)
-			}
-			if tc.tool == "pg_ctl" {
-				time.Sleep(40 * time.Millisecond) // the server forked, pg_ctl waits for it
+			require.Eventually(t, func() bool { return childOf(p.cmd.Process.Pid, tc.tool, tc.arg) != 0 },
+				time.Minute, time.Millisecond, "no %s %s seen\n%s", tc.tool, tc.arg, p.stderr.String())
+			if tc.tool == "pg_ctl" { // the server forked and wrote its lock file; pg_ctl waits for it
+				pidFile := filepath.Join(dir, "postmaster.pid")
+				require.Eventually(t, func() bool { _, err := os.Stat(pidFile); return err == nil },
+					time.Minute, time.Millisecond, "no server started")
 			}
 			require.NoError(t, p.cmd.Process.Signal(syscall.SIGTERM))
 			st := p.waitExit(t, time.Minute)
